@@ -1,0 +1,88 @@
+// Core value types: DType, Shape, Error and Array (concrete host data).
+//
+//   px::Array a = px::Array::from_f32({1, 2, 3, 4}, {2, 2});
+//   std::vector<float> v = a.to_f32();     // {1, 2, 3, 4}
+//   px::Array z = px::Array::zeros(px::DType::bf16, {8, 16});
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace px {
+
+// Thrown for bad user input (shapes, dtypes, configs, files); the message names the
+// thing at fault and, where possible, the fix.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+enum class DType : uint8_t { f32, bf16, f16, i32, boolean };
+
+int64_t dtype_size(DType d);
+const char* dtype_name(DType d);
+DType dtype_from_name(const std::string& name);  // throws px::Error on unknown names
+inline bool is_float(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
+
+using Shape = std::vector<int64_t>;
+int64_t numel(const Shape& s);
+std::string shape_str(const Shape& s);  // "[2,3]"
+// Normalizes a possibly negative axis against `rank`; throws naming `op` when out of range.
+int normalize_axis(int64_t axis, int rank, const char* op);
+
+struct TensorType {
+  DType dtype = DType::f32;
+  Shape shape;
+  int64_t numel() const { return px::numel(shape); }
+  int64_t nbytes() const { return numel() * dtype_size(dtype); }
+  int rank() const { return static_cast<int>(shape.size()); }
+  bool operator==(const TensorType& o) const { return dtype == o.dtype && shape == o.shape; }
+  bool operator!=(const TensorType& o) const { return !(*this == o); }
+};
+std::string type_str(const TensorType& t);  // "f32[2,3]"
+
+// bf16 / f16 conversions (round to nearest even).
+uint16_t f32_to_bf16(float f);
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+float f16_to_f32(uint16_t h);
+
+// Dense, contiguous, row-major host data. Copies share the buffer (like a handle);
+// use clone() for a deep copy.
+class Array {
+ public:
+  Array() = default;
+  Array(DType dtype, Shape shape);  // uninitialized, 64-byte aligned
+  static Array zeros(DType dtype, const Shape& shape);
+  static Array from_f32(const std::vector<float>& v, const Shape& shape, DType dtype = DType::f32);
+  static Array from_i32(const std::vector<int32_t>& v, const Shape& shape);
+  static Array scalar(float v, DType dtype = DType::f32) { return from_f32({v}, {}, dtype); }
+
+  DType dtype() const { return type_.dtype; }
+  const Shape& shape() const { return type_.shape; }
+  const TensorType& type() const { return type_; }
+  int64_t numel() const { return type_.numel(); }
+  int64_t nbytes() const { return type_.nbytes(); }
+  bool defined() const { return data_ != nullptr || numel() == 0; }
+
+  void* raw() { return data_.get(); }
+  const void* raw() const { return data_.get(); }
+  template <class T> T* data() { return static_cast<T*>(raw()); }
+  template <class T> const T* data() const { return static_cast<const T*>(raw()); }
+
+  std::vector<float> to_f32() const;    // converts any dtype
+  std::vector<int32_t> to_i32() const;  // i32 and bool only
+  Array astype(DType d) const;
+  Array clone() const;
+  Array reshape(const Shape& s) const;  // shares the buffer
+
+ private:
+  TensorType type_;
+  std::shared_ptr<std::byte> data_;
+};
+
+}  // namespace px

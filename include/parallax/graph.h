@@ -1,0 +1,154 @@
+// The IR: a Graph of SSA nodes over values with global shapes, and the tracer that builds it.
+//
+//   px::Graph g = px::trace([](const std::vector<px::Tensor>& in) {
+//     return std::vector<px::Tensor>{px::tanh(in[0]) * 2.0f};
+//   }, {{px::DType::f32, {4, 8}}});
+//   std::cout << g.to_string();   // jaxpr-like text
+//   g.verify();                   // throws px::Error naming the first broken node
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "parallax/core.h"
+
+namespace px {
+
+struct Primitive;
+class Graph;
+
+using AttrValue = std::variant<int64_t, double, std::string, std::vector<int64_t>, DType, std::shared_ptr<const Array>>;
+
+// Node attributes, kept sorted by key so that printing and hashing are canonical.
+class Attrs {
+ public:
+  Attrs() = default;
+  Attrs(std::initializer_list<std::pair<const std::string, AttrValue>> l) : m_(l) {}
+  Attrs& set(const std::string& k, AttrValue v) {
+    m_[k] = std::move(v);
+    return *this;
+  }
+  bool has(const std::string& k) const { return m_.count(k) != 0; }
+  int64_t i(const std::string& k) const;
+  double f(const std::string& k) const;
+  const std::string& s(const std::string& k) const;
+  const std::vector<int64_t>& ints(const std::string& k) const;
+  DType dtype(const std::string& k) const;
+  const Array& array(const std::string& k) const;
+  int64_t i(const std::string& k, int64_t dflt) const { return has(k) ? i(k) : dflt; }
+  double f(const std::string& k, double dflt) const { return has(k) ? f(k) : dflt; }
+  const std::map<std::string, AttrValue>& items() const { return m_; }
+  std::string to_string() const;  // "[axes=(0,1) keepdims=0]" or "" when empty
+  bool operator==(const Attrs& o) const;
+  size_t hash() const;
+
+ private:
+  std::map<std::string, AttrValue> m_;
+};
+
+struct Node {
+  const Primitive* prim = nullptr;
+  Attrs attrs;
+  std::vector<int> inputs;   // value ids
+  std::vector<int> outputs;  // value ids
+  std::string name;          // optional, for tags (remat names) and debugging
+};
+
+struct ValueInfo {
+  TensorType type;
+  int producer = -1;  // node index, -1 for graph inputs
+  int output_index = 0;
+};
+
+// A symbolic value during tracing: a handle to a value of a Graph. Ops on Tensors validate
+// eagerly and throw px::Error with the op's name ("[add] ...").
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(Graph* g, int id) : g_(g), id_(id) {}
+  bool defined() const { return g_ != nullptr; }
+  Graph* graph() const { return g_; }
+  int id() const { return id_; }
+  const TensorType& type() const;
+  const Shape& shape() const { return type().shape; }
+  DType dtype() const { return type().dtype; }
+  int rank() const { return type().rank(); }
+  int64_t dim(int64_t axis) const;  // negative axes count from the end
+  int64_t numel() const { return type().numel(); }
+
+ private:
+  Graph* g_ = nullptr;
+  int id_ = -1;
+};
+
+class Graph {
+ public:
+  Graph() = default;
+  Graph(const Graph&) = delete;  // Tensors point at their Graph; copy with clone()
+  Graph& operator=(const Graph&) = delete;
+  Graph(Graph&&) = default;
+  Graph& operator=(Graph&&) = default;
+
+  // Building.
+  Tensor input(const TensorType& t, const std::string& name = "");
+  // Appends a node after running the primitive's shape rule (which throws on bad input).
+  std::vector<Tensor> emit(const Primitive& p, const std::vector<Tensor>& inputs, Attrs attrs = {});
+  void set_outputs(const std::vector<Tensor>& outs);
+
+  // Reading.
+  const std::vector<Node>& nodes() const { return nodes_; }
+  std::vector<Node>& mutable_nodes() { return nodes_; }
+  const std::vector<ValueInfo>& values() const { return values_; }
+  const TensorType& type(int value) const { return values_.at(value).type; }
+  const std::vector<int>& inputs() const { return inputs_; }
+  const std::vector<std::string>& input_names() const { return input_names_; }
+  const std::vector<int>& outputs() const { return outputs_; }
+  Tensor tensor(int value) { return Tensor(this, value); }
+
+  std::string to_string() const;
+  void verify() const;  // throws px::Error naming the first broken node
+  std::unique_ptr<Graph> clone() const;
+
+  // Internal: raw append used by passes that rebuild graphs (no shape rule run).
+  int add_value(const TensorType& t, int producer, int out_index);
+  void add_node(Node n) { nodes_.push_back(std::move(n)); }
+  void reset_ids(std::vector<Node> nodes, std::vector<ValueInfo> values, std::vector<int> inputs,
+                 std::vector<std::string> input_names, std::vector<int> outputs);
+
+ private:
+  std::vector<Node> nodes_;
+  std::vector<ValueInfo> values_;
+  std::vector<int> inputs_;
+  std::vector<std::string> input_names_;
+  std::vector<int> outputs_;
+};
+
+// The graph that ops without tensor inputs (constants, iota, rng) emit into. Set by trace()
+// and by TraceScope; nested scopes restore the outer graph.
+Graph* current_graph();
+class TraceScope {
+ public:
+  explicit TraceScope(Graph* g);
+  ~TraceScope();
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+
+ private:
+  Graph* prev_;
+};
+
+using TracedFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+// Traces fn on symbolic inputs of the given types into a new, verified Graph.
+std::unique_ptr<Graph> trace(const TracedFn& fn, const std::vector<TensorType>& input_types,
+                             const std::vector<std::string>& input_names = {});
+
+// Passes (pure: return a new graph).
+std::unique_ptr<Graph> dce(const Graph& g);  // drops nodes whose outputs are unused
+std::unique_ptr<Graph> cse(const Graph& g);  // merges identical (prim, attrs, inputs) nodes
+
+}  // namespace px

@@ -1,0 +1,45 @@
+// Compiling a Graph into an Executable and running it on the CPU.
+//
+//   auto exe = px::Executable::compile(*graph);           // schedule, fusion, buffer plan
+//   std::cout << exe->peak_bytes();                        // known before the first run
+//   std::vector<px::Array> out = exe->run({x, w});
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallax/graph.h"
+
+namespace px {
+
+struct CompileOptions {
+  bool fuse_elementwise = true;  // chain elementwise ops into single tiled passes
+  bool optimize = true;          // run CSE and DCE first
+  int64_t memory_limit_bytes = 0;  // 0 = none; above it compile() throws with a report
+};
+
+class Executable {
+ public:
+  static std::unique_ptr<Executable> compile(const Graph& g, const CompileOptions& opt = {});
+  ~Executable();
+
+  // Checks the inputs against the graph's input types and returns new output arrays.
+  std::vector<Array> run(const std::vector<Array>& inputs);
+  // Writes into caller-owned outputs of the right types: performs no allocation.
+  void run_into(const std::vector<Array>& inputs, std::vector<Array>& outputs);
+
+  int64_t peak_bytes() const;  // arena size of the buffer plan
+  int num_steps() const;       // kernels launched per run
+  int num_fused_groups() const;
+  std::string summary() const;  // human-readable schedule and memory plan
+  const Graph& graph() const;   // the optimized graph that was compiled
+
+  struct Impl;
+
+ private:
+  explicit Executable(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace px

@@ -1,0 +1,67 @@
+// CPU kernels, keyed by primitive name. A factory sees the node's types and attributes once,
+// at compile time, precomputes what it can, and returns a Kernel that runs every step on raw
+// buffers without allocating or throwing. Parallel loops use OpenMP (shared with oneDNN), so
+// the total number of compute threads is the number of cores.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "parallax/graph.h"
+
+namespace px::cpu {
+
+struct KernelSpec {
+  const std::vector<TensorType>& in;
+  const std::vector<TensorType>& out;
+  const Attrs& attrs;
+};
+using Kernel = std::function<void(const void* const* in, void* const* out)>;
+using KernelFactory = std::function<Kernel(const KernelSpec&)>;
+
+void register_kernel(const std::string& prim, KernelFactory f);
+const KernelFactory* find_kernel(const std::string& prim);  // nullptr when none
+
+// Elementwise primitives register block functions instead; the fused-loop engine chains them
+// over cache-sized tiles. Operands arrive converted to f32 (bool as 0/1) and results are
+// converted to the result dtype on store. `params` come from EltwiseKernel::params(attrs).
+using EltwiseF32 = void (*)(const float* const* in, float* out, int64_t n, const float* params);
+// Exact integer path, used when every operand is i32 or bool (never fused).
+using EltwiseI32 = void (*)(const int32_t* const* in, int32_t* out, int64_t n, const float* params);
+struct EltwiseKernel {
+  EltwiseF32 f32 = nullptr;
+  EltwiseI32 i32 = nullptr;
+  std::function<std::vector<float>(const Attrs&)> params;  // optional
+};
+void register_eltwise(const std::string& prim, EltwiseKernel k);
+const EltwiseKernel* find_eltwise(const std::string& prim);
+
+// One fused loop: `nodes` are elementwise nodes of `g` in schedule order, all with results of
+// `numel` elements. `ext_inputs` are the values read from outside the group and `ext_outputs`
+// the values that must be written out; the kernel's operand/result buffers follow that order.
+struct FusedGroup {
+  std::vector<int> nodes;
+  std::vector<int> ext_inputs;
+  std::vector<int> ext_outputs;
+};
+Kernel make_fused_kernel(const Graph& g, const FusedGroup& group);
+
+// Registers every CPU kernel family (called once by the runtime).
+void register_all_kernels();
+void register_elementwise_kernels();
+void register_shape_kernels();
+void register_reduce_kernels();
+void register_matmul_kernels();
+void register_nn_kernels();
+void register_index_kernels();
+void register_rng_kernels();
+
+// Copies between dtypes element by element (used by cast and by loads/stores).
+void convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n);
+void load_f32(const void* src, DType t, int64_t offset, float* dst, int64_t n);
+void store_f32(const float* src, void* dst, DType t, int64_t offset, int64_t n);
+
+int num_threads();
+
+}  // namespace px::cpu

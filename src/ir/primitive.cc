@@ -1,0 +1,91 @@
+#include "ir/primitive.h"
+
+#include <sstream>
+
+namespace px {
+
+Cost default_cost(const std::vector<TensorType>& in, const std::vector<TensorType>& out) {
+  Cost c;
+  for (auto& t : in) c.bytes_read += static_cast<double>(t.nbytes());
+  for (auto& t : out) {
+    c.bytes_written += static_cast<double>(t.nbytes());
+    c.flops += static_cast<double>(t.numel());
+  }
+  return c;
+}
+
+Cost cost_of(const Primitive& p, const std::vector<TensorType>& in, const std::vector<TensorType>& out,
+             const Attrs& attrs) {
+  return p.cost ? p.cost(in, out, attrs) : default_cost(in, out);
+}
+
+ShardingRule sharding_of(const Primitive& p, const std::vector<TensorType>& in, const std::vector<TensorType>& out,
+                         const Attrs& attrs) {
+  if (p.sharding) return p.sharding(in, out, attrs);
+  // Every dim of every operand and result is its own whole factor.
+  ShardingRule r;
+  auto label = [&](const TensorType& t) {
+    std::vector<int> f;
+    for (int64_t d : t.shape) {
+      f.push_back(static_cast<int>(r.factor_sizes.size()));
+      r.factor_sizes.push_back(d);
+      r.factor_kinds.push_back(ShardingRule::Kind::whole);
+    }
+    return f;
+  };
+  for (auto& t : in) r.operands.push_back(label(t));
+  for (auto& t : out) r.results.push_back(label(t));
+  return r;
+}
+
+ShardingRule elementwise_rule(const std::vector<TensorType>& in, const std::vector<TensorType>& out) {
+  ShardingRule r;
+  const Shape& s = out.at(0).shape;
+  std::vector<int> f;
+  for (size_t d = 0; d < s.size(); ++d) {
+    f.push_back(static_cast<int>(d));
+    r.factor_sizes.push_back(s[d]);
+    r.factor_kinds.push_back(ShardingRule::Kind::parallel);
+  }
+  for (size_t i = 0; i < in.size(); ++i) r.operands.push_back(f);
+  for (size_t i = 0; i < out.size(); ++i) r.results.push_back(f);
+  return r;
+}
+
+std::string ShardingRule::to_string() const {
+  auto letter = [](int f) { return f < 0 ? std::string("1") : std::string(1, static_cast<char>('a' + f % 26)); };
+  std::ostringstream os;
+  auto side = [&](const std::vector<std::vector<int>>& xs) {
+    for (size_t i = 0; i < xs.size(); ++i) {
+      os << (i ? "," : "");
+      for (int f : xs[i]) os << letter(f);
+    }
+  };
+  side(operands);
+  os << "->";
+  side(results);
+  bool any = false;
+  for (size_t f = 0; f < factor_kinds.size(); ++f) {
+    if (factor_kinds[f] == Kind::parallel) continue;
+    os << (any ? ", " : " {") << letter(static_cast<int>(f)) << ": "
+       << (factor_kinds[f] == Kind::reduction ? "reduction" : "whole");
+    any = true;
+  }
+  if (any) os << "}";
+  return os.str();
+}
+
+std::vector<Tensor> emit(const std::string& name, const std::vector<Tensor>& inputs, Attrs attrs) {
+  const Primitive& p = get_primitive(name);
+  Graph* g = nullptr;
+  for (auto& t : inputs)
+    if (t.defined()) {
+      g = t.graph();
+      break;
+    }
+  if (!g) g = current_graph();
+  if (!g) throw Error("[" + name + "] called outside of a trace: use px::trace or a px::TraceScope");
+  return g->emit(p, inputs, std::move(attrs));
+}
+
+}  // namespace px

@@ -1,0 +1,53 @@
+// The primitive registry: each family registers its primitives once, on first use.
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+
+#include "ir/primitive.h"
+
+namespace px {
+
+namespace {
+std::unordered_map<std::string, std::unique_ptr<Primitive>>& table() {
+  static std::unordered_map<std::string, std::unique_ptr<Primitive>> t;
+  return t;
+}
+
+void ensure_registered() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_elementwise_primitives();
+    register_shape_primitives();
+    register_reduce_primitives();
+    register_matmul_primitives();
+    register_nn_primitives();
+    register_index_primitives();
+    register_rng_primitives();
+  });
+}
+}  // namespace
+
+void register_primitive(Primitive p) {
+  if (p.name.empty() || !p.infer) throw Error("[registry] a primitive needs a name and a shape rule");
+  auto& t = table();
+  if (t.count(p.name)) throw Error("[registry] primitive '" + p.name + "' registered twice");
+  std::string name = p.name;
+  t[name] = std::make_unique<Primitive>(std::move(p));
+}
+
+const Primitive& get_primitive(const std::string& name) {
+  ensure_registered();
+  auto it = table().find(name);
+  if (it == table().end()) throw Error("[registry] unknown primitive '" + name + "'");
+  return *it->second;
+}
+
+std::vector<std::string> primitive_names() {
+  ensure_registered();
+  std::vector<std::string> names;
+  for (auto& [k, v] : table()) names.push_back(k);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace px
