@@ -1,0 +1,122 @@
+// Helpers shared by the test suites: run a traced function, compare with a reference, and
+// check gradients against central finite differences.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "parallax/autodiff.h"
+#include "parallax/ops.h"
+#include "parallax/runtime.h"
+
+namespace px::testing {
+
+inline std::vector<TensorType> types_of(const std::vector<Array>& xs) {
+  std::vector<TensorType> t;
+  for (auto& x : xs) t.push_back(x.type());
+  return t;
+}
+
+// Traces fn on the inputs' types, compiles and runs it once.
+inline std::vector<Array> eval(const TracedFn& fn, const std::vector<Array>& inputs, const CompileOptions& opt = {}) {
+  auto g = trace(fn, types_of(inputs));
+  auto exe = Executable::compile(*g, opt);
+  return exe->run(inputs);
+}
+inline Array eval1(const TracedFn& fn, const std::vector<Array>& inputs, const CompileOptions& opt = {}) {
+  return eval(fn, inputs, opt).at(0);
+}
+
+inline Array random_array(const Shape& shape, DType dtype = DType::f32, uint32_t seed = 1, float lo = -1.0f,
+                          float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(static_cast<size_t>(numel(shape)));
+  for (auto& x : v) x = dtype == DType::i32 ? std::floor(u(rng)) : u(rng);
+  return Array::from_f32(v, shape, dtype);
+}
+
+inline ::testing::AssertionResult all_close(const std::vector<float>& got, const std::vector<float>& want,
+                                            double atol = 1e-5, double rtol = 1e-5) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs expected " << want.size();
+  for (size_t i = 0; i < got.size(); ++i) {
+    bool both_nan = std::isnan(got[i]) && std::isnan(want[i]);
+    bool same_inf = std::isinf(got[i]) && got[i] == want[i];
+    if (both_nan || same_inf) continue;
+    if (!(std::fabs(got[i] - want[i]) <= atol + rtol * std::fabs(want[i])))
+      return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << ", expected " << want[i]
+                                           << " (atol " << atol << ", rtol " << rtol << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Checks d(sum(fn(x)[0] * r))/dx for the float inputs in `wrt` (default: all float inputs)
+// against central differences, with a fixed random cotangent r. Inputs must be f32.
+inline ::testing::AssertionResult check_grads(const TracedFn& fn, const std::vector<Array>& inputs,
+                                              std::vector<int> wrt = {}, double eps = 1e-3, double atol = 2e-3,
+                                              double rtol = 2e-2) {
+  if (wrt.empty())
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].dtype() == DType::f32) wrt.push_back(static_cast<int>(i));
+  auto probe = trace(fn, types_of(inputs));
+  TensorType out_t = probe->type(probe->outputs().at(0));
+  Array r = random_array(out_t.shape, DType::f32, 1234);
+  // Scalar objective L(x) = sum(f(x) * r).
+  TracedFn objective = [&](const std::vector<Tensor>& in) {
+    std::vector<Tensor> real(in.begin(), in.end() - 1);
+    Tensor y = cast(fn(real).at(0), DType::f32);
+    return std::vector<Tensor>{sum(y * in.back())};
+  };
+  std::vector<Array> args = inputs;
+  args.push_back(r);
+  TracedFn with_grads = [&](const std::vector<Tensor>& in) {
+    Tensor l = objective(in).at(0);
+    std::vector<Tensor> xs;
+    for (int w : wrt) xs.push_back(in[w]);
+    std::vector<Tensor> d = gradients(l, xs);
+    d.insert(d.begin(), l);
+    return d;
+  };
+  std::vector<Array> analytic = eval(with_grads, args);
+  auto obj_exe = Executable::compile(*trace(objective, types_of(args)));
+  for (size_t k = 0; k < wrt.size(); ++k) {
+    Array x = args[wrt[k]].clone();
+    std::vector<Array> a = args;
+    a[wrt[k]] = x;
+    std::vector<float> got = analytic[k + 1].to_f32();
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      float orig = x.data<float>()[i];
+      x.data<float>()[i] = orig + static_cast<float>(eps);
+      double lp = obj_exe->run(a)[0].to_f32()[0];
+      x.data<float>()[i] = orig - static_cast<float>(eps);
+      double lm = obj_exe->run(a)[0].to_f32()[0];
+      x.data<float>()[i] = orig;
+      double fd = (lp - lm) / (2 * eps);
+      if (!(std::fabs(got[i] - fd) <= atol + rtol * std::fabs(fd)))
+        return ::testing::AssertionFailure() << "d/d(input " << wrt[k] << ")[" << i << "]: autodiff " << got[i]
+                                             << ", finite difference " << fd;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Expects fn to throw px::Error at trace time with a message containing every fragment.
+inline ::testing::AssertionResult throws_error(const TracedFn& fn, const std::vector<TensorType>& types,
+                                               const std::vector<std::string>& fragments) {
+  try {
+    trace(fn, types);
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    for (auto& f : fragments)
+      if (msg.find(f) == std::string::npos)
+        return ::testing::AssertionFailure() << "message \"" << msg << "\" lacks \"" << f << "\"";
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "no px::Error was thrown";
+}
+
+}  // namespace px::testing
