@@ -1,0 +1,127 @@
+// Time per op at bench-gpt sizes (batch 8, seq 256, d_model 512, heads 8, vocab 8192), forward
+// and, for the ops a training step leans on, forward + backward. GB/s counts each input and
+// output once (the least traffic the op can do) and is compared with memcpy in the same run.
+//   ./bench/op_bench [--quick] [--min_time=0.3]
+#include <cstring>
+
+#include "bench_util.h"
+#include "parallax/autodiff.h"
+#include "parallax/ops.h"
+
+namespace {
+
+using px::Tensor;
+using px::bench::Json;
+using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+constexpr int64_t B = 8, S = 256, D = 512, H = 8, V = 8192, T = B * S;
+
+// Copy bandwidth (bytes read + written per second) with all threads: the roofline for these ops.
+double memcpy_gbps(double min_time) {
+  const int64_t n = 64 << 20;
+  std::vector<char> src(n, 1), dst(n);
+  double t = px::bench::time_it(
+      [&] {
+#pragma omp parallel for schedule(static)
+        for (int64_t c = 0; c < 64; ++c) std::memcpy(dst.data() + c * (n / 64), src.data() + c * (n / 64), n / 64);
+      },
+      min_time);
+  return 2.0 * n / t / 1e9;
+}
+
+// The loss of a value: sum(y * r) with a fixed r, so its gradient is a full-size cotangent.
+Tensor weighted_sum(const Tensor& y) { return px::sum(y * px::full_like(y, 0.5)); }
+
+Fn with_grad(Fn f, std::vector<int> wrt) {
+  return [f, wrt](const std::vector<Tensor>& in) {
+    Tensor loss = weighted_sum(f(in)[0]);
+    std::vector<Tensor> xs;
+    for (int w : wrt) xs.push_back(in[w]);
+    std::vector<Tensor> out = px::gradients(loss, xs);
+    out.insert(out.begin(), loss);
+    return out;
+  };
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  px::bench::Flags flags = px::bench::parse_flags(argc, argv);
+  using px::DType;
+  auto rnd = [](const px::Shape& s, uint32_t seed) { return px::bench::random_array(s, DType::f32, seed); };
+  auto ids = [](const px::Shape& s, int64_t hi) {
+    return px::bench::random_array(s, DType::f32, 7, 0.0f, static_cast<float>(hi) - 0.5f).astype(DType::i32);
+  };
+
+  struct Case {
+    std::string op;
+    Fn fn;
+    std::vector<px::Array> inputs;
+  };
+  std::vector<Case> cases = {
+      {"add", [](auto& x) { return std::vector<Tensor>{x[0] + x[1]}; }, {rnd({T, D}, 1), rnd({T, D}, 2)}},
+      {"add_bias", [](auto& x) { return std::vector<Tensor>{x[0] + x[1]}; }, {rnd({T, 4 * D}, 1), rnd({4 * D}, 2)}},
+      {"exp", [](auto& x) { return std::vector<Tensor>{px::exp(x[0])}; }, {rnd({T, D}, 1)}},
+      {"gelu", [](auto& x) { return std::vector<Tensor>{px::gelu(x[0])}; }, {rnd({T, 4 * D}, 1)}},
+      {"sum_last", [](auto& x) { return std::vector<Tensor>{px::sum(x[0], {-1})}; }, {rnd({T, D}, 1)}},
+      {"sum_first", [](auto& x) { return std::vector<Tensor>{px::sum(x[0], {0})}; }, {rnd({T, D}, 1)}},
+      {"max_last", [](auto& x) { return std::vector<Tensor>{px::max(x[0], {-1})}; }, {rnd({T, V}, 1)}},
+      {"softmax", [](auto& x) { return std::vector<Tensor>{px::softmax(x[0], -1)}; }, {rnd({B, H, S, S}, 1)}},
+      {"layer_norm", [](auto& x) { return std::vector<Tensor>{px::layer_norm(x[0], x[1], x[2])}; },
+       {rnd({B, S, D}, 1), rnd({D}, 2), rnd({D}, 3)}},
+      {"transpose_heads",
+       [](auto& x) { return std::vector<Tensor>{px::transpose(x[0], {0, 2, 1, 3})}; },
+       {rnd({B, S, H, D / H}, 1)}},
+      {"transpose_2d", [](auto& x) { return std::vector<Tensor>{px::transpose(x[0], {1, 0})}; }, {rnd({T, D}, 1)}},
+      {"take_embedding", [](auto& x) { return std::vector<Tensor>{px::take(x[0], x[1])}; },
+       {rnd({V, D}, 1), ids({B, S}, V)}},
+      {"softmax_cross_entropy",
+       [](auto& x) { return std::vector<Tensor>{px::softmax_cross_entropy(x[0], x[1])}; },
+       {rnd({B, S, V}, 1), ids({B, S}, V)}},
+  };
+  // Forward + backward of the ops that dominate a training step's non-matmul time.
+  std::vector<Case> grads = {
+      {"softmax+grad", with_grad([](auto& x) { return std::vector<Tensor>{px::softmax(x[0], -1)}; }, {0}),
+       {rnd({B, H, S, S}, 1)}},
+      {"layer_norm+grad",
+       with_grad([](auto& x) { return std::vector<Tensor>{px::layer_norm(x[0], x[1], x[2])}; }, {0, 1, 2}),
+       {rnd({B, S, D}, 1), rnd({D}, 2), rnd({D}, 3)}},
+      {"gelu+grad", with_grad([](auto& x) { return std::vector<Tensor>{px::gelu(x[0])}; }, {0}), {rnd({T, 4 * D}, 1)}},
+      {"take_embedding+grad", with_grad([](auto& x) { return std::vector<Tensor>{px::take(x[0], x[1])}; }, {0}),
+       {rnd({V, D}, 1), ids({B, S}, V)}},
+      {"cross_entropy_loss+grad",
+       [](auto& x) {
+         Tensor loss = px::cross_entropy_loss(x[0], x[1]);
+         return std::vector<Tensor>{loss, px::gradients(loss, {x[0]})[0]};
+       },
+       {rnd({B, S, V}, 1), ids({B, S}, V)}},
+  };
+  cases.insert(cases.end(), grads.begin(), grads.end());
+  if (flags.quick) cases = {cases[0], cases[7], cases[8]};
+
+  double peak_gbps = memcpy_gbps(flags.min_time);
+  Json().s("bench", "memcpy").n("gbps", peak_gbps).i("threads", px::bench::threads()).print();
+  for (Case& c : cases) {
+    std::string shape;
+    for (auto& a : c.inputs) shape += (shape.empty() ? "" : ",") + px::type_str(a.type());
+    Json j;
+    j.s("bench", "op").s("op", c.op).s("inputs", shape);
+    try {
+      auto comp = px::bench::compile_fn(c.fn, c.inputs);
+      double bytes = 0;
+      for (auto& a : comp.inputs) bytes += static_cast<double>(a.nbytes());
+      for (auto& a : comp.outputs) bytes += static_cast<double>(a.nbytes());
+      double t = px::bench::time_it([&] { comp.run(); }, flags.min_time);
+      double gbps = bytes / t / 1e9;
+      j.n("ms", t * 1e3).n("gbps", gbps).n("vs_memcpy", gbps / peak_gbps).i("steps", comp.exe->num_steps());
+    } catch (const px::Error& e) {
+      // An op that is not implemented yet is reported, not fatal: the rest still run.
+      std::string msg = e.what();
+      for (char& ch : msg)
+        if (ch == '"' || ch == '\\' || ch == '\n') ch = '\'';
+      j.s("error", msg);
+    }
+    j.print();
+  }
+  return 0;
+}
