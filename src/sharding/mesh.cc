@@ -1,0 +1,129 @@
+// Mesh: named axes over devices, coordinates, and the device groups collectives run on.
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "parallax/sharding.h"
+
+namespace px {
+
+Mesh::Mesh(std::vector<MeshAxis> axes, std::vector<int> device_ids, std::string platform)
+    : axes_(std::move(axes)), platform_(std::move(platform)) {
+  int64_t n = 1;
+  std::set<std::string> seen;
+  for (const MeshAxis& a : axes_) {
+    if (a.name.empty()) throw Error("[mesh] axis names must not be empty");
+    if (!seen.insert(a.name).second) throw Error("[mesh] axis '" + a.name + "' appears twice");
+    if (a.size < 1) throw Error("[mesh] axis '" + a.name + "' has size " + std::to_string(a.size) + "; sizes are >= 1");
+    n *= a.size;
+  }
+  if (device_ids.empty()) {
+    device_ids.resize(static_cast<size_t>(n));
+    std::iota(device_ids.begin(), device_ids.end(), 0);
+  }
+  if (static_cast<int64_t>(device_ids.size()) != n)
+    throw Error("[mesh] the axes hold " + std::to_string(n) + " devices but " + std::to_string(device_ids.size()) +
+                " device ids were given");
+  if (std::set<int>(device_ids.begin(), device_ids.end()).size() != device_ids.size())
+    throw Error("[mesh] a device id appears twice");
+  device_ids_ = std::move(device_ids);
+}
+
+Mesh Mesh::cpu(const std::vector<std::pair<std::string, int64_t>>& axes) {
+  std::vector<MeshAxis> a;
+  for (auto& [name, size] : axes) a.push_back({name, size, Link{}});
+  return Mesh(std::move(a), {}, "cpu");
+}
+
+std::vector<std::string> Mesh::axis_names() const {
+  std::vector<std::string> n;
+  for (auto& a : axes_) n.push_back(a.name);
+  return n;
+}
+
+int Mesh::axis_index(const std::string& name) const {
+  for (size_t i = 0; i < axes_.size(); ++i)
+    if (axes_[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+int Mesh::require_axis(const std::string& name, const std::string& context) const {
+  int i = axis_index(name);
+  if (i >= 0) return i;
+  std::string have;
+  for (auto& a : axes_) have += (have.empty() ? "'" : ", '") + a.name + "'";
+  throw Error("[" + context + "] unknown mesh axis '" + name + "'; the mesh " + to_string() +
+              (have.empty() ? " has no axes" : " has " + have));
+}
+
+int64_t Mesh::axis_size(const std::string& name) const { return axes_[require_axis(name, "mesh")].size; }
+
+std::vector<int64_t> Mesh::coords(int position) const {
+  std::vector<int64_t> c(axes_.size());
+  int64_t p = position;
+  for (int i = rank() - 1; i >= 0; --i) {
+    c[i] = p % axes_[i].size;
+    p /= axes_[i].size;
+  }
+  return c;
+}
+
+int Mesh::position(const std::vector<int64_t>& coords) const {
+  int64_t p = 0;
+  for (int i = 0; i < rank(); ++i) p = p * axes_[i].size + coords.at(i);
+  return static_cast<int>(p);
+}
+
+int64_t Mesh::group_size(const std::vector<int>& axes) const {
+  int64_t n = 1;
+  for (int a : axes) n *= axes_.at(a).size;
+  return n;
+}
+
+int64_t Mesh::index_in_group(int position, const std::vector<int>& axes) const {
+  std::vector<int64_t> c = coords(position);
+  int64_t k = 0;
+  for (int a : axes) k = k * axes_[a].size + c[a];
+  return k;
+}
+
+std::vector<std::vector<int>> Mesh::groups(const std::vector<int>& axes) const {
+  // Key each position by its coordinates outside `axes`; groups come out in order of first member.
+  std::vector<char> in_group(axes_.size(), 0);
+  for (int a : axes) in_group.at(a) = 1;
+  int64_t gsize = group_size(axes);
+  std::vector<std::vector<int>> out;
+  std::vector<int> group_of_key;
+  std::vector<int64_t> keys;
+  for (int p = 0; p < size(); ++p) {
+    std::vector<int64_t> c = coords(p);
+    int64_t key = 0;
+    for (int i = 0; i < rank(); ++i)
+      if (!in_group[i]) key = key * axes_[i].size + c[i];
+    size_t g = 0;
+    while (g < keys.size() && keys[g] != key) ++g;
+    if (g == keys.size()) {
+      keys.push_back(key);
+      out.emplace_back(static_cast<size_t>(gsize), -1);
+    }
+    out[g][static_cast<size_t>(index_in_group(p, axes))] = p;
+  }
+  return out;
+}
+
+std::string Mesh::to_string() const {
+  std::ostringstream os;
+  os << "Mesh{";
+  for (size_t i = 0; i < axes_.size(); ++i) os << (i ? ", " : "") << axes_[i].name << ": " << axes_[i].size;
+  os << "} on " << platform_ << ":" << size();
+  return os.str();
+}
+
+bool Mesh::operator==(const Mesh& o) const {
+  if (axes_.size() != o.axes_.size() || device_ids_ != o.device_ids_ || platform_ != o.platform_) return false;
+  for (size_t i = 0; i < axes_.size(); ++i)
+    if (axes_[i].name != o.axes_[i].name || axes_[i].size != o.axes_[i].size) return false;
+  return true;
+}
+
+}  // namespace px
