@@ -1,0 +1,135 @@
+// SPMD: partition a traced program over a mesh and run it on every device in lockstep.
+//
+//   auto mesh = px::Mesh::cpu({{"data", 4}, {"model", 2}});
+//   auto g = px::trace(mlp, {x_type, w1_type, w2_type});
+//   auto exe = px::ShardedExecutable::compile(*g, mesh,
+//       {px::PartitionSpec{"data"}, px::PartitionSpec{px::none, "model"}, px::PartitionSpec{"model"}});
+//   std::cout << exe->program().summary();       // local graph and the collectives it inserted
+//   std::vector<px::ShardedArray> out = exe->run({px::shard(x, exe->in_sharding(0)), ...});
+//   std::cout << exe->stats().to_string();       // bytes each collective moved, per device
+#pragma once
+
+#include <array>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "parallax/graph.h"
+#include "parallax/runtime.h"
+#include "parallax/sharding.h"
+
+namespace px {
+
+enum class CollectiveKind { all_reduce, all_gather, reduce_scatter, all_to_all, permute, broadcast };
+constexpr int kNumCollectiveKinds = 6;
+const char* collective_name(CollectiveKind k);
+
+// Bytes moved by collectives, per device (mesh position) and kind. `payload` is the size of the
+// buffer a device contributes (all_gather: the gathered result), `wire` what a ring algorithm
+// sends per device: all_reduce 2(n-1)/n, all_gather / reduce_scatter / all_to_all (n-1)/n of
+// the larger side; permute and broadcast the bytes a device sends or receives.
+struct CollectiveStats {
+  struct Entry {
+    int64_t calls = 0;
+    int64_t payload_bytes = 0;
+    int64_t wire_bytes = 0;
+  };
+  std::vector<std::array<Entry, kNumCollectiveKinds>> per_device;
+
+  const Entry& at(int position, CollectiveKind k) const { return per_device.at(position)[static_cast<int>(k)]; }
+  Entry total(CollectiveKind k) const;  // summed over devices
+  void reset();
+  std::string to_string() const;  // one line per kind that ran
+};
+
+// One collective inserted by the partitioner, for inspection and tests.
+struct CollectiveRecord {
+  std::string kind;               // "all_reduce", "all_gather", ... or "local_slice"
+  std::vector<std::string> axes;  // mesh axes of the group
+  TensorType operand;             // local type of the operand
+  TensorType result;              // local type of the result
+  int64_t dim = -1;               // gathered / scattered / sliced dim (all_to_all: split dim)
+  int64_t concat_dim = -1;        // all_to_all only
+  std::string reduce;             // "sum" / "max" for all_reduce and reduce_scatter
+  std::string reason;             // the global value and why, e.g. "%7 dot_general partial sum"
+  std::string to_string() const;  // "all_reduce(sum) over 'model' of f32[8,16]"
+};
+
+// Emits the collectives into the local graph. The partitioner calls it for every collective it
+// needs; tests inject a recording emitter to check what was inserted without running devices.
+class CollectiveEmitter {
+ public:
+  virtual ~CollectiveEmitter() = default;
+  virtual Tensor all_reduce(const Tensor& x, const std::vector<std::string>& axes, const std::string& reduce);
+  virtual Tensor all_gather(const Tensor& x, const std::vector<std::string>& axes, int dim);
+  virtual Tensor reduce_scatter(const Tensor& x, const std::vector<std::string>& axes, int dim,
+                                const std::string& reduce);
+  virtual Tensor all_to_all(const Tensor& x, const std::vector<std::string>& axes, int split_dim, int concat_dim);
+  // This device's block of `dim` out of a value replicated over `axes` (no communication).
+  virtual Tensor local_slice(const Tensor& x, const std::vector<std::string>& axes, int dim);
+
+  void bind(const Mesh* mesh, Tensor coords) {
+    mesh_ = mesh;
+    coords_ = coords;
+  }
+
+ protected:
+  int64_t group_size(const std::vector<std::string>& axes) const;
+  const Mesh* mesh_ = nullptr;
+  Tensor coords_;  // the device-coordinates input of the local graph
+};
+
+struct PartitionOptions {
+  // Required shardings of the outputs (unset: whatever propagation chose, never partial).
+  std::vector<std::optional<Sharding>> out_shardings;
+  CollectiveEmitter* emitter = nullptr;  // default: emits the collective primitives
+};
+
+// The result of partitioning: one local program that every device of the mesh runs.
+struct SpmdProgram {
+  Mesh mesh;
+  std::unique_ptr<Graph> local;  // inputs: the local shards of the global inputs, then coords
+  std::vector<Sharding> in_shardings, out_shardings;
+  std::vector<Sharding> value_shardings;  // per value of the global graph, as propagated
+  std::vector<CollectiveRecord> collectives;
+  std::string summary() const;  // shardings of inputs/outputs, collectives, the local graph
+};
+
+// Propagates shardings through `g` from its inputs (and sharding_constraint hints) and emits the
+// local program with collectives. Throws px::Error naming the input when a sharding does not fit.
+SpmdProgram partition(const Graph& g, const Mesh& mesh, const std::vector<Sharding>& in_shardings,
+                      const PartitionOptions& opt = {});
+
+// The local program compiled once and run on every device of the mesh in lockstep: each compute
+// segment runs on every device, then the collective after it runs on all of them at once.
+class ShardedExecutable {
+ public:
+  static std::unique_ptr<ShardedExecutable> compile(const Graph& g, const Mesh& mesh,
+                                                    const std::vector<PartitionSpec>& in_specs,
+                                                    const PartitionOptions& popt = {},
+                                                    const CompileOptions& copt = {});
+  static std::unique_ptr<ShardedExecutable> compile(SpmdProgram program, const CompileOptions& copt = {});
+  ~ShardedExecutable();
+
+  // Inputs must carry the compiled shardings (see in_sharding()).
+  std::vector<ShardedArray> run(const std::vector<ShardedArray>& inputs);
+  // Convenience for tests: shards full arrays, runs, gathers the outputs.
+  std::vector<Array> run_full(const std::vector<Array>& inputs);
+
+  const Sharding& in_sharding(int i) const;
+  const Sharding& out_sharding(int i) const;
+  const SpmdProgram& program() const;
+  const CollectiveStats& stats() const;  // accumulated over runs
+  void reset_stats();
+  int num_segments() const;  // compute segments between collectives
+  std::string summary() const;
+
+  struct Impl;
+
+ private:
+  explicit ShardedExecutable(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace px

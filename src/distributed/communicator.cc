@@ -1,0 +1,130 @@
+// The Communicator's non-virtual front: argument checks and byte accounting, shared by every
+// implementation so that all of them count the same way.
+#include "distributed/communicator.h"
+
+#include <sstream>
+
+namespace px {
+
+const char* collective_name(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::all_reduce: return "all_reduce";
+    case CollectiveKind::all_gather: return "all_gather";
+    case CollectiveKind::reduce_scatter: return "reduce_scatter";
+    case CollectiveKind::all_to_all: return "all_to_all";
+    case CollectiveKind::permute: return "permute";
+    case CollectiveKind::broadcast: return "broadcast";
+  }
+  return "?";
+}
+
+CollectiveStats::Entry CollectiveStats::total(CollectiveKind k) const {
+  Entry t;
+  for (auto& d : per_device) {
+    const Entry& e = d[static_cast<int>(k)];
+    t.calls += e.calls;
+    t.payload_bytes += e.payload_bytes;
+    t.wire_bytes += e.wire_bytes;
+  }
+  return t;
+}
+
+void CollectiveStats::reset() {
+  for (auto& d : per_device) d.fill(Entry{});
+}
+
+std::string CollectiveStats::to_string() const {
+  std::ostringstream os;
+  for (int k = 0; k < kNumCollectiveKinds; ++k) {
+    Entry t = total(static_cast<CollectiveKind>(k));
+    if (t.calls == 0) continue;
+    os << collective_name(static_cast<CollectiveKind>(k)) << ": " << t.calls << " device-calls, payload "
+       << t.payload_bytes << " bytes, wire " << t.wire_bytes << " bytes over " << per_device.size() << " devices\n";
+  }
+  return os.str();
+}
+
+Communicator::Communicator(std::vector<int> local_positions, int64_t world_size)
+    : local_(std::move(local_positions)), world_(world_size) {
+  index_.assign(static_cast<size_t>(world_), -1);
+  for (size_t i = 0; i < local_.size(); ++i) index_.at(local_[i]) = static_cast<int>(i);
+  stats_.per_device.resize(static_cast<size_t>(world_));
+}
+
+namespace {
+void check_buffers(const char* op, size_t nin, size_t nout, size_t nlocal) {
+  if (nin != nlocal || nout != nlocal)
+    throw Error(std::string("[") + op + "] expects one input and one output buffer per local participant (" +
+                std::to_string(nlocal) + "), got " + std::to_string(nin) + " and " + std::to_string(nout));
+}
+}  // namespace
+
+// Per local member of each group: payload bytes, and wire bytes = bytes * num / den with num/den
+// given per group size n by the caller's formula.
+void Communicator::account(CollectiveKind k, const DeviceGroups& groups, int64_t payload, int64_t wire_num,
+                           int64_t wire_den) {
+  for (const auto& g : groups)
+    for (int p : g) {
+      if (local_index(p) < 0) continue;
+      auto& e = stats_.per_device[p][static_cast<int>(k)];
+      e.calls += 1;
+      e.payload_bytes += payload;
+      e.wire_bytes += wire_den ? payload * wire_num / wire_den : 0;
+    }
+}
+
+void Communicator::all_reduce(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, ReduceOp op,
+                              const DeviceGroups& groups) {
+  check_buffers("all_reduce", ins.size(), outs.size(), local_.size());
+  do_all_reduce(ins, outs, count, t, op, groups);
+  int64_t n = groups.empty() ? 1 : static_cast<int64_t>(groups[0].size());
+  account(CollectiveKind::all_reduce, groups, count * dtype_size(t), 2 * (n - 1), n);
+}
+
+void Communicator::all_gather(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
+                              const DeviceGroups& groups) {
+  check_buffers("all_gather", ins.size(), outs.size(), local_.size());
+  do_all_gather(ins, outs, count, t, groups);
+  int64_t n = groups.empty() ? 1 : static_cast<int64_t>(groups[0].size());
+  account(CollectiveKind::all_gather, groups, n * count * dtype_size(t), n - 1, n);
+}
+
+void Communicator::reduce_scatter(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, ReduceOp op,
+                                  const DeviceGroups& groups) {
+  check_buffers("reduce_scatter", ins.size(), outs.size(), local_.size());
+  int64_t n = groups.empty() ? 1 : static_cast<int64_t>(groups[0].size());
+  if (count % n) throw Error("[reduce_scatter] " + std::to_string(count) + " elements do not split over " +
+                             std::to_string(n) + " devices");
+  do_reduce_scatter(ins, outs, count, t, op, groups);
+  account(CollectiveKind::reduce_scatter, groups, count * dtype_size(t), n - 1, n);
+}
+
+void Communicator::all_to_all(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
+                              const DeviceGroups& groups) {
+  check_buffers("all_to_all", ins.size(), outs.size(), local_.size());
+  int64_t n = groups.empty() ? 1 : static_cast<int64_t>(groups[0].size());
+  if (count % n) throw Error("[all_to_all] " + std::to_string(count) + " elements do not split over " +
+                             std::to_string(n) + " devices");
+  do_all_to_all(ins, outs, count, t, groups);
+  account(CollectiveKind::all_to_all, groups, count * dtype_size(t), n - 1, n);
+}
+
+void Communicator::permute(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
+                           const std::vector<std::pair<int, int>>& pairs) {
+  check_buffers("permute", ins.size(), outs.size(), local_.size());
+  do_permute(ins, outs, count, t, pairs);
+  for (auto [src, dst] : pairs)
+    if (src != dst) account(CollectiveKind::permute, {{src}}, count * dtype_size(t), 1, 1);
+}
+
+void Communicator::broadcast(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, int root,
+                             const DeviceGroups& groups) {
+  check_buffers("broadcast", ins.size(), outs.size(), local_.size());
+  do_broadcast(ins, outs, count, t, root, groups);
+  // Receivers count the bytes they receive; roots count what they send once.
+  for (const auto& g : groups)
+    for (size_t r = 0; r < g.size(); ++r)
+      if (g.size() > 1) account(CollectiveKind::broadcast, {{g[r]}}, count * dtype_size(t), 1, 1);
+}
+
+}  // namespace px

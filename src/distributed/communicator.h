@@ -1,0 +1,88 @@
+// Collectives behind one interface, for the in-process runtime now and MPI / NCCL later.
+//
+// A call is made once per process for all of its local participants: `ins` / `outs` hold one
+// buffer per local participant, in the order of local_positions() (mesh positions). Groups list
+// mesh positions; a participant's rank in its group is its index there. The in-process runtime
+// runs the per-device programs in lockstep, so every participant's buffer is at hand in one call.
+// An MPI implementation receives its process's participants (usually one), combines the local
+// ones in memory and exchanges with the other ranks (MPI_Allreduce / Allgather / Reduce_scatter /
+// Alltoall on a communicator split per group, or per-group sub-communicators cached by group
+// set); an NCCL one issues the same calls per GPU inside ncclGroupStart / ncclGroupEnd.
+//
+// Buffers are contiguous; layouts along other dims are the caller's concern. `count` is the
+// number of elements of each participant's input. Outputs must not alias inputs, except that
+// all_reduce may run in place. Every call records its bytes in stats().
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "parallax/core.h"
+#include "parallax/spmd.h"
+
+namespace px {
+
+enum class ReduceOp { sum, max };
+using DeviceGroups = std::vector<std::vector<int>>;
+using Buffers = std::vector<const void*>;
+using MutBuffers = std::vector<void*>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual std::string name() const = 0;
+  const std::vector<int>& local_positions() const { return local_; }
+  int64_t world_size() const { return world_; }
+
+  // out = reduction over the group of in (count elements each).
+  void all_reduce(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, ReduceOp op,
+                  const DeviceGroups& groups);
+  // out (count * n elements) = the group's inputs concatenated in group order.
+  void all_gather(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, const DeviceGroups& groups);
+  // in has count elements in n blocks; out (count / n) = reduction of block <own rank> over the group.
+  void reduce_scatter(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, ReduceOp op,
+                      const DeviceGroups& groups);
+  // in has count elements in n blocks; out block j = block <own rank> of member j's input.
+  void all_to_all(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, const DeviceGroups& groups);
+  // (source, target) mesh positions; targets that receive nothing are zero-filled.
+  void permute(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
+               const std::vector<std::pair<int, int>>& pairs);
+  // out = in of the member at index `root` of each group.
+  void broadcast(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, int root,
+                 const DeviceGroups& groups);
+  virtual void barrier() = 0;
+
+  const CollectiveStats& stats() const { return stats_; }
+  void reset_stats() { stats_.reset(); }
+
+ protected:
+  Communicator(std::vector<int> local_positions, int64_t world_size);
+  virtual void do_all_reduce(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, ReduceOp op,
+                             const DeviceGroups& groups) = 0;
+  virtual void do_all_gather(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
+                             const DeviceGroups& groups) = 0;
+  virtual void do_reduce_scatter(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, ReduceOp op,
+                                 const DeviceGroups& groups) = 0;
+  virtual void do_all_to_all(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
+                             const DeviceGroups& groups) = 0;
+  virtual void do_permute(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
+                          const std::vector<std::pair<int, int>>& pairs) = 0;
+  virtual void do_broadcast(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, int root,
+                            const DeviceGroups& groups) = 0;
+  int local_index(int position) const { return position < static_cast<int>(index_.size()) ? index_[position] : -1; }
+
+ private:
+  void account(CollectiveKind k, const DeviceGroups& groups, int64_t payload, int64_t wire_num, int64_t wire_den);
+  std::vector<int> local_;
+  std::vector<int> index_;  // mesh position -> local index, -1 when remote
+  int64_t world_;
+  CollectiveStats stats_;
+};
+
+// All `num_devices` mesh positions live in this process; collectives are memory operations,
+// parallelized with OpenMP over elements (so they use the same threads as the kernels).
+std::unique_ptr<Communicator> make_inproc_communicator(int64_t num_devices);
+
+}  // namespace px
