@@ -16,7 +16,8 @@ Tensor apply_rope(const Tensor& x, double theta, int64_t offset) {
   std::vector<float> c(static_cast<size_t>(seq * half)), s(c.size());
   for (int64_t p = 0; p < seq; ++p)
     for (int64_t i = 0; i < half; ++i) {
-      double a = static_cast<double>(p + offset) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+      double a =
+          static_cast<double>(p + offset) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
       c[p * half + i] = static_cast<float>(std::cos(a));
       s[p * half + i] = static_cast<float>(std::sin(a));
     }

@@ -27,7 +27,7 @@ uint64_t path_key(uint64_t seed, const std::string& path) {
 // The counter-th 64 random bits of stream `key`.
 inline uint64_t bits(uint64_t key, uint64_t counter) { return mix64(key + (counter + 1) * kGolden); }
 inline double unit_open0(uint64_t b) { return static_cast<double>((b >> 11) + 1) * 0x1.0p-53; }  // (0, 1]
-inline double unit(uint64_t b) { return static_cast<double>(b >> 11) * 0x1.0p-53; }             // [0, 1)
+inline double unit(uint64_t b) { return static_cast<double>(b >> 11) * 0x1.0p-53; }              // [0, 1)
 
 // Standard normal for element i of stream key (Box-Muller on two counters).
 inline double normal(uint64_t key, int64_t i) {
@@ -44,10 +44,16 @@ constexpr double kTruncStd = 0.87962566103423978;
 std::string Init::to_string() const {
   char buf[96];
   switch (kind) {
-    case Kind::zeros: return "zeros";
-    case Kind::ones: return "ones";
-    case Kind::constant: std::snprintf(buf, sizeof buf, "constant(%g)", a); break;
-    case Kind::normal: std::snprintf(buf, sizeof buf, "normal(%g%s)", a, fan_in_scaled ? "/sqrt(fan_in)" : ""); break;
+    case Kind::zeros:
+      return "zeros";
+    case Kind::ones:
+      return "ones";
+    case Kind::constant:
+      std::snprintf(buf, sizeof buf, "constant(%g)", a);
+      break;
+    case Kind::normal:
+      std::snprintf(buf, sizeof buf, "normal(%g%s)", a, fan_in_scaled ? "/sqrt(fan_in)" : "");
+      break;
     case Kind::truncated_normal:
       if (fan_in_scaled)
         std::snprintf(buf, sizeof buf, "lecun_normal(%g)", a);
@@ -110,8 +116,8 @@ void init_range(const ParamSpec& p, uint64_t seed, int64_t begin, int64_t end, f
 }
 
 Array init_array(const ParamSpec& p, uint64_t seed) {
-  if (!is_float(p.type.dtype) && (p.init.kind != Init::Kind::zeros && p.init.kind != Init::Kind::ones &&
-                                  p.init.kind != Init::Kind::constant))
+  if (!is_float(p.type.dtype) &&
+      (p.init.kind != Init::Kind::zeros && p.init.kind != Init::Kind::ones && p.init.kind != Init::Kind::constant))
     throw Error("[nn] param '" + p.path + "' of type " + type_str(p.type) + " needs a constant initializer, not " +
                 p.init.to_string());
   Array f(DType::f32, p.type.shape);

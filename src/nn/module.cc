@@ -173,7 +173,8 @@ int64_t Module::param_count() const {
   return n;
 }
 
-std::unique_ptr<Graph> trace_with_params(ParamStore& store, const BatchFn& fn, const std::vector<TensorType>& batch_types,
+std::unique_ptr<Graph> trace_with_params(ParamStore& store, const BatchFn& fn,
+                                         const std::vector<TensorType>& batch_types,
                                          const std::vector<std::string>& batch_names) {
   std::vector<TensorType> types = store.types();
   std::vector<std::string> names = store.paths();

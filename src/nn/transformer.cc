@@ -29,7 +29,8 @@ void LmConfig::validate() const {
     fail("rotary positions need an even head_dim = d_model / n_heads, got " + std::to_string(head_dim()));
   if (!(norm_eps > 0)) fail("norm_eps must be positive, got " + std::to_string(norm_eps));
   if (!(init_std > 0)) fail("init_std must be positive, got " + std::to_string(init_std));
-  if (!is_float(compute_dtype)) fail(std::string("compute_dtype must be a float type, got ") + dtype_name(compute_dtype));
+  if (!is_float(compute_dtype))
+    fail(std::string("compute_dtype must be a float type, got ") + dtype_name(compute_dtype));
 }
 
 std::string LmConfig::to_string() const {

@@ -57,8 +57,8 @@ TEST(Linear, MatchesReference) {
   EXPECT_FALSE(nob.b.defined());
   Array x = testing::random_array({2, 3, 5}, DType::f32, 9);
   auto p = random_params(root.store());
-  auto out = run(root.store(), [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{nob(fc(in[0]))}; }, p,
-                 {x});
+  auto out =
+      run(root.store(), [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{nob(fc(in[0]))}; }, p, {x});
   Vec b = p[1].to_f32();
   Vec h = ref_dense(x.to_f32(), p[0].to_f32(), &b, 6, 5, 3);
   Vec want = ref_dense(h, p[2].to_f32(), nullptr, 6, 3, 2);
@@ -85,9 +85,11 @@ TEST(Norms, MatchReference) {
   EXPECT_EQ(root.store().paths(), (std::vector<std::string>{"ln.scale", "ln.bias", "rms.scale", "nob.scale"}));
   Array x = testing::random_array({3, 6}, DType::f32, 4, -2.0f, 3.0f);
   auto p = random_params(root.store());
-  auto out = run(
-      root.store(),
-      [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{ln(in[0]), rms(in[0]), nob(in[0])}; }, p, {x});
+  auto out = run(root.store(),
+                 [&](const std::vector<Tensor>& in) {
+                   return std::vector<Tensor>{ln(in[0]), rms(in[0]), nob(in[0])};
+                 },
+                 p, {x});
   Vec xv = x.to_f32(), g = p[0].to_f32(), bt = p[1].to_f32(), gr = p[2].to_f32(), gn = p[3].to_f32();
   Vec want_ln(18), want_rms(18), want_nob(18);
   for (int r = 0; r < 3; ++r) {
@@ -115,14 +117,17 @@ TEST(FeedForward, MlpAndSwiGluMatchReference) {
                                                             "glu.gate.w", "glu.up.w", "glu.down.w"}));
   Array x = testing::random_array({3, 4}, DType::f32, 2);
   auto p = random_params(root.store());
-  auto out = run(
-      root.store(), [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{mlp(in[0]), glu(in[0])}; }, p,
-      {x});
+  auto out = run(root.store(),
+                 [&](const std::vector<Tensor>& in) {
+                   return std::vector<Tensor>{mlp(in[0]), glu(in[0])};
+                 },
+                 p, {x});
   Vec b0 = p[1].to_f32(), b1 = p[3].to_f32();
   Vec h = ref_dense(x.to_f32(), p[0].to_f32(), &b0, 3, 4, 7);
   for (auto& v : h) v = ref_gelu(v);
   EXPECT_TRUE(all_close(out[0].to_f32(), ref_dense(h, p[2].to_f32(), &b1, 3, 7, 4), 1e-4, 1e-4));
-  Vec gt = ref_dense(x.to_f32(), p[4].to_f32(), nullptr, 3, 4, 5), up = ref_dense(x.to_f32(), p[5].to_f32(), nullptr, 3, 4, 5);
+  Vec gt = ref_dense(x.to_f32(), p[4].to_f32(), nullptr, 3, 4, 5),
+      up = ref_dense(x.to_f32(), p[5].to_f32(), nullptr, 3, 4, 5);
   for (size_t i = 0; i < gt.size(); ++i) gt[i] = ref_silu(gt[i]) * up[i];
   EXPECT_TRUE(all_close(out[1].to_f32(), ref_dense(gt, p[6].to_f32(), nullptr, 3, 5, 4), 1e-4, 1e-4));
 }
@@ -133,10 +138,11 @@ TEST(Embedding, LookupAndAttend) {
   Array tokens = Array::from_i32({6, 0, 2, 2}, {2, 2});
   Array h = testing::random_array({2, 3}, DType::f32, 8);
   auto p = random_params(root.store());
-  auto out = run(
-      root.store(),
-      [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{emb(in[0]), emb.attend(in[1])}; }, p,
-      {tokens, h});
+  auto out = run(root.store(),
+                 [&](const std::vector<Tensor>& in) {
+                   return std::vector<Tensor>{emb(in[0]), emb.attend(in[1])};
+                 },
+                 p, {tokens, h});
   Vec t = p[0].to_f32(), want;
   for (int tok : {6, 0, 2, 2})
     for (int j = 0; j < 3; ++j) want.push_back(t[tok * 3 + j]);
@@ -180,8 +186,9 @@ TEST(Rope, MatchesReferenceAndGradients) {
           .to_f32(),
       x0.to_f32(), 1e-6, 0));
   EXPECT_TRUE(testing::check_grads(rope, {testing::random_array({1, 2, 3, 4}, DType::f32, 14)}));
-  EXPECT_TRUE(testing::throws_error([](const std::vector<Tensor>& in) { return std::vector<Tensor>{apply_rope(in[0])}; },
-                                    {{DType::f32, {2, 5}}}, {"[apply_rope]", "even"}));
+  EXPECT_TRUE(
+      testing::throws_error([](const std::vector<Tensor>& in) { return std::vector<Tensor>{apply_rope(in[0])}; },
+                            {{DType::f32, {2, 5}}}, {"[apply_rope]", "even"}));
 }
 
 // Reference attention: x[b, s, dm] -> y[b, s, dm], causal, grouped-query, optional rope, biases.
@@ -215,7 +222,8 @@ Vec ref_attention(const Vec& x, const std::vector<Array>& p, bool bias, bool rop
         double mx = -1e30, den = 0;
         for (int64_t j = 0; j <= i; ++j) {
           double a = 0;
-          for (int64_t e = 0; e < hd; ++e) a += double(q[((b * H + h) * S + i) * hd + e]) * kk[((b * Hkv + g) * S + j) * hd + e];
+          for (int64_t e = 0; e < hd; ++e)
+            a += double(q[((b * H + h) * S + i) * hd + e]) * kk[((b * Hkv + g) * S + j) * hd + e];
           sc[j] = a / std::sqrt(double(hd));
           mx = std::max(mx, sc[j]);
         }
@@ -235,8 +243,8 @@ TEST(Attention, GqaAndRopeShapesAndNumerics) {
     for (bool bias : {false, true})
       for (int64_t hkv : {4, 2, 1}) {
         Scope root;
-        CausalSelfAttention attn(root.sub("attn"), {.d_model = 8, .n_heads = 4, .n_kv_heads = hkv, .rope = rope,
-                                                    .bias = bias});
+        CausalSelfAttention attn(root.sub("attn"),
+                                 {.d_model = 8, .n_heads = 4, .n_kv_heads = hkv, .rope = rope, .bias = bias});
         EXPECT_EQ(attn.wq.shape(), (Shape{8, 8}));
         EXPECT_EQ(attn.wk.shape(), (Shape{8, 2 * hkv}));
         EXPECT_EQ(attn.wv.shape(), (Shape{8, 2 * hkv}));
@@ -244,16 +252,15 @@ TEST(Attention, GqaAndRopeShapesAndNumerics) {
         EXPECT_EQ(root.store().size(), bias ? 8 : 4);
         Array x = testing::random_array({2, 5, 8}, DType::f32, 21);
         auto p = random_params(root.store());
-        auto out = run(
-            root.store(),
-            [&](const std::vector<Tensor>& in) {
-              std::vector<Tensor> h = attn.qkv(in[0]);
-              EXPECT_EQ(h[0].shape(), (Shape{2, 4, 5, 2}));
-              EXPECT_EQ(h[1].shape(), (Shape{2, hkv, 5, 2}));
-              EXPECT_EQ(h[2].shape(), (Shape{2, hkv, 5, 2}));
-              return std::vector<Tensor>{attn(in[0])};
-            },
-            p, {x});
+        auto out = run(root.store(),
+                       [&](const std::vector<Tensor>& in) {
+                         std::vector<Tensor> h = attn.qkv(in[0]);
+                         EXPECT_EQ(h[0].shape(), (Shape{2, 4, 5, 2}));
+                         EXPECT_EQ(h[1].shape(), (Shape{2, hkv, 5, 2}));
+                         EXPECT_EQ(h[2].shape(), (Shape{2, hkv, 5, 2}));
+                         return std::vector<Tensor>{attn(in[0])};
+                       },
+                       p, {x});
         EXPECT_EQ(out[0].shape(), (Shape{2, 5, 8}));
         EXPECT_TRUE(all_close(out[0].to_f32(), ref_attention(x.to_f32(), p, bias, rope, 2, 5, 8, 4, hkv), 1e-4, 1e-4))
             << "rope " << rope << " bias " << bias << " kv heads " << hkv;

@@ -82,9 +82,11 @@ TEST(Binding, TraceWithParamsMakesNamedInputsInOrder) {
   Scope root;
   Linear a(root.sub("a"), 2, 3);
   Param s = root.param("s", {DType::f32, {}}, Init::ones());
-  auto g = trace_with_params(
-      root.store(), [&](const std::vector<Tensor>& batch) { return std::vector<Tensor>{a.b, s, batch[0]}; },
-      {{DType::i32, {4}}}, {"tokens"});
+  auto g = trace_with_params(root.store(),
+                             [&](const std::vector<Tensor>& batch) {
+                               return std::vector<Tensor>{a.b, s, batch[0]};
+                             },
+                             {{DType::i32, {4}}}, {"tokens"});
   EXPECT_EQ(g->input_names(), (std::vector<std::string>{"a.w", "a.b", "s", "tokens"}));
   EXPECT_EQ(g->type(g->inputs()[0]), (TensorType{DType::f32, {2, 3}}));
   EXPECT_EQ(g->outputs()[0], g->inputs()[1]);

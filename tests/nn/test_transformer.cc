@@ -13,7 +13,7 @@ int64_t gpt2_count(const LmConfig& c) {
   const int64_t d = c.d_model, kv = c.kv_heads() * c.head_dim();
   int64_t attn = d * d + 2 * d * kv + d * d + (d + 2 * kv + d);  // wq, wk, wv, wo + biases
   int64_t mlp = d * c.d_ff + c.d_ff + c.d_ff * d + d;
-  int64_t block = 2 * d + attn + 2 * d + mlp;                     // ln1, attn, ln2, mlp
+  int64_t block = 2 * d + attn + 2 * d + mlp;                                // ln1, attn, ln2, mlp
   return c.vocab_size * d + c.max_seq_len * d + c.n_layers * block + 2 * d;  // tied: no head
 }
 
@@ -39,9 +39,7 @@ std::vector<Array> run(TransformerLm& m, const BatchFn& fn, const std::vector<Ar
 }
 
 float loss_of(TransformerLm& m, const std::vector<Array>& params, const Array& tokens, const Array& targets) {
-  return run(
-             m,
-             [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{next_token_loss(m, b[0], b[1])}; },
+  return run(m, [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{next_token_loss(m, b[0], b[1])}; },
              params, {tokens, targets})[0]
       .to_f32()[0];
 }
@@ -75,34 +73,20 @@ TEST(TransformerLm, ParamCountsMatchClosedForm) {
 
 TEST(TransformerLm, StablePathNames) {
   std::vector<std::string> gpt = TransformerLm(gpt2_tiny()).store().paths();
-  std::vector<std::string> want = {"embed.table",
-                                   "pos_embed.table",
-                                   "blocks.0.ln1.scale",
-                                   "blocks.0.ln1.bias",
-                                   "blocks.0.attn.wq",
-                                   "blocks.0.attn.wk",
-                                   "blocks.0.attn.wv",
-                                   "blocks.0.attn.wo",
-                                   "blocks.0.attn.bq",
-                                   "blocks.0.attn.bk",
-                                   "blocks.0.attn.bv",
-                                   "blocks.0.attn.bo",
-                                   "blocks.0.ln2.scale",
-                                   "blocks.0.ln2.bias",
-                                   "blocks.0.mlp.fc.w",
-                                   "blocks.0.mlp.fc.b",
-                                   "blocks.0.mlp.proj.w",
-                                   "blocks.0.mlp.proj.b"};
+  std::vector<std::string> want = {
+      "embed.table",       "pos_embed.table",     "blocks.0.ln1.scale", "blocks.0.ln1.bias", "blocks.0.attn.wq",
+      "blocks.0.attn.wk",  "blocks.0.attn.wv",    "blocks.0.attn.wo",   "blocks.0.attn.bq",  "blocks.0.attn.bk",
+      "blocks.0.attn.bv",  "blocks.0.attn.bo",    "blocks.0.ln2.scale", "blocks.0.ln2.bias", "blocks.0.mlp.fc.w",
+      "blocks.0.mlp.fc.b", "blocks.0.mlp.proj.w", "blocks.0.mlp.proj.b"};
   ASSERT_EQ(gpt.size(), 2 + 2 * 16 + 2u);
   EXPECT_EQ(std::vector<std::string>(gpt.begin(), gpt.begin() + 18), want);
   EXPECT_EQ(gpt[18], "blocks.1.ln1.scale");
   EXPECT_EQ(gpt.back(), "final_norm.bias");
 
   std::vector<std::string> llama = TransformerLm(llama_tiny()).store().paths();
-  std::vector<std::string> want_llama = {"embed.table",        "blocks.0.ln1.scale", "blocks.0.attn.wq",
-                                         "blocks.0.attn.wk",   "blocks.0.attn.wv",   "blocks.0.attn.wo",
-                                         "blocks.0.ln2.scale", "blocks.0.mlp.gate.w", "blocks.0.mlp.up.w",
-                                         "blocks.0.mlp.down.w"};
+  std::vector<std::string> want_llama = {
+      "embed.table",      "blocks.0.ln1.scale", "blocks.0.attn.wq",    "blocks.0.attn.wk",  "blocks.0.attn.wv",
+      "blocks.0.attn.wo", "blocks.0.ln2.scale", "blocks.0.mlp.gate.w", "blocks.0.mlp.up.w", "blocks.0.mlp.down.w"};
   EXPECT_EQ(std::vector<std::string>(llama.begin(), llama.begin() + 10), want_llama);
   EXPECT_EQ(llama[llama.size() - 2], "final_norm.scale");
   EXPECT_EQ(llama.back(), "head.w");
@@ -142,7 +126,8 @@ TEST(TransformerLm, Bf16ComputeMatchesF32Loss) {
 }
 
 LmConfig micro(bool llama) {
-  LmConfig c = llama ? llama_config("micro_llama", 11, 8, 2, 1, 1, 12, 6) : gpt2_config("micro_gpt", 11, 8, 2, 1, 12, 6);
+  LmConfig c =
+      llama ? llama_config("micro_llama", 11, 8, 2, 1, 1, 12, 6) : gpt2_config("micro_gpt", 11, 8, 2, 1, 12, 6);
   c.init_std = 0.5;  // large enough that every path carries a visible gradient
   return c;
 }
@@ -180,8 +165,10 @@ TEST(TransformerLm, GradientsMatchFiniteDifferences) {
     std::vector<int> wrt = {st.index_of("embed.table"), st.index_of("blocks.0.attn.wq"),
                             st.index_of("blocks.0.attn.wv"), st.index_of("final_norm.scale"),
                             st.index_of(llama ? "blocks.0.mlp.gate.w" : "blocks.0.mlp.fc.w")};
-    if (llama) wrt.push_back(st.index_of("head.w"));
-    else wrt.push_back(st.index_of("pos_embed.table"));
+    if (llama)
+      wrt.push_back(st.index_of("head.w"));
+    else
+      wrt.push_back(st.index_of("pos_embed.table"));
     EXPECT_TRUE(testing::check_grads(fn, in, wrt)) << m.config().name;
   }
 }
@@ -193,13 +180,10 @@ TEST(TransformerLm, WeightsAndIgnoredTargets) {
   Array targets = Array::from_i32({1, 4, 1, 5, 9, 2}, {1, 6});
   Array masked = Array::from_i32({1, 4, 1, -100, -100, -100}, {1, 6});
   Array weights = Array::from_f32({1, 1, 1, 0, 0, 0}, {1, 6});
-  float weighted = run(
-                       m,
-                       [&](const std::vector<Tensor>& b) {
-                         return std::vector<Tensor>{next_token_loss(m, b[0], b[1], b[2])};
-                       },
-                       p, {tokens, targets, weights})[0]
-                       .to_f32()[0];
+  float weighted =
+      run(m, [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{next_token_loss(m, b[0], b[1], b[2])}; }, p,
+          {tokens, targets, weights})[0]
+          .to_f32()[0];
   EXPECT_NEAR(weighted, loss_of(m, p, tokens, masked), 1e-5);
   EXPECT_GT(std::fabs(weighted - loss_of(m, p, tokens, targets)), 1e-4);
 }

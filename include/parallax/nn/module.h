@@ -173,7 +173,8 @@ class Module {
 using BatchFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& batch)>;
 // Traces fn into a new, verified Graph whose inputs are the store's params (named by path, in
 // declaration order) followed by the batch inputs; the params are bound while fn runs.
-std::unique_ptr<Graph> trace_with_params(ParamStore& store, const BatchFn& fn, const std::vector<TensorType>& batch_types,
+std::unique_ptr<Graph> trace_with_params(ParamStore& store, const BatchFn& fn,
+                                         const std::vector<TensorType>& batch_types,
                                          const std::vector<std::string>& batch_names = {});
 
 }  // namespace px::nn
