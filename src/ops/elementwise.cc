@@ -217,8 +217,9 @@ Types infer_broadcast_in_dim(const Types& in, const Attrs& attrs) {
 
 std::vector<Tensor> vjp_broadcast_in_dim(const VjpArgs& a) {
   const Tensor& ct = a.cotangents[0];
-  const Shape& in_shape = a.inputs[0].shape();
-  const Shape& out_shape = ct.shape();
+  // Copies: emitting nodes below may reallocate the graph's value table.
+  const Shape in_shape = a.inputs[0].shape();
+  const Shape out_shape = ct.shape();
   const Ints& dims = a.attrs.ints("dims");
   // Sum over result dims that are new or that broadcast a size-1 operand dim.
   std::vector<char> kept(out_shape.size(), 0);
