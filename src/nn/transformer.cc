@@ -77,6 +77,15 @@ LmConfig llama_tiny() { return llama_config("llama_tiny", 2048, 128, 4, 2, 2, 38
 LmConfig gpt2_small() { return gpt2_config("gpt2_small", 50257, 768, 12, 12, 3072, 1024); }
 LmConfig llama_small() { return llama_config("llama_small", 32000, 768, 12, 4, 12, 2048, 1024); }
 
+LmConfig lm_config(const std::string& name) {
+  for (auto f : {gpt2_tiny, bench_gpt, llama_tiny, gpt2_small, llama_small}) {
+    LmConfig c = f();
+    if (c.name == name) return c;
+  }
+  throw Error("[lm_config] unknown model config '" + name +
+              "'; known: gpt2_tiny, bench_gpt, llama_tiny, gpt2_small, llama_small");
+}
+
 // ---- blocks ----------------------------------------------------------------------------------
 
 namespace {

@@ -54,6 +54,9 @@ TEST(LmConfig, PresetsHaveTheDocumentedSizes) {
   EXPECT_TRUE(!l.tied_embedding && !l.bias && l.norm == NormKind::rms_norm && l.mlp == MlpKind::swiglu &&
               l.positions == PositionKind::rotary && l.kv_heads() < l.n_heads);
   EXPECT_NE(l.to_string().find("positions = rotary"), std::string::npos);
+  EXPECT_EQ(lm_config("bench_gpt").d_model, 512);
+  EXPECT_EQ(lm_config("llama_small").n_kv_heads, 4);
+  EXPECT_THROW(lm_config("gpt5"), Error);
 }
 
 TEST(TransformerLm, ParamCountsMatchClosedForm) {

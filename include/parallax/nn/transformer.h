@@ -57,6 +57,8 @@ LmConfig bench_gpt();    // vocab 8192, d 512, 8 heads, 6 layers, ff 2048, seq 2
 LmConfig llama_tiny();   // vocab 2048, d 128, 4 heads (2 kv), 2 layers, ff 384, seq 128
 LmConfig gpt2_small();   // GPT-2 124M: vocab 50257, d 768, 12 heads, 12 layers, ff 3072, seq 1024
 LmConfig llama_small();  // vocab 32000, d 768, 12 heads (4 kv), 12 layers, ff 2048, seq 1024
+// One of the presets above by name ("gpt2_tiny", ...); throws px::Error listing the known names.
+LmConfig lm_config(const std::string& name);
 
 // LayerNorm or RMSNorm per config.
 class Norm : public Module {
