@@ -17,6 +17,9 @@ struct CompileOptions {
   bool fuse_elementwise = true;  // chain elementwise ops into single tiled passes
   bool optimize = true;          // run CSE and DCE first
   int64_t memory_limit_bytes = 0;  // 0 = none; above it compile() throws with a report
+  // Mixed precision: bf16 or f16 runs every f32 matmul on 16-bit operands with f32 results
+  // (see px::autocast in passes.h); f32 changes nothing.
+  DType compute_dtype = DType::f32;
 };
 
 class Executable {

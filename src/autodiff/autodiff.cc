@@ -23,7 +23,7 @@ std::vector<Tensor> gradients(const std::vector<Tensor>& ys, const std::vector<T
 
   // Forward reachability from xs (only float values carry gradients).
   std::vector<char> reach(nv, 0);
-  for (auto& x : xs) reach[x.id()] = 1;
+  for (auto& x : xs) reach[x.id()] = is_float(x.dtype());
   for (size_t i = 0; i < nn; ++i) {
     const Node& n = g->nodes()[i];
     bool any = false;
@@ -42,6 +42,10 @@ std::vector<Tensor> gradients(const std::vector<Tensor>& ys, const std::vector<T
   };
   for (size_t i = 0; i < ys.size(); ++i) {
     Tensor dy = dys.empty() ? Tensor() : dys[i];
+    if (dy.defined() && (dy.graph() != g || dy.type() != ys[i].type()))
+      throw Error("[gradients] cotangent " + std::to_string(i) + " has type " + type_str(dy.type()) +
+                  (dy.graph() != g ? " and belongs to another graph" : "") + "; output " + std::to_string(i) +
+                  " has type " + type_str(ys[i].type()));
     if (!dy.defined()) {
       if (ys[i].numel() != 1)
         throw Error("[gradients] output " + std::to_string(i) + " has shape " + shape_str(ys[i].shape()) +
@@ -120,8 +124,13 @@ std::vector<Tensor> call(const Graph& g, const std::vector<Tensor>& args) {
   if (args.size() != g.inputs().size())
     throw Error("[call] graph takes " + std::to_string(g.inputs().size()) + " arguments, got " +
                 std::to_string(args.size()));
+  Graph* target = args.empty() ? current_graph() : args[0].graph();
+  if (!target) throw Error("[call] called outside of a trace: use px::trace or a px::TraceScope");
+  TraceScope scope(target);  // nodes without operands (constants) land in the same graph
   std::vector<Tensor> env(g.values().size());
   for (size_t i = 0; i < args.size(); ++i) {
+    if (!args[i].defined()) throw Error("[call] argument " + std::to_string(i) + " is an undefined tensor");
+    if (args[i].graph() != target) throw Error("[call] argument " + std::to_string(i) + " belongs to another graph");
     if (args[i].type() != g.type(g.inputs()[i]))
       throw Error("[call] argument " + std::to_string(i) + " has type " + type_str(args[i].type()) + ", expected " +
                   type_str(g.type(g.inputs()[i])));
@@ -130,7 +139,8 @@ std::vector<Tensor> call(const Graph& g, const std::vector<Tensor>& args) {
   for (const Node& n : g.nodes()) {
     std::vector<Tensor> ins;
     for (int v : n.inputs) ins.push_back(env[v]);
-    std::vector<Tensor> outs = emit(n.prim->name, ins, n.attrs);
+    std::vector<Tensor> outs = target->emit(*n.prim, ins, n.attrs);
+    if (!n.name.empty()) target->mutable_nodes().back().name = n.name;  // keep remat/debug tags
     for (size_t o = 0; o < outs.size(); ++o) env[n.outputs[o]] = outs[o];
   }
   std::vector<Tensor> result;

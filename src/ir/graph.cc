@@ -183,10 +183,15 @@ std::string Graph::to_string() const {
 
 void Graph::verify() const {
   std::vector<char> defined(values_.size(), 0);
+  if (input_names_.size() != inputs_.size()) throw Error("[verify] input names and inputs differ in number");
   for (size_t i = 0; i < inputs_.size(); ++i) {
     int id = inputs_[i];
     if (id < 0 || id >= static_cast<int>(values_.size())) throw Error("[verify] graph input id out of range");
     if (values_[id].producer != -1) throw Error("[verify] graph input %" + std::to_string(id) + " has a producer");
+    if (defined[id]) throw Error("[verify] graph input %" + std::to_string(id) + " is listed twice");
+    if (values_[id].output_index != static_cast<int>(i))
+      throw Error("[verify] graph input %" + std::to_string(id) + " records position " +
+                  std::to_string(values_[id].output_index) + " but is input " + std::to_string(i));
     defined[id] = 1;
   }
   for (size_t ni = 0; ni < nodes_.size(); ++ni) {
@@ -202,7 +207,7 @@ void Graph::verify() const {
     std::vector<TensorType> out_types;
     try {
       out_types = n.prim->infer(in_types, n.attrs);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       throw Error(where + ": shape rule fails: " + e.what());
     }
     if (out_types.size() != n.outputs.size())
@@ -215,7 +220,7 @@ void Graph::verify() const {
       if (values_[id].type != out_types[o])
         throw Error(where + " output %" + std::to_string(id) + " has type " + type_str(values_[id].type) +
                     " but its rule gives " + type_str(out_types[o]));
-      if (values_[id].producer != static_cast<int>(ni))
+      if (values_[id].producer != static_cast<int>(ni) || values_[id].output_index != static_cast<int>(o))
         throw Error(where + " output %" + std::to_string(id) + " records the wrong producer");
       defined[id] = 1;
     }

@@ -77,14 +77,16 @@ std::string ShardingRule::to_string() const {
 
 std::vector<Tensor> emit(const std::string& name, const std::vector<Tensor>& inputs, Attrs attrs) {
   const Primitive& p = get_primitive(name);
-  Graph* g = nullptr;
-  for (auto& t : inputs)
-    if (t.defined()) {
-      g = t.graph();
-      break;
-    }
-  if (!g) g = current_graph();
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!inputs[i].defined()) throw Error("[" + name + "] operand " + std::to_string(i) + " is an undefined tensor");
+  Graph* cur = current_graph();
+  Graph* g = inputs.empty() ? cur : inputs[0].graph();
   if (!g) throw Error("[" + name + "] called outside of a trace: use px::trace or a px::TraceScope");
+  // While a trace is open, a tensor of another graph (captured from an earlier trace) must not
+  // silently grow that graph.
+  if (cur && g != cur)
+    throw Error("[" + name + "] operand 0 belongs to a different graph than the trace in progress "
+                "(mixing tensors from two traces)");
   return g->emit(p, inputs, std::move(attrs));
 }
 

@@ -3,12 +3,18 @@
 #include "parallax/runtime.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <sstream>
 
 #include "backend/cpu/kernel.h"
+#include "core/env.h"
+#include "core/log.h"
 #include "ir/primitive.h"
+#include "parallax/passes.h"
 #include "runtime/plan.h"
 
 namespace px {
@@ -23,6 +29,8 @@ struct Step {
   std::vector<void*> out_ptrs;
 };
 
+bool is_broadcast(const Node& n) { return n.prim->name == "broadcast_in_dim" && n.outputs.size() == 1; }
+
 bool fusible(const Graph& g, const Node& n) {
   if (!n.prim->elementwise || n.outputs.size() != 1) return false;
   const cpu::EltwiseKernel* ek = cpu::find_eltwise(n.prim->name);
@@ -32,6 +40,17 @@ bool fusible(const Graph& g, const Node& n) {
   bool all_int = int_like(g.type(n.outputs[0]).dtype);
   for (int v : n.inputs) all_int = all_int && int_like(g.type(v).dtype);
   return !(all_int && ek->i32);
+}
+
+void dump(const Executable& exe, const std::string& dir) {
+  static std::atomic<int> counter{0};
+  std::string path = dir + "/executable_" + std::to_string(counter++) + ".txt";
+  std::ofstream f(path);
+  if (!f) {
+    PX_LOG(warn) << "PX_DUMP_DIR: cannot write " << path;
+    return;
+  }
+  f << exe.graph().to_string() << "\n" << exe.summary();
 }
 
 }  // namespace
@@ -53,8 +72,13 @@ Executable::~Executable() = default;
 
 std::unique_ptr<Executable> Executable::compile(const Graph& src, const CompileOptions& opt) {
   auto impl = std::make_unique<Impl>();
+  apply_thread_settings();
   src.verify();
-  impl->graph = opt.optimize ? dce(*cse(src)) : src.clone();
+  std::unique_ptr<Graph> prepared;
+  if (opt.compute_dtype != DType::f32) prepared = autocast(src, opt.compute_dtype);
+  const Graph& in_graph = prepared ? *prepared : src;
+  impl->graph = opt.optimize ? dce(*cse(in_graph)) : in_graph.clone();
+  const bool fuse_on = opt.fuse_elementwise && !env().disable_fusion;
   const Graph& g = *impl->graph;
   const auto& nodes = g.nodes();
 
@@ -66,6 +90,8 @@ std::unique_ptr<Executable> Executable::compile(const Graph& src, const CompileO
   for (int v : g.outputs()) is_output[v] = 1;
 
   // Partition the schedule into units: fused groups (run at their last member) and single nodes.
+  // A group grows while nodes are fusible and have its element count; a node that reads the
+  // open group but cannot join it closes the group, which then runs before that node.
   struct Unit {
     std::vector<int> nodes;
     bool fused = false;
@@ -76,29 +102,36 @@ std::unique_ptr<Executable> Executable::compile(const Graph& src, const CompileO
   constexpr size_t kMaxGroup = 48;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];
-    bool fuse = fusible(g, n);
     bool reads_open = false;
     if (open >= 0)
       for (int v : n.inputs) {
         int p = g.values()[v].producer;
         reads_open = reads_open || (p >= 0 && unit_of[p] == open);
       }
-    if (fuse && opt.fuse_elementwise && open >= 0 && units[open].nodes.size() < kMaxGroup &&
+    // A broadcast of an external operand fuses as a strided load; of a group value it cannot.
+    bool fuse = fusible(g, n) || (fuse_on && is_broadcast(n) && !reads_open);
+    if (fuse && fuse_on && open >= 0 && units[open].nodes.size() < kMaxGroup &&
         g.type(n.outputs[0]).numel() == g.type(nodes[units[open].nodes[0]].outputs[0]).numel()) {
       units[open].nodes.push_back(static_cast<int>(i));
       unit_of[i] = open;
       continue;
     }
     if (fuse) {
-      if (open >= 0 && !opt.fuse_elementwise) open = -1;
       units.push_back({{static_cast<int>(i)}, true});
       unit_of[i] = static_cast<int>(units.size()) - 1;
-      open = opt.fuse_elementwise ? unit_of[i] : -1;
+      open = fuse_on ? unit_of[i] : -1;
       continue;
     }
     if (reads_open) open = -1;  // the group must run before this consumer
     units.push_back({{static_cast<int>(i)}, false});
     unit_of[i] = static_cast<int>(units.size()) - 1;
+  }
+  // A group of broadcasts alone computes nothing: run them with their own kernels.
+  for (Unit& u : units) {
+    if (!u.fused) continue;
+    bool any_compute = false;
+    for (int ni : u.nodes) any_compute = any_compute || !is_broadcast(nodes[ni]);
+    if (!any_compute && u.nodes.size() == 1 && cpu::find_kernel(nodes[u.nodes[0]].prim->name)) u.fused = false;
   }
   // Order units by the position of their last member (a group runs when it is complete).
   std::vector<int> order(units.size());
@@ -179,7 +212,10 @@ std::unique_ptr<Executable> Executable::compile(const Graph& src, const CompileO
     for (int v : st.out_values) st.out_ptrs.push_back(impl->arena + impl->plan.offset[v]);
   }
   impl->output_values = g.outputs();
-  return std::unique_ptr<Executable>(new Executable(std::move(impl)));
+  auto exe = std::unique_ptr<Executable>(new Executable(std::move(impl)));
+  PX_LOG(debug) << "compiled " << exe->graph().nodes().size() << " nodes\n" << exe->summary();
+  if (!env().dump_dir.empty()) dump(*exe, env().dump_dir);
+  return exe;
 }
 
 std::vector<Array> Executable::run(const std::vector<Array>& inputs) {
@@ -195,21 +231,28 @@ void Executable::run_into(const std::vector<Array>& inputs, std::vector<Array>& 
     throw Error("[run] expected " + std::to_string(g.inputs().size()) + " inputs, got " + std::to_string(inputs.size()));
   for (size_t i = 0; i < inputs.size(); ++i) {
     const TensorType& want = g.type(g.inputs()[i]);
-    if (inputs[i].type() != want) {
-      std::string name = g.input_names()[i].empty() ? "" : " ('" + g.input_names()[i] + "')";
+    std::string name = g.input_names()[i].empty() ? "" : " ('" + g.input_names()[i] + "')";
+    if (inputs[i].type() != want)
       throw Error("[run] input " + std::to_string(i) + name + " has type " + type_str(inputs[i].type()) +
                   " but the graph was traced with " + type_str(want));
-    }
-    for (auto [s, k] : impl_->input_uses[i]) impl_->steps[s].in_ptrs[k] = inputs[i].raw();
+    if (!inputs[i].defined())
+      throw Error("[run] input " + std::to_string(i) + name + " is an empty px::Array (no data)");
   }
   if (outputs.size() != impl_->output_values.size())
-    throw Error("[run] expected " + std::to_string(impl_->output_values.size()) + " output arrays");
+    throw Error("[run] expected " + std::to_string(impl_->output_values.size()) + " output arrays, got " +
+                std::to_string(outputs.size()));
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    int v = impl_->output_values[o];
+    if (outputs[o].type() != g.type(v) || !outputs[o].defined())
+      throw Error("[run] output array " + std::to_string(o) + " has type " + type_str(outputs[o].type()) +
+                  (outputs[o].defined() ? "" : " and no data") + ", expected " + type_str(g.type(v)));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i)
+    for (auto [s, k] : impl_->input_uses[i]) impl_->steps[s].in_ptrs[k] = inputs[i].raw();
+  apply_thread_settings();
   for (Step& st : impl_->steps) st.kernel(st.in_ptrs.data(), st.out_ptrs.data());
   for (size_t o = 0; o < outputs.size(); ++o) {
     int v = impl_->output_values[o];
-    if (outputs[o].type() != g.type(v))
-      throw Error("[run] output " + std::to_string(o) + " has type " + type_str(outputs[o].type()) + ", expected " +
-                  type_str(g.type(v)));
     const void* src = nullptr;
     if (g.values()[v].producer < 0) {
       src = inputs[g.values()[v].output_index].raw();

@@ -1,5 +1,7 @@
 // The fused-loop engine: runs a chain of elementwise nodes tile by tile, so intermediate
-// values stay in L1-sized scratch instead of round-tripping through memory.
+// values stay in a few L1-sized scratch tiles instead of round-tripping through memory.
+// A group may also contain broadcast_in_dim nodes of external operands: they become strided
+// loads (bias adds, per-row scales) instead of materialized broadcasts.
 #include <omp.h>
 
 #include <algorithm>
@@ -12,25 +14,107 @@
 namespace px::cpu {
 
 namespace {
-constexpr int64_t kTile = 1024;
-
-struct Step {
-  EltwiseF32 fn;
-  std::vector<float> params;
-  std::vector<int> in_slots;
-  int out_slot;
-};
-
-// Where a slot's tile lives: an external f32 buffer read/written in place, or scratch.
-struct Slot {
-  int ext_in = -1;   // index into operands when loaded from outside
-  int ext_out = -1;  // index into results when stored outside
-  DType dtype = DType::f32;
-};
+// 2048 floats = 8 KiB per tile: a handful of live tiles fits L1 and the per-tile overhead
+// (pointer setup, one indirect call per op) is amortized over enough elements.
+constexpr int64_t kTile = 2048;
+constexpr int kMaxArity = 8;
 
 bool int_like(DType d) { return d == DType::i32 || d == DType::boolean; }
 
-// A single elementwise node whose operands are all integers: exact i32 path, whole array.
+// Rounds f32 values to what storing them as `t` and loading them back gives, so that a value
+// kept inside a tile equals the value an unfused kernel would have written.
+void quantize(float* x, int64_t n, DType t) {
+  switch (t) {
+    case DType::f32: break;
+    case DType::bf16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t u;
+        std::memcpy(&u, x + i, 4);
+        if ((u & 0x7fffffffu) > 0x7f800000u) continue;  // NaN stays NaN
+        u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        std::memcpy(x + i, &u, 4);
+      }
+      break;
+    case DType::f16:
+      for (int64_t i = 0; i < n; ++i) x[i] = f16_to_f32(f32_to_f16(x[i]));
+      break;
+    case DType::i32:
+      for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(static_cast<int32_t>(x[i]));
+      break;
+    case DType::boolean:
+      for (int64_t i = 0; i < n; ++i) x[i] = x[i] != 0.0f ? 1.0f : 0.0f;
+      break;
+  }
+}
+
+// A broadcast_in_dim read as a strided load: result dims, coalesced, with the operand stride
+// of each (0 where the dim is broadcast). The innermost stride is 0 (fill) or 1 (copy).
+struct BroadcastLoad {
+  std::vector<int64_t> sizes, strides;
+};
+
+BroadcastLoad make_broadcast_load(const TensorType& operand, const TensorType& result, const Attrs& attrs) {
+  const std::vector<int64_t>& dims = attrs.ints("dims");
+  int r = result.rank();
+  std::vector<int64_t> stride(r, 0);
+  int64_t s = 1;
+  for (int i = operand.rank() - 1; i >= 0; --i) {
+    if (operand.shape[i] != 1) stride[dims[i]] = s;
+    s *= operand.shape[i];
+  }
+  BroadcastLoad b;
+  for (int d = 0; d < r; ++d) {
+    if (result.shape[d] == 1) continue;
+    if (!b.sizes.empty() && b.strides.back() == stride[d] * result.shape[d]) {
+      b.sizes.back() *= result.shape[d];
+      b.strides.back() = stride[d];
+    } else {
+      b.sizes.push_back(result.shape[d]);
+      b.strides.push_back(stride[d]);
+    }
+  }
+  if (b.sizes.empty()) {
+    b.sizes.push_back(1);
+    b.strides.push_back(0);
+  }
+  return b;
+}
+
+// Fills dst[0, len) with the broadcast's elements [off, off + len).
+void run_broadcast(const BroadcastLoad& b, const void* src, DType t, int64_t off, int64_t len, float* dst) {
+  int nd = static_cast<int>(b.sizes.size());
+  int64_t idx[8];
+  int64_t rem = off, src_off = 0;
+  for (int d = nd - 1; d >= 0; --d) {
+    idx[d] = rem % b.sizes[d];
+    rem /= b.sizes[d];
+    src_off += idx[d] * b.strides[d];
+  }
+  const int64_t inner = b.sizes[nd - 1], inner_stride = b.strides[nd - 1];
+  int64_t done = 0;
+  while (done < len) {
+    int64_t run = std::min(inner - idx[nd - 1], len - done);
+    if (inner_stride == 0) {
+      float v;
+      load_f32(src, t, src_off, &v, 1);
+      std::fill(dst + done, dst + done + run, v);
+    } else {
+      load_f32(src, t, src_off, dst + done, run);
+    }
+    done += run;
+    // Advance the multi-index by `run` elements: the inner dim wraps, outer dims carry.
+    idx[nd - 1] += run;
+    src_off += run * inner_stride;
+    for (int d = nd - 1; d > 0 && idx[d] == b.sizes[d]; --d) {
+      src_off -= b.sizes[d] * b.strides[d];
+      idx[d] = 0;
+      ++idx[d - 1];
+      src_off += b.strides[d - 1];
+    }
+  }
+}
+
+// A single elementwise node whose operands are all integers: exact i32 path.
 Kernel make_int_kernel(const Graph& g, const Node& n, const EltwiseKernel& ek) {
   std::vector<DType> in_t;
   for (int v : n.inputs) in_t.push_back(g.type(v).dtype);
@@ -39,16 +123,17 @@ Kernel make_int_kernel(const Graph& g, const Node& n, const EltwiseKernel& ek) {
   std::vector<float> params = ek.params ? ek.params(n.attrs) : std::vector<float>{};
   EltwiseI32 fn = ek.i32;
   int nin = static_cast<int>(in_t.size());
-  // Bool operands/results are widened to i32 per tile, in scratch owned by the kernel.
+  if (nin > kMaxArity) throw Error("[fused] '" + n.prim->name + "' has too many operands");
   int threads = num_threads();
+  // Bool operands/results are widened to i32 per tile, in scratch owned by the kernel.
   auto scratch = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(threads * (nin + 1) * kTile));
   return [=](const void* const* in, void* const* out) {
     int64_t ntiles = (count + kTile - 1) / kTile;
-#pragma omp parallel for schedule(static) if (ntiles > 4)
+#pragma omp parallel for schedule(static) num_threads(threads) if (ntiles > 1)
     for (int64_t t = 0; t < ntiles; ++t) {
       int32_t* s = scratch->data() + static_cast<size_t>(omp_get_thread_num()) * (nin + 1) * kTile;
       int64_t off = t * kTile, len = std::min(kTile, count - off);
-      const int32_t* ptrs[8];
+      const int32_t* ptrs[kMaxArity];
       for (int k = 0; k < nin; ++k) {
         if (in_t[k] == DType::i32) {
           ptrs[k] = static_cast<const int32_t*>(in[k]) + off;
@@ -70,89 +155,223 @@ Kernel make_int_kernel(const Graph& g, const Node& n, const EltwiseKernel& ek) {
     }
   };
 }
+
+// The fused program: a list of ops over slots. A slot is the tile of one value; it points into
+// an external f32 buffer (read or written in place) or at a scratch tile.
+struct Op {
+  enum Kind : uint8_t { load, broadcast, compute, round, store } kind;
+  int slot = -1;                  // the slot written (load/broadcast/compute/round) or read (store)
+  int ext = -1;                   // operand index (load/broadcast) or result index (store)
+  DType dtype = DType::f32;       // of the external buffer, or the rounding target
+  EltwiseF32 fn = nullptr;        // compute
+  int params = -1;                // compute: offset into the params pool, -1 when none
+  int nargs = 0;
+  int args[kMaxArity] = {};       // compute: operand slots
+  int bcast = -1;                 // broadcast: index into the loads table
+};
+
+struct SlotPlace {
+  enum Kind : uint8_t { ext_in, ext_out, scratch } kind;
+  int index;  // operand index, result index, or scratch tile
+};
+
+struct Program {
+  std::vector<Op> ops;
+  std::vector<SlotPlace> places;
+  std::vector<BroadcastLoad> loads;
+  std::vector<float> params;
+  int num_tiles = 0;  // scratch tiles per thread
+  int64_t count = 0;
+};
+
+// Allocates scratch tiles by liveness: a tile is reused as soon as its value's last reader ran.
+class TileAllocator {
+ public:
+  int take() {
+    if (!free_.empty()) {
+      int t = free_.back();
+      free_.pop_back();
+      return t;
+    }
+    return used_++;
+  }
+  void give(int t) { free_.push_back(t); }
+  int used() const { return used_; }
+
+ private:
+  std::vector<int> free_;
+  int used_ = 0;
+};
+
+Program build_program(const Graph& g, const FusedGroup& group) {
+  Program p;
+  const Node& first = g.nodes()[group.nodes[0]];
+  p.count = g.type(first.outputs[0]).numel();
+
+  std::unordered_map<int, int> ext_in_index, ext_out_index;
+  for (size_t k = 0; k < group.ext_inputs.size(); ++k) ext_in_index[group.ext_inputs[k]] = static_cast<int>(k);
+  for (size_t k = 0; k < group.ext_outputs.size(); ++k) {
+    if (!ext_out_index.emplace(group.ext_outputs[k], static_cast<int>(k)).second)
+      throw Error("[fused] value stored twice");
+  }
+
+  // Last op position (in node order) reading each value, to free tiles early.
+  std::unordered_map<int, int> last_read;
+  for (size_t i = 0; i < group.nodes.size(); ++i)
+    for (int v : g.nodes()[group.nodes[i]].inputs) last_read[v] = static_cast<int>(i);
+
+  TileAllocator tiles;
+  std::unordered_map<int, int> slot_of;  // value id -> slot
+  std::vector<int> tile_of;              // slot -> scratch tile or -1
+  auto new_slot = [&](SlotPlace place) {
+    p.places.push_back(place);
+    tile_of.push_back(place.kind == SlotPlace::scratch ? place.index : -1);
+    return static_cast<int>(p.places.size()) - 1;
+  };
+
+  // Slot of an external operand read as a contiguous tile (loaded on first use when not f32).
+  auto operand_slot = [&](int v, const std::string& who) {
+    auto it = slot_of.find(v);
+    if (it != slot_of.end()) return it->second;
+    auto e = ext_in_index.find(v);
+    if (e == ext_in_index.end()) throw Error("[fused] operand of '" + who + "' is neither external nor in the group");
+    if (g.type(v).numel() != p.count) throw Error("[fused] operand of '" + who + "' has the wrong element count");
+    DType t = g.type(v).dtype;
+    int slot;
+    if (t == DType::f32) {
+      slot = new_slot({SlotPlace::ext_in, e->second});
+    } else {
+      slot = new_slot({SlotPlace::scratch, tiles.take()});
+      Op op{Op::load};
+      op.slot = slot;
+      op.ext = e->second;
+      op.dtype = t;
+      p.ops.push_back(op);
+    }
+    slot_of[v] = slot;
+    return slot;
+  };
+
+  for (size_t i = 0; i < group.nodes.size(); ++i) {
+    const Node& n = g.nodes()[group.nodes[i]];
+    if (n.outputs.size() != 1) throw Error("[fused] '" + n.prim->name + "' has several results");
+    int out = n.outputs[0];
+    const TensorType& out_t = g.type(out);
+    if (out_t.numel() != p.count) throw Error("[fused] group mixes element counts");
+    auto eo = ext_out_index.find(out);
+    bool direct = eo != ext_out_index.end() && out_t.dtype == DType::f32;
+
+    Op op{Op::compute};
+    if (n.prim->name == "broadcast_in_dim") {
+      auto e = ext_in_index.find(n.inputs.at(0));
+      if (e == ext_in_index.end()) throw Error("[fused] broadcast_in_dim of a value computed in the group");
+      op.kind = Op::broadcast;
+      op.ext = e->second;
+      op.dtype = g.type(n.inputs[0]).dtype;
+      op.bcast = static_cast<int>(p.loads.size());
+      p.loads.push_back(make_broadcast_load(g.type(n.inputs[0]), out_t, n.attrs));
+      if (p.loads.back().sizes.size() > 8) throw Error("[fused] broadcast of too high a rank");
+    } else {
+      const EltwiseKernel* ek = find_eltwise(n.prim->name);
+      if (!ek || !ek->f32) throw Error("[fused] no f32 elementwise kernel for '" + n.prim->name + "'");
+      if (n.inputs.size() > static_cast<size_t>(kMaxArity))
+        throw Error("[fused] '" + n.prim->name + "' has too many operands");
+      op.fn = ek->f32;
+      std::vector<float> prm = ek->params ? ek->params(n.attrs) : std::vector<float>{};
+      if (!prm.empty()) {
+        op.params = static_cast<int>(p.params.size());
+        p.params.insert(p.params.end(), prm.begin(), prm.end());
+      }
+      op.nargs = static_cast<int>(n.inputs.size());
+      for (int k = 0; k < op.nargs; ++k) op.args[k] = operand_slot(n.inputs[k], n.prim->name);
+    }
+    // The result's tile is taken before the operands' tiles are freed: kernels never run in place.
+    op.slot = direct ? new_slot({SlotPlace::ext_out, eo->second}) : new_slot({SlotPlace::scratch, tiles.take()});
+    slot_of[out] = op.slot;
+    p.ops.push_back(op);
+    if (out_t.dtype != DType::f32) {
+      Op r{Op::round};
+      r.slot = op.slot;
+      r.dtype = out_t.dtype;
+      p.ops.push_back(r);
+    }
+    if (eo != ext_out_index.end() && !direct) {
+      Op st{Op::store};
+      st.slot = op.slot;
+      st.ext = eo->second;
+      st.dtype = out_t.dtype;
+      p.ops.push_back(st);
+    }
+    // Free tiles whose value is read for the last time here (and results nobody in the group reads).
+    std::vector<int> done;
+    for (int v : n.inputs)
+      if (last_read[v] == static_cast<int>(i)) done.push_back(v);
+    if (!last_read.count(out)) done.push_back(out);
+    std::sort(done.begin(), done.end());
+    done.erase(std::unique(done.begin(), done.end()), done.end());
+    for (int v : done) {
+      auto it = slot_of.find(v);
+      if (it != slot_of.end() && tile_of[it->second] >= 0) tiles.give(tile_of[it->second]);
+    }
+  }
+  for (int v : group.ext_outputs)
+    if (!slot_of.count(v)) throw Error("[fused] output %" + std::to_string(v) + " is not computed by the group");
+  p.num_tiles = std::max(tiles.used(), 1);
+  return p;
+}
 }  // namespace
 
 Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
   if (group.nodes.empty()) throw Error("[fused] empty group");
   const Node& first = g.nodes()[group.nodes[0]];
-  int64_t count = g.type(first.outputs[0]).numel();
-
-  if (group.nodes.size() == 1) {
+  if (group.nodes.size() == 1 && first.prim->elementwise) {
     const EltwiseKernel* ek = find_eltwise(first.prim->name);
     bool all_int = int_like(g.type(first.outputs[0]).dtype);
     for (int v : first.inputs) all_int = all_int && int_like(g.type(v).dtype);
     if (ek && ek->i32 && all_int) return make_int_kernel(g, first, *ek);
   }
 
-  std::unordered_map<int, int> slot_of;  // value id -> slot
-  std::vector<Slot> slots;
-  for (size_t k = 0; k < group.ext_inputs.size(); ++k) {
-    int v = group.ext_inputs[k];
-    slot_of[v] = static_cast<int>(slots.size());
-    slots.push_back({static_cast<int>(k), -1, g.type(v).dtype});
-  }
-  std::vector<Step> steps;
-  for (int ni : group.nodes) {
-    const Node& n = g.nodes()[ni];
-    const EltwiseKernel* ek = find_eltwise(n.prim->name);
-    if (!ek || !ek->f32) throw Error("[fused] no f32 elementwise kernel for '" + n.prim->name + "'");
-    if (g.type(n.outputs[0]).numel() != count) throw Error("[fused] group mixes element counts");
-    Step s;
-    s.fn = ek->f32;
-    s.params = ek->params ? ek->params(n.attrs) : std::vector<float>{};
-    for (int v : n.inputs) {
-      auto it = slot_of.find(v);
-      if (it == slot_of.end()) throw Error("[fused] operand of '" + n.prim->name + "' is neither external nor in the group");
-      s.in_slots.push_back(it->second);
-    }
-    s.out_slot = static_cast<int>(slots.size());
-    slot_of[n.outputs[0]] = s.out_slot;
-    slots.push_back({-1, -1, g.type(n.outputs[0]).dtype});
-    steps.push_back(std::move(s));
-  }
-  for (size_t k = 0; k < group.ext_outputs.size(); ++k) {
-    int slot = slot_of.at(group.ext_outputs[k]);
-    if (slots[slot].ext_out != -1 || slots[slot].ext_in != -1) throw Error("[fused] value stored twice");
-    slots[slot].ext_out = static_cast<int>(k);
-  }
-
-  int nslots = static_cast<int>(slots.size());
-  int threads = num_threads();
-  auto scratch = std::make_shared<std::vector<float>>(static_cast<size_t>(threads) * nslots * kTile);
-  return [=](const void* const* in, void* const* out) {
-    int64_t ntiles = (count + kTile - 1) / kTile;
-#pragma omp parallel if (ntiles > 2)
+  auto prog = std::make_shared<const Program>(build_program(g, group));
+  const int threads = num_threads();
+  const int nslots = static_cast<int>(prog->places.size());
+  // Per thread: the scratch tiles, then the slot pointer table (all preallocated here).
+  const size_t tile_floats = static_cast<size_t>(prog->num_tiles) * kTile;
+  auto scratch = std::make_shared<std::vector<float>>(static_cast<size_t>(threads) * tile_floats);
+  auto ptr_table = std::make_shared<std::vector<float*>>(static_cast<size_t>(threads) * nslots);
+  return [prog, scratch, ptr_table, threads, nslots, tile_floats](const void* const* in, void* const* out) {
+    const Program& p = *prog;
+    const int64_t ntiles = (p.count + kTile - 1) / kTile;
+#pragma omp parallel num_threads(threads) if (ntiles > 1)
     {
-      float* base = scratch->data() + static_cast<size_t>(omp_get_thread_num()) * nslots * kTile;
-      std::vector<float*> ptr_storage;  // small; avoided below via fixed array when possible
-      float* ptr[64];
-      float** p = nslots <= 64 ? ptr : (ptr_storage.resize(nslots), ptr_storage.data());
-      const float* args[8];
+      const int tid = omp_get_thread_num();
+      float* base = scratch->data() + tid * tile_floats;
+      float** ptr = ptr_table->data() + static_cast<size_t>(tid) * nslots;
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < ntiles; ++t) {
-        int64_t off = t * kTile, len = std::min(kTile, count - off);
+        const int64_t off = t * kTile, len = std::min(kTile, p.count - off);
         for (int s = 0; s < nslots; ++s) {
-          const Slot& sl = slots[s];
-          if (sl.ext_in >= 0) {
-            if (sl.dtype == DType::f32) {
-              p[s] = const_cast<float*>(static_cast<const float*>(in[sl.ext_in])) + off;
-            } else {
-              p[s] = base + s * kTile;
-              load_f32(in[sl.ext_in], sl.dtype, off, p[s], len);
-            }
-          } else if (sl.ext_out >= 0 && sl.dtype == DType::f32) {
-            p[s] = static_cast<float*>(out[sl.ext_out]) + off;
-          } else {
-            p[s] = base + s * kTile;
+          const SlotPlace& pl = p.places[s];
+          switch (pl.kind) {
+            case SlotPlace::ext_in:
+              ptr[s] = const_cast<float*>(static_cast<const float*>(in[pl.index])) + off;
+              break;
+            case SlotPlace::ext_out: ptr[s] = static_cast<float*>(out[pl.index]) + off; break;
+            case SlotPlace::scratch: ptr[s] = base + pl.index * kTile; break;
           }
         }
-        for (const Step& st : steps) {
-          for (size_t k = 0; k < st.in_slots.size(); ++k) args[k] = p[st.in_slots[k]];
-          st.fn(args, p[st.out_slot], len, st.params.data());
-        }
-        for (int s = 0; s < nslots; ++s) {
-          const Slot& sl = slots[s];
-          if (sl.ext_out >= 0 && sl.dtype != DType::f32) store_f32(p[s], out[sl.ext_out], sl.dtype, off, len);
+        for (const Op& op : p.ops) {
+          switch (op.kind) {
+            case Op::load: load_f32(in[op.ext], op.dtype, off, ptr[op.slot], len); break;
+            case Op::broadcast: run_broadcast(p.loads[op.bcast], in[op.ext], op.dtype, off, len, ptr[op.slot]); break;
+            case Op::compute: {
+              const float* args[kMaxArity];
+              for (int k = 0; k < op.nargs; ++k) args[k] = ptr[op.args[k]];
+              op.fn(args, ptr[op.slot], len, op.params >= 0 ? p.params.data() + op.params : nullptr);
+              break;
+            }
+            case Op::round: quantize(ptr[op.slot], len, op.dtype); break;
+            case Op::store: store_f32(ptr[op.slot], out[op.ext], op.dtype, off, len); break;
+          }
         }
       }
     }

@@ -1,10 +1,15 @@
 // Kernel tables and dtype conversions shared by every CPU kernel family.
 #include <omp.h>
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
 #include "backend/cpu/kernel.h"
+#include "core/env.h"
 
 namespace px::cpu {
 
@@ -31,6 +36,7 @@ void register_eltwise(const std::string& prim, EltwiseKernel k) {
 void register_all_kernels() {
   static std::once_flag once;
   std::call_once(once, [] {
+    apply_thread_settings();
     register_elementwise_kernels();
     register_shape_kernels();
     register_reduce_kernels();
@@ -70,7 +76,12 @@ void load_f32(const void* src, DType t, int64_t offset, float* dst, int64_t n) {
     }
     case DType::f16: {
       const uint16_t* s = static_cast<const uint16_t*>(src) + offset;
-      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+      int64_t i = 0;
+#ifdef __F16C__
+      for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+#endif
+      for (; i < n; ++i) dst[i] = f16_to_f32(s[i]);
       break;
     }
     case DType::i32: {
@@ -94,13 +105,26 @@ void store_f32(const float* src, void* dst, DType t, int64_t offset, int64_t n) 
       break;
     }
     case DType::bf16: {
+      // Round to nearest even, branch-free so that it vectorizes; NaNs stay (quiet) NaNs.
       uint16_t* d = static_cast<uint16_t*>(dst) + offset;
-      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t u;
+        std::memcpy(&u, src + i, 4);
+        uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+        uint32_t nan = (u >> 16) | 0x40u;
+        d[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+      }
       break;
     }
     case DType::f16: {
       uint16_t* d = static_cast<uint16_t*>(dst) + offset;
-      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+      int64_t i = 0;
+#ifdef __F16C__
+      for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+      for (; i < n; ++i) d[i] = f32_to_f16(src[i]);
       break;
     }
     case DType::i32: {
@@ -137,6 +161,9 @@ void convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n) {
   }
 }
 
-int num_threads() { return omp_get_max_threads(); }
+int num_threads() {
+  apply_thread_settings();
+  return omp_get_max_threads();
+}
 
 }  // namespace px::cpu

@@ -1,0 +1,33 @@
+// Every environment variable the library reads, read in one place (env.cc) and once.
+//
+//   int n = px::env().num_threads;           // PX_NUM_THREADS, 0 = OpenMP's default
+//   for (auto& v : px::env_variables()) std::cout << v.name << ": " << v.help << "\n";
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/log.h"
+
+namespace px {
+
+struct EnvConfig {
+  int num_threads = 0;                 // PX_NUM_THREADS: OpenMP threads for kernels (0 = default)
+  LogLevel log_level = LogLevel::warn;  // PX_LOG_LEVEL: debug | info | warn | error | off
+  std::string dump_dir;                // PX_DUMP_DIR: where compiled graphs are written ("" = nowhere)
+  bool disable_fusion = false;         // PX_DISABLE_FUSION=1: compile every elementwise op alone
+};
+
+// Parsed on first use; a malformed value throws px::Error naming the variable and what it accepts.
+const EnvConfig& env();
+
+struct EnvVariable {
+  const char* name;
+  const char* help;
+};
+const std::vector<EnvVariable>& env_variables();  // for --help texts and docs
+
+// Applies PX_NUM_THREADS to the calling thread's OpenMP settings (idempotent and cheap).
+void apply_thread_settings();
+
+}  // namespace px

@@ -1,0 +1,311 @@
+// Executable mechanics on private primitives: fusion, the buffer plan, allocation-free runs,
+// input/output checking, memory limits and edge-case graphs.
+#include <gtest/gtest.h>
+#include <malloc.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <random>
+
+#include "ir/private_prims.h"
+#include "parallax/runtime.h"
+
+// ---- allocation counting: every malloc-family call in this binary goes through these ------------
+extern "C" {
+void* __libc_malloc(size_t);
+void* __libc_calloc(size_t, size_t);
+void* __libc_realloc(void*, size_t);
+void* __libc_memalign(size_t, size_t);
+}
+namespace {
+std::atomic<long> g_allocs{0};
+std::atomic<bool> g_counting{false};
+void note() {
+  if (g_counting.load(std::memory_order_relaxed)) g_allocs.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace
+extern "C" {
+void* malloc(size_t n) {
+  note();
+  return __libc_malloc(n);
+}
+void* calloc(size_t a, size_t b) {
+  note();
+  return __libc_calloc(a, b);
+}
+void* realloc(void* p, size_t n) {
+  note();
+  return __libc_realloc(p, n);
+}
+void* aligned_alloc(size_t al, size_t n) {
+  note();
+  return __libc_memalign(al, n);
+}
+void* memalign(size_t al, size_t n) {
+  note();
+  return __libc_memalign(al, n);
+}
+int posix_memalign(void** out, size_t al, size_t n) {
+  note();
+  *out = __libc_memalign(al, n);
+  return *out ? 0 : 12;
+}
+}
+
+namespace px {
+namespace {
+
+using namespace testprims;
+
+class ExecutableTest : public ::testing::Test {
+ protected:
+  void SetUp() override { register_test_prims(); }
+};
+
+TensorType f32(Shape s) { return {DType::f32, std::move(s)}; }
+
+Array random(const Shape& s, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> v(static_cast<size_t>(numel(s)));
+  for (auto& x : v) x = u(rng);
+  return Array::from_f32(v, s);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+CompileOptions unfused() {
+  CompileOptions o;
+  o.fuse_elementwise = false;
+  return o;
+}
+
+// A DAG mixing fusible ops, a plain kernel in the middle and a multi-output node.
+std::vector<Tensor> mixed_dag(const std::vector<Tensor>& in) {
+  Tensor a = scale(in[0], 1.5);
+  Tensor b = add2(a, in[1]);
+  Tensor c = effect(b);  // plain kernel: closes the open group
+  Tensor d = add2(scale(c, -2.0), a);
+  std::vector<Tensor> s = split2(d);
+  Tensor e = add2(s[0], scale(s[1], 0.25));
+  return {e, b, scale(e, 3.0)};
+}
+
+TEST_F(ExecutableTest, FusionOnAndOffGiveIdenticalResults) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{2048}, int64_t{3 * 2048 + 5}, int64_t{100003}}) {
+    auto g = trace(mixed_dag, {f32({n}), f32({n})});
+    std::vector<Array> in = {random({n}, 1), random({n}, 2)};
+    auto fused = Executable::compile(*g)->run(in);
+    auto plain = Executable::compile(*g, unfused())->run(in);
+    ASSERT_EQ(fused.size(), 3u);
+    for (size_t o = 0; o < fused.size(); ++o) EXPECT_EQ(fused[o].to_f32(), plain[o].to_f32()) << "n=" << n << " out " << o;
+    // Against a reference computed here.
+    std::vector<float> x = in[0].to_f32(), y = in[1].to_f32(), want(n);
+    for (int64_t i = 0; i < n; ++i) {
+      float a = 1.5f * x[i], b = a + y[i], d = -2.0f * b + a;
+      want[i] = d + 0.25f * (2 * d);
+    }
+    std::vector<float> got = fused[0].to_f32();
+    for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], want[i], 1e-5) << "n=" << n << " i=" << i;
+  }
+}
+
+TEST_F(ExecutableTest, ChainCompilesToOneFusedGroup) {
+  auto g = trace(
+      [](const std::vector<Tensor>& in) {
+        Tensor t = in[0];
+        for (int i = 0; i < 12; ++i) t = i % 3 == 2 ? add2(t, in[1]) : scale(t, 1.0 + 0.125 * i);
+        return std::vector<Tensor>{t};
+      },
+      {f32({5000}), f32({5000})});
+  auto exe = Executable::compile(*g);
+  EXPECT_EQ(exe->num_fused_groups(), 1);
+  EXPECT_EQ(exe->num_steps(), 1);
+  EXPECT_NE(exe->summary().find("fused{test_scale,test_scale,test_add2"), std::string::npos) << exe->summary();
+  auto off = Executable::compile(*g, unfused());
+  EXPECT_EQ(off->num_steps(), 12);
+  std::vector<Array> in = {random({5000}, 3), random({5000}, 4)};
+  EXPECT_EQ(exe->run(in)[0].to_f32(), off->run(in)[0].to_f32());
+  // Intermediates never leave the tiles: only the input and output would need buffers.
+  EXPECT_LE(exe->peak_bytes(), 5000 * 4 + 64);
+}
+
+TEST_F(ExecutableTest, PlainNodeSplitsGroupsAtTheRightPlace) {
+  auto g = trace(mixed_dag, {f32({64}), f32({64})});
+  auto exe = Executable::compile(*g);
+  // {scale, add2} | effect | {scale, add2} | split2 | {scale, add2, scale}
+  EXPECT_EQ(exe->num_steps(), 5) << exe->summary();
+  EXPECT_EQ(exe->num_fused_groups(), 3) << exe->summary();
+}
+
+TEST_F(ExecutableTest, BufferPlanReusesMemoryAndIsKnownBeforeRunning) {
+  const int64_t n = 16384, bytes = n * 4;
+  const int kOps = 24;
+  auto g = trace(
+      [&](const std::vector<Tensor>& in) {
+        Tensor t = in[0];
+        for (int i = 0; i < kOps; ++i) t = scale(t, 1.0 + i * 0.01);
+        return std::vector<Tensor>{t};
+      },
+      {f32({n})});
+  auto exe = Executable::compile(*g, unfused());
+  int64_t peak = exe->peak_bytes();  // before any run
+  EXPECT_GE(peak, 2 * bytes);        // one step's operand and result are live together
+  EXPECT_LE(peak, 3 * bytes);        // far below the kOps * bytes of all intermediates
+  exe->run({random({n}, 5)});
+  EXPECT_EQ(exe->peak_bytes(), peak);
+}
+
+TEST_F(ExecutableTest, BufferPlanKeepsValuesLiveUntilTheirLastUse) {
+  // x0 is read again at the very end: its buffer must not be reused in between.
+  auto g = trace(
+      [](const std::vector<Tensor>& in) {
+        Tensor x0 = effect(in[0]);
+        Tensor t = x0;
+        for (int i = 0; i < 6; ++i) t = effect(scale(t, 2.0));
+        return std::vector<Tensor>{add2(t, x0)};
+      },
+      {f32({1000})});
+  Array x = random({1000}, 6);
+  std::vector<float> got = Executable::compile(*g, unfused())->run({x})[0].to_f32(), xs = x.to_f32();
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(got[i], 64.0f * xs[i] + xs[i]) << i;
+}
+
+TEST_F(ExecutableTest, RunIntoPerformsNoAllocation) {
+  const int64_t n = 50000;
+  auto g = trace(mixed_dag, {f32({n}), f32({n})});
+  for (bool fuse : {true, false}) {
+    CompileOptions opt;
+    opt.fuse_elementwise = fuse;
+    auto exe = Executable::compile(*g, opt);
+    std::vector<Array> in = {random({n}, 7), random({n}, 8)};
+    std::vector<Array> out = exe->run(in);  // warm-up: starts the thread pool
+    g_allocs = 0;
+    g_counting = true;
+    for (int i = 0; i < 3; ++i) exe->run_into(in, out);
+    g_counting = false;
+    EXPECT_EQ(g_allocs.load(), 0) << "fuse=" << fuse;
+  }
+  // The counter does see allocations.
+  g_allocs = 0;
+  g_counting = true;
+  std::vector<float>* v = new std::vector<float>(10);
+  g_counting = false;
+  delete v;
+  EXPECT_GE(g_allocs.load(), 2);
+}
+
+TEST_F(ExecutableTest, WrongInputsGiveClearErrors) {
+  auto g = trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{add2(in[0], scale(in[1], 2.0))}; },
+                 {f32({3}), f32({3})}, {"x", "w"});
+  auto exe = Executable::compile(*g);
+  EXPECT_EQ(error_of([&] { exe->run({random({3}, 1)}); }), "[run] expected 2 inputs, got 1");
+  std::string msg = error_of([&] { exe->run({random({3}, 1), random({4}, 1)}); });
+  EXPECT_EQ(msg, "[run] input 1 ('w') has type f32[4] but the graph was traced with f32[3]");
+  msg = error_of([&] { exe->run({Array::zeros(DType::bf16, {3}), random({3}, 1)}); });
+  EXPECT_EQ(msg, "[run] input 0 ('x') has type bf16[3] but the graph was traced with f32[3]");
+  auto g2 = trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{scale(in[0], 2.0)}; }, {f32({})});
+  msg = error_of([&] { Executable::compile(*g2)->run({Array()}); });
+  EXPECT_NE(msg.find("[run] input 0 is an empty px::Array"), std::string::npos) << msg;
+  std::vector<Array> outs = {Array::zeros(DType::f32, {2})};
+  msg = error_of([&] { exe->run_into({random({3}, 1), random({3}, 2)}, outs); });
+  EXPECT_EQ(msg, "[run] output array 0 has type f32[2], expected f32[3]");
+  outs.clear();
+  msg = error_of([&] { exe->run_into({random({3}, 1), random({3}, 2)}, outs); });
+  EXPECT_EQ(msg, "[run] expected 1 output arrays, got 0");
+}
+
+TEST_F(ExecutableTest, MemoryLimitReportsLargestLiveBuffers) {
+  auto g = trace(
+      [](const std::vector<Tensor>& in) {
+        Tensor big = effect(in[0]);                  // f32[256,256] = 262144 bytes
+        Tensor small = effect(in[1]);                // f32[8]
+        return std::vector<Tensor>{add2(big, effect(big)), small};
+      },
+      {f32({256, 256}), f32({8})});
+  CompileOptions opt;
+  opt.memory_limit_bytes = 100000;
+  std::string msg = error_of([&] { Executable::compile(*g, opt); });
+  EXPECT_NE(msg.find("[compile] the step needs"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("over the limit of 100000 bytes"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("f32[256,256] 262144 bytes from test_effect"), std::string::npos) << msg;
+  // The largest buffer is listed before the small one.
+  EXPECT_LT(msg.find("f32[256,256]"), msg.find("f32[8]")) << msg;
+  opt.memory_limit_bytes = 1 << 24;
+  EXPECT_NO_THROW(Executable::compile(*g, opt));
+}
+
+TEST_F(ExecutableTest, OutputsThatAreInputsRepeatedOutputsAndEmptyGraphs) {
+  auto g = trace(
+      [](const std::vector<Tensor>& in) {
+        Tensor a = scale(in[0], 2.0);
+        return std::vector<Tensor>{in[1], a, a, in[0], in[1]};
+      },
+      {f32({4}), f32({2, 2})});
+  Array x = random({4}, 9), y = random({2, 2}, 10);
+  for (auto opt : {CompileOptions{}, unfused()}) {
+    auto out = Executable::compile(*g, opt)->run({x, y});
+    ASSERT_EQ(out.size(), 5u);
+    EXPECT_EQ(out[0].to_f32(), y.to_f32());
+    EXPECT_EQ(out[0].shape(), (Shape{2, 2}));
+    EXPECT_EQ(out[1].to_f32(), out[2].to_f32());
+    EXPECT_EQ(out[3].to_f32(), x.to_f32());
+    EXPECT_NE(out[0].raw(), y.raw());  // outputs are copies, never aliases of inputs
+    EXPECT_NE(out[1].raw(), out[2].raw());
+  }
+  auto empty = trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; }, {f32({4})});
+  auto exe = Executable::compile(*empty);
+  EXPECT_EQ(exe->num_steps(), 0);
+  EXPECT_EQ(exe->peak_bytes(), 0);
+  EXPECT_EQ(exe->run({x})[0].to_f32(), x.to_f32());
+  auto none = trace([](const std::vector<Tensor>&) { return std::vector<Tensor>{}; }, {});
+  EXPECT_TRUE(Executable::compile(*none)->run({}).empty());
+  auto consts = trace([](const std::vector<Tensor>&) { return std::vector<Tensor>{fill({2, 3}, 4.5)}; }, {});
+  EXPECT_EQ(Executable::compile(*consts)->run({})[0].to_f32(), std::vector<float>(6, 4.5f));
+}
+
+TEST_F(ExecutableTest, RunsRepeatedlyWithDifferentInputs) {
+  auto g = trace(mixed_dag, {f32({300}), f32({300})});
+  auto exe = Executable::compile(*g);
+  for (uint32_t seed = 0; seed < 4; ++seed) {
+    std::vector<Array> in = {random({300}, seed), random({300}, seed + 100)};
+    EXPECT_EQ(exe->run(in)[2].to_f32(), Executable::compile(*g, unfused())->run(in)[2].to_f32());
+  }
+}
+
+TEST_F(ExecutableTest, OptimizeRunsCseAndDce) {
+  auto g = trace(
+      [](const std::vector<Tensor>& in) {
+        effect(in[0]);  // dead, even though no_cse
+        return std::vector<Tensor>{add2(scale(in[0], 2.0), scale(in[0], 2.0))};
+      },
+      {f32({3})});
+  auto exe = Executable::compile(*g);
+  EXPECT_EQ(exe->graph().nodes().size(), 2u) << exe->graph().to_string();
+  CompileOptions raw;
+  raw.optimize = false;
+  EXPECT_EQ(Executable::compile(*g, raw)->graph().nodes().size(), 4u);
+}
+
+TEST_F(ExecutableTest, CompileRejectsPrimitivesWithoutKernels) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Primitive p;
+    p.name = "test_nokernel";
+    p.infer = [](const std::vector<TensorType>& in, const Attrs&) { return in; };
+    register_primitive(p);
+  });
+  auto g = trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{emit1("test_nokernel", {in[0]})}; },
+                 {f32({3})});
+  EXPECT_EQ(error_of([&] { Executable::compile(*g); }), "[compile] no CPU kernel for primitive 'test_nokernel'");
+}
+
+}  // namespace
+}  // namespace px
