@@ -227,6 +227,7 @@ Plan make_plan(const TensorType& t, const std::vector<int64_t>& axes, int64_t ou
   Plan p;
   p.out_n = out_n;
   p.in_n = t.numel();
+  if (p.in_n == 0 || p.out_n == 0) return p;  // handled without a plan
   std::vector<int64_t> size, stride;
   std::vector<char> red;
   std::vector<int64_t> st(t.shape.size(), 1);
