@@ -1,8 +1,272 @@
-// CPU kernels of the nn family. (Filled in by its owner.)
+// CPU kernels of the nn family: fused row kernels for softmax, log_softmax, layer_norm,
+// rms_norm and softmax cross entropy (f32 math whatever the storage dtype), and elementwise
+// block functions for gelu, gelu_grad and silu that the fused-loop engine chains.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+
 #include "backend/cpu/kernel.h"
+#include "backend/cpu/nn_math.h"
 
 namespace px::cpu {
 
-void register_nn_kernels() {}
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int64_t kParallelMin = 16384;  // elements below which a kernel stays single-threaded
+
+using vmath::exp_shift_sum;
+using vmath::row_max;
+using vmath::row_sum;
+using vmath::V8;
+
+float load_one(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default: return 0.0f;
+  }
+}
+void store_one(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(p)[i] = v; break;
+    case DType::bf16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
+    case DType::f16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
+    default: break;
+  }
+}
+
+// Per-thread f32 scratch rows, sized in the factory.
+struct Scratch {
+  int threads = 1;
+  int64_t per_thread = 0;
+  std::vector<float> buf;
+  Scratch(int64_t floats_per_thread) : threads(num_threads()), per_thread(floats_per_thread) {
+    buf.resize(static_cast<size_t>(threads * std::max<int64_t>(per_thread, 1)));
+  }
+  float* get() { return buf.data() + static_cast<size_t>(omp_get_thread_num()) * per_thread; }
+};
+
+// ---- softmax / log_softmax -----------------------------------------------------------------
+
+void softmax_row(const float* x, float* y, int64_t n, bool log) {
+  if (n == 0) return;
+  float m = row_max(x, n);
+  if (log) {
+    float lse = m + std::log(exp_shift_sum(x, m, nullptr, n));
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] - lse;
+  } else {
+    float inv = 1.0f / exp_shift_sum(x, m, y, n);
+    for (int64_t i = 0; i < n; ++i) y[i] *= inv;
+  }
+}
+
+Kernel softmax_kernel(const KernelSpec& spec, bool log) {
+  const TensorType& t = spec.in[0];
+  const int axis = static_cast<int>(spec.attrs.i("axis"));
+  int64_t outer = 1, n = t.shape[axis], inner = 1;
+  for (int d = 0; d < axis; ++d) outer *= t.shape[d];
+  for (int d = axis + 1; d < t.rank(); ++d) inner *= t.shape[d];
+  const DType dt = t.dtype;
+  const bool direct = dt == DType::f32 && inner == 1;
+  auto scratch = std::make_shared<Scratch>(direct ? 0 : 2 * n);
+  const int nt = scratch->threads;
+  const int64_t total = t.numel();
+  return [=](const void* const* in, void* const* out) {
+    const int64_t lines = outer * inner;
+#pragma omp parallel for num_threads(nt) schedule(static) if (total > kParallelMin)
+    for (int64_t line = 0; line < lines; ++line) {
+      const int64_t o = line / inner, j = line % inner;
+      const int64_t base = o * n * inner + j;
+      if (direct) {
+        softmax_row(static_cast<const float*>(in[0]) + base, static_cast<float*>(out[0]) + base, n, log);
+        continue;
+      }
+      float* xs = scratch->get();
+      float* ys = xs + n;
+      if (inner == 1) {
+        load_f32(in[0], dt, base, xs, n);
+        softmax_row(xs, ys, n, log);
+        store_f32(ys, out[0], dt, base, n);
+      } else {
+        for (int64_t i = 0; i < n; ++i) xs[i] = load_one(in[0], dt, base + i * inner);
+        softmax_row(xs, ys, n, log);
+        for (int64_t i = 0; i < n; ++i) store_one(out[0], dt, base + i * inner, ys[i]);
+      }
+    }
+  };
+}
+
+// ---- layer_norm / rms_norm -----------------------------------------------------------------
+
+Kernel norm_kernel(const KernelSpec& spec, bool rms) {
+  const TensorType& t = spec.in[0];
+  const int64_t d = t.shape.back();
+  const int64_t rows = d == 0 ? numel(Shape(t.shape.begin(), t.shape.end() - 1)) : t.numel() / d;
+  const DType dt = t.dtype;
+  const bool has_beta = spec.in.size() > 2;
+  const float eps = static_cast<float>(spec.attrs.f("eps"));
+  auto scratch = std::make_shared<Scratch>(dt == DType::f32 ? 0 : 2 * d);
+  auto params = std::make_shared<std::vector<float>>(dt == DType::f32 ? 0 : 2 * d);
+  const int nt = scratch->threads;
+  return [=](const void* const* in, void* const* out) {
+    const float* gamma = static_cast<const float*>(in[1]);
+    const float* beta = has_beta ? static_cast<const float*>(in[2]) : nullptr;
+    if (dt != DType::f32) {
+      load_f32(in[1], dt, 0, params->data(), d);
+      gamma = params->data();
+      if (has_beta) {
+        load_f32(in[2], dt, 0, params->data() + d, d);
+        beta = params->data() + d;
+      }
+    }
+    float* mean_out = rms ? nullptr : static_cast<float*>(out[1]);
+    float* rstd_out = static_cast<float*>(out[rms ? 1 : 2]);
+#pragma omp parallel for num_threads(nt) schedule(static) if (rows * d > kParallelMin)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* x;
+      float* y;
+      float* s = nullptr;
+      if (dt == DType::f32) {
+        x = static_cast<const float*>(in[0]) + r * d;
+        y = static_cast<float*>(out[0]) + r * d;
+      } else {
+        s = scratch->get();
+        load_f32(in[0], dt, r * d, s, d);
+        x = s;
+        y = s + d;
+      }
+      const float inv_d = d > 0 ? 1.0f / static_cast<float>(d) : 0.0f;
+      float mean = 0, var = 0;
+      if (rms) {
+        for (int64_t i = 0; i < d; ++i) y[i] = x[i] * x[i];
+        var = row_sum(y, d) * inv_d;
+      } else {
+        mean = row_sum(x, d) * inv_d;
+        for (int64_t i = 0; i < d; ++i) y[i] = (x[i] - mean) * (x[i] - mean);
+        var = row_sum(y, d) * inv_d;
+      }
+      const float rstd = 1.0f / std::sqrt(var + eps);
+      if (beta) {
+        for (int64_t i = 0; i < d; ++i) y[i] = (x[i] - mean) * rstd * gamma[i] + beta[i];
+      } else {
+        for (int64_t i = 0; i < d; ++i) y[i] = (x[i] - mean) * rstd * gamma[i];
+      }
+      if (s) store_f32(y, out[0], dt, r * d, d);
+      if (mean_out) mean_out[r] = mean;
+      rstd_out[r] = rstd;
+    }
+  };
+}
+
+// ---- softmax cross entropy -----------------------------------------------------------------
+
+Kernel ce_kernel(const KernelSpec& spec, bool grad) {
+  const TensorType& t = spec.in[0];
+  const int64_t v = t.shape.back();
+  const int64_t rows = spec.in[1].numel();
+  const DType dt = t.dtype;
+  const int64_t ignore = spec.attrs.i("ignore_index");
+  auto scratch = std::make_shared<Scratch>(dt == DType::f32 ? 0 : 2 * v);
+  const int nt = scratch->threads;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  return [=](const void* const* in, void* const* out) {
+    const int32_t* labels = static_cast<const int32_t*>(in[1]);
+    const float* ct = grad ? static_cast<const float*>(in[2]) : nullptr;
+#pragma omp parallel for num_threads(nt) schedule(static) if (rows * v > kParallelMin)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t label = labels[r];
+      const bool ignored = label == ignore;
+      const bool bad = !ignored && (label < 0 || label >= v);  // surfaces as NaN, never a crash
+      const float* x;
+      float* s = nullptr;
+      if (dt == DType::f32) {
+        x = static_cast<const float*>(in[0]) + r * v;
+      } else {
+        s = scratch->get();
+        load_f32(in[0], dt, r * v, s, v);
+        x = s;
+      }
+      if (!grad) {
+        float loss = 0.0f;
+        if (bad) {
+          loss = nan;
+        } else if (!ignored) {
+          float m = row_max(x, v);
+          loss = m + std::log(exp_shift_sum(x, m, nullptr, v)) - x[label];
+        }
+        static_cast<float*>(out[0])[r] = loss;
+        continue;
+      }
+      float* y = dt == DType::f32 ? static_cast<float*>(out[0]) + r * v : s + v;
+      const float c = ignored ? 0.0f : ct[r];
+      if (bad) {
+        for (int64_t i = 0; i < v; ++i) y[i] = nan;
+      } else if (c == 0.0f) {
+        for (int64_t i = 0; i < v; ++i) y[i] = 0.0f;
+      } else {
+        float m = row_max(x, v);
+        float scale = c / exp_shift_sum(x, m, y, v);
+        for (int64_t i = 0; i < v; ++i) y[i] *= scale;
+        y[label] -= c;
+      }
+      if (dt != DType::f32) store_f32(y, out[0], dt, r * v, v);
+    }
+  };
+}
+
+// ---- elementwise: gelu, gelu_grad, silu ----------------------------------------------------
+
+constexpr float kC = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kA = 0.044715f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+
+// gelu_tanh(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2u), which does not cancel for negative x.
+void gelu_f32(const float* const* in, float* out, int64_t n, const float* params) {
+  if (params[0] != 0.0f) {
+    vmath::map(in[0], out, n, [](V8 x) { return x / (1.0f + vmath::exp(-2.0f * kC * (x + kA * x * x * x))); });
+  } else {
+    vmath::map(in[0], out, n, [](V8 x) { return x * vmath::phi(x); });
+  }
+}
+
+// d/dx x sigmoid(2u) = s + 2 x s (1 - s) u' with s = 1 / (1 + e), 1 - s = e / (1 + e), e = exp(-2u).
+void gelu_grad_f32(const float* const* in, float* out, int64_t n, const float* params) {
+  if (params[0] != 0.0f) {
+    vmath::map(in[0], out, n, [](V8 x) {
+      V8 e = vmath::exp(-2.0f * kC * (x + kA * x * x * x));
+      V8 s = 1.0f / (1.0f + e);
+      V8 sc = e * s;
+      sc = e == INFINITY ? vmath::splat(1.0f) : sc;  // inf * 0
+      return s + 2.0f * x * s * sc * kC * (1.0f + 3.0f * kA * x * x);
+    });
+  } else {
+    vmath::map(in[0], out, n, [](V8 x) { return vmath::phi(x) + x * kInvSqrt2Pi * vmath::exp(-0.5f * x * x); });
+  }
+}
+
+void silu_f32(const float* const* in, float* out, int64_t n, const float*) {
+  vmath::map(in[0], out, n, [](V8 x) { return x / (1.0f + vmath::exp(-x)); });
+}
+
+std::vector<float> gelu_params(const Attrs& a) { return {a.s("approximate") == "tanh" ? 1.0f : 0.0f}; }
+
+}  // namespace
+
+void register_nn_kernels() {
+  register_kernel("softmax", [](const KernelSpec& s) { return softmax_kernel(s, false); });
+  register_kernel("log_softmax", [](const KernelSpec& s) { return softmax_kernel(s, true); });
+  register_kernel("layer_norm", [](const KernelSpec& s) { return norm_kernel(s, false); });
+  register_kernel("rms_norm", [](const KernelSpec& s) { return norm_kernel(s, true); });
+  register_kernel("softmax_cross_entropy", [](const KernelSpec& s) { return ce_kernel(s, false); });
+  register_kernel("softmax_cross_entropy_grad", [](const KernelSpec& s) { return ce_kernel(s, true); });
+  register_eltwise("gelu", EltwiseKernel{gelu_f32, nullptr, gelu_params});
+  register_eltwise("gelu_grad", EltwiseKernel{gelu_grad_f32, nullptr, gelu_params});
+  register_eltwise("silu", EltwiseKernel{silu_f32, nullptr, nullptr});
+}
 
 }  // namespace px::cpu
