@@ -16,8 +16,8 @@
 namespace px {
 
 struct SafetensorsFile {
-  std::vector<std::string> names;  // in the order of their data in the file
-  std::vector<Array> arrays;       // arrays[i] is names[i]
+  std::vector<std::string> names;               // in the order of their data in the file
+  std::vector<Array> arrays;                    // arrays[i] is names[i]
   std::map<std::string, std::string> metadata;  // the "__metadata__" map (may be empty)
 
   // The array called `name`; throws px::Error listing the names when absent.
@@ -28,8 +28,8 @@ struct SafetensorsFile {
 // Writes the arrays under the given names (unique, non-empty, valid UTF-8, not "__metadata__")
 // with data in the given order. The file appears atomically: a temporary file in the same
 // folder is written, flushed to disk and renamed over `path`. Throws px::Error naming the file.
-void save_safetensors(const std::string& path, const std::vector<std::string>& names,
-                      const std::vector<Array>& arrays, const std::map<std::string, std::string>& metadata = {});
+void save_safetensors(const std::string& path, const std::vector<std::string>& names, const std::vector<Array>& arrays,
+                      const std::map<std::string, std::string>& metadata = {});
 
 // Reads and validates a whole file. Supported dtypes: F32, BF16, F16, I32, BOOL. Any problem
 // (truncation, bad JSON, unknown dtype, offsets out of range or overlapping, a shape that does

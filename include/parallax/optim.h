@@ -36,9 +36,9 @@ class Schedule {
  public:
   Schedule(double constant_value);  // NOLINT: implicit, so `.lr = 1e-3` works
   Schedule(std::shared_ptr<const ScheduleImpl> impl) : impl_(std::move(impl)) {}  // NOLINT
-  double at(int64_t step) const { return impl_->at(step); }  // host value, double precision
-  Tensor lr(const Tensor& step) const;                          // traced value, f32 scalar
-  std::string describe() const { return impl_->describe(); }   // e.g. "warmup_cosine(peak=0.0003, ...)"
+  double at(int64_t step) const { return impl_->at(step); }                       // host value, double precision
+  Tensor lr(const Tensor& step) const;                                            // traced value, f32 scalar
+  std::string describe() const { return impl_->describe(); }  // e.g. "warmup_cosine(peak=0.0003, ...)"
 
  private:
   std::shared_ptr<const ScheduleImpl> impl_;
@@ -141,7 +141,7 @@ inline OptimizerPtr adam(AdamWOptions opt = {}) {
 //   optional momentum: M = beta1 M + (1 - beta1) U, U = M
 //   p -= alpha * U + alpha * weight_decay * p
 struct AdafactorOptions {
-  Schedule lr = 1e-2;          // used when relative_step is false
+  Schedule lr = 1e-2;  // used when relative_step is false
   bool relative_step = true;
   bool scale_parameter = true;
   double decay_rate = 0.8;
@@ -150,7 +150,7 @@ struct AdafactorOptions {
   double eps2 = 1e-3;
   double clip_threshold = 1.0;
   double weight_decay = 0.0;
-  ParamFilter decay_mask;             // null: all params
+  ParamFilter decay_mask;              // null: all params
   int64_t min_dim_size_to_factor = 0;  // factor only when both of the last two dims are >= this
 };
 OptimizerPtr adafactor(AdafactorOptions opt = {});

@@ -53,13 +53,20 @@ const Value* Value::find(const std::string& key) const {
 
 const char* kind_name(Value::Kind k) {
   switch (k) {
-    case Value::Kind::null: return "null";
-    case Value::Kind::boolean: return "a boolean";
-    case Value::Kind::integer: return "an integer";
-    case Value::Kind::number: return "a number";
-    case Value::Kind::string: return "a string";
-    case Value::Kind::array: return "an array";
-    case Value::Kind::object: return "an object";
+    case Value::Kind::null:
+      return "null";
+    case Value::Kind::boolean:
+      return "a boolean";
+    case Value::Kind::integer:
+      return "an integer";
+    case Value::Kind::number:
+      return "a number";
+    case Value::Kind::string:
+      return "a string";
+    case Value::Kind::array:
+      return "an array";
+    case Value::Kind::object:
+      return "an object";
   }
   return "?";
 }
@@ -69,13 +76,27 @@ void write_string(std::string& out, const std::string& s) {
   out += '"';
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           out += "\\u00";
@@ -113,9 +134,15 @@ size_t utf8_seq_len(const std::string& t, size_t p) {
 
 void dump_to(const Value& v, std::string& out) {
   switch (v.kind()) {
-    case Value::Kind::null: out += "null"; break;
-    case Value::Kind::boolean: out += v.as_bool() ? "true" : "false"; break;
-    case Value::Kind::integer: out += std::to_string(v.as_int()); break;
+    case Value::Kind::null:
+      out += "null";
+      break;
+    case Value::Kind::boolean:
+      out += v.as_bool() ? "true" : "false";
+      break;
+    case Value::Kind::integer:
+      out += std::to_string(v.as_int());
+      break;
     case Value::Kind::number: {
       double d = v.as_number();
       if (!std::isfinite(d)) {
@@ -127,7 +154,9 @@ void dump_to(const Value& v, std::string& out) {
       out.append(buf, r.ptr);
       break;
     }
-    case Value::Kind::string: write_string(out, v.as_string()); break;
+    case Value::Kind::string:
+      write_string(out, v.as_string());
+      break;
     case Value::Kind::array:
       out += '[';
       for (size_t i = 0; i < v.items().size(); ++i) {
@@ -258,10 +287,14 @@ class Parser {
     for (int i = 0; i < 4; ++i) {
       char c = t_[p_++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-      else fail("bad hex digit in a \\u escape");
+      if (c >= '0' && c <= '9')
+        v |= c - '0';
+      else if (c >= 'a' && c <= 'f')
+        v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        v |= c - 'A' + 10;
+      else
+        fail("bad hex digit in a \\u escape");
     }
     return v;
   }
@@ -311,14 +344,30 @@ class Parser {
       if (p_ >= t_.size()) fail("unterminated escape");
       char e = t_[p_++];
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           unsigned cp = hex4();
           if (cp >= 0xd800 && cp <= 0xdbff) {
@@ -332,7 +381,8 @@ class Parser {
           put_utf8(out, cp);
           break;
         }
-        default: fail(std::string("unknown escape '\\") + e + "'");
+        default:
+          fail(std::string("unknown escape '\\") + e + "'");
       }
     }
   }

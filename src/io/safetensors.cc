@@ -88,7 +88,8 @@ struct Entry {
   size_t header_index = 0;
 };
 
-int64_t to_nonneg_int(const json::Value& v, const std::string& what, const std::function<void(const std::string&)>& fail) {
+int64_t to_nonneg_int(const json::Value& v, const std::string& what,
+                      const std::function<void(const std::string&)>& fail) {
   if (!v.is_integer() || v.as_int() < 0) fail(what + " must be a non-negative integer, got " + v.dump());
   return v.as_int();
 }
@@ -97,11 +98,16 @@ int64_t to_nonneg_int(const json::Value& v, const std::string& what, const std::
 
 const char* safetensors_dtype(DType d) {
   switch (d) {
-    case DType::f32: return "F32";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
-    case DType::i32: return "I32";
-    case DType::boolean: return "BOOL";
+    case DType::f32:
+      return "F32";
+    case DType::bf16:
+      return "BF16";
+    case DType::f16:
+      return "F16";
+    case DType::i32:
+      return "I32";
+    case DType::boolean:
+      return "BOOL";
   }
   return "?";
 }
@@ -236,7 +242,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
   std::vector<Entry> entries;
   for (auto& [name, v] : header.members()) {
     if (name == "__metadata__") {
-      if (!v.is_object()) fail("__metadata__ must be an object of strings, got " + std::string(json::kind_name(v.kind())));
+      if (!v.is_object())
+        fail("__metadata__ must be an object of strings, got " + std::string(json::kind_name(v.kind())));
       for (auto& [k, s] : v.members()) {
         if (!s.is_string()) fail("__metadata__ value of '" + k + "' must be a string, got " + s.dump());
         out.metadata[k] = s.as_string();
@@ -282,8 +289,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
   }
 
   // File order; stable so that empty tensors at the same offset keep their header order.
-  std::stable_sort(entries.begin(), entries.end(),
-                   [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
   const Entry* last = nullptr;  // the non-empty tensor reaching furthest so far
   for (const Entry& e : entries) {
     if (e.begin == e.end) continue;

@@ -98,7 +98,8 @@ Update Optimizer::apply(const std::vector<Tensor>& params, const std::vector<Ten
   if (grads.size() != params.size())
     fail(std::to_string(params.size()) + " params but " + std::to_string(grads.size()) + " grads");
   if (!paths.empty() && paths.size() != params.size())
-    fail(std::to_string(params.size()) + " params but " + std::to_string(paths.size()) + " paths (pass none or one each)");
+    fail(std::to_string(params.size()) + " params but " + std::to_string(paths.size()) +
+         " paths (pass none or one each)");
   std::vector<TensorType> types;
   for (size_t i = 0; i < params.size(); ++i) {
     std::string what = detail::param_label(static_cast<int>(i), paths);

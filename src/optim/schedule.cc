@@ -110,7 +110,9 @@ class Warmup : public ScheduleImpl {
  protected:
   virtual double after(double t) const = 0;
   virtual Tensor after(const Tensor& t) const = 0;
-  std::string head() const { return std::string(op_) + "(peak=" + fmt_double(peak_) + ", warmup_steps=" + std::to_string(warmup_); }
+  std::string head() const {
+    return std::string(op_) + "(peak=" + fmt_double(peak_) + ", warmup_steps=" + std::to_string(warmup_);
+  }
 
   const char* op_;
   double peak_;
@@ -132,7 +134,8 @@ class WarmupCosine : public Warmup {
   WarmupCosine(double peak, int64_t warmup, int64_t total, double final_fraction)
       : Warmup("warmup_cosine", peak, warmup), total_(total), final_(final_fraction) {
     check_finite(final_fraction, op_, "final_fraction");
-    if (final_fraction < 0) throw Error("[warmup_cosine] final_fraction must be >= 0, got " + fmt_double(final_fraction));
+    if (final_fraction < 0)
+      throw Error("[warmup_cosine] final_fraction must be >= 0, got " + fmt_double(final_fraction));
     if (total <= warmup)
       throw Error("[warmup_cosine] total_steps (" + std::to_string(total) + ") must exceed warmup_steps (" +
                   std::to_string(warmup) + ")");

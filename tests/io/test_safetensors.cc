@@ -20,9 +20,8 @@ namespace fs = std::filesystem;
 class Safetensors : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("px_safetensors_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / ("px_safetensors_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -50,7 +49,9 @@ std::string le64(uint64_t n) {
 }
 
 // A file made by hand: header text (unpadded) followed by `data`.
-std::string make_file(const std::string& header, const std::string& data) { return le64(header.size()) + header + data; }
+std::string make_file(const std::string& header, const std::string& data) {
+  return le64(header.size()) + header + data;
+}
 
 // Random raw bits, so NaN payloads, -0, infinities and subnormals all travel.
 Array random_bits(DType d, const Shape& shape, uint32_t seed) {
@@ -91,7 +92,8 @@ TEST_F(Safetensors, RoundTripEveryDtypeBitExact) {
       arrays.push_back(random_bits(d, s, seed++));
     }
   }
-  std::map<std::string, std::string> meta = {{"step", "100"}, {"format", "pt"}, {"quote\"back\\slash\n", "é ✓ 🙂"}};
+  std::map<std::string, std::string> meta = {
+      {"step", "100"}, {"format", "pt"}, {"quote\"back\\slash\n", "é ✓ 🙂"}};
   save_safetensors(path("a.safetensors"), names, arrays, meta);
   SafetensorsFile f = load_safetensors(path("a.safetensors"));
   ASSERT_EQ(f.names, names);  // data order = given order
@@ -249,9 +251,9 @@ TEST_F(Safetensors, RejectsDamagedFilesWithClearMessages) {
                                         R"("b":{"dtype":"I32","shape":[1],"data_offsets":[4,8]}})",
                                         data8)),
                          {"tensors 'a' [0, 8) and 'b' [4, 8) overlap"}));
-  EXPECT_TRUE(load_fails(with(make_file(R"({"x":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})",
-                                        std::string("\x01\x05", 2))),
-                         {"tensor 'x'", "BOOL element 1 holds byte 5"}));
+  EXPECT_TRUE(load_fails(
+      with(make_file(R"({"x":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", std::string("\x01\x05", 2))),
+      {"tensor 'x'", "BOOL element 1 holds byte 5"}));
   EXPECT_TRUE(load_fails(with(make_file(R"({"__metadata__":{"a":1}})", "")), {"__metadata__ value of 'a'"}));
   EXPECT_TRUE(load_fails(with(make_file(R"({"x":{"dtype":"F32","shape":[4611686018427387904,8],)"
                                         R"("data_offsets":[0,8]}})",
@@ -289,8 +291,8 @@ TEST_F(Safetensors, PythonSafetensorsReadsOurFiles) {
   if (std::system("python3 -c 'import safetensors' >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "python3 with the safetensors package is not available";
   std::vector<std::string> names = {"w", "h", "f", "i", "m", "empty"};
-  std::vector<Array> arrays = {random_bits(DType::f32, {2, 3}, 11), random_bits(DType::bf16, {4}, 12),
-                               random_bits(DType::f16, {3}, 13),    random_bits(DType::i32, {2, 2}, 14),
+  std::vector<Array> arrays = {random_bits(DType::f32, {2, 3}, 11),  random_bits(DType::bf16, {4}, 12),
+                               random_bits(DType::f16, {3}, 13),     random_bits(DType::i32, {2, 2}, 14),
                                random_bits(DType::boolean, {5}, 15), Array::zeros(DType::f32, {0, 2})};
   save_safetensors(path("ours.safetensors"), names, arrays, {{"step", "42"}});
   std::string script = path("check.py");
@@ -301,7 +303,8 @@ TEST_F(Safetensors, PythonSafetensorsReadsOurFiles) {
           "data = open(sys.argv[1], 'rb').read()\n"
           "out = open(sys.argv[2], 'w')\n"
           "for name, t in sorted(deserialize(data)):\n"
-          "    out.write('%s %s %s %s\\n' % (name, t['dtype'], ','.join(map(str, t['shape'])), bytes(t['data']).hex()))\n"
+          "    out.write('%s %s %s %s\\n' % (name, t['dtype'], ','.join(map(str, t['shape'])), "
+          "bytes(t['data']).hex()))\n"
           "try:\n"
           "    import numpy\n"
           "    with safe_open(sys.argv[1], framework='numpy') as f:\n"
@@ -315,7 +318,8 @@ TEST_F(Safetensors, PythonSafetensorsReadsOurFiles) {
   std::vector<std::string> want;
   for (size_t i = 0; i < names.size(); ++i) {
     std::string shape, hex;
-    for (size_t k = 0; k < arrays[i].shape().size(); ++k) shape += (k ? "," : "") + std::to_string(arrays[i].shape()[k]);
+    for (size_t k = 0; k < arrays[i].shape().size(); ++k)
+      shape += (k ? "," : "") + std::to_string(arrays[i].shape()[k]);
     char buf[3];
     for (int64_t b = 0; b < arrays[i].nbytes(); ++b) {
       std::snprintf(buf, sizeof buf, "%02x", static_cast<const unsigned char*>(arrays[i].raw())[b]);

@@ -6,11 +6,11 @@
 namespace px::optim {
 namespace {
 
+using px::testing::all_close;
+using px::testing::random_array;
 using testing::Stepper;
 using testing::to_double;
 using testing::to_float;
-using px::testing::all_close;
-using px::testing::random_array;
 
 using Vec = std::vector<double>;
 
@@ -107,9 +107,7 @@ void run_case(const AdafactorOptions& opt, const std::vector<Shape>& shapes, con
   }
 }
 
-TEST(Adafactor, PaperDefaultsFactoredAndUnfactored) {
-  run_case({}, {{3, 4}, {5}, {2, 3, 4}}, {true, false, true});
-}
+TEST(Adafactor, PaperDefaultsFactoredAndUnfactored) { run_case({}, {{3, 4}, {5}, {2, 3, 4}}, {true, false, true}); }
 
 TEST(Adafactor, UpdateClippingEngages) {
   // With a threshold below 1 the first update (RMS about 1) is always clipped.
@@ -117,7 +115,10 @@ TEST(Adafactor, UpdateClippingEngages) {
 }
 
 TEST(Adafactor, MomentumWeightDecayAndAbsoluteSteps) {
-  run_case({.lr = warmup_cosine(0.05, 1, 10), .relative_step = false, .scale_parameter = false, .beta1 = 0.9,
+  run_case({.lr = warmup_cosine(0.05, 1, 10),
+            .relative_step = false,
+            .scale_parameter = false,
+            .beta1 = 0.9,
             .weight_decay = 0.1},
            {{3, 5}, {4}}, {true, false}, 4);
 }

@@ -85,13 +85,13 @@ TEST(Schedule, BadArguments) {
     }
     return ::testing::AssertionFailure() << "no error";
   };
-  EXPECT_TRUE(fails([] { warmup_cosine(1, 100, 50); }, "[warmup_cosine] total_steps (50) must exceed warmup_steps (100)"));
+  EXPECT_TRUE(
+      fails([] { warmup_cosine(1, 100, 50); }, "[warmup_cosine] total_steps (50) must exceed warmup_steps (100)"));
   EXPECT_TRUE(fails([] { linear_warmup(1, -1); }, "[linear_warmup] warmup_steps must be >= 0"));
   EXPECT_TRUE(fails([] { warmup_exponential(1, 0, 0, 0.5); }, "[warmup_exponential] decay_steps must be > 0"));
   EXPECT_TRUE(fails([] { constant(NAN); }, "[constant] value must be finite"));
-  EXPECT_TRUE(throws_error(
-      [](const std::vector<Tensor>& in) { return std::vector<Tensor>{rsqrt(1.0, 10).lr(in[0])}; },
-      {{DType::bf16, {}}}, {"[rsqrt] step must be a scalar i32 or f32", "bf16[]"}));
+  EXPECT_TRUE(throws_error([](const std::vector<Tensor>& in) { return std::vector<Tensor>{rsqrt(1.0, 10).lr(in[0])}; },
+                           {{DType::bf16, {}}}, {"[rsqrt] step must be a scalar i32 or f32", "bf16[]"}));
 }
 
 // ---- clipping ------------------------------------------------------------------------------

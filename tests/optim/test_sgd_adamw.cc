@@ -6,11 +6,11 @@
 namespace px::optim {
 namespace {
 
+using px::testing::all_close;
+using px::testing::random_array;
 using testing::Stepper;
 using testing::to_double;
 using testing::to_float;
-using px::testing::all_close;
-using px::testing::random_array;
 
 using Vec = std::vector<double>;
 
@@ -35,8 +35,7 @@ void check_momentum(bool nesterov) {
   const double lr = 0.05, mu = 0.9, wd = 0.01;
   Array w = random_array({3, 2}, DType::f32, 2), b = random_array({2}, DType::f32, 3);
   // The mask keeps weight decay off rank-1 params (biases).
-  Stepper st(sgd({.lr = lr, .momentum = mu, .nesterov = nesterov, .weight_decay = wd,
-                  .decay_mask = rank_at_least(2)}),
+  Stepper st(sgd({.lr = lr, .momentum = mu, .nesterov = nesterov, .weight_decay = wd, .decay_mask = rank_at_least(2)}),
              {w, b});
   ASSERT_EQ(st.state().size(), 2u);
   std::vector<Vec> p = {to_double(w), to_double(b)}, buf = {Vec(6, 0.0), Vec(2, 0.0)};
@@ -90,7 +89,11 @@ TEST(AdamW, ThreeStepsWithMaskedDecay) {
   AdamRef ref{1e-2, 0.9, 0.999, 1e-8, 0.1};
   Array w = random_array({2, 3}, DType::f32, 5), b = random_array({3}, DType::f32, 6);
   std::vector<std::string> paths = {"layer.w", "layer.b"};
-  Stepper st(adamw({.lr = ref.lr, .beta1 = ref.b1, .beta2 = ref.b2, .eps = ref.eps, .weight_decay = ref.wd,
+  Stepper st(adamw({.lr = ref.lr,
+                    .beta1 = ref.b1,
+                    .beta2 = ref.b2,
+                    .eps = ref.eps,
+                    .weight_decay = ref.wd,
                     .decay_mask = exclude_paths({"*.b"})}),
              {w, b}, paths);
   ASSERT_EQ(st.state().size(), 4u);
@@ -185,17 +188,28 @@ TEST(Optimizer, BadArgumentsGiveClearErrors) {
   };
   // in: param, grad, m, v, step
   std::vector<TensorType> ok = {w, w, w, w, s};
-  EXPECT_TRUE(throws_error(with([&](auto& in) { opt->apply({in[0]}, {}, {in[2], in[3]}, in[4]); }), ok,
-                           {"[adamw]", "1 params but 0 grads"}));
+  EXPECT_TRUE(throws_error(with([&](auto& in) {
+                             opt->apply({in[0]}, {}, {in[2], in[3]}, in[4]);
+                           }),
+                           ok, {"[adamw]", "1 params but 0 grads"}));
   EXPECT_TRUE(throws_error(with([&](auto& in) { opt->apply({in[0]}, {in[1]}, {in[2]}, in[4]); }), ok,
                            {"[adamw]", "1 state tensors", "need 2"}));
-  EXPECT_TRUE(throws_error(with([&](auto& in) { opt->apply({in[0]}, {in[1]}, {in[2], in[3]}, in[4], {"a", "b"}); }),
+  EXPECT_TRUE(throws_error(with([&](auto& in) {
+                             opt->apply({in[0]}, {in[1]}, {in[2], in[3]}, in[4], {"a", "b"});
+                           }),
                            ok, {"[adamw]", "2 paths"}));
-  EXPECT_TRUE(throws_error(with([&](auto& in) { opt->apply({in[0]}, {in[1]}, {in[2], in[3]}, in[4]); }),
+  EXPECT_TRUE(throws_error(with([&](auto& in) {
+                             opt->apply({in[0]}, {in[1]}, {in[2], in[3]}, in[4]);
+                           }),
                            {w, {DType::f32, {3, 2}}, w, w, s}, {"[adamw]", "grad of param 0", "f32[3,2]", "f32[2,3]"}));
-  EXPECT_TRUE(throws_error(with([&](auto& in) { opt->apply({in[0]}, {in[1]}, {in[2], in[3]}, in[4], {"blk.w"}); }),
-                           {w, w, w, {DType::f32, {3}}, s}, {"[adamw]", "state 1", "'v' of param 0 ('blk.w')", "f32[3]"}));
-  EXPECT_TRUE(throws_error(with([&](auto& in) { opt->apply({in[0]}, {in[1]}, {in[2], in[3]}, in[4]); }),
+  EXPECT_TRUE(throws_error(with([&](auto& in) {
+                             opt->apply({in[0]}, {in[1]}, {in[2], in[3]}, in[4], {"blk.w"});
+                           }),
+                           {w, w, w, {DType::f32, {3}}, s},
+                           {"[adamw]", "state 1", "'v' of param 0 ('blk.w')", "f32[3]"}));
+  EXPECT_TRUE(throws_error(with([&](auto& in) {
+                             opt->apply({in[0]}, {in[1]}, {in[2], in[3]}, in[4]);
+                           }),
                            {w, w, w, w, {DType::f32, {2}}}, {"[adamw]", "step must be a scalar i32 or f32", "f32[2]"}));
   EXPECT_TRUE(throws_error(with([&](auto& in) { opt->apply({in[0]}, {in[1]}, {}, in[2]); }),
                            {{DType::i32, {2}}, {DType::f32, {2}}, s}, {"[adamw]", "param 0 has type i32[2]"}));
