@@ -1,0 +1,148 @@
+// dot_product_attention against a naive loop (causal with Sq != Sk, key padding, grouped-query
+// heads, custom scale, bf16), gradients through the masks, and bad-input errors.
+#include <cmath>
+
+#include "testing.h"
+
+namespace px {
+namespace {
+
+using testing::all_close;
+using testing::check_grads;
+using testing::eval1;
+using testing::random_array;
+using testing::throws_error;
+
+struct Cfg {
+  int64_t b, h, hkv, sq, sk, d;
+  bool causal;
+  bool padding;
+  double scale = 0;  // 0: default 1/sqrt(d)
+};
+
+std::vector<float> naive_attention(const Cfg& c, const std::vector<float>& q, const std::vector<float>& k,
+                                   const std::vector<float>& v, const std::vector<int32_t>& keep) {
+  std::vector<float> out(static_cast<size_t>(c.b * c.h * c.sq * c.d));
+  double scale = c.scale ? c.scale : 1 / std::sqrt(static_cast<double>(c.d));
+  int64_t g = c.h / c.hkv;
+  for (int64_t b = 0; b < c.b; ++b)
+    for (int64_t h = 0; h < c.h; ++h)
+      for (int64_t i = 0; i < c.sq; ++i) {
+        int64_t kh = h / g;
+        std::vector<double> s(c.sk);
+        std::vector<bool> ok(c.sk);
+        for (int64_t j = 0; j < c.sk; ++j) {
+          double dot = 0;
+          for (int64_t x = 0; x < c.d; ++x)
+            dot += static_cast<double>(q[((b * c.h + h) * c.sq + i) * c.d + x]) * k[((b * c.hkv + kh) * c.sk + j) * c.d + x];
+          s[j] = dot * scale;
+          ok[j] = (!c.causal || j <= i + (c.sk - c.sq)) && (!c.padding || keep[b * c.sk + j]);
+        }
+        double m = -INFINITY, z = 0;
+        bool any = false;
+        for (int64_t j = 0; j < c.sk; ++j)
+          if (ok[j]) m = std::max(m, s[j]), any = true;
+        std::vector<double> p(c.sk);
+        for (int64_t j = 0; j < c.sk; ++j) {
+          p[j] = !any ? 1.0 : ok[j] ? std::exp(s[j] - m) : 0.0;  // fully masked rows: uniform
+          z += p[j];
+        }
+        for (int64_t x = 0; x < c.d; ++x) {
+          double acc = 0;
+          for (int64_t j = 0; j < c.sk; ++j) acc += p[j] / z * v[((b * c.hkv + kh) * c.sk + j) * c.d + x];
+          out[((b * c.h + h) * c.sq + i) * c.d + x] = static_cast<float>(acc);
+        }
+      }
+  return out;
+}
+
+std::vector<int32_t> padding_pattern(const Cfg& c) {
+  std::vector<int32_t> keep(c.b * c.sk, 1);
+  for (int64_t b = 0; b < c.b; ++b)
+    for (int64_t j = c.sk - b; j < c.sk; ++j) keep[b * c.sk + j] = 0;  // batch b pads its last b keys
+  return keep;
+}
+
+TracedFn attention_fn(const Cfg& c) {
+  return [c](const std::vector<Tensor>& in) {
+    AttentionOptions opt;
+    opt.causal = c.causal;
+    if (c.scale) opt.scale = c.scale;
+    if (c.padding) opt.key_padding = cast(in[3], DType::boolean);
+    return std::vector<Tensor>{dot_product_attention(in[0], in[1], in[2], opt)};
+  };
+}
+
+std::vector<Array> inputs_of(const Cfg& c, DType dt, uint32_t seed) {
+  std::vector<Array> in{random_array({c.b, c.h, c.sq, c.d}, dt, seed, -1.5f, 1.5f),
+                        random_array({c.b, c.hkv, c.sk, c.d}, dt, seed + 1, -1.5f, 1.5f),
+                        random_array({c.b, c.hkv, c.sk, c.d}, dt, seed + 2)};
+  if (c.padding) in.push_back(Array::from_i32(padding_pattern(c), {c.b, c.sk}));
+  return in;
+}
+
+TEST(Attention, MatchesNaiveLoop) {
+  std::vector<Cfg> cfgs = {
+      {2, 2, 2, 5, 5, 4, true, false},        // causal self-attention
+      {2, 2, 2, 5, 5, 4, false, false},       // bidirectional
+      {1, 4, 2, 3, 7, 8, true, false},        // GQA, queries aligned to the end of the keys
+      {3, 4, 1, 6, 6, 5, true, true},         // multi-query, causal and padding (batch 2 pads 2 keys)
+      {2, 3, 3, 4, 6, 3, false, true, 0.25},  // padding only, custom scale
+      {2, 2, 1, 1, 9, 16, true, true},        // one decoding step
+      {1, 2, 2, 33, 33, 7, true, false},      // odd sizes
+  };
+  for (const Cfg& c : cfgs) {
+    auto in = inputs_of(c, DType::f32, 1);
+    Array got = eval1(attention_fn(c), in);
+    ASSERT_EQ(got.shape(), (Shape{c.b, c.h, c.sq, c.d}));
+    std::vector<int32_t> keep = c.padding ? in[3].to_i32() : std::vector<int32_t>{};
+    EXPECT_TRUE(all_close(got.to_f32(), naive_attention(c, in[0].to_f32(), in[1].to_f32(), in[2].to_f32(), keep),
+                          1e-5, 1e-4))
+        << "b" << c.b << " h" << c.h << " hkv" << c.hkv << " sq" << c.sq << " sk" << c.sk << " causal " << c.causal;
+  }
+}
+
+TEST(Attention, Bf16MatchesReferenceWithinRounding) {
+  Cfg c{2, 4, 2, 8, 8, 16, true, true};
+  auto in = inputs_of(c, DType::bf16, 4);
+  Array got = eval1(attention_fn(c), in);
+  EXPECT_EQ(got.dtype(), DType::bf16);
+  EXPECT_TRUE(all_close(got.to_f32(), naive_attention(c, in[0].to_f32(), in[1].to_f32(), in[2].to_f32(), in[3].to_i32()),
+                        2e-2, 2e-2));
+}
+
+TEST(Attention, FullyMaskedRowsStayFinite) {
+  Cfg c{1, 1, 1, 2, 3, 2, false, true};
+  auto in = inputs_of(c, DType::f32, 7);
+  in[3] = Array::from_i32({0, 0, 0}, {1, 3});
+  auto y = eval1(attention_fn(c), in).to_f32();
+  for (float v : y) EXPECT_TRUE(std::isfinite(v));
+}
+
+TEST(Attention, GradientsWithCausalPaddingAndGroupedHeads) {
+  for (const Cfg& c : std::vector<Cfg>{{1, 4, 2, 3, 4, 3, true, true}, {2, 2, 2, 3, 3, 2, false, true},
+                                       {1, 2, 1, 2, 3, 4, true, false, 0.7}}) {
+    auto in = inputs_of(c, DType::f32, 9);
+    EXPECT_TRUE(check_grads(attention_fn(c), in)) << "h" << c.h << " hkv" << c.hkv << " causal " << c.causal;
+  }
+}
+
+TEST(Attention, BadInputsGiveClearErrors) {
+  auto fn = [](const std::vector<Tensor>& in) {
+    AttentionOptions opt;
+    if (in.size() > 3) opt.key_padding = in[3];
+    return std::vector<Tensor>{dot_product_attention(in[0], in[1], in[2], opt)};
+  };
+  TensorType q{DType::f32, {2, 4, 5, 8}}, kv{DType::f32, {2, 2, 6, 8}};
+  EXPECT_TRUE(throws_error(fn, {{DType::f32, {4, 5, 8}}, kv, kv}, {"[dot_product_attention]", "f32[4,5,8]"}));
+  EXPECT_TRUE(throws_error(fn, {q, {DType::f32, {2, 3, 6, 8}}, {DType::f32, {2, 3, 6, 8}}},
+                           {"[dot_product_attention]", "multiple of key/value heads 3"}));
+  EXPECT_TRUE(throws_error(fn, {q, {DType::f32, {2, 2, 6, 4}}, {DType::f32, {2, 2, 6, 4}}},
+                           {"[dot_product_attention]", "head dim 8"}));
+  EXPECT_TRUE(throws_error(fn, {q, kv, {DType::f32, {2, 2, 7, 8}}}, {"[dot_product_attention]", "one shape"}));
+  EXPECT_TRUE(throws_error(fn, {q, kv, {DType::bf16, {2, 2, 6, 8}}}, {"[dot_product_attention]", "dtype"}));
+  EXPECT_TRUE(throws_error(fn, {q, kv, kv, {DType::boolean, {2, 5}}}, {"[dot_product_attention]", "bool[2,6]"}));
+}
+
+}  // namespace
+}  // namespace px
