@@ -1,0 +1,374 @@
+// The sharded executor: the local program split into compute segments (each compiled once into
+// an Executable) and collectives. A run executes step s on every device, then step s+1: the
+// devices share the cores through the kernels' OpenMP loops, and a collective sees every
+// device's buffer at once.
+#include <sstream>
+
+#include "distributed/communicator.h"
+#include "ir/primitive.h"
+#include "parallax/spmd.h"
+#include "sharding/box.h"
+#include "sharding/prims.h"
+#include "sharding/spmd_internal.h"
+
+namespace px {
+
+namespace {
+
+struct Segment {
+  std::unique_ptr<Executable> exe;
+  std::vector<int> in_values, out_values;            // local-graph value ids
+  std::vector<std::vector<Array>> ins, outs;         // per device, prepared handles
+  std::vector<std::vector<int>> input_slots;         // per device: (slot, graph input) patched per run
+};
+
+struct Collective {
+  std::string kind;
+  int in_value = -1, out_value = -1;
+  DType dtype = DType::f32;
+  Shape in_shape, out_shape;
+  int dim = -1, concat_dim = -1;
+  ReduceOp op = ReduceOp::sum;
+  DeviceGroups groups;
+  int64_t n = 1;                                        // group size
+  std::vector<std::pair<int, int>> pairs;              // permute: mesh positions
+  std::vector<Array> scratch_in, scratch_out;           // per device, for layout packing
+};
+
+struct Step {
+  bool collective = false;
+  int index = 0;
+};
+
+}  // namespace
+
+struct ShardedExecutable::Impl {
+  SpmdProgram prog;
+  std::unique_ptr<Communicator> comm;
+  std::vector<Segment> segments;
+  std::vector<Collective> collectives;
+  std::vector<Step> steps;
+  int64_t devices = 1;
+  std::vector<std::vector<Array>> store;  // [device][local value]: values that cross steps
+  std::vector<Array> coords;              // per device
+  std::vector<int> input_of;              // local value -> graph input index, -1 otherwise
+  const Array& value(int device, int v, const std::vector<ShardedArray>& inputs) const {
+    int i = input_of[v];
+    if (i < 0) return store[device][v];
+    if (i == static_cast<int>(prog.in_shardings.size())) return coords[device];
+    return inputs[i].shard(device);
+  }
+  void run_collective(Collective& c, const std::vector<ShardedArray>& inputs);
+};
+
+namespace {
+
+// Rebuilds nodes [begin, end) of `g` as a standalone graph whose inputs are the values it reads
+// from outside and whose outputs are the values read later.
+std::unique_ptr<Graph> extract(const Graph& g, const std::vector<int>& node_ids, const std::vector<int>& ins,
+                               const std::vector<int>& outs) {
+  auto sub = std::make_unique<Graph>();
+  std::vector<Tensor> map(g.values().size());
+  for (int v : ins) map[v] = sub->input(g.type(v), "%" + std::to_string(v));
+  for (int ni : node_ids) {
+    const Node& n = g.nodes()[ni];
+    std::vector<Tensor> args;
+    for (int v : n.inputs) args.push_back(map[v]);
+    std::vector<Tensor> res;
+    if (args.empty()) {
+      TraceScope scope(sub.get());
+      res = sub->emit(*n.prim, args, n.attrs);
+    } else {
+      res = sub->emit(*n.prim, args, n.attrs);
+    }
+    for (size_t j = 0; j < res.size(); ++j) map[n.outputs[j]] = res[j];
+  }
+  std::vector<Tensor> o;
+  for (int v : outs) o.push_back(map[v]);
+  sub->set_outputs(o);
+  return sub;
+}
+
+ReduceOp reduce_op(const Attrs& a) { return a.s("reduce") == "max" ? ReduceOp::max : ReduceOp::sum; }
+
+}  // namespace
+
+ShardedExecutable::ShardedExecutable(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ShardedExecutable::~ShardedExecutable() = default;
+
+std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(const Graph& g, const Mesh& mesh,
+                                                              const std::vector<PartitionSpec>& in_specs,
+                                                              const PartitionOptions& popt,
+                                                              const CompileOptions& copt) {
+  std::vector<Sharding> s;
+  for (auto& spec : in_specs) s.emplace_back(mesh, spec);
+  return compile(partition(g, mesh, s, popt), copt);
+}
+
+std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram program, const CompileOptions& copt) {
+  auto impl = std::make_unique<Impl>();
+  impl->prog = std::move(program);
+  const Graph& g = *impl->prog.local;
+  const Mesh& mesh = impl->prog.mesh;
+  const int64_t D = mesh.size();
+  impl->devices = D;
+  impl->comm = make_inproc_communicator(D);
+  const size_t nv = g.values().size();
+  impl->input_of.assign(nv, -1);
+  for (size_t i = 0; i < g.inputs().size(); ++i) impl->input_of[g.inputs()[i]] = static_cast<int>(i);
+  for (int64_t d = 0; d < D; ++d) {
+    std::vector<int32_t> c;
+    for (int64_t x : mesh.coords(static_cast<int>(d))) c.push_back(static_cast<int32_t>(x));
+    impl->coords.push_back(Array::from_i32(c, {static_cast<int64_t>(c.size())}));
+  }
+
+  // Split the schedule into maximal runs of compute nodes and single collectives.
+  const auto& nodes = g.nodes();
+  std::vector<int> step_of_value(nv, -1), step_of_node(nodes.size(), -1);
+  std::vector<std::vector<int>> seg_nodes;  // per step (empty for collectives)
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    bool coll = is_collective(nodes[i].prim->name);
+    if (coll) {
+      impl->steps.push_back({true, static_cast<int>(impl->collectives.size())});
+      impl->collectives.emplace_back();
+      impl->collectives.back().kind = nodes[i].prim->name;
+      seg_nodes.emplace_back();
+    } else if (impl->steps.empty() || impl->steps.back().collective) {
+      impl->steps.push_back({false, static_cast<int>(impl->segments.size())});
+      impl->segments.emplace_back();
+      seg_nodes.emplace_back();
+    }
+    if (!coll) seg_nodes.back().push_back(static_cast<int>(i));
+    step_of_node[i] = static_cast<int>(impl->steps.size()) - 1;
+    for (int v : nodes[i].outputs) step_of_value[v] = step_of_node[i];
+  }
+  // Values read by a later step (or returned) cross steps and get per-device storage.
+  std::vector<char> crosses(nv, 0);
+  for (size_t i = 0; i < nodes.size(); ++i)
+    for (int v : nodes[i].inputs)
+      if (impl->input_of[v] < 0 && (step_of_value[v] != step_of_node[i] || impl->steps[step_of_node[i]].collective))
+        crosses[v] = 1;
+  for (int v : g.outputs())
+    if (impl->input_of[v] < 0) crosses[v] = 1;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (is_collective(nodes[i].prim->name)) crosses[nodes[i].outputs[0]] = 1;
+  impl->store.assign(static_cast<size_t>(D), std::vector<Array>(nv));
+  for (size_t v = 0; v < nv; ++v)
+    if (crosses[v])
+      for (int64_t d = 0; d < D; ++d) impl->store[d][v] = Array(g.type(static_cast<int>(v)).dtype, g.type(static_cast<int>(v)).shape);
+
+  for (size_t s = 0; s < impl->steps.size(); ++s) {
+    if (impl->steps[s].collective) continue;
+    Segment& seg = impl->segments[impl->steps[s].index];
+    std::vector<char> inside(nv, 0), seen(nv, 0);
+    for (int ni : seg_nodes[s])
+      for (int v : nodes[ni].outputs) inside[v] = 1;
+    for (int ni : seg_nodes[s]) {
+      for (int v : nodes[ni].inputs)
+        if (!inside[v] && !seen[v]) {
+          seg.in_values.push_back(v);
+          seen[v] = 1;
+        }
+      for (int v : nodes[ni].outputs)
+        if (crosses[v]) seg.out_values.push_back(v);
+    }
+    auto sub = extract(g, seg_nodes[s], seg.in_values, seg.out_values);
+    seg.exe = Executable::compile(*sub, copt);
+    seg.ins.resize(static_cast<size_t>(D));
+    seg.outs.resize(static_cast<size_t>(D));
+    for (int64_t d = 0; d < D; ++d) {
+      for (int v : seg.in_values) seg.ins[d].push_back(impl->input_of[v] < 0 ? impl->store[d][v] : Array());
+      for (int v : seg.out_values) seg.outs[d].push_back(impl->store[d][v]);
+    }
+    for (int s_in = 0; s_in < static_cast<int>(seg.in_values.size()); ++s_in)
+      if (impl->input_of[seg.in_values[s_in]] >= 0) seg.input_slots.push_back({s_in});
+  }
+
+  int ci = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (!is_collective(nodes[i].prim->name)) continue;
+    const Node& n = nodes[i];
+    Collective& c = impl->collectives[ci++];
+    c.in_value = n.inputs[0];
+    c.out_value = n.outputs[0];
+    c.dtype = g.type(c.in_value).dtype;
+    c.in_shape = g.type(c.in_value).shape;
+    c.out_shape = g.type(c.out_value).shape;
+    std::vector<int> axes = spmd::axis_ids(mesh, split_axes(n.attrs.s("axes")));
+    c.groups = mesh.groups(axes);
+    c.n = mesh.group_size(axes);
+    if (n.attrs.has("reduce")) c.op = reduce_op(n.attrs);
+    if (n.attrs.has("dim")) c.dim = static_cast<int>(n.attrs.i("dim"));
+    if (c.kind == "all_to_all") {
+      c.dim = static_cast<int>(n.attrs.i("split_dim"));
+      c.concat_dim = static_cast<int>(n.attrs.i("concat_dim"));
+    }
+    if (c.kind == "collective_permute") {
+      const auto& p = n.attrs.ints("pairs");
+      for (const auto& grp : c.groups)
+        for (size_t k = 0; k + 1 < p.size(); k += 2) c.pairs.push_back({grp[p[k]], grp[p[k + 1]]});
+    }
+    // Blocks exchanged must be contiguous: pack around dims that are not leading.
+    int64_t outer = 1;
+    for (int d = 0; d < c.dim; ++d) outer *= c.in_shape[d];
+    bool pack = (c.kind == "all_gather" || c.kind == "reduce_scatter") ? outer > 1 : c.kind == "all_to_all";
+    if (pack)
+      for (int64_t d = 0; d < D; ++d) {
+        int64_t count = numel(c.kind == "all_gather" ? c.out_shape : c.in_shape);
+        c.scratch_in.push_back(Array(c.dtype, {count}));
+        if (c.kind == "all_to_all") c.scratch_out.push_back(Array(c.dtype, {count}));
+      }
+  }
+  return std::unique_ptr<ShardedExecutable>(new ShardedExecutable(std::move(impl)));
+}
+
+void ShardedExecutable::Impl::run_collective(Collective& c, const std::vector<ShardedArray>& inputs) {
+  const int64_t D = devices;
+  Buffers ins(static_cast<size_t>(D));
+  MutBuffers outs(static_cast<size_t>(D));
+  for (int64_t d = 0; d < D; ++d) {
+    ins[d] = value(static_cast<int>(d), c.in_value, inputs).raw();
+    outs[d] = store[d][c.out_value].raw();
+  }
+  const int64_t es = dtype_size(c.dtype);
+  const int64_t count = numel(c.in_shape);
+  if (c.kind == "all_reduce") {
+    comm->all_reduce(ins, outs, count, c.dtype, c.op, c.groups);
+  } else if (c.kind == "collective_permute") {
+    comm->permute(ins, outs, count, c.dtype, c.pairs);
+  } else if (c.kind == "all_gather") {
+    if (c.scratch_in.empty()) {
+      comm->all_gather(ins, outs, count, c.dtype, c.groups);
+      return;
+    }
+    // Gather whole blocks into scratch [n, in_shape], then interleave them along `dim`.
+    MutBuffers tmp(static_cast<size_t>(D));
+    for (int64_t d = 0; d < D; ++d) tmp[d] = c.scratch_in[d].raw();
+    comm->all_gather(ins, tmp, count, c.dtype, c.groups);
+    std::vector<int64_t> zero(c.in_shape.size(), 0), off(c.in_shape.size(), 0);
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t k = 0; k < c.n; ++k) {
+        off[c.dim] = k * c.in_shape[c.dim];
+        copy_box(static_cast<const std::byte*>(tmp[d]) + k * count * es, c.in_shape, zero.data(), outs[d], c.out_shape,
+                 off.data(), c.in_shape, es);
+      }
+  } else if (c.kind == "reduce_scatter") {
+    if (c.scratch_in.empty()) {
+      comm->reduce_scatter(ins, outs, count, c.dtype, c.op, c.groups);
+      return;
+    }
+    Buffers packed(static_cast<size_t>(D));
+    std::vector<int64_t> zero(c.in_shape.size(), 0), off(c.in_shape.size(), 0);
+    const int64_t block = numel(c.out_shape);
+    for (int64_t d = 0; d < D; ++d) {
+      for (int64_t k = 0; k < c.n; ++k) {
+        off[c.dim] = k * c.out_shape[c.dim];
+        copy_box(ins[d], c.in_shape, off.data(), c.scratch_in[d].data<std::byte>() + k * block * es, c.out_shape,
+                 zero.data(), c.out_shape, es);
+      }
+      packed[d] = c.scratch_in[d].raw();
+    }
+    comm->reduce_scatter(packed, outs, count, c.dtype, c.op, c.groups);
+  } else if (c.kind == "all_to_all") {
+    // Pack the blocks of split_dim contiguously, exchange, and lay the received blocks along concat_dim.
+    Shape blk = c.in_shape;
+    blk[c.dim] /= c.n;
+    const int64_t block = numel(blk);
+    std::vector<int64_t> zero(blk.size(), 0), off(blk.size(), 0);
+    Buffers packed(static_cast<size_t>(D));
+    MutBuffers recv(static_cast<size_t>(D));
+    for (int64_t d = 0; d < D; ++d) {
+      std::fill(off.begin(), off.end(), 0);
+      for (int64_t k = 0; k < c.n; ++k) {
+        off[c.dim] = k * blk[c.dim];
+        copy_box(ins[d], c.in_shape, off.data(), c.scratch_in[d].data<std::byte>() + k * block * es, blk, zero.data(),
+                 blk, es);
+      }
+      packed[d] = c.scratch_in[d].raw();
+      recv[d] = c.scratch_out[d].raw();
+    }
+    comm->all_to_all(packed, recv, count, c.dtype, c.groups);
+    for (int64_t d = 0; d < D; ++d) {
+      std::fill(off.begin(), off.end(), 0);
+      for (int64_t j = 0; j < c.n; ++j) {
+        off[c.concat_dim] = j * blk[c.concat_dim];
+        copy_box(static_cast<const std::byte*>(recv[d]) + j * block * es, blk, zero.data(), outs[d], c.out_shape,
+                 off.data(), blk, es);
+      }
+    }
+  }
+}
+
+std::vector<ShardedArray> ShardedExecutable::run(const std::vector<ShardedArray>& inputs) {
+  Impl& m = *impl_;
+  const Graph& g = *m.prog.local;
+  const size_t nin = m.prog.in_shardings.size();
+  if (inputs.size() != nin)
+    throw Error("[run] expected " + std::to_string(nin) + " inputs, got " + std::to_string(inputs.size()));
+  for (size_t i = 0; i < nin; ++i) {
+    if (inputs[i].sharding() != m.prog.in_shardings[i]) {
+      std::string name = g.input_names()[i].empty() ? "" : " ('" + g.input_names()[i] + "')";
+      throw Error("[run] input " + std::to_string(i) + name + " is sharded as " + inputs[i].sharding().to_string() +
+                  " on " + inputs[i].mesh().to_string() + " but the program was compiled for " +
+                  m.prog.in_shardings[i].to_string() + " on " + m.prog.mesh.to_string() +
+                  "; reshard it with px::shard(px::gather(x), exe->in_sharding(i))");
+    }
+  }
+  for (const Step& st : m.steps) {
+    if (st.collective) {
+      m.run_collective(m.collectives[st.index], inputs);
+      continue;
+    }
+    Segment& seg = m.segments[st.index];
+    for (int64_t d = 0; d < m.devices; ++d) {
+      for (auto& slot : seg.input_slots) {
+        int v = seg.in_values[slot[0]];
+        seg.ins[d][slot[0]] = m.value(static_cast<int>(d), v, inputs);
+      }
+      seg.exe->run_into(seg.ins[d], seg.outs[d]);
+    }
+  }
+  std::vector<ShardedArray> outs;
+  for (size_t o = 0; o < g.outputs().size(); ++o) {
+    int v = g.outputs()[o];
+    std::vector<Array> shards;
+    for (int64_t d = 0; d < m.devices; ++d) shards.push_back(m.value(static_cast<int>(d), v, inputs).clone());
+    const Sharding& s = m.prog.out_shardings[o];
+    TensorType global = g.type(v);
+    for (int d = 0; d < static_cast<int>(global.shape.size()); ++d) global.shape[d] *= s.num_shards(d);
+    outs.emplace_back(global, s, std::move(shards));
+  }
+  return outs;
+}
+
+std::vector<Array> ShardedExecutable::run_full(const std::vector<Array>& inputs) {
+  std::vector<ShardedArray> in;
+  for (size_t i = 0; i < inputs.size(); ++i) in.push_back(shard(inputs[i], in_sharding(static_cast<int>(i))));
+  std::vector<Array> out;
+  for (auto& r : run(in)) out.push_back(gather(r));
+  return out;
+}
+
+const Sharding& ShardedExecutable::in_sharding(int i) const { return impl_->prog.in_shardings.at(i); }
+const Sharding& ShardedExecutable::out_sharding(int i) const { return impl_->prog.out_shardings.at(i); }
+const SpmdProgram& ShardedExecutable::program() const { return impl_->prog; }
+const CollectiveStats& ShardedExecutable::stats() const { return impl_->comm->stats(); }
+void ShardedExecutable::reset_stats() { impl_->comm->reset_stats(); }
+int ShardedExecutable::num_segments() const { return static_cast<int>(impl_->segments.size()); }
+
+std::string ShardedExecutable::summary() const {
+  std::ostringstream os;
+  os << "sharded executable on " << impl_->prog.mesh.to_string() << ": " << impl_->segments.size()
+     << " compute segments, " << impl_->collectives.size() << " collectives\n";
+  for (const Step& st : impl_->steps) {
+    if (st.collective) {
+      const Collective& c = impl_->collectives[st.index];
+      os << "  " << c.kind << " %" << c.in_value << " -> %" << c.out_value << "\n";
+    } else {
+      os << "  segment: " << impl_->segments[st.index].exe->num_steps() << " kernels\n";
+    }
+  }
+  return os.str();
+}
+
+}  // namespace px

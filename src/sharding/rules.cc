@@ -1,0 +1,216 @@
+// Node rules as the partitioner sees them, and the choice of mesh axes for a node's factors.
+#include <algorithm>
+#include <numeric>
+
+#include "sharding/spmd_internal.h"
+
+namespace px::spmd {
+
+namespace {
+
+using Kind = ShardingRule::Kind;
+
+// Every dim its own whole factor: nothing may be split.
+ShardingRule all_whole(const std::vector<TensorType>& in, const std::vector<TensorType>& out) {
+  ShardingRule r;
+  auto label = [&](const TensorType& t) {
+    std::vector<int> f;
+    for (int64_t d : t.shape) {
+      f.push_back(static_cast<int>(r.factor_sizes.size()));
+      r.factor_sizes.push_back(d);
+      r.factor_kinds.push_back(Kind::whole);
+    }
+    return f;
+  };
+  for (auto& t : in) r.operands.push_back(label(t));
+  for (auto& t : out) r.results.push_back(label(t));
+  return r;
+}
+
+// Reshape that merges or splits dims: a block split of the major dim of a group is a block split
+// of the merged dim (and back), so the first dims of both sides share one parallel factor and the
+// rest stay whole. Dims that map one to one are parallel; size-1 dims take no part.
+ShardingRule reshape_block_rule(const Shape& s, const Shape& t) {
+  ShardingRule r;
+  auto factor = [&](int64_t size, Kind k) {
+    r.factor_sizes.push_back(size);
+    r.factor_kinds.push_back(k);
+    return static_cast<int>(r.factor_sizes.size()) - 1;
+  };
+  std::vector<int> fi(s.size(), -1), fo(t.size(), -1);
+  if (numel(s) == 0) return all_whole({{DType::f32, s}}, {{DType::f32, t}});
+  size_t i = 0, j = 0;
+  while (i < s.size() || j < t.size()) {
+    if (i < s.size() && s[i] == 1) {
+      ++i;
+      continue;
+    }
+    if (j < t.size() && t[j] == 1) {
+      ++j;
+      continue;
+    }
+    if (i >= s.size() || j >= t.size()) break;
+    size_t i0 = i, j0 = j;
+    int64_t pi = s[i++], pj = t[j++];
+    while (pi != pj) {
+      if (pi < pj) pi *= s[i++];
+      else pj *= t[j++];
+    }
+    fi[i0] = fo[j0] = factor(std::min(s[i0], t[j0]), Kind::parallel);
+    for (size_t k = i0 + 1; k < i; ++k) fi[k] = factor(s[k], Kind::whole);
+    for (size_t k = j0 + 1; k < j; ++k) fo[k] = factor(t[k], Kind::whole);
+  }
+  r.operands = {fi};
+  r.results = {fo};
+  return r;
+}
+
+bool rule_fits(const ShardingRule& r, const std::vector<TensorType>& in, const std::vector<TensorType>& out) {
+  if (r.operands.size() != in.size() || r.results.size() != out.size()) return false;
+  if (r.factor_kinds.size() != r.factor_sizes.size()) return false;
+  auto dims_ok = [&](const std::vector<std::vector<int>>& fs, const std::vector<TensorType>& ts) {
+    for (size_t i = 0; i < fs.size(); ++i) {
+      if (fs[i].size() != ts[i].shape.size()) return false;
+      for (int f : fs[i])
+        if (f >= static_cast<int>(r.factor_kinds.size())) return false;
+    }
+    return true;
+  };
+  return dims_ok(r.operands, in) && dims_ok(r.results, out);
+}
+
+}  // namespace
+
+NodeRule node_rule(const Graph& g, const Node& n) {
+  std::vector<TensorType> in, out;
+  for (int v : n.inputs) in.push_back(g.type(v));
+  for (int v : n.outputs) out.push_back(g.type(v));
+  const std::string& name = n.prim->name;
+  NodeRule nr;
+  if (name == "reshape") {
+    nr.rule = reshape_block_rule(in[0].shape, out[0].shape);
+  } else if (name == "random_uniform" || name == "random_normal") {
+    // A local draw would need this device's offset as an operand; draw whole, then slice.
+    nr.rule = all_whole(in, out);
+  } else {
+    nr.rule = sharding_of(*n.prim, in, out, n.attrs);
+    if (!rule_fits(nr.rule, in, out)) nr.rule = all_whole(in, out);
+  }
+  if (name == "dot_general" || name == "reduce_sum" || name == "scatter_add") nr.reduce = "sum";
+  if (name == "reduce_max") nr.reduce = "max";
+  if (nr.reduce.empty())
+    for (auto& k : nr.rule.factor_kinds)
+      if (k == Kind::reduction) k = Kind::whole;  // no known way to combine partial results
+  return nr;
+}
+
+int64_t shards_of(const Mesh& mesh, const std::vector<int>& axes) {
+  int64_t n = 1;
+  for (int a : axes) n *= mesh.axes()[a].size;
+  return n;
+}
+
+Shape local_shape(const Mesh& mesh, const Shape& global, const Spec& s) {
+  Shape l = global;
+  for (size_t d = 0; d < l.size() && d < s.size(); ++d) l[d] /= shards_of(mesh, s[d]);
+  return l;
+}
+
+Spec spec_from_factors(const std::vector<int>& factors, const NodeRule& r, const FactorAxes& fa) {
+  Spec s(factors.size());
+  for (size_t d = 0; d < factors.size(); ++d) {
+    int f = factors[d];
+    if (f >= 0 && r.rule.factor_kinds[f] != Kind::whole) s[d] = fa[f];
+  }
+  return s;
+}
+
+FactorAxes assign_factors(const Graph& g, const Node& n, const NodeRule& r, const Mesh& mesh,
+                          const std::vector<std::optional<Spec>>& specs, const std::vector<char>& fixed) {
+  const ShardingRule& rule = r.rule;
+  const size_t nf = rule.factor_kinds.size();
+  FactorAxes fa(nf);
+  std::vector<std::vector<int64_t>> dims_of(nf);
+  struct Source {
+    int value;
+    const std::vector<int>* factors;
+    bool fixed_result;
+    int64_t bytes;
+    int order;
+  };
+  std::vector<Source> src;
+  int order = 0;
+  for (size_t j = 0; j < n.outputs.size(); ++j) {
+    int v = n.outputs[j];
+    src.push_back({v, &rule.results[j], fixed[v] != 0, g.type(v).nbytes(), order++});
+  }
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    int v = n.inputs[i];
+    src.push_back({v, &rule.operands[i], false, g.type(v).nbytes(), order++});
+  }
+  for (const Source& s : src)
+    for (size_t d = 0; d < s.factors->size(); ++d) {
+      int f = (*s.factors)[d];
+      if (f >= 0) dims_of[f].push_back(g.type(s.value).shape[d]);
+    }
+  std::stable_sort(src.begin(), src.end(), [](const Source& a, const Source& b) {
+    if (a.fixed_result != b.fixed_result) return a.fixed_result;
+    return a.bytes > b.bytes;
+  });
+  std::vector<char> used(static_cast<size_t>(mesh.rank()), 0);
+  for (const Source& s : src) {
+    if (!specs[s.value]) continue;
+    const Spec& spec = *specs[s.value];
+    for (size_t d = 0; d < s.factors->size() && d < spec.size(); ++d) {
+      int f = (*s.factors)[d];
+      if (f < 0 || rule.factor_kinds[f] == Kind::whole || !fa[f].empty() || spec[d].empty()) continue;
+      // The longest prefix of the dim's axes that is free and divides every dim of the factor.
+      for (size_t k = spec[d].size(); k >= 1; --k) {
+        std::vector<int> cand(spec[d].begin(), spec[d].begin() + k);
+        bool ok = true;
+        for (int a : cand) ok = ok && !used[a];
+        int64_t n_shards = shards_of(mesh, cand);
+        for (int64_t size : dims_of[f]) ok = ok && size % n_shards == 0;
+        if (!ok) continue;
+        fa[f] = cand;
+        for (int a : cand) used[a] = 1;
+        break;
+      }
+    }
+  }
+  return fa;
+}
+
+// ---- conversions ------------------------------------------------------------------------------
+
+std::vector<int> axis_ids(const Mesh& mesh, const std::vector<std::string>& names) {
+  std::vector<int> ids;
+  for (auto& n : names) ids.push_back(mesh.require_axis(n, "sharding"));
+  return ids;
+}
+
+std::vector<std::string> axis_names(const Mesh& mesh, const std::vector<int>& ids) {
+  std::vector<std::string> n;
+  for (int a : ids) n.push_back(mesh.axes()[a].name);
+  return n;
+}
+
+Spec to_spec(const Sharding& s, int rank) {
+  Spec out(static_cast<size_t>(rank));
+  for (int d = 0; d < rank; ++d) out[d] = axis_ids(s.mesh, s.spec[d]);
+  return out;
+}
+
+Sharding to_sharding(const Mesh& mesh, const Spec& s, const std::vector<int>& partial) {
+  std::vector<PartitionSpec::Dim> dims;
+  for (auto& d : s) dims.emplace_back(axis_names(mesh, d));
+  return Sharding(mesh, PartitionSpec(dims), axis_names(mesh, partial));
+}
+
+std::string spec_str(const Mesh& mesh, const Spec& s) {
+  std::vector<PartitionSpec::Dim> dims;
+  for (auto& d : s) dims.emplace_back(axis_names(mesh, d));
+  return PartitionSpec(dims).to_string();
+}
+
+}  // namespace px::spmd
