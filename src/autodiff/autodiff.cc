@@ -153,6 +153,10 @@ std::unique_ptr<Graph> grad_graph(const Graph& g, const std::vector<int>& wrt, i
   for (int v : g.inputs()) types.push_back(g.type(v));
   if (of < 0 || of >= static_cast<int>(g.outputs().size()))
     throw Error("[grad_graph] output " + std::to_string(of) + " does not exist");
+  const TensorType& ot = g.type(g.outputs()[of]);
+  if (ot.numel() != 1 || !is_float(ot.dtype))
+    throw Error("[grad_graph] output " + std::to_string(of) + " has type " + type_str(ot) +
+                "; only a float scalar output can be differentiated");
   return trace(
       [&](const std::vector<Tensor>& in) {
         std::vector<Tensor> outs = call(g, in);
