@@ -7,6 +7,10 @@
 #include <climits>
 #include <memory>
 
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
+
 #include "backend/cpu/elementwise_math.h"
 #include "backend/cpu/kernel.h"
 
@@ -109,12 +113,6 @@ struct Tanh {
 struct Sigmoid {
   static float f(float a) { return eltmath::sigmoid(a); }
 };
-struct Sqrt {
-  static float f(float a) { return std::sqrt(a); }
-};
-struct Rsqrt {
-  static float f(float a) { return 1.0f / std::sqrt(a); }
-};
 struct Eq {
   static float f(float a, float b) { return b2f(a == b); }
   static int32_t i(int32_t a, int32_t b) { return a == b; }
@@ -155,6 +153,23 @@ struct Copy {
   static float f(float a) { return a; }
   static int32_t i(int32_t a) { return a; }
 };
+
+// sqrt loops do not auto-vectorize under -fmath-errno (a negative operand must set errno), so
+// the vector part uses intrinsics; both give the correctly rounded IEEE square root.
+template <bool kReciprocal>
+void sqrt_f32(const float* const* in, float* out, int64_t n, const float*) {
+  const float* __restrict a = in[0];
+  float* __restrict o = out;
+  int64_t i = 0;
+#ifdef __AVX__
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8) {
+    __m256 r = _mm256_sqrt_ps(_mm256_loadu_ps(a + i));
+    _mm256_storeu_ps(o + i, kReciprocal ? _mm256_div_ps(one, r) : r);
+  }
+#endif
+  for (; i < n; ++i) o[i] = kReciprocal ? 1.0f / std::sqrt(a[i]) : std::sqrt(a[i]);
+}
 
 void select_f32(const float* const* in, float* out, int64_t n, const float*) {
   const float* __restrict c = in[0];
@@ -371,8 +386,8 @@ void register_elementwise_kernels() {
   reg("log", un<Log>());
   reg("tanh", un<Tanh>());
   reg("sigmoid", un<Sigmoid>());
-  reg("sqrt", un<Sqrt>());
-  reg("rsqrt", un<Rsqrt>());
+  reg("sqrt", EltwiseKernel{sqrt_f32<false>, nullptr, nullptr});
+  reg("rsqrt", EltwiseKernel{sqrt_f32<true>, nullptr, nullptr});
   reg("eq", bin<Eq>());
   reg("ne", bin<Ne>());
   reg("lt", bin<Lt>());
