@@ -1,0 +1,238 @@
+// The fused-loop engine on real ops: fused and unfused runs agree bit for bit (16-bit, integer
+// and bool intermediates included), broadcasts of external operands fuse as strided loads, and
+// the autocast pass gives bf16/f16 matmuls with f32 results.
+#include "ir/primitive.h"
+#include "parallax/passes.h"
+#include "testing.h"
+
+namespace px {
+namespace {
+
+using testing::all_close;
+using testing::random_array;
+
+CompileOptions with_fusion(bool on) {
+  CompileOptions o;
+  o.fuse_elementwise = on;
+  return o;
+}
+
+struct Both {
+  std::vector<Array> fused, unfused;
+  std::unique_ptr<Executable> exe;  // the fused one
+};
+
+Both run_both(const TracedFn& fn, const std::vector<Array>& inputs) {
+  auto g = trace(fn, testing::types_of(inputs));
+  Both b;
+  b.exe = Executable::compile(*g, with_fusion(true));
+  b.fused = b.exe->run(inputs);
+  b.unfused = Executable::compile(*g, with_fusion(false))->run(inputs);
+  return b;
+}
+
+void expect_identical(const Both& b) {
+  ASSERT_EQ(b.fused.size(), b.unfused.size());
+  for (size_t i = 0; i < b.fused.size(); ++i) {
+    EXPECT_EQ(b.fused[i].type(), b.unfused[i].type());
+    EXPECT_EQ(b.fused[i].to_f32(), b.unfused[i].to_f32()) << "output " << i;
+  }
+}
+
+TEST(Fusion, SixteenBitIntermediatesAreRoundedInsideTheLoop) {
+  for (DType half : {DType::bf16, DType::f16}) {
+    Array x = random_array({3000}, DType::f32, 1, -4, 4);
+    auto b = run_both(
+        [half](const std::vector<Tensor>& in) {
+          Tensor h = cast(in[0] * 3.0, half);            // rounded to 16 bits
+          Tensor y = cast(h * h, DType::f32) + 1.0;     // the 16-bit product is rounded too
+          return std::vector<Tensor>{y, h};
+        },
+        {x});
+    expect_identical(b);
+    EXPECT_EQ(b.exe->num_fused_groups(), 1) << b.exe->summary();
+    std::vector<float> xs = x.to_f32(), got = b.fused[0].to_f32();
+    auto round = [half](float v) {
+      return half == DType::bf16 ? bf16_to_f32(f32_to_bf16(v)) : f16_to_f32(f32_to_f16(v));
+    };
+    for (size_t i = 0; i < xs.size(); ++i) {
+      float h = round(xs[i] * 3.0f);
+      ASSERT_EQ(got[i], round(h * h) + 1.0f) << i;
+    }
+  }
+}
+
+TEST(Fusion, IntegerAndBoolIntermediates) {
+  Array x = random_array({2500}, DType::f32, 2, -3, 3);
+  auto b = run_both(
+      [](const std::vector<Tensor>& in) {
+        Tensor t = cast(cast(in[0] * 10.0, DType::i32), DType::f32);  // truncates toward zero
+        Tensor pos = greater(in[0], zeros_like(in[0]));
+        Tensor y = where(pos, t, in[0] * 0.5) + cast(pos, DType::f32);
+        return std::vector<Tensor>{y, pos};
+      },
+      {x});
+  expect_identical(b);
+  std::vector<float> xs = x.to_f32(), y = b.fused[0].to_f32();
+  for (size_t i = 0; i < xs.size(); ++i) {
+    float want = xs[i] > 0 ? static_cast<float>(static_cast<int>(xs[i] * 10.0f)) + 1.0f : xs[i] * 0.5f;
+    ASSERT_EQ(y[i], want) << i;
+  }
+  EXPECT_EQ(b.fused[1].dtype(), DType::boolean);
+}
+
+TEST(Fusion, BroadcastsOfExternalOperandsFuseAsStridedLoads) {
+  struct Case {
+    Shape x, other;
+  };
+  for (const Case& c : std::vector<Case>{{{37, 53}, {53}},         // bias add
+                                         {{37, 53}, {37, 1}},      // per-row statistic
+                                         {{37, 53}, {}},           // scalar
+                                         {{4, 5, 6}, {5, 1}},      // middle dim
+                                         {{4, 5, 6}, {4, 1, 6}},   // outer and inner kept
+                                         {{3, 1, 7}, {2, 1}},      // both operands broadcast
+                                         {{2, 4100}, {4100}},      // rows longer than a tile
+                                         {{5000, 3}, {5000, 1}},   // short rows, many tiles
+                                         {{0, 5}, {5}}}) {         // empty
+    SCOPED_TRACE(shape_str(c.x) + " with " + shape_str(c.other));
+    Array x = random_array(c.x, DType::f32, 3), o = random_array(c.other, DType::f32, 4);
+    auto b = run_both([](const std::vector<Tensor>& in) { return std::vector<Tensor>{tanh(in[0] * in[1] + in[1])}; },
+                      {x, o});
+    expect_identical(b);
+    std::string s = b.exe->summary();
+    EXPECT_EQ(s.find(": broadcast_in_dim"), std::string::npos) << "broadcast materialized:\n" << s;
+    EXPECT_EQ(b.exe->num_steps(), 1) << s;
+  }
+}
+
+TEST(Fusion, BroadcastReferenceAndDtypes) {
+  Array x = random_array({6, 7}, DType::f32, 5), bias = random_array({7}, DType::bf16, 6),
+        rows = random_array({6, 1}, DType::f32, 7);
+  auto b = run_both(
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{in[0] * in[2] + cast(in[1], DType::f32), in[1] + zeros_like(in[1])};
+      },
+      {x, bias, rows});
+  expect_identical(b);
+  std::vector<float> xs = x.to_f32(), bs = bias.to_f32(), rs = rows.to_f32(), want(42);
+  for (int i = 0; i < 6; ++i)
+    for (int j = 0; j < 7; ++j) want[i * 7 + j] = xs[i * 7 + j] * rs[i] + bs[j];
+  EXPECT_TRUE(all_close(b.fused[0].to_f32(), want, 1e-6, 1e-6));
+}
+
+TEST(Fusion, BroadcastThatEscapesIsAlsoWrittenOut) {
+  Array x = random_array({9, 11}, DType::f32, 8), v = random_array({11}, DType::f32, 9);
+  auto b = run_both(
+      [](const std::vector<Tensor>& in) {
+        Tensor bv = broadcast_to(in[1], {9, 11});
+        return std::vector<Tensor>{exp(in[0] + bv), bv, sum(bv, {0})};
+      },
+      {x, v});
+  expect_identical(b);
+  std::vector<float> vs = v.to_f32(), bv = b.fused[1].to_f32();
+  for (int i = 0; i < 99; ++i) ASSERT_EQ(bv[i], vs[i % 11]);
+}
+
+TEST(Fusion, BroadcastOfAValueComputedInTheGroupIsNotFused) {
+  // exp(v) has the group's element count, so it would join; its broadcast reads the group.
+  Array v = random_array({1, 40}, DType::f32, 10), y = random_array({40, 1}, DType::f32, 11);
+  auto b = run_both(
+      [](const std::vector<Tensor>& in) {
+        Tensor e = exp(reshape(in[0], {40}));
+        return std::vector<Tensor>{broadcast_in_dim(e, {40, 1}, {0}) * in[1], e};
+      },
+      {v, y});
+  expect_identical(b);
+  std::vector<float> vs = v.to_f32(), ys = y.to_f32(), got = b.fused[0].to_f32();
+  for (int i = 0; i < 40; ++i) ASSERT_NEAR(got[i], std::exp(vs[i]) * ys[i], 1e-6);
+}
+
+TEST(Fusion, ScalarConstantsFuseIntoTheChain) {
+  Array x = random_array({1000}, DType::f32, 12);
+  auto b = run_both(
+      [](const std::vector<Tensor>& in) {
+        Tensor t = in[0];
+        for (int i = 0; i < 8; ++i) t = sigmoid(t * 1.5 - 0.25);
+        return std::vector<Tensor>{t};
+      },
+      {x});
+  expect_identical(b);
+  EXPECT_EQ(b.exe->num_steps(), 1) << b.exe->summary();
+  EXPECT_LE(b.exe->peak_bytes(), 1000 * 4 + 64);
+}
+
+// ---- autocast --------------------------------------------------------------------------------
+
+std::vector<Tensor> mlp(const std::vector<Tensor>& in) {
+  const Tensor &x = in[0], &w1 = in[1], &w2 = in[2];
+  Tensor h = gelu(matmul(x, w1));
+  Tensor logits = matmul(h, w2);
+  Tensor p = softmax(logits, -1);
+  Tensor loss = mean(logsumexp(logits, -1) - sum(logits * p, {1}));
+  std::vector<Tensor> d = gradients(loss, {w1, w2});
+  return {p, loss, d[0], d[1]};
+}
+
+TEST(Autocast, Bf16ProgramMatchesF32WithinTolerance) {
+  std::vector<Array> in = {random_array({8, 32}, DType::f32, 13), random_array({32, 64}, DType::f32, 14, -0.3f, 0.3f),
+                           random_array({64, 16}, DType::f32, 15, -0.3f, 0.3f)};
+  auto g = trace(mlp, testing::types_of(in));
+  auto ref = Executable::compile(*g)->run(in);
+  for (DType half : {DType::bf16, DType::f16}) {
+    CompileOptions opt;
+    opt.compute_dtype = half;
+    auto exe = Executable::compile(*g, opt);
+    auto got = exe->run(in);
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].dtype(), DType::f32) << "output " << i;  // results stay f32
+      double tol = half == DType::bf16 ? 2e-2 : 4e-3;
+      EXPECT_TRUE(all_close(got[i].to_f32(), ref[i].to_f32(), tol, 4 * tol)) << dtype_name(half) << " output " << i;
+    }
+    // The compiled graph shows the casts; every dot_general reads 16-bit operands.
+    std::string text = exe->graph().to_string();
+    std::string name = dtype_name(half);
+    EXPECT_NE(text.find("= cast[dtype=" + name + "]"), std::string::npos) << text;
+    int dots = 0;
+    for (const Node& n : exe->graph().nodes()) {
+      if (n.prim->name != "dot_general") continue;
+      ++dots;
+      EXPECT_EQ(exe->graph().type(n.inputs[0]).dtype, half);
+      EXPECT_EQ(exe->graph().type(n.inputs[1]).dtype, half);
+      EXPECT_EQ(exe->graph().type(n.outputs[0]).dtype, DType::f32);
+    }
+    EXPECT_GE(dots, 5);  // two forward, at least three backward
+    // Reductions and softmax stay f32: nothing else produces 16-bit values.
+    for (const Node& n : exe->graph().nodes())
+      if (n.prim->name != "cast")
+        for (int v : n.outputs)
+          if (is_float(exe->graph().type(v).dtype)) EXPECT_EQ(exe->graph().type(v).dtype, DType::f32) << n.prim->name;
+  }
+}
+
+TEST(Autocast, PassLeavesNonF32MatmulsAndOtherOpsAlone) {
+  auto g = trace(
+      [](const std::vector<Tensor>& in) {
+        Tensor a = matmul(in[0], in[1]);                                   // f32: autocast
+        Tensor b = matmul(cast(in[0], DType::bf16), cast(in[1], DType::bf16));  // already bf16: kept
+        return std::vector<Tensor>{a, b, sum(in[0])};
+      },
+      {{DType::f32, {2, 3}}, {DType::f32, {3, 4}}});
+  auto f32_copy = autocast(*g, DType::f32);
+  EXPECT_EQ(f32_copy->to_string(), g->to_string());
+  auto m = autocast(*g, DType::bf16);
+  EXPECT_NO_THROW(m->verify());
+  EXPECT_EQ(m->nodes().size(), g->nodes().size() + 2);
+  EXPECT_EQ(m->type(m->outputs()[0]).dtype, DType::f32);
+  EXPECT_EQ(m->type(m->outputs()[1]).dtype, DType::bf16);
+  try {
+    autocast(*g, DType::i32);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[autocast] compute dtype must be f32, bf16 or f16, got i32"),
+              std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace px
