@@ -4,7 +4,6 @@
 #include <cmath>
 #include <functional>
 
-#include "backend/cpu/kernel.h"
 #include "ir/primitive.h"
 #include "testing.h"
 
