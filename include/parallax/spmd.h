@@ -69,10 +69,8 @@ class CollectiveEmitter {
   // This device's block of `dim` out of a value replicated over `axes` (no communication).
   virtual Tensor local_slice(const Tensor& x, const std::vector<std::string>& axes, int dim);
 
-  void bind(const Mesh* mesh, Tensor coords) {
-    mesh_ = mesh;
-    coords_ = coords;
-  }
+  // Sets the mesh and the local graph's device-coordinates input; registers the primitives.
+  void bind(const Mesh* mesh, Tensor coords);
 
  protected:
   int64_t group_size(const std::vector<std::string>& axes) const;

@@ -8,6 +8,12 @@
 
 namespace px {
 
+void CollectiveEmitter::bind(const Mesh* mesh, Tensor coords) {
+  ensure_sharding_registered();
+  mesh_ = mesh;
+  coords_ = coords;
+}
+
 int64_t CollectiveEmitter::group_size(const std::vector<std::string>& axes) const {
   int64_t n = 1;
   for (auto& a : axes) n *= mesh_->axis_size(a);

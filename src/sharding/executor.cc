@@ -106,6 +106,7 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(const Graph& g, co
 }
 
 std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram program, const CompileOptions& copt) {
+  ensure_sharding_registered();
   auto impl = std::make_unique<Impl>();
   impl->prog = std::move(program);
   const Graph& g = *impl->prog.local;

@@ -45,6 +45,10 @@ class Partitioner {
       return;
     }
     NodeRule r = node_rule(g_, n);
+    if (n.prim->name == "iota") {
+      emit_iota(n, r);
+      return;
+    }
     FactorAxes fa = assign_factors(g_, n, r, mesh_, specs_, prop_.fixed);
     std::vector<Tensor> ins;
     std::vector<TensorType> in_types;
@@ -79,6 +83,8 @@ class Partitioner {
     std::sort(partial.begin(), partial.end());
     for (size_t j = 0; j < outs.size(); ++j) values_[n.outputs[j]] = {outs[j], out_specs[j], partial, r.reduce};
   }
+
+  void set_reason(std::string r) { reason_ = std::move(r); }
 
   // The local value of global value v laid out as `want` (never partial).
   Tensor reshard(int v, const Spec& want_in) {
@@ -169,6 +175,28 @@ class Partitioner {
     return out;
   }
 
+  // A sharded iota: this device's part of the 1-D iota along the axis, broadcast to the local
+  // shape, so the values match the unsharded iota without materializing the global array.
+  void emit_iota(const Node& n, const NodeRule& r) {
+    int v = n.outputs[0];
+    FactorAxes fa = assign_factors(g_, n, r, mesh_, specs_, prop_.fixed);
+    Spec spec = spec_from_factors(r.rule.results[0], r, fa);
+    const TensorType& t = g_.type(v);
+    int axis = static_cast<int>(n.attrs.i("axis"));
+    Shape local = local_shape(mesh_, t.shape, spec);
+    TraceScope scope(&local_);
+    Tensor line = emit1("iota", {}, Attrs{{"shape", std::vector<int64_t>{t.shape[axis]}}, {"axis", int64_t{0}},
+                                          {"dtype", t.dtype}});
+    if (!spec[axis].empty())
+      line = record("local_slice", spec[axis], line, 0, -1, "", reason_ + " (sharded iota)",
+                    em_.local_slice(line, axis_names(mesh_, spec[axis]), 0));
+    Tensor out = t.rank() == 1 ? line
+                               : emit1("broadcast_in_dim", {line},
+                                       Attrs{{"shape", std::vector<int64_t>(local.begin(), local.end())},
+                                             {"dims", std::vector<int64_t>{axis}}});
+    values_[v] = {out, spec, {}, ""};
+  }
+
   // Attributes that hold global sizes, rewritten for the local shapes.
   Attrs localize(const Node& n, const std::vector<TensorType>& in, const std::vector<TensorType>& out) {
     Attrs a = n.attrs;
@@ -255,6 +283,7 @@ SpmdProgram partition(const Graph& g, const Mesh& mesh, const std::vector<Shardi
   for (size_t o = 0; o < g.outputs().size(); ++o) {
     int v = g.outputs()[o];
     Spec want = out_specs[o] ? *out_specs[o] : prop.spec[v];
+    part.set_reason("output " + std::to_string(o));
     outs.push_back(part.reshard(v, want));
     p.out_shardings.push_back(to_sharding(mesh, want));
   }

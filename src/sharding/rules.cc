@@ -89,6 +89,8 @@ NodeRule node_rule(const Graph& g, const Node& n) {
   NodeRule nr;
   if (name == "reshape") {
     nr.rule = reshape_block_rule(in[0].shape, out[0].shape);
+  } else if (name == "iota") {
+    nr.rule = elementwise_rule(in, out);  // the partitioner offsets the iota axis itself
   } else if (name == "random_uniform" || name == "random_normal") {
     // A local draw would need this device's offset as an operand; draw whole, then slice.
     nr.rule = all_whole(in, out);

@@ -130,6 +130,14 @@ TEST(Partitioner, ReshapeMergingASplitMajorDimStaysLocal) {
   EXPECT_EQ(collectives(q), (std::vector<std::string>{"all_gather over 'model' dim 1 of f32[8,2,6] -> f32[8,4,6]"}));
 }
 
+TEST(Partitioner, ShardedIotaSlicesOnlyTheLineAlongItsAxis) {
+  TracedFn f = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{in[0] + cast(iota({16, 8}, 0, DType::i32), DType::f32)};
+  };
+  auto p = part(f, {f32({16, 8})}, kMesh, {{"data", "model"}});
+  EXPECT_EQ(collectives(p), (std::vector<std::string>{"local_slice over 'data' dim 0 of i32[16] -> i32[4]"}));
+}
+
 struct Recorder : CollectiveEmitter {
   std::vector<std::string> calls;
   Tensor all_reduce(const Tensor& x, const std::vector<std::string>& axes, const std::string& reduce) override {
