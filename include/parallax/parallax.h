@@ -1,0 +1,17 @@
+// Parallax: trace a model written in C++, differentiate it, and compile the training step.
+//
+//   #include <parallax/parallax.h>
+//   px::nn::TransformerLm model(px::nn::gpt2_tiny());
+//   px::TrainStep step(model.store(), px::optim::adamw({.lr = 3e-4}), loss_fn, batch_types);
+#pragma once
+
+#include "parallax/autodiff.h"
+#include "parallax/core.h"
+#include "parallax/data.h"
+#include "parallax/graph.h"
+#include "parallax/io.h"
+#include "parallax/nn.h"
+#include "parallax/ops.h"
+#include "parallax/optim.h"
+#include "parallax/runtime.h"
+#include "parallax/train.h"

@@ -1,0 +1,84 @@
+// One training step as one program: forward, loss, backward, clipping and the optimizer update
+// are traced together and compiled once; each call runs the whole step.
+//
+//   px::nn::TransformerLm model(px::nn::gpt2_tiny());
+//   px::TrainStep step(model.store(), px::optim::adamw({.lr = 3e-3}),
+//                      [&](const std::vector<px::Tensor>& b) { return px::nn::next_token_loss(model, b[0], b[1]); },
+//                      {{px::DType::i32, {8, 128}}, {px::DType::i32, {8, 128}}});
+//   px::TrainState state = step.init(/*seed=*/0);
+//   for (int i = 0; i < 100; ++i) std::cout << step(state, {tokens, targets}).loss << "\n";
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallax/nn/module.h"
+#include "parallax/optim.h"
+#include "parallax/runtime.h"
+
+namespace px {
+
+struct TrainStepOptions {
+  double clip_norm = 0.0;  // > 0: clip gradients to this global norm
+  CompileOptions compile;  // e.g. .compute_dtype = DType::bf16 for mixed precision
+};
+
+// Host-side training state: params (in the store's declaration order), optimizer state, and
+// the number of updates applied so far.
+struct TrainState {
+  std::vector<Array> params;
+  std::vector<Array> opt_state;
+  int64_t step = 0;
+};
+
+struct StepMetrics {
+  float loss = 0;
+  float grad_norm = 0;  // global norm of the gradients before clipping
+  float lr = 0;
+};
+
+class TrainStep {
+ public:
+  // loss_fn runs with the store's params bound and returns a scalar loss from the batch tensors.
+  using LossFn = std::function<Tensor(const std::vector<Tensor>& batch)>;
+
+  TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss_fn, std::vector<TensorType> batch_types,
+            TrainStepOptions options = {});
+  ~TrainStep();
+
+  TrainState init(uint64_t seed) const;            // params from the store's initializers
+  TrainState init(std::vector<Array> params) const;  // given params, fresh optimizer state
+  // Applies one update in place. Checks the batch against the traced types.
+  StepMetrics operator()(TrainState& state, const std::vector<Array>& batch);
+
+  const Graph& graph() const;            // the traced step before compilation
+  const Executable& executable() const;  // schedule, fusion and buffer plan
+  int64_t peak_bytes() const { return executable().peak_bytes(); }
+  const optim::Optimizer& optimizer() const { return *opt_; }
+
+ private:
+  nn::ParamStore& store_;
+  optim::OptimizerPtr opt_;
+  std::vector<TensorType> batch_types_;
+  std::unique_ptr<Graph> graph_;
+  std::unique_ptr<Executable> exe_;
+  std::vector<Array> inputs_, outputs_;  // reused every step: no allocation after the first
+  size_t n_params_ = 0, n_state_ = 0;
+};
+
+// A forward-only program over the params (e.g. logits for evaluation or decoding).
+class ForwardFn {
+ public:
+  using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>& batch)>;
+  ForwardFn(nn::ParamStore& store, Fn fn, std::vector<TensorType> batch_types, CompileOptions options = {});
+  ~ForwardFn();
+  std::vector<Array> operator()(const std::vector<Array>& params, const std::vector<Array>& batch);
+  const Executable& executable() const { return *exe_; }
+
+ private:
+  std::unique_ptr<Executable> exe_;
+};
+
+}  // namespace px

@@ -1,0 +1,124 @@
+#include "parallax/train.h"
+
+#include "parallax/autodiff.h"
+#include "parallax/ops.h"
+
+namespace px {
+
+TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss_fn,
+                     std::vector<TensorType> batch_types, TrainStepOptions options)
+    : store_(store), opt_(std::move(opt)), batch_types_(std::move(batch_types)) {
+  if (!opt_) throw Error("[TrainStep] no optimizer given");
+  std::vector<TensorType> param_types = store_.types();
+  std::vector<TensorType> state_types = opt_->state_types(param_types);
+  n_params_ = param_types.size();
+  n_state_ = state_types.size();
+
+  // Inputs: params, optimizer state, batch, step. Outputs: loss, grad norm, lr, params, state.
+  std::vector<TensorType> types = param_types;
+  types.insert(types.end(), state_types.begin(), state_types.end());
+  types.insert(types.end(), batch_types_.begin(), batch_types_.end());
+  types.push_back({DType::i32, {}});
+  std::vector<std::string> names = store_.paths();
+  for (size_t i = 0; i < n_state_; ++i) names.push_back("opt_state." + std::to_string(i));
+  for (size_t i = 0; i < batch_types_.size(); ++i) names.push_back("batch." + std::to_string(i));
+  names.push_back("step");
+  std::vector<std::string> paths = store_.paths();
+  double clip = options.clip_norm;
+
+  graph_ = trace(
+      [&](const std::vector<Tensor>& in) {
+        std::vector<Tensor> params(in.begin(), in.begin() + n_params_);
+        std::vector<Tensor> state(in.begin() + n_params_, in.begin() + n_params_ + n_state_);
+        std::vector<Tensor> batch(in.begin() + n_params_ + n_state_, in.end() - 1);
+        Tensor step = in.back();
+        nn::ParamBinding bound = store_.bind(params);
+        Tensor loss = loss_fn(batch);
+        if (loss.numel() != 1) throw Error("[TrainStep] the loss must be a scalar, got " + type_str(loss.type()));
+        loss = cast(reshape(loss, {}), DType::f32);
+        std::vector<Tensor> grads = gradients(loss, params);
+        for (size_t i = 0; i < grads.size(); ++i)
+          if (!grads[i].defined()) throw Error("[TrainStep] param '" + paths[i] + "' is not a float tensor");
+        Tensor norm;
+        if (clip > 0) {
+          optim::Clipped c = optim::clip_by_global_norm(grads, clip);
+          grads = c.grads;
+          norm = c.norm;
+        } else {
+          norm = optim::global_norm(grads);
+        }
+        optim::Update u = opt_->apply(params, grads, state, step + 1, paths);
+        std::vector<Tensor> out = {loss, norm, u.lr};
+        out.insert(out.end(), u.params.begin(), u.params.end());
+        out.insert(out.end(), u.state.begin(), u.state.end());
+        return out;
+      },
+      types, names);
+  exe_ = Executable::compile(*graph_, options.compile);
+  for (int v : exe_->graph().outputs()) outputs_.emplace_back(exe_->graph().type(v).dtype, exe_->graph().type(v).shape);
+  inputs_.resize(types.size());
+  inputs_.back() = Array(DType::i32, {});
+}
+
+TrainStep::~TrainStep() = default;
+
+TrainState TrainStep::init(uint64_t seed) const { return init(store_.init(seed)); }
+
+TrainState TrainStep::init(std::vector<Array> params) const {
+  if (params.size() != n_params_)
+    throw Error("[TrainStep] got " + std::to_string(params.size()) + " params, the model has " +
+                std::to_string(n_params_));
+  TrainState s;
+  s.opt_state = opt_->init_state(params);
+  s.params = std::move(params);
+  return s;
+}
+
+StepMetrics TrainStep::operator()(TrainState& state, const std::vector<Array>& batch) {
+  if (state.params.size() != n_params_ || state.opt_state.size() != n_state_)
+    throw Error("[TrainStep] the state holds " + std::to_string(state.params.size()) + " params and " +
+                std::to_string(state.opt_state.size()) + " optimizer tensors; expected " + std::to_string(n_params_) +
+                " and " + std::to_string(n_state_) + " (make it with TrainStep::init)");
+  if (batch.size() != batch_types_.size())
+    throw Error("[TrainStep] expected " + std::to_string(batch_types_.size()) + " batch arrays, got " +
+                std::to_string(batch.size()));
+  for (size_t i = 0; i < batch.size(); ++i)
+    if (batch[i].type() != batch_types_[i])
+      throw Error("[TrainStep] batch array " + std::to_string(i) + " has type " + type_str(batch[i].type()) +
+                  ", the step was traced for " + type_str(batch_types_[i]));
+  size_t k = 0;
+  for (auto& p : state.params) inputs_[k++] = p;
+  for (auto& s : state.opt_state) inputs_[k++] = s;
+  for (auto& b : batch) inputs_[k++] = b;
+  inputs_[k].data<int32_t>()[0] = static_cast<int32_t>(state.step);
+  exe_->run_into(inputs_, outputs_);
+
+  StepMetrics m;
+  m.loss = outputs_[0].to_f32()[0];
+  m.grad_norm = outputs_[1].to_f32()[0];
+  m.lr = outputs_[2].to_f32()[0];
+  // Double buffering: the new values become the state, the old buffers take the next outputs.
+  for (size_t i = 0; i < n_params_; ++i) std::swap(state.params[i], outputs_[3 + i]);
+  for (size_t i = 0; i < n_state_; ++i) std::swap(state.opt_state[i], outputs_[3 + n_params_ + i]);
+  ++state.step;
+  for (size_t i = 0; i < inputs_.size() - 1; ++i) inputs_[i] = Array();
+  return m;
+}
+
+const Graph& TrainStep::graph() const { return *graph_; }
+const Executable& TrainStep::executable() const { return *exe_; }
+
+ForwardFn::ForwardFn(nn::ParamStore& store, Fn fn, std::vector<TensorType> batch_types, CompileOptions options) {
+  auto g = nn::trace_with_params(store, fn, batch_types);
+  exe_ = Executable::compile(*g, options);
+}
+
+ForwardFn::~ForwardFn() = default;
+
+std::vector<Array> ForwardFn::operator()(const std::vector<Array>& params, const std::vector<Array>& batch) {
+  std::vector<Array> in = params;
+  in.insert(in.end(), batch.begin(), batch.end());
+  return exe_->run(in);
+}
+
+}  // namespace px
