@@ -1,0 +1,126 @@
+// bench-gpt (DESIGN.md section 10): one full training step (forward, backward, AdamW) of the
+// GPT-2 style model, in f32 and in bf16 mixed precision, with the machine's measured f32 GEMM
+// peak from the same run. Prints one JSON object per result.
+//
+//   build/bench/gpt_step [--dtype f32|bf16|both] [--steps 5] [--warmup 2] [--layers 6] [--batch 8] ...
+#include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "parallax/parallax.h"
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Best sustained f32 GEMM rate over a few square sizes, through oneDNN directly.
+double gemm_peak_gflops() {
+  double best = 0;
+  for (int n : {1024, 2048}) {
+    std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
+    dnnl_sgemm('N', 'N', n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+    for (int rep = 0; rep < 3; ++rep) {
+      auto t0 = std::chrono::steady_clock::now();
+      dnnl_sgemm('N', 'N', n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+      best = std::max(best, 2.0 * n * n * n / seconds_since(t0) / 1e9);
+    }
+  }
+  return best;
+}
+
+struct Args {
+  std::string dtype = "both";
+  int steps = 5, warmup = 2;
+  int64_t vocab = 8192, d = 512, heads = 8, layers = 6, ff = 2048, seq = 256, batch = 8;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "gpt_step: flag %s needs a value\n", k.c_str());
+      std::exit(2);
+    }
+    std::string v = argv[++i];
+    if (k == "--dtype") a.dtype = v;
+    else if (k == "--steps") a.steps = std::atoi(v.c_str());
+    else if (k == "--warmup") a.warmup = std::atoi(v.c_str());
+    else if (k == "--vocab") a.vocab = std::atoll(v.c_str());
+    else if (k == "--d") a.d = std::atoll(v.c_str());
+    else if (k == "--heads") a.heads = std::atoll(v.c_str());
+    else if (k == "--layers") a.layers = std::atoll(v.c_str());
+    else if (k == "--ff") a.ff = std::atoll(v.c_str());
+    else if (k == "--seq") a.seq = std::atoll(v.c_str());
+    else if (k == "--batch") a.batch = std::atoll(v.c_str());
+    else {
+      std::fprintf(stderr, "gpt_step: unknown flag %s (see the header of bench/gpt_step.cc)\n", k.c_str());
+      std::exit(2);
+    }
+  }
+  if (a.dtype != "f32" && a.dtype != "bf16" && a.dtype != "both") {
+    std::fprintf(stderr, "gpt_step: --dtype must be f32, bf16 or both\n");
+    std::exit(2);
+  }
+  return a;
+}
+
+void run(const Args& a, px::DType compute, double peak) {
+  px::nn::LmConfig cfg = px::nn::gpt2_config("bench-gpt", a.vocab, a.d, a.heads, a.layers, a.ff, a.seq);
+  cfg.compute_dtype = compute;
+  px::nn::TransformerLm model(cfg);
+  px::TensorType seq{px::DType::i32, {a.batch, a.seq}};
+  auto t0 = std::chrono::steady_clock::now();
+  px::TrainStep step(model.store(), px::optim::adamw({.lr = 3e-4}),
+                     [&](const std::vector<px::Tensor>& b) { return px::nn::next_token_loss(model, b[0], b[1]); },
+                     {seq, seq});
+  double compile_s = seconds_since(t0);
+  px::TrainState state = step.init(0);
+  std::vector<int32_t> tok(static_cast<size_t>(a.batch * a.seq)), tgt(tok.size());
+  uint64_t x = 12345;
+  for (size_t i = 0; i < tok.size(); ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    tok[i] = static_cast<int32_t>((x >> 33) % a.vocab);
+    tgt[i] = static_cast<int32_t>((x >> 13) % a.vocab);
+  }
+  std::vector<px::Array> batch = {px::Array::from_i32(tok, seq.shape), px::Array::from_i32(tgt, seq.shape)};
+  for (int i = 0; i < a.warmup; ++i) step(state, batch);
+  float loss = 0;
+  t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < a.steps; ++i) loss = step(state, batch).loss;
+  double dt = seconds_since(t0) / a.steps;
+  double n = static_cast<double>(model.store().param_count());
+  double tokens = static_cast<double>(a.batch * a.seq);
+  double flops = (6 * n + 12.0 * a.layers * a.d * a.seq) * tokens;
+  double gflops = flops / dt / 1e9;
+  std::printf(
+      "{\"bench\": \"gpt_step\", \"dtype\": \"%s\", \"threads\": %d, \"params\": %.0f, \"step_s\": %.4f, "
+      "\"tokens_per_s\": %.1f, \"gflops\": %.1f, \"gemm_peak_gflops\": %.1f, \"fraction_of_peak\": %.3f, "
+      "\"peak_bytes\": %lld, \"kernels\": %d, \"compile_s\": %.2f, \"loss\": %.4f}\n",
+      compute == px::DType::f32 ? "f32" : "bf16", omp_get_max_threads(), n, dt, tokens / dt, gflops, peak,
+      gflops / peak, static_cast<long long>(step.peak_bytes()), step.executable().num_steps(), compile_s, loss);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a = parse(argc, argv);
+  double peak = gemm_peak_gflops();
+  try {
+    if (a.dtype != "bf16") run(a, px::DType::f32, peak);
+    if (a.dtype != "f32") run(a, px::DType::bf16, peak);
+  } catch (const px::Error& e) {
+    std::fprintf(stderr, "gpt_step: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
