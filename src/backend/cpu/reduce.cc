@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -20,7 +21,7 @@ namespace {
 
 constexpr int kMaxRank = 16;
 constexpr int64_t kSeg = 512;            // elements per row block
-constexpr int64_t kColBlock = 256;       // output columns per work item in column reductions
+constexpr int64_t kColBlock = 2048;      // output columns per work item: long contiguous row reads
 constexpr int64_t kFlushRows = 64;       // rows summed in f32 before folding into f64
 constexpr int64_t kChunkElems = 1 << 15; // reduction elements per chunk when outputs are few
 constexpr int64_t kFewUnits = 64;        // below this many work units, split the reduction too
@@ -45,32 +46,33 @@ void parallel_items(int64_t n, int64_t work_total, F&& f) {
 
 enum class Src { f32, bf16, f16, i32 };
 
+// The element type the operators read: bf16 is widened in registers, f16 through a buffer.
 template <Src S>
 struct SrcType {
   using T = float;
+};
+template <>
+struct SrcType<Src::bf16> {
+  using T = uint16_t;
 };
 template <>
 struct SrcType<Src::i32> {
   using T = int32_t;
 };
 
-// Returns n elements at `off` as the compute type, converting 16-bit floats into buf.
+inline float cv(float x) { return x; }
+inline float cv(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+inline int32_t cv(int32_t x) { return x; }
+
+// Returns n elements at `off`; only f16 is converted (into buf).
 template <Src S>
 inline const typename SrcType<S>::T* load(const void* base, int64_t off, int64_t n, typename SrcType<S>::T* buf) {
-  if constexpr (S == Src::f32) {
-    return static_cast<const float*>(base) + off;
-  } else if constexpr (S == Src::i32) {
-    return static_cast<const int32_t*>(base) + off;
-  } else if constexpr (S == Src::bf16) {
-    const uint16_t* p = static_cast<const uint16_t*>(base) + off;
-    for (int64_t i = 0; i < n; ++i) {
-      uint32_t u = static_cast<uint32_t>(p[i]) << 16;
-      std::memcpy(buf + i, &u, 4);
-    }
-    return buf;
-  } else {
+  using T = typename SrcType<S>::T;
+  if constexpr (S == Src::f16) {
     load_f32(base, DType::f16, off, buf, n);
     return buf;
+  } else {
+    return static_cast<const T*>(base) + off;
   }
 }
 
@@ -84,18 +86,24 @@ struct SumF {
   static Acc id() { return 0.0; }
   static Blk blk_id() { return 0.0f; }
   static Acc merge(Acc a, Acc b) { return a + b; }
-  static Acc row(const float* x, int64_t n) {
+  template <class E>
+  static Acc row(const E* x, int64_t n) {
     float lane[32] = {};
     int64_t i = 0;
     for (; i + 32 <= n; i += 32)
-      for (int j = 0; j < 32; ++j) lane[j] += x[i + j];
-    for (int j = 0; i < n; ++i, ++j) lane[j] += x[i];
+      for (int j = 0; j < 32; ++j) lane[j] += cv(x[i + j]);
+    for (int j = 0; i < n; ++i, ++j) lane[j] += cv(x[i]);
     for (int w = 16; w >= 1; w /= 2)
       for (int j = 0; j < w; ++j) lane[j] += lane[j + w];
     return lane[0];
   }
-  static void col(float* blk, const float* x, int64_t n) {
-    for (int64_t c = 0; c < n; ++c) blk[c] += x[c];
+  template <class E>
+  static void col(float* blk, const E* x, int64_t n) {
+    for (int64_t c = 0; c < n; ++c) blk[c] += cv(x[c]);
+  }
+  template <class E>
+  static void col4(float* blk, const E* a, const E* b, const E* c, const E* d, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) blk[i] += (cv(a[i]) + cv(b[i])) + (cv(c[i]) + cv(d[i]));
   }
   static float out(Acc a) { return static_cast<float>(a); }
 };
@@ -109,19 +117,26 @@ struct MaxF {
   static Acc id() { return -std::numeric_limits<float>::infinity(); }
   static Blk blk_id() { return id(); }
   static Acc merge(Acc a, Acc b) { return fmax_nan(a, b); }
-  static Acc row(const float* x, int64_t n) {
+  template <class E>
+  static Acc row(const E* x, int64_t n) {
     float lane[32];
     for (float& l : lane) l = id();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32)
-      for (int j = 0; j < 32; ++j) lane[j] = fmax_nan(lane[j], x[i + j]);
-    for (int j = 0; i < n; ++i, ++j) lane[j] = fmax_nan(lane[j], x[i]);
+      for (int j = 0; j < 32; ++j) lane[j] = fmax_nan(lane[j], cv(x[i + j]));
+    for (int j = 0; i < n; ++i, ++j) lane[j] = fmax_nan(lane[j], cv(x[i]));
     for (int w = 16; w >= 1; w /= 2)
       for (int j = 0; j < w; ++j) lane[j] = fmax_nan(lane[j], lane[j + w]);
     return lane[0];
   }
-  static void col(float* blk, const float* x, int64_t n) {
-    for (int64_t c = 0; c < n; ++c) blk[c] = fmax_nan(blk[c], x[c]);
+  template <class E>
+  static void col(float* blk, const E* x, int64_t n) {
+    for (int64_t c = 0; c < n; ++c) blk[c] = fmax_nan(blk[c], cv(x[c]));
+  }
+  template <class E>
+  static void col4(float* blk, const E* a, const E* b, const E* c, const E* d, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+      blk[i] = fmax_nan(blk[i], fmax_nan(fmax_nan(cv(a[i]), cv(b[i])), fmax_nan(cv(c[i]), cv(d[i]))));
   }
   static float out(Acc a) { return a; }
 };
@@ -142,6 +157,9 @@ struct SumI {
   static void col(int64_t* blk, const int32_t* x, int64_t n) {
     for (int64_t c = 0; c < n; ++c) blk[c] += x[c];
   }
+  static void col4(int64_t* blk, const int32_t* a, const int32_t* b, const int32_t* c, const int32_t* d, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) blk[i] += (static_cast<int64_t>(a[i]) + b[i]) + (static_cast<int64_t>(c[i]) + d[i]);
+  }
   static int32_t out(Acc a) { return static_cast<int32_t>(static_cast<uint32_t>(a)); }
 };
 
@@ -159,6 +177,9 @@ struct MaxI {
   }
   static void col(int32_t* blk, const int32_t* x, int64_t n) {
     for (int64_t c = 0; c < n; ++c) blk[c] = std::max(blk[c], x[c]);
+  }
+  static void col4(int32_t* blk, const int32_t* a, const int32_t* b, const int32_t* c, const int32_t* d, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) blk[i] = std::max(blk[i], std::max(std::max(a[i], b[i]), std::max(c[i], d[i])));
   }
   static int32_t out(Acc a) { return a; }
 };
@@ -286,7 +307,7 @@ Plan make_plan(const TensorType& t, const std::vector<int64_t>& axes, int64_t ou
 
 template <class Op, Src S>
 Kernel make_reduce_kernel(const Plan& p, DType out_t) {
-  using T = typename Op::T;
+  using T = typename SrcType<S>::T;
   using Acc = typename Op::Acc;
   using Blk = typename Op::Blk;
   // Partial results when the reduction itself is split; combined in a fixed order.
@@ -338,7 +359,7 @@ Kernel make_reduce_kernel(const Plan& p, DType out_t) {
     void* y = out[0];
     int64_t items = p.units * p.ncb * p.parts;
     parallel_items(items, p.in_n, [&](int64_t b, int64_t e) {
-      T buf[kColBlock];
+      T buf[4][kColBlock];
       Blk blk[kColBlock];
       Acc acc[kColBlock];
       for (int64_t it = b; it < e; ++it) {
@@ -349,16 +370,24 @@ Kernel make_reduce_kernel(const Plan& p, DType out_t) {
         int64_t base = kept_offset(p, u) + c0;
         for (int64_t c = 0; c < w; ++c) blk[c] = Op::blk_id(), acc[c] = Op::id();
         Odometer od(p, m0);
-        int64_t rows = 0;
-        for (int64_t m = m0; m < m1; ++m) {
-          Op::col(blk, load<S>(x, base + od.off, w, buf), w);
-          od.next();
-          if (++rows == kFlushRows) {
-            for (int64_t c = 0; c < w; ++c) acc[c] = Op::merge(acc[c], blk[c]), blk[c] = Op::blk_id();
-            rows = 0;
+        for (int64_t m = m0; m < m1;) {
+          // Up to kFlushRows rows into blk, four at a time (fewer passes over blk), then fold into acc.
+          int64_t n = std::min(kFlushRows, m1 - m), r = 0;
+          for (; r + 4 <= n; r += 4) {
+            const T* xs[4];
+            for (int k = 0; k < 4; ++k) {
+              xs[k] = load<S>(x, base + od.off, w, buf[k]);
+              od.next();
+            }
+            Op::col4(blk, xs[0], xs[1], xs[2], xs[3], w);
           }
+          for (; r < n; ++r) {
+            Op::col(blk, load<S>(x, base + od.off, w, buf[0]), w);
+            od.next();
+          }
+          for (int64_t c = 0; c < w; ++c) acc[c] = Op::merge(acc[c], blk[c]), blk[c] = Op::blk_id();
+          m += n;
         }
-        for (int64_t c = 0; c < w; ++c) acc[c] = Op::merge(acc[c], blk[c]);
         int64_t o = u * p.len + c0;
         if (p.parts == 1) {
           for (int64_t c = 0; c < w; ++c) store<Op>(acc[c], y, out_t, o + c);

@@ -2,6 +2,9 @@
 // compile time (size-1 dims dropped, dims contiguous on both sides merged), so that the run loop
 // copies long rows with memcpy; transposes that move the innermost dim use cache-sized tiles.
 #include <omp.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -142,15 +145,101 @@ struct TilePlan {
   int64_t bsize[kMaxRank] = {}, bin[kMaxRank] = {}, bout[kMaxRank] = {};
 };
 
+// In-register transposes of 8x8 blocks: src rows are `ss` elements apart, dst rows `ds`.
+#if defined(__AVX2__)
+inline void tr8x8(const uint32_t* src, int64_t ss, uint32_t* dst, int64_t ds) {
+  const float* s = reinterpret_cast<const float*>(src);
+  float* d = reinterpret_cast<float*>(dst);
+  __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + ss), r2 = _mm256_loadu_ps(s + 2 * ss),
+         r3 = _mm256_loadu_ps(s + 3 * ss), r4 = _mm256_loadu_ps(s + 4 * ss), r5 = _mm256_loadu_ps(s + 5 * ss),
+         r6 = _mm256_loadu_ps(s + 6 * ss), r7 = _mm256_loadu_ps(s + 7 * ss);
+  __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+         t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+         t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+         u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+         u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+         u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(d, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(d + ds, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(d + 2 * ds, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(d + 3 * ds, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(d + 4 * ds, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(d + 5 * ds, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(d + 6 * ds, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(d + 7 * ds, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+constexpr bool kHasTr32 = true;
+#else
+inline void tr8x8(const uint32_t*, int64_t, uint32_t*, int64_t) {}
+constexpr bool kHasTr32 = false;
+#endif
+
+#if defined(__SSE2__)
+inline void tr8x8(const uint16_t* s, int64_t ss, uint16_t* d, int64_t ds) {
+  auto ld = [&](int i) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i * ss)); };
+  __m128i r0 = ld(0), r1 = ld(1), r2 = ld(2), r3 = ld(3), r4 = ld(4), r5 = ld(5), r6 = ld(6), r7 = ld(7);
+  __m128i t0 = _mm_unpacklo_epi16(r0, r1), t1 = _mm_unpackhi_epi16(r0, r1), t2 = _mm_unpacklo_epi16(r2, r3),
+          t3 = _mm_unpackhi_epi16(r2, r3), t4 = _mm_unpacklo_epi16(r4, r5), t5 = _mm_unpackhi_epi16(r4, r5),
+          t6 = _mm_unpacklo_epi16(r6, r7), t7 = _mm_unpackhi_epi16(r6, r7);
+  __m128i u0 = _mm_unpacklo_epi32(t0, t2), u1 = _mm_unpackhi_epi32(t0, t2), u2 = _mm_unpacklo_epi32(t1, t3),
+          u3 = _mm_unpackhi_epi32(t1, t3), u4 = _mm_unpacklo_epi32(t4, t6), u5 = _mm_unpackhi_epi32(t4, t6),
+          u6 = _mm_unpacklo_epi32(t5, t7), u7 = _mm_unpackhi_epi32(t5, t7);
+  auto st = [&](int i, __m128i v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i * ds), v); };
+  st(0, _mm_unpacklo_epi64(u0, u4));
+  st(1, _mm_unpackhi_epi64(u0, u4));
+  st(2, _mm_unpacklo_epi64(u1, u5));
+  st(3, _mm_unpackhi_epi64(u1, u5));
+  st(4, _mm_unpacklo_epi64(u2, u6));
+  st(5, _mm_unpackhi_epi64(u2, u6));
+  st(6, _mm_unpacklo_epi64(u3, u7));
+  st(7, _mm_unpackhi_epi64(u3, u7));
+}
+constexpr bool kHasTr16 = true;
+#else
+inline void tr8x8(const uint16_t*, int64_t, uint16_t*, int64_t) {}
+constexpr bool kHasTr16 = false;
+#endif
+
+inline void tr8x8(const uint8_t*, int64_t, uint8_t*, int64_t) {}
+
+template <class T>
+constexpr bool has_tr8x8() {
+  if constexpr (sizeof(T) == 4) return kHasTr32;
+  else if constexpr (sizeof(T) == 2) return kHasTr16;
+  else return false;
+}
+
+// One tile: dst[c * ds + a] = src[a * ss + c] for a < na, c < nc.
+template <class T>
+inline void tile(const T* src, int64_t ss, T* dst, int64_t ds, int64_t na, int64_t nc) {
+  int64_t a8 = 0, c8 = 0;
+  if constexpr (has_tr8x8<T>()) {
+    a8 = na / 8 * 8;
+    c8 = nc / 8 * 8;
+    for (int64_t a = 0; a < a8; a += 8)
+      for (int64_t c = 0; c < c8; c += 8) tr8x8(src + a * ss + c, ss, dst + c * ds + a, ds);
+  }
+  // Edges (or everything, without a register kernel).
+  for (int64_t c = 0; c < nc; ++c) {
+    T* d = dst + c * ds;
+    const T* s = src + c;
+    for (int64_t a = c < c8 ? a8 : 0; a < na; ++a) d[a] = s[a * ss];
+  }
+}
+
+// Blocks of kB x kB elements (L2-sized, and few enough pages for the TLB) are the parallel work
+// items; each is swept in tiles of kT x kT whose cache lines are used whole.
 template <class T>
 void run_tiles(const TilePlan& p, const T* in, T* out) {
-  constexpr int64_t kT = 64 / sizeof(T) * 2;  // two cache lines of elements per tile side
-  const int64_t ta = (p.A + kT - 1) / kT, tb = (p.B + kT - 1) / kT;
+  constexpr int64_t kT = 64 / sizeof(T) * 2;
+  constexpr int64_t kB = 128;
+  const int64_t ta = (p.A + kB - 1) / kB, tb = (p.B + kB - 1) / kB;
   const int64_t items = p.batch * ta * tb;
   parallel_ranges(items, p.batch * p.A * p.B * static_cast<int64_t>(sizeof(T)), [&](int64_t b0, int64_t b1) {
     for (int64_t it = b0; it < b1; ++it) {
       int64_t bi = it / (ta * tb), rem = it % (ta * tb);
-      int64_t a0 = rem / tb * kT, c0 = rem % tb * kT;
+      int64_t a0 = rem / tb * kB, c0 = rem % tb * kB;
       int64_t ioff = 0, ooff = 0;
       for (int d = p.nb - 1; d >= 0; --d) {
         int64_t i = bi % p.bsize[d];
@@ -158,14 +247,11 @@ void run_tiles(const TilePlan& p, const T* in, T* out) {
         ioff += i * p.bin[d];
         ooff += i * p.bout[d];
       }
-      const int64_t a1 = std::min(a0 + kT, p.A), c1 = std::min(c0 + kT, p.B);
-      const T* src = in + ioff;
-      T* dst = out + ooff;
-      for (int64_t c = c0; c < c1; ++c) {
-        T* d = dst + c * p.out_sb;
-        const T* s = src + c;
-        for (int64_t a = a0; a < a1; ++a) d[a] = s[a * p.in_sa];
-      }
+      const int64_t a1 = std::min(a0 + kB, p.A), c1 = std::min(c0 + kB, p.B);
+      for (int64_t a = a0; a < a1; a += kT)
+        for (int64_t c = c0; c < c1; c += kT)
+          tile(in + ioff + a * p.in_sa + c, p.in_sa, out + ooff + c * p.out_sb + a, p.out_sb, std::min(kT, a1 - a),
+               std::min(kT, c1 - c));
     }
   });
 }
