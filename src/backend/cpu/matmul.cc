@@ -1,12 +1,15 @@
-// CPU kernel of dot_general on oneDNN's matmul primitive. The factory views each operand as a
-// strided [batch, rows, cols] matrix stack when its dims nest evenly (transposed layouts
-// included), and otherwise gathers it into preallocated scratch. 16-bit inputs are converted
-// to f32 scratch: oneDNN 2.6 has no bf16/f16 matmul on CPUs without AVX512.
+// CPU kernel of dot_general on oneDNN's sgemm. The factory views each operand as a strided
+// [batch, rows, cols] matrix stack when its dims nest evenly (transposed layouts included), and
+// otherwise gathers it into preallocated scratch. 16-bit inputs are converted to f32 scratch:
+// oneDNN 2.6 has no bf16/f16 matmul on CPUs without AVX512. On this AVX2 CPU oneDNN's matmul
+// primitive wraps the same jit sgemm (measured equal), so the kernel calls sgemm directly:
+// nothing to set up per call, and stacks of small matrices run one matrix per thread.
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
-#include <oneapi/dnnl/dnnl.hpp>
+#include <oneapi/dnnl/dnnl.h>
 #include <string>
 
 #include "backend/cpu/kernel.h"
@@ -16,11 +19,6 @@ namespace px::cpu {
 namespace {
 
 constexpr int kMaxRank = 16;
-
-dnnl::engine& engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
 
 std::vector<int64_t> row_major_strides(const Shape& s) {
   std::vector<int64_t> st(s.size(), 1);
@@ -116,11 +114,13 @@ Gather make_gather(const TensorType& t, const std::vector<int64_t>& order) {
   return g;
 }
 
+// The loops below are orphaned `omp for`s: they share the caller's parallel region (one
+// region converts both operands) and run serially outside of one.
 template <class Load>
 void gather_rows(const Gather& g, float* dst, Load load) {
   const int64_t inner = g.sizes[g.rank - 1], is = g.strides[g.rank - 1];
   const int64_t rows = g.count / inner;
-#pragma omp parallel for schedule(static) if (g.count > 65536)
+#pragma omp for schedule(static) nowait
   for (int64_t row = 0; row < rows; ++row) {
     int64_t off = 0, rem = row;
     for (int k = g.rank - 2; k >= 0; --k) {
@@ -157,48 +157,61 @@ void run_gather(const Gather& g, const void* src, float* dst) {
   }
 }
 
-// Contiguous dtype conversion in parallel chunks.
+constexpr int64_t kChunk = 16384;
+// Conversions run at ~0.1 ns per element while a parallel region costs microseconds (and a
+// scheduler slice when cores are shared), so only very large operands convert in parallel.
+constexpr int64_t kParallelConvert = int64_t{1} << 22;
+constexpr int64_t kParallelGather = int64_t{1} << 19;
+
+// Contiguous dtype conversion in chunks (an orphaned `omp for`, like gather_rows).
 void convert_to_f32(const void* src, DType t, float* dst, int64_t n) {
-  constexpr int64_t kChunk = 16384;
   int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (chunks > 1)
+#pragma omp for schedule(static) nowait
   for (int64_t c = 0; c < chunks; ++c) load_f32(src, t, c * kChunk, dst + c * kChunk, std::min(kChunk, n - c * kChunk));
 }
-void convert_from_f32(const float* src, void* dst, DType t, int64_t n) {
-  constexpr int64_t kChunk = 16384;
-  int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (chunks > 1)
-  for (int64_t c = 0; c < chunks; ++c) store_f32(src + c * kChunk, dst, t, c * kChunk, std::min(kChunk, n - c * kChunk));
-}
 
-dnnl::memory::desc view_md(const View& v) {
-  return dnnl::memory::desc({v.b, v.r, v.c}, dnnl::memory::data_type::f32, {v.sb, v.sr, v.sc});
-}
-
-// Builds the oneDNN matmul for the given views; empty when oneDNN only has its reference code.
-bool make_primitive(const View& a, const View& b, int64_t bt, int64_t m, int64_t n, dnnl::matmul::primitive_desc& pd) {
-  try {
-    dnnl::memory::desc dst({bt, m, n}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::abc);
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(view_md(a), view_md(b), dst), attr, engine());
-    return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
-  } catch (const dnnl::error&) {
-    return false;
+// f32 -> bf16 with round-to-nearest-even, written so that it vectorizes (NaN stays NaN).
+void store_bf16(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, src + i, 4);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    dst[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r);
   }
 }
 
-struct MatmulState {
-  dnnl::matmul prim;
-  dnnl::stream stream;
-  dnnl::memory src, wei, dst, scratchpad;
-  std::vector<float> a_buf, b_buf, c_buf, pad_buf;
+void convert_from_f32(const float* src, void* dst, DType t, int64_t n) {
+  int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > kParallelConvert)
+  for (int64_t c = 0; c < chunks; ++c) {
+    int64_t off = c * kChunk, len = std::min(kChunk, n - off);
+    if (t == DType::bf16) store_bf16(src + off, static_cast<uint16_t*>(dst) + off, len);
+    else store_f32(src + off, dst, t, off, len);
+  }
+}
+
+// One sgemm call per matrix of the stack: op(A) is r x c row-major ('N', ld = row stride) or
+// its transpose ('T', ld = col stride).
+struct Operand {
+  char trans = 'N';
+  int64_t ld = 1, batch_stride = 0;
+};
+Operand operand_of(const View& v) {
+  bool t = !(v.sc == 1 && v.sr >= v.c);
+  return {t ? 'T' : 'N', t ? v.sc : v.sr, v.sb};
+}
+
+struct GemmState {
+  Operand a, b;
+  int64_t bt = 1, m = 1, n = 1, k = 1;
+  bool batch_parallel = false;
+  std::vector<float> a_buf, b_buf, c_buf;
   Gather a_gather, b_gather;
   bool a_copy = false, b_copy = false;  // gather into scratch (else maybe convert in place)
   DType a_t = DType::f32, b_t = DType::f32, out_t = DType::f32;
   int64_t a_n = 0, b_n = 0, out_n = 0;
-  dnnl_exec_arg_t args[4];
-  int nargs = 0;
+  int64_t convert_work = 0;  // elements to convert, gathers weighted as slower
+  int threads = 1;
 };
 
 Kernel dot_general_kernel(const KernelSpec& spec) {
@@ -253,18 +266,18 @@ Kernel dot_general_kernel(const KernelSpec& spec) {
   View a = best_a, b = best_b;
   if (!a.direct) make_contiguous(a);
   if (!b.direct) make_contiguous(b);
-  dnnl::matmul::primitive_desc pd;
-  if (!make_primitive(a, b, bt, m, n, pd)) {
-    // The strided views were refused: fall back to contiguous copies of both operands.
-    make_contiguous(a);
-    make_contiguous(b);
-    if (!make_primitive(a, b, bt, m, n, pd))
-      throw Error("[dot_general] oneDNN has no CPU matmul for " + type_str(lt) + " x " + type_str(rt));
-  }
 
-  auto st = std::make_shared<MatmulState>();
-  st->prim = dnnl::matmul(pd);
-  st->stream = dnnl::stream(engine());
+  auto st = std::make_shared<GemmState>();
+  st->a = operand_of(a);
+  st->b = operand_of(b);
+  st->bt = bt;
+  st->m = m;
+  st->n = n;
+  st->k = k;
+  st->threads = num_threads();
+  // Many small matrices (attention): one single-threaded sgemm per matrix beats splitting each.
+  const double flops_per_matrix = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  st->batch_parallel = bt > 1 && bt >= st->threads && (bt >= 4 * st->threads || flops_per_matrix < 3.2e7);
   st->a_t = lt.dtype;
   st->b_t = rt.dtype;
   st->out_t = out_t;
@@ -278,44 +291,39 @@ Kernel dot_general_kernel(const KernelSpec& spec) {
   if (st->a_copy || st->a_t != DType::f32) st->a_buf.resize(static_cast<size_t>(st->a_n));
   if (st->b_copy || st->b_t != DType::f32) st->b_buf.resize(static_cast<size_t>(st->b_n));
   if (out_t != DType::f32) st->c_buf.resize(static_cast<size_t>(out_n));
-  st->src = dnnl::memory(pd.src_desc(), engine(), DNNL_MEMORY_NONE);
-  st->wei = dnnl::memory(pd.weights_desc(), engine(), DNNL_MEMORY_NONE);
-  st->dst = dnnl::memory(pd.dst_desc(), engine(), DNNL_MEMORY_NONE);
-  st->args[0] = {DNNL_ARG_SRC, st->src.get()};
-  st->args[1] = {DNNL_ARG_WEIGHTS, st->wei.get()};
-  st->args[2] = {DNNL_ARG_DST, st->dst.get()};
-  st->nargs = 3;
-  size_t pad = pd.scratchpad_desc().get_size();
-  if (pad > 0) {
-    st->pad_buf.resize((pad + sizeof(float) - 1) / sizeof(float) + 16);
-    st->scratchpad = dnnl::memory(pd.scratchpad_desc(), engine(), st->pad_buf.data());
-    st->args[st->nargs++] = {DNNL_ARG_SCRATCHPAD, st->scratchpad.get()};
+  for (int side = 0; side < 2; ++side) {
+    bool copy = side ? st->b_copy : st->a_copy;
+    bool conv = copy || (side ? st->b_t : st->a_t) != DType::f32;
+    int64_t count = side ? st->b_n : st->a_n;
+    if (conv) st->convert_work += copy ? count * (kParallelConvert / kParallelGather) : count;
   }
 
   return [st](const void* const* in, void* const* out) {
-    MatmulState& s = *st;
-    const void* a_ptr = in[0];
-    const void* b_ptr = in[1];
-    if (s.a_copy) {
-      run_gather(s.a_gather, in[0], s.a_buf.data());
-      a_ptr = s.a_buf.data();
-    } else if (s.a_t != DType::f32) {
-      convert_to_f32(in[0], s.a_t, s.a_buf.data(), s.a_n);
-      a_ptr = s.a_buf.data();
+    GemmState& s = *st;
+    const bool a_conv = s.a_copy || s.a_t != DType::f32, b_conv = s.b_copy || s.b_t != DType::f32;
+    if (a_conv || b_conv) {
+#pragma omp parallel if (s.convert_work > kParallelConvert)
+      {
+        if (s.a_copy) run_gather(s.a_gather, in[0], s.a_buf.data());
+        else if (a_conv) convert_to_f32(in[0], s.a_t, s.a_buf.data(), s.a_n);
+        if (s.b_copy) run_gather(s.b_gather, in[1], s.b_buf.data());
+        else if (b_conv) convert_to_f32(in[1], s.b_t, s.b_buf.data(), s.b_n);
+      }
     }
-    if (s.b_copy) {
-      run_gather(s.b_gather, in[1], s.b_buf.data());
-      b_ptr = s.b_buf.data();
-    } else if (s.b_t != DType::f32) {
-      convert_to_f32(in[1], s.b_t, s.b_buf.data(), s.b_n);
-      b_ptr = s.b_buf.data();
+    const float* a_ptr = a_conv ? s.a_buf.data() : static_cast<const float*>(in[0]);
+    const float* b_ptr = b_conv ? s.b_buf.data() : static_cast<const float*>(in[1]);
+    float* c_ptr = s.out_t == DType::f32 ? static_cast<float*>(out[0]) : s.c_buf.data();
+    auto gemm = [&](int64_t i) {
+      dnnl_sgemm(s.a.trans, s.b.trans, s.m, s.n, s.k, 1.0f, a_ptr + i * s.a.batch_stride, s.a.ld,
+                 b_ptr + i * s.b.batch_stride, s.b.ld, 0.0f, c_ptr + i * s.m * s.n, s.n);
+    };
+    if (s.batch_parallel) {
+      // Inside the region oneDNN runs each sgemm on the calling thread.
+#pragma omp parallel for num_threads(s.threads) schedule(static)
+      for (int64_t i = 0; i < s.bt; ++i) gemm(i);
+    } else {
+      for (int64_t i = 0; i < s.bt; ++i) gemm(i);
     }
-    void* c_ptr = s.out_t == DType::f32 ? out[0] : s.c_buf.data();
-    dnnl_memory_set_data_handle(s.src.get(), const_cast<void*>(a_ptr));
-    dnnl_memory_set_data_handle(s.wei.get(), const_cast<void*>(b_ptr));
-    dnnl_memory_set_data_handle(s.dst.get(), c_ptr);
-    dnnl_primitive_execute(s.prim.get(), s.stream.get(), s.nargs, s.args);
-    dnnl_stream_wait(s.stream.get());
     if (s.out_t != DType::f32) convert_from_f32(s.c_buf.data(), out[0], s.out_t, s.out_n);
   };
 }
