@@ -99,6 +99,12 @@ struct SpmdProgram {
 SpmdProgram partition(const Graph& g, const Mesh& mesh, const std::vector<Sharding>& in_shardings,
                       const PartitionOptions& opt = {});
 
+// How the virtual devices of one process share the cores (never more threads than cores):
+// over_devices runs the devices of a segment in parallel, each on one thread; within_kernels runs
+// them one after the other with multi-threaded kernels. automatic picks over_devices when there
+// are at least as many devices as threads.
+enum class DeviceParallelism { automatic, over_devices, within_kernels };
+
 // The local program compiled once and run on every device of the mesh in lockstep: each compute
 // segment runs on every device, then the collective after it runs on all of them at once.
 class ShardedExecutable {
@@ -106,8 +112,10 @@ class ShardedExecutable {
   static std::unique_ptr<ShardedExecutable> compile(const Graph& g, const Mesh& mesh,
                                                     const std::vector<PartitionSpec>& in_specs,
                                                     const PartitionOptions& popt = {},
-                                                    const CompileOptions& copt = {});
-  static std::unique_ptr<ShardedExecutable> compile(SpmdProgram program, const CompileOptions& copt = {});
+                                                    const CompileOptions& copt = {},
+                                                    DeviceParallelism par = DeviceParallelism::automatic);
+  static std::unique_ptr<ShardedExecutable> compile(SpmdProgram program, const CompileOptions& copt = {},
+                                                    DeviceParallelism par = DeviceParallelism::automatic);
   ~ShardedExecutable();
 
   // Inputs must carry the compiled shardings (see in_sharding()).

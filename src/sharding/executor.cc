@@ -4,6 +4,9 @@
 // device's buffer at once.
 #include <sstream>
 
+#include <exception>
+
+#include "backend/cpu/kernel.h"
 #include "distributed/communicator.h"
 #include "ir/primitive.h"
 #include "parallax/spmd.h"
@@ -16,10 +19,11 @@ namespace px {
 namespace {
 
 struct Segment {
-  std::unique_ptr<Executable> exe;
-  std::vector<int> in_values, out_values;            // local-graph value ids
-  std::vector<std::vector<Array>> ins, outs;         // per device, prepared handles
-  std::vector<std::vector<int>> input_slots;         // per device: (slot, graph input) patched per run
+  // One executable per device when devices run in parallel (each needs its own arena), else one.
+  std::vector<std::unique_ptr<Executable>> exes;
+  std::vector<int> in_values, out_values;  // local-graph value ids
+  std::vector<std::vector<Array>> ins, outs;  // per device, prepared handles
+  std::vector<int> input_slots;               // operands that are graph inputs, patched per run
 };
 
 struct Collective {
@@ -52,6 +56,8 @@ struct ShardedExecutable::Impl {
   std::vector<std::vector<Array>> store;  // [device][local value]: values that cross steps
   std::vector<Array> coords;              // per device
   std::vector<int> input_of;              // local value -> graph input index, -1 otherwise
+  bool over_devices = false;              // run the devices of a segment in parallel
+  int threads = 1;
   const Array& value(int device, int v, const std::vector<ShardedArray>& inputs) const {
     int i = input_of[v];
     if (i < 0) return store[device][v];
@@ -99,13 +105,14 @@ ShardedExecutable::~ShardedExecutable() = default;
 std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(const Graph& g, const Mesh& mesh,
                                                               const std::vector<PartitionSpec>& in_specs,
                                                               const PartitionOptions& popt,
-                                                              const CompileOptions& copt) {
+                                                              const CompileOptions& copt, DeviceParallelism par) {
   std::vector<Sharding> s;
   for (auto& spec : in_specs) s.emplace_back(mesh, spec);
-  return compile(partition(g, mesh, s, popt), copt);
+  return compile(partition(g, mesh, s, popt), copt, par);
 }
 
-std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram program, const CompileOptions& copt) {
+std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram program, const CompileOptions& copt,
+                                                              DeviceParallelism par) {
   ensure_sharding_registered();
   auto impl = std::make_unique<Impl>();
   impl->prog = std::move(program);
@@ -113,6 +120,9 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram progra
   const Mesh& mesh = impl->prog.mesh;
   const int64_t D = mesh.size();
   impl->devices = D;
+  impl->threads = cpu::num_threads();
+  impl->over_devices = par == DeviceParallelism::over_devices ||
+                       (par == DeviceParallelism::automatic && D > 1 && D >= impl->threads);
   impl->comm = make_inproc_communicator(D);
   const size_t nv = g.values().size();
   impl->input_of.assign(nv, -1);
@@ -174,7 +184,7 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram progra
         if (crosses[v]) seg.out_values.push_back(v);
     }
     auto sub = extract(g, seg_nodes[s], seg.in_values, seg.out_values);
-    seg.exe = Executable::compile(*sub, copt);
+    for (int64_t d = 0; d < (impl->over_devices ? D : 1); ++d) seg.exes.push_back(Executable::compile(*sub, copt));
     seg.ins.resize(static_cast<size_t>(D));
     seg.outs.resize(static_cast<size_t>(D));
     for (int64_t d = 0; d < D; ++d) {
@@ -182,7 +192,7 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram progra
       for (int v : seg.out_values) seg.outs[d].push_back(impl->store[d][v]);
     }
     for (int s_in = 0; s_in < static_cast<int>(seg.in_values.size()); ++s_in)
-      if (impl->input_of[seg.in_values[s_in]] >= 0) seg.input_slots.push_back({s_in});
+      if (impl->input_of[seg.in_values[s_in]] >= 0) seg.input_slots.push_back(s_in);
   }
 
   int ci = 0;
@@ -321,13 +331,26 @@ std::vector<ShardedArray> ShardedExecutable::run(const std::vector<ShardedArray>
       continue;
     }
     Segment& seg = m.segments[st.index];
-    for (int64_t d = 0; d < m.devices; ++d) {
-      for (auto& slot : seg.input_slots) {
-        int v = seg.in_values[slot[0]];
-        seg.ins[d][slot[0]] = m.value(static_cast<int>(d), v, inputs);
-      }
-      seg.exe->run_into(seg.ins[d], seg.outs[d]);
+    auto run_device = [&](int64_t d) {
+      for (int slot : seg.input_slots) seg.ins[d][slot] = m.value(static_cast<int>(d), seg.in_values[slot], inputs);
+      seg.exes[m.over_devices ? d : 0]->run_into(seg.ins[d], seg.outs[d]);
+    };
+    if (!m.over_devices) {
+      for (int64_t d = 0; d < m.devices; ++d) run_device(d);
+      continue;
     }
+    // Devices share the cores; kernels called inside the region run on their calling thread.
+    std::exception_ptr failure;
+#pragma omp parallel for schedule(static) num_threads(m.threads)
+    for (int64_t d = 0; d < m.devices; ++d) {
+      try {
+        run_device(d);
+      } catch (...) {
+#pragma omp critical(px_sharded_run)
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    if (failure) std::rethrow_exception(failure);
   }
   std::vector<ShardedArray> outs;
   for (size_t o = 0; o < g.outputs().size(); ++o) {
@@ -366,7 +389,7 @@ std::string ShardedExecutable::summary() const {
       const Collective& c = impl_->collectives[st.index];
       os << "  " << c.kind << " %" << c.in_value << " -> %" << c.out_value << "\n";
     } else {
-      os << "  segment: " << impl_->segments[st.index].exe->num_steps() << " kernels\n";
+      os << "  segment: " << impl_->segments[st.index].exes[0]->num_steps() << " kernels\n";
     }
   }
   return os.str();
