@@ -35,10 +35,11 @@ PartitionSpec::Dim model_axis(const Mesh& m) {
 
 // Runs fn unsharded and sharded and compares every output.
 void expect_same(const TracedFn& fn, const std::vector<Array>& inputs, const Mesh& mesh,
-                 const std::vector<PartitionSpec>& specs, double tol = 1e-5, const PartitionOptions& opt = {}) {
+                 const std::vector<PartitionSpec>& specs, double tol = 1e-5, const PartitionOptions& opt = {},
+                 DeviceParallelism par = DeviceParallelism::automatic) {
   auto g = trace(fn, testing::types_of(inputs));
   std::vector<Array> want = Executable::compile(*g)->run(inputs);
-  auto exe = ShardedExecutable::compile(*g, mesh, specs, opt);
+  auto exe = ShardedExecutable::compile(*g, mesh, specs, opt, {}, par);
   std::vector<Array> got = exe->run_full(inputs);
   ASSERT_EQ(got.size(), want.size());
   for (size_t o = 0; o < want.size(); ++o) {
@@ -83,6 +84,9 @@ TEST(SpmdEquivalence, MlpForwardAndBackward) {
     expect_same(mlp_step, mlp_inputs(), m, {{b}, {b}, {}, {}, {}});
     expect_same(mlp_step, mlp_inputs(), m, {{}, {}, {none, h}, {h}, {h}});
     expect_same(mlp_step, mlp_inputs(), m, {{b}, {b}, {none, h}, {h}, {h}});
+    // Both ways of sharing the cores between devices.
+    for (auto par : {DeviceParallelism::over_devices, DeviceParallelism::within_kernels})
+      expect_same(mlp_step, mlp_inputs(), m, {{b}, {b}, {none, h}, {h}, {h}}, 1e-5, {}, par);
   }
 }
 
