@@ -88,6 +88,14 @@ struct SumF {
   static Acc merge(Acc a, Acc b) { return a + b; }
   template <class E>
   static Acc row(const E* x, int64_t n) {
+    if (n < 32) {  // short rows: one vector of lanes, a short dependency chain
+      float lane[8] = {}, t = 0.0f;
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j) lane[j] += cv(x[i + j]);
+      for (; i < n; ++i) t += cv(x[i]);
+      return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])) + t;
+    }
     float lane[32] = {};
     int64_t i = 0;
     for (; i + 32 <= n; i += 32)
@@ -119,6 +127,11 @@ struct MaxF {
   static Acc merge(Acc a, Acc b) { return fmax_nan(a, b); }
   template <class E>
   static Acc row(const E* x, int64_t n) {
+    if (n < 32) {
+      float m = id();
+      for (int64_t i = 0; i < n; ++i) m = fmax_nan(m, cv(x[i]));
+      return m;
+    }
     float lane[32];
     for (float& l : lane) l = id();
     int64_t i = 0;
@@ -197,6 +210,26 @@ inline void store(typename Op::Acc a, void* out, DType d, int64_t i) {
   }
 }
 
+// Writes n values (accumulators or f32 blocks) into the result, converting to dtype d.
+template <class Op, class V>
+void store_n(const V* v, void* out, DType d, int64_t o, int64_t n) {
+  using Acc = typename Op::Acc;
+  switch (d) {
+    case DType::f32: {
+      float* p = static_cast<float*>(out) + o;
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(Op::out(static_cast<Acc>(v[i])));
+      break;
+    }
+    case DType::i32: {
+      int32_t* p = static_cast<int32_t*>(out) + o;
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(Op::out(static_cast<Acc>(v[i])));
+      break;
+    }
+    default:
+      for (int64_t i = 0; i < n; ++i) store<Op>(static_cast<Acc>(v[i]), out, d, o + i);
+  }
+}
+
 // ---- plan ------------------------------------------------------------------------------------------
 
 struct Plan {
@@ -222,27 +255,31 @@ inline int64_t kept_offset(const Plan& p, int64_t u) {
   return off;
 }
 
-// Walks the reduced dims (other than the innermost) in row-major order.
-struct Odometer {
-  const Plan& p;
+// Walks an index space (the reduced or the kept dims) in row-major order, tracking the offset.
+struct Walker {
+  int n;
+  const int64_t* size;
+  const int64_t* stride;
   int64_t idx[kMaxRank];
   int64_t off = 0;
-  Odometer(const Plan& plan, int64_t start) : p(plan) {
-    for (int d = p.nr - 1; d >= 0; --d) {
-      idx[d] = start % p.rsize[d];
-      start /= p.rsize[d];
-      off += idx[d] * p.rstride[d];
+  Walker(int nd, const int64_t* sz, const int64_t* st, int64_t start) : n(nd), size(sz), stride(st) {
+    for (int d = n - 1; d >= 0; --d) {
+      idx[d] = start % size[d];
+      start /= size[d];
+      off += idx[d] * stride[d];
     }
   }
   void next() {
-    for (int d = p.nr - 1; d >= 0; --d) {
-      off += p.rstride[d];
-      if (++idx[d] < p.rsize[d]) return;
-      off -= p.rsize[d] * p.rstride[d];
+    for (int d = n - 1; d >= 0; --d) {
+      off += stride[d];
+      if (++idx[d] < size[d]) return;
+      off -= size[d] * stride[d];
       idx[d] = 0;
     }
   }
 };
+inline Walker reduced_walker(const Plan& p, int64_t start) { return Walker(p.nr, p.rsize, p.rstride, start); }
+inline Walker kept_walker(const Plan& p, int64_t start) { return Walker(p.nk, p.ksize, p.kstride, start); }
 
 Plan make_plan(const TensorType& t, const std::vector<int64_t>& axes, int64_t out_n) {
   Plan p;
@@ -319,30 +356,46 @@ Kernel make_reduce_kernel(const Plan& p, DType out_t) {
     return [p, out_t, partial](const void* const* in, void* const* out) {
       const void* x = in[0];
       void* y = out[0];
-      int64_t items = p.units * p.parts;
-      parallel_items(items, p.in_n, [&](int64_t b, int64_t e) {
+      // Reduces the flattened range [j, j1) of the m * len elements of the unit at `base`.
+      auto reduce_range = [&](int64_t base, int64_t j, int64_t j1, T* buf) {
+        Walker od = reduced_walker(p, j / p.len);
+        int64_t l = j % p.len;
+        Acc a = Op::id();
+        while (j < j1) {
+          int64_t n = std::min(p.len - l, j1 - j);
+          for (int64_t q = 0; q < n; q += kSeg) {
+            int64_t k = std::min(kSeg, n - q);
+            a = Op::merge(a, Op::row(load<S>(x, base + od.off + l + q, k, buf), k));
+          }
+          j += n;
+          l = 0;
+          od.next();
+        }
+        return a;
+      };
+      if (p.parts == 1) {
+        // One item per output; the kept index is walked, not divided out, so short rows stay cheap.
+        parallel_items(p.units, p.in_n, [&](int64_t b, int64_t e) {
+          T buf[kSeg];
+          Walker kw = kept_walker(p, b);
+          bool simple = p.nr == 0 && p.len <= kSeg;
+          for (int64_t u = b; u < e; ++u, kw.next()) {
+            Acc a = simple ? Op::merge(Op::id(), Op::row(load<S>(x, kw.off, p.len, buf), p.len))
+                           : reduce_range(kw.off, 0, p.m * p.len, buf);
+            store<Op>(a, y, out_t, u);
+          }
+        });
+        return;
+      }
+      parallel_items(p.units * p.parts, p.in_n, [&](int64_t b, int64_t e) {
         T buf[kSeg];
         for (int64_t it = b; it < e; ++it) {
           int64_t u = it / p.parts, part = it % p.parts;
-          int64_t j = part * p.chunk, j1 = std::min(p.m * p.len, j + p.chunk);
-          Odometer od(p, j / p.len);
-          int64_t l = j % p.len, base = kept_offset(p, u);
-          Acc a = Op::id();
-          while (j < j1) {
-            int64_t n = std::min(p.len - l, j1 - j);
-            for (int64_t q = 0; q < n; q += kSeg) {
-              int64_t k = std::min(kSeg, n - q);
-              a = Op::merge(a, Op::row(load<S>(x, base + od.off + l + q, k, buf), k));
-            }
-            j += n;
-            l = 0;
-            od.next();
-          }
-          if (p.parts == 1) store<Op>(a, y, out_t, u);
-          else (*partial)[it] = a;
+          int64_t j = part * p.chunk;
+          (*partial)[it] = reduce_range(kept_offset(p, u), j, std::min(p.m * p.len, j + p.chunk), buf);
         }
       });
-      if (p.parts > 1) {
+      {
         parallel_items(p.units, p.units * p.parts, [&](int64_t b, int64_t e) {
           for (int64_t u = b; u < e; ++u) {
             Acc a = Op::id();
@@ -368,8 +421,30 @@ Kernel make_reduce_kernel(const Plan& p, DType out_t) {
         int64_t c0 = cb * kColBlock, w = std::min(kColBlock, p.len - c0);
         int64_t m0 = part * p.chunk, m1 = std::min(p.m, m0 + p.chunk);
         int64_t base = kept_offset(p, u) + c0;
-        for (int64_t c = 0; c < w; ++c) blk[c] = Op::blk_id(), acc[c] = Op::id();
-        Odometer od(p, m0);
+        int64_t o = u * p.len + c0;
+        Walker od = reduced_walker(p, m0);
+        for (int64_t c = 0; c < w; ++c) blk[c] = Op::blk_id();
+        if (m1 - m0 <= kFlushRows) {
+          // One window: blk holds the whole result, no f64 stage.
+          int64_t m = m0;
+          for (; m + 4 <= m1; m += 4) {
+            const T* xs[4];
+            for (int k = 0; k < 4; ++k) {
+              xs[k] = load<S>(x, base + od.off, w, buf[k]);
+              od.next();
+            }
+            Op::col4(blk, xs[0], xs[1], xs[2], xs[3], w);
+          }
+          for (; m < m1; ++m, od.next()) Op::col(blk, load<S>(x, base + od.off, w, buf[0]), w);
+          if (p.parts == 1) {
+            store_n<Op>(blk, y, out_t, o, w);
+          } else {
+            Acc* dst = partial->data() + part * p.out_n + o;
+            for (int64_t c = 0; c < w; ++c) dst[c] = static_cast<Acc>(blk[c]);
+          }
+          continue;
+        }
+        for (int64_t c = 0; c < w; ++c) acc[c] = Op::id();
         for (int64_t m = m0; m < m1;) {
           // Up to kFlushRows rows into blk, four at a time (fewer passes over blk), then fold into acc.
           int64_t n = std::min(kFlushRows, m1 - m), r = 0;
@@ -388,9 +463,8 @@ Kernel make_reduce_kernel(const Plan& p, DType out_t) {
           for (int64_t c = 0; c < w; ++c) acc[c] = Op::merge(acc[c], blk[c]), blk[c] = Op::blk_id();
           m += n;
         }
-        int64_t o = u * p.len + c0;
         if (p.parts == 1) {
-          for (int64_t c = 0; c < w; ++c) store<Op>(acc[c], y, out_t, o + c);
+          store_n<Op>(acc, y, out_t, o, w);
         } else {
           Acc* dst = partial->data() + part * p.out_n + o;
           for (int64_t c = 0; c < w; ++c) dst[c] = acc[c];
