@@ -53,6 +53,13 @@ class TrainStep {
   // Applies one update in place. Checks the batch against the traced types.
   StepMetrics operator()(TrainState& state, const std::vector<Array>& batch);
 
+  // Saves params (named by their paths) and optimizer state (named "<path>.<slot>", e.g.
+  // "blocks.0.attn.wq.m") as one safetensors file, with the step count in the metadata.
+  void save(const std::string& path, const TrainState& state) const;
+  // Loads a file written by save() for the same model and optimizer; names and types must match.
+  TrainState load(const std::string& path) const;
+  std::vector<std::string> state_names() const;  // the optimizer-state tensor names
+
   const Graph& graph() const;            // the traced step before compilation
   const Executable& executable() const;  // schedule, fusion and buffer plan
   int64_t peak_bytes() const { return executable().peak_bytes(); }

@@ -1,6 +1,7 @@
 #include "parallax/train.h"
 
 #include "parallax/autodiff.h"
+#include "parallax/io.h"
 #include "parallax/ops.h"
 
 namespace px {
@@ -103,6 +104,48 @@ StepMetrics TrainStep::operator()(TrainState& state, const std::vector<Array>& b
   ++state.step;
   for (size_t i = 0; i < inputs_.size() - 1; ++i) inputs_[i] = Array();
   return m;
+}
+
+std::vector<std::string> TrainStep::state_names() const {
+  std::vector<std::string> paths = store_.paths(), names;
+  for (const optim::StateSlot& s : opt_->state_slots(store_.types())) names.push_back(paths[s.param] + "." + s.name);
+  return names;
+}
+
+void TrainStep::save(const std::string& path, const TrainState& state) const {
+  if (state.params.size() != n_params_ || state.opt_state.size() != n_state_)
+    throw Error("[TrainStep::save] the state does not belong to this step (make it with TrainStep::init)");
+  std::vector<std::string> names = store_.paths(), extra = state_names();
+  names.insert(names.end(), extra.begin(), extra.end());
+  std::vector<Array> arrays = state.params;
+  arrays.insert(arrays.end(), state.opt_state.begin(), state.opt_state.end());
+  save_safetensors(path, names, arrays, {{"step", std::to_string(state.step)}, {"optimizer", opt_->name()}});
+}
+
+TrainState TrainStep::load(const std::string& path) const {
+  SafetensorsFile f = load_safetensors(path);
+  std::vector<TensorType> types = store_.types(), stypes = opt_->state_types(types);
+  std::vector<std::string> names = store_.paths(), snames = state_names();
+  TrainState s;
+  auto take = [&](const std::string& name, const TensorType& want) {
+    if (!f.contains(name))
+      throw Error(path + ": has no tensor '" + name + "'; was it saved from a different model or optimizer?");
+    const Array& a = f.get(name);
+    if (a.type() != want)
+      throw Error(path + ": tensor '" + name + "' is " + type_str(a.type()) + " but this model expects " +
+                  type_str(want));
+    return a;
+  };
+  for (size_t i = 0; i < names.size(); ++i) s.params.push_back(take(names[i], types[i]));
+  for (size_t i = 0; i < snames.size(); ++i) s.opt_state.push_back(take(snames[i], stypes[i]));
+  auto it = f.metadata.find("step");
+  if (it == f.metadata.end()) throw Error(path + ": the metadata has no 'step'");
+  try {
+    s.step = std::stoll(it->second);
+  } catch (const std::exception&) {
+    throw Error(path + ": metadata 'step' is not an integer: '" + it->second + "'");
+  }
+  return s;
 }
 
 const Graph& TrainStep::graph() const { return *graph_; }

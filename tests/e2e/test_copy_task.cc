@@ -1,6 +1,8 @@
 // Whole-program test: a small GPT learns the copy task within a fixed step budget.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "parallax/parallax.h"
 
 namespace px {
@@ -63,6 +65,47 @@ TEST(TrainStep, RejectsBadBatchesAndStates) {
   EXPECT_THROW(step(state, {good}), Error);
   TrainState empty;
   EXPECT_THROW(step(empty, {good, good}), Error);
+}
+
+}  // namespace
+}  // namespace px
+
+namespace px {
+namespace {
+
+TEST(TrainStep, SaveAndLoadResumesBitExactly) {
+  data::CopyTaskOptions task{.batch = 4, .seq_len = 8, .vocab = 8};
+  nn::TransformerLm model(nn::gpt2_config("ckpt", task.vocab, 16, 2, 1, 32, task.seq_len));
+  TensorType seq{DType::i32, {task.batch, task.seq_len}}, wts{DType::f32, {task.batch, task.seq_len}};
+  TrainStep step(model.store(), optim::adamw({.lr = 1e-2}),
+                 [&](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1], b[2]); },
+                 {seq, seq, wts});
+  auto batch = [&](int i) {
+    data::LmBatch b = data::copy_task(task, i);
+    return std::vector<Array>{b.tokens, b.targets, b.weights};
+  };
+  TrainState a = step.init(0);
+  for (int i = 0; i < 3; ++i) step(a, batch(i));
+  std::string path = ::testing::TempDir() + "/px_train_state.safetensors";
+  step.save(path, a);
+  TrainState b = step.load(path);
+  EXPECT_EQ(b.step, 3);
+  EXPECT_EQ(step.state_names().front(), model.store().paths().front() + ".m");
+  float la = step(a, batch(3)).loss, lb = step(b, batch(3)).loss;
+  EXPECT_EQ(la, lb);
+  for (size_t i = 0; i < a.params.size(); ++i) EXPECT_EQ(a.params[i].to_f32(), b.params[i].to_f32());
+
+  // A different model cannot load it.
+  nn::TransformerLm other(nn::gpt2_config("other", task.vocab, 32, 2, 1, 32, task.seq_len));
+  TrainStep other_step(other.store(), optim::adamw({.lr = 1e-2}),
+                       [&](const std::vector<Tensor>& t) { return nn::next_token_loss(other, t[0], t[1], t[2]); },
+                       {seq, seq, wts});
+  try {
+    other_step.load(path);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("but this model expects"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
