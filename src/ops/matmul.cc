@@ -153,24 +153,44 @@ std::vector<Tensor> dot_vjp(const VjpArgs& a) {
   std::iota(ct_lf.begin(), ct_lf.end(), nb);
   std::iota(ct_rf.begin(), ct_rf.end(), nb + static_cast<int64_t>(lf.size()));
 
-  // dx = ct . y over y's free dims: result dims are batch, x's free dims, then y's contracting
-  // dims in ascending order, which pair with x's contracting dims.
-  Tensor dx = dot_general(ct, y, DotDims{ct_rf, rf, ct_batch, d.rb}, x.dtype());
-  std::vector<int64_t> x_order = d.lb;
-  x_order.insert(x_order.end(), lf.begin(), lf.end());
-  std::vector<int64_t> y_contract_sorted = d.rc;
-  std::sort(y_contract_sorted.begin(), y_contract_sorted.end());
-  for (int64_t yc : y_contract_sorted)
-    x_order.push_back(d.lc[std::find(d.rc.begin(), d.rc.end(), yc) - d.rc.begin()]);
+  // The x contracting dims paired with y's contracting dims in ascending y order, and vice versa.
+  auto paired = [](const std::vector<int64_t>& own, const std::vector<int64_t>& other) {
+    std::vector<int64_t> sorted = other, r;
+    std::sort(sorted.begin(), sorted.end());
+    for (int64_t o : sorted) r.push_back(own[std::find(other.begin(), other.end(), o) - other.begin()]);
+    return r;
+  };
+  auto cat = [](std::vector<int64_t> a, const std::vector<int64_t>& b, const std::vector<int64_t>& c) {
+    a.insert(a.end(), b.begin(), b.end());
+    a.insert(a.end(), c.begin(), c.end());
+    return a;
+  };
+  auto is_identity = [](const std::vector<int64_t>& v) {
+    for (size_t i = 0; i < v.size(); ++i)
+      if (v[i] != static_cast<int64_t>(i)) return false;
+    return true;
+  };
+  const std::vector<int64_t> xc_by_y = paired(d.lc, d.rc), yc_by_x = paired(d.rc, d.lc);
 
-  // dy = x . ct over x's free dims: result dims are batch, x's contracting dims ascending, y's free dims.
-  Tensor dy = dot_general(x, ct, DotDims{lf, ct_lf, d.lb, ct_batch}, y.dtype());
-  std::vector<int64_t> y_order = d.rb;
-  std::vector<int64_t> x_contract_sorted = d.lc;
-  std::sort(x_contract_sorted.begin(), x_contract_sorted.end());
-  for (int64_t xc : x_contract_sorted)
-    y_order.push_back(d.rc[std::find(d.lc.begin(), d.lc.end(), xc) - d.lc.begin()]);
-  y_order.insert(y_order.end(), rf.begin(), rf.end());
+  // dx contracts ct with y over y's free dims. ct . y yields [batch, x free, x contracting];
+  // y . ct yields [batch, x contracting, x free]: pick the one already in x's layout.
+  Tensor dx;
+  std::vector<int64_t> x_order = cat(d.lb, lf, xc_by_y);
+  if (!is_identity(x_order) && is_identity(cat(d.lb, xc_by_y, lf))) {
+    x_order = cat(d.lb, xc_by_y, lf);
+    dx = dot_general(y, ct, DotDims{rf, ct_rf, d.rb, ct_batch}, x.dtype());
+  } else {
+    dx = dot_general(ct, y, DotDims{ct_rf, rf, ct_batch, d.rb}, x.dtype());
+  }
+  // dy contracts x with ct over x's free dims, likewise in either order.
+  Tensor dy;
+  std::vector<int64_t> y_order = cat(d.rb, yc_by_x, rf);
+  if (!is_identity(y_order) && is_identity(cat(d.rb, rf, yc_by_x))) {
+    y_order = cat(d.rb, rf, yc_by_x);
+    dy = dot_general(ct, x, DotDims{ct_lf, lf, ct_batch, d.lb}, y.dtype());
+  } else {
+    dy = dot_general(x, ct, DotDims{lf, ct_lf, d.lb, ct_batch}, y.dtype());
+  }
 
   return {to_operand_layout(dx, x_order), to_operand_layout(dy, y_order)};
 }
