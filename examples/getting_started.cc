@@ -8,8 +8,23 @@
 
 #include "parallax/parallax.h"
 
+int run(int steps);
+
 int main(int argc, char** argv) {
   int steps = argc > 1 ? std::atoi(argv[1]) : 300;
+  if (steps < 2) {
+    std::fprintf(stderr, "usage: getting_started [steps >= 2]\n");
+    return 2;
+  }
+  try {
+    return run(steps);
+  } catch (const px::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
+
+int run(int steps) {
   px::data::CopyTaskOptions task{.batch = 16, .seq_len = 32, .vocab = 16};
 
   // A 2-layer GPT-2 style model: LayerNorm, GELU MLP, learned positions, tied embedding.
@@ -21,7 +36,7 @@ int main(int argc, char** argv) {
   px::TensorType seq{px::DType::i32, {task.batch, task.seq_len}};
   px::TensorType wts{px::DType::f32, {task.batch, task.seq_len}};
   px::TrainStep step(
-      model.store(), px::optim::adamw({.lr = px::optim::warmup_cosine(3e-3, 30, steps), .weight_decay = 0.01}),
+      model.store(), px::optim::adamw({.lr = px::optim::warmup_cosine(3e-3, std::max(1, steps / 10), steps), .weight_decay = 0.01}),
       [&](const std::vector<px::Tensor>& b) { return px::nn::next_token_loss(model, b[0], b[1], b[2]); },
       {seq, seq, wts}, {.clip_norm = 1.0});
   std::printf("compiled step: %d kernels, %d fused groups, %.2f MiB working memory\n",
