@@ -64,8 +64,10 @@ std::vector<TensorType> reshape_infer(const std::vector<TensorType>& in, const A
   return {{in[0].dtype, shape}};
 }
 
-// Dims that map one to one (same size, same position in the product) are parallel; dims that
-// are merged or split are whole, since a block sharding of one is not one of the other.
+// Reshape merges or splits groups of dims. A block split of a group's major input dim into n
+// parts is the same as one of its major output dim when n divides both, so those two share a
+// parallel factor of size gcd(in, out); the other dims of the group are whole. Dims that map one
+// to one are thus parallel, and [B*S, D] <-> [B, S, D] or [S, H*Dh] <-> [S, H, Dh] shard cleanly.
 ShardingRule reshape_rule(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
   RuleBuilder b;
   const Shape& s = in[0].shape;
@@ -76,22 +78,24 @@ ShardingRule reshape_rule(const std::vector<TensorType>& in, const std::vector<T
     for (size_t j = 0; j < t.size(); ++j) fo[j] = b.factor(t[j], Kind::whole);
   } else {
     size_t i = 0, j = 0;
-    while (i < s.size() || j < t.size()) {
-      if (i < s.size() && s[i] == 1) { ++i; continue; }
-      if (j < t.size() && t[j] == 1) { ++j; continue; }
-      if (s[i] == t[j]) {
-        fi[i] = fo[j] = b.factor(s[i], Kind::parallel);
-        ++i, ++j;
-        continue;
-      }
+    while (i < s.size() && j < t.size()) {
+      if (s[i] == 1) { ++i; continue; }
+      if (t[j] == 1) { ++j; continue; }
       size_t i0 = i, j0 = j;
       int64_t pi = s[i++], pj = t[j++];
       while (pi != pj) {
         if (pi < pj) pi *= s[i++];
         else pj *= t[j++];
       }
-      for (size_t k = i0; k < i; ++k) fi[k] = b.factor(s[k], Kind::whole);
-      for (size_t k = j0; k < j; ++k) fo[k] = b.factor(t[k], Kind::whole);
+      int64_t g = std::gcd(s[i0], t[j0]);
+      if (g > 1) {
+        fi[i0] = fo[j0] = b.factor(g, Kind::parallel);
+      } else {
+        fi[i0] = b.factor(s[i0], Kind::whole);
+        fo[j0] = b.factor(t[j0], Kind::whole);
+      }
+      for (size_t k = i0 + 1; k < i; ++k) fi[k] = b.factor(s[k], Kind::whole);
+      for (size_t k = j0 + 1; k < j; ++k) fo[k] = b.factor(t[k], Kind::whole);
     }
   }
   b.r.operands = {fi};

@@ -130,10 +130,19 @@ TEST(Reshape, Gradient) {
   EXPECT_TRUE(check_grads([](const V& in) { return V{reshape(in[0], {3, 2, 2}) * 2.0}; }, {random_array({4, 3})}));
 }
 
-TEST(Reshape, ShardingRuleKeepsOneToOneDimsParallel) {
-  // [4,6,8] -> [24,8]: the merged dims are whole, the last dim is shared and parallel.
+TEST(Reshape, ShardingRuleSharesMajorDimsOfEachGroup) {
+  // [4,6,8] -> [24,8]: splitting the 4 in blocks splits the 24 alike; the 6 stays whole.
   ShardingRule r = rule_of([](const V& in) { return V{reshape(in[0], {24, 8})}; }, {{DType::f32, {4, 6, 8}}});
-  EXPECT_EQ(r.to_string(), "abd->cd {a: whole, b: whole, c: whole}");
+  EXPECT_EQ(r.to_string(), "abc->ac {b: whole}");
+  EXPECT_EQ(r.factor_sizes[0], 4);
+  // Heads: [S, H*Dh] -> [S, H, Dh] keeps H shardable.
+  ShardingRule h = rule_of([](const V& in) { return V{reshape(in[0], {5, 8, 16})}; }, {{DType::f32, {5, 128}}});
+  EXPECT_EQ(h.to_string(), "ab->abc {c: whole}");
+  EXPECT_EQ(h.factor_sizes[1], 8);
+  // [6,4] -> [4,6]: only block counts dividing both 6 and 4 line up.
+  ShardingRule g = rule_of([](const V& in) { return V{reshape(in[0], {4, 6})}; }, {{DType::f32, {6, 4}}});
+  EXPECT_EQ(g.to_string(), "ab->ac {b: whole, c: whole}");
+  EXPECT_EQ(g.factor_sizes[0], 2);
   ShardingRule s = rule_of([](const V& in) { return V{reshape(in[0], {4, 1, 6})}; }, {{DType::f32, {4, 6}}});
   EXPECT_EQ(s.to_string(), "ab->a1b");
 }
