@@ -126,9 +126,12 @@ Tensor dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
 
 // ---- indexing ----------------------------------------------------------------------------
 // Gathers rows: result = table[indices] along axis 0 -> indices.shape + table.shape[1:].
+// indices are i32; out-of-range ones are clamped to [0, rows - 1] (never a crash).
 Tensor take(const Tensor& table, const Tensor& indices);
-// The gradient of take: zeros(shape) with updates[i] added at row indices[i].
+// The gradient of take: zeros(shape) with updates[i] added at row indices[i], clamped like take.
+// Deterministic: the same bits whatever the thread count.
 Tensor scatter_add(const Tensor& indices, const Tensor& updates, int64_t num_rows);
+// indices.shape + [depth]; an index outside [0, depth) gives an all-zero row.
 Tensor one_hot(const Tensor& indices, int64_t depth, DType dtype = DType::f32);
 
 // ---- counter-based random numbers ---------------------------------------------------------
