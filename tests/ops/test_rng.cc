@@ -56,12 +56,15 @@ TEST(Rng, UniformStatistics) {
   std::vector<int> bins(10, 0);
   for (float x : u) ++bins[static_cast<int>(x * 10)];
   for (int b : bins) EXPECT_NEAR(b, n / 10.0, 5 * std::sqrt(n * 0.1 * 0.9));
-  // Scaled range, bf16 results stay inside [lo, hi].
-  auto s = uniform(key_array(1, 2), {5000}, DType::bf16, -3, 5);
-  for (float x : s) {
-    EXPECT_GE(x, -3.0f);
-    EXPECT_LE(x, 5.0f);
-  }
+  // Scaled ranges: 16-bit results stay inside [lo, hi) even where rounding would reach hi.
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (auto [lo, hi] : std::vector<std::pair<double, double>>{{-3, 5}, {0.1, 0.1005}, {-1, 0}, {0, 1}}) {
+      auto s = uniform(key_array(1, 2), {5000}, dt, lo, hi);
+      for (float x : s) {
+        ASSERT_GE(x, static_cast<float>(lo)) << dtype_name(dt) << " [" << lo << ", " << hi << ")";
+        ASSERT_LT(x, hi) << dtype_name(dt) << " [" << lo << ", " << hi << ")";
+      }
+    }
 }
 
 TEST(Rng, NormalStatistics) {

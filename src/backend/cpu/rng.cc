@@ -109,18 +109,37 @@ Kernel draw_kernel(const KernelSpec& spec, Fill fill) {
   };
 }
 
+float round_to(DType t, float v) {
+  if (t == DType::bf16) return bf16_to_f32(f32_to_bf16(v));
+  if (t == DType::f16) return f16_to_f32(f32_to_f16(v));
+  return v;
+}
+
+// The neighbour of a 16-bit value `r` one step up or down (sign-magnitude bit patterns).
+float step16(DType t, float r, bool up) {
+  uint16_t b = t == DType::bf16 ? f32_to_bf16(r) : f32_to_f16(r);
+  if (r == 0.0f) b = up ? 0x0001 : 0x8001;
+  else b = static_cast<uint16_t>((r > 0) == up ? b + 1 : b - 1);
+  return t == DType::bf16 ? bf16_to_f32(b) : f16_to_f32(b);
+}
+
+// Uniform draws land in [lo, hi) in the result dtype too: values that round onto hi (or
+// below lo) in a 16-bit dtype are moved to the nearest representable value inside.
 Kernel uniform_kernel(const KernelSpec& spec) {
   const float lo = static_cast<float>(spec.attrs.f("lo")), hi = static_cast<float>(spec.attrs.f("hi"));
-  const float below_hi = std::nextafter(hi, lo);
-  return draw_kernel(spec, [lo, hi, below_hi](int64_t first, int64_t n, uint32_t k0, uint32_t k1, float* dst) {
+  const DType dt = spec.out[0].dtype;
+  float top = round_to(dt, hi), bottom = round_to(dt, lo);
+  if (top >= hi) top = dt == DType::f32 ? std::nextafter(hi, lo) : step16(dt, top, false);
+  if (bottom < lo) bottom = step16(dt, bottom, true);
+  return draw_kernel(spec, [lo, hi, top, bottom, dt](int64_t first, int64_t n, uint32_t k0, uint32_t k1, float* dst) {
     int64_t i = 0;
     while (i < n) {
       const uint64_t idx = static_cast<uint64_t>(first + i);
       const uint64_t block = idx >> 2;
       Philox r = philox4x32_10(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0, 0, k0, k1);
       for (int lane = static_cast<int>(idx & 3); lane < 4 && i < n; ++lane, ++i) {
-        float v = lo + (hi - lo) * to_unit(r.v[lane]);
-        dst[i] = v < hi ? v : below_hi;
+        float v = round_to(dt, lo + (hi - lo) * to_unit(r.v[lane]));
+        dst[i] = v >= hi ? top : v < lo ? bottom : v;
       }
     }
   });
