@@ -97,7 +97,7 @@ class PartitionSpec {
   const std::vector<Dim>& dims() const { return dims_; }
   bool is_replicated() const;
   std::vector<std::string> used_axes() const;
-  std::string to_string() const;  // "P('data', None)"
+  std::string to_string() const;                  // "P('data', None)"
   bool operator==(const PartitionSpec& o) const;  // trailing unsplit dims do not count
   bool operator!=(const PartitionSpec& o) const { return !(*this == o); }
 

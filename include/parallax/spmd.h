@@ -111,8 +111,7 @@ class ShardedExecutable {
  public:
   static std::unique_ptr<ShardedExecutable> compile(const Graph& g, const Mesh& mesh,
                                                     const std::vector<PartitionSpec>& in_specs,
-                                                    const PartitionOptions& popt = {},
-                                                    const CompileOptions& copt = {},
+                                                    const PartitionOptions& popt = {}, const CompileOptions& copt = {},
                                                     DeviceParallelism par = DeviceParallelism::automatic);
   static std::unique_ptr<ShardedExecutable> compile(SpmdProgram program, const CompileOptions& copt = {},
                                                     DeviceParallelism par = DeviceParallelism::automatic);

@@ -8,12 +8,18 @@ namespace px {
 
 const char* collective_name(CollectiveKind k) {
   switch (k) {
-    case CollectiveKind::all_reduce: return "all_reduce";
-    case CollectiveKind::all_gather: return "all_gather";
-    case CollectiveKind::reduce_scatter: return "reduce_scatter";
-    case CollectiveKind::all_to_all: return "all_to_all";
-    case CollectiveKind::permute: return "permute";
-    case CollectiveKind::broadcast: return "broadcast";
+    case CollectiveKind::all_reduce:
+      return "all_reduce";
+    case CollectiveKind::all_gather:
+      return "all_gather";
+    case CollectiveKind::reduce_scatter:
+      return "reduce_scatter";
+    case CollectiveKind::all_to_all:
+      return "all_to_all";
+    case CollectiveKind::permute:
+      return "permute";
+    case CollectiveKind::broadcast:
+      return "broadcast";
   }
   return "?";
 }
@@ -93,8 +99,9 @@ void Communicator::reduce_scatter(const Buffers& ins, const MutBuffers& outs, in
                                   const DeviceGroups& groups) {
   check_buffers("reduce_scatter", ins.size(), outs.size(), local_.size());
   int64_t n = groups.empty() ? 1 : static_cast<int64_t>(groups[0].size());
-  if (count % n) throw Error("[reduce_scatter] " + std::to_string(count) + " elements do not split over " +
-                             std::to_string(n) + " devices");
+  if (count % n)
+    throw Error("[reduce_scatter] " + std::to_string(count) + " elements do not split over " + std::to_string(n) +
+                " devices");
   do_reduce_scatter(ins, outs, count, t, op, groups);
   account(CollectiveKind::reduce_scatter, groups, count * dtype_size(t), n - 1, n);
 }
@@ -103,8 +110,9 @@ void Communicator::all_to_all(const Buffers& ins, const MutBuffers& outs, int64_
                               const DeviceGroups& groups) {
   check_buffers("all_to_all", ins.size(), outs.size(), local_.size());
   int64_t n = groups.empty() ? 1 : static_cast<int64_t>(groups[0].size());
-  if (count % n) throw Error("[all_to_all] " + std::to_string(count) + " elements do not split over " +
-                             std::to_string(n) + " devices");
+  if (count % n)
+    throw Error("[all_to_all] " + std::to_string(count) + " elements do not split over " + std::to_string(n) +
+                " devices");
   do_all_to_all(ins, outs, count, t, groups);
   account(CollectiveKind::all_to_all, groups, count * dtype_size(t), n - 1, n);
 }

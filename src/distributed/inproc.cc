@@ -19,8 +19,8 @@ inline T combine(T a, T b, ReduceOp op) {
 }
 
 // dsts[*][0..count) = reduction of srcs[*][0..count); srcs may alias dsts element for element.
-void reduce_into(const std::vector<const std::byte*>& srcs, const std::vector<std::byte*>& dsts, int64_t count,
-                 DType t, ReduceOp op) {
+void reduce_into(const std::vector<const std::byte*>& srcs, const std::vector<std::byte*>& dsts, int64_t count, DType t,
+                 ReduceOp op) {
   const int64_t nchunks = (count + kChunk - 1) / kChunk;
   const int64_t es = dtype_size(t);
 #pragma omp parallel for schedule(static) if (nchunks > 4)
@@ -124,7 +124,8 @@ class InprocCommunicator final : public Communicator {
     for (const auto& g : groups) {
       const int64_t bytes = count / static_cast<int64_t>(g.size()) * dtype_size(t);
       for (size_t k = 0; k < g.size(); ++k)
-        for (size_t j = 0; j < g.size(); ++j) copies.push_back({out(outs, g[k]) + j * bytes, in(ins, g[j]) + k * bytes, bytes});
+        for (size_t j = 0; j < g.size(); ++j)
+          copies.push_back({out(outs, g[k]) + j * bytes, in(ins, g[j]) + k * bytes, bytes});
     }
     run_copies(copies);
   }
@@ -159,7 +160,9 @@ class InprocCommunicator final : public Communicator {
     for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int>(i);
     return v;
   }
-  const std::byte* in(const Buffers& b, int position) const { return static_cast<const std::byte*>(b[local_index(position)]); }
+  const std::byte* in(const Buffers& b, int position) const {
+    return static_cast<const std::byte*>(b[local_index(position)]);
+  }
   std::byte* out(const MutBuffers& b, int position) const { return static_cast<std::byte*>(b[local_index(position)]); }
 };
 

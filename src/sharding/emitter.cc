@@ -65,8 +65,10 @@ std::string CollectiveRecord::to_string() const {
   if (!reduce.empty()) os << "(" << reduce << ")";
   os << " over ";
   for (size_t i = 0; i < axes.size(); ++i) os << (i ? "," : "") << "'" << axes[i] << "'";
-  if (kind == "all_to_all") os << " split " << dim << " concat " << concat_dim;
-  else if (dim >= 0) os << " dim " << dim;
+  if (kind == "all_to_all")
+    os << " split " << dim << " concat " << concat_dim;
+  else if (dim >= 0)
+    os << " dim " << dim;
   os << " of " << type_str(operand);
   if (result != operand) os << " -> " << type_str(result);
   return os.str();

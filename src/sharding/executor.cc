@@ -21,12 +21,13 @@ namespace {
 struct Segment {
   // One executable per device when devices run in parallel (each needs its own arena), else one.
   std::vector<std::unique_ptr<Executable>> exes;
-  std::vector<int> in_values, out_values;  // local-graph value ids
+  std::vector<int> in_values, out_values;     // local-graph value ids
   std::vector<std::vector<Array>> ins, outs;  // per device, prepared handles
   std::vector<int> input_slots;               // operands that are graph inputs, patched per run
 };
 
 struct Collective {
+  int node = -1;  // in the local graph
   std::string kind;
   int in_value = -1, out_value = -1;
   DType dtype = DType::f32;
@@ -34,9 +35,9 @@ struct Collective {
   int dim = -1, concat_dim = -1;
   ReduceOp op = ReduceOp::sum;
   DeviceGroups groups;
-  int64_t n = 1;                                        // group size
-  std::vector<std::pair<int, int>> pairs;              // permute: mesh positions
-  std::vector<Array> scratch_in, scratch_out;           // per device, for layout packing
+  int64_t n = 1;                               // group size
+  std::vector<std::pair<int, int>> pairs;      // permute: mesh positions
+  std::vector<Array> scratch_in, scratch_out;  // per device, for layout packing
 };
 
 struct Step {
@@ -104,8 +105,8 @@ ShardedExecutable::~ShardedExecutable() = default;
 
 std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(const Graph& g, const Mesh& mesh,
                                                               const std::vector<PartitionSpec>& in_specs,
-                                                              const PartitionOptions& popt,
-                                                              const CompileOptions& copt, DeviceParallelism par) {
+                                                              const PartitionOptions& popt, const CompileOptions& copt,
+                                                              DeviceParallelism par) {
   std::vector<Sharding> s;
   for (auto& spec : in_specs) s.emplace_back(mesh, spec);
   return compile(partition(g, mesh, s, popt), copt, par);
@@ -121,8 +122,8 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram progra
   const int64_t D = mesh.size();
   impl->devices = D;
   impl->threads = cpu::num_threads();
-  impl->over_devices = par == DeviceParallelism::over_devices ||
-                       (par == DeviceParallelism::automatic && D > 1 && D >= impl->threads);
+  impl->over_devices =
+      par == DeviceParallelism::over_devices || (par == DeviceParallelism::automatic && D > 1 && D >= impl->threads);
   impl->comm = make_inproc_communicator(D);
   const size_t nv = g.values().size();
   impl->input_of.assign(nv, -1);
@@ -133,25 +134,42 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram progra
     impl->coords.push_back(Array::from_i32(c, {static_cast<int64_t>(c.size())}));
   }
 
-  // Split the schedule into maximal runs of compute nodes and single collectives.
+  // Level schedule: a compute node's level is one more than that of the collectives it reads,
+  // and a collective runs right after the level of its operand. Each level's compute nodes (in
+  // graph order) form one segment, followed by its collectives, so compute that does not depend
+  // on a collective never waits for it and segments are as few as the collective chains allow.
   const auto& nodes = g.nodes();
+  std::vector<int> level(nodes.size(), 0);
+  std::vector<char> coll(nodes.size(), 0);
+  int max_level = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    coll[i] = is_collective(nodes[i].prim->name);
+    for (int v : nodes[i].inputs) {
+      int p = g.values()[v].producer;
+      if (p >= 0) level[i] = std::max(level[i], level[p] + (coll[p] && !coll[i] ? 1 : 0));
+    }
+    max_level = std::max(max_level, level[i]);
+  }
   std::vector<int> step_of_value(nv, -1), step_of_node(nodes.size(), -1);
   std::vector<std::vector<int>> seg_nodes;  // per step (empty for collectives)
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    bool coll = is_collective(nodes[i].prim->name);
-    if (coll) {
-      impl->steps.push_back({true, static_cast<int>(impl->collectives.size())});
-      impl->collectives.emplace_back();
-      impl->collectives.back().kind = nodes[i].prim->name;
-      seg_nodes.emplace_back();
-    } else if (impl->steps.empty() || impl->steps.back().collective) {
-      impl->steps.push_back({false, static_cast<int>(impl->segments.size())});
-      impl->segments.emplace_back();
-      seg_nodes.emplace_back();
-    }
-    if (!coll) seg_nodes.back().push_back(static_cast<int>(i));
-    step_of_node[i] = static_cast<int>(impl->steps.size()) - 1;
-    for (int v : nodes[i].outputs) step_of_value[v] = step_of_node[i];
+  for (int l = 0; l <= max_level; ++l) {
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        if (level[i] != l || coll[i] != (pass == 1)) continue;
+        if (coll[i]) {
+          impl->steps.push_back({true, static_cast<int>(impl->collectives.size())});
+          impl->collectives.emplace_back();
+          impl->collectives.back().node = static_cast<int>(i);
+          seg_nodes.emplace_back();
+        } else if (impl->steps.empty() || impl->steps.back().collective) {
+          impl->steps.push_back({false, static_cast<int>(impl->segments.size())});
+          impl->segments.emplace_back();
+          seg_nodes.emplace_back();
+        }
+        if (!coll[i]) seg_nodes.back().push_back(static_cast<int>(i));
+        step_of_node[i] = static_cast<int>(impl->steps.size()) - 1;
+        for (int v : nodes[i].outputs) step_of_value[v] = step_of_node[i];
+      }
   }
   // Values read by a later step (or returned) cross steps and get per-device storage.
   std::vector<char> crosses(nv, 0);
@@ -166,7 +184,8 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram progra
   impl->store.assign(static_cast<size_t>(D), std::vector<Array>(nv));
   for (size_t v = 0; v < nv; ++v)
     if (crosses[v])
-      for (int64_t d = 0; d < D; ++d) impl->store[d][v] = Array(g.type(static_cast<int>(v)).dtype, g.type(static_cast<int>(v)).shape);
+      for (int64_t d = 0; d < D; ++d)
+        impl->store[d][v] = Array(g.type(static_cast<int>(v)).dtype, g.type(static_cast<int>(v)).shape);
 
   for (size_t s = 0; s < impl->steps.size(); ++s) {
     if (impl->steps[s].collective) continue;
@@ -195,11 +214,9 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram progra
       if (impl->input_of[seg.in_values[s_in]] >= 0) seg.input_slots.push_back(s_in);
   }
 
-  int ci = 0;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (!is_collective(nodes[i].prim->name)) continue;
-    const Node& n = nodes[i];
-    Collective& c = impl->collectives[ci++];
+  for (Collective& c : impl->collectives) {
+    const Node& n = nodes[c.node];
+    c.kind = n.prim->name;
     c.in_value = n.inputs[0];
     c.out_value = n.outputs[0];
     c.dtype = g.type(c.in_value).dtype;

@@ -2,6 +2,7 @@
 // local shapes, resharding operands where a node's factor assignment wants another layout and
 // turning partial results into all-reduces or reduce-scatters.
 #include <algorithm>
+#include <functional>
 #include <map>
 
 #include "parallax/spmd.h"
@@ -29,7 +30,13 @@ class Partitioner {
  public:
   Partitioner(const Graph& g, const Mesh& mesh, const Propagation& prop, CollectiveEmitter& em, Graph& local,
               std::vector<CollectiveRecord>& records)
-      : g_(g), mesh_(mesh), prop_(prop), em_(em), local_(local), records_(records), values_(g.values().size()),
+      : g_(g),
+        mesh_(mesh),
+        prop_(prop),
+        em_(em),
+        local_(local),
+        records_(records),
+        values_(g.values().size()),
         specs_(prop.spec.begin(), prop.spec.end()) {}
 
   void set_input(int v, Tensor t, const Sharding& s) {
@@ -111,14 +118,14 @@ class Partitioner {
         for (int a : extra) all_partial = all_partial && std::count(partial.begin(), partial.end(), a);
         if (!all_partial || t.shape()[d] % shards_of(mesh_, extra) != 0) continue;
         t = record("reduce_scatter", extra, t, static_cast<int>(d), -1, cur.reduce, why,
-                   em_.reduce_scatter(t, axis_names(mesh_, extra), static_cast<int>(d), cur.reduce));
+                   [&] { return em_.reduce_scatter(t, axis_names(mesh_, extra), static_cast<int>(d), cur.reduce); });
         c[d] = want[d];
         for (int a : extra) partial.erase(std::find(partial.begin(), partial.end(), a));
         break;
       }
       if (!partial.empty())
         t = record("all_reduce", partial, t, -1, -1, cur.reduce, why,
-                   em_.all_reduce(t, axis_names(mesh_, partial), cur.reduce));
+                   [&] { return em_.all_reduce(t, axis_names(mesh_, partial), cur.reduce); });
     }
     // Move an axis from one dim to another with an all-to-all.
     for (bool moved = true; moved;) {
@@ -127,11 +134,11 @@ class Partitioner {
         if (c[d1].empty() || is_prefix(c[d1], want[d1])) continue;
         int x = c[d1].back();
         for (size_t d2 = 0; d2 < c.size() && !moved; ++d2) {
-          if (d2 == d1 || !is_prefix(c[d2], want[d2]) || want[d2].size() <= c[d2].size() ||
-              want[d2][c[d2].size()] != x)
+          if (d2 == d1 || !is_prefix(c[d2], want[d2]) || want[d2].size() <= c[d2].size() || want[d2][c[d2].size()] != x)
             continue;
-          t = record("all_to_all", {x}, t, static_cast<int>(d2), static_cast<int>(d1), "", why,
-                     em_.all_to_all(t, axis_names(mesh_, {x}), static_cast<int>(d2), static_cast<int>(d1)));
+          t = record("all_to_all", {x}, t, static_cast<int>(d2), static_cast<int>(d1), "", why, [&] {
+            return em_.all_to_all(t, axis_names(mesh_, {x}), static_cast<int>(d2), static_cast<int>(d1));
+          });
           c[d1].pop_back();
           c[d2].push_back(x);
           moved = true;
@@ -145,14 +152,14 @@ class Partitioner {
       if (common == c[d].size()) continue;
       std::vector<int> extra(c[d].begin() + common, c[d].end());
       t = record("all_gather", extra, t, static_cast<int>(d), -1, "", why,
-                 em_.all_gather(t, axis_names(mesh_, extra), static_cast<int>(d)));
+                 [&] { return em_.all_gather(t, axis_names(mesh_, extra), static_cast<int>(d)); });
       c[d].resize(common);
     }
     for (size_t d = 0; d < c.size(); ++d) {
       if (c[d].size() == want[d].size()) continue;
       std::vector<int> extra(want[d].begin() + c[d].size(), want[d].end());
       t = record("local_slice", extra, t, static_cast<int>(d), -1, "", why,
-                 em_.local_slice(t, axis_names(mesh_, extra), static_cast<int>(d)));
+                 [&] { return em_.local_slice(t, axis_names(mesh_, extra), static_cast<int>(d)); });
       c[d] = want[d];
     }
     cache_[key] = t;
@@ -160,8 +167,11 @@ class Partitioner {
   }
 
  private:
+  // Emits one collective (nothing over a group of one device) and records it.
   Tensor record(const std::string& kind, const std::vector<int>& axes, const Tensor& in, int dim, int concat_dim,
-                const std::string& reduce, const std::string& why, Tensor out) {
+                const std::string& reduce, const std::string& why, const std::function<Tensor()>& emit) {
+    if (shards_of(mesh_, axes) == 1) return in;
+    Tensor out = emit();
     CollectiveRecord r;
     r.kind = kind;
     r.axes = axis_names(mesh_, axes);
@@ -185,11 +195,11 @@ class Partitioner {
     int axis = static_cast<int>(n.attrs.i("axis"));
     Shape local = local_shape(mesh_, t.shape, spec);
     TraceScope scope(&local_);
-    Tensor line = emit1("iota", {}, Attrs{{"shape", std::vector<int64_t>{t.shape[axis]}}, {"axis", int64_t{0}},
-                                          {"dtype", t.dtype}});
+    Tensor line = emit1(
+        "iota", {}, Attrs{{"shape", std::vector<int64_t>{t.shape[axis]}}, {"axis", int64_t{0}}, {"dtype", t.dtype}});
     if (!spec[axis].empty())
       line = record("local_slice", spec[axis], line, 0, -1, "", reason_ + " (sharded iota)",
-                    em_.local_slice(line, axis_names(mesh_, spec[axis]), 0));
+                    [&] { return em_.local_slice(line, axis_names(mesh_, spec[axis]), 0); });
     Tensor out = t.rank() == 1 ? line
                                : emit1("broadcast_in_dim", {line},
                                        Attrs{{"shape", std::vector<int64_t>(local.begin(), local.end())},

@@ -57,8 +57,8 @@ int64_t group_of(const std::string& op, const Attrs& a) {
 
 void check_divisible(const std::string& op, const TensorType& t, int dim, int64_t g) {
   if (t.shape[dim] % g != 0)
-    throw Error("[" + op + "] dim " + std::to_string(dim) + " of " + type_str(t) + " is not divisible by the group size " +
-                std::to_string(g));
+    throw Error("[" + op + "] dim " + std::to_string(dim) + " of " + type_str(t) +
+                " is not divisible by the group size " + std::to_string(g));
 }
 
 void check_reduce(const std::string& op, const Attrs& a) {
@@ -99,63 +99,62 @@ void register_prims() {
   register_primitive(sc);
 
   register_local("all_reduce", [](const std::vector<TensorType>& in, const Attrs& a) {
-                        expect_n("all_reduce", in, 1);
-                        group_of("all_reduce", a);
-                        check_reduce("all_reduce", a);
-                        return identity_infer(in, a);
-                      });
+    expect_n("all_reduce", in, 1);
+    group_of("all_reduce", a);
+    check_reduce("all_reduce", a);
+    return identity_infer(in, a);
+  });
   register_local("all_gather", [](const std::vector<TensorType>& in, const Attrs& a) {
-                        expect_n("all_gather", in, 1);
-                        int d = checked_dim("all_gather", in[0], a, "dim");
-                        TensorType t = in[0];
-                        t.shape[d] *= group_of("all_gather", a);
-                        return std::vector<TensorType>{t};
-                      });
+    expect_n("all_gather", in, 1);
+    int d = checked_dim("all_gather", in[0], a, "dim");
+    TensorType t = in[0];
+    t.shape[d] *= group_of("all_gather", a);
+    return std::vector<TensorType>{t};
+  });
   register_local("reduce_scatter", [](const std::vector<TensorType>& in, const Attrs& a) {
-                        expect_n("reduce_scatter", in, 1);
-                        check_reduce("reduce_scatter", a);
-                        int d = checked_dim("reduce_scatter", in[0], a, "dim");
-                        int64_t g = group_of("reduce_scatter", a);
-                        check_divisible("reduce_scatter", in[0], d, g);
-                        TensorType t = in[0];
-                        t.shape[d] /= g;
-                        return std::vector<TensorType>{t};
-                      });
+    expect_n("reduce_scatter", in, 1);
+    check_reduce("reduce_scatter", a);
+    int d = checked_dim("reduce_scatter", in[0], a, "dim");
+    int64_t g = group_of("reduce_scatter", a);
+    check_divisible("reduce_scatter", in[0], d, g);
+    TensorType t = in[0];
+    t.shape[d] /= g;
+    return std::vector<TensorType>{t};
+  });
   register_local("all_to_all", [](const std::vector<TensorType>& in, const Attrs& a) {
-                        expect_n("all_to_all", in, 1);
-                        int s = checked_dim("all_to_all", in[0], a, "split_dim");
-                        int c = checked_dim("all_to_all", in[0], a, "concat_dim");
-                        int64_t g = group_of("all_to_all", a);
-                        check_divisible("all_to_all", in[0], s, g);
-                        TensorType t = in[0];
-                        t.shape[s] /= g;
-                        t.shape[c] *= g;
-                        return std::vector<TensorType>{t};
-                      });
+    expect_n("all_to_all", in, 1);
+    int s = checked_dim("all_to_all", in[0], a, "split_dim");
+    int c = checked_dim("all_to_all", in[0], a, "concat_dim");
+    int64_t g = group_of("all_to_all", a);
+    check_divisible("all_to_all", in[0], s, g);
+    TensorType t = in[0];
+    t.shape[s] /= g;
+    t.shape[c] *= g;
+    return std::vector<TensorType>{t};
+  });
   // pairs: flattened (source, target) indices within each group; targets not listed get zeros.
   register_local("collective_permute", [](const std::vector<TensorType>& in, const Attrs& a) {
-                        expect_n("collective_permute", in, 1);
-                        int64_t g = group_of("collective_permute", a);
-                        const auto& p = a.ints("pairs");
-                        if (p.size() % 2) throw Error("[collective_permute] pairs must hold (source, target) pairs");
-                        for (int64_t x : p)
-                          if (x < 0 || x >= g)
-                            throw Error("[collective_permute] index " + std::to_string(x) + " is outside the group of " +
-                                        std::to_string(g));
-                        return identity_infer(in, a);
-                      });
+    expect_n("collective_permute", in, 1);
+    int64_t g = group_of("collective_permute", a);
+    const auto& p = a.ints("pairs");
+    if (p.size() % 2) throw Error("[collective_permute] pairs must hold (source, target) pairs");
+    for (int64_t x : p)
+      if (x < 0 || x >= g)
+        throw Error("[collective_permute] index " + std::to_string(x) + " is outside the group of " +
+                    std::to_string(g));
+    return identity_infer(in, a);
+  });
   register_local("local_slice", [](const std::vector<TensorType>& in, const Attrs& a) {
-                        expect_n("local_slice", in, 2);
-                        if (in[1].dtype != DType::i32 || in[1].rank() != 1)
-                          throw Error("[local_slice] operand 1 must be the i32 device coordinates, got " +
-                                      type_str(in[1]));
-                        int d = checked_dim("local_slice", in[0], a, "dim");
-                        int64_t g = group_of("local_slice", a);
-                        check_divisible("local_slice", in[0], d, g);
-                        TensorType t = in[0];
-                        t.shape[d] /= g;
-                        return std::vector<TensorType>{t};
-                      });
+    expect_n("local_slice", in, 2);
+    if (in[1].dtype != DType::i32 || in[1].rank() != 1)
+      throw Error("[local_slice] operand 1 must be the i32 device coordinates, got " + type_str(in[1]));
+    int d = checked_dim("local_slice", in[0], a, "dim");
+    int64_t g = group_of("local_slice", a);
+    check_divisible("local_slice", in[0], d, g);
+    TensorType t = in[0];
+    t.shape[d] /= g;
+    return std::vector<TensorType>{t};
+  });
 }
 
 void register_kernels() {

@@ -46,7 +46,8 @@ Propagation propagate(const Graph& g, const Mesh& mesh, const std::vector<Spec>&
     if (n.prim->name != "sharding_constraint") continue;
     int v = n.outputs[0];
     Sharding s(mesh, PartitionSpec::parse(n.attrs.s("spec")));
-    s.validate(g.type(v), "sharding_constraint on %" + std::to_string(v) + (n.name.empty() ? "" : " ('" + n.name + "')"));
+    s.validate(g.type(v),
+               "sharding_constraint on %" + std::to_string(v) + (n.name.empty() ? "" : " ('" + n.name + "')"));
     cur[v] = to_spec(s, g.type(v).rank());
     fixed[v] = 1;
   }

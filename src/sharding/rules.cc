@@ -53,8 +53,10 @@ ShardingRule reshape_block_rule(const Shape& s, const Shape& t) {
     size_t i0 = i, j0 = j;
     int64_t pi = s[i++], pj = t[j++];
     while (pi != pj) {
-      if (pi < pj) pi *= s[i++];
-      else pj *= t[j++];
+      if (pi < pj)
+        pi *= s[i++];
+      else
+        pj *= t[j++];
     }
     fi[i0] = fo[j0] = factor(std::min(s[i0], t[j0]), Kind::parallel);
     for (size_t k = i0 + 1; k < i; ++k) fi[k] = factor(s[k], Kind::whole);

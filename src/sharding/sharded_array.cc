@@ -16,8 +16,8 @@ ShardedArray::ShardedArray(TensorType global, Sharding sharding, std::vector<Arr
   TensorType local{type_.dtype, sharding_.local_shape(type_.shape)};
   for (size_t p = 0; p < shards_.size(); ++p)
     if (shards_[p].type() != local)
-      throw Error("[sharding] shard " + std::to_string(p) + " of " + type_str(type_) + " with " + sharding_.to_string() +
-                  " has type " + type_str(shards_[p].type()) + ", expected " + type_str(local));
+      throw Error("[sharding] shard " + std::to_string(p) + " of " + type_str(type_) + " with " +
+                  sharding_.to_string() + " has type " + type_str(shards_[p].type()) + ", expected " + type_str(local));
 }
 
 int64_t ShardedArray::bytes_per_device() const { return shards_.empty() ? 0 : shards_[0].nbytes(); }

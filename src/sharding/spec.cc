@@ -89,8 +89,10 @@ PartitionSpec PartitionSpec::parse(const std::string& text) {
     return n;
   };
   skip();
-  if (text.compare(i, 2, "P(") == 0) i += 1;
-  else if (text.compare(i, 14, "PartitionSpec(") == 0) i += 13;
+  if (text.compare(i, 2, "P(") == 0)
+    i += 1;
+  else if (text.compare(i, 14, "PartitionSpec(") == 0)
+    i += 13;
   expect('(');
   std::vector<Dim> dims;
   skip();
@@ -184,7 +186,8 @@ void Sharding::validate(const TensorType& t, const std::string& what) const {
     int64_t n = num_shards(d);
     if (n > 0 && t.shape[d] % n == 0) continue;
     std::string axes;
-    for (auto& a : spec[d]) axes += (axes.empty() ? "" : " x ") + ("'" + a + "'(" + std::to_string(mesh.axis_size(a)) + ")");
+    for (auto& a : spec[d])
+      axes += (axes.empty() ? "" : " x ") + ("'" + a + "'(" + std::to_string(mesh.axis_size(a)) + ")");
     std::vector<std::string> fits;
     for (auto& ax : mesh.axes())
       if (ax.size > 1 && t.shape[d] % ax.size == 0 && !used.count(ax.name))

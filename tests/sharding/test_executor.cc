@@ -42,8 +42,9 @@ const Mesh kMesh = Mesh::cpu({{"x", 2}, {"y", 2}});
 TEST(ShardedExecutor, AllGatherOnInnerDim) {
   Array x = random_array({3, 8, 5}, DType::f32, 1);
   int64_t payload = 0;
-  auto r = run_one(kMesh, x, Sharding(kMesh, {none, {"x", "y"}}), Sharding(kMesh, {none, "x"}),
-                   [](CollectiveEmitter& e, const Tensor& t) { return e.all_gather(t, {"y"}, 1); }, &payload);
+  auto r = run_one(
+      kMesh, x, Sharding(kMesh, {none, {"x", "y"}}), Sharding(kMesh, {none, "x"}),
+      [](CollectiveEmitter& e, const Tensor& t) { return e.all_gather(t, {"y"}, 1); }, &payload);
   EXPECT_EQ(r.shard(0).shape(), (Shape{3, 4, 5}));
   EXPECT_EQ(gather(r).to_f32(), x.to_f32());
   EXPECT_EQ(payload, 3 * 4 * 5 * 4);  // the gathered result, per device
@@ -80,8 +81,10 @@ TEST(ShardedExecutor, AllToAllBetweenAnyDims) {
 
 TEST(ShardedExecutor, LocalSliceTakesThisDevicesBlock) {
   Array x = random_array({8, 4}, DType::bf16, 5);
-  auto r = run_one(kMesh, x, Sharding(kMesh, {}), Sharding(kMesh, {{"y", "x"}}),
-                   [](CollectiveEmitter& e, const Tensor& t) { return e.local_slice(t, {"y", "x"}, 0); });
+  auto r =
+      run_one(kMesh, x, Sharding(kMesh, {}), Sharding(kMesh, {{"y", "x"}}), [](CollectiveEmitter& e, const Tensor& t) {
+        return e.local_slice(t, {"y", "x"}, 0);
+      });
   EXPECT_EQ(r.shard(1).shape(), (Shape{2, 4}));
   EXPECT_EQ(gather(r).to_f32(), x.to_f32());
 }
@@ -90,8 +93,8 @@ TEST(ShardedExecutor, CollectivePermuteShiftsAlongAnAxis) {
   Array x = random_array({2, 6}, DType::f32, 6);
   // Within each 'x' group, member 0 sends to member 1 and back: swaps the two row blocks.
   auto r = run_one(kMesh, x, Sharding(kMesh, {"x"}), Sharding(kMesh, {"x"}), [](CollectiveEmitter&, const Tensor& t) {
-    return emit1("collective_permute", {t}, Attrs{{"axes", std::string("x")}, {"group", int64_t{2}},
-                                                  {"pairs", std::vector<int64_t>{0, 1, 1, 0}}});
+    return emit1("collective_permute", {t},
+                 Attrs{{"axes", std::string("x")}, {"group", int64_t{2}}, {"pairs", std::vector<int64_t>{0, 1, 1, 0}}});
   });
   std::vector<float> in = x.to_f32(), got = gather(r).to_f32();
   for (int i = 0; i < 6; ++i) {

@@ -72,8 +72,7 @@ TEST(PartitionSpec, PrintsAndParsesLikeJax) {
   EXPECT_EQ(PartitionSpec::parse(" P( ( 'a' , 'b' ) , None ) "), (PartitionSpec{{"a", "b"}, none}));
   // Trailing unsplit dims do not change the meaning.
   EXPECT_EQ((PartitionSpec{"data"}), (PartitionSpec{"data", none}));
-  EXPECT_NE(error_of([] { PartitionSpec::parse("P('data'"); }).find("cannot parse partition spec"),
-            std::string::npos);
+  EXPECT_NE(error_of([] { PartitionSpec::parse("P('data'"); }).find("cannot parse partition spec"), std::string::npos);
   EXPECT_NE(error_of([] { PartitionSpec::parse("P(data)"); }).find("quoted axis name"), std::string::npos);
 }
 

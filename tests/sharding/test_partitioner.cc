@@ -2,8 +2,8 @@
 // for the exact collectives inserted and the local shapes, without running any device.
 #include <gtest/gtest.h>
 
-#include "parallax/spmd.h"
 #include "ir/primitive.h"
+#include "parallax/spmd.h"
 #include "testing.h"
 
 namespace px {
@@ -57,9 +57,7 @@ TEST(Partitioner, MegatronMlpNeedsOneAllReduce) {
 }
 
 TEST(Partitioner, ReductionsOverSplitDims) {
-  TracedFn f = [](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{sum(in[0], {0}), max(in[0], {1})};
-  };
+  TracedFn f = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{sum(in[0], {0}), max(in[0], {1})}; };
   auto p = part(f, {f32({8, 6})}, kMesh, {{"data", "model"}});
   EXPECT_EQ(collectives(p), (std::vector<std::string>{"all_reduce(sum) over 'data' of f32[3]",
                                                       "all_reduce(max) over 'model' of f32[2]"}));
@@ -81,12 +79,14 @@ TEST(Partitioner, ConstraintMovingAnAxisIsAnAllToAll) {
     return std::vector<Tensor>{with_sharding_constraint(in[0] * 2.0, {none, "data"})};
   };
   auto p = part(f, {f32({8, 12})}, kMesh, {{"data"}});
-  EXPECT_EQ(collectives(p), (std::vector<std::string>{"all_to_all over 'data' split 1 concat 0 of f32[2,12] -> f32[8,3]"}));
+  EXPECT_EQ(collectives(p),
+            (std::vector<std::string>{"all_to_all over 'data' split 1 concat 0 of f32[2,12] -> f32[8,3]"}));
 }
 
 TEST(Partitioner, GatherAndLocalSlice) {
   TracedFn f = [](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{with_sharding_constraint(in[0], {none, none}), with_sharding_constraint(in[1], {"model"})};
+    return std::vector<Tensor>{with_sharding_constraint(in[0], {none, none}),
+                               with_sharding_constraint(in[1], {"model"})};
   };
   auto p = part(f, {f32({8, 12}), f32({6, 4})}, kMesh, {{"data"}, {}});
   EXPECT_EQ(collectives(p), (std::vector<std::string>{"all_gather over 'data' dim 0 of f32[2,12] -> f32[8,12]",
@@ -95,7 +95,9 @@ TEST(Partitioner, GatherAndLocalSlice) {
 
 TEST(Partitioner, ConstraintPropagatesBackwardToTheInputs) {
   // tanh runs on the local block: the slice moves to the replicated input, before the compute.
-  TracedFn f = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{with_sharding_constraint(tanh(in[0]), {"data"})}; };
+  TracedFn f = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{with_sharding_constraint(tanh(in[0]), {"data"})};
+  };
   auto p = part(f, {f32({8, 12})}, kMesh, {{}});
   EXPECT_EQ(collectives(p), (std::vector<std::string>{"local_slice over 'data' dim 0 of f32[8,12] -> f32[2,12]"}));
   bool tanh_local = false;
@@ -112,8 +114,10 @@ TEST(Partitioner, DataParallelGradientsAreAllReducedOnce) {
   auto p = part(step, {f32({16, 8}), f32({8, 4})}, kMesh, {{"data"}, {}});
   int weight_reduces = 0, other = 0;
   for (auto& c : p.collectives) {
-    if (c.kind == "all_reduce" && c.axes == std::vector<std::string>{"data"} && c.operand == f32({8, 4})) ++weight_reduces;
-    else if (!(c.kind == "all_reduce" && c.operand.numel() == 1)) ++other;
+    if (c.kind == "all_reduce" && c.axes == std::vector<std::string>{"data"} && c.operand == f32({8, 4}))
+      ++weight_reduces;
+    else if (!(c.kind == "all_reduce" && c.operand.numel() == 1))
+      ++other;
   }
   EXPECT_EQ(weight_reduces, 1) << p.summary();
   EXPECT_EQ(other, 0) << p.summary();
@@ -136,6 +140,18 @@ TEST(Partitioner, ShardedIotaSlicesOnlyTheLineAlongItsAxis) {
   };
   auto p = part(f, {f32({16, 8})}, kMesh, {{"data", "model"}});
   EXPECT_EQ(collectives(p), (std::vector<std::string>{"local_slice over 'data' dim 0 of i32[16] -> i32[4]"}));
+}
+
+TEST(Partitioner, PartialInputsAreReducedWhereUsed) {
+  auto g = trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{exp(in[0])}; }, {f32({8, 4})});
+  auto p = partition(*g, kMesh, {Sharding(kMesh, {"data"}, {"model"})});
+  EXPECT_EQ(collectives(p), (std::vector<std::string>{"all_reduce(sum) over 'model' of f32[2,4]"}));
+}
+
+TEST(Partitioner, AxesOfSizeOneNeedNoCollectives) {
+  Mesh m = Mesh::cpu({{"data", 1}, {"model", 2}});
+  auto p = part(matmul_fn, {f32({8, 32}), f32({32, 16})}, m, {{none, "data"}, {"data", none}});
+  EXPECT_TRUE(p.collectives.empty()) << p.summary();
 }
 
 struct Recorder : CollectiveEmitter {
@@ -167,7 +183,9 @@ TEST(Partitioner, BadInputShardingsNameTheInput) {
   }
   EXPECT_THROW(partition(*g, kMesh, {Sharding(kMesh, {})}), Error);
   EXPECT_THROW(partition(*g, kMesh, {Sharding(Mesh::cpu({{"data", 8}}), {}), Sharding(kMesh, {})}), Error);
-  TracedFn bad = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{with_sharding_constraint(in[0], {"batch"})}; };
+  TracedFn bad = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{with_sharding_constraint(in[0], {"batch"})};
+  };
   auto g2 = trace(bad, {f32({8})});
   try {
     partition(*g2, kMesh, {Sharding(kMesh, {})});

@@ -103,8 +103,8 @@ TEST(SpmdEquivalence, FsdpStyleShardedParamsAndGradients) {
 TEST(SpmdEquivalence, SoftmaxAndReductions) {
   TracedFn f = [](const std::vector<Tensor>& in) {
     const Tensor& x = in[0];
-    return std::vector<Tensor>{softmax(x, -1), log_softmax(x, 0), sum(x, {0, 1}), max(x, {1}), mean(x, {0}),
-                               layer_norm(x, in[1], in[2])};
+    return std::vector<Tensor>{softmax(x, -1), log_softmax(x, 0), sum(x, {0, 1}),
+                               max(x, {1}),    mean(x, {0}),      layer_norm(x, in[1], in[2])};
   };
   std::vector<Array> x = {random_array({16, 24}, DType::f32, 10), random_array({24}, DType::f32, 11),
                           random_array({24}, DType::f32, 12)};

@@ -48,17 +48,16 @@ void check_model(const nn::LmConfig& cfg) {
   const int64_t B = 8, S = cfg.max_seq_len;
   Array tokens = random_tokens({B, S}, cfg.vocab_size, 1), targets = random_tokens({B, S}, cfg.vocab_size, 2);
   const int np = model.store().size();
-  auto g = nn::trace_with_params(
-      model.store(),
-      [&](const std::vector<Tensor>& b) {
-        Tensor loss = nn::next_token_loss(model, b[0], b[1]);
-        std::vector<Tensor> params;
-        for (int i = 0; i < np; ++i) params.push_back(model.store().value(i));
-        std::vector<Tensor> out = gradients(loss, params);
-        out.insert(out.begin(), loss);
-        return out;
-      },
-      {tokens.type(), targets.type()}, {"tokens", "targets"});
+  auto g = nn::trace_with_params(model.store(),
+                                 [&](const std::vector<Tensor>& b) {
+                                   Tensor loss = nn::next_token_loss(model, b[0], b[1]);
+                                   std::vector<Tensor> params;
+                                   for (int i = 0; i < np; ++i) params.push_back(model.store().value(i));
+                                   std::vector<Tensor> out = gradients(loss, params);
+                                   out.insert(out.begin(), loss);
+                                   return out;
+                                 },
+                                 {tokens.type(), targets.type()}, {"tokens", "targets"});
   std::vector<Array> inputs = model.init(0);
   inputs.push_back(tokens);
   inputs.push_back(targets);
@@ -86,9 +85,7 @@ void check_model(const nn::LmConfig& cfg) {
 
 TEST(SpmdModels, Gpt2StyleLossAndGradients) { check_model(nn::gpt2_config("gpt_micro", 256, 64, 4, 2, 128, 16)); }
 
-TEST(SpmdModels, LlamaStyleLossAndGradients) {
-  check_model(nn::llama_config("llama_micro", 256, 64, 4, 2, 2, 96, 16));
-}
+TEST(SpmdModels, LlamaStyleLossAndGradients) { check_model(nn::llama_config("llama_micro", 256, 64, 4, 2, 2, 96, 16)); }
 
 }  // namespace
 }  // namespace px
