@@ -24,8 +24,8 @@ Ints normalize_axes(const char* op, const Ints& axes, const TensorType& t) {
                   " (valid: " + std::to_string(-t.rank()) + ".." + std::to_string(t.rank() - 1) + ")");
     int64_t n = a < 0 ? a + t.rank() : a;
     if (std::find(out.begin(), out.end(), n) != out.end())
-      throw Error(std::string("[") + op + "] axes " + shape_str(axes) + " name dim " + std::to_string(n) +
-                  " of " + type_str(t) + " twice");
+      throw Error(std::string("[") + op + "] axes " + shape_str(axes) + " name dim " + std::to_string(n) + " of " +
+                  type_str(t) + " twice");
     out.push_back(n);
   }
   std::sort(out.begin(), out.end());
@@ -37,7 +37,8 @@ std::vector<TensorType> reduce_infer(const char* op, const std::vector<TensorTyp
   if (in.size() != 1) throw Error(std::string("[") + op + "] expects 1 operand, got " + std::to_string(in.size()));
   const TensorType& t = in[0];
   if (t.dtype == DType::boolean)
-    throw Error(std::string("[") + op + "] does not take bool operands (" + type_str(t) + "); cast to i32 or f32 first");
+    throw Error(std::string("[") + op + "] does not take bool operands (" + type_str(t) +
+                "); cast to i32 or f32 first");
   const Ints& axes = a.ints("axes");
   std::vector<char> reduced(t.shape.size(), 0);
   for (size_t k = 0; k < axes.size(); ++k) {
@@ -119,34 +120,34 @@ Tensor mean(const Tensor& x, const Ints& axes, bool keepdims) {
 }
 
 void register_reduce_primitives() {
-  register_primitive({"reduce_sum", [](const std::vector<TensorType>& in, const Attrs& a) {
-                        return reduce_infer("reduce_sum", in, a);
-                      },
-                      [](const VjpArgs& v) -> std::vector<Tensor> {
-                        const Tensor& ct = v.cotangents[0];
-                        if (!ct.defined()) return {Tensor()};
-                        const Tensor& x = v.inputs[0];
-                        return {broadcast_in_dim(ct, x.shape(), kept_dims(x.rank(), v.attrs.ints("axes")))};
-                      },
-                      reduce_rule, reduce_cost});
+  register_primitive(
+      {"reduce_sum",
+       [](const std::vector<TensorType>& in, const Attrs& a) { return reduce_infer("reduce_sum", in, a); },
+       [](const VjpArgs& v) -> std::vector<Tensor> {
+         const Tensor& ct = v.cotangents[0];
+         if (!ct.defined()) return {Tensor()};
+         const Tensor& x = v.inputs[0];
+         return {broadcast_in_dim(ct, x.shape(), kept_dims(x.rank(), v.attrs.ints("axes")))};
+       },
+       reduce_rule, reduce_cost});
 
   // The cotangent goes to the positions that equal the max, split evenly among ties.
-  register_primitive({"reduce_max", [](const std::vector<TensorType>& in, const Attrs& a) {
-                        return reduce_infer("reduce_max", in, a);
-                      },
-                      [](const VjpArgs& v) -> std::vector<Tensor> {
-                        const Tensor& ct = v.cotangents[0];
-                        if (!ct.defined()) return {Tensor()};
-                        const Tensor& x = v.inputs[0];
-                        const Ints& axes = v.attrs.ints("axes");
-                        Ints kept = kept_dims(x.rank(), axes);
-                        Tensor y = broadcast_in_dim(v.outputs[0], x.shape(), kept);
-                        Tensor hit = cast(equal(x, y), x.dtype());
-                        Tensor count = emit1("reduce_sum", {hit}, Attrs{{"axes", axes}});
-                        Tensor share = ct / count;
-                        return {hit * broadcast_in_dim(share, x.shape(), kept)};
-                      },
-                      reduce_rule, reduce_cost});
+  register_primitive(
+      {"reduce_max",
+       [](const std::vector<TensorType>& in, const Attrs& a) { return reduce_infer("reduce_max", in, a); },
+       [](const VjpArgs& v) -> std::vector<Tensor> {
+         const Tensor& ct = v.cotangents[0];
+         if (!ct.defined()) return {Tensor()};
+         const Tensor& x = v.inputs[0];
+         const Ints& axes = v.attrs.ints("axes");
+         Ints kept = kept_dims(x.rank(), axes);
+         Tensor y = broadcast_in_dim(v.outputs[0], x.shape(), kept);
+         Tensor hit = cast(equal(x, y), x.dtype());
+         Tensor count = emit1("reduce_sum", {hit}, Attrs{{"axes", axes}});
+         Tensor share = ct / count;
+         return {hit * broadcast_in_dim(share, x.shape(), kept)};
+       },
+       reduce_rule, reduce_cost});
 }
 
 }  // namespace px

@@ -79,13 +79,21 @@ ShardingRule reshape_rule(const std::vector<TensorType>& in, const std::vector<T
   } else {
     size_t i = 0, j = 0;
     while (i < s.size() && j < t.size()) {
-      if (s[i] == 1) { ++i; continue; }
-      if (t[j] == 1) { ++j; continue; }
+      if (s[i] == 1) {
+        ++i;
+        continue;
+      }
+      if (t[j] == 1) {
+        ++j;
+        continue;
+      }
       size_t i0 = i, j0 = j;
       int64_t pi = s[i++], pj = t[j++];
       while (pi != pj) {
-        if (pi < pj) pi *= s[i++];
-        else pj *= t[j++];
+        if (pi < pj)
+          pi *= s[i++];
+        else
+          pj *= t[j++];
       }
       int64_t g = std::gcd(s[i0], t[j0]);
       if (g > 1) {
@@ -157,11 +165,11 @@ std::vector<TensorType> slice_infer(const std::vector<TensorType>& in, const Att
   for (size_t d = 0; d < t.shape.size(); ++d) {
     if (starts[d] < 0 || starts[d] > limits[d] || limits[d] > t.shape[d])
       throw Error("[slice] dim " + std::to_string(d) + " of " + type_str(t) + ": start " + std::to_string(starts[d]) +
-                  " and limit " + std::to_string(limits[d]) + " must satisfy 0 <= start <= limit <= " +
-                  std::to_string(t.shape[d]));
+                  " and limit " + std::to_string(limits[d]) +
+                  " must satisfy 0 <= start <= limit <= " + std::to_string(t.shape[d]));
     if (strides[d] < 1)
-      throw Error("[slice] dim " + std::to_string(d) + " of " + type_str(t) + ": stride " +
-                  std::to_string(strides[d]) + " must be >= 1");
+      throw Error("[slice] dim " + std::to_string(d) + " of " + type_str(t) + ": stride " + std::to_string(strides[d]) +
+                  " must be >= 1");
     s.push_back(slice_len(starts[d], limits[d], strides[d]));
   }
   return {{t.dtype, s}};
@@ -269,7 +277,8 @@ ShardingRule concat_rule(const std::vector<TensorType>& in, const std::vector<Te
   int64_t axis = a.i("axis");
   const Shape& s = out[0].shape;
   std::vector<int> shared;
-  for (size_t d = 0; d < s.size(); ++d) shared.push_back(d == static_cast<size_t>(axis) ? -1 : b.factor(s[d], Kind::parallel));
+  for (size_t d = 0; d < s.size(); ++d)
+    shared.push_back(d == static_cast<size_t>(axis) ? -1 : b.factor(s[d], Kind::parallel));
   for (auto& t : in) {
     std::vector<int> f = shared;
     f[axis] = b.factor(t.shape[axis], Kind::whole);

@@ -167,7 +167,8 @@ TEST(Reduce, LargeF32SumsStayAccurate) {
   EXPECT_NEAR(got, exact, exact * 1e-6);
   Array c = Array::from_f32(std::vector<float>(200000 * 3, 0.1f), {200000, 3});
   double exact_c = static_cast<double>(0.1f) * 200000;
-  for (float v : eval1([](const V& in) { return V{sum(in[0], {0})}; }, {c}).to_f32()) EXPECT_NEAR(v, exact_c, exact_c * 1e-6);
+  for (float v : eval1([](const V& in) { return V{sum(in[0], {0})}; }, {c}).to_f32())
+    EXPECT_NEAR(v, exact_c, exact_c * 1e-6);
   // Few outputs with long rows, and a middle-axis reduction with few outputs.
   Array r = random_array({2, 100003}, DType::f32, 8);
   EXPECT_TRUE(all_close(eval1([](const V& in) { return V{sum(in[0], {1})}; }, {r}).to_f32(),

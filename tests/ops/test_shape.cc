@@ -65,7 +65,8 @@ std::vector<float> ref_slice(const std::vector<float>& x, const Shape& s, const 
 std::vector<float> ref_pad(const std::vector<float>& x, const Shape& s, const Ints& lo, const Ints& hi,
                            const Ints& interior, float value, Shape* out_shape) {
   Shape os;
-  for (size_t d = 0; d < s.size(); ++d) os.push_back(lo[d] + hi[d] + s[d] + std::max<int64_t>(s[d] - 1, 0) * interior[d]);
+  for (size_t d = 0; d < s.size(); ++d)
+    os.push_back(lo[d] + hi[d] + s[d] + std::max<int64_t>(s[d] - 1, 0) * interior[d]);
   *out_shape = os;
   std::vector<float> out(static_cast<size_t>(numel(os)), value);
   Ints ost = strides_of(os);
@@ -175,7 +176,8 @@ TEST(Transpose, MatchesReferenceOnManyLayouts) {
     Shape want_shape;
     for (int64_t p : perm) want_shape.push_back(c.shape[p]);
     EXPECT_EQ(y.shape(), want_shape) << shape_str(c.shape) << " perm " << shape_str(perm);
-    EXPECT_EQ(y.to_f32(), ref_transpose(x.to_f32(), c.shape, perm)) << shape_str(c.shape) << " perm " << shape_str(perm);
+    EXPECT_EQ(y.to_f32(), ref_transpose(x.to_f32(), c.shape, perm))
+        << shape_str(c.shape) << " perm " << shape_str(perm);
   }
 }
 

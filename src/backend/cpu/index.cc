@@ -104,8 +104,10 @@ Kernel make_scatter_typed(int64_t nidx, int64_t rows, int64_t d, DType dtype) {
       int64_t r = it / ncb, c0 = it % ncb * kCols, w = std::min(kCols, d - c0);
       int64_t b = r == 0 ? 0 : end[r - 1], e = end[r];
       T* dst = o + r * d + c0;
-      if (b == e) std::memset(dst, 0, static_cast<size_t>(w) * sizeof(T));
-      else Accum<T>::run(upd, ord, b, e, d, c0, w, dst, dtype);
+      if (b == e)
+        std::memset(dst, 0, static_cast<size_t>(w) * sizeof(T));
+      else
+        Accum<T>::run(upd, ord, b, e, d, c0, w, dst, dtype);
     }
   };
 }
@@ -117,11 +119,15 @@ Kernel make_scatter_add(const KernelSpec& spec) {
   int64_t d = rows == 0 ? numel(Shape(out.shape.begin() + 1, out.shape.end())) : out.numel() / rows;
   int64_t n = idx.numel();
   switch (out.dtype) {
-    case DType::f32: return make_scatter_typed<float>(n, rows, d, out.dtype);
-    case DType::i32: return make_scatter_typed<int32_t>(n, rows, d, out.dtype);
+    case DType::f32:
+      return make_scatter_typed<float>(n, rows, d, out.dtype);
+    case DType::i32:
+      return make_scatter_typed<int32_t>(n, rows, d, out.dtype);
     case DType::bf16:
-    case DType::f16: return make_scatter_typed<uint16_t>(n, rows, d, out.dtype);
-    default: throw Error("[scatter_add] no CPU kernel for " + type_str(out));
+    case DType::f16:
+      return make_scatter_typed<uint16_t>(n, rows, d, out.dtype);
+    default:
+      throw Error("[scatter_add] no CPU kernel for " + type_str(out));
   }
 }
 
@@ -145,7 +151,7 @@ Kernel make_one_hot(const KernelSpec& spec) {
       std::byte* row = o + i * depth * es;
       std::memset(row, 0, static_cast<size_t>(depth * es));
       int32_t k = idx[i];
-      if (k < 0 || k >= depth) continue;  // out of range: an all-zero row
+      if (k < 0 || k >= depth) continue;                         // out of range: an all-zero row
       std::memcpy(row + k * es, &one, static_cast<size_t>(es));  // little-endian low bytes
     }
   };

@@ -20,11 +20,11 @@ namespace px::cpu {
 namespace {
 
 constexpr int kMaxRank = 16;
-constexpr int64_t kSeg = 512;            // elements per row block
-constexpr int64_t kColBlock = 2048;      // output columns per work item: long contiguous row reads
-constexpr int64_t kFlushRows = 64;       // rows summed in f32 before folding into f64
-constexpr int64_t kChunkElems = 1 << 15; // reduction elements per chunk when outputs are few
-constexpr int64_t kFewUnits = 64;        // below this many work units, split the reduction too
+constexpr int64_t kSeg = 512;             // elements per row block
+constexpr int64_t kColBlock = 2048;       // output columns per work item: long contiguous row reads
+constexpr int64_t kFlushRows = 64;        // rows summed in f32 before folding into f64
+constexpr int64_t kChunkElems = 1 << 15;  // reduction elements per chunk when outputs are few
+constexpr int64_t kFewUnits = 64;         // below this many work units, split the reduction too
 
 template <class F>
 void parallel_items(int64_t n, int64_t work_total, F&& f) {
@@ -34,7 +34,7 @@ void parallel_items(int64_t n, int64_t work_total, F&& f) {
     f(int64_t{0}, n);
     return;
   }
-#pragma omp parallel num_threads(static_cast<int>(chunks))
+#pragma omp parallel num_threads(static_cast <int>(chunks))
   {
     int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     int64_t b = n * t / nt, e = n * (t + 1) / nt;
@@ -202,11 +202,20 @@ template <class Op>
 inline void store(typename Op::Acc a, void* out, DType d, int64_t i) {
   auto v = Op::out(a);
   switch (d) {
-    case DType::f32: static_cast<float*>(out)[i] = static_cast<float>(v); break;
-    case DType::bf16: static_cast<uint16_t*>(out)[i] = f32_to_bf16(static_cast<float>(v)); break;
-    case DType::f16: static_cast<uint16_t*>(out)[i] = f32_to_f16(static_cast<float>(v)); break;
-    case DType::i32: static_cast<int32_t*>(out)[i] = static_cast<int32_t>(v); break;
-    case DType::boolean: break;
+    case DType::f32:
+      static_cast<float*>(out)[i] = static_cast<float>(v);
+      break;
+    case DType::bf16:
+      static_cast<uint16_t*>(out)[i] = f32_to_bf16(static_cast<float>(v));
+      break;
+    case DType::f16:
+      static_cast<uint16_t*>(out)[i] = f32_to_f16(static_cast<float>(v));
+      break;
+    case DType::i32:
+      static_cast<int32_t*>(out)[i] = static_cast<int32_t>(v);
+      break;
+    case DType::boolean:
+      break;
   }
 }
 
@@ -238,11 +247,11 @@ struct Plan {
   int64_t len = 1;             // contiguous reduced length (row case) or kept columns (column case)
   int nk = 0, nr = 0;          // kept / reduced dims other than the innermost
   int64_t ksize[kMaxRank] = {}, kstride[kMaxRank] = {}, rsize[kMaxRank] = {}, rstride[kMaxRank] = {};
-  int64_t m = 1;               // product of rsize
+  int64_t m = 1;                 // product of rsize
   int64_t parts = 1, chunk = 0;  // reduction split: chunk elements (row case) or rows (column case)
-  int64_t ncb = 1;             // column blocks (column case)
+  int64_t ncb = 1;               // column blocks (column case)
   int64_t out_n = 0, in_n = 0;
-  bool copy_only = false;      // nothing is reduced (only size-1 dims)
+  bool copy_only = false;  // nothing is reduced (only size-1 dims)
 };
 
 // Offset of kept-dims index u in the input.
@@ -505,11 +514,16 @@ Kernel make_reduce(const KernelSpec& spec) {
   const TensorType& t = spec.in[0];
   Plan p = make_plan(t, spec.attrs.ints("axes"), spec.out[0].numel());
   switch (t.dtype) {
-    case DType::f32: return make_for<FOp, Src::f32>(spec, p);
-    case DType::bf16: return make_for<FOp, Src::bf16>(spec, p);
-    case DType::f16: return make_for<FOp, Src::f16>(spec, p);
-    case DType::i32: return make_for<IOp, Src::i32>(spec, p);
-    default: throw Error("[reduce] no CPU kernel for " + type_str(t));
+    case DType::f32:
+      return make_for<FOp, Src::f32>(spec, p);
+    case DType::bf16:
+      return make_for<FOp, Src::bf16>(spec, p);
+    case DType::f16:
+      return make_for<FOp, Src::f16>(spec, p);
+    case DType::i32:
+      return make_for<IOp, Src::i32>(spec, p);
+    default:
+      throw Error("[reduce] no CPU kernel for " + type_str(t));
   }
 }
 

@@ -35,7 +35,7 @@ void parallel_ranges(int64_t n, int64_t bytes_total, F&& f) {
     f(int64_t{0}, n);
     return;
   }
-#pragma omp parallel num_threads(static_cast<int>(chunks))
+#pragma omp parallel num_threads(static_cast <int>(chunks))
   {
     int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     int64_t b = n * t / nt, e = n * (t + 1) / nt;
@@ -48,7 +48,8 @@ void parallel_memcpy(void* dst, const void* src, int64_t bytes) {
   int64_t n = (bytes + kChunk - 1) / kChunk;
   parallel_ranges(n, bytes, [&](int64_t b, int64_t e) {
     int64_t lo = b * kChunk, hi = std::min(bytes, e * kChunk);
-    std::memcpy(static_cast<std::byte*>(dst) + lo, static_cast<const std::byte*>(src) + lo, static_cast<size_t>(hi - lo));
+    std::memcpy(static_cast<std::byte*>(dst) + lo, static_cast<const std::byte*>(src) + lo,
+                static_cast<size_t>(hi - lo));
   });
 }
 
@@ -128,9 +129,15 @@ void run_copy(const CopyPlan& p, const void* src, void* dst) {
   int64_t bytes = p.rows * p.inner * p.esize;
   parallel_ranges(p.rows, bytes, [&](int64_t b, int64_t e) {
     switch (p.esize) {
-      case 1: copy_rows(p, static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), b, e); break;
-      case 2: copy_rows(p, static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), b, e); break;
-      default: copy_rows(p, static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), b, e); break;
+      case 1:
+        copy_rows(p, static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), b, e);
+        break;
+      case 2:
+        copy_rows(p, static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), b, e);
+        break;
+      default:
+        copy_rows(p, static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), b, e);
+        break;
     }
   });
 }
@@ -205,9 +212,12 @@ inline void tr8x8(const uint8_t*, int64_t, uint8_t*, int64_t) {}
 
 template <class T>
 constexpr bool has_tr8x8() {
-  if constexpr (sizeof(T) == 4) return kHasTr32;
-  else if constexpr (sizeof(T) == 2) return kHasTr16;
-  else return false;
+  if constexpr (sizeof(T) == 4)
+    return kHasTr32;
+  else if constexpr (sizeof(T) == 2)
+    return kHasTr16;
+  else
+    return false;
 }
 
 // One tile: dst[c * ds + a] = src[a * ss + c] for a < na, c < nc.
@@ -274,8 +284,10 @@ Kernel make_transpose(const KernelSpec& spec) {
   // Group runs of consecutive input dims that appear in order in the output.
   std::vector<Ints> groups;  // in output order, each a run of input dims
   for (int64_t q : p) {
-    if (!groups.empty() && groups.back().back() + 1 == q) groups.back().push_back(q);
-    else groups.push_back({q});
+    if (!groups.empty() && groups.back().back() + 1 == q)
+      groups.back().push_back(q);
+    else
+      groups.push_back({q});
   }
   // Order groups by their first input dim to get merged input dims.
   std::vector<int> by_in(groups.size());
@@ -326,9 +338,15 @@ Kernel make_transpose(const KernelSpec& spec) {
   if (count == 0) tp.batch = 0;
   return [tp, esize](const void* const* in, void* const* out) {
     switch (esize) {
-      case 1: run_tiles(tp, static_cast<const uint8_t*>(in[0]), static_cast<uint8_t*>(out[0])); break;
-      case 2: run_tiles(tp, static_cast<const uint16_t*>(in[0]), static_cast<uint16_t*>(out[0])); break;
-      default: run_tiles(tp, static_cast<const uint32_t*>(in[0]), static_cast<uint32_t*>(out[0])); break;
+      case 1:
+        run_tiles(tp, static_cast<const uint8_t*>(in[0]), static_cast<uint8_t*>(out[0]));
+        break;
+      case 2:
+        run_tiles(tp, static_cast<const uint16_t*>(in[0]), static_cast<uint16_t*>(out[0]));
+        break;
+      default:
+        run_tiles(tp, static_cast<const uint32_t*>(in[0]), static_cast<uint32_t*>(out[0]));
+        break;
     }
   };
 }
@@ -364,24 +382,39 @@ uint32_t fill_pattern(double v, DType d) {
       std::memcpy(&bits, &f, 4);
       break;
     }
-    case DType::bf16: bits = f32_to_bf16(static_cast<float>(v)); break;
-    case DType::f16: bits = f32_to_f16(static_cast<float>(v)); break;
-    case DType::i32: bits = static_cast<uint32_t>(static_cast<int32_t>(v)); break;
-    case DType::boolean: bits = v != 0.0; break;
+    case DType::bf16:
+      bits = f32_to_bf16(static_cast<float>(v));
+      break;
+    case DType::f16:
+      bits = f32_to_f16(static_cast<float>(v));
+      break;
+    case DType::i32:
+      bits = static_cast<uint32_t>(static_cast<int32_t>(v));
+      break;
+    case DType::boolean:
+      bits = v != 0.0;
+      break;
   }
   return bits;
 }
 
 template <class T>
 void fill(T* dst, int64_t n, T v) {
-  parallel_ranges(n, n * static_cast<int64_t>(sizeof(T)), [&](int64_t b, int64_t e) { std::fill(dst + b, dst + e, v); });
+  parallel_ranges(n, n * static_cast<int64_t>(sizeof(T)),
+                  [&](int64_t b, int64_t e) { std::fill(dst + b, dst + e, v); });
 }
 
 void fill_bytes(void* dst, int64_t n, int64_t esize, uint32_t bits) {
   switch (esize) {
-    case 1: fill(static_cast<uint8_t*>(dst), n, static_cast<uint8_t>(bits)); break;
-    case 2: fill(static_cast<uint16_t*>(dst), n, static_cast<uint16_t>(bits)); break;
-    default: fill(static_cast<uint32_t*>(dst), n, bits); break;
+    case 1:
+      fill(static_cast<uint8_t*>(dst), n, static_cast<uint8_t>(bits));
+      break;
+    case 2:
+      fill(static_cast<uint16_t*>(dst), n, static_cast<uint16_t>(bits));
+      break;
+    default:
+      fill(static_cast<uint32_t*>(dst), n, bits);
+      break;
   }
 }
 
