@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <set>
 
 #include "parallax/spmd.h"
 #include "sharding/prims.h"
@@ -57,10 +58,12 @@ class Partitioner {
       return;
     }
     FactorAxes fa = assign_factors(g_, n, r, mesh_, specs_, prop_.fixed);
+    std::vector<int> carried = carried_partial(n, fa);
     std::vector<Tensor> ins;
     std::vector<TensorType> in_types;
     for (size_t k = 0; k < n.inputs.size(); ++k) {
-      ins.push_back(reshard(n.inputs[k], spec_from_factors(r.rule.operands[k], r, fa)));
+      bool keep = !carried.empty() && !values_[n.inputs[k]].partial.empty();
+      ins.push_back(reshard(n.inputs[k], spec_from_factors(r.rule.operands[k], r, fa), keep));
       in_types.push_back(ins.back().type());
     }
     std::vector<Spec> out_specs;
@@ -83,24 +86,56 @@ class Partitioner {
         throw Error("[partition] primitive '" + n.prim->name + "' gave the local result " + type_str(outs[j].type()) +
                     " for " + type_str(g_.type(n.outputs[j])) + " split as " + spec_str(mesh_, out_specs[j]) +
                     ", expected " + type_str(want[j]) + "; its attributes need a local form in localize()");
-    std::vector<int> partial;
+    std::vector<int> partial = carried;
     for (size_t f = 0; f < fa.size(); ++f)
       if (r.rule.factor_kinds[f] == ShardingRule::Kind::reduction)
         partial.insert(partial.end(), fa[f].begin(), fa[f].end());
     std::sort(partial.begin(), partial.end());
-    for (size_t j = 0; j < outs.size(); ++j) values_[n.outputs[j]] = {outs[j], out_specs[j], partial, r.reduce};
+    std::string reduce = carried.empty() ? r.reduce : "sum";
+    for (size_t j = 0; j < outs.size(); ++j) values_[n.outputs[j]] = {outs[j], out_specs[j], partial, reduce};
+  }
+
+  // Partial sums flow through ops that are linear in them, so that e.g. the three partial input
+  // gradients of q, k, v projections are added before one all-reduce. Returns the partial axes
+  // the result inherits (empty: operands are reduced first).
+  std::vector<int> carried_partial(const Node& n, const FactorAxes& fa) const {
+    static const std::set<std::string> unary = {"neg",        "reshape", "transpose",    "broadcast_in_dim",
+                                                "reduce_sum", "tag",     "stop_gradient"};
+    static const std::set<std::string> all_partial = {"add", "sub"};          // every operand partial
+    static const std::set<std::string> one_partial = {"mul", "dot_general"};  // exactly one operand partial
+    const std::string& name = n.prim->name;
+    std::vector<int> p;
+    int partial_operands = 0;
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      const Local& l = values_[n.inputs[k]];
+      if (l.partial.empty()) continue;
+      if (l.reduce != "sum" || (partial_operands && l.partial != p)) return {};
+      p = l.partial;
+      ++partial_operands;
+    }
+    const int count = static_cast<int>(n.inputs.size());
+    bool ok = partial_operands > 0 &&
+              ((unary.count(name) && count == 1) || (all_partial.count(name) && partial_operands == count) ||
+               (one_partial.count(name) && partial_operands == 1) ||
+               (name == "div" && partial_operands == 1 && !values_[n.inputs[0]].partial.empty()));
+    if (!ok) return {};
+    for (auto& axes : fa)  // the node must not split anything over the partial axes
+      for (int a : axes)
+        if (std::count(p.begin(), p.end(), a)) return {};
+    return p;
   }
 
   void set_reason(std::string r) { reason_ = std::move(r); }
 
-  // The local value of global value v laid out as `want` (never partial).
-  Tensor reshard(int v, const Spec& want_in) {
+  // The local value of global value v laid out as `want`: reduced, unless keep_partial (then its
+  // partial axes stay partial and only the dims are resharded).
+  Tensor reshard(int v, const Spec& want_in, bool keep_partial = false) {
     Spec want = want_in;
     want.resize(g_.type(v).shape.size());
     const Local& cur = values_[v];
     if (!cur.t.defined()) throw Error("[partition] internal: value %" + std::to_string(v) + " has no local value");
-    if (cur.partial.empty() && cur.spec == want) return cur.t;
-    std::string key = std::to_string(v) + spec_str(mesh_, want);
+    if ((cur.partial.empty() || keep_partial) && cur.spec == want) return cur.t;
+    std::string key = std::to_string(v) + spec_str(mesh_, want) + (keep_partial ? "+partial" : "");
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     Tensor t = cur.t;
@@ -108,7 +143,7 @@ class Partitioner {
     c.resize(want.size());
     std::string why = reason_ + " needs %" + std::to_string(v) + " as " + spec_str(mesh_, want);
 
-    std::vector<int> partial = cur.partial;
+    std::vector<int> partial = keep_partial ? std::vector<int>() : cur.partial;
     if (!partial.empty()) {
       // Scatter the partial axes that `want` splits a dim over; all-reduce the rest.
       for (size_t d = 0; d < want.size(); ++d) {

@@ -142,6 +142,23 @@ TEST(Partitioner, ShardedIotaSlicesOnlyTheLineAlongItsAxis) {
   EXPECT_EQ(collectives(p), (std::vector<std::string>{"local_slice over 'data' dim 0 of i32[16] -> i32[4]"}));
 }
 
+TEST(Partitioner, PartialSumsFlowThroughLinearOps) {
+  // (x1 @ w1 + x2 @ w2) * 0.5 with contracting dims split: one all-reduce, after the linear ops.
+  TracedFn f = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{tanh((matmul(in[0], in[1]) + matmul(in[2], in[3])) * 0.5)};
+  };
+  auto p = part(f, {f32({8, 32}), f32({32, 16}), f32({8, 32}), f32({32, 16})}, kMesh,
+                {{none, "model"}, {"model"}, {none, "model"}, {"model"}});
+  EXPECT_EQ(collectives(p), (std::vector<std::string>{"all_reduce(sum) over 'model' of f32[8,16]"}));
+  // A non-linear op needs the sum first.
+  TracedFn g = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{matmul(in[0], in[1]) * matmul(in[2], in[3])};
+  };
+  auto q = part(g, {f32({8, 32}), f32({32, 16}), f32({8, 32}), f32({32, 16})}, kMesh,
+                {{none, "model"}, {"model"}, {none, "model"}, {"model"}});
+  EXPECT_EQ(q.collectives.size(), 2u) << q.summary();
+}
+
 TEST(Partitioner, PartialInputsAreReducedWhereUsed) {
   auto g = trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{exp(in[0])}; }, {f32({8, 4})});
   auto p = partition(*g, kMesh, {Sharding(kMesh, {"data"}, {"model"})});
