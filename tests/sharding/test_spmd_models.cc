@@ -43,7 +43,7 @@ PartitionSpec tp_spec(const std::string& path, const Mesh& m) {
   return {};
 }
 
-void check_model(const nn::LmConfig& cfg) {
+void check_model(const nn::LmConfig& cfg, const std::vector<Mesh>& mesh_list, double atol, double rtol) {
   nn::TransformerLm model(cfg);
   const int64_t B = 8, S = cfg.max_seq_len;
   Array tokens = random_tokens({B, S}, cfg.vocab_size, 1), targets = random_tokens({B, S}, cfg.vocab_size, 2);
@@ -62,7 +62,7 @@ void check_model(const nn::LmConfig& cfg) {
   inputs.push_back(tokens);
   inputs.push_back(targets);
   std::vector<Array> want = Executable::compile(*g)->run(inputs);
-  for (const Mesh& m : meshes()) {
+  for (const Mesh& m : mesh_list) {
     std::vector<std::string> batch;
     for (auto& ax : m.axes())
       if (ax.name != "model") batch.push_back(ax.name);
@@ -75,17 +75,28 @@ void check_model(const nn::LmConfig& cfg) {
       std::vector<Array> got = exe->run_full(inputs);
       for (size_t o = 0; o < want.size(); ++o) {
         std::string what = o == 0 ? "loss" : "d " + model.store().spec(static_cast<int>(o) - 1).path;
-        // f32 sums in another order: errors of a few ulps of the largest terms.
-        EXPECT_TRUE(testing::all_close(got[o].to_f32(), want[o].to_f32(), 2e-6, 1e-4))
+        EXPECT_TRUE(testing::all_close(got[o].to_f32(), want[o].to_f32(), atol, rtol))
             << cfg.name << " " << what << " on " << m.to_string() << (tp ? " tp" : " ddp");
       }
     }
   }
 }
 
-TEST(SpmdModels, Gpt2StyleLossAndGradients) { check_model(nn::gpt2_config("gpt_micro", 256, 64, 4, 2, 128, 16)); }
+// f32 sums in another order: errors of a few ulps of the largest terms.
+TEST(SpmdModels, Gpt2StyleLossAndGradients) {
+  check_model(nn::gpt2_config("gpt_micro", 256, 64, 4, 2, 128, 16), meshes(), 2e-6, 1e-4);
+}
 
-TEST(SpmdModels, LlamaStyleLossAndGradients) { check_model(nn::llama_config("llama_micro", 256, 64, 4, 2, 2, 96, 16)); }
+TEST(SpmdModels, LlamaStyleLossAndGradients) {
+  check_model(nn::llama_config("llama_micro", 256, 64, 4, 2, 2, 96, 16), meshes(), 2e-6, 1e-4);
+}
+
+TEST(SpmdModels, Bf16ComputeStaysClose) {
+  // bf16 matmul results are rounded per shard before the partial sums are added: bf16 tolerance.
+  nn::LmConfig cfg = nn::gpt2_config("gpt_micro_bf16", 256, 64, 4, 2, 128, 16);
+  cfg.compute_dtype = DType::bf16;
+  check_model(cfg, {Mesh::cpu({{"data", 2}, {"model", 4}})}, 1e-3, 3e-2);
+}
 
 }  // namespace
 }  // namespace px
