@@ -14,9 +14,10 @@
 namespace px::cpu {
 
 namespace {
-// 2048 floats = 8 KiB per tile: a handful of live tiles fits L1 and the per-tile overhead
-// (pointer setup, one indirect call per op) is amortized over enough elements.
-constexpr int64_t kTile = 2048;
+// Up to 2048 floats = 8 KiB per tile: the live tiles fit L1 and the per-tile overhead (pointer
+// setup, one indirect call per op) is amortized over enough elements.
+constexpr int64_t kTile = 2048;            // the int path's tile, and the f32 path's largest
+constexpr int64_t kScratchFloats = 12288;  // 48 KiB of live tiles per thread: about L1
 constexpr int kMaxArity = 8;
 
 bool int_like(DType d) { return d == DType::i32 || d == DType::boolean; }
@@ -128,10 +129,8 @@ Kernel make_int_kernel(const Graph& g, const Node& n, const EltwiseKernel& ek) {
   // Bool operands/results are widened to i32 per tile, in scratch owned by the kernel.
   auto scratch = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(threads * (nin + 1) * kTile));
   return [=](const void* const* in, void* const* out) {
-    int64_t ntiles = (count + kTile - 1) / kTile;
-#pragma omp parallel for schedule(static) num_threads(threads) if (ntiles > 1)
-    for (int64_t t = 0; t < ntiles; ++t) {
-      int32_t* s = scratch->data() + static_cast<size_t>(omp_get_thread_num()) * (nin + 1) * kTile;
+    auto tile = [&](int tid, int64_t t) {
+      int32_t* s = scratch->data() + static_cast<size_t>(tid) * (nin + 1) * kTile;
       int64_t off = t * kTile, len = std::min(kTile, count - off);
       const int32_t* ptrs[kMaxArity];
       for (int k = 0; k < nin; ++k) {
@@ -144,15 +143,23 @@ Kernel make_int_kernel(const Graph& g, const Node& n, const EltwiseKernel& ek) {
           ptrs[k] = d;
         }
       }
+      // The result goes through scratch so that an output may share its array with an operand.
+      int32_t* r = s + nin * kTile;
+      fn(ptrs, r, len, params.data());
       if (out_t == DType::i32) {
-        fn(ptrs, static_cast<int32_t*>(out[0]) + off, len, params.data());
+        std::memcpy(static_cast<int32_t*>(out[0]) + off, r, static_cast<size_t>(len) * 4);
       } else {
-        int32_t* r = s + nin * kTile;
-        fn(ptrs, r, len, params.data());
         uint8_t* o = static_cast<uint8_t*>(out[0]) + off;
         for (int64_t i = 0; i < len; ++i) o[i] = r[i] != 0;
       }
+    };
+    int64_t ntiles = (count + kTile - 1) / kTile;
+    if (ntiles <= 1 || threads <= 1) {  // a serial OpenMP region would still allocate a team
+      for (int64_t t = 0; t < ntiles; ++t) tile(0, t);
+      return;
     }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t t = 0; t < ntiles; ++t) tile(omp_get_thread_num(), t);
   };
 }
 
@@ -171,8 +178,8 @@ struct Op {
 };
 
 struct SlotPlace {
-  enum Kind : uint8_t { ext_in, ext_out, scratch } kind;
-  int index;  // operand index, result index, or scratch tile
+  enum Kind : uint8_t { ext_in, scratch } kind;
+  int index;  // operand index or scratch tile
 };
 
 struct Program {
@@ -181,6 +188,7 @@ struct Program {
   std::vector<BroadcastLoad> loads;
   std::vector<float> params;
   int num_tiles = 0;  // scratch tiles per thread
+  int64_t tile = kTile;
   int64_t count = 0;
 };
 
@@ -252,6 +260,9 @@ Program build_program(const Graph& g, const FusedGroup& group) {
     return slot;
   };
 
+  // Results are computed into scratch and stored at the end of the tile, after every operand
+  // read: an output may then share its array with an operand (in-place updates).
+  std::vector<Op> stores;
   for (size_t i = 0; i < group.nodes.size(); ++i) {
     const Node& n = g.nodes()[group.nodes[i]];
     if (n.outputs.size() != 1) throw Error("[fused] '" + n.prim->name + "' has several results");
@@ -259,7 +270,6 @@ Program build_program(const Graph& g, const FusedGroup& group) {
     const TensorType& out_t = g.type(out);
     if (out_t.numel() != p.count) throw Error("[fused] group mixes element counts");
     auto eo = ext_out_index.find(out);
-    bool direct = eo != ext_out_index.end() && out_t.dtype == DType::f32;
 
     Op op{Op::compute};
     if (n.prim->name == "broadcast_in_dim") {
@@ -286,7 +296,7 @@ Program build_program(const Graph& g, const FusedGroup& group) {
       for (int k = 0; k < op.nargs; ++k) op.args[k] = operand_slot(n.inputs[k], n.prim->name);
     }
     // The result's tile is taken before the operands' tiles are freed: kernels never run in place.
-    op.slot = direct ? new_slot({SlotPlace::ext_out, eo->second}) : new_slot({SlotPlace::scratch, tiles.take()});
+    op.slot = new_slot({SlotPlace::scratch, tiles.take()});
     slot_of[out] = op.slot;
     p.ops.push_back(op);
     if (out_t.dtype != DType::f32) {
@@ -295,14 +305,14 @@ Program build_program(const Graph& g, const FusedGroup& group) {
       r.dtype = out_t.dtype;
       p.ops.push_back(r);
     }
-    if (eo != ext_out_index.end() && !direct) {
+    if (eo != ext_out_index.end()) {
       Op st{Op::store};
       st.slot = op.slot;
       st.ext = eo->second;
       st.dtype = out_t.dtype;
-      p.ops.push_back(st);
+      stores.push_back(st);
     }
-    // Free tiles whose value is read for the last time here (and results nobody in the group reads).
+    // Free tiles read for the last time here (and results nobody reads), except stored results.
     std::vector<int> done;
     for (int v : n.inputs)
       if (last_read[v] == static_cast<int>(i)) done.push_back(v);
@@ -311,12 +321,16 @@ Program build_program(const Graph& g, const FusedGroup& group) {
     done.erase(std::unique(done.begin(), done.end()), done.end());
     for (int v : done) {
       auto it = slot_of.find(v);
-      if (it != slot_of.end() && tile_of[it->second] >= 0) tiles.give(tile_of[it->second]);
+      if (it != slot_of.end() && tile_of[it->second] >= 0 && !ext_out_index.count(v)) tiles.give(tile_of[it->second]);
     }
   }
+  p.ops.insert(p.ops.end(), stores.begin(), stores.end());
+  if (p.params.empty()) p.params.push_back(0.0f);  // block functions get a valid pointer
   for (int v : group.ext_outputs)
     if (!slot_of.count(v)) throw Error("[fused] output %" + std::to_string(v) + " is not computed by the group");
   p.num_tiles = std::max(tiles.used(), 1);
+  // Shorter tiles when many are live, so that they stay in L1 (multiples of 64 for alignment).
+  p.tile = std::clamp<int64_t>(kScratchFloats / p.num_tiles / 64 * 64, 256, kTile);
   return p;
 }
 }  // namespace
@@ -334,31 +348,24 @@ Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
   auto prog = std::make_shared<const Program>(build_program(g, group));
   const int threads = num_threads();
   const int nslots = static_cast<int>(prog->places.size());
-  // Per thread: the scratch tiles, then the slot pointer table (all preallocated here).
-  const size_t tile_floats = static_cast<size_t>(prog->num_tiles) * kTile;
+  // Per thread: the scratch tiles and the slot pointer table (all preallocated here).
+  const size_t tile_floats = static_cast<size_t>(prog->num_tiles) * prog->tile;
   auto scratch = std::make_shared<std::vector<float>>(static_cast<size_t>(threads) * tile_floats);
   auto ptr_table = std::make_shared<std::vector<float*>>(static_cast<size_t>(threads) * nslots);
   return [prog, scratch, ptr_table, threads, nslots, tile_floats](const void* const* in, void* const* out) {
     const Program& p = *prog;
-    const int64_t ntiles = (p.count + kTile - 1) / kTile;
-#pragma omp parallel num_threads(threads) if (ntiles > 1)
-    {
-      const int tid = omp_get_thread_num();
+    const int64_t tile = p.tile, ntiles = (p.count + tile - 1) / tile;
+    // Runs tiles [t0, t1) on thread `tid`'s scratch.
+    auto run_tiles = [&](int tid, int64_t t0, int64_t t1) {
       float* base = scratch->data() + tid * tile_floats;
       float** ptr = ptr_table->data() + static_cast<size_t>(tid) * nslots;
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < ntiles; ++t) {
-        const int64_t off = t * kTile, len = std::min(kTile, p.count - off);
-        for (int s = 0; s < nslots; ++s) {
-          const SlotPlace& pl = p.places[s];
-          switch (pl.kind) {
-            case SlotPlace::ext_in:
-              ptr[s] = const_cast<float*>(static_cast<const float*>(in[pl.index])) + off;
-              break;
-            case SlotPlace::ext_out: ptr[s] = static_cast<float*>(out[pl.index]) + off; break;
-            case SlotPlace::scratch: ptr[s] = base + pl.index * kTile; break;
-          }
-        }
+      for (int s = 0; s < nslots; ++s)
+        if (p.places[s].kind == SlotPlace::scratch) ptr[s] = base + p.places[s].index * tile;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t off = t * tile, len = std::min(tile, p.count - off);
+        for (int s = 0; s < nslots; ++s)
+          if (p.places[s].kind == SlotPlace::ext_in)
+            ptr[s] = const_cast<float*>(static_cast<const float*>(in[p.places[s].index])) + off;
         for (const Op& op : p.ops) {
           switch (op.kind) {
             case Op::load: load_f32(in[op.ext], op.dtype, off, ptr[op.slot], len); break;
@@ -366,7 +373,7 @@ Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
             case Op::compute: {
               const float* args[kMaxArity];
               for (int k = 0; k < op.nargs; ++k) args[k] = ptr[op.args[k]];
-              op.fn(args, ptr[op.slot], len, op.params >= 0 ? p.params.data() + op.params : nullptr);
+              op.fn(args, ptr[op.slot], len, p.params.data() + std::max(op.params, 0));
               break;
             }
             case Op::round: quantize(ptr[op.slot], len, op.dtype); break;
@@ -374,6 +381,16 @@ Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
           }
         }
       }
+    };
+    // A serial region still costs libgomp a team allocation, so small groups skip OpenMP.
+    if (ntiles <= 1 || threads <= 1) {
+      run_tiles(0, 0, ntiles);
+      return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+      const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+      run_tiles(tid, ntiles * tid / nt, ntiles * (tid + 1) / nt);
     }
   };
 }
