@@ -323,7 +323,18 @@ SpmdProgram partition(const Graph& g, const Mesh& mesh, const std::vector<Shardi
   }
   Tensor coords = local.input({DType::i32, {static_cast<int64_t>(mesh.rank())}}, "device_coords");
   em.bind(&mesh, coords);
-  for (size_t i = 0; i < g.nodes().size(); ++i) part.emit_node(static_cast<int>(i));
+  // Only nodes the outputs depend on: a dead consumer would otherwise pull in collectives.
+  std::vector<char> live(g.values().size(), 0);
+  for (int v : g.outputs()) live[v] = 1;
+  std::vector<char> node_live(g.nodes().size(), 0);
+  for (size_t i = g.nodes().size(); i-- > 0;) {
+    const Node& n = g.nodes()[i];
+    for (int v : n.outputs) node_live[i] = node_live[i] || live[v];
+    if (node_live[i])
+      for (int v : n.inputs) live[v] = 1;
+  }
+  for (size_t i = 0; i < g.nodes().size(); ++i)
+    if (node_live[i]) part.emit_node(static_cast<int>(i));
   std::vector<Tensor> outs;
   for (size_t o = 0; o < g.outputs().size(); ++o) {
     int v = g.outputs()[o];

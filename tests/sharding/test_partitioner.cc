@@ -159,6 +159,16 @@ TEST(Partitioner, PartialSumsFlowThroughLinearOps) {
   EXPECT_EQ(q.collectives.size(), 2u) << q.summary();
 }
 
+TEST(Partitioner, DeadValuesCostNoCollectives) {
+  TracedFn f = [](const std::vector<Tensor>& in) {
+    Tensor unused = sum(in[0]);  // would need an all-reduce over 'data'
+    (void)unused;
+    return std::vector<Tensor>{in[0] * 2.0};
+  };
+  auto p = part(f, {f32({8, 4})}, kMesh, {{"data"}});
+  EXPECT_TRUE(p.collectives.empty()) << p.summary();
+}
+
 TEST(Partitioner, PartialInputsAreReducedWhereUsed) {
   auto g = trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{exp(in[0])}; }, {f32({8, 4})});
   auto p = partition(*g, kMesh, {Sharding(kMesh, {"data"}, {"model"})});
