@@ -1,10 +1,9 @@
-// The sharded executor: the local program split into compute segments (each compiled once into
-// an Executable) and collectives. A run executes step s on every device, then step s+1: the
-// devices share the cores through the kernels' OpenMP loops, and a collective sees every
-// device's buffer at once.
-#include <sstream>
-
+// The sharded executor: the local program split into compute segments (each compiled into an
+// Executable) and collectives. A run executes step s on every device, then step s+1: a segment
+// runs on the devices in parallel (one thread each) or one after the other (threaded kernels), and
+// a collective sees every device's buffer at once.
 #include <exception>
+#include <sstream>
 
 #include "backend/cpu/kernel.h"
 #include "distributed/communicator.h"
@@ -70,8 +69,8 @@ struct ShardedExecutable::Impl {
 
 namespace {
 
-// Rebuilds nodes [begin, end) of `g` as a standalone graph whose inputs are the values it reads
-// from outside and whose outputs are the values read later.
+// Rebuilds the nodes `node_ids` of `g` as a standalone graph whose inputs are the values they read
+// from outside (`ins`) and whose outputs are the values read later (`outs`).
 std::unique_ptr<Graph> extract(const Graph& g, const std::vector<int>& node_ids, const std::vector<int>& ins,
                                const std::vector<int>& outs) {
   auto sub = std::make_unique<Graph>();
