@@ -2,6 +2,8 @@
 // Executable) and collectives. A run executes step s on every device, then step s+1: a segment
 // runs on the devices in parallel (one thread each) or one after the other (threaded kernels), and
 // a collective sees every device's buffer at once.
+#include <omp.h>
+
 #include <exception>
 #include <sstream>
 
