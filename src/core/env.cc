@@ -9,10 +9,6 @@
 namespace px {
 
 namespace {
-const char* get(const char* name) {
-  const char* v = std::getenv(name);
-  return (v && *v) ? v : nullptr;
-}
 
 bool parse_bool(const char* name, const char* v) {
   std::string s(v);
@@ -21,7 +17,13 @@ bool parse_bool(const char* name, const char* v) {
   throw Error(std::string("[env] ") + name + "='" + s + "' is not a boolean; use 1 or 0");
 }
 
-EnvConfig read_env() {
+}  // namespace
+
+EnvConfig parse_env(const std::function<const char*(const char*)>& get_raw) {
+  auto get = [&](const char* name) -> const char* {
+    const char* v = get_raw(name);
+    return (v && *v) ? v : nullptr;  // set but empty counts as unset
+  };
   EnvConfig c;
   if (const char* v = get("PX_NUM_THREADS")) {
     char* end = nullptr;
@@ -41,10 +43,9 @@ EnvConfig read_env() {
   if (const char* v = get("PX_DISABLE_FUSION")) c.disable_fusion = parse_bool("PX_DISABLE_FUSION", v);
   return c;
 }
-}  // namespace
 
 const EnvConfig& env() {
-  static const EnvConfig c = read_env();
+  static const EnvConfig c = parse_env([](const char* name) { return std::getenv(name); });
   return c;
 }
 

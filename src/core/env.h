@@ -4,6 +4,7 @@
 //   for (auto& v : px::env_variables()) std::cout << v.name << ": " << v.help << "\n";
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,8 @@ struct EnvConfig {
 
 // Parsed on first use; a malformed value throws px::Error naming the variable and what it accepts.
 const EnvConfig& env();
+// The parser behind env(), reading variables through `get` (which returns nullptr when unset).
+EnvConfig parse_env(const std::function<const char*(const char*)>& get);
 
 struct EnvVariable {
   const char* name;

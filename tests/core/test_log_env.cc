@@ -1,0 +1,160 @@
+// Logging (macro, levels, pluggable sink, check macro) and the environment parser.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/env.h"
+#include "core/log.h"
+
+namespace px {
+namespace {
+
+struct Captured {
+  std::mutex m;
+  std::vector<LogRecord> records;
+};
+
+// Installs a capturing sink and a level for the test's duration.
+class LogTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prev_level_ = log_level();
+    prev_sink_ = set_log_sink([this](const LogRecord& r) {
+      std::lock_guard<std::mutex> lock(cap_.m);
+      cap_.records.push_back(r);
+    });
+  }
+  void TearDown() override {
+    set_log_sink(prev_sink_);
+    set_log_level(prev_level_);
+  }
+  Captured cap_;
+  LogSink prev_sink_;
+  LogLevel prev_level_;
+};
+
+int g_evaluations = 0;
+int counted() { return ++g_evaluations; }
+
+TEST_F(LogTest, SinkReceivesRecordsAtOrAboveTheLevel) {
+  set_log_level(LogLevel::info);
+  PX_LOG(debug) << "hidden";
+  PX_LOG(info) << "compiled " << 3 << " steps";
+  int line = __LINE__ + 1;
+  PX_LOG(error) << "bad";
+  ASSERT_EQ(cap_.records.size(), 2u);
+  EXPECT_EQ(cap_.records[0].message, "compiled 3 steps");
+  EXPECT_EQ(cap_.records[0].level, LogLevel::info);
+  EXPECT_EQ(std::string(cap_.records[1].file), "test_log_env.cc");
+  EXPECT_EQ(cap_.records[1].line, line);
+  EXPECT_EQ(cap_.records[1].level, LogLevel::error);
+}
+
+TEST_F(LogTest, DisabledRecordsAreNotBuilt) {
+  set_log_level(LogLevel::warn);
+  g_evaluations = 0;
+  PX_LOG(info) << counted();
+  EXPECT_EQ(g_evaluations, 0);
+  PX_LOG(warn) << counted();
+  EXPECT_EQ(g_evaluations, 1);
+  set_log_level(LogLevel::off);
+  PX_LOG(error) << counted();
+  EXPECT_EQ(g_evaluations, 1);
+  EXPECT_EQ(cap_.records.size(), 1u);
+}
+
+TEST_F(LogTest, WorksInIfElseAndFromThreads) {
+  set_log_level(LogLevel::debug);
+  bool flag = false;
+  if (flag) PX_LOG(info) << "then";
+  else PX_LOG(info) << "else";
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([t] {
+      for (int i = 0; i < 50; ++i) PX_LOG(debug) << "thread " << t;
+    });
+  for (auto& t : ts) t.join();
+  ASSERT_EQ(cap_.records.size(), 201u);
+  EXPECT_EQ(cap_.records[0].message, "else");
+}
+
+TEST(Log, LevelNames) {
+  EXPECT_EQ(log_level_from_name("debug"), LogLevel::debug);
+  EXPECT_EQ(log_level_from_name("warning"), LogLevel::warn);
+  EXPECT_STREQ(log_level_name(LogLevel::error), "error");
+  try {
+    log_level_from_name("loud");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown log level 'loud'; use one of debug, info, warn, error, off"),
+              std::string::npos);
+  }
+}
+
+TEST(Check, ThrowsWithConditionAndMessage) {
+  int v = 7;
+  EXPECT_NO_THROW(PX_CHECK(v == 7) << "never built");
+  try {
+    PX_CHECK(v < 0) << "value " << v << " must be negative";
+    FAIL();
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("[internal] check failed at test_log_env.cc:"), std::string::npos) << m;
+    EXPECT_NE(m.find("v < 0. value 7 must be negative"), std::string::npos) << m;
+  }
+}
+
+EnvConfig parse(const std::map<std::string, std::string>& vars) {
+  return parse_env([&](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+std::string parse_error(const std::map<std::string, std::string>& vars) {
+  try {
+    parse(vars);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(Env, DefaultsAndValues) {
+  EnvConfig d = parse({});
+  EXPECT_EQ(d.num_threads, 0);
+  EXPECT_EQ(d.log_level, LogLevel::warn);
+  EXPECT_EQ(d.dump_dir, "");
+  EXPECT_FALSE(d.disable_fusion);
+  EnvConfig c = parse({{"PX_NUM_THREADS", "3"}, {"PX_LOG_LEVEL", "debug"}, {"PX_DUMP_DIR", "/tmp/x"},
+                       {"PX_DISABLE_FUSION", "1"}});
+  EXPECT_EQ(c.num_threads, 3);
+  EXPECT_EQ(c.log_level, LogLevel::debug);
+  EXPECT_EQ(c.dump_dir, "/tmp/x");
+  EXPECT_TRUE(c.disable_fusion);
+  EXPECT_EQ(parse({{"PX_NUM_THREADS", ""}}).num_threads, 0);  // empty = unset
+}
+
+TEST(Env, MalformedValuesNameTheVariable) {
+  EXPECT_EQ(parse_error({{"PX_NUM_THREADS", "many"}}),
+            "[env] PX_NUM_THREADS='many' is not a thread count; use an integer >= 1 (0 = default)");
+  EXPECT_NE(parse_error({{"PX_NUM_THREADS", "-2"}}).find("PX_NUM_THREADS='-2'"), std::string::npos);
+  EXPECT_EQ(parse_error({{"PX_LOG_LEVEL", "chatty"}}),
+            "[env] PX_LOG_LEVEL='chatty' is not a log level; use debug, info, warn, error or off");
+  EXPECT_EQ(parse_error({{"PX_DISABLE_FUSION", "maybe"}}), "[env] PX_DISABLE_FUSION='maybe' is not a boolean; use 1 or 0");
+}
+
+TEST(Env, EveryVariableIsDocumented) {
+  std::vector<std::string> names;
+  for (const EnvVariable& v : env_variables()) {
+    names.push_back(v.name);
+    EXPECT_GT(std::string(v.help).size(), 10u) << v.name;
+  }
+  for (const char* want : {"PX_NUM_THREADS", "PX_LOG_LEVEL", "PX_DUMP_DIR", "PX_DISABLE_FUSION"})
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+}
+
+}  // namespace
+}  // namespace px
