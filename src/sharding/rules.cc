@@ -27,46 +27,6 @@ ShardingRule all_whole(const std::vector<TensorType>& in, const std::vector<Tens
   return r;
 }
 
-// Reshape that merges or splits dims: a block split of the major dim of a group is a block split
-// of the merged dim (and back), so the first dims of both sides share one parallel factor and the
-// rest stay whole. Dims that map one to one are parallel; size-1 dims take no part.
-ShardingRule reshape_block_rule(const Shape& s, const Shape& t) {
-  ShardingRule r;
-  auto factor = [&](int64_t size, Kind k) {
-    r.factor_sizes.push_back(size);
-    r.factor_kinds.push_back(k);
-    return static_cast<int>(r.factor_sizes.size()) - 1;
-  };
-  std::vector<int> fi(s.size(), -1), fo(t.size(), -1);
-  if (numel(s) == 0) return all_whole({{DType::f32, s}}, {{DType::f32, t}});
-  size_t i = 0, j = 0;
-  while (i < s.size() || j < t.size()) {
-    if (i < s.size() && s[i] == 1) {
-      ++i;
-      continue;
-    }
-    if (j < t.size() && t[j] == 1) {
-      ++j;
-      continue;
-    }
-    if (i >= s.size() || j >= t.size()) break;
-    size_t i0 = i, j0 = j;
-    int64_t pi = s[i++], pj = t[j++];
-    while (pi != pj) {
-      if (pi < pj)
-        pi *= s[i++];
-      else
-        pj *= t[j++];
-    }
-    fi[i0] = fo[j0] = factor(std::min(s[i0], t[j0]), Kind::parallel);
-    for (size_t k = i0 + 1; k < i; ++k) fi[k] = factor(s[k], Kind::whole);
-    for (size_t k = j0 + 1; k < j; ++k) fo[k] = factor(t[k], Kind::whole);
-  }
-  r.operands = {fi};
-  r.results = {fo};
-  return r;
-}
-
 bool rule_fits(const ShardingRule& r, const std::vector<TensorType>& in, const std::vector<TensorType>& out) {
   if (r.operands.size() != in.size() || r.results.size() != out.size()) return false;
   if (r.factor_kinds.size() != r.factor_sizes.size()) return false;
@@ -89,9 +49,7 @@ NodeRule node_rule(const Graph& g, const Node& n) {
   for (int v : n.outputs) out.push_back(g.type(v));
   const std::string& name = n.prim->name;
   NodeRule nr;
-  if (name == "reshape") {
-    nr.rule = reshape_block_rule(in[0].shape, out[0].shape);
-  } else if (name == "iota") {
+  if (name == "iota") {
     nr.rule = elementwise_rule(in, out);  // the partitioner offsets the iota axis itself
   } else if (name == "random_uniform" || name == "random_normal") {
     // A local draw would need this device's offset as an operand; draw whole, then slice.
