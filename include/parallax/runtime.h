@@ -29,10 +29,15 @@ class Executable {
 
   // Checks the inputs against the graph's input types and returns new output arrays.
   std::vector<Array> run(const std::vector<Array>& inputs);
-  // Writes into caller-owned outputs of the right types: performs no allocation.
+  // Writes into caller-owned outputs of the right types; steps write their results straight into
+  // them. An output may be one of the inputs' arrays (an in-place update such as w -= lr * g):
+  // it is written in place when that input is no longer read, else through a private copy
+  // allocated on the first such run. Apart from that copy, performs no allocation.
+  // One Executable runs one call at a time (it patches pointers in place).
   void run_into(const std::vector<Array>& inputs, std::vector<Array>& outputs);
 
-  int64_t peak_bytes() const;  // arena size of the buffer plan
+  int64_t peak_bytes() const;    // working memory: the arena size of the buffer plan
+  int64_t output_bytes() const;  // bytes of the outputs (in the caller's arrays, not the arena)
   int num_steps() const;       // kernels launched per run
   int num_fused_groups() const;
   std::string summary() const;  // human-readable schedule and memory plan

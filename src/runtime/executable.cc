@@ -254,9 +254,10 @@ std::unique_ptr<Executable> Executable::compile(const Graph& src, const CompileO
     h.pos = static_cast<int>(o);
     h.producer_step = -1;
     h.nbytes = g.type(v).nbytes();
-    impl->output_bytes += h.nbytes;
     impl->homes.push_back(std::move(h));
   }
+
+  for (int v : g.outputs()) impl->output_bytes += g.type(v).nbytes();
 
   // Buffer plan over the steps, on storage roots; inputs and homes live in caller memory.
   std::vector<char> external(nv, 0);
@@ -428,6 +429,7 @@ void Executable::run_into(const std::vector<Array>& inputs, std::vector<Array>& 
 }
 
 int64_t Executable::peak_bytes() const { return impl_->plan.peak_bytes; }
+int64_t Executable::output_bytes() const { return impl_->output_bytes; }
 int Executable::num_steps() const { return static_cast<int>(impl_->steps.size()); }
 int Executable::num_fused_groups() const { return impl_->fused_groups; }
 const Graph& Executable::graph() const { return *impl_->graph; }

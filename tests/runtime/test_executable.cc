@@ -265,6 +265,16 @@ TEST_F(ExecutableTest, MemoryLimitReportsLargestLiveBuffers) {
   EXPECT_LT(msg.find("f32[256,256]"), msg.find("f32[8]")) << msg;
   opt.memory_limit_bytes = 1 << 24;
   EXPECT_NO_THROW(Executable::compile(*g, opt));
+  // Outputs count too, and are listed when they are what is large.
+  auto big_out = trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{scale(in[0], 2.0), in[1]}; },
+                       {f32({512, 128}), f32({8})});
+  auto exe = Executable::compile(*big_out);
+  EXPECT_EQ(exe->peak_bytes(), 0);
+  EXPECT_EQ(exe->output_bytes(), 512 * 128 * 4 + 32);
+  opt.memory_limit_bytes = 100000;
+  msg = error_of([&] { Executable::compile(*big_out, opt); });
+  EXPECT_NE(msg.find("needs 262176 bytes (0 of working memory + 262176 of outputs)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("output 0: %2 f32[512,128] 262144 bytes"), std::string::npos) << msg;
 }
 
 TEST_F(ExecutableTest, OutputsThatAreInputsRepeatedOutputsAndEmptyGraphs) {
