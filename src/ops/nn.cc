@@ -346,7 +346,10 @@ Tensor cross_entropy_loss(const Tensor& logits, const Tensor& labels, const Tens
   return sum(w * loss) / maximum(sum(w), full({}, 1.0, DType::f32));
 }
 
+void register_attention_primitives();  // nn_attention.cc
+
 void register_nn_primitives() {
+  register_attention_primitives();
   {
     Primitive p;
     p.name = "softmax";

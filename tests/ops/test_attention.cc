@@ -2,6 +2,7 @@
 // heads, custom scale, bf16), gradients through the masks, and bad-input errors.
 #include <cmath>
 
+#include "ir/primitive.h"
 #include "testing.h"
 
 namespace px {
@@ -90,6 +91,10 @@ TEST(Attention, MatchesNaiveLoop) {
       {2, 3, 3, 4, 6, 3, false, true, 0.25},  // padding only, custom scale
       {2, 2, 1, 1, 9, 16, true, true},        // one decoding step
       {1, 2, 2, 33, 33, 7, true, false},      // odd sizes
+      {1, 4, 2, 130, 150, 16, true, true},    // several row blocks, causal offset and padding
+      {2, 2, 2, 6, 3, 4, true, false},        // Sq > Sk: the first rows see no key at all
+      {3, 2, 2, 4, 3, 4, false, true},        // batch 2 pads all 3 keys
+      {1, 1, 1, 70, 70, 4, true, true},       // a block with a boundary at row 64
   };
   for (const Cfg& c : cfgs) {
     auto in = inputs_of(c, DType::f32, 1);
@@ -120,11 +125,77 @@ TEST(Attention, FullyMaskedRowsStayFinite) {
 }
 
 TEST(Attention, GradientsWithCausalPaddingAndGroupedHeads) {
-  for (const Cfg& c : std::vector<Cfg>{{1, 4, 2, 3, 4, 3, true, true}, {2, 2, 2, 3, 3, 2, false, true},
-                                       {1, 2, 1, 2, 3, 4, true, false, 0.7}}) {
+  for (const Cfg& c : std::vector<Cfg>{{1, 4, 2, 3, 4, 3, true, true},
+                                       {2, 2, 2, 3, 3, 2, false, true},
+                                       {1, 2, 1, 2, 3, 4, true, false, 0.7},
+                                       {3, 2, 1, 3, 3, 2, false, true},    // batch 2: every key padded
+                                       {1, 2, 2, 4, 2, 2, true, false}}) {  // rows before the first key
     auto in = inputs_of(c, DType::f32, 9);
     EXPECT_TRUE(check_grads(attention_fn(c), in)) << "h" << c.h << " hkv" << c.hkv << " causal " << c.causal;
   }
+}
+
+TEST(Attention, SecondOrderGradients) {
+  // d/dx of a first-order gradient goes through attention_grad's vjp.
+  for (const Cfg& c : std::vector<Cfg>{{1, 2, 1, 3, 3, 2, true, true}, {1, 2, 2, 2, 3, 2, false, false}}) {
+    auto in = inputs_of(c, DType::f32, 11);
+    TracedFn f = [c](const std::vector<Tensor>& x) {
+      Tensor o = attention_fn(c)(x)[0];
+      auto g = gradients(sum(o * o), {x[0], x[1], x[2]});
+      return std::vector<Tensor>{g[0] + 0.0, g[1] * 2.0 + sum(g[2])};
+    };
+    EXPECT_TRUE(check_grads([f](const std::vector<Tensor>& x) { return std::vector<Tensor>{f(x)[0]}; }, in));
+    EXPECT_TRUE(check_grads([f](const std::vector<Tensor>& x) { return std::vector<Tensor>{f(x)[1]}; }, in));
+  }
+}
+
+TEST(Attention, Bf16GradientsTrackF32) {
+  Cfg c{2, 4, 2, 9, 9, 8, true, true};
+  auto in = inputs_of(c, DType::f32, 12);
+  for (int i = 0; i < 3; ++i) in[i] = in[i].astype(DType::bf16).astype(DType::f32);  // same values in both runs
+  auto grads = [c](DType dt) {
+    return [c, dt](const std::vector<Tensor>& x) {
+      std::vector<Tensor> y = x;
+      for (int i = 0; i < 3; ++i) y[i] = cast(x[i], dt);
+      Tensor o = cast(attention_fn(c)(y)[0], DType::f32);
+      auto g = gradients(sum(o * o), {x[0], x[1], x[2]});
+      return g;
+    };
+  };
+  auto want = testing::eval(grads(DType::f32), in), got = testing::eval(grads(DType::bf16), in);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(all_close(got[i].to_f32(), want[i].to_f32(), 3e-2, 3e-2)) << i;
+}
+
+TEST(Attention, EmptyDims) {
+  for (const Cfg& c : std::vector<Cfg>{{2, 2, 1, 0, 3, 4, true, false}, {1, 2, 2, 3, 0, 4, false, false},
+                                       {1, 2, 1, 3, 3, 0, true, false}, {0, 2, 2, 3, 3, 4, true, false}}) {
+    auto in = inputs_of(c, DType::f32, 13);
+    auto out = testing::eval(
+        [c](const std::vector<Tensor>& x) {
+          Tensor o = attention_fn(c)(x)[0];
+          auto g = gradients(sum(o), {x[0], x[1], x[2]});
+          return std::vector<Tensor>{o, g[0], g[1], g[2]};
+        },
+        in);
+    EXPECT_EQ(out[0].shape(), (Shape{c.b, c.h, c.sq, c.d}));
+    for (float x : out[0].to_f32()) EXPECT_EQ(x, 0.0f);  // no keys: zeros
+    for (int i = 1; i < 4; ++i) EXPECT_EQ(out[i].shape(), in[i - 1].shape());
+  }
+}
+
+TEST(Attention, FusedPrimitiveRuleAndCost) {
+  auto g = trace(attention_fn({2, 4, 2, 8, 8, 16, true, false}),
+                 {{DType::f32, {2, 4, 8, 16}}, {DType::f32, {2, 2, 8, 16}}, {DType::f32, {2, 2, 8, 16}}});
+  const Node* att = nullptr;
+  for (const Node& n : g->nodes())
+    if (n.prim->name == "attention") att = &n;
+  ASSERT_NE(att, nullptr) << g->to_string();
+  std::vector<TensorType> in, out;
+  for (int v : att->inputs) in.push_back(g->type(v));
+  for (int v : att->outputs) out.push_back(g->type(v));
+  EXPECT_EQ(sharding_of(*att->prim, in, out, att->attrs).to_string(), "abcdf,abef,abef->abcdf,abcd {d: whole, e: whole, f: whole}");
+  // Causal: 36 of the 64 (query, key) pairs per head, two matmuls of 2 flops per pair and dim.
+  EXPECT_DOUBLE_EQ(cost_of(*att->prim, in, out, att->attrs).flops, 2 * 4 * 36 * (2 * 2.0 * 16 + 6));
 }
 
 TEST(Attention, BadInputsGiveClearErrors) {

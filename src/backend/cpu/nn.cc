@@ -257,7 +257,10 @@ std::vector<float> gelu_params(const Attrs& a) { return {a.s("approximate") == "
 
 }  // namespace
 
+void register_attention_kernels();  // nn_attention.cc
+
 void register_nn_kernels() {
+  register_attention_kernels();
   register_kernel("softmax", [](const KernelSpec& s) { return softmax_kernel(s, false); });
   register_kernel("log_softmax", [](const KernelSpec& s) { return softmax_kernel(s, true); });
   register_kernel("layer_norm", [](const KernelSpec& s) { return norm_kernel(s, false); });
