@@ -1,0 +1,147 @@
+// Sharding recipes (DDP, FSDP, TP, FSDP_TP, MANUAL) and the sharded training step built on the
+// SPMD partitioner.
+//
+//   auto mesh = px::Mesh::cpu({{"data", 4}, {"model", 2}});
+//   px::ShardedTrainStep step(model.store(), px::optim::adamw({.lr = 3e-3}), loss_fn, batch_types, mesh,
+//                             px::ShardingStrategy::FSDP_TP, {.fsdp_min_bytes = 4096});
+//   std::cout << step.table();                        // per param: shape, spec, bytes per device
+//   px::ShardedTrainState state = step.init(0);
+//   px::StepMetrics m = step(state, {tokens, targets});
+//   std::cout << step.collectives_table();            // planned and counted collective bytes
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallax/sharding.h"
+#include "parallax/spmd.h"
+#include "parallax/train.h"
+
+namespace px {
+
+enum class ShardingStrategy { AUTO, DDP, FSDP, TP, FSDP_TP, MANUAL };
+const char* strategy_name(ShardingStrategy s);
+
+// A MANUAL rule: params whose path matches the glob ('*' any run of characters, '?' one) get spec.
+// The first matching rule wins; under any strategy, rules override what the recipe chose.
+struct PathRule {
+  std::string pattern;
+  PartitionSpec spec;
+};
+
+struct ShardingOptions {
+  std::string data_axis = "data";    // batch axis; every other mesh axis but model_axis also splits the batch
+  std::string model_axis = "model";  // tensor-parallel axis
+  int64_t fsdp_min_bytes = 4096;     // FSDP keeps params smaller than this replicated
+  std::vector<PathRule> rules;     // overrides, first match wins
+};
+
+struct ParamPlacement {
+  std::string path;
+  TensorType type;
+  PartitionSpec spec;
+  int64_t bytes_per_device = 0;
+  std::string reason;  // e.g. "column (feeds blocks.0.mlp.proj.w)", "fsdp dim 0", "rule 'head.*'"
+};
+
+// The placement of every param and of the batch, decided at plan time.
+struct ShardingPlan {
+  Mesh mesh;
+  ShardingStrategy strategy = ShardingStrategy::DDP;
+  std::vector<ParamPlacement> params;  // in the store's order
+  std::vector<std::string> batch_axes;  // the batch's leading dim is split over these
+  std::string table() const;            // one row per param and a total line
+  int64_t param_bytes_per_device() const;
+};
+
+// Decides each param's spec. `forward` is a traced program whose first inputs are the params (in
+// order, named by `paths`); TP reads from it which matmul consumes each param and what it feeds.
+// Throws px::Error at plan time for AUTO, unknown axes and specs that do not fit a param.
+ShardingPlan plan_sharding(const Graph& forward, const std::vector<std::string>& paths, const Mesh& mesh,
+                           ShardingStrategy strategy, const ShardingOptions& options = {});
+
+// Glob match used by the rules: '*' matches any run of characters, '?' one character.
+bool glob_match(const std::string& pattern, const std::string& text);
+
+struct ShardedTrainState {
+  std::vector<ShardedArray> params;
+  std::vector<ShardedArray> opt_state;
+  int64_t step = 0;
+};
+
+// TrainStep over a mesh: the whole step (forward, backward, clipping, optimizer) traced once,
+// partitioned with the recipe's specs, and run on every device by a ShardedExecutable.
+class ShardedTrainStep {
+ public:
+  using LossFn = TrainStep::LossFn;
+  ShardedTrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss_fn, std::vector<TensorType> batch_types,
+                   Mesh mesh, ShardingStrategy strategy, ShardingOptions sharding = {}, TrainStepOptions options = {});
+  ~ShardedTrainStep();
+
+  ShardedTrainState init(uint64_t seed) const;
+  ShardedTrainState init(const std::vector<Array>& params) const;  // full host params, fresh optimizer state
+  // Shards the batch, runs one update in place.
+  StepMetrics operator()(ShardedTrainState& state, const std::vector<Array>& batch);
+
+  std::vector<Array> gather_params(const ShardedTrainState& s) const;
+  std::vector<Array> gather_opt_state(const ShardedTrainState& s) const;
+
+  const ShardingPlan& plan() const { return plan_; }
+  std::string table() const { return plan_.table(); }
+  // Collectives of one step: planned (partitioner, bytes per device) and counted at run time.
+  std::string collectives_table() const;
+  const Graph& graph() const { return *graph_; }
+  const ShardedExecutable& executable() const { return *exe_; }
+  ShardedExecutable& executable() { return *exe_; }
+  const Sharding& batch_sharding(int i) const;
+  int64_t steps_run() const { return steps_run_; }
+
+ private:
+  nn::ParamStore& store_;
+  optim::OptimizerPtr opt_;
+  std::vector<TensorType> batch_types_;
+  Mesh mesh_;
+  ShardingPlan plan_;
+  std::vector<PartitionSpec> state_specs_;
+  std::unique_ptr<Graph> graph_;
+  std::unique_ptr<ShardedExecutable> exe_;
+  size_t n_params_ = 0, n_state_ = 0;
+  int64_t steps_run_ = 0;
+};
+
+// A plain function sharded by a recipe: its first argument is the params (as one list).
+class ShardedFunction {
+ public:
+  using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>& params, const std::vector<Tensor>& args)>;
+  ShardedFunction(Fn fn, std::vector<TensorType> param_types, std::vector<std::string> param_paths,
+                  std::vector<TensorType> arg_types, Mesh mesh, ShardingStrategy strategy,
+                  ShardingOptions options = {});
+  ~ShardedFunction();
+  // Full host arrays in, full outputs out (sharded, run, gathered).
+  std::vector<Array> operator()(const std::vector<Array>& params, const std::vector<Array>& args);
+  const ShardingPlan& plan() const { return plan_; }
+  const ShardedExecutable& executable() const { return *exe_; }
+
+ private:
+  ShardingPlan plan_;
+  std::unique_ptr<Graph> graph_;
+  std::unique_ptr<ShardedExecutable> exe_;
+};
+
+// px::jit(fn, strategy, ...): fn's first argument is the params (paths name them for rules and tables).
+std::unique_ptr<ShardedFunction> jit(ShardedFunction::Fn fn, ShardingStrategy strategy,
+                                     const std::vector<TensorType>& param_types,
+                                     const std::vector<std::string>& param_paths,
+                                     const std::vector<TensorType>& arg_types, const Mesh& mesh,
+                                     const ShardingOptions& options = {});
+
+// A model's forward over its store's params, sharded: create_sharded_model(store, fn, sample_types, mesh, strategy).
+std::unique_ptr<ShardedFunction> create_sharded_model(nn::ParamStore& store,
+                                                      const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& model_fn,
+                                                      const std::vector<TensorType>& sample_types, const Mesh& mesh,
+                                                      ShardingStrategy strategy, const ShardingOptions& options = {});
+
+}  // namespace px

@@ -1,0 +1,286 @@
+// ShardedTrainStep, ShardedFunction / jit / create_sharded_model: trace once, place by the plan,
+// partition and run through ShardedExecutable.
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+#include "parallax/autodiff.h"
+#include "parallax/nn.h"
+#include "parallax/ops.h"
+#include "parallax/parallel.h"
+
+namespace px {
+namespace {
+
+// The spec a param has while it is used: its stored spec without the batch (FSDP) axes.
+PartitionSpec use_spec(const PartitionSpec& s, const std::vector<std::string>& batch_axes) {
+  std::vector<PartitionSpec::Dim> dims;
+  for (const auto& d : s.dims()) {
+    std::vector<std::string> keep;
+    for (const auto& a : d.axes)
+      if (std::find(batch_axes.begin(), batch_axes.end(), a) == batch_axes.end()) keep.push_back(a);
+    dims.emplace_back(std::move(keep));
+  }
+  return PartitionSpec(std::move(dims));
+}
+
+// The batch's leading dim split over the batch axes when it divides; otherwise replicated.
+PartitionSpec batch_spec(const TensorType& t, const Mesh& mesh, const std::vector<std::string>& axes) {
+  if (t.rank() == 0 || axes.empty()) return {};
+  int64_t n = 1;
+  for (auto& a : axes) n *= mesh.axis_size(a);
+  if (t.shape[0] % n != 0) return {};
+  return PartitionSpec{PartitionSpec::Dim(axes)};
+}
+
+// Params as the model sees them: all-gathered over the batch axes when stored FSDP-split.
+std::vector<Tensor> gathered_params(const std::vector<Tensor>& params, const ShardingPlan& plan) {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    PartitionSpec u = use_spec(plan.params[i].spec, plan.batch_axes);
+    out.push_back(u == plan.params[i].spec ? params[i] : with_sharding_constraint(params[i], u));
+  }
+  return out;
+}
+
+int64_t local_bytes(const TensorType& t) { return numel(t.shape) * dtype_size(t.dtype); }
+
+}  // namespace
+
+ShardedTrainStep::ShardedTrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss_fn,
+                                   std::vector<TensorType> batch_types, Mesh mesh, ShardingStrategy strategy,
+                                   ShardingOptions sharding, TrainStepOptions options)
+    : store_(store), opt_(std::move(opt)), batch_types_(std::move(batch_types)), mesh_(std::move(mesh)) {
+  if (!opt_) throw Error("[ShardedTrainStep] no optimizer given");
+  std::vector<std::string> paths = store_.paths();
+  if (strategy == ShardingStrategy::AUTO)
+    throw Error("[sharding] AUTO sharding is not available yet; use DDP, FSDP, TP, FSDP_TP or MANUAL");
+  // The forward program tells TP which matmul consumes which param.
+  auto fwd = nn::trace_with_params(
+      store_, [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{loss_fn(b)}; }, batch_types_);
+  plan_ = plan_sharding(*fwd, paths, mesh_, strategy, sharding);
+
+  std::vector<TensorType> param_types = store_.types();
+  std::vector<optim::StateSlot> slots = opt_->state_slots(param_types);
+  n_params_ = param_types.size();
+  n_state_ = slots.size();
+  for (const auto& s : slots)
+    state_specs_.push_back(s.type.shape == param_types[s.param].shape ? plan_.params[s.param].spec : PartitionSpec());
+
+  std::vector<TensorType> types = param_types;
+  for (const auto& s : slots) types.push_back(s.type);
+  types.insert(types.end(), batch_types_.begin(), batch_types_.end());
+  types.push_back({DType::i32, {}});
+  std::vector<std::string> names = paths;
+  for (const auto& s : slots) names.push_back(paths[s.param] + "." + s.name);
+  for (size_t i = 0; i < batch_types_.size(); ++i) names.push_back("batch." + std::to_string(i));
+  names.push_back("step");
+  double clip = options.clip_norm;
+
+  graph_ = trace(
+      [&](const std::vector<Tensor>& in) {
+        std::vector<Tensor> params(in.begin(), in.begin() + n_params_);
+        std::vector<Tensor> state(in.begin() + n_params_, in.begin() + n_params_ + n_state_);
+        std::vector<Tensor> batch(in.begin() + n_params_ + n_state_, in.end() - 1);
+        Tensor step = in.back();
+        // FSDP: all-gather before use; the gradients w.r.t. the gathered params are partial sums
+        // over the batch axes.
+        std::vector<Tensor> used = gathered_params(params, plan_);
+        nn::ParamBinding bound = store_.bind(used);
+        Tensor loss = loss_fn(batch);
+        if (loss.numel() != 1)
+          throw Error("[ShardedTrainStep] the loss must be a scalar, got " + type_str(loss.type()));
+        loss = cast(reshape(loss, {}), DType::f32);
+        std::vector<Tensor> grads = gradients(loss, used);
+        for (size_t i = 0; i < grads.size(); ++i) {
+          if (!grads[i].defined())
+            throw Error("[ShardedTrainStep] param '" + paths[i] + "' is not a float tensor");
+          // Pin each gradient to its param's spec right away: one all-reduce (DDP) or reduce-scatter
+          // (FSDP) that the norm and the update share, instead of one per consumer.
+          grads[i] = with_sharding_constraint(grads[i], plan_.params[i].spec);
+        }
+        Tensor norm;
+        if (clip > 0) {
+          optim::Clipped c = optim::clip_by_global_norm(grads, clip);
+          grads = c.grads;
+          norm = c.norm;
+        } else {
+          norm = optim::global_norm(grads);
+        }
+        optim::Update u = opt_->apply(params, grads, state, step + 1, paths);
+        std::vector<Tensor> out = {loss, norm, u.lr};
+        out.insert(out.end(), u.params.begin(), u.params.end());
+        out.insert(out.end(), u.state.begin(), u.state.end());
+        return out;
+      },
+      types, names);
+
+  std::vector<PartitionSpec> in_specs;
+  PartitionOptions popt;
+  for (int k = 0; k < 3; ++k) popt.out_shardings.push_back(Sharding::replicated(mesh_));
+  for (const auto& p : plan_.params) {
+    in_specs.push_back(p.spec);
+    popt.out_shardings.push_back(Sharding(mesh_, p.spec));
+  }
+  for (const auto& s : state_specs_) {
+    in_specs.push_back(s);
+    popt.out_shardings.push_back(Sharding(mesh_, s));
+  }
+  for (const auto& t : batch_types_) in_specs.push_back(batch_spec(t, mesh_, plan_.batch_axes));
+  in_specs.push_back({});
+  exe_ = ShardedExecutable::compile(*graph_, mesh_, in_specs, popt, options.compile);
+}
+
+ShardedTrainStep::~ShardedTrainStep() = default;
+
+ShardedTrainState ShardedTrainStep::init(uint64_t seed) const { return init(store_.init(seed)); }
+
+ShardedTrainState ShardedTrainStep::init(const std::vector<Array>& params) const {
+  if (params.size() != n_params_)
+    throw Error("[ShardedTrainStep] got " + std::to_string(params.size()) + " params, the model has " +
+                std::to_string(n_params_));
+  std::vector<Array> st = opt_->init_state(params);
+  ShardedTrainState s;
+  for (size_t i = 0; i < n_params_; ++i) s.params.push_back(shard(params[i], exe_->in_sharding(static_cast<int>(i))));
+  for (size_t i = 0; i < n_state_; ++i)
+    s.opt_state.push_back(shard(st[i], exe_->in_sharding(static_cast<int>(n_params_ + i))));
+  return s;
+}
+
+const Sharding& ShardedTrainStep::batch_sharding(int i) const {
+  return exe_->in_sharding(static_cast<int>(n_params_ + n_state_) + i);
+}
+
+StepMetrics ShardedTrainStep::operator()(ShardedTrainState& state, const std::vector<Array>& batch) {
+  if (state.params.size() != n_params_ || state.opt_state.size() != n_state_)
+    throw Error("[ShardedTrainStep] the state does not belong to this step (make it with ShardedTrainStep::init)");
+  if (batch.size() != batch_types_.size())
+    throw Error("[ShardedTrainStep] expected " + std::to_string(batch_types_.size()) + " batch arrays, got " +
+                std::to_string(batch.size()));
+  std::vector<ShardedArray> in;
+  in.reserve(n_params_ + n_state_ + batch.size() + 1);
+  for (auto& p : state.params) in.push_back(std::move(p));
+  for (auto& s : state.opt_state) in.push_back(std::move(s));
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].type() != batch_types_[i])
+      throw Error("[ShardedTrainStep] batch array " + std::to_string(i) + " has type " + type_str(batch[i].type()) +
+                  ", the step was traced for " + type_str(batch_types_[i]));
+    in.push_back(shard(batch[i], batch_sharding(static_cast<int>(i))));
+  }
+  Array step = Array::from_i32({static_cast<int32_t>(state.step)}, {});
+  in.push_back(shard(step, exe_->in_sharding(static_cast<int>(in.size()))));
+  std::vector<ShardedArray> out = exe_->run(in);
+  StepMetrics m;
+  m.loss = out[0].shard(0).to_f32()[0];
+  m.grad_norm = out[1].shard(0).to_f32()[0];
+  m.lr = out[2].shard(0).to_f32()[0];
+  for (size_t i = 0; i < n_params_; ++i) state.params[i] = std::move(out[3 + i]);
+  for (size_t i = 0; i < n_state_; ++i) state.opt_state[i] = std::move(out[3 + n_params_ + i]);
+  ++state.step;
+  ++steps_run_;
+  return m;
+}
+
+std::vector<Array> ShardedTrainStep::gather_params(const ShardedTrainState& s) const {
+  std::vector<Array> out;
+  for (const auto& p : s.params) out.push_back(gather(p));
+  return out;
+}
+
+std::vector<Array> ShardedTrainStep::gather_opt_state(const ShardedTrainState& s) const {
+  std::vector<Array> out;
+  for (const auto& p : s.opt_state) out.push_back(gather(p));
+  return out;
+}
+
+std::string ShardedTrainStep::collectives_table() const {
+  std::ostringstream os;
+  struct Row {
+    int64_t count = 0, bytes = 0;
+  };
+  std::map<std::string, Row> planned;
+  for (const CollectiveRecord& c : exe_->program().collectives) {
+    if (c.kind == "local_slice") continue;
+    std::string key = c.kind;
+    for (size_t i = 0; i < c.axes.size(); ++i) key += (i ? "," : " over ") + c.axes[i];
+    Row& r = planned[key];
+    ++r.count;
+    r.bytes += local_bytes(c.kind == "all_gather" ? c.result : c.operand);
+  }
+  os << "planned collectives per step (payload bytes per device):\n";
+  for (const auto& [k, r] : planned) os << "  " << k << ": " << r.count << " calls, " << r.bytes << " bytes\n";
+  const CollectiveStats& st = exe_->stats();
+  const int64_t steps = std::max<int64_t>(steps_run_, 1), devices = std::max<int64_t>(mesh_.size(), 1);
+  os << "counted at run time, per step and device (over " << steps_run_ << " steps):\n";
+  for (int k = 0; k < kNumCollectiveKinds; ++k) {
+    CollectiveStats::Entry e = st.per_device.empty() ? CollectiveStats::Entry{} : st.total(static_cast<CollectiveKind>(k));
+    if (e.calls == 0) continue;
+    os << "  " << collective_name(static_cast<CollectiveKind>(k)) << ": " << e.calls / (steps * devices)
+       << " calls, payload " << e.payload_bytes / (steps * devices) << " bytes, wire " << e.wire_bytes / (steps * devices)
+       << " bytes\n";
+  }
+  return os.str();
+}
+
+ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std::vector<std::string> param_paths,
+                                 std::vector<TensorType> arg_types, Mesh mesh, ShardingStrategy strategy,
+                                 ShardingOptions options) {
+  if (param_paths.empty())
+    for (size_t i = 0; i < param_types.size(); ++i) param_paths.push_back("param." + std::to_string(i));
+  if (param_paths.size() != param_types.size())
+    throw Error("[jit] " + std::to_string(param_paths.size()) + " param paths for " +
+                std::to_string(param_types.size()) + " params");
+  if (strategy == ShardingStrategy::AUTO)
+    throw Error("[sharding] AUTO sharding is not available yet; use DDP, FSDP, TP, FSDP_TP or MANUAL");
+  const size_t np = param_types.size();
+  std::vector<TensorType> types = param_types;
+  types.insert(types.end(), arg_types.begin(), arg_types.end());
+  std::vector<std::string> names = param_paths;
+  for (size_t i = 0; i < arg_types.size(); ++i) names.push_back("arg." + std::to_string(i));
+  auto split = [np](const std::vector<Tensor>& in) {
+    return std::make_pair(std::vector<Tensor>(in.begin(), in.begin() + np), std::vector<Tensor>(in.begin() + np, in.end()));
+  };
+  auto plain = trace([&](const std::vector<Tensor>& in) {
+    auto [p, a] = split(in);
+    return fn(p, a);
+  }, types, names);
+  plan_ = plan_sharding(*plain, param_paths, mesh, strategy, options);
+  graph_ = trace([&](const std::vector<Tensor>& in) {
+    auto [p, a] = split(in);
+    return fn(gathered_params(p, plan_), a);
+  }, types, names);
+  std::vector<PartitionSpec> specs;
+  for (const auto& p : plan_.params) specs.push_back(p.spec);
+  for (const auto& t : arg_types) specs.push_back(batch_spec(t, mesh, plan_.batch_axes));
+  exe_ = ShardedExecutable::compile(*graph_, mesh, specs);
+}
+
+ShardedFunction::~ShardedFunction() = default;
+
+std::vector<Array> ShardedFunction::operator()(const std::vector<Array>& params, const std::vector<Array>& args) {
+  std::vector<Array> in = params;
+  in.insert(in.end(), args.begin(), args.end());
+  return exe_->run_full(in);
+}
+
+std::unique_ptr<ShardedFunction> jit(ShardedFunction::Fn fn, ShardingStrategy strategy,
+                                     const std::vector<TensorType>& param_types,
+                                     const std::vector<std::string>& param_paths,
+                                     const std::vector<TensorType>& arg_types, const Mesh& mesh,
+                                     const ShardingOptions& options) {
+  return std::make_unique<ShardedFunction>(std::move(fn), param_types, param_paths, arg_types, mesh, strategy, options);
+}
+
+std::unique_ptr<ShardedFunction> create_sharded_model(
+    nn::ParamStore& store, const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& model_fn,
+    const std::vector<TensorType>& sample_types, const Mesh& mesh, ShardingStrategy strategy,
+    const ShardingOptions& options) {
+  nn::ParamStore* s = &store;
+  auto fn = [s, model_fn](const std::vector<Tensor>& params, const std::vector<Tensor>& args) {
+    nn::ParamBinding b = s->bind(params);
+    return model_fn(args);
+  };
+  return jit(fn, strategy, store.types(), store.paths(), sample_types, mesh, options);
+}
+
+}  // namespace px

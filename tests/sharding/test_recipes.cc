@@ -1,0 +1,290 @@
+// The recipes end to end: sharded AdamW training steps of small GPT-2 / Llama LMs equal the
+// unsharded TrainStep; FSDP memory; DDP / FSDP communication; plan-time errors; MANUAL rules.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "parallax/nn.h"
+#include "parallax/parallel.h"
+#include "testing.h"
+
+namespace px {
+namespace {
+
+Array random_tokens(const Shape& s, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> v(numel(s));
+  for (auto& t : v) t = static_cast<int32_t>(rng() % vocab);
+  return Array::from_i32(v, s);
+}
+
+// Micro versions of gpt2_tiny / llama_tiny (same structure, smaller dims and seq) keep this fast.
+nn::LmConfig gpt_micro() { return nn::gpt2_config("gpt_micro", 256, 64, 4, 2, 128, 16); }
+nn::LmConfig llama_micro() { return nn::llama_config("llama_micro", 256, 64, 4, 2, 2, 96, 16); }
+
+struct Fixture {
+  nn::TransformerLm model;
+  std::vector<TensorType> batch_types;
+  TrainStep::LossFn loss;
+  explicit Fixture(const nn::LmConfig& cfg)
+      : model(cfg),
+        batch_types{{DType::i32, {8, cfg.max_seq_len}}, {DType::i32, {8, cfg.max_seq_len}}},
+        loss([this](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); }) {}
+  std::vector<Array> batch(int i) const {
+    return {random_tokens(batch_types[0].shape, model.config().vocab_size, 10 + 2 * i),
+            random_tokens(batch_types[1].shape, model.config().vocab_size, 11 + 2 * i)};
+  }
+};
+
+// AdamW divides by sqrt(v) + eps: with eps = 1e-8 a gradient that is zero up to rounding (the key
+// biases: softmax ignores a shift shared by all keys) moves by +-lr on the rounding noise's sign,
+// in either run. eps = 1e-5 bounds that to lr * noise / eps (~1e-6) and leaves real updates alone.
+optim::OptimizerPtr opt() { return optim::adamw({.lr = 1e-2, .eps = 1e-5, .weight_decay = 0.1}); }
+
+// f32 sums in another order differ by a few ulps of the largest terms; after 3 steps params differ
+// by about lr * (relative gradient error) plus the eps-bounded noise above: ~1e-6, at most a few
+// 1e-5 for embedding rows whose few gradient entries nearly cancel (atol 5e-5 = 0.5% of 3 lr).
+void check_equivalent(const nn::LmConfig& cfg, const Mesh& mesh, ShardingStrategy strategy,
+                      ShardingOptions sopt = {}) {
+  Fixture f(cfg);
+  TrainStep ref(f.model.store(), opt(), f.loss, f.batch_types);
+  ShardedTrainStep sharded(f.model.store(), opt(), f.loss, f.batch_types, mesh, strategy, sopt);
+  TrainState rs = ref.init(0);
+  ShardedTrainState ss = sharded.init(0);
+  const std::string what = cfg.name + " " + strategy_name(strategy) + " on " + mesh.to_string();
+  for (int i = 0; i < 3; ++i) {
+    StepMetrics a = ref(rs, f.batch(i)), b = sharded(ss, f.batch(i));
+    EXPECT_NEAR(a.loss, b.loss, 1e-5 * std::abs(a.loss)) << what << " step " << i;
+    EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-4 * std::abs(a.grad_norm)) << what << " step " << i;
+  }
+  std::vector<Array> got = sharded.gather_params(ss);
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_TRUE(testing::all_close(got[i].to_f32(), rs.params[i].to_f32(), 5e-5, 1e-4))
+        << what << " param " << f.model.store().spec(static_cast<int>(i)).path;
+  std::vector<Array> st = sharded.gather_opt_state(ss);
+  for (size_t i = 0; i < st.size(); ++i)
+    EXPECT_TRUE(testing::all_close(st[i].to_f32(), rs.opt_state[i].to_f32(), 2e-5, 1e-3)) << what << " state " << i;
+}
+
+TEST(Recipes, GptDdp) {
+  check_equivalent(gpt_micro(), Mesh::cpu({{"data", 1}}), ShardingStrategy::DDP);
+  check_equivalent(gpt_micro(), Mesh::cpu({{"data", 8}}), ShardingStrategy::DDP);
+}
+TEST(Recipes, GptFsdp) { check_equivalent(gpt_micro(), Mesh::cpu({{"data", 8}}), ShardingStrategy::FSDP); }
+TEST(Recipes, GptTp) {
+  check_equivalent(gpt_micro(), Mesh::cpu({{"model", 8}}), ShardingStrategy::TP);
+  check_equivalent(gpt_micro(), Mesh::cpu({{"data", 4}, {"model", 2}}), ShardingStrategy::TP);
+}
+TEST(Recipes, GptFsdpTp) {
+  check_equivalent(gpt_micro(), Mesh::cpu({{"data", 2}, {"model", 4}}), ShardingStrategy::FSDP_TP);
+  check_equivalent(gpt_micro(), Mesh::cpu({{"data", 2}, {"fsdp", 2}, {"model", 2}}), ShardingStrategy::FSDP_TP);
+}
+TEST(Recipes, LlamaAllStrategies) {
+  check_equivalent(llama_micro(), Mesh::cpu({{"data", 4}, {"model", 2}}), ShardingStrategy::DDP);
+  check_equivalent(llama_micro(), Mesh::cpu({{"data", 8}}), ShardingStrategy::FSDP);
+  check_equivalent(llama_micro(), Mesh::cpu({{"data", 2}, {"model", 4}}), ShardingStrategy::TP);
+  check_equivalent(llama_micro(), Mesh::cpu({{"data", 2}, {"fsdp", 2}, {"model", 2}}), ShardingStrategy::FSDP_TP);
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+TEST(Recipes, TpDerivesMegatronSplitsFromTheGraph) {
+  for (const nn::LmConfig& cfg : {gpt_micro(), llama_micro()}) {
+    Fixture f(cfg);
+    auto fwd = nn::trace_with_params(
+        f.model.store(), [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{f.loss(b)}; }, f.batch_types);
+    ShardingPlan plan = plan_sharding(*fwd, f.model.store().paths(), Mesh::cpu({{"data", 2}, {"model", 4}}),
+                                      ShardingStrategy::TP);
+    int col = 0, row = 0;
+    for (const auto& p : plan.params) {
+      PartitionSpec want;
+      for (const char* c : {"attn.wq", "attn.wk", "attn.wv", "mlp.fc.w", "mlp.gate.w", "mlp.up.w", "head.w"})
+        if (ends_with(p.path, c)) want = {none, "model"}, ++col;
+      for (const char* c : {"attn.bq", "attn.bk", "attn.bv", "mlp.fc.b"})
+        if (ends_with(p.path, c)) want = {"model"}, ++col;
+      for (const char* r : {"attn.wo", "mlp.proj.w", "mlp.down.w"})
+        if (ends_with(p.path, r)) want = {"model", none}, ++row;
+      EXPECT_EQ(p.spec, want) << cfg.name << " " << p.path << " got " << p.spec.to_string() << " (" << p.reason << ")";
+    }
+    EXPECT_GE(col, 8) << cfg.name;
+    EXPECT_GE(row, 4) << cfg.name;
+    EXPECT_NE(plan.table().find("bytes/device"), std::string::npos);
+  }
+}
+
+TEST(Recipes, FsdpOverEightHoldsAnEighthOfEachLargeParamAndItsAdamState) {
+  Fixture f(gpt_micro());
+  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 8}}),
+                        ShardingStrategy::FSDP, {.fsdp_min_bytes = 1024});
+  ShardedTrainState s = step.init(0);
+  auto slots = opt()->state_slots(f.model.store().types());
+  int large = 0;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    int64_t full = s.params[i].type().nbytes();
+    int64_t want = full >= 1024 ? full / 8 : full;
+    large += full >= 1024;
+    EXPECT_EQ(s.params[i].bytes_per_device(), want) << f.model.store().spec(static_cast<int>(i)).path;
+    EXPECT_EQ(step.plan().params[i].bytes_per_device, want);
+  }
+  for (size_t k = 0; k < slots.size(); ++k) {
+    int64_t pfull = s.params[slots[k].param].type().nbytes();
+    if (slots[k].type.shape == s.params[slots[k].param].shape() && pfull >= 1024)
+      EXPECT_EQ(s.opt_state[k].bytes_per_device(), s.opt_state[k].type().nbytes() / 8) << slots[k].name;
+  }
+  EXPECT_GE(large, 8);
+  // The state stays sharded after a step.
+  step(s, f.batch(0));
+  for (size_t i = 0; i < s.params.size(); ++i)
+    EXPECT_EQ(s.params[i].sharding(), step.executable().in_sharding(static_cast<int>(i)));
+}
+
+int64_t grad_bytes(const nn::ParamStore& store) { return store.param_bytes(); }
+
+TEST(Recipes, DdpAllReducesExactlyTheGradientBytesOncePerStep) {
+  Fixture f(gpt_micro());
+  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 8}}), ShardingStrategy::DDP);
+  ShardedTrainState s = step.init(0);
+  step.executable().reset_stats();
+  for (int i = 0; i < 2; ++i) step(s, f.batch(i));
+  const CollectiveStats& st = step.executable().stats();
+  auto ar = st.total(CollectiveKind::all_reduce);
+  // Every gradient once, plus two f32 scalars of the loss (its sum and its token count).
+  EXPECT_EQ(ar.payload_bytes, 2 * 8 * (grad_bytes(f.model.store()) + 8)) << step.collectives_table();
+  EXPECT_EQ(ar.calls, 2 * 8 * (f.model.store().size() + 2));
+  EXPECT_EQ(st.total(CollectiveKind::all_gather).calls, 0);
+  EXPECT_EQ(st.total(CollectiveKind::reduce_scatter).calls, 0);
+  EXPECT_EQ(st.total(CollectiveKind::all_to_all).calls, 0);
+  EXPECT_NE(step.collectives_table().find("all_reduce over data"), std::string::npos) << step.collectives_table();
+}
+
+TEST(Recipes, FsdpGathersParamsAndReduceScattersGradients) {
+  Fixture f(gpt_micro());
+  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 8}}),
+                        ShardingStrategy::FSDP, {.fsdp_min_bytes = 1024});
+  ShardedTrainState s = step.init(0);
+  step.executable().reset_stats();
+  step(s, f.batch(0));
+  int64_t sharded = 0, replicated = 0;
+  for (const auto& p : step.plan().params) (p.spec.is_replicated() ? replicated : sharded) += p.type.nbytes();
+  const CollectiveStats& st = step.executable().stats();
+  // Each sharded param gathered once (payload = the gathered param), its gradient reduce-scattered
+  // once (payload = the full gradient); replicated params' gradients all-reduced, plus scalars.
+  EXPECT_EQ(st.total(CollectiveKind::all_gather).payload_bytes, 8 * sharded) << step.collectives_table();
+  // GPT's tied embedding gradient has two summands (the lookup's scatter_add and the logits matmul);
+  // the partitioner reduce-scatters each before adding them, so the table's bytes count twice.
+  const int64_t table = f.model.store().spec(f.model.store().index_of("embed.table")).type.nbytes();
+  EXPECT_EQ(st.total(CollectiveKind::reduce_scatter).payload_bytes, 8 * (sharded + table)) << step.collectives_table();
+  int64_t ar = st.total(CollectiveKind::all_reduce).payload_bytes / 8;
+  EXPECT_GE(ar, replicated) << step.collectives_table();
+  EXPECT_LE(ar, replicated + 64) << step.collectives_table();
+}
+
+TEST(Recipes, AutoIsNotAvailableYet) {
+  Fixture f(gpt_micro());
+  try {
+    ShardedTrainStep s(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}}), ShardingStrategy::AUTO);
+    FAIL() << "AUTO did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("AUTO sharding is not available yet; use DDP, FSDP, TP, FSDP_TP or MANUAL"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Recipes, ManualRulesOverrideAnyStrategy) {
+  Fixture f(gpt_micro());
+  Mesh mesh = Mesh::cpu({{"data", 2}, {"model", 4}});
+  ShardingOptions o;
+  o.rules = {{"*.mlp.fc.w", PartitionSpec{none, "model"}}, {"*.mlp.proj.w", PartitionSpec{"model", none}}};
+  ShardedTrainStep manual(f.model.store(), opt(), f.loss, f.batch_types, mesh, ShardingStrategy::MANUAL, o);
+  int hits = 0;
+  for (const auto& p : manual.plan().params) {
+    if (ends_with(p.path, "mlp.fc.w")) {
+      EXPECT_EQ(p.spec, (PartitionSpec{none, "model"}));
+      ++hits;
+    } else if (ends_with(p.path, "mlp.proj.w")) {
+      EXPECT_EQ(p.spec, (PartitionSpec{"model", none}));
+      ++hits;
+    } else {
+      EXPECT_TRUE(p.spec.is_replicated()) << p.path;
+    }
+  }
+  EXPECT_EQ(hits, 4);
+  // An override on top of FSDP: keep the embedding replicated.
+  ShardingOptions o2{.fsdp_min_bytes = 1024, .rules = {{"embed*", PartitionSpec{}}}};
+  Fixture g(gpt_micro());
+  auto fwd = nn::trace_with_params(
+      g.model.store(), [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{g.loss(b)}; }, g.batch_types);
+  ShardingPlan plan = plan_sharding(*fwd, g.model.store().paths(), Mesh::cpu({{"data", 8}}), ShardingStrategy::FSDP, o2);
+  bool saw_rule = false;
+  for (const auto& p : plan.params)
+    if (p.reason.rfind("rule", 0) == 0) {
+      saw_rule = true;
+      EXPECT_TRUE(p.spec.is_replicated());
+    }
+  EXPECT_TRUE(saw_rule) << plan.table();
+  check_equivalent(gpt_micro(), mesh, ShardingStrategy::MANUAL, o);
+}
+
+void expect_plan_error(const ShardingOptions& o, const Mesh& mesh, ShardingStrategy s,
+                       const std::vector<std::string>& parts) {
+  Fixture f(gpt_micro());
+  auto fwd = nn::trace_with_params(
+      f.model.store(), [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{f.loss(b)}; }, f.batch_types);
+  try {
+    plan_sharding(*fwd, f.model.store().paths(), mesh, s, o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+TEST(Recipes, BadSpecsAreReportedAtPlanTime) {
+  Mesh mesh = Mesh::cpu({{"data", 2}, {"model", 4}});
+  // Unknown axis: names the param and the mesh's axes.
+  expect_plan_error({.rules = {{"*.mlp.fc.w", PartitionSpec{none, "tensor"}}}}, mesh, ShardingStrategy::MANUAL,
+                    {"mlp.fc.w", "'tensor'", "'model'"});
+  // Not divisible: gpt_micro's layer-norm scale has 64 entries; 3-way split fails.
+  expect_plan_error({.rules = {{"*.mlp.fc.w", PartitionSpec{none, {"data", "model"}}}}},
+                    Mesh::cpu({{"data", 3}, {"model", 4}}), ShardingStrategy::MANUAL, {"mlp.fc.w", "dim 1", "divisible"});
+  // Strategy needs an axis the mesh lacks.
+  expect_plan_error({}, Mesh::cpu({{"data", 8}}), ShardingStrategy::TP, {"'model'", "TP"});
+  expect_plan_error({}, Mesh::cpu({{"model", 8}}), ShardingStrategy::DDP, {"'data'", "DDP"});
+}
+
+TEST(Recipes, JitShardsAPlainFunctionWhoseFirstArgumentIsTheParams) {
+  Array w1 = testing::random_array({16, 32}, DType::f32, 1), w2 = testing::random_array({32, 16}, DType::f32, 2);
+  Array x = testing::random_array({8, 16}, DType::f32, 3);
+  auto mlp = [](const std::vector<Tensor>& p, const std::vector<Tensor>& a) {
+    return std::vector<Tensor>{sum(square(matmul(gelu(matmul(a[0], p[0])), p[1])))};
+  };
+  std::vector<Array> want;
+  {
+    auto g = trace([&](const std::vector<Tensor>& in) { return mlp({in[0], in[1]}, {in[2]}); },
+                   {w1.type(), w2.type(), x.type()});
+    want = Executable::compile(*g)->run({w1, w2, x});
+  }
+  for (ShardingStrategy s : {ShardingStrategy::DDP, ShardingStrategy::FSDP, ShardingStrategy::TP, ShardingStrategy::FSDP_TP}) {
+    auto f = jit(mlp, s, {w1.type(), w2.type()}, {"fc1", "fc2"}, {x.type()}, Mesh::cpu({{"data", 2}, {"model", 4}}),
+                 {.fsdp_min_bytes = 0});
+    if (s == ShardingStrategy::TP) {
+      EXPECT_EQ(f->plan().params[0].spec, (PartitionSpec{none, "model"}));
+      EXPECT_EQ(f->plan().params[1].spec, (PartitionSpec{"model", none}));
+    }
+    std::vector<Array> got = (*f)({w1, w2}, {x});
+    EXPECT_TRUE(testing::all_close(got[0].to_f32(), want[0].to_f32(), 1e-4, 1e-5)) << strategy_name(s);
+  }
+}
+
+TEST(Recipes, GlobMatch) {
+  EXPECT_TRUE(glob_match("*.mlp.*", "blocks.0.mlp.fc.w"));
+  EXPECT_TRUE(glob_match("blocks.?.attn.wq", "blocks.1.attn.wq"));
+  EXPECT_FALSE(glob_match("blocks.?.attn.wq", "blocks.10.attn.wq"));
+  EXPECT_FALSE(glob_match("*.b", "blocks.0.mlp.fc.w"));
+  EXPECT_TRUE(glob_match("*", ""));
+}
+
+}  // namespace
+}  // namespace px
