@@ -31,6 +31,7 @@ struct Step {
 };
 
 bool is_broadcast(const Node& n) { return n.prim->name == "broadcast_in_dim" && n.outputs.size() == 1; }
+bool is_reshape(const Node& n) { return n.prim->name == "reshape" && n.inputs.size() == 1 && n.outputs.size() == 1; }
 
 bool fusible(const Graph& g, const Node& n) {
   if (!n.prim->elementwise || n.outputs.size() != 1) return false;
@@ -157,7 +158,8 @@ std::unique_ptr<Executable> Executable::compile(const Graph& src, const CompileO
     auto cand = open_by_count.find(count);
     int join = (cand != open_by_count.end() && units[cand->second].nodes.size() < kMaxGroup) ? cand->second : -1;
     // A broadcast fuses as a strided load of an external operand, never of a value inside its group.
-    bool fuse = fuse_on && (fusible(g, n) ||
+    // A reshape keeps the flat order, so in a group it is only a new name for its operand's tile.
+    bool fuse = fuse_on && (fusible(g, n) || is_reshape(n) ||
                             (is_broadcast(n) && std::find(reads.begin(), reads.end(), join) == reads.end()));
     if (!fuse_on && fusible(g, n)) fuse = true;  // a single-node loop, never joined
     for (int u : reads)
@@ -171,27 +173,25 @@ std::unique_ptr<Executable> Executable::compile(const Graph& src, const CompileO
     unit_of[i] = static_cast<int>(units.size()) - 1;
     if (fuse && fuse_on) open_by_count[count] = unit_of[i];
   }
-  // A group of broadcasts alone computes nothing: run them with their own kernels.
-  for (Unit& u : units) {
-    if (!u.fused) continue;
-    bool any_compute = false;
-    for (int ni : u.nodes) any_compute = any_compute || !is_broadcast(nodes[ni]);
-    if (!any_compute && u.nodes.size() == 1 && cpu::find_kernel(nodes[u.nodes[0]].prim->name)) u.fused = false;
-  }
+  // A lone broadcast or reshape computes nothing: run it with its own kernel (or as a view).
+  for (Unit& u : units)
+    if (u.fused && u.nodes.size() == 1 && (is_broadcast(nodes[u.nodes[0]]) || is_reshape(nodes[u.nodes[0]])) &&
+        cpu::find_kernel(nodes[u.nodes[0]].prim->name))
+      u.fused = false;
   // Order units by the position of their last member (a group runs when it is complete).
   std::vector<int> order(units.size());
   for (size_t u = 0; u < units.size(); ++u) order[u] = static_cast<int>(u);
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return units[a].nodes.back() < units[b].nodes.back(); });
 
-  // Reshapes are views: their result shares the operand's storage (a reshape that is itself a
-  // graph output is copied, so that outputs never alias each other).
+  // Reshapes outside fused groups are views: their result shares the operand's storage (one that
+  // is itself a graph output is copied, so that outputs never alias each other).
   impl->root.resize(g.values().size());
   for (size_t v = 0; v < g.values().size(); ++v) impl->root[v] = static_cast<int>(v);
   std::vector<char> is_view(nodes.size(), 0);
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];
-    if (n.prim->name == "reshape" && n.inputs.size() == 1 && n.outputs.size() == 1 && !is_output[n.outputs[0]]) {
+    if (is_reshape(n) && !units[unit_of[i]].fused && !is_output[n.outputs[0]]) {
       is_view[i] = 1;
       impl->root[n.outputs[0]] = impl->root[n.inputs[0]];
     }

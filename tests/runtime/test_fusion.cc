@@ -147,6 +147,26 @@ TEST(Fusion, BroadcastOfAValueComputedInTheGroupIsNotFused) {
   for (int i = 0; i < 40; ++i) ASSERT_NEAR(got[i], std::exp(vs[i]) * ys[i], 1e-6);
 }
 
+TEST(Fusion, ReshapesInsideAChainAreRenames) {
+  Array x = random_array({6, 10}, DType::f32, 16), b = random_array({60}, DType::bf16, 17);
+  auto r = run_both(
+      [](const std::vector<Tensor>& in) {
+        Tensor z = reshape(exp(in[0]), {60});                                    // renamed group value
+        Tensor w = z * 2.0 + reshape(in[0], {60}) + cast(in[1], DType::f32);     // renamed operand
+        Tensor v = reshape(cast(w, DType::bf16), {2, 30});                        // 16-bit, then renamed
+        return std::vector<Tensor>{reshape(w, {3, 20}), z, v, sum(reshape(w, {6, 10}), {1})};
+      },
+      {x, b});
+  expect_identical(r);
+  std::string s = r.exe->summary();
+  EXPECT_EQ(s.find(": reshape"), std::string::npos) << s;
+  EXPECT_EQ(r.exe->num_steps(), 2) << s;  // one fused loop and the reduction
+  std::vector<float> xs = x.to_f32(), bs = b.to_f32(), w = r.fused[0].to_f32();
+  for (int i = 0; i < 60; ++i) ASSERT_NEAR(w[i], std::exp(xs[i]) * 2 + xs[i] + bs[i], 1e-5);
+  EXPECT_EQ(r.fused[0].shape(), (Shape{3, 20}));
+  EXPECT_EQ(r.fused[2].shape(), (Shape{2, 30}));
+}
+
 TEST(Fusion, ScalarConstantsFuseIntoTheChain) {
   Array x = random_array({1000}, DType::f32, 12);
   auto b = run_both(

@@ -223,10 +223,22 @@ Program build_program(const Graph& g, const FusedGroup& group) {
       throw Error("[fused] value stored twice");
   }
 
-  // Last op position (in node order) reading each value, to free tiles early.
+  // A reshape member is a new name for its operand's tile (elementwise loops see flat indices).
+  // Liveness is tracked per storage root: the last op position reading any name of it.
+  std::unordered_map<int, int> root_map;
+  auto root = [&](int v) {
+    auto it = root_map.find(v);
+    return it == root_map.end() ? v : it->second;
+  };
+  for (int ni : group.nodes) {
+    const Node& n = g.nodes()[ni];
+    if (n.prim->name == "reshape") root_map[n.outputs.at(0)] = root(n.inputs.at(0));
+  }
   std::unordered_map<int, int> last_read;
   for (size_t i = 0; i < group.nodes.size(); ++i)
-    for (int v : g.nodes()[group.nodes[i]].inputs) last_read[v] = static_cast<int>(i);
+    for (int v : g.nodes()[group.nodes[i]].inputs) last_read[root(v)] = static_cast<int>(i);
+  std::unordered_map<int, char> kept;  // roots with a stored name keep their tile to the end
+  for (int v : group.ext_outputs) kept[root(v)] = 1;
 
   TileAllocator tiles;
   std::unordered_map<int, int> slot_of;  // value id -> slot
@@ -271,6 +283,18 @@ Program build_program(const Graph& g, const FusedGroup& group) {
     if (out_t.numel() != p.count) throw Error("[fused] group mixes element counts");
     auto eo = ext_out_index.find(out);
 
+    if (n.prim->name == "reshape") {
+      int slot = operand_slot(n.inputs.at(0), n.prim->name);
+      slot_of[out] = slot;
+      if (eo != ext_out_index.end()) {
+        Op st{Op::store};
+        st.slot = slot;
+        st.ext = eo->second;
+        st.dtype = out_t.dtype;
+        stores.push_back(st);
+      }
+      continue;  // nothing to free: the operand's root lives on under the new name
+    }
     Op op{Op::compute};
     if (n.prim->name == "broadcast_in_dim") {
       auto e = ext_in_index.find(n.inputs.at(0));
@@ -315,13 +339,13 @@ Program build_program(const Graph& g, const FusedGroup& group) {
     // Free tiles read for the last time here (and results nobody reads), except stored results.
     std::vector<int> done;
     for (int v : n.inputs)
-      if (last_read[v] == static_cast<int>(i)) done.push_back(v);
+      if (last_read[root(v)] == static_cast<int>(i)) done.push_back(root(v));
     if (!last_read.count(out)) done.push_back(out);
     std::sort(done.begin(), done.end());
     done.erase(std::unique(done.begin(), done.end()), done.end());
     for (int v : done) {
       auto it = slot_of.find(v);
-      if (it != slot_of.end() && tile_of[it->second] >= 0 && !ext_out_index.count(v)) tiles.give(tile_of[it->second]);
+      if (it != slot_of.end() && tile_of[it->second] >= 0 && !kept.count(v)) tiles.give(tile_of[it->second]);
     }
   }
   p.ops.insert(p.ops.end(), stores.begin(), stores.end());
