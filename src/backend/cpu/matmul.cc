@@ -4,8 +4,6 @@
 // oneDNN 2.6 has no bf16/f16 matmul on CPUs without AVX512. On this AVX2 CPU oneDNN's matmul
 // primitive wraps the same jit sgemm (measured equal), so the kernel calls sgemm directly:
 // nothing to set up per call, and stacks of small matrices run one matrix per thread.
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -51,7 +49,7 @@ bool collapse(const Shape& shape, const std::vector<int64_t>& st, const std::vec
   return ok;
 }
 
-// Gives size-1 dims strides oneDNN accepts and checks that one of the matrix strides is unit.
+// Gives size-1 dims strides sgemm accepts and checks that one of the matrix strides is unit.
 bool normalize(View& v) {
   if (v.r == 1 && v.c == 1) {
     v.sr = v.sc = 1;
