@@ -1,0 +1,141 @@
+// The bench-gpt training step (forward, backward, AdamW) on one device vs the same step DDP and
+// FSDP over cpu:2 (two virtual devices sharing the same cores): the overhead of partitioning and
+// in-process collectives. Prints one JSON object; the target is throughput ratios >= 0.85.
+//
+//   build/bench/sharded_step [--steps 3] [--warmup 1] [--layers 6] [--d 512] [--batch 8] [--seq 256] ...
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "parallax/nn.h"
+#include "parallax/parallel.h"
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct Args {
+  int steps = 3, warmup = 1;
+  int64_t vocab = 8192, d = 512, heads = 8, layers = 6, ff = 2048, seq = 256, batch = 8;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "sharded_step: flag %s needs a value\n", k.c_str());
+      std::exit(2);
+    }
+    std::string v = argv[++i];
+    if (k == "--steps") a.steps = std::atoi(v.c_str());
+    else if (k == "--warmup") a.warmup = std::atoi(v.c_str());
+    else if (k == "--vocab") a.vocab = std::atoll(v.c_str());
+    else if (k == "--d") a.d = std::atoll(v.c_str());
+    else if (k == "--heads") a.heads = std::atoll(v.c_str());
+    else if (k == "--layers") a.layers = std::atoll(v.c_str());
+    else if (k == "--ff") a.ff = std::atoll(v.c_str());
+    else if (k == "--seq") a.seq = std::atoll(v.c_str());
+    else if (k == "--batch") a.batch = std::atoll(v.c_str());
+    else {
+      std::fprintf(stderr, "sharded_step: unknown flag %s (see the header of bench/sharded_step.cc)\n", k.c_str());
+      std::exit(2);
+    }
+  }
+  return a;
+}
+
+std::vector<px::Array> make_batch(const Args& a) {
+  std::vector<int32_t> tok(static_cast<size_t>(a.batch * a.seq)), tgt(tok.size());
+  uint64_t x = 12345;
+  for (size_t i = 0; i < tok.size(); ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    tok[i] = static_cast<int32_t>((x >> 33) % a.vocab);
+    tgt[i] = static_cast<int32_t>((x >> 13) % a.vocab);
+  }
+  return {px::Array::from_i32(tok, {a.batch, a.seq}), px::Array::from_i32(tgt, {a.batch, a.seq})};
+}
+
+struct Result {
+  double step_s = 0, compile_s = 0;
+  float loss = 0;
+};
+
+// Times `step` (a callable returning the loss) after warmup.
+template <typename F>
+Result time_steps(const Args& a, F&& step) {
+  Result r;
+  for (int i = 0; i < a.warmup; ++i) step();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < a.steps; ++i) r.loss = step();
+  r.step_s = seconds_since(t0) / a.steps;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a = parse(argc, argv);
+  try {
+    px::nn::LmConfig cfg = px::nn::gpt2_config("bench-gpt", a.vocab, a.d, a.heads, a.layers, a.ff, a.seq);
+    px::nn::TransformerLm model(cfg);
+    px::TensorType seq{px::DType::i32, {a.batch, a.seq}};
+    auto loss_fn = [&](const std::vector<px::Tensor>& b) { return px::nn::next_token_loss(model, b[0], b[1]); };
+    auto opt = px::optim::adamw({.lr = 3e-4});
+    std::vector<px::Array> batch = make_batch(a);
+
+    auto t0 = std::chrono::steady_clock::now();
+    px::TrainStep single(model.store(), opt, loss_fn, {seq, seq});
+    double single_compile = seconds_since(t0);
+    px::TrainState s1 = single.init(0);
+    Result r1 = time_steps(a, [&] { return single(s1, batch).loss; });
+    r1.compile_s = single_compile;
+
+    px::Mesh mesh = px::Mesh::cpu({{"data", 2}});
+    Result rs[2];
+    std::string comm[2];
+    const px::ShardingStrategy strategies[2] = {px::ShardingStrategy::DDP, px::ShardingStrategy::FSDP};
+    for (int k = 0; k < 2; ++k) {
+      t0 = std::chrono::steady_clock::now();
+      px::ShardedTrainStep step(model.store(), opt, loss_fn, {seq, seq}, mesh, strategies[k]);
+      double compile_s = seconds_since(t0);
+      px::ShardedTrainState st = step.init(0);
+      rs[k] = time_steps(a, [&] { return step(st, batch).loss; });
+      rs[k].compile_s = compile_s;
+      const px::CollectiveStats& stats = step.executable().stats();
+      int64_t calls = 0, bytes = 0;
+      for (int c = 0; c < px::kNumCollectiveKinds; ++c) {
+        auto e = stats.total(static_cast<px::CollectiveKind>(c));
+        calls += e.calls;
+        bytes += e.payload_bytes;
+      }
+      const int64_t n = (a.warmup + a.steps) * mesh.size();
+      comm[k] = "{\"calls_per_step\": " + std::to_string(calls / n) + ", \"payload_bytes_per_step\": " +
+                std::to_string(bytes / n) + ", \"segments\": " + std::to_string(step.executable().num_segments()) + "}";
+    }
+    // Time the single-device step again and keep the faster: the order of runs does not favour either side.
+    Result again = time_steps(a, [&] { return single(s1, batch).loss; });
+    if (again.step_s < r1.step_s) r1.step_s = again.step_s;
+    double tokens = static_cast<double>(a.batch * a.seq);
+    std::printf(
+        "{\"bench\": \"sharded_step\", \"threads\": %d, \"params\": %lld, \"tokens_per_step\": %.0f, "
+        "\"single\": {\"step_s\": %.4f, \"tokens_per_s\": %.1f, \"compile_s\": %.2f, \"loss\": %.5f}, "
+        "\"ddp_cpu2\": {\"step_s\": %.4f, \"tokens_per_s\": %.1f, \"compile_s\": %.2f, \"loss\": %.5f, \"comm\": %s}, "
+        "\"fsdp_cpu2\": {\"step_s\": %.4f, \"tokens_per_s\": %.1f, \"compile_s\": %.2f, \"loss\": %.5f, \"comm\": %s}, "
+        "\"ddp_throughput_ratio\": %.3f, \"fsdp_throughput_ratio\": %.3f, \"target_ratio\": 0.85}\n",
+        omp_get_max_threads(), static_cast<long long>(model.store().param_count()), tokens, r1.step_s,
+        tokens / r1.step_s, r1.compile_s, r1.loss, rs[0].step_s, tokens / rs[0].step_s, rs[0].compile_s, rs[0].loss,
+        comm[0].c_str(), rs[1].step_s, tokens / rs[1].step_s, rs[1].compile_s, rs[1].loss, comm[1].c_str(),
+        r1.step_s / rs[0].step_s, r1.step_s / rs[1].step_s);
+  } catch (const px::Error& e) {
+    std::fprintf(stderr, "sharded_step: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
