@@ -85,7 +85,12 @@ bool Attrs::operator==(const Attrs& o) const {
 
 size_t Attrs::hash() const {
   size_t h = 0;
-  for (auto& [k, v] : m_) h = h * 31 + std::hash<std::string>()(k) + std::hash<std::string>()(attr_value_str(v));
+  for (auto& [k, v] : m_) {
+    // Constants compare by buffer, so hash the buffer: equal-typed constants must not all collide.
+    auto p = std::get_if<std::shared_ptr<const Array>>(&v);
+    size_t hv = p ? std::hash<const void*>()(p->get()) : std::hash<std::string>()(attr_value_str(v));
+    h = h * 31 + std::hash<std::string>()(k) + hv;
+  }
   return h;
 }
 
@@ -123,7 +128,14 @@ std::vector<Tensor> Graph::emit(const Primitive& p, const std::vector<Tensor>& i
                   " belongs to a different graph (mixing tensors from two traces)");
     in_types.push_back(type(inputs[i].id()));
   }
-  std::vector<TensorType> out_types = p.infer(in_types, attrs);
+  std::vector<TensorType> out_types;
+  try {
+    out_types = p.infer(in_types, attrs);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // e.g. a missing attribute read with .at(): still name the op
+    throw Error("[" + p.name + "] " + e.what());
+  }
   Node n;
   n.prim = &p;
   n.attrs = std::move(attrs);
