@@ -1,6 +1,10 @@
 // Logging (macro, levels, pluggable sink, check macro) and the environment parser.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -154,6 +158,19 @@ TEST(Env, EveryVariableIsDocumented) {
   }
   for (const char* want : {"PX_NUM_THREADS", "PX_LOG_LEVEL", "PX_DUMP_DIR", "PX_DISABLE_FUSION"})
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+}
+
+// Runs itself again with PX_NUM_THREADS set: the variable is read once per process.
+TEST(Env, NumThreadsSetsTheOpenMPThreadCount) {
+  if (const char* v = std::getenv("PX_NUM_THREADS_CHILD")) {
+    apply_thread_settings();
+    EXPECT_EQ(env().num_threads, std::atoi(v));
+    EXPECT_EQ(omp_get_max_threads(), std::atoi(v));
+    return;
+  }
+  std::string cmd = "PX_NUM_THREADS=3 PX_NUM_THREADS_CHILD=3 /proc/" + std::to_string(getpid()) +
+                    "/exe --gtest_filter=Env.NumThreadsSetsTheOpenMPThreadCount > /dev/null 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 }  // namespace
