@@ -199,13 +199,13 @@ std::unique_ptr<Executable> Executable::compile(const Graph& src, const CompileO
   const std::vector<int>& root = impl->root;
 
   // Build steps.
+  std::vector<char> in_group(g.values().size(), 0);  // marks the current group's values
   for (int u : order) {
     const Unit& unit = units[u];
     Step st;
     if (unit.fused) {
       cpu::FusedGroup grp;
       grp.nodes = unit.nodes;
-      std::vector<char> in_group(g.values().size(), 0);
       for (int ni : unit.nodes) in_group[nodes[ni].outputs[0]] = 1;
       for (int ni : unit.nodes) {
         for (int v : nodes[ni].inputs)
@@ -216,6 +216,7 @@ std::unique_ptr<Executable> Executable::compile(const Graph& src, const CompileO
         for (int user : users[out]) escapes = escapes || unit_of[user] != u;
         if (escapes) grp.ext_outputs.push_back(out);
       }
+      for (int ni : unit.nodes) in_group[nodes[ni].outputs[0]] = 0;
       st.kernel = cpu::make_fused_kernel(g, grp);
       st.in_values = grp.ext_inputs;
       st.out_values = grp.ext_outputs;

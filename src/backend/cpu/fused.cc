@@ -406,8 +406,10 @@ Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
         }
       }
     };
-    // A serial region still costs libgomp a team allocation, so small groups skip OpenMP.
-    if (ntiles <= 1 || threads <= 1) {
+    // A serial OpenMP region still costs libgomp a team allocation, so serial runs skip OpenMP;
+    // parallel ones always ask for the same team size, which libgomp caches.
+    // Waking a team costs microseconds: small loops stay on the calling thread.
+    if (ntiles <= 1 || threads <= 1 || p.count * static_cast<int64_t>(p.ops.size()) < (1 << 14)) {
       run_tiles(0, 0, ntiles);
       return;
     }
