@@ -206,6 +206,9 @@ TEST_F(ExecutableTest, RunIntoPerformsNoAllocation) {
 
 // oneDNN's primitive execute allocates internally (its argument maps), so matmuls are left out:
 // this covers the project's own kernels of every other family a training step uses.
+// Disabled until the broadcast, softmax and layer_norm kernels stop entering
+// `#pragma omp parallel ... if(false)` for small sizes: libgomp allocates a team for every
+// serial region (it caches only multi-thread teams). Run with --gtest_also_run_disabled_tests.
 TEST_F(ExecutableTest, DISABLED_RunIntoOfATrainingStepPerformsNoAllocation) {
   auto g = trace(
       [](const std::vector<Tensor>& in) {
