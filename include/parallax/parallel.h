@@ -37,6 +37,9 @@ struct ShardingOptions {
   std::string model_axis = "model";  // tensor-parallel axis
   int64_t fsdp_min_bytes = 4096;     // FSDP keeps params smaller than this replicated
   std::vector<PathRule> rules;     // overrides, first match wins
+  // Replicated gradients are all-reduced in buckets of up to this many bytes (one collective per
+  // bucket, in param order); 0: one all-reduce per gradient.
+  int64_t bucket_bytes = 25 << 20;
 };
 
 struct ParamPlacement {

@@ -101,7 +101,7 @@ class Partitioner {
   std::vector<int> carried_partial(const Node& n, const FactorAxes& fa) const {
     static const std::set<std::string> unary = {"neg",        "reshape", "transpose",    "broadcast_in_dim",
                                                 "reduce_sum", "tag",     "stop_gradient"};
-    static const std::set<std::string> all_partial = {"add", "sub"};          // every operand partial
+    static const std::set<std::string> all_partial = {"add", "sub", "concat"};  // every operand partial
     static const std::set<std::string> one_partial = {"mul", "dot_general"};  // exactly one operand partial
     const std::string& name = n.prim->name;
     std::vector<int> p;

@@ -139,20 +139,26 @@ TEST(Recipes, FsdpOverEightHoldsAnEighthOfEachLargeParamAndItsAdamState) {
 int64_t grad_bytes(const nn::ParamStore& store) { return store.param_bytes(); }
 
 TEST(Recipes, DdpAllReducesExactlyTheGradientBytesOncePerStep) {
-  Fixture f(gpt_micro());
-  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 8}}), ShardingStrategy::DDP);
-  ShardedTrainState s = step.init(0);
-  step.executable().reset_stats();
-  for (int i = 0; i < 2; ++i) step(s, f.batch(i));
-  const CollectiveStats& st = step.executable().stats();
-  auto ar = st.total(CollectiveKind::all_reduce);
-  // Every gradient once, plus two f32 scalars of the loss (its sum and its token count).
-  EXPECT_EQ(ar.payload_bytes, 2 * 8 * (grad_bytes(f.model.store()) + 8)) << step.collectives_table();
-  EXPECT_EQ(ar.calls, 2 * 8 * (f.model.store().size() + 2));
-  EXPECT_EQ(st.total(CollectiveKind::all_gather).calls, 0);
-  EXPECT_EQ(st.total(CollectiveKind::reduce_scatter).calls, 0);
-  EXPECT_EQ(st.total(CollectiveKind::all_to_all).calls, 0);
-  EXPECT_NE(step.collectives_table().find("all_reduce over data"), std::string::npos) << step.collectives_table();
+  for (int64_t bucket : {int64_t{0}, int64_t{100000}, int64_t{25} << 20}) {
+    Fixture f(gpt_micro());
+    ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 8}}),
+                          ShardingStrategy::DDP, {.bucket_bytes = bucket});
+    ShardedTrainState s = step.init(0);
+    step.executable().reset_stats();
+    for (int i = 0; i < 2; ++i) step(s, f.batch(i));
+    const CollectiveStats& st = step.executable().stats();
+    auto ar = st.total(CollectiveKind::all_reduce);
+    // Every gradient once, plus two f32 scalars of the loss (its sum and its token count).
+    EXPECT_EQ(ar.payload_bytes, 2 * 8 * (grad_bytes(f.model.store()) + 8)) << step.collectives_table();
+    // Unbucketed: one call per gradient; 100 kB buckets: 4 for the 330 kB of gradients (greedy in
+    // param order); 25 MiB: one.
+    int64_t buckets = bucket == 0 ? f.model.store().size() : bucket == 100000 ? 4 : 1;
+    EXPECT_EQ(ar.calls, 2 * 8 * (buckets + 2)) << "bucket_bytes " << bucket << "\n" << step.collectives_table();
+    EXPECT_EQ(st.total(CollectiveKind::all_gather).calls, 0);
+    EXPECT_EQ(st.total(CollectiveKind::reduce_scatter).calls, 0);
+    EXPECT_EQ(st.total(CollectiveKind::all_to_all).calls, 0);
+    EXPECT_NE(step.collectives_table().find("all_reduce over data"), std::string::npos) << step.collectives_table();
+  }
 }
 
 TEST(Recipes, FsdpGathersParamsAndReduceScattersGradients) {

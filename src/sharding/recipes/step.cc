@@ -45,6 +45,48 @@ std::vector<Tensor> gathered_params(const std::vector<Tensor>& params, const Sha
 
 int64_t local_bytes(const TensorType& t) { return numel(t.shape) * dtype_size(t.dtype); }
 
+// Pins each gradient to its param's spec right after autodiff: one all-reduce (replicated) or
+// reduce-scatter (FSDP) that the norm and the update share. Replicated gradients of one dtype are
+// flattened into buckets and all-reduced together (concat of partial sums stays partial).
+std::vector<Tensor> pin_gradients(std::vector<Tensor> grads, const ShardingPlan& plan, int64_t bucket_bytes) {
+  std::vector<std::vector<size_t>> buckets;
+  std::map<DType, size_t> open;  // dtype -> index of its open bucket
+  std::vector<int64_t> fill;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const PartitionSpec& spec = plan.params[i].spec;
+    if (bucket_bytes <= 0 || !spec.is_replicated()) {
+      grads[i] = with_sharding_constraint(grads[i], spec);
+      continue;
+    }
+    int64_t b = grads[i].type().nbytes();
+    auto it = open.find(grads[i].dtype());
+    if (it == open.end() || fill[it->second] + b > bucket_bytes) {
+      open[grads[i].dtype()] = buckets.size();
+      buckets.push_back({});
+      fill.push_back(0);
+      it = open.find(grads[i].dtype());
+    }
+    buckets[it->second].push_back(i);
+    fill[it->second] += b;
+  }
+  for (const auto& bucket : buckets) {
+    if (bucket.size() == 1) {
+      grads[bucket[0]] = with_sharding_constraint(grads[bucket[0]], PartitionSpec());
+      continue;
+    }
+    std::vector<Tensor> flat;
+    for (size_t i : bucket) flat.push_back(reshape(grads[i], {grads[i].numel()}));
+    Tensor all = with_sharding_constraint(concat(flat, 0), PartitionSpec());
+    int64_t off = 0;
+    for (size_t i : bucket) {
+      int64_t n = grads[i].numel();
+      grads[i] = reshape(slice_axis(all, 0, off, off + n), grads[i].shape());
+      off += n;
+    }
+  }
+  return grads;
+}
+
 }  // namespace
 
 ShardedTrainStep::ShardedTrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss_fn,
@@ -76,6 +118,7 @@ ShardedTrainStep::ShardedTrainStep(nn::ParamStore& store, optim::OptimizerPtr op
   for (size_t i = 0; i < batch_types_.size(); ++i) names.push_back("batch." + std::to_string(i));
   names.push_back("step");
   double clip = options.clip_norm;
+  const int64_t bucket_bytes = sharding.bucket_bytes;
 
   graph_ = trace(
       [&](const std::vector<Tensor>& in) {
@@ -92,13 +135,10 @@ ShardedTrainStep::ShardedTrainStep(nn::ParamStore& store, optim::OptimizerPtr op
           throw Error("[ShardedTrainStep] the loss must be a scalar, got " + type_str(loss.type()));
         loss = cast(reshape(loss, {}), DType::f32);
         std::vector<Tensor> grads = gradients(loss, used);
-        for (size_t i = 0; i < grads.size(); ++i) {
+        for (size_t i = 0; i < grads.size(); ++i)
           if (!grads[i].defined())
             throw Error("[ShardedTrainStep] param '" + paths[i] + "' is not a float tensor");
-          // Pin each gradient to its param's spec right away: one all-reduce (DDP) or reduce-scatter
-          // (FSDP) that the norm and the update share, instead of one per consumer.
-          grads[i] = with_sharding_constraint(grads[i], plan_.params[i].spec);
-        }
+        grads = pin_gradients(std::move(grads), plan_, bucket_bytes);
         Tensor norm;
         if (clip > 0) {
           optim::Clipped c = optim::clip_by_global_norm(grads, clip);
