@@ -206,7 +206,7 @@ TEST_F(ExecutableTest, RunIntoPerformsNoAllocation) {
 
 // oneDNN's primitive execute allocates internally (its argument maps), so matmuls are left out:
 // this covers the project's own kernels of every other family a training step uses.
-// Disabled until the broadcast, softmax and layer_norm kernels stop entering
+// Disabled until the softmax and layer_norm kernels (src/backend/cpu/nn.cc) stop entering
 // `#pragma omp parallel ... if(false)` for small sizes: libgomp allocates a team for every
 // serial region (it caches only multi-thread teams). Run with --gtest_also_run_disabled_tests.
 TEST_F(ExecutableTest, DISABLED_RunIntoOfATrainingStepPerformsNoAllocation) {
