@@ -103,11 +103,14 @@ int main(int argc, char** argv) {
     const px::ShardingStrategy strategies[2] = {px::ShardingStrategy::DDP, px::ShardingStrategy::FSDP};
     for (int k = 0; k < 2; ++k) {
       t0 = std::chrono::steady_clock::now();
-      px::ShardedTrainStep step(model.store(), opt, loss_fn, {seq, seq}, mesh, strategies[k]);
+      px::ShardingOptions so;
+      if (const char* b = std::getenv("PX_BENCH_BUCKET_BYTES")) so.bucket_bytes = std::atoll(b);
+      px::ShardedTrainStep step(model.store(), opt, loss_fn, {seq, seq}, mesh, strategies[k], so);
       double compile_s = seconds_since(t0);
       px::ShardedTrainState st = step.init(0);
       rs[k] = time_steps(a, [&] { return step(st, batch).loss; });
       rs[k].compile_s = compile_s;
+      if (std::getenv("PX_BENCH_VERBOSE")) std::fprintf(stderr, "%s\n%s", step.table().c_str(), step.collectives_table().c_str());
       const px::CollectiveStats& stats = step.executable().stats();
       int64_t calls = 0, bytes = 0;
       for (int c = 0; c < px::kNumCollectiveKinds; ++c) {

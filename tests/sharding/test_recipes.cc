@@ -136,6 +136,36 @@ TEST(Recipes, FsdpOverEightHoldsAnEighthOfEachLargeParamAndItsAdamState) {
     EXPECT_EQ(s.params[i].sharding(), step.executable().in_sharding(static_cast<int>(i)));
 }
 
+// Any recipe: each param and each optimizer slot of the param's shape holds 1 / (product of the
+// sizes of the axes its spec splits over) of its bytes on every device.
+void check_memory(const nn::LmConfig& cfg, const Mesh& mesh, ShardingStrategy strategy) {
+  Fixture f(cfg);
+  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, mesh, strategy, {.fsdp_min_bytes = 1024});
+  ShardedTrainState s = step.init(0);
+  auto fraction = [&](const PartitionSpec& spec) {
+    int64_t n = 1;
+    for (const auto& a : spec.used_axes()) n *= mesh.axis_size(a);
+    return n;
+  };
+  int split = 0;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const PartitionSpec& spec = step.plan().params[i].spec;
+    split += !spec.is_replicated();
+    EXPECT_EQ(s.params[i].bytes_per_device(), s.params[i].type().nbytes() / fraction(spec)) << step.plan().params[i].path;
+  }
+  auto slots = opt()->state_slots(f.model.store().types());
+  for (size_t k = 0; k < slots.size(); ++k)
+    if (slots[k].type.shape == s.params[slots[k].param].shape())
+      EXPECT_EQ(s.opt_state[k].bytes_per_device(),
+                s.opt_state[k].type().nbytes() / fraction(step.plan().params[slots[k].param].spec));
+  EXPECT_GE(split, 8) << strategy_name(strategy);
+}
+
+TEST(Recipes, TpAndFsdpTpHoldTheirFractionOfParamsAndState) {
+  check_memory(llama_micro(), Mesh::cpu({{"data", 2}, {"model", 4}}), ShardingStrategy::TP);
+  check_memory(gpt_micro(), Mesh::cpu({{"data", 2}, {"fsdp", 2}, {"model", 2}}), ShardingStrategy::FSDP_TP);
+}
+
 int64_t grad_bytes(const nn::ParamStore& store) { return store.param_bytes(); }
 
 TEST(Recipes, DdpAllReducesExactlyTheGradientBytesOncePerStep) {
@@ -278,6 +308,20 @@ TEST(Recipes, JitShardsAPlainFunctionWhoseFirstArgumentIsTheParams) {
     std::vector<Array> got = (*f)({w1, w2}, {x});
     EXPECT_TRUE(testing::all_close(got[0].to_f32(), want[0].to_f32(), 1e-4, 1e-5)) << strategy_name(s);
   }
+}
+
+TEST(Recipes, CreateShardedModelGivesTheUnshardedLogits) {
+  Fixture f(llama_micro());
+  TensorType tok = f.batch_types[0];
+  auto fn = [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{f.model.logits(b[0])}; };
+  std::vector<Array> params = f.model.init(0), batch = {f.batch(0)[0]};
+  std::vector<Array> want = ForwardFn(f.model.store(), fn, {tok})(params, batch);
+  auto sharded = create_sharded_model(f.model.store(), fn, {tok}, Mesh::cpu({{"data", 2}, {"model", 4}}),
+                                      ShardingStrategy::FSDP_TP, {.fsdp_min_bytes = 1024});
+  std::vector<Array> got = (*sharded)(params, batch);
+  EXPECT_TRUE(testing::all_close(got[0].to_f32(), want[0].to_f32(), 1e-5, 1e-4));
+  // The head is vocab-parallel: its logits come out split over 'model' on the last dim.
+  EXPECT_EQ(sharded->executable().out_sharding(0).spec[2], std::vector<std::string>{"model"});
 }
 
 TEST(Recipes, GlobMatch) {

@@ -261,7 +261,6 @@ ShardingPlan plan_sharding(const Graph& forward, const std::vector<std::string>&
                 "' but " + mesh.to_string() + " has none; set ShardingOptions::model_axis or use DDP/FSDP");
   int64_t data_size = 1;
   for (auto& a : plan.batch_axes) data_size *= mesh.axis_size(a);
-  int64_t model_size = tp ? mesh.axis_size(opt.model_axis) : 1;
 
   std::vector<TpAssignment> tpa;
   if (tp) {
@@ -284,7 +283,6 @@ ShardingPlan plan_sharding(const Graph& forward, const std::vector<std::string>&
     } else if (tp && tpa[i].kind == TpAssignment::embedding) {
       pp.reason = tpa[i].note;
     }
-    (void)model_size;
     if (fsdp && data_size > 1) {
       if (pp.type.nbytes() < opt.fsdp_min_bytes) {
         pp.reason += pp.reason == "replicated" ? " (below fsdp_min_bytes)" : "";
