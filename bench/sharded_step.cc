@@ -105,6 +105,10 @@ int main(int argc, char** argv) {
       t0 = std::chrono::steady_clock::now();
       px::ShardingOptions so;
       if (const char* b = std::getenv("PX_BENCH_BUCKET_BYTES")) so.bucket_bytes = std::atoll(b);
+      if (const char* d = std::getenv("PX_BENCH_DEVICE_PARALLELISM"))
+        so.device_parallelism = std::string(d) == "within_kernels" ? px::DeviceParallelism::within_kernels
+                                : std::string(d) == "over_devices" ? px::DeviceParallelism::over_devices
+                                                                   : px::DeviceParallelism::automatic;
       px::ShardedTrainStep step(model.store(), opt, loss_fn, {seq, seq}, mesh, strategies[k], so);
       double compile_s = seconds_since(t0);
       px::ShardedTrainState st = step.init(0);

@@ -40,6 +40,7 @@ struct ShardingOptions {
   // Replicated gradients are all-reduced in buckets of up to this many bytes (one collective per
   // bucket, in param order); 0: one all-reduce per gradient.
   int64_t bucket_bytes = 25 << 20;
+  DeviceParallelism device_parallelism = DeviceParallelism::automatic;  // how virtual devices share the cores
 };
 
 struct ParamPlacement {

@@ -168,7 +168,7 @@ ShardedTrainStep::ShardedTrainStep(nn::ParamStore& store, optim::OptimizerPtr op
   }
   for (const auto& t : batch_types_) in_specs.push_back(batch_spec(t, mesh_, plan_.batch_axes));
   in_specs.push_back({});
-  exe_ = ShardedExecutable::compile(*graph_, mesh_, in_specs, popt, options.compile);
+  exe_ = ShardedExecutable::compile(*graph_, mesh_, in_specs, popt, options.compile, sharding.device_parallelism);
 }
 
 ShardedTrainStep::~ShardedTrainStep() = default;
