@@ -34,15 +34,24 @@ Args parse(int argc, char** argv) {
       std::exit(2);
     }
     std::string v = argv[++i];
-    if (k == "--steps") a.steps = std::atoi(v.c_str());
-    else if (k == "--warmup") a.warmup = std::atoi(v.c_str());
-    else if (k == "--vocab") a.vocab = std::atoll(v.c_str());
-    else if (k == "--d") a.d = std::atoll(v.c_str());
-    else if (k == "--heads") a.heads = std::atoll(v.c_str());
-    else if (k == "--layers") a.layers = std::atoll(v.c_str());
-    else if (k == "--ff") a.ff = std::atoll(v.c_str());
-    else if (k == "--seq") a.seq = std::atoll(v.c_str());
-    else if (k == "--batch") a.batch = std::atoll(v.c_str());
+    if (k == "--steps")
+      a.steps = std::atoi(v.c_str());
+    else if (k == "--warmup")
+      a.warmup = std::atoi(v.c_str());
+    else if (k == "--vocab")
+      a.vocab = std::atoll(v.c_str());
+    else if (k == "--d")
+      a.d = std::atoll(v.c_str());
+    else if (k == "--heads")
+      a.heads = std::atoll(v.c_str());
+    else if (k == "--layers")
+      a.layers = std::atoll(v.c_str());
+    else if (k == "--ff")
+      a.ff = std::atoll(v.c_str());
+    else if (k == "--seq")
+      a.seq = std::atoll(v.c_str());
+    else if (k == "--batch")
+      a.batch = std::atoll(v.c_str());
     else {
       std::fprintf(stderr, "sharded_step: unknown flag %s (see the header of bench/sharded_step.cc)\n", k.c_str());
       std::exit(2);
@@ -114,7 +123,8 @@ int main(int argc, char** argv) {
       px::ShardedTrainState st = step.init(0);
       rs[k] = time_steps(a, [&] { return step(st, batch).loss; });
       rs[k].compile_s = compile_s;
-      if (std::getenv("PX_BENCH_VERBOSE")) std::fprintf(stderr, "%s\n%s", step.table().c_str(), step.collectives_table().c_str());
+      if (std::getenv("PX_BENCH_VERBOSE"))
+        std::fprintf(stderr, "%s\n%s", step.table().c_str(), step.collectives_table().c_str());
       const px::CollectiveStats& stats = step.executable().stats();
       int64_t calls = 0, bytes = 0;
       for (int c = 0; c < px::kNumCollectiveKinds; ++c) {
@@ -123,8 +133,9 @@ int main(int argc, char** argv) {
         bytes += e.payload_bytes;
       }
       const int64_t n = (a.warmup + a.steps) * mesh.size();
-      comm[k] = "{\"calls_per_step\": " + std::to_string(calls / n) + ", \"payload_bytes_per_step\": " +
-                std::to_string(bytes / n) + ", \"segments\": " + std::to_string(step.executable().num_segments()) + "}";
+      comm[k] = "{\"calls_per_step\": " + std::to_string(calls / n) +
+                ", \"payload_bytes_per_step\": " + std::to_string(bytes / n) +
+                ", \"segments\": " + std::to_string(step.executable().num_segments()) + "}";
     }
     // Time the single-device step again and keep the faster: the order of runs does not favour either side.
     Result again = time_steps(a, [&] { return single(s1, batch).loss; });

@@ -36,7 +36,7 @@ struct ShardingOptions {
   std::string data_axis = "data";    // batch axis; every other mesh axis but model_axis also splits the batch
   std::string model_axis = "model";  // tensor-parallel axis
   int64_t fsdp_min_bytes = 4096;     // FSDP keeps params smaller than this replicated
-  std::vector<PathRule> rules;     // overrides, first match wins
+  std::vector<PathRule> rules;       // overrides, first match wins
   // Replicated gradients are all-reduced in buckets of up to this many bytes (one collective per
   // bucket, in param order); 0: one all-reduce per gradient.
   int64_t bucket_bytes = 25 << 20;
@@ -55,7 +55,7 @@ struct ParamPlacement {
 struct ShardingPlan {
   Mesh mesh;
   ShardingStrategy strategy = ShardingStrategy::DDP;
-  std::vector<ParamPlacement> params;  // in the store's order
+  std::vector<ParamPlacement> params;   // in the store's order
   std::vector<std::string> batch_axes;  // the batch's leading dim is split over these
   std::string table() const;            // one row per param and a total line
   int64_t param_bytes_per_device() const;
@@ -143,9 +143,9 @@ std::unique_ptr<ShardedFunction> jit(ShardedFunction::Fn fn, ShardingStrategy st
                                      const ShardingOptions& options = {});
 
 // A model's forward over its store's params, sharded: create_sharded_model(store, fn, sample_types, mesh, strategy).
-std::unique_ptr<ShardedFunction> create_sharded_model(nn::ParamStore& store,
-                                                      const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& model_fn,
-                                                      const std::vector<TensorType>& sample_types, const Mesh& mesh,
-                                                      ShardingStrategy strategy, const ShardingOptions& options = {});
+std::unique_ptr<ShardedFunction> create_sharded_model(
+    nn::ParamStore& store, const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& model_fn,
+    const std::vector<TensorType>& sample_types, const Mesh& mesh, ShardingStrategy strategy,
+    const ShardingOptions& options = {});
 
 }  // namespace px

@@ -44,8 +44,7 @@ optim::OptimizerPtr opt() { return optim::adamw({.lr = 1e-2, .eps = 1e-5, .weigh
 // f32 sums in another order differ by a few ulps of the largest terms; after 3 steps params differ
 // by about lr * (relative gradient error) plus the eps-bounded noise above: ~1e-6, at most a few
 // 1e-5 for embedding rows whose few gradient entries nearly cancel (atol 5e-5 = 0.5% of 3 lr).
-void check_equivalent(const nn::LmConfig& cfg, const Mesh& mesh, ShardingStrategy strategy,
-                      ShardingOptions sopt = {}) {
+void check_equivalent(const nn::LmConfig& cfg, const Mesh& mesh, ShardingStrategy strategy, ShardingOptions sopt = {}) {
   Fixture f(cfg);
   TrainStep ref(f.model.store(), opt(), f.loss, f.batch_types);
   ShardedTrainStep sharded(f.model.store(), opt(), f.loss, f.batch_types, mesh, strategy, sopt);
@@ -91,8 +90,8 @@ TEST(Recipes, TpDerivesMegatronSplitsFromTheGraph) {
     Fixture f(cfg);
     auto fwd = nn::trace_with_params(
         f.model.store(), [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{f.loss(b)}; }, f.batch_types);
-    ShardingPlan plan = plan_sharding(*fwd, f.model.store().paths(), Mesh::cpu({{"data", 2}, {"model", 4}}),
-                                      ShardingStrategy::TP);
+    ShardingPlan plan =
+        plan_sharding(*fwd, f.model.store().paths(), Mesh::cpu({{"data", 2}, {"model", 4}}), ShardingStrategy::TP);
     int col = 0, row = 0;
     for (const auto& p : plan.params) {
       PartitionSpec want;
@@ -112,8 +111,8 @@ TEST(Recipes, TpDerivesMegatronSplitsFromTheGraph) {
 
 TEST(Recipes, FsdpOverEightHoldsAnEighthOfEachLargeParamAndItsAdamState) {
   Fixture f(gpt_micro());
-  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 8}}),
-                        ShardingStrategy::FSDP, {.fsdp_min_bytes = 1024});
+  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 8}}), ShardingStrategy::FSDP,
+                        {.fsdp_min_bytes = 1024});
   ShardedTrainState s = step.init(0);
   auto slots = opt()->state_slots(f.model.store().types());
   int large = 0;
@@ -151,7 +150,8 @@ void check_memory(const nn::LmConfig& cfg, const Mesh& mesh, ShardingStrategy st
   for (size_t i = 0; i < s.params.size(); ++i) {
     const PartitionSpec& spec = step.plan().params[i].spec;
     split += !spec.is_replicated();
-    EXPECT_EQ(s.params[i].bytes_per_device(), s.params[i].type().nbytes() / fraction(spec)) << step.plan().params[i].path;
+    EXPECT_EQ(s.params[i].bytes_per_device(), s.params[i].type().nbytes() / fraction(spec))
+        << step.plan().params[i].path;
   }
   auto slots = opt()->state_slots(f.model.store().types());
   for (size_t k = 0; k < slots.size(); ++k)
@@ -193,8 +193,8 @@ TEST(Recipes, DdpAllReducesExactlyTheGradientBytesOncePerStep) {
 
 TEST(Recipes, FsdpGathersParamsAndReduceScattersGradients) {
   Fixture f(gpt_micro());
-  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 8}}),
-                        ShardingStrategy::FSDP, {.fsdp_min_bytes = 1024});
+  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 8}}), ShardingStrategy::FSDP,
+                        {.fsdp_min_bytes = 1024});
   ShardedTrainState s = step.init(0);
   step.executable().reset_stats();
   step(s, f.batch(0));
@@ -249,7 +249,8 @@ TEST(Recipes, ManualRulesOverrideAnyStrategy) {
   Fixture g(gpt_micro());
   auto fwd = nn::trace_with_params(
       g.model.store(), [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{g.loss(b)}; }, g.batch_types);
-  ShardingPlan plan = plan_sharding(*fwd, g.model.store().paths(), Mesh::cpu({{"data", 8}}), ShardingStrategy::FSDP, o2);
+  ShardingPlan plan =
+      plan_sharding(*fwd, g.model.store().paths(), Mesh::cpu({{"data", 8}}), ShardingStrategy::FSDP, o2);
   bool saw_rule = false;
   for (const auto& p : plan.params)
     if (p.reason.rfind("rule", 0) == 0) {
@@ -280,7 +281,8 @@ TEST(Recipes, BadSpecsAreReportedAtPlanTime) {
                     {"mlp.fc.w", "'tensor'", "'model'"});
   // Not divisible: gpt_micro's layer-norm scale has 64 entries; 3-way split fails.
   expect_plan_error({.rules = {{"*.mlp.fc.w", PartitionSpec{none, {"data", "model"}}}}},
-                    Mesh::cpu({{"data", 3}, {"model", 4}}), ShardingStrategy::MANUAL, {"mlp.fc.w", "dim 1", "divisible"});
+                    Mesh::cpu({{"data", 3}, {"model", 4}}), ShardingStrategy::MANUAL,
+                    {"mlp.fc.w", "dim 1", "divisible"});
   // Strategy needs an axis the mesh lacks.
   expect_plan_error({}, Mesh::cpu({{"data", 8}}), ShardingStrategy::TP, {"'model'", "TP"});
   expect_plan_error({}, Mesh::cpu({{"model", 8}}), ShardingStrategy::DDP, {"'data'", "DDP"});
@@ -294,11 +296,15 @@ TEST(Recipes, JitShardsAPlainFunctionWhoseFirstArgumentIsTheParams) {
   };
   std::vector<Array> want;
   {
-    auto g = trace([&](const std::vector<Tensor>& in) { return mlp({in[0], in[1]}, {in[2]}); },
-                   {w1.type(), w2.type(), x.type()});
+    auto g = trace(
+        [&](const std::vector<Tensor>& in) {
+          return mlp({in[0], in[1]}, {in[2]});
+        },
+        {w1.type(), w2.type(), x.type()});
     want = Executable::compile(*g)->run({w1, w2, x});
   }
-  for (ShardingStrategy s : {ShardingStrategy::DDP, ShardingStrategy::FSDP, ShardingStrategy::TP, ShardingStrategy::FSDP_TP}) {
+  for (ShardingStrategy s :
+       {ShardingStrategy::DDP, ShardingStrategy::FSDP, ShardingStrategy::TP, ShardingStrategy::FSDP_TP}) {
     auto f = jit(mlp, s, {w1.type(), w2.type()}, {"fc1", "fc2"}, {x.type()}, Mesh::cpu({{"data", 2}, {"model", 4}}),
                  {.fsdp_min_bytes = 0});
     if (s == ShardingStrategy::TP) {

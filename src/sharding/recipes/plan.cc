@@ -12,12 +12,18 @@ namespace px {
 
 const char* strategy_name(ShardingStrategy s) {
   switch (s) {
-    case ShardingStrategy::AUTO: return "AUTO";
-    case ShardingStrategy::DDP: return "DDP";
-    case ShardingStrategy::FSDP: return "FSDP";
-    case ShardingStrategy::TP: return "TP";
-    case ShardingStrategy::FSDP_TP: return "FSDP_TP";
-    case ShardingStrategy::MANUAL: return "MANUAL";
+    case ShardingStrategy::AUTO:
+      return "AUTO";
+    case ShardingStrategy::DDP:
+      return "DDP";
+    case ShardingStrategy::FSDP:
+      return "FSDP";
+    case ShardingStrategy::TP:
+      return "TP";
+    case ShardingStrategy::FSDP_TP:
+      return "FSDP_TP";
+    case ShardingStrategy::MANUAL:
+      return "MANUAL";
   }
   return "?";
 }
@@ -51,9 +57,9 @@ std::string prim_name(const Node& n) { return n.prim ? n.prim->name : ""; }
 struct ParamMatmul {
   int node = -1;
   int param = -1;
-  int side = 0;           // operand index of the param
-  int free_dim = 0;       // the param's dim that survives into the output
-  int activation = -1;    // value id of the other operand
+  int side = 0;         // operand index of the param
+  int free_dim = 0;     // the param's dim that survives into the output
+  int activation = -1;  // value id of the other operand
 };
 
 struct GraphIndex {
@@ -86,8 +92,8 @@ struct GraphIndex {
 };
 
 const std::set<std::string> kSameDims = {"cast", "tag", "sharding_constraint", "stop_gradient"};
-const std::set<std::string> kLayout = {"cast", "tag", "sharding_constraint", "stop_gradient", "reshape",
-                                       "broadcast_in_dim"};
+const std::set<std::string> kLayout = {"cast",          "tag",     "sharding_constraint",
+                                       "stop_gradient", "reshape", "broadcast_in_dim"};
 // Ops that mix the features of a row: a column split does not carry through them.
 bool stops_tp(const std::string& name) {
   return name.rfind("reduce_", 0) == 0 || name == "layer_norm" || name == "rms_norm" || name == "softmax" ||
@@ -179,7 +185,8 @@ std::vector<TpAssignment> derive_tp(const GraphIndex& ix, const std::vector<std:
       if (b < 0 || ix.g.type(ix.g.inputs()[b]).rank() != 1 || a[b].kind != TpAssignment::none) continue;
       int v = n.inputs[1 - s];
       int prod = ix.g.values()[v].producer;
-      while (prod >= 0 && prim_name(ix.g.nodes()[prod]) == "cast") prod = ix.g.values()[ix.g.nodes()[prod].inputs[0]].producer;
+      while (prod >= 0 && prim_name(ix.g.nodes()[prod]) == "cast")
+        prod = ix.g.values()[ix.g.nodes()[prod].inputs[0]].producer;
       auto it = prod >= 0 ? by_node.find(prod) : by_node.end();
       if (it == by_node.end()) continue;
       TpAssignment::Kind k = a[it->second->param].kind;
@@ -245,17 +252,19 @@ ShardingPlan plan_sharding(const Graph& forward, const std::vector<std::string>&
   plan.strategy = strategy;
   for (const auto& ax : mesh.axes())
     if (ax.name != opt.model_axis) plan.batch_axes.push_back(ax.name);
-  const bool wants_data = strategy == ShardingStrategy::DDP || strategy == ShardingStrategy::FSDP ||
-                          strategy == ShardingStrategy::FSDP_TP;
+  const bool wants_data =
+      strategy == ShardingStrategy::DDP || strategy == ShardingStrategy::FSDP || strategy == ShardingStrategy::FSDP_TP;
   const bool tp = strategy == ShardingStrategy::TP || strategy == ShardingStrategy::FSDP_TP;
   const bool fsdp = strategy == ShardingStrategy::FSDP || strategy == ShardingStrategy::FSDP_TP;
   if (wants_data && mesh.axis_index(opt.data_axis) < 0)
     throw Error(std::string("[sharding] ") + strategy_name(strategy) + " needs the data axis '" + opt.data_axis +
-                "' but " + mesh.to_string() + " has axes " + [&] {
+                "' but " + mesh.to_string() + " has axes " +
+                [&] {
                   std::string s;
                   for (auto& n : mesh.axis_names()) s += (s.empty() ? "'" : ", '") + n + "'";
                   return s;
-                }() + "; set ShardingOptions::data_axis");
+                }() +
+                "; set ShardingOptions::data_axis");
   if (tp && mesh.axis_index(opt.model_axis) < 0)
     throw Error(std::string("[sharding] ") + strategy_name(strategy) + " needs the model axis '" + opt.model_axis +
                 "' but " + mesh.to_string() + " has none; set ShardingOptions::model_axis or use DDP/FSDP");

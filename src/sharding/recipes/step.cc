@@ -136,8 +136,7 @@ ShardedTrainStep::ShardedTrainStep(nn::ParamStore& store, optim::OptimizerPtr op
         loss = cast(reshape(loss, {}), DType::f32);
         std::vector<Tensor> grads = gradients(loss, used);
         for (size_t i = 0; i < grads.size(); ++i)
-          if (!grads[i].defined())
-            throw Error("[ShardedTrainStep] param '" + paths[i] + "' is not a float tensor");
+          if (!grads[i].defined()) throw Error("[ShardedTrainStep] param '" + paths[i] + "' is not a float tensor");
         grads = pin_gradients(std::move(grads), plan_, bucket_bytes);
         Tensor norm;
         if (clip > 0) {
@@ -253,11 +252,12 @@ std::string ShardedTrainStep::collectives_table() const {
   const int64_t steps = std::max<int64_t>(steps_run_, 1), devices = std::max<int64_t>(mesh_.size(), 1);
   os << "counted at run time, per step and device (over " << steps_run_ << " steps):\n";
   for (int k = 0; k < kNumCollectiveKinds; ++k) {
-    CollectiveStats::Entry e = st.per_device.empty() ? CollectiveStats::Entry{} : st.total(static_cast<CollectiveKind>(k));
+    CollectiveStats::Entry e =
+        st.per_device.empty() ? CollectiveStats::Entry{} : st.total(static_cast<CollectiveKind>(k));
     if (e.calls == 0) continue;
     os << "  " << collective_name(static_cast<CollectiveKind>(k)) << ": " << e.calls / (steps * devices)
-       << " calls, payload " << e.payload_bytes / (steps * devices) << " bytes, wire " << e.wire_bytes / (steps * devices)
-       << " bytes\n";
+       << " calls, payload " << e.payload_bytes / (steps * devices) << " bytes, wire "
+       << e.wire_bytes / (steps * devices) << " bytes\n";
   }
   return os.str();
 }
@@ -278,17 +278,22 @@ ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std
   std::vector<std::string> names = param_paths;
   for (size_t i = 0; i < arg_types.size(); ++i) names.push_back("arg." + std::to_string(i));
   auto split = [np](const std::vector<Tensor>& in) {
-    return std::make_pair(std::vector<Tensor>(in.begin(), in.begin() + np), std::vector<Tensor>(in.begin() + np, in.end()));
+    return std::make_pair(std::vector<Tensor>(in.begin(), in.begin() + np),
+                          std::vector<Tensor>(in.begin() + np, in.end()));
   };
-  auto plain = trace([&](const std::vector<Tensor>& in) {
-    auto [p, a] = split(in);
-    return fn(p, a);
-  }, types, names);
+  auto plain = trace(
+      [&](const std::vector<Tensor>& in) {
+        auto [p, a] = split(in);
+        return fn(p, a);
+      },
+      types, names);
   plan_ = plan_sharding(*plain, param_paths, mesh, strategy, options);
-  graph_ = trace([&](const std::vector<Tensor>& in) {
-    auto [p, a] = split(in);
-    return fn(gathered_params(p, plan_), a);
-  }, types, names);
+  graph_ = trace(
+      [&](const std::vector<Tensor>& in) {
+        auto [p, a] = split(in);
+        return fn(gathered_params(p, plan_), a);
+      },
+      types, names);
   std::vector<PartitionSpec> specs;
   for (const auto& p : plan_.params) specs.push_back(p.spec);
   for (const auto& t : arg_types) specs.push_back(batch_spec(t, mesh, plan_.batch_axes));
