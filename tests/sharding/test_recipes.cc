@@ -75,6 +75,12 @@ TEST(Recipes, GptTp) { check_equivalent(gpt_micro(), Mesh::cpu({{"model", 8}}), 
 TEST(Recipes, GptFsdpTp) {
   check_equivalent(gpt_micro(), Mesh::cpu({{"data", 2}, {"fsdp", 2}, {"model", 2}}), ShardingStrategy::FSDP_TP);
 }
+TEST(Recipes, GptTpWithAVocabSplitTiedEmbeddingRule) {
+  // The documented workaround for the tied table: split its vocab dim by a rule (the lookup then
+  // gathers the table; the logits are vocab-parallel).
+  check_equivalent(gpt_micro(), Mesh::cpu({{"data", 2}, {"model", 4}}), ShardingStrategy::TP,
+                   {.rules = {{"embed.table", PartitionSpec{"model", none}}}});
+}
 TEST(Recipes, LlamaDdpTpFsdpTp) {
   check_equivalent(llama_micro(), Mesh::cpu({{"data", 2}, {"fsdp", 2}, {"model", 2}}), ShardingStrategy::DDP);
   check_equivalent(llama_micro(), Mesh::cpu({{"data", 4}, {"model", 2}}), ShardingStrategy::TP);
