@@ -87,7 +87,9 @@ int main(int argc, char** argv) {
     px::nn::TransformerLm model(cfg);
     px::TensorType seq{px::DType::i32, {a.batch, a.seq}};
     auto loss_fn = [&](const std::vector<px::Tensor>& b) { return px::nn::next_token_loss(model, b[0], b[1]); };
-    auto opt = px::optim::adamw({.lr = 3e-4});
+    // PX_BENCH_OPTIMIZER=sgd: a state-free update, to separate the optimizer's cost from the rest.
+    const char* on = std::getenv("PX_BENCH_OPTIMIZER");
+    auto opt = on && std::string(on) == "sgd" ? px::optim::sgd({.lr = 3e-4}) : px::optim::adamw({.lr = 3e-4});
     std::vector<px::Array> batch = make_batch(a);
 
     auto t0 = std::chrono::steady_clock::now();
