@@ -108,6 +108,7 @@ void run(const Args& a, px::DType compute, double peak) {
       compute == px::DType::f32 ? "f32" : "bf16", omp_get_max_threads(), n, dt, tokens / dt, gflops, peak,
       gflops / peak, static_cast<long long>(step.peak_bytes()), step.executable().num_steps(), compile_s, loss);
   std::fflush(stdout);
+  if (std::getenv("PX_PROFILE")) std::fprintf(stderr, "%s", step.executable().profile_report(25).c_str());
 }
 
 }  // namespace

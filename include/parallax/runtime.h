@@ -20,6 +20,7 @@ struct CompileOptions {
   // Mixed precision: bf16 or f16 runs every f32 matmul on 16-bit operands with f32 results
   // (see px::autocast in passes.h); f32 changes nothing.
   DType compute_dtype = DType::f32;
+  bool profile = false;  // time every kernel (also PX_PROFILE=1); see Executable::profile_report
 };
 
 class Executable {
@@ -41,6 +42,8 @@ class Executable {
   int num_steps() const;       // kernels launched per run
   int num_fused_groups() const;
   std::string summary() const;  // human-readable schedule and memory plan
+  // Time per run spent in each kind of kernel, largest first (needs CompileOptions::profile).
+  std::string profile_report(int top = 20) const;
   const Graph& graph() const;   // the optimized graph that was compiled
 
   struct Impl;

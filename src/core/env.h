@@ -17,6 +17,7 @@ struct EnvConfig {
   LogLevel log_level = LogLevel::warn;  // PX_LOG_LEVEL: debug | info | warn | error | off
   std::string dump_dir;                // PX_DUMP_DIR: where compiled graphs are written ("" = nowhere)
   bool disable_fusion = false;         // PX_DISABLE_FUSION=1: compile every elementwise op alone
+  bool profile = false;                // PX_PROFILE=1: time every kernel (Executable::profile_report)
 };
 
 // Parsed on first use; a malformed value throws px::Error naming the variable and what it accepts.

@@ -3,6 +3,7 @@
 #include "parallax/runtime.h"
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -87,6 +88,8 @@ struct Executable::Impl {
   std::vector<int> home_at_pos;  // output position -> home index, or -1 (input or repeated value)
   std::vector<int> output_values;
   int64_t output_bytes = 0;
+  std::vector<double> step_seconds;  // per step, summed over runs; empty unless profiling
+  int profiled_runs = 0;
   struct Range {
     const std::byte *lo, *hi;
     int pos;     // output position, or -1 - input index
@@ -244,6 +247,7 @@ std::unique_ptr<Executable> Executable::compile(const Graph& src, const CompileO
   const size_t nv = g.values().size();
   std::vector<int> home_of(nv, -1);
   impl->output_values = g.outputs();
+  if (opt.profile || env().profile) impl->step_seconds.assign(impl->steps.size(), 0.0);
   impl->home_at_pos.assign(g.outputs().size(), -1);
   for (size_t o = 0; o < g.outputs().size(); ++o) {
     int v = g.outputs()[o];
@@ -409,7 +413,16 @@ void Executable::run_into(const std::vector<Array>& inputs, std::vector<Array>& 
   }
 
   apply_thread_settings();
-  for (Step& st : im.steps) st.kernel(st.in_ptrs.data(), st.out_ptrs.data());
+  if (im.step_seconds.empty()) {
+    for (Step& st : im.steps) st.kernel(st.in_ptrs.data(), st.out_ptrs.data());
+  } else {
+    for (size_t s = 0; s < im.steps.size(); ++s) {
+      auto t0 = std::chrono::steady_clock::now();
+      im.steps[s].kernel(im.steps[s].in_ptrs.data(), im.steps[s].out_ptrs.data());
+      im.step_seconds[s] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    ++im.profiled_runs;
+  }
 
   // Inputs returned as outputs are copied first (a spilled home may overwrite that input next).
   for (size_t o = 0; o < outputs.size(); ++o) {
@@ -434,6 +447,29 @@ int64_t Executable::output_bytes() const { return impl_->output_bytes; }
 int Executable::num_steps() const { return static_cast<int>(impl_->steps.size()); }
 int Executable::num_fused_groups() const { return impl_->fused_groups; }
 const Graph& Executable::graph() const { return *impl_->graph; }
+
+std::string Executable::profile_report(int top) const {
+  const Impl& im = *impl_;
+  if (im.step_seconds.empty()) return "profiling is off: compile with CompileOptions::profile or set PX_PROFILE=1\n";
+  if (im.profiled_runs == 0) return "no runs profiled yet\n";
+  // Aggregate by kernel label (fused groups by their op list).
+  std::map<std::string, std::pair<double, int>> by_label;
+  double total = 0;
+  for (size_t s = 0; s < im.steps.size(); ++s) {
+    auto& e = by_label[im.steps[s].label];
+    e.first += im.step_seconds[s] / im.profiled_runs;
+    e.second += 1;
+    total += im.step_seconds[s] / im.profiled_runs;
+  }
+  std::vector<std::pair<std::string, std::pair<double, int>>> rows(by_label.begin(), by_label.end());
+  std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second.first > b.second.first; });
+  std::ostringstream os;
+  os << "profile: " << im.profiled_runs << " runs, " << total * 1e3 << " ms per run in kernels\n";
+  for (size_t i = 0; i < rows.size() && static_cast<int>(i) < top; ++i)
+    os << "  " << rows[i].second.first * 1e3 << " ms  " << 100.0 * rows[i].second.first / total << "%  x"
+       << rows[i].second.second << "  " << rows[i].first.substr(0, 100) << "\n";
+  return os.str();
+}
 
 std::string Executable::summary() const {
   std::ostringstream os;
