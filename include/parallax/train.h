@@ -75,6 +75,22 @@ class TrainStep {
   size_t n_params_ = 0, n_state_ = 0;
 };
 
+// How a traced step's params are used, for steps that place them (sharding): `use` maps the
+// stored params to the values the model reads, `pin` rewrites the gradients with respect to
+// those values before clipping and the update. Both default to identity.
+struct StepHooks {
+  std::function<std::vector<Tensor>(const std::vector<Tensor>&)> use;
+  std::function<std::vector<Tensor>(std::vector<Tensor>)> pin;
+};
+
+// Traces the whole step into one graph. Inputs: params, optimizer state (named
+// "<path>.<slot>"), batch, step (i32 updates so far). Outputs: loss, gradient norm, learning
+// rate, new params, new state. `who` names the caller in errors.
+std::unique_ptr<Graph> trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
+                                        const TrainStep::LossFn& loss_fn, const std::vector<TensorType>& batch_types,
+                                        double clip_norm, const StepHooks& hooks = {},
+                                        const std::string& who = "TrainStep");
+
 // A forward-only program over the params (e.g. logits for evaluation or decoding).
 class ForwardFn {
  public:

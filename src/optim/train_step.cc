@@ -6,58 +6,67 @@
 
 namespace px {
 
-TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss_fn,
-                     std::vector<TensorType> batch_types, TrainStepOptions options)
-    : store_(store), opt_(std::move(opt)), batch_types_(std::move(batch_types)) {
-  if (!opt_) throw Error("[TrainStep] no optimizer given");
-  std::vector<TensorType> param_types = store_.types();
-  std::vector<TensorType> state_types = opt_->state_types(param_types);
-  n_params_ = param_types.size();
-  n_state_ = state_types.size();
+std::unique_ptr<Graph> trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
+                                        const TrainStep::LossFn& loss_fn, const std::vector<TensorType>& batch_types,
+                                        double clip_norm, const StepHooks& hooks, const std::string& who) {
+  std::vector<TensorType> param_types = store.types();
+  std::vector<optim::StateSlot> slots = opt.state_slots(param_types);
+  std::vector<std::string> paths = store.paths();
+  const size_t n_params = param_types.size(), n_state = slots.size();
 
-  // Inputs: params, optimizer state, batch, step. Outputs: loss, grad norm, lr, params, state.
   std::vector<TensorType> types = param_types;
-  types.insert(types.end(), state_types.begin(), state_types.end());
-  types.insert(types.end(), batch_types_.begin(), batch_types_.end());
+  std::vector<std::string> names = paths;
+  for (const auto& s : slots) {
+    types.push_back(s.type);
+    names.push_back(paths[s.param] + "." + s.name);
+  }
+  types.insert(types.end(), batch_types.begin(), batch_types.end());
+  for (size_t i = 0; i < batch_types.size(); ++i) names.push_back("batch." + std::to_string(i));
   types.push_back({DType::i32, {}});
-  std::vector<std::string> names = store_.paths();
-  for (size_t i = 0; i < n_state_; ++i) names.push_back("opt_state." + std::to_string(i));
-  for (size_t i = 0; i < batch_types_.size(); ++i) names.push_back("batch." + std::to_string(i));
   names.push_back("step");
-  std::vector<std::string> paths = store_.paths();
-  double clip = options.clip_norm;
 
-  graph_ = trace(
+  return trace(
       [&](const std::vector<Tensor>& in) {
-        std::vector<Tensor> params(in.begin(), in.begin() + n_params_);
-        std::vector<Tensor> state(in.begin() + n_params_, in.begin() + n_params_ + n_state_);
-        std::vector<Tensor> batch(in.begin() + n_params_ + n_state_, in.end() - 1);
+        std::vector<Tensor> params(in.begin(), in.begin() + n_params);
+        std::vector<Tensor> state(in.begin() + n_params, in.begin() + n_params + n_state);
+        std::vector<Tensor> batch(in.begin() + n_params + n_state, in.end() - 1);
         Tensor step = in.back();
-        nn::ParamBinding bound = store_.bind(params);
+        std::vector<Tensor> used = hooks.use ? hooks.use(params) : params;
+        nn::ParamBinding bound = store.bind(used);
         Tensor loss = loss_fn(batch);
-        if (loss.numel() != 1) throw Error("[TrainStep] the loss must be a scalar, got " + type_str(loss.type()));
+        if (loss.numel() != 1) throw Error("[" + who + "] the loss must be a scalar, got " + type_str(loss.type()));
         loss = cast(reshape(loss, {}), DType::f32);
-        std::vector<Tensor> grads = gradients(loss, params);
+        std::vector<Tensor> grads = gradients(loss, used);
         for (size_t i = 0; i < grads.size(); ++i)
-          if (!grads[i].defined()) throw Error("[TrainStep] param '" + paths[i] + "' is not a float tensor");
+          if (!grads[i].defined()) throw Error("[" + who + "] param '" + paths[i] + "' is not a float tensor");
+        if (hooks.pin) grads = hooks.pin(std::move(grads));
         Tensor norm;
-        if (clip > 0) {
-          optim::Clipped c = optim::clip_by_global_norm(grads, clip);
+        if (clip_norm > 0) {
+          optim::Clipped c = optim::clip_by_global_norm(grads, clip_norm);
           grads = c.grads;
           norm = c.norm;
         } else {
           norm = optim::global_norm(grads);
         }
-        optim::Update u = opt_->apply(params, grads, state, step + 1, paths);
+        optim::Update u = opt.apply(params, grads, state, step + 1, paths);
         std::vector<Tensor> out = {loss, norm, u.lr};
         out.insert(out.end(), u.params.begin(), u.params.end());
         out.insert(out.end(), u.state.begin(), u.state.end());
         return out;
       },
       types, names);
+}
+
+TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss_fn,
+                     std::vector<TensorType> batch_types, TrainStepOptions options)
+    : store_(store), opt_(std::move(opt)), batch_types_(std::move(batch_types)) {
+  if (!opt_) throw Error("[TrainStep] no optimizer given");
+  n_params_ = static_cast<size_t>(store_.size());
+  n_state_ = opt_->state_slots(store_.types()).size();
+  graph_ = trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm);
   exe_ = Executable::compile(*graph_, options.compile);
   for (int v : exe_->graph().outputs()) outputs_.emplace_back(exe_->graph().type(v).dtype, exe_->graph().type(v).shape);
-  inputs_.resize(types.size());
+  inputs_.resize(graph_->inputs().size());
   inputs_.back() = Array(DType::i32, {});
 }
 

@@ -109,50 +109,13 @@ ShardedTrainStep::ShardedTrainStep(nn::ParamStore& store, optim::OptimizerPtr op
   for (const auto& s : slots)
     state_specs_.push_back(s.type.shape == param_types[s.param].shape ? plan_.params[s.param].spec : PartitionSpec());
 
-  std::vector<TensorType> types = param_types;
-  for (const auto& s : slots) types.push_back(s.type);
-  types.insert(types.end(), batch_types_.begin(), batch_types_.end());
-  types.push_back({DType::i32, {}});
-  std::vector<std::string> names = paths;
-  for (const auto& s : slots) names.push_back(paths[s.param] + "." + s.name);
-  for (size_t i = 0; i < batch_types_.size(); ++i) names.push_back("batch." + std::to_string(i));
-  names.push_back("step");
-  double clip = options.clip_norm;
   const int64_t bucket_bytes = sharding.bucket_bytes;
-
-  graph_ = trace(
-      [&](const std::vector<Tensor>& in) {
-        std::vector<Tensor> params(in.begin(), in.begin() + n_params_);
-        std::vector<Tensor> state(in.begin() + n_params_, in.begin() + n_params_ + n_state_);
-        std::vector<Tensor> batch(in.begin() + n_params_ + n_state_, in.end() - 1);
-        Tensor step = in.back();
-        // FSDP: all-gather before use; the gradients w.r.t. the gathered params are partial sums
-        // over the batch axes.
-        std::vector<Tensor> used = gathered_params(params, plan_);
-        nn::ParamBinding bound = store_.bind(used);
-        Tensor loss = loss_fn(batch);
-        if (loss.numel() != 1)
-          throw Error("[ShardedTrainStep] the loss must be a scalar, got " + type_str(loss.type()));
-        loss = cast(reshape(loss, {}), DType::f32);
-        std::vector<Tensor> grads = gradients(loss, used);
-        for (size_t i = 0; i < grads.size(); ++i)
-          if (!grads[i].defined()) throw Error("[ShardedTrainStep] param '" + paths[i] + "' is not a float tensor");
-        grads = pin_gradients(std::move(grads), plan_, bucket_bytes);
-        Tensor norm;
-        if (clip > 0) {
-          optim::Clipped c = optim::clip_by_global_norm(grads, clip);
-          grads = c.grads;
-          norm = c.norm;
-        } else {
-          norm = optim::global_norm(grads);
-        }
-        optim::Update u = opt_->apply(params, grads, state, step + 1, paths);
-        std::vector<Tensor> out = {loss, norm, u.lr};
-        out.insert(out.end(), u.params.begin(), u.params.end());
-        out.insert(out.end(), u.state.begin(), u.state.end());
-        return out;
-      },
-      types, names);
+  // FSDP: all-gather before use; the gradients w.r.t. the gathered params are partial sums over
+  // the batch axes, pinned to their stored layout (and DDP's bucketed) before the update.
+  StepHooks hooks;
+  hooks.use = [&](const std::vector<Tensor>& params) { return gathered_params(params, plan_); };
+  hooks.pin = [&](std::vector<Tensor> grads) { return pin_gradients(std::move(grads), plan_, bucket_bytes); };
+  graph_ = trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm, hooks, "ShardedTrainStep");
 
   std::vector<PartitionSpec> in_specs;
   PartitionOptions popt;
