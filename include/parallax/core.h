@@ -79,6 +79,8 @@ class Array {
   Array astype(DType d) const;
   Array clone() const;
   Array reshape(const Shape& s) const;  // shares the buffer
+  // True when no other Array shares this buffer (so writing into it is invisible elsewhere).
+  bool sole_owner() const { return data_.use_count() <= 1; }
 
  private:
   TensorType type_;

@@ -114,6 +114,7 @@ class ShardedTrainStep {
   std::unique_ptr<ShardedExecutable> exe_;
   size_t n_params_ = 0, n_state_ = 0;
   int64_t steps_run_ = 0;
+  std::vector<ShardedArray> out_;  // last step's outputs: reused as the next step's buffers
 };
 
 // A plain function sharded by a recipe: its first argument is the params (as one list).

@@ -119,6 +119,10 @@ class ShardedExecutable {
 
   // Inputs must carry the compiled shardings (see in_sharding()).
   std::vector<ShardedArray> run(const std::vector<ShardedArray>& inputs);
+  // Like run, but copies into `outputs` where they already hold shards of the right types
+  // (reused buffers across steps: no fresh allocation), and allocates the rest. Outputs must
+  // not share buffers with the inputs.
+  void run_into(const std::vector<ShardedArray>& inputs, std::vector<ShardedArray>& outputs);
   // Convenience for tests: shards full arrays, runs, gathers the outputs.
   std::vector<Array> run_full(const std::vector<Array>& inputs);
 

@@ -101,6 +101,9 @@ StepMetrics TrainStep::operator()(TrainState& state, const std::vector<Array>& b
   for (auto& s : state.opt_state) inputs_[k++] = s;
   for (auto& b : batch) inputs_[k++] = b;
   inputs_[k].data<int32_t>()[0] = static_cast<int32_t>(state.step);
+  // Reuse last step's buffers unless the caller kept a handle to them (a copied TrainState).
+  for (auto& o : outputs_)
+    if (!o.sole_owner()) o = Array(o.dtype(), o.shape());
   exe_->run_into(inputs_, outputs_);
 
   StepMetrics m;

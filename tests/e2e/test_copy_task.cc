@@ -110,3 +110,24 @@ TEST(TrainStep, SaveAndLoadResumesBitExactly) {
 
 }  // namespace
 }  // namespace px
+
+namespace px {
+namespace {
+
+TEST(TrainStep, ACopiedStateIsNotOverwrittenByLaterSteps) {
+  nn::TransformerLm model(nn::gpt2_config("snap", 8, 16, 2, 1, 32, 8));
+  TensorType seq{DType::i32, {2, 8}};
+  TrainStep step(model.store(), optim::adamw({.lr = 1e-2}),
+                 [&](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); }, {seq, seq});
+  TrainState state = step.init(0);
+  Array tokens = Array::from_i32({1, 2, 3, 4, 5, 6, 7, 0, 2, 3, 4, 5, 6, 7, 0, 1}, {2, 8});
+  step(state, {tokens, tokens});
+  TrainState snapshot = state;  // shares buffers with state
+  std::vector<float> before = snapshot.params[0].to_f32();
+  for (int i = 0; i < 3; ++i) step(state, {tokens, tokens});
+  EXPECT_EQ(snapshot.params[0].to_f32(), before);
+  EXPECT_NE(state.params[0].to_f32(), before);
+}
+
+}  // namespace
+}  // namespace px

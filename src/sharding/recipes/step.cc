@@ -161,8 +161,8 @@ StepMetrics ShardedTrainStep::operator()(ShardedTrainState& state, const std::ve
                 std::to_string(batch.size()));
   std::vector<ShardedArray> in;
   in.reserve(n_params_ + n_state_ + batch.size() + 1);
-  for (auto& p : state.params) in.push_back(std::move(p));
-  for (auto& s : state.opt_state) in.push_back(std::move(s));
+  for (auto& p : state.params) in.push_back(p);
+  for (auto& s : state.opt_state) in.push_back(s);
   for (size_t i = 0; i < batch.size(); ++i) {
     if (batch[i].type() != batch_types_[i])
       throw Error("[ShardedTrainStep] batch array " + std::to_string(i) + " has type " + type_str(batch[i].type()) +
@@ -171,13 +171,15 @@ StepMetrics ShardedTrainStep::operator()(ShardedTrainState& state, const std::ve
   }
   Array step = Array::from_i32({static_cast<int32_t>(state.step)}, {});
   in.push_back(shard(step, exe_->in_sharding(static_cast<int>(in.size()))));
-  std::vector<ShardedArray> out = exe_->run(in);
+  // Double buffering: outputs land in the buffers of the state before last, then swap in.
+  std::vector<ShardedArray>& out = out_;
+  exe_->run_into(in, out);
   StepMetrics m;
   m.loss = out[0].shard(0).to_f32()[0];
   m.grad_norm = out[1].shard(0).to_f32()[0];
   m.lr = out[2].shard(0).to_f32()[0];
-  for (size_t i = 0; i < n_params_; ++i) state.params[i] = std::move(out[3 + i]);
-  for (size_t i = 0; i < n_state_; ++i) state.opt_state[i] = std::move(out[3 + n_params_ + i]);
+  for (size_t i = 0; i < n_params_; ++i) std::swap(state.params[i], out[3 + i]);
+  for (size_t i = 0; i < n_state_; ++i) std::swap(state.opt_state[i], out[3 + n_params_ + i]);
   ++state.step;
   ++steps_run_;
   return m;
