@@ -87,6 +87,12 @@ TEST(Recipes, LlamaDdpTpFsdpTp) {
   check_equivalent(llama_micro(), Mesh::cpu({{"data", 2}, {"model", 4}}), ShardingStrategy::FSDP_TP);
 }
 
+// The full tiny presets (seq 128, batch 8) on the 2-D and 3-D meshes.
+TEST(Recipes, TinyPresetsFsdpTp) {
+  check_equivalent(nn::gpt2_tiny(), Mesh::cpu({{"data", 2}, {"fsdp", 2}, {"model", 2}}), ShardingStrategy::FSDP_TP);
+  check_equivalent(nn::llama_tiny(), Mesh::cpu({{"data", 4}, {"model", 2}}), ShardingStrategy::FSDP_TP);
+}
+
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
