@@ -115,54 +115,6 @@ void run_broadcast(const BroadcastLoad& b, const void* src, DType t, int64_t off
   }
 }
 
-// A single elementwise node whose operands are all integers: exact i32 path.
-Kernel make_int_kernel(const Graph& g, const Node& n, const EltwiseKernel& ek) {
-  std::vector<DType> in_t;
-  for (int v : n.inputs) in_t.push_back(g.type(v).dtype);
-  DType out_t = g.type(n.outputs[0]).dtype;
-  int64_t count = g.type(n.outputs[0]).numel();
-  std::vector<float> params = ek.params ? ek.params(n.attrs) : std::vector<float>{};
-  EltwiseI32 fn = ek.i32;
-  int nin = static_cast<int>(in_t.size());
-  if (nin > kMaxArity) throw Error("[fused] '" + n.prim->name + "' has too many operands");
-  int threads = num_threads();
-  // Bool operands/results are widened to i32 per tile, in scratch owned by the kernel.
-  auto scratch = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(threads * (nin + 1) * kTile));
-  return [=](const void* const* in, void* const* out) {
-    auto tile = [&](int tid, int64_t t) {
-      int32_t* s = scratch->data() + static_cast<size_t>(tid) * (nin + 1) * kTile;
-      int64_t off = t * kTile, len = std::min(kTile, count - off);
-      const int32_t* ptrs[kMaxArity];
-      for (int k = 0; k < nin; ++k) {
-        if (in_t[k] == DType::i32) {
-          ptrs[k] = static_cast<const int32_t*>(in[k]) + off;
-        } else {
-          const uint8_t* b = static_cast<const uint8_t*>(in[k]) + off;
-          int32_t* d = s + k * kTile;
-          for (int64_t i = 0; i < len; ++i) d[i] = b[i];
-          ptrs[k] = d;
-        }
-      }
-      // The result goes through scratch so that an output may share its array with an operand.
-      int32_t* r = s + nin * kTile;
-      fn(ptrs, r, len, params.data());
-      if (out_t == DType::i32) {
-        std::memcpy(static_cast<int32_t*>(out[0]) + off, r, static_cast<size_t>(len) * 4);
-      } else {
-        uint8_t* o = static_cast<uint8_t*>(out[0]) + off;
-        for (int64_t i = 0; i < len; ++i) o[i] = r[i] != 0;
-      }
-    };
-    int64_t ntiles = (count + kTile - 1) / kTile;
-    if (ntiles <= 1 || threads <= 1) {  // a serial OpenMP region would still allocate a team
-      for (int64_t t = 0; t < ntiles; ++t) tile(0, t);
-      return;
-    }
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t t = 0; t < ntiles; ++t) tile(omp_get_thread_num(), t);
-  };
-}
-
 // The fused program: a list of ops over slots. A slot is the tile of one value; it points into
 // an external f32 buffer (read or written in place) or at a scratch tile.
 struct Op {
@@ -363,10 +315,17 @@ Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
   if (group.nodes.empty()) throw Error("[fused] empty group");
   const Node& first = g.nodes()[group.nodes[0]];
   if (group.nodes.size() == 1 && first.prim->elementwise) {
+    // An all-integer node takes the exact i32 path of its own single-node kernel.
     const EltwiseKernel* ek = find_eltwise(first.prim->name);
+    const KernelFactory* f = find_kernel(first.prim->name);
     bool all_int = int_like(g.type(first.outputs[0]).dtype);
     for (int v : first.inputs) all_int = all_int && int_like(g.type(v).dtype);
-    if (ek && ek->i32 && all_int) return make_int_kernel(g, first, *ek);
+    if (ek && ek->i32 && all_int && f) {
+      std::vector<TensorType> in_t, out_t;
+      for (int v : first.inputs) in_t.push_back(g.type(v));
+      out_t.push_back(g.type(first.outputs[0]));
+      return (*f)(KernelSpec{in_t, out_t, first.attrs});
+    }
   }
 
   auto prog = std::make_shared<const Program>(build_program(g, group));
