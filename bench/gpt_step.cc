@@ -13,13 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "gpt_common.h"
 #include "parallax/parallax.h"
 
-namespace {
+using px::bench::seconds_since;
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+namespace {
 
 // Best sustained f32 GEMM rate over a few square sizes, through oneDNN directly.
 double gemm_peak_gflops() {
@@ -36,45 +35,8 @@ double gemm_peak_gflops() {
   return best;
 }
 
-struct Args {
-  std::string dtype = "both";
-  int steps = 5, warmup = 2;
-  int64_t vocab = 8192, d = 512, heads = 8, layers = 6, ff = 2048, seq = 256, batch = 8;
-};
-
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "gpt_step: flag %s needs a value\n", k.c_str());
-      std::exit(2);
-    }
-    std::string v = argv[++i];
-    if (k == "--dtype") a.dtype = v;
-    else if (k == "--steps") a.steps = std::atoi(v.c_str());
-    else if (k == "--warmup") a.warmup = std::atoi(v.c_str());
-    else if (k == "--vocab") a.vocab = std::atoll(v.c_str());
-    else if (k == "--d") a.d = std::atoll(v.c_str());
-    else if (k == "--heads") a.heads = std::atoll(v.c_str());
-    else if (k == "--layers") a.layers = std::atoll(v.c_str());
-    else if (k == "--ff") a.ff = std::atoll(v.c_str());
-    else if (k == "--seq") a.seq = std::atoll(v.c_str());
-    else if (k == "--batch") a.batch = std::atoll(v.c_str());
-    else {
-      std::fprintf(stderr, "gpt_step: unknown flag %s (see the header of bench/gpt_step.cc)\n", k.c_str());
-      std::exit(2);
-    }
-  }
-  if (a.dtype != "f32" && a.dtype != "bf16" && a.dtype != "both") {
-    std::fprintf(stderr, "gpt_step: --dtype must be f32, bf16 or both\n");
-    std::exit(2);
-  }
-  return a;
-}
-
-void run(const Args& a, px::DType compute, double peak) {
-  px::nn::LmConfig cfg = px::nn::gpt2_config("bench-gpt", a.vocab, a.d, a.heads, a.layers, a.ff, a.seq);
+void run(const px::bench::GptArgs& a, px::DType compute, double peak) {
+  px::nn::LmConfig cfg = a.config();
   cfg.compute_dtype = compute;
   px::nn::TransformerLm model(cfg);
   px::TensorType seq{px::DType::i32, {a.batch, a.seq}};
@@ -84,14 +46,7 @@ void run(const Args& a, px::DType compute, double peak) {
                      {seq, seq});
   double compile_s = seconds_since(t0);
   px::TrainState state = step.init(0);
-  std::vector<int32_t> tok(static_cast<size_t>(a.batch * a.seq)), tgt(tok.size());
-  uint64_t x = 12345;
-  for (size_t i = 0; i < tok.size(); ++i) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    tok[i] = static_cast<int32_t>((x >> 33) % a.vocab);
-    tgt[i] = static_cast<int32_t>((x >> 13) % a.vocab);
-  }
-  std::vector<px::Array> batch = {px::Array::from_i32(tok, seq.shape), px::Array::from_i32(tgt, seq.shape)};
+  std::vector<px::Array> batch = px::bench::gpt_batch(a);
   for (int i = 0; i < a.warmup; ++i) step(state, batch);
   float loss = 0;
   t0 = std::chrono::steady_clock::now();
@@ -114,7 +69,7 @@ void run(const Args& a, px::DType compute, double peak) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args a = parse(argc, argv);
+  px::bench::GptArgs a = px::bench::parse_gpt_args(argc, argv, "gpt_step", {}, true);
   double peak = gemm_peak_gflops();
   try {
     if (a.dtype != "bf16") run(a, px::DType::f32, peak);

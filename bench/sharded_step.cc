@@ -13,65 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "gpt_common.h"
 #include "parallax/nn.h"
 #include "parallax/parallel.h"
 
+using px::bench::seconds_since;
+
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-struct Args {
-  int steps = 3, warmup = 1;
-  int64_t vocab = 8192, d = 512, heads = 8, layers = 6, ff = 2048, seq = 256, batch = 8;
-};
-
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "sharded_step: flag %s needs a value\n", k.c_str());
-      std::exit(2);
-    }
-    std::string v = argv[++i];
-    if (k == "--steps")
-      a.steps = std::atoi(v.c_str());
-    else if (k == "--warmup")
-      a.warmup = std::atoi(v.c_str());
-    else if (k == "--vocab")
-      a.vocab = std::atoll(v.c_str());
-    else if (k == "--d")
-      a.d = std::atoll(v.c_str());
-    else if (k == "--heads")
-      a.heads = std::atoll(v.c_str());
-    else if (k == "--layers")
-      a.layers = std::atoll(v.c_str());
-    else if (k == "--ff")
-      a.ff = std::atoll(v.c_str());
-    else if (k == "--seq")
-      a.seq = std::atoll(v.c_str());
-    else if (k == "--batch")
-      a.batch = std::atoll(v.c_str());
-    else {
-      std::fprintf(stderr, "sharded_step: unknown flag %s (see the header of bench/sharded_step.cc)\n", k.c_str());
-      std::exit(2);
-    }
-  }
-  return a;
-}
-
-std::vector<px::Array> make_batch(const Args& a) {
-  std::vector<int32_t> tok(static_cast<size_t>(a.batch * a.seq)), tgt(tok.size());
-  uint64_t x = 12345;
-  for (size_t i = 0; i < tok.size(); ++i) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    tok[i] = static_cast<int32_t>((x >> 33) % a.vocab);
-    tgt[i] = static_cast<int32_t>((x >> 13) % a.vocab);
-  }
-  return {px::Array::from_i32(tok, {a.batch, a.seq}), px::Array::from_i32(tgt, {a.batch, a.seq})};
-}
 
 struct Result {
   double step_s = 0, compile_s = 0;
@@ -81,16 +29,16 @@ struct Result {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args a = parse(argc, argv);
+  px::bench::GptArgs a = px::bench::parse_gpt_args(argc, argv, "sharded_step", {.steps = 3, .warmup = 1}, false);
   try {
-    px::nn::LmConfig cfg = px::nn::gpt2_config("bench-gpt", a.vocab, a.d, a.heads, a.layers, a.ff, a.seq);
+    px::nn::LmConfig cfg = a.config();
     px::nn::TransformerLm model(cfg);
     px::TensorType seq{px::DType::i32, {a.batch, a.seq}};
     auto loss_fn = [&](const std::vector<px::Tensor>& b) { return px::nn::next_token_loss(model, b[0], b[1]); };
     // PX_BENCH_OPTIMIZER=sgd: a state-free update, to separate the optimizer's cost from the rest.
     const char* on = std::getenv("PX_BENCH_OPTIMIZER");
     auto opt = on && std::string(on) == "sgd" ? px::optim::sgd({.lr = 3e-4}) : px::optim::adamw({.lr = 3e-4});
-    std::vector<px::Array> batch = make_batch(a);
+    std::vector<px::Array> batch = px::bench::gpt_batch(a);
 
     auto t0 = std::chrono::steady_clock::now();
     px::TrainStep single(model.store(), opt, loss_fn, {seq, seq});

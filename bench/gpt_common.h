@@ -1,0 +1,65 @@
+// Flags, batch and timing shared by the bench-gpt benchmarks (gpt_step, sharded_step).
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "parallax/nn.h"
+
+namespace px::bench {
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// bench-gpt (DESIGN.md section 10) unless overridden: --steps --warmup --vocab --d --heads
+// --layers --ff --seq --batch, and --dtype f32|bf16|both where the benchmark takes it.
+struct GptArgs {
+  std::string dtype = "both";
+  int steps = 5, warmup = 2;
+  int64_t vocab = 8192, d = 512, heads = 8, layers = 6, ff = 2048, seq = 256, batch = 8;
+  nn::LmConfig config() const { return nn::gpt2_config("bench-gpt", vocab, d, heads, layers, ff, seq); }
+};
+
+inline GptArgs parse_gpt_args(int argc, char** argv, const char* prog, GptArgs a, bool takes_dtype) {
+  auto fail = [&](const std::string& msg) {
+    std::fprintf(stderr, "%s: %s (see the header of bench/%s.cc)\n", prog, msg.c_str(), prog);
+    std::exit(2);
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (i + 1 >= argc) fail("flag " + k + " needs a value");
+    std::string v = argv[++i];
+    int64_t n = std::atoll(v.c_str());
+    if (k == "--dtype" && takes_dtype) a.dtype = v;
+    else if (k == "--steps") a.steps = static_cast<int>(n);
+    else if (k == "--warmup") a.warmup = static_cast<int>(n);
+    else if (k == "--vocab") a.vocab = n;
+    else if (k == "--d") a.d = n;
+    else if (k == "--heads") a.heads = n;
+    else if (k == "--layers") a.layers = n;
+    else if (k == "--ff") a.ff = n;
+    else if (k == "--seq") a.seq = n;
+    else if (k == "--batch") a.batch = n;
+    else fail("unknown flag " + k);
+  }
+  if (a.dtype != "f32" && a.dtype != "bf16" && a.dtype != "both") fail("--dtype must be f32, bf16 or both");
+  return a;
+}
+
+// A fixed pseudo-random batch of tokens and targets, i32[batch, seq].
+inline std::vector<Array> gpt_batch(const GptArgs& a) {
+  std::vector<int32_t> tok(static_cast<size_t>(a.batch * a.seq)), tgt(tok.size());
+  uint64_t x = 12345;
+  for (size_t i = 0; i < tok.size(); ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    tok[i] = static_cast<int32_t>((x >> 33) % a.vocab);
+    tgt[i] = static_cast<int32_t>((x >> 13) % a.vocab);
+  }
+  return {Array::from_i32(tok, {a.batch, a.seq}), Array::from_i32(tgt, {a.batch, a.seq})};
+}
+
+}  // namespace px::bench
