@@ -71,6 +71,7 @@ class CollectiveEmitter {
 
   // Sets the mesh and the local graph's device-coordinates input; registers the primitives.
   void bind(const Mesh* mesh, Tensor coords);
+  Tensor coords() const { return coords_; }
 
  protected:
   int64_t group_size(const std::vector<std::string>& axes) const;

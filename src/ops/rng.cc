@@ -1,6 +1,6 @@
 // Counter-based random numbers (Philox-4x32-10). A key is i32[2]; element i of a draw depends
-// only on (key, i), so values do not change with sharding. A sharded local draw carries the
-// attrs global_shape and offset and produces its slice of the global draw.
+// only on (key, i), so values do not change with sharding. A block of a larger draw carries the
+// attr global_shape and its offset, as the attr offset or as an i32[rank] origin operand.
 #include <cmath>
 
 #include "ir/primitive.h"
@@ -10,20 +10,37 @@ namespace px {
 
 namespace {
 
-void check_key(const char* op, const std::vector<TensorType>& in) {
-  if (in.size() != 1) throw Error(std::string("[") + op + "] takes one key operand, got " + std::to_string(in.size()));
+void check_key(const char* op, const std::vector<TensorType>& in, size_t max_operands = 1) {
+  if (in.empty() || in.size() > max_operands)
+    throw Error(std::string("[") + op + "] takes " + (max_operands > 1 ? "a key and an optional origin" : "one key") +
+                " operand, got " + std::to_string(in.size()));
   if (in[0] != TensorType{DType::i32, {2}})
     throw Error(std::string("[") + op + "] key must be i32[2] (see px::random_key), got " + type_str(in[0]));
 }
 
 std::vector<TensorType> infer_draw(const char* op, const std::vector<TensorType>& in, const Attrs& a) {
-  check_key(op, in);
+  check_key(op, in, 2);
   const Shape& shape = a.ints("shape");
   for (int64_t d : shape)
     if (d < 0) throw Error(std::string("[") + op + "] shape " + shape_str(shape) + " has a negative dim");
   DType dt = a.dtype("dtype");
   if (!is_float(dt)) throw Error(std::string("[") + op + "] dtype must be floating point, got " + dtype_name(dt));
-  if (a.has("global_shape") || a.has("offset")) {
+  if (in.size() == 2) {
+    // The origin operand (i32[rank]) is the block's offset, known only at run time (the partitioner
+    // computes it from the device's mesh coordinates); the kernel trusts it to fit global_shape.
+    if (in[1] != TensorType{DType::i32, {static_cast<int64_t>(shape.size())}})
+      throw Error(std::string("[") + op + "] the origin operand must be i32[" + std::to_string(shape.size()) +
+                  "], got " + type_str(in[1]));
+    if (!a.has("global_shape") || a.has("offset"))
+      throw Error(std::string("[") + op + "] an origin operand needs the global_shape attr and no offset attr");
+    const auto& gs = a.ints("global_shape");
+    if (gs.size() != shape.size())
+      throw Error(std::string("[") + op + "] global_shape " + shape_str(gs) + " must have the rank of shape " +
+                  shape_str(shape));
+    for (size_t i = 0; i < shape.size(); ++i)
+      if (shape[i] > gs[i])
+        throw Error(std::string("[") + op + "] shape " + shape_str(shape) + " exceeds global_shape " + shape_str(gs));
+  } else if (a.has("global_shape") || a.has("offset")) {
     const auto& gs = a.ints("global_shape");
     const auto& off = a.ints("offset");
     if (gs.size() != shape.size() || off.size() != shape.size())
@@ -37,7 +54,7 @@ std::vector<TensorType> infer_draw(const char* op, const std::vector<TensorType>
   return {TensorType{dt, shape}};
 }
 
-// Result dims are parallel: a local shard must carry global_shape and its offset.
+// Result dims are parallel: a local shard must carry global_shape and its origin.
 ShardingRule draw_rule(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
   ShardingRule r;
   r.operands = {{-1}};

@@ -74,12 +74,11 @@ class Partitioner {
       want.push_back({t.dtype, local_shape(mesh_, t.shape, out_specs.back())});
     }
     std::vector<Tensor> outs;
-    Attrs attrs = localize(n, in_types, want);
-    if (ins.empty()) {
-      TraceScope scope(&local_);
-      outs = local_.emit(*n.prim, ins, attrs);
+    if (needs_local_form(n, r.rule, fa)) {
+      outs = local_form(local_context(), n, g_, r.rule, fa, ins, want);
     } else {
-      outs = local_.emit(*n.prim, ins, attrs);
+      TraceScope scope(&local_);
+      outs = local_.emit(*n.prim, ins, localize(n, in_types, want));
     }
     for (size_t j = 0; j < outs.size(); ++j)
       if (outs[j].type() != want[j])
@@ -97,12 +96,12 @@ class Partitioner {
 
   // Partial sums flow through ops that are linear in them, so that e.g. the three partial input
   // gradients of q, k, v projections are added before one all-reduce. Returns the partial axes
-  // the result inherits (empty: operands are reduced first).
-  std::vector<int> carried_partial(const Node& n, const FactorAxes& fa) const {
+  // the result inherits (empty: operands are reduced first); fa drops the partial axes.
+  std::vector<int> carried_partial(const Node& n, FactorAxes& fa) const {
     static const std::set<std::string> unary = {"neg",        "reshape", "transpose",    "broadcast_in_dim",
                                                 "reduce_sum", "tag",     "stop_gradient"};
     static const std::set<std::string> all_partial = {"add", "sub", "concat"};  // every operand partial
-    static const std::set<std::string> one_partial = {"mul", "dot_general"};  // exactly one operand partial
+    static const std::set<std::string> one_partial = {"mul", "dot_general"};    // exactly one operand partial
     const std::string& name = n.prim->name;
     std::vector<int> p;
     int partial_operands = 0;
@@ -119,9 +118,19 @@ class Partitioner {
                (one_partial.count(name) && partial_operands == 1) ||
                (name == "div" && partial_operands == 1 && !values_[n.inputs[0]].partial.empty()));
     if (!ok) return {};
-    for (auto& axes : fa)  // the node must not split anything over the partial axes
-      for (int a : axes)
-        if (std::count(p.begin(), p.end(), a)) return {};
+    // Adding partial sums before reducing them beats splitting the op over the partial axes:
+    // one reduce-scatter instead of one per operand (e.g. the tied embedding's two gradients).
+    // Products keep their split: computing them whole would cost more than the early reduce.
+    const bool cheap = !one_partial.count(name) && name != "div";
+    for (auto& axes : fa) {
+      if (!cheap) {
+        for (int a : axes)
+          if (std::count(p.begin(), p.end(), a)) return {};
+        continue;
+      }
+      auto first = std::find_if(axes.begin(), axes.end(), [&](int a) { return std::count(p.begin(), p.end(), a); });
+      axes.erase(first, axes.end());
+    }
     return p;
   }
 
@@ -240,6 +249,13 @@ class Partitioner {
                                        Attrs{{"shape", std::vector<int64_t>(local.begin(), local.end())},
                                              {"dims", std::vector<int64_t>{axis}}});
     values_[v] = {out, spec, {}, ""};
+  }
+
+  LocalContext local_context() {
+    return {local_, mesh_, em_.coords(), [this](const Tensor& x, const std::vector<int>& axes, const std::string& op) {
+              return record("all_reduce", axes, x, -1, -1, op, reason_,
+                            [&] { return em_.all_reduce(x, axis_names(mesh_, axes), op); });
+            }};
   }
 
   // Attributes that hold global sizes, rewritten for the local shapes.

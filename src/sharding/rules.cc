@@ -51,12 +51,26 @@ NodeRule node_rule(const Graph& g, const Node& n) {
   NodeRule nr;
   if (name == "iota") {
     nr.rule = elementwise_rule(in, out);  // the partitioner offsets the iota axis itself
-  } else if (name == "random_uniform" || name == "random_normal") {
-    // A local draw would need this device's offset as an operand; draw whole, then slice.
-    nr.rule = all_whole(in, out);
+  } else if ((name == "random_uniform" || name == "random_normal") &&
+             (n.attrs.has("global_shape") || n.attrs.has("offset"))) {
+    nr.rule = all_whole(in, out);  // already a block of a larger draw
   } else {
     nr.rule = sharding_of(*n.prim, in, out, n.attrs);
     if (!rule_fits(nr.rule, in, out)) nr.rule = all_whole(in, out);
+  }
+  // Splits that local_forms.cc handles with this device's offset: a row-split table gives a
+  // masked lookup (partial sums), a row-split scatter_add keeps its rows, and split classes give
+  // cross entropy with all-reduced row statistics.
+  int pf = positional_factor(n, nr.rule);
+  if (pf >= 0) {
+    if (name == "take") {
+      nr.rule.factor_kinds[pf] = Kind::reduction;
+      nr.reduce = "sum";
+      nr.late.push_back(pf);
+    } else {
+      nr.rule.factor_kinds[pf] = Kind::parallel;
+      if (name == "scatter_add") nr.late.push_back(pf);
+    }
   }
   if (name == "dot_general" || name == "reduce_sum" || name == "scatter_add") nr.reduce = "sum";
   if (name == "reduce_max") nr.reduce = "max";
@@ -120,26 +134,30 @@ FactorAxes assign_factors(const Graph& g, const Node& n, const NodeRule& r, cons
     return a.bytes > b.bytes;
   });
   std::vector<char> used(static_cast<size_t>(mesh.rank()), 0);
-  for (const Source& s : src) {
-    if (!specs[s.value]) continue;
-    const Spec& spec = *specs[s.value];
-    for (size_t d = 0; d < s.factors->size() && d < spec.size(); ++d) {
-      int f = (*s.factors)[d];
-      if (f < 0 || rule.factor_kinds[f] == Kind::whole || !fa[f].empty() || spec[d].empty()) continue;
-      // The longest prefix of the dim's axes that is free and divides every dim of the factor.
-      for (size_t k = spec[d].size(); k >= 1; --k) {
-        std::vector<int> cand(spec[d].begin(), spec[d].begin() + k);
-        bool ok = true;
-        for (int a : cand) ok = ok && !used[a];
-        int64_t n_shards = shards_of(mesh, cand);
-        for (int64_t size : dims_of[f]) ok = ok && size % n_shards == 0;
-        if (!ok) continue;
-        fa[f] = cand;
-        for (int a : cand) used[a] = 1;
-        break;
+  std::vector<char> late(nf, 0);
+  for (int f : r.late) late[f] = 1;
+  for (int pass = 0; pass < 2; ++pass)
+    for (const Source& s : src) {
+      if (!specs[s.value]) continue;
+      const Spec& spec = *specs[s.value];
+      for (size_t d = 0; d < s.factors->size() && d < spec.size(); ++d) {
+        int f = (*s.factors)[d];
+        if (f < 0 || rule.factor_kinds[f] == Kind::whole || !fa[f].empty() || spec[d].empty()) continue;
+        if (late[f] != pass) continue;
+        // The longest prefix of the dim's axes that is free and divides every dim of the factor.
+        for (size_t k = spec[d].size(); k >= 1; --k) {
+          std::vector<int> cand(spec[d].begin(), spec[d].begin() + k);
+          bool ok = true;
+          for (int a : cand) ok = ok && !used[a];
+          int64_t n_shards = shards_of(mesh, cand);
+          for (int64_t size : dims_of[f]) ok = ok && size % n_shards == 0;
+          if (!ok) continue;
+          fa[f] = cand;
+          for (int a : cand) used[a] = 1;
+          break;
+        }
       }
     }
-  }
   return fa;
 }
 

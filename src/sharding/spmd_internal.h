@@ -2,6 +2,7 @@
 // factor assignment, and sharding propagation over a global graph.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,13 +21,16 @@ using FactorAxes = std::vector<std::vector<int>>;  // per factor of a rule
 struct NodeRule {
   ShardingRule rule;
   std::string reduce;
+  // Factors that get mesh axes only after all others: a table's row (vocab) dim yields its axis
+  // to the batch dims of the indices, so data-parallel lookups stay local.
+  std::vector<int> late;
 };
 NodeRule node_rule(const Graph& g, const Node& n);
 
 // Picks mesh axes for the rule's factors from the specs known for the node's operands and
 // results (unknown: nullopt). Sources are taken by priority: `fixed` results first, then the
-// largest values, so that big operands keep their layout; an axis serves one factor only, and
-// every dim a factor labels must divide by its axes.
+// largest values, so that big operands keep their layout (the rule's late factors after all the
+// others); an axis serves one factor only, and every dim a factor labels must divide by its axes.
 FactorAxes assign_factors(const Graph& g, const Node& n, const NodeRule& r, const Mesh& mesh,
                           const std::vector<std::optional<Spec>>& specs, const std::vector<char>& fixed);
 
@@ -44,6 +48,26 @@ struct Propagation {
 };
 Propagation propagate(const Graph& g, const Mesh& mesh, const std::vector<Spec>& inputs,
                       const std::vector<std::optional<Spec>>& outputs);
+
+// ---- local forms (local_forms.cc) --------------------------------------------------------------
+
+// What a local form needs from the partitioner: the local graph, the mesh, the device-coordinates
+// input and an all-reduce that is recorded like every other collective.
+struct LocalContext {
+  Graph& local;
+  const Mesh& mesh;
+  Tensor coords;
+  std::function<Tensor(const Tensor&, const std::vector<int>& axes, const std::string& reduce)> all_reduce;
+};
+// The factor of n's rule whose split needs this device's offset (take's table rows, scatter_add's
+// result rows, cross entropy's classes), or -1.
+int positional_factor(const Node& n, const ShardingRule& r);
+// Whether n, with factors assigned as fa, must be emitted by local_form instead of as itself.
+bool needs_local_form(const Node& n, const ShardingRule& r, const FactorAxes& fa);
+// The local results of n from its resharded local operands (results typed `want`).
+std::vector<Tensor> local_form(const LocalContext& c, const Node& n, const Graph& g, const ShardingRule& r,
+                               const FactorAxes& fa, const std::vector<Tensor>& in,
+                               const std::vector<TensorType>& want);
 
 // Conversions with the public Sharding (axis names).
 Spec to_spec(const Sharding& s, int rank);

@@ -181,6 +181,69 @@ TEST(Partitioner, AxesOfSizeOneNeedNoCollectives) {
   EXPECT_TRUE(p.collectives.empty()) << p.summary();
 }
 
+TensorType i32(Shape s) { return {DType::i32, std::move(s)}; }
+
+bool has_node(const SpmdProgram& p, const std::string& prim, const TensorType& out) {
+  for (auto& n : p.local->nodes())
+    if (n.prim->name == prim && p.local->type(n.outputs[0]) == out) return true;
+  return false;
+}
+
+TEST(Partitioner, VocabParallelLookupIsMaskedAndAllReduced) {
+  // A row-split table is never gathered: each device looks up its rows, one all-reduce adds them.
+  TracedFn f = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{take(in[0], in[1])}; };
+  auto p = part(f, {f32({16, 6}), i32({8, 5})}, kMesh, {{"model"}, {"data"}});
+  EXPECT_EQ(collectives(p), (std::vector<std::string>{"all_reduce(sum) over 'model' of f32[2,5,6]"}));
+  EXPECT_TRUE(has_node(p, "take", f32({2, 5, 6}))) << p.summary();
+  // The indices keep the data axis even when the table's rows are split over it too: the table
+  // is gathered instead of the (usually larger) batch.
+  auto q = part(f, {f32({16, 6}), i32({8, 5})}, kMesh, {{"data"}, {"data"}});
+  EXPECT_EQ(collectives(q), (std::vector<std::string>{"all_gather over 'data' dim 0 of f32[4,6] -> f32[16,6]"}));
+}
+
+TEST(Partitioner, ScatterAddIntoSplitRowsKeepsItsRows) {
+  // The table gradient of a vocab-parallel lookup: each device adds the updates of its rows.
+  TracedFn f = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{with_sharding_constraint(scatter_add(in[0], in[1], 16), {"model"})};
+  };
+  auto p = part(f, {i32({8}), f32({8, 6})}, kMesh, {{"data"}, {"data"}});
+  EXPECT_EQ(collectives(p), (std::vector<std::string>{"all_reduce(sum) over 'data' of f32[8,6]"}));
+  EXPECT_TRUE(has_node(p, "scatter_add", f32({8, 6}))) << p.summary();
+}
+
+TEST(Partitioner, CrossEntropyOverSplitClassesReducesRowStatistics) {
+  // Two small all-reduces per row block (max, then the two sums) instead of gathering the logits.
+  TracedFn f = [](const std::vector<Tensor>& in) {
+    Tensor loss = softmax_cross_entropy(in[0], in[1]);
+    return std::vector<Tensor>{loss, gradients(sum(loss), {in[0]})[0]};
+  };
+  auto p = part(f, {f32({8, 16}), i32({8})}, kMesh, {{"data", "model"}, {"data"}});
+  EXPECT_EQ(collectives(p), (std::vector<std::string>{
+                                "all_reduce(max) over 'model' of f32[2]", "all_reduce(sum) over 'model' of f32[2,2]",
+                                "all_reduce(max) over 'model' of f32[2]", "all_reduce(sum) over 'model' of f32[2]"}));
+  EXPECT_EQ(p.out_shardings[1].to_string(), "P('data', 'model')");
+}
+
+TEST(Partitioner, TiedEmbeddingGradientIsReduceScatteredOnce) {
+  // Two partial gradients of one table (lookup and logits): added first, reduce-scattered once.
+  TracedFn f = [](const std::vector<Tensor>& in) {
+    Tensor g = scatter_add(in[0], in[1], 16) + matmul(transpose(in[2], {1, 0}), in[3]);
+    return std::vector<Tensor>{with_sharding_constraint(g, {"data"})};
+  };
+  auto p = part(f, {i32({8}), f32({8, 6}), f32({8, 16}), f32({8, 6})}, kMesh, {{"data"}, {"data"}, {"data"}, {"data"}});
+  EXPECT_EQ(collectives(p),
+            (std::vector<std::string>{"reduce_scatter(sum) over 'data' dim 0 of f32[16,6] -> f32[4,6]"}));
+}
+
+TEST(Partitioner, SplitRandomDrawsComputeOnlyTheLocalBlock) {
+  TracedFn f = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{in[0] * random_normal(random_key(1), {16, 8})};
+  };
+  auto p = part(f, {f32({16, 8})}, kMesh, {{"data", "model"}});
+  EXPECT_TRUE(p.collectives.empty()) << p.summary();
+  EXPECT_TRUE(has_node(p, "random_normal", f32({4, 4}))) << p.summary();
+}
+
 struct Recorder : CollectiveEmitter {
   std::vector<std::string> calls;
   Tensor all_reduce(const Tensor& x, const std::vector<std::string>& axes, const std::string& reduce) override {

@@ -2,6 +2,8 @@
 // sharded on many meshes give what the unsharded run gives.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "parallax/spmd.h"
 #include "testing.h"
 
@@ -128,6 +130,52 @@ TEST(SpmdEquivalence, CrossEntropyWithIntegerLabels) {
     expect_same(f, x, m, {{b}, {}, {b}});
     expect_same(f, x, m, {{b}, {none, h}, {b}});  // vocab split over 'model'
   }
+}
+
+TEST(SpmdEquivalence, VocabParallelLookupAndItsGradient) {
+  // Out-of-range indices clamp to the first / last row in both runs.
+  TracedFn f = [](const std::vector<Tensor>& in) {
+    Tensor e = take(in[0], in[1]);
+    Tensor loss = sum(square(e) * in[2]);
+    return std::vector<Tensor>{e, gradients(loss, {in[0]})[0]};
+  };
+  Array idx = Array::from_i32({0, 3, 15, 7, -3, 40, 8, 8, 1, 2, 9, 14, 5, 6, 11, 12}, {8, 2});
+  std::vector<Array> x = {random_array({16, 8}, DType::f32, 16), idx, random_array({8, 2, 8}, DType::f32, 17)};
+  for (const Mesh& m : meshes()) {
+    auto b = batch_axes(m), h = model_axis(m);
+    expect_same(f, x, m, {{h}, {b}, {b}});
+    expect_same(f, x, m, {{h, b}, {}, {}});
+  }
+}
+
+TEST(SpmdEquivalence, CrossEntropyOverSplitClasses) {
+  TracedFn f = [](const std::vector<Tensor>& in) {
+    Tensor loss = cross_entropy_loss(in[0], in[1]);
+    return std::vector<Tensor>{loss, softmax_cross_entropy(in[0], in[1]), gradients(loss, {in[0]})[0]};
+  };
+  Array labels = Array::from_i32({0, 3, 5, 7, 1, 2, -100, 4, 6, 7, 0, 1, 2, 3, 4, 5}, {16});
+  for (DType dt : {DType::f32, DType::bf16}) {
+    std::vector<Array> x = {random_array({16, 8}, dt, 18), labels};
+    for (const Mesh& m : meshes()) {
+      auto b = batch_axes(m), h = model_axis(m);
+      expect_same(f, x, m, {{b, h}, {b}}, dt == DType::f32 ? 1e-5 : 1e-2);
+      expect_same(f, x, m, {{none, h}, {}}, dt == DType::f32 ? 1e-5 : 1e-2);
+    }
+  }
+}
+
+TEST(SpmdEquivalence, OutOfRangeLabelsGiveNaNInTheSameRows) {
+  TracedFn f = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{softmax_cross_entropy(in[0], in[1])}; };
+  std::vector<Array> x = {random_array({4, 8}, DType::f32, 19), Array::from_i32({1, 8, -1, 3}, {4})};
+  auto g = trace(f, testing::types_of(x));
+  std::vector<float> want = Executable::compile(*g)->run(x)[0].to_f32();
+  Mesh m = Mesh::cpu({{"model", 4}});
+  std::vector<float> got = ShardedExecutable::compile(*g, m, {{none, "model"}, {}})->run_full(x)[0].to_f32();
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(std::isnan(got[i]), std::isnan(want[i])) << "row " << i;
+    if (!std::isnan(want[i])) EXPECT_NEAR(got[i], want[i], 1e-5) << "row " << i;
+  }
+  EXPECT_TRUE(std::isnan(want[1]) && std::isnan(want[2]));
 }
 
 TEST(SpmdEquivalence, IotaAndRandomValuesDoNotDependOnSharding) {

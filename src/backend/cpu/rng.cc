@@ -54,7 +54,8 @@ DrawGeom make_geom(const KernelSpec& spec) {
   if (shape.size() > kMaxRank) throw Error("[random] the CPU kernel supports ranks up to " + std::to_string(kMaxRank));
   g.rank = static_cast<int>(shape.size());
   Shape global = spec.attrs.has("global_shape") ? Shape(spec.attrs.ints("global_shape")) : shape;
-  std::vector<int64_t> off = spec.attrs.has("offset") ? spec.attrs.ints("offset") : std::vector<int64_t>(shape.size(), 0);
+  std::vector<int64_t> off =
+      spec.attrs.has("offset") ? spec.attrs.ints("offset") : std::vector<int64_t>(shape.size(), 0);
   int64_t s = 1;
   for (int d = g.rank - 1; d >= 0; --d) {
     g.local[d] = shape[d];
@@ -84,14 +85,18 @@ inline float to_unit(uint32_t x) { return static_cast<float>(x >> 8) * (1.0f / 1
 // then converts to the result dtype.
 template <class Fill>
 Kernel draw_kernel(const KernelSpec& spec, Fill fill) {
-  DrawGeom g = make_geom(spec);
+  const DrawGeom geom = make_geom(spec);
   DType dt = spec.out[0].dtype;
-  if (g.count == 0) return [](const void* const*, void* const*) {};
-  const int64_t rows = g.count / g.inner;
+  if (geom.count == 0) return [](const void* const*, void* const*) {};
+  const int64_t rows = geom.count / geom.inner;
   constexpr int64_t kBlock = 1024;
   const int nt = num_threads();
   auto scratch = std::make_shared<std::vector<float>>(static_cast<size_t>(nt * kBlock));
+  const bool origin_operand = spec.in.size() == 2;
   return [=](const void* const* in, void* const* out) {
+    DrawGeom g = geom;
+    if (origin_operand)  // the block's offset, known at run time (a sharded draw)
+      for (int d = 0; d < g.rank; ++d) g.offset[d] = static_cast<const int32_t*>(in[1])[d];
     const int32_t* key = static_cast<const int32_t*>(in[0]);
     const uint32_t k0 = static_cast<uint32_t>(key[0]), k1 = static_cast<uint32_t>(key[1]);
     const int64_t chunks_per_row = (g.inner + kBlock - 1) / kBlock;
@@ -118,8 +123,10 @@ float round_to(DType t, float v) {
 // The neighbour of a 16-bit value `r` one step up or down (sign-magnitude bit patterns).
 float step16(DType t, float r, bool up) {
   uint16_t b = t == DType::bf16 ? f32_to_bf16(r) : f32_to_f16(r);
-  if (r == 0.0f) b = up ? 0x0001 : 0x8001;
-  else b = static_cast<uint16_t>((r > 0) == up ? b + 1 : b - 1);
+  if (r == 0.0f)
+    b = up ? 0x0001 : 0x8001;
+  else
+    b = static_cast<uint16_t>((r > 0) == up ? b + 1 : b - 1);
   return t == DType::bf16 ? bf16_to_f32(b) : f16_to_f32(b);
 }
 

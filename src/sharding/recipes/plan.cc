@@ -131,11 +131,12 @@ std::vector<TpAssignment> derive_tp(const GraphIndex& ix, const std::vector<std:
   std::vector<ParamMatmul> mms = find_param_matmuls(ix);
   std::map<int, const ParamMatmul*> by_node;
   for (const auto& m : mms) by_node[m.node] = &m;
-  // Tables read by take stay whole (the partitioner gathers a row-split table anyway).
+  // Tables read by take are split by rows (vocab-parallel lookup: each device looks up the rows
+  // it holds, one all-reduce sums the parts); a tied table's logits are then vocab-parallel too.
   for (const Node& n : ix.g.nodes())
     if (prim_name(n) == "take") {
       int p = ix.param_through(n.inputs[0], kSameDims);
-      if (p >= 0) a[p] = {TpAssignment::embedding, -1, "embedding table (take needs whole rows)"};
+      if (p >= 0) a[p] = {TpAssignment::embedding, 0, "vocab-parallel embedding"};
     }
   std::vector<bool> paired(mms.size(), false);
   for (size_t i = 0; i < mms.size(); ++i) {
@@ -284,13 +285,11 @@ ShardingPlan plan_sharding(const Graph& forward, const std::vector<std::string>&
     pp.spec = PartitionSpec::replicated(0);
     pp.reason = "replicated";
     int tp_dim = -1;
-    if (tp && tpa[i].kind != TpAssignment::none && tpa[i].kind != TpAssignment::embedding) {
+    if (tp && tpa[i].kind != TpAssignment::none) {
       tp_dim = tpa[i].dim;
       pp.spec = with_dim(rank, tp_dim, {opt.model_axis});
       pp.reason = tpa[i].note;
       Sharding(mesh, pp.spec).validate(pp.type, "param '" + pp.path + "' (TP " + tpa[i].note + ")");
-    } else if (tp && tpa[i].kind == TpAssignment::embedding) {
-      pp.reason = tpa[i].note;
     }
     if (fsdp && data_size > 1) {
       if (pp.type.nbytes() < opt.fsdp_min_bytes) {
