@@ -93,6 +93,11 @@ class ShardedTrainStep {
   std::vector<Array> gather_params(const ShardedTrainState& s) const;
   std::vector<Array> gather_opt_state(const ShardedTrainState& s) const;
 
+  // TrainStep's checkpoint format: the state is gathered to full arrays and written as one file,
+  // so TrainStep and sharded steps on any mesh or strategy load it (sharded again on load).
+  void save(const std::string& path, const ShardedTrainState& state) const;
+  ShardedTrainState load(const std::string& path) const;
+
   const ShardingPlan& plan() const { return plan_; }
   std::string table() const { return plan_.table(); }
   // Collectives of one step: planned (partitioner, bytes per device) and counted at run time.

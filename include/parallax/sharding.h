@@ -1,6 +1,8 @@
 // Device meshes, partition specs, shardings, and global arrays made of per-device shards.
 //
 //   auto mesh = px::Mesh::cpu({{"data", 4}, {"model", 2}});           // 8 virtual CPU devices
+//   auto m2 = px::Mesh::create({{"data", -1}, {"model", 2}});          // data = devices / 2 (PX_DEVICES)
+//   auto m3 = px::Mesh::parse("data:4,model:2", px::parse_devices("cpu:8"));  // from a CLI flag
 //   px::Sharding s(mesh, px::PartitionSpec{"data", px::none});        // rows split 4 ways
 //   px::ShardedArray xs = px::shard(x, s);                             // x: f32[8,16] -> 8 shards f32[2,16]
 //   px::Array back = px::gather(xs);                                   // == x
@@ -30,6 +32,19 @@ struct MeshAxis {
   Link link;
 };
 
+// The devices a mesh is made on: "cpu:8" is 8 virtual CPU devices in this process.
+struct DeviceSet {
+  std::string platform = "cpu";
+  int64_t count = 1;
+  std::string to_string() const;  // "cpu:8"
+  bool operator==(const DeviceSet& o) const = default;
+};
+// Parses "cpu" (= cpu:1) or "cpu:N" (N >= 1); anything else (e.g. "cuda:2", not supported yet)
+// throws px::Error naming the text and the accepted forms.
+DeviceSet parse_devices(const std::string& text);
+// The devices named by PX_DEVICES (cpu:1 when unset).
+DeviceSet default_devices();
+
 // Ordered named axes over a list of devices. Device position p (0 .. size()-1) has row-major
 // coordinates over the axes (the last axis varies fastest) and runs on device_ids()[p].
 class Mesh {
@@ -38,6 +53,12 @@ class Mesh {
   Mesh(std::vector<MeshAxis> axes, std::vector<int> device_ids = {}, std::string platform = "cpu");
   // N = product of sizes virtual CPU devices in this process, e.g. cpu({{"data", 4}, {"model", 2}}).
   static Mesh cpu(const std::vector<std::pair<std::string, int64_t>>& axes);
+  // A mesh over all of `devices`: the sizes' product must equal devices.count. At most one size
+  // may be -1, meaning the remaining devices ({{"data", -1}, {"model", 2}} on cpu:8: data 4).
+  static Mesh create(const std::vector<std::pair<std::string, int64_t>>& axes,
+                     const DeviceSet& devices = default_devices());
+  // Mesh::create from a flag's text: "data:4,model:2" or "data:-1,model:2" (spaces allowed).
+  static Mesh parse(const std::string& text, const DeviceSet& devices = default_devices());
 
   int rank() const { return static_cast<int>(axes_.size()); }
   int64_t size() const { return static_cast<int64_t>(device_ids_.size()); }  // number of devices

@@ -48,7 +48,7 @@ class TrainStep {
             TrainStepOptions options = {});
   ~TrainStep();
 
-  TrainState init(uint64_t seed) const;            // params from the store's initializers
+  TrainState init(uint64_t seed) const;              // params from the store's initializers
   TrainState init(std::vector<Array> params) const;  // given params, fresh optimizer state
   // Applies one update in place. Checks the batch against the traced types.
   StepMetrics operator()(TrainState& state, const std::vector<Array>& batch);
@@ -56,7 +56,8 @@ class TrainStep {
   // Saves params (named by their paths) and optimizer state (named "<path>.<slot>", e.g.
   // "blocks.0.attn.wq.m") as one safetensors file, with the step count in the metadata.
   void save(const std::string& path, const TrainState& state) const;
-  // Loads a file written by save() for the same model and optimizer; names and types must match.
+  // Loads a file written by save() (or by ShardedTrainStep::save) for the same model and
+  // optimizer; names and types must match.
   TrainState load(const std::string& path) const;
   std::vector<std::string> state_names() const;  // the optimizer-state tensor names
 

@@ -3,8 +3,11 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <mutex>
+#include <tuple>
 
 namespace px {
 
@@ -17,7 +20,33 @@ bool parse_bool(const char* name, const char* v) {
   throw Error(std::string("[env] ") + name + "='" + s + "' is not a boolean; use 1 or 0");
 }
 
+constexpr int64_t kMaxDevices = 65536;
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
 }  // namespace
+
+std::pair<std::string, int64_t> parse_device_text(const std::string& text, const std::string& where) {
+  std::string t = trim(text);
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  const std::string forms = "use cpu (one device) or cpu:N with 1 <= N <= " + std::to_string(kMaxDevices) +
+                            " (N virtual CPU devices, e.g. cpu:8)";
+  size_t colon = t.find(':');
+  std::string platform = trim(t.substr(0, colon));
+  if (platform == "cuda" || platform == "gpu")
+    throw Error(where + "'" + text + "': this build has no CUDA device support yet; " + forms);
+  if (platform != "cpu") throw Error(where + "'" + text + "' is not a device set; " + forms);
+  if (colon == std::string::npos) return {"cpu", 1};
+  std::string count = trim(t.substr(colon + 1));
+  bool digits = !count.empty() && count.size() <= 6 &&
+                std::all_of(count.begin(), count.end(), [](unsigned char c) { return std::isdigit(c); });
+  int64_t n = digits ? std::stoll(count) : 0;
+  if (n < 1 || n > kMaxDevices) throw Error(where + "'" + text + "' is not a device set; " + forms);
+  return {"cpu", n};
+}
 
 EnvConfig parse_env(const std::function<const char*(const char*)>& get_raw) {
   auto get = [&](const char* name) -> const char* {
@@ -29,19 +58,23 @@ EnvConfig parse_env(const std::function<const char*(const char*)>& get_raw) {
     char* end = nullptr;
     long n = std::strtol(v, &end, 10);
     if (*end != '\0' || n < 0 || n > 4096)
-      throw Error(std::string("[env] PX_NUM_THREADS='") + v + "' is not a thread count; use an integer >= 1 (0 = default)");
+      throw Error(std::string("[env] PX_NUM_THREADS='") + v +
+                  "' is not a thread count; use an integer >= 1 (0 = default)");
     c.num_threads = static_cast<int>(n);
   }
   if (const char* v = get("PX_LOG_LEVEL")) {
     try {
       c.log_level = log_level_from_name(v);
     } catch (const Error&) {
-      throw Error(std::string("[env] PX_LOG_LEVEL='") + v + "' is not a log level; use debug, info, warn, error or off");
+      throw Error(std::string("[env] PX_LOG_LEVEL='") + v +
+                  "' is not a log level; use debug, info, warn, error or off");
     }
   }
   if (const char* v = get("PX_DUMP_DIR")) c.dump_dir = v;
   if (const char* v = get("PX_DISABLE_FUSION")) c.disable_fusion = parse_bool("PX_DISABLE_FUSION", v);
   if (const char* v = get("PX_PROFILE")) c.profile = parse_bool("PX_PROFILE", v);
+  if (const char* v = get("PX_DEVICES"))
+    std::tie(c.device_platform, c.device_count) = parse_device_text(v, "[env] PX_DEVICES=");
   return c;
 }
 
@@ -57,6 +90,9 @@ const std::vector<EnvVariable>& env_variables() {
       {"PX_DUMP_DIR", "directory where every compiled graph and its schedule are written as text"},
       {"PX_DISABLE_FUSION", "1 compiles every elementwise op as its own kernel (for debugging and benchmarks)"},
       {"PX_PROFILE", "1 times every kernel; Executable::profile_report() prints the totals"},
+      {"PX_DEVICES",
+       "devices meshes are made on by default (Mesh::create, Mesh::parse): cpu (default, one device) or "
+       "cpu:N for N virtual CPU devices in this process, e.g. cpu:8"},
   };
   return vars;
 }

@@ -4,8 +4,10 @@
 //   for (auto& v : px::env_variables()) std::cout << v.name << ": " << v.help << "\n";
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/log.h"
@@ -13,15 +15,21 @@
 namespace px {
 
 struct EnvConfig {
-  int num_threads = 0;                 // PX_NUM_THREADS: OpenMP threads for kernels (0 = default)
+  int num_threads = 0;                  // PX_NUM_THREADS: OpenMP threads for kernels (0 = default)
   LogLevel log_level = LogLevel::warn;  // PX_LOG_LEVEL: debug | info | warn | error | off
-  std::string dump_dir;                // PX_DUMP_DIR: where compiled graphs are written ("" = nowhere)
-  bool disable_fusion = false;         // PX_DISABLE_FUSION=1: compile every elementwise op alone
-  bool profile = false;                // PX_PROFILE=1: time every kernel (Executable::profile_report)
+  std::string dump_dir;                 // PX_DUMP_DIR: where compiled graphs are written ("" = nowhere)
+  bool disable_fusion = false;          // PX_DISABLE_FUSION=1: compile every elementwise op alone
+  bool profile = false;                 // PX_PROFILE=1: time every kernel (Executable::profile_report)
+  std::string device_platform = "cpu";  // PX_DEVICES: "cpu" or "cpu:N" (N virtual CPU devices)
+  int64_t device_count = 1;
 };
 
 // Parsed on first use; a malformed value throws px::Error naming the variable and what it accepts.
 const EnvConfig& env();
+// Parses a device set "cpu" (one device) or "cpu:N" (N >= 1) into (platform, count). Errors start
+// with `where` and the quoted text, e.g. where = "[env] PX_DEVICES=" gives "[env] PX_DEVICES='x' ...".
+std::pair<std::string, int64_t> parse_device_text(const std::string& text, const std::string& where);
+
 // The parser behind env(), reading variables through `get` (which returns nullptr when unset).
 EnvConfig parse_env(const std::function<const char*(const char*)>& get);
 

@@ -1,5 +1,6 @@
 #include "parallax/train.h"
 
+#include "optim/checkpoint.h"
 #include "parallax/autodiff.h"
 #include "parallax/io.h"
 #include "parallax/ops.h"
@@ -118,38 +119,49 @@ StepMetrics TrainStep::operator()(TrainState& state, const std::vector<Array>& b
   return m;
 }
 
-std::vector<std::string> TrainStep::state_names() const {
-  std::vector<std::string> paths = store_.paths(), names;
-  for (const optim::StateSlot& s : opt_->state_slots(store_.types())) names.push_back(paths[s.param] + "." + s.name);
-  return names;
+namespace detail {
+
+CheckpointLayout checkpoint_layout(const nn::ParamStore& store, const optim::Optimizer& opt) {
+  CheckpointLayout l;
+  l.names = store.paths();
+  l.types = store.types();
+  l.n_params = l.names.size();
+  l.optimizer = opt.name();
+  std::vector<std::string> paths = l.names;
+  for (const optim::StateSlot& s : opt.state_slots(store.types())) {
+    l.names.push_back(paths[s.param] + "." + s.name);
+    l.types.push_back(s.type);
+  }
+  return l;
 }
 
-void TrainStep::save(const std::string& path, const TrainState& state) const {
-  if (state.params.size() != n_params_ || state.opt_state.size() != n_state_)
-    throw Error("[TrainStep::save] the state does not belong to this step (make it with TrainStep::init)");
-  std::vector<std::string> names = store_.paths(), extra = state_names();
-  names.insert(names.end(), extra.begin(), extra.end());
-  std::vector<Array> arrays = state.params;
-  arrays.insert(arrays.end(), state.opt_state.begin(), state.opt_state.end());
-  save_safetensors(path, names, arrays, {{"step", std::to_string(state.step)}, {"optimizer", opt_->name()}});
+void write_checkpoint(const std::string& path, const CheckpointLayout& layout, const std::vector<Array>& params,
+                      const std::vector<Array>& opt_state, int64_t step, const std::string& who) {
+  if (params.size() != layout.n_params || params.size() + opt_state.size() != layout.names.size())
+    throw Error("[" + who + "::save] the state does not belong to this step (make it with " + who + "::init)");
+  std::vector<Array> arrays = params;
+  arrays.insert(arrays.end(), opt_state.begin(), opt_state.end());
+  for (size_t i = 0; i < arrays.size(); ++i)
+    if (arrays[i].type() != layout.types[i])
+      throw Error("[" + who + "::save] the state's tensor '" + layout.names[i] + "' is " + type_str(arrays[i].type()) +
+                  " but this step has " + type_str(layout.types[i]) +
+                  "; the state does not belong to this step (make it with " + who + "::init)");
+  save_safetensors(path, layout.names, arrays, {{"step", std::to_string(step)}, {"optimizer", layout.optimizer}});
 }
 
-TrainState TrainStep::load(const std::string& path) const {
+TrainState read_checkpoint(const std::string& path, const CheckpointLayout& layout) {
   SafetensorsFile f = load_safetensors(path);
-  std::vector<TensorType> types = store_.types(), stypes = opt_->state_types(types);
-  std::vector<std::string> names = store_.paths(), snames = state_names();
   TrainState s;
-  auto take = [&](const std::string& name, const TensorType& want) {
+  for (size_t i = 0; i < layout.names.size(); ++i) {
+    const std::string& name = layout.names[i];
     if (!f.contains(name))
       throw Error(path + ": has no tensor '" + name + "'; was it saved from a different model or optimizer?");
     const Array& a = f.get(name);
-    if (a.type() != want)
+    if (a.type() != layout.types[i])
       throw Error(path + ": tensor '" + name + "' is " + type_str(a.type()) + " but this model expects " +
-                  type_str(want));
-    return a;
-  };
-  for (size_t i = 0; i < names.size(); ++i) s.params.push_back(take(names[i], types[i]));
-  for (size_t i = 0; i < snames.size(); ++i) s.opt_state.push_back(take(snames[i], stypes[i]));
+                  type_str(layout.types[i]));
+    (i < layout.n_params ? s.params : s.opt_state).push_back(a);
+  }
   auto it = f.metadata.find("step");
   if (it == f.metadata.end()) throw Error(path + ": the metadata has no 'step'");
   try {
@@ -158,6 +170,22 @@ TrainState TrainStep::load(const std::string& path) const {
     throw Error(path + ": metadata 'step' is not an integer: '" + it->second + "'");
   }
   return s;
+}
+
+}  // namespace detail
+
+std::vector<std::string> TrainStep::state_names() const {
+  detail::CheckpointLayout l = detail::checkpoint_layout(store_, *opt_);
+  return std::vector<std::string>(l.names.begin() + l.n_params, l.names.end());
+}
+
+void TrainStep::save(const std::string& path, const TrainState& state) const {
+  detail::write_checkpoint(path, detail::checkpoint_layout(store_, *opt_), state.params, state.opt_state, state.step,
+                           "TrainStep");
+}
+
+TrainState TrainStep::load(const std::string& path) const {
+  return detail::read_checkpoint(path, detail::checkpoint_layout(store_, *opt_));
 }
 
 const Graph& TrainStep::graph() const { return *graph_; }

@@ -72,8 +72,10 @@ TEST_F(LogTest, DisabledRecordsAreNotBuilt) {
 TEST_F(LogTest, WorksInIfElseAndFromThreads) {
   set_log_level(LogLevel::debug);
   bool flag = false;
-  if (flag) PX_LOG(info) << "then";
-  else PX_LOG(info) << "else";
+  if (flag)
+    PX_LOG(info) << "then";
+  else
+    PX_LOG(info) << "else";
   std::vector<std::thread> ts;
   for (int t = 0; t < 4; ++t)
     ts.emplace_back([t] {
@@ -132,8 +134,8 @@ TEST(Env, DefaultsAndValues) {
   EXPECT_EQ(d.log_level, LogLevel::warn);
   EXPECT_EQ(d.dump_dir, "");
   EXPECT_FALSE(d.disable_fusion);
-  EnvConfig c = parse({{"PX_NUM_THREADS", "3"}, {"PX_LOG_LEVEL", "debug"}, {"PX_DUMP_DIR", "/tmp/x"},
-                       {"PX_DISABLE_FUSION", "1"}});
+  EnvConfig c = parse(
+      {{"PX_NUM_THREADS", "3"}, {"PX_LOG_LEVEL", "debug"}, {"PX_DUMP_DIR", "/tmp/x"}, {"PX_DISABLE_FUSION", "1"}});
   EXPECT_EQ(c.num_threads, 3);
   EXPECT_EQ(c.log_level, LogLevel::debug);
   EXPECT_EQ(c.dump_dir, "/tmp/x");
@@ -147,7 +149,30 @@ TEST(Env, MalformedValuesNameTheVariable) {
   EXPECT_NE(parse_error({{"PX_NUM_THREADS", "-2"}}).find("PX_NUM_THREADS='-2'"), std::string::npos);
   EXPECT_EQ(parse_error({{"PX_LOG_LEVEL", "chatty"}}),
             "[env] PX_LOG_LEVEL='chatty' is not a log level; use debug, info, warn, error or off");
-  EXPECT_EQ(parse_error({{"PX_DISABLE_FUSION", "maybe"}}), "[env] PX_DISABLE_FUSION='maybe' is not a boolean; use 1 or 0");
+  EXPECT_EQ(parse_error({{"PX_DISABLE_FUSION", "maybe"}}),
+            "[env] PX_DISABLE_FUSION='maybe' is not a boolean; use 1 or 0");
+}
+
+TEST(Env, DevicesAreCpuOrCpuN) {
+  EnvConfig d = parse({});
+  EXPECT_EQ(d.device_platform, "cpu");
+  EXPECT_EQ(d.device_count, 1);
+  EXPECT_EQ(parse({{"PX_DEVICES", "cpu:8"}}).device_count, 8);
+  EXPECT_EQ(parse({{"PX_DEVICES", "cpu"}}).device_count, 1);
+  EXPECT_EQ(parse({{"PX_DEVICES", " CPU : 4 "}}).device_count, 4);  // case and spaces do not matter
+  EXPECT_EQ(parse({{"PX_DEVICES", ""}}).device_count, 1);           // empty = unset
+}
+
+TEST(Env, BadDevicesNameTheVariableAndTheForms) {
+  const std::string forms = "use cpu (one device) or cpu:N with 1 <= N <= 65536 (N virtual CPU devices, e.g. cpu:8)";
+  EXPECT_EQ(parse_error({{"PX_DEVICES", "tpu:4"}}), "[env] PX_DEVICES='tpu:4' is not a device set; " + forms);
+  for (const char* bad : {"cpu:0", "cpu:-2", "cpu:", "cpu:x", "cpu:8:2", "cpu8", "cpu:1000000", ":4"})
+    EXPECT_EQ(parse_error({{"PX_DEVICES", bad}}),
+              "[env] PX_DEVICES='" + std::string(bad) + "' is not a device set; " + forms);
+  EXPECT_EQ(parse_error({{"PX_DEVICES", "cuda:2"}}),
+            "[env] PX_DEVICES='cuda:2': this build has no CUDA device support yet; " + forms);
+  EXPECT_NE(parse_error({{"PX_DEVICES", "cuda"}}).find("no CUDA device support"), std::string::npos);
+  EXPECT_EQ(parse_device_text("cpu:3", "[x] "), (std::pair<std::string, int64_t>{"cpu", 3}));
 }
 
 TEST(Env, EveryVariableIsDocumented) {
@@ -156,7 +181,7 @@ TEST(Env, EveryVariableIsDocumented) {
     names.push_back(v.name);
     EXPECT_GT(std::string(v.help).size(), 10u) << v.name;
   }
-  for (const char* want : {"PX_NUM_THREADS", "PX_LOG_LEVEL", "PX_DUMP_DIR", "PX_DISABLE_FUSION"})
+  for (const char* want : {"PX_NUM_THREADS", "PX_LOG_LEVEL", "PX_DUMP_DIR", "PX_DISABLE_FUSION", "PX_DEVICES"})
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
 }
 

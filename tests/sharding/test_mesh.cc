@@ -1,5 +1,8 @@
 // Meshes, partition specs, shardings: coordinates, groups, printing, parsing and validation.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
 
 #include "parallax/sharding.h"
 
@@ -58,6 +61,88 @@ TEST(Mesh, BadMeshesAreRejected) {
   std::string e = error_of([&] { m.require_axis("model", "shard"); });
   EXPECT_NE(e.find("[shard] unknown mesh axis 'model'; the mesh Mesh{data: 2} on cpu:2 has 'data'"), std::string::npos)
       << e;
+}
+
+TEST(Devices, ParseCpuSets) {
+  EXPECT_EQ(parse_devices("cpu:8"), (DeviceSet{"cpu", 8}));
+  EXPECT_EQ(parse_devices("cpu"), (DeviceSet{"cpu", 1}));
+  EXPECT_EQ(parse_devices("cpu:8").to_string(), "cpu:8");
+  EXPECT_EQ(DeviceSet{}.to_string(), "cpu:1");
+  EXPECT_EQ(error_of([] { parse_devices("cpu:zero"); }),
+            "[devices] 'cpu:zero' is not a device set; use cpu (one device) or cpu:N with 1 <= N <= 65536 (N virtual "
+            "CPU devices, e.g. cpu:8)");
+  EXPECT_NE(error_of([] { parse_devices("cuda:4"); }).find("[devices] 'cuda:4': this build has no CUDA device support"),
+            std::string::npos);
+}
+
+TEST(Devices, CreateFillsTheRemainingAxis) {
+  DeviceSet cpu8{"cpu", 8};
+  Mesh m = Mesh::create({{"data", -1}, {"model", 2}}, cpu8);
+  EXPECT_EQ(m, Mesh::cpu({{"data", 4}, {"model", 2}}));
+  EXPECT_EQ(Mesh::create({{"data", 2}, {"model", -1}}, cpu8).axis_size("model"), 4);
+  EXPECT_EQ(Mesh::create({{"data", 8}}, cpu8).to_string(), "Mesh{data: 8} on cpu:8");
+  EXPECT_EQ(Mesh::create({{"data", -1}}, {"cpu", 1}).size(), 1);
+  EXPECT_EQ(Mesh::create({}, {"cpu", 1}).size(), 1);
+}
+
+TEST(Devices, CreateErrorsNameTheAxesAndTheFix) {
+  DeviceSet cpu4{"cpu", 4};
+  EXPECT_EQ(
+      error_of([&] {
+        Mesh::create({{"data", 4}, {"model", 2}}, cpu4);
+      }),
+      "[mesh] {data: 4, model: 2} needs 8 devices but cpu:4 has 4; set PX_DEVICES=cpu:8 or change the axis sizes");
+  EXPECT_EQ(error_of([&] {
+              Mesh::create({{"data", -1}, {"model", 3}}, cpu4);
+            }),
+            "[mesh] {data: -1, model: 3}: the other axes need a multiple of 3 devices but cpu:4 has 4; set "
+            "PX_DEVICES=cpu:N with N a multiple of 3 or change the axis sizes");
+  EXPECT_EQ(error_of([&] {
+              Mesh::create({{"data", -1}, {"model", -1}}, cpu4);
+            }),
+            "[mesh] {data: -1, model: -1}: axes 'data' and 'model' both have size -1; at most one axis can take the "
+            "remaining devices");
+  EXPECT_EQ(error_of([&] {
+              Mesh::create({{"data", 0}, {"model", 4}}, cpu4);
+            }),
+            "[mesh] {data: 0, model: 4}: axis 'data' has size 0; sizes are >= 1, or -1 for the remaining devices");
+  EXPECT_NE(error_of([&] { Mesh::create({{"data", -2}}, cpu4); }).find("axis 'data' has size -2"), std::string::npos);
+  EXPECT_EQ(error_of([&] { Mesh::create({{"data", 2}, {"data", -1}}, cpu4); }), "[mesh] axis 'data' appears twice");
+  EXPECT_EQ(error_of([&] { Mesh::create({{"", 4}}, cpu4); }), "[mesh] axis names must not be empty");
+  EXPECT_NE(error_of([&] {
+              Mesh::create({{"data", 1LL << 40}, {"model", 1LL << 40}}, cpu4);
+            }).find("64 bits"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              Mesh::create({{"data", 4}}, {"cuda", 4});
+            }).find("platform 'cuda' is not supported yet"),
+            std::string::npos);
+}
+
+TEST(Devices, ParseMeshFlags) {
+  DeviceSet cpu8{"cpu", 8};
+  EXPECT_EQ(Mesh::parse("data:4,model:2", cpu8), Mesh::cpu({{"data", 4}, {"model", 2}}));
+  EXPECT_EQ(Mesh::parse(" data : -1 , model:2 ", cpu8), Mesh::cpu({{"data", 4}, {"model", 2}}));
+  EXPECT_EQ(Mesh::parse("{data: 2, fsdp: 2, model: 2}", cpu8), Mesh::cpu({{"data", 2}, {"fsdp", 2}, {"model", 2}}));
+  EXPECT_EQ(error_of([&] { Mesh::parse("data:4,model", cpu8); }),
+            "[mesh] cannot parse 'model' in the mesh 'data:4,model'; write name:size pairs separated by commas, e.g. "
+            "data:4,model:2 (size -1: the remaining devices)");
+  for (const char* bad : {"data=4", "data:4x", ":4", "data:", "data:4,,model:2", "data:4,"})
+    EXPECT_NE(error_of([&] { Mesh::parse(bad, cpu8); }).find("[mesh] cannot parse '"), std::string::npos) << bad;
+  EXPECT_NE(error_of([&] { Mesh::parse("  ", cpu8); }).find("is empty"), std::string::npos);
+  EXPECT_NE(error_of([&] { Mesh::parse("data:3", cpu8); }).find("needs 3 devices but cpu:8 has 8"), std::string::npos);
+}
+
+// Runs itself again with PX_DEVICES set: the default device set comes from the environment.
+TEST(Devices, DefaultsComeFromPxDevices) {
+  if (const char* v = std::getenv("PX_DEVICES_CHILD")) {
+    EXPECT_EQ(default_devices().to_string(), v);
+    EXPECT_EQ(Mesh::parse("data:-1,model:2").to_string(), "Mesh{data: 3, model: 2} on cpu:6");
+    return;
+  }
+  std::string cmd = "PX_DEVICES=cpu:6 PX_DEVICES_CHILD=cpu:6 /proc/" + std::to_string(getpid()) +
+                    "/exe --gtest_filter=Devices.DefaultsComeFromPxDevices > /dev/null 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 TEST(PartitionSpec, PrintsAndParsesLikeJax) {

@@ -4,6 +4,7 @@
 #include <map>
 #include <sstream>
 
+#include "optim/checkpoint.h"
 #include "parallax/autodiff.h"
 #include "parallax/nn.h"
 #include "parallax/ops.h"
@@ -195,6 +196,28 @@ std::vector<Array> ShardedTrainStep::gather_opt_state(const ShardedTrainState& s
   std::vector<Array> out;
   for (const auto& p : s.opt_state) out.push_back(gather(p));
   return out;
+}
+
+void ShardedTrainStep::save(const std::string& path, const ShardedTrainState& state) const {
+  // write_checkpoint rejects a state of another step (counts or types) with the caller's name.
+  detail::write_checkpoint(path, detail::checkpoint_layout(store_, *opt_), gather_params(state),
+                           gather_opt_state(state), state.step, "ShardedTrainStep");
+}
+
+ShardedTrainState ShardedTrainStep::load(const std::string& path) const {
+  TrainState full = detail::read_checkpoint(path, detail::checkpoint_layout(store_, *opt_));
+  ShardedTrainState s;
+  // Each full array is dropped once sharded, so the full and the sharded state never both exist whole.
+  for (size_t i = 0; i < n_params_; ++i) {
+    s.params.push_back(shard(full.params[i], exe_->in_sharding(static_cast<int>(i))));
+    full.params[i] = Array();
+  }
+  for (size_t i = 0; i < n_state_; ++i) {
+    s.opt_state.push_back(shard(full.opt_state[i], exe_->in_sharding(static_cast<int>(n_params_ + i))));
+    full.opt_state[i] = Array();
+  }
+  s.step = full.step;
+  return s;
 }
 
 std::string ShardedTrainStep::collectives_table() const {

@@ -1,0 +1,155 @@
+// Checkpoints of sharded steps: TrainStep's file format, loaded onto another mesh or strategy or
+// into the unsharded TrainStep (and back), continuing training as the original run does.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "parallax/io.h"
+#include "parallax/nn.h"
+#include "parallax/parallel.h"
+#include "testing.h"
+
+namespace px {
+namespace {
+
+Array random_tokens(const Shape& s, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> v(numel(s));
+  for (auto& t : v) t = static_cast<int32_t>(rng() % vocab);
+  return Array::from_i32(v, s);
+}
+
+struct Fixture {
+  nn::TransformerLm model;
+  std::vector<TensorType> batch_types;
+  TrainStep::LossFn loss;
+  explicit Fixture(const nn::LmConfig& cfg)
+      : model(cfg),
+        batch_types{{DType::i32, {8, cfg.max_seq_len}}, {DType::i32, {8, cfg.max_seq_len}}},
+        loss([this](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); }) {}
+  std::vector<Array> batch(int i) const {
+    return {random_tokens(batch_types[0].shape, model.config().vocab_size, 10 + 2 * i),
+            random_tokens(batch_types[1].shape, model.config().vocab_size, 11 + 2 * i)};
+  }
+};
+
+// As in test_recipes.cc: eps 1e-5 keeps near-zero gradients from amplifying rounding noise.
+optim::OptimizerPtr opt() { return optim::adamw({.lr = 1e-2, .eps = 1e-5, .weight_decay = 0.1}); }
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+// The original run's losses and params after continuing, to compare resumed runs with.
+struct Continued {
+  std::vector<float> losses;
+  std::vector<Array> params;
+};
+
+// Tolerances of test_recipes.cc: the runs differ by f32 reduction order only.
+void expect_matches(const Continued& got, const Continued& want, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < got.losses.size(); ++i)
+    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::abs(want.losses[i])) << what << " step " << i;
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (size_t i = 0; i < got.params.size(); ++i)
+    EXPECT_TRUE(testing::all_close(got.params[i].to_f32(), want.params[i].to_f32(), 5e-5, 1e-4))
+        << what << " param " << i;
+}
+
+TEST(ShardedCheckpoint, ResumesOnAnotherMeshStrategyAndUnsharded) {
+  Fixture f(nn::gpt2_config("gpt_micro", 256, 64, 4, 2, 128, 16));
+  const std::string dir = ::testing::TempDir();
+  const std::string sharded_file = dir + "/px_sharded_ckpt.safetensors",
+                    plain_file = dir + "/px_plain_ckpt.safetensors";
+
+  ShardedTrainStep fsdp_tp(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}, {"model", 2}}),
+                           ShardingStrategy::FSDP_TP, {.fsdp_min_bytes = 1024});
+  ShardedTrainState s = fsdp_tp.init(0);
+  for (int i = 0; i < 2; ++i) fsdp_tp(s, f.batch(i));
+  fsdp_tp.save(sharded_file, s);
+
+  // The file is TrainStep's format: params by path, then "<path>.<slot>", step and optimizer in the metadata.
+  TrainStep plain(f.model.store(), opt(), f.loss, f.batch_types);
+  SafetensorsFile file = load_safetensors(sharded_file);
+  std::vector<std::string> names = f.model.store().paths(), state_names = plain.state_names();
+  names.insert(names.end(), state_names.begin(), state_names.end());
+  EXPECT_EQ(file.names, names);
+  EXPECT_EQ(file.metadata.at("step"), "2");
+  EXPECT_EQ(file.metadata.at("optimizer"), opt()->name());
+
+  Continued original;
+  for (int i = 2; i < 4; ++i) original.losses.push_back(fsdp_tp(s, f.batch(i)).loss);
+  original.params = fsdp_tp.gather_params(s);
+
+  // The same step resumes bitwise.
+  ShardedTrainState same = fsdp_tp.load(sharded_file);
+  EXPECT_EQ(same.step, 2);
+  for (int i = 2; i < 4; ++i) EXPECT_EQ(fsdp_tp(same, f.batch(i)).loss, original.losses[i - 2]);
+
+  // (a) the unsharded TrainStep.
+  TrainState p = plain.load(sharded_file);
+  EXPECT_EQ(p.step, 2);
+  Continued a;
+  for (int i = 2; i < 4; ++i) a.losses.push_back(plain(p, f.batch(i)).loss);
+  a.params = p.params;
+  expect_matches(a, original, "unsharded TrainStep");
+
+  // (b) DDP on another mesh: every shard is re-cut on load.
+  ShardedTrainStep ddp(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 4}}), ShardingStrategy::DDP);
+  ShardedTrainState d = ddp.load(sharded_file);
+  EXPECT_EQ(d.params[0].mesh(), Mesh::cpu({{"data", 4}}));
+  EXPECT_TRUE(d.params[0].sharding().is_fully_replicated());
+  Continued b;
+  for (int i = 2; i < 4; ++i) b.losses.push_back(ddp(d, f.batch(i)).loss);
+  b.params = ddp.gather_params(d);
+  expect_matches(b, original, "DDP on {data: 4}");
+
+  // The unsharded step's file loads into the FSDP_TP step exactly, with the FSDP_TP shardings.
+  plain.save(plain_file, p);
+  ShardedTrainState back = fsdp_tp.load(plain_file);
+  EXPECT_EQ(back.step, 4);
+  std::vector<Array> params = fsdp_tp.gather_params(back), state = fsdp_tp.gather_opt_state(back);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].to_f32(), p.params[i].to_f32()) << "param " << i;
+  for (size_t i = 0; i < state.size(); ++i) EXPECT_EQ(state[i].to_f32(), p.opt_state[i].to_f32()) << "state " << i;
+  for (size_t i = 0; i < back.params.size(); ++i) EXPECT_EQ(back.params[i].sharding(), s.params[i].sharding());
+}
+
+TEST(ShardedCheckpoint, ErrorsNameTheFileTheTensorAndTheState) {
+  const std::string path = ::testing::TempDir() + "/px_sharded_ckpt_errors.safetensors";
+  Fixture f(nn::gpt2_config("gpt_micro", 256, 64, 4, 2, 128, 16));
+  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}}), ShardingStrategy::DDP);
+  step.save(path, step.init(0));
+
+  // Another model (d_model 32) cannot load it: the first param's type differs.
+  Fixture g(nn::gpt2_config("other", 256, 32, 4, 2, 128, 16));
+  ShardedTrainStep other(g.model.store(), opt(), g.loss, g.batch_types, Mesh::cpu({{"data", 2}}),
+                         ShardingStrategy::DDP);
+  std::string e = error_of([&] { other.load(path); });
+  EXPECT_NE(e.find(path + ": tensor '" + g.model.store().paths()[0] + "' is f32["), std::string::npos) << e;
+  EXPECT_NE(e.find("but this model expects f32["), std::string::npos) << e;
+
+  // Nor can this step save the other model's state.
+  e = error_of([&] { step.save(path, other.init(0)); });
+  EXPECT_NE(e.find("[ShardedTrainStep::save] the state's tensor '" + g.model.store().paths()[0] + "' is f32["),
+            std::string::npos)
+      << e;
+
+  // Another optimizer's state (Adafactor's factored 'v_row', 'v_col') is not in the file.
+  ShardedTrainStep ada(f.model.store(), optim::adafactor({}), f.loss, f.batch_types, Mesh::cpu({{"data", 2}}),
+                       ShardingStrategy::DDP);
+  e = error_of([&] { ada.load(path); });
+  EXPECT_NE(e.find("was it saved from a different model or optimizer?"), std::string::npos) << e;
+
+  EXPECT_EQ(error_of([&] { step.save(path, ShardedTrainState{}); }),
+            "[ShardedTrainStep::save] the state does not belong to this step (make it with ShardedTrainStep::init)");
+  EXPECT_NE(error_of([&] { step.load(path + ".missing"); }).find(".missing"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace px
