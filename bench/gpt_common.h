@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,11 @@ struct GptArgs {
   nn::LmConfig config() const { return nn::gpt2_config("bench-gpt", vocab, d, heads, layers, ff, seq); }
 };
 
-inline GptArgs parse_gpt_args(int argc, char** argv, const char* prog, GptArgs a, bool takes_dtype) {
+// `extra` takes a benchmark's own flags: it returns false for a flag it does not know.
+using ExtraFlag = std::function<bool(const std::string& flag, const std::string& value)>;
+
+inline GptArgs parse_gpt_args(int argc, char** argv, const char* prog, GptArgs a, bool takes_dtype,
+                              const ExtraFlag& extra = nullptr) {
   auto fail = [&](const std::string& msg) {
     std::fprintf(stderr, "%s: %s (see the header of bench/%s.cc)\n", prog, msg.c_str(), prog);
     std::exit(2);
@@ -34,17 +39,28 @@ inline GptArgs parse_gpt_args(int argc, char** argv, const char* prog, GptArgs a
     if (i + 1 >= argc) fail("flag " + k + " needs a value");
     std::string v = argv[++i];
     int64_t n = std::atoll(v.c_str());
-    if (k == "--dtype" && takes_dtype) a.dtype = v;
-    else if (k == "--steps") a.steps = static_cast<int>(n);
-    else if (k == "--warmup") a.warmup = static_cast<int>(n);
-    else if (k == "--vocab") a.vocab = n;
-    else if (k == "--d") a.d = n;
-    else if (k == "--heads") a.heads = n;
-    else if (k == "--layers") a.layers = n;
-    else if (k == "--ff") a.ff = n;
-    else if (k == "--seq") a.seq = n;
-    else if (k == "--batch") a.batch = n;
-    else fail("unknown flag " + k);
+    if (k == "--dtype" && takes_dtype)
+      a.dtype = v;
+    else if (k == "--steps")
+      a.steps = static_cast<int>(n);
+    else if (k == "--warmup")
+      a.warmup = static_cast<int>(n);
+    else if (k == "--vocab")
+      a.vocab = n;
+    else if (k == "--d")
+      a.d = n;
+    else if (k == "--heads")
+      a.heads = n;
+    else if (k == "--layers")
+      a.layers = n;
+    else if (k == "--ff")
+      a.ff = n;
+    else if (k == "--seq")
+      a.seq = n;
+    else if (k == "--batch")
+      a.batch = n;
+    else if (!extra || !extra(k, v))
+      fail("unknown flag " + k);
   }
   if (a.dtype != "f32" && a.dtype != "bf16" && a.dtype != "both") fail("--dtype must be f32, bf16 or both");
   return a;

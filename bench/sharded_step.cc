@@ -3,6 +3,9 @@
 // in-process collectives. Prints one JSON object; the target is throughput ratios >= 0.85.
 //
 //   build/bench/sharded_step [--steps 3] [--warmup 1] [--layers 6] [--d 512] [--batch 8] [--seq 256] ...
+//       [--devices cpu:2] [--strategies ddp,fsdp,tp] [--optimizer adamw|sgd] [--bucket_bytes N]
+//       [--parallelism automatic|over_devices|within_kernels] [--verbose 1]
+// DDP and FSDP split the batch over a 'data' axis of all the devices, TP the model over 'model'.
 #include <omp.h>
 
 #include <algorithm>
@@ -22,93 +25,134 @@ using px::bench::seconds_since;
 namespace {
 
 struct Result {
+  std::string name;
   double step_s = 0, compile_s = 0;
   float loss = 0;
+  std::string comm = "null";
 };
+
+struct Flags {
+  std::string devices = "cpu:2", strategies = "ddp,fsdp", optimizer = "adamw", parallelism = "automatic";
+  int64_t bucket_bytes = -1;
+  bool verbose = false;
+};
+
+px::ShardingStrategy strategy_from(const std::string& s) {
+  if (s == "ddp") return px::ShardingStrategy::DDP;
+  if (s == "fsdp") return px::ShardingStrategy::FSDP;
+  if (s == "tp") return px::ShardingStrategy::TP;
+  throw px::Error("[sharded_step] unknown strategy '" + s + "' in --strategies; use ddp, fsdp, tp");
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  px::bench::GptArgs a = px::bench::parse_gpt_args(argc, argv, "sharded_step", {.steps = 3, .warmup = 1}, false);
+  Flags f;
+  px::bench::GptArgs a = px::bench::parse_gpt_args(argc, argv, "sharded_step", {.steps = 3, .warmup = 1}, false,
+                                                   [&](const std::string& k, const std::string& v) {
+                                                     if (k == "--devices")
+                                                       f.devices = v;
+                                                     else if (k == "--strategies")
+                                                       f.strategies = v;
+                                                     else if (k == "--optimizer")
+                                                       f.optimizer = v;
+                                                     else if (k == "--parallelism")
+                                                       f.parallelism = v;
+                                                     else if (k == "--bucket_bytes")
+                                                       f.bucket_bytes = std::atoll(v.c_str());
+                                                     else if (k == "--verbose")
+                                                       f.verbose = v != "0";
+                                                     else
+                                                       return false;
+                                                     return true;
+                                                   });
   try {
     px::nn::LmConfig cfg = a.config();
     px::nn::TransformerLm model(cfg);
     px::TensorType seq{px::DType::i32, {a.batch, a.seq}};
     auto loss_fn = [&](const std::vector<px::Tensor>& b) { return px::nn::next_token_loss(model, b[0], b[1]); };
-    // PX_BENCH_OPTIMIZER=sgd: a state-free update, to separate the optimizer's cost from the rest.
-    const char* on = std::getenv("PX_BENCH_OPTIMIZER");
-    auto opt = on && std::string(on) == "sgd" ? px::optim::sgd({.lr = 3e-4}) : px::optim::adamw({.lr = 3e-4});
+    // --optimizer sgd: a state-free update, to separate the optimizer's cost from the rest.
+    if (f.optimizer != "adamw" && f.optimizer != "sgd")
+      throw px::Error("[sharded_step] --optimizer must be adamw or sgd, got '" + f.optimizer + "'");
+    auto opt = f.optimizer == "sgd" ? px::optim::sgd({.lr = 3e-4}) : px::optim::adamw({.lr = 3e-4});
     std::vector<px::Array> batch = px::bench::gpt_batch(a);
+    const px::DeviceSet devices = px::parse_devices(f.devices);
 
+    std::vector<Result> r(1);
+    r[0].name = "single";
     auto t0 = std::chrono::steady_clock::now();
     px::TrainStep single(model.store(), opt, loss_fn, {seq, seq});
-    Result r[3];
     r[0].compile_s = seconds_since(t0);
     px::TrainState s0 = single.init(0);
 
-    const char* nd = std::getenv("PX_BENCH_DEVICES");  // default 2: cpu:2
-    px::Mesh mesh = px::Mesh::cpu({{"data", nd ? std::atoll(nd) : 2}});
     px::ShardingOptions so;
-    if (const char* b = std::getenv("PX_BENCH_BUCKET_BYTES")) so.bucket_bytes = std::atoll(b);
-    if (const char* d = std::getenv("PX_BENCH_DEVICE_PARALLELISM"))
-      so.device_parallelism = std::string(d) == "within_kernels" ? px::DeviceParallelism::within_kernels
-                              : std::string(d) == "over_devices" ? px::DeviceParallelism::over_devices
-                                                                 : px::DeviceParallelism::automatic;
-    std::unique_ptr<px::ShardedTrainStep> sharded[2];
-    px::ShardedTrainState st[2];
-    const px::ShardingStrategy strategies[2] = {px::ShardingStrategy::DDP, px::ShardingStrategy::FSDP};
-    for (int k = 0; k < 2; ++k) {
+    if (f.bucket_bytes >= 0) so.bucket_bytes = f.bucket_bytes;
+    so.device_parallelism = f.parallelism == "within_kernels" ? px::DeviceParallelism::within_kernels
+                            : f.parallelism == "over_devices" ? px::DeviceParallelism::over_devices
+                                                              : px::DeviceParallelism::automatic;
+    std::vector<std::unique_ptr<px::ShardedTrainStep>> sharded;
+    std::vector<px::ShardedTrainState> st;
+    for (size_t pos = 0; pos <= f.strategies.size();) {
+      size_t end = std::min(f.strategies.find(',', pos), f.strategies.size());
+      std::string name = f.strategies.substr(pos, end - pos);
+      pos = end + 1;
+      px::ShardingStrategy strategy = strategy_from(name);
+      px::Mesh mesh = px::Mesh::create({{strategy == px::ShardingStrategy::TP ? "model" : "data", -1}}, devices);
       t0 = std::chrono::steady_clock::now();
-      sharded[k] = std::make_unique<px::ShardedTrainStep>(
-          model.store(), opt, loss_fn, std::vector<px::TensorType>{seq, seq}, mesh, strategies[k], so);
-      r[k + 1].compile_s = seconds_since(t0);
-      st[k] = sharded[k]->init(0);
+      sharded.push_back(std::make_unique<px::ShardedTrainStep>(
+          model.store(), opt, loss_fn, std::vector<px::TensorType>{seq, seq}, mesh, strategy, so));
+      r.push_back({});
+      r.back().name = name;
+      r.back().compile_s = seconds_since(t0);
+      st.push_back(sharded.back()->init(0));
     }
-    // Interleaved rounds (single, DDP, FSDP) and the median of each: drift on a shared machine
-    // (other processes, page faults of fresh buffers) hits all three alike.
-    auto run_one = [&](int k) { return k == 0 ? single(s0, batch).loss : (*sharded[k - 1])(st[k - 1], batch).loss; };
+    // Interleaved rounds (single, then each strategy) and the median of each: drift on a shared
+    // machine (other processes, page faults of fresh buffers) hits all of them alike.
+    const size_t n = r.size();
+    auto run_one = [&](size_t k) { return k == 0 ? single(s0, batch).loss : (*sharded[k - 1])(st[k - 1], batch).loss; };
     for (int i = 0; i < a.warmup; ++i)
-      for (int k = 0; k < 3; ++k) run_one(k);
-    for (int k = 0; k < 2; ++k) sharded[k]->executable().reset_stats();
-    std::vector<double> times[3];
+      for (size_t k = 0; k < n; ++k) run_one(k);
+    for (auto& s : sharded) s->executable().reset_stats();
+    std::vector<std::vector<double>> times(n);
     for (int i = 0; i < a.steps; ++i)
-      for (int k = 0; k < 3; ++k) {
+      for (size_t k = 0; k < n; ++k) {
         t0 = std::chrono::steady_clock::now();
         r[k].loss = run_one(k);
         times[k].push_back(seconds_since(t0));
       }
-    for (int k = 0; k < 3; ++k) {
+    for (size_t k = 0; k < n; ++k) {
       std::sort(times[k].begin(), times[k].end());
       r[k].step_s = times[k][times[k].size() / 2];
     }
-    std::string comm[2];
-    for (int k = 0; k < 2; ++k) {
-      if (std::getenv("PX_BENCH_VERBOSE"))
-        std::fprintf(stderr, "%s\n%s", sharded[k]->table().c_str(), sharded[k]->collectives_table().c_str());
-      const px::CollectiveStats& stats = sharded[k]->executable().stats();
+    for (size_t k = 1; k < n; ++k) {
+      const px::ShardedTrainStep& s = *sharded[k - 1];
+      if (f.verbose) std::fprintf(stderr, "%s\n%s", s.table().c_str(), s.collectives_table().c_str());
+      const px::CollectiveStats& stats = s.executable().stats();
       int64_t calls = 0, bytes = 0;
       for (int c = 0; c < px::kNumCollectiveKinds; ++c) {
         auto e = stats.total(static_cast<px::CollectiveKind>(c));
         calls += e.calls;
         bytes += e.payload_bytes;
       }
-      const int64_t n = std::max(a.steps, 1) * mesh.size();
-      comm[k] = "{\"calls_per_step\": " + std::to_string(calls / n) +
-                ", \"payload_bytes_per_step\": " + std::to_string(bytes / n) +
-                ", \"segments\": " + std::to_string(sharded[k]->executable().num_segments()) + "}";
+      const int64_t per = std::max(a.steps, 1) * devices.count;
+      r[k].comm = "{\"calls_per_step\": " + std::to_string(calls / per) +
+                  ", \"payload_bytes_per_step\": " + std::to_string(bytes / per) +
+                  ", \"segments\": " + std::to_string(s.executable().num_segments()) + "}";
     }
-    double tokens = static_cast<double>(a.batch * a.seq);
+    const double tokens = static_cast<double>(a.batch * a.seq);
     std::printf(
-        "{\"bench\": \"sharded_step\", \"threads\": %d, \"devices\": %lld, \"params\": %lld, "
-        "\"tokens_per_step\": %.0f, \"rounds\": %d, "
-        "\"single\": {\"step_s\": %.4f, \"tokens_per_s\": %.1f, \"compile_s\": %.2f, \"loss\": %.5f}, "
-        "\"ddp\": {\"step_s\": %.4f, \"tokens_per_s\": %.1f, \"compile_s\": %.2f, \"loss\": %.5f, \"comm\": %s}, "
-        "\"fsdp\": {\"step_s\": %.4f, \"tokens_per_s\": %.1f, \"compile_s\": %.2f, \"loss\": %.5f, \"comm\": %s}, "
-        "\"ddp_throughput_ratio\": %.3f, \"fsdp_throughput_ratio\": %.3f, \"target_ratio\": 0.85}\n",
-        omp_get_max_threads(), static_cast<long long>(mesh.size()), static_cast<long long>(model.store().param_count()),
-        tokens, a.steps, r[0].step_s, tokens / r[0].step_s, r[0].compile_s, r[0].loss, r[1].step_s,
-        tokens / r[1].step_s, r[1].compile_s, r[1].loss, comm[0].c_str(), r[2].step_s, tokens / r[2].step_s,
-        r[2].compile_s, r[2].loss, comm[1].c_str(), r[0].step_s / r[1].step_s, r[0].step_s / r[2].step_s);
+        "{\"bench\": \"sharded_step\", \"threads\": %d, \"devices\": \"%s\", \"params\": %lld, "
+        "\"tokens_per_step\": %.0f, \"rounds\": %d",
+        omp_get_max_threads(), devices.to_string().c_str(), static_cast<long long>(model.store().param_count()), tokens,
+        a.steps);
+    for (const Result& x : r)
+      std::printf(
+          ", \"%s\": {\"step_s\": %.4f, \"tokens_per_s\": %.1f, \"compile_s\": %.2f, \"loss\": %.5f, "
+          "\"comm\": %s}",
+          x.name.c_str(), x.step_s, tokens / x.step_s, x.compile_s, x.loss, x.comm.c_str());
+    for (size_t k = 1; k < n; ++k)
+      std::printf(", \"%s_throughput_ratio\": %.3f", r[k].name.c_str(), r[0].step_s / r[k].step_s);
+    std::printf(", \"target_ratio\": 0.85}\n");
   } catch (const px::Error& e) {
     std::fprintf(stderr, "sharded_step: %s\n", e.what());
     return 1;
