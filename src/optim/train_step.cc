@@ -151,6 +151,13 @@ void write_checkpoint(const std::string& path, const CheckpointLayout& layout, c
 
 TrainState read_checkpoint(const std::string& path, const CheckpointLayout& layout) {
   SafetensorsFile f = load_safetensors(path);
+  // Another optimizer's state could share tensor names (SGD's momentum and nothing else): reject
+  // it rather than resume with state that means something else.
+  auto opt = f.metadata.find("optimizer");
+  if (opt != f.metadata.end() && opt->second != layout.optimizer)
+    throw Error(path + ": was saved with the optimizer '" + opt->second + "' but this step uses '" + layout.optimizer +
+                "'; load it with a step of the same optimizer, or read its params with px::load_safetensors and "
+                "start fresh optimizer state with init(params)");
   TrainState s;
   for (size_t i = 0; i < layout.names.size(); ++i) {
     const std::string& name = layout.names[i];
