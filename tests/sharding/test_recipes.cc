@@ -2,68 +2,15 @@
 // unsharded TrainStep; FSDP memory; DDP / FSDP communication; plan-time errors; MANUAL rules.
 #include <gtest/gtest.h>
 
-#include <random>
-
 #include "parallax/nn.h"
 #include "parallax/parallel.h"
+#include "recipe_check.h"
 #include "testing.h"
 
 namespace px {
 namespace {
 
-Array random_tokens(const Shape& s, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> v(numel(s));
-  for (auto& t : v) t = static_cast<int32_t>(rng() % vocab);
-  return Array::from_i32(v, s);
-}
-
-// Micro versions of gpt2_tiny / llama_tiny (same structure, smaller dims and seq) keep this fast.
-nn::LmConfig gpt_micro() { return nn::gpt2_config("gpt_micro", 256, 64, 4, 2, 128, 16); }
-nn::LmConfig llama_micro() { return nn::llama_config("llama_micro", 256, 64, 4, 2, 2, 96, 16); }
-
-struct Fixture {
-  nn::TransformerLm model;
-  std::vector<TensorType> batch_types;
-  TrainStep::LossFn loss;
-  explicit Fixture(const nn::LmConfig& cfg)
-      : model(cfg),
-        batch_types{{DType::i32, {8, cfg.max_seq_len}}, {DType::i32, {8, cfg.max_seq_len}}},
-        loss([this](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); }) {}
-  std::vector<Array> batch(int i) const {
-    return {random_tokens(batch_types[0].shape, model.config().vocab_size, 10 + 2 * i),
-            random_tokens(batch_types[1].shape, model.config().vocab_size, 11 + 2 * i)};
-  }
-};
-
-// AdamW divides by sqrt(v) + eps: with eps = 1e-8 a gradient that is zero up to rounding (the key
-// biases: softmax ignores a shift shared by all keys) moves by +-lr on the rounding noise's sign,
-// in either run. eps = 1e-5 bounds that to lr * noise / eps (~1e-6) and leaves real updates alone.
-optim::OptimizerPtr opt() { return optim::adamw({.lr = 1e-2, .eps = 1e-5, .weight_decay = 0.1}); }
-
-// f32 sums in another order differ by a few ulps of the largest terms; after 3 steps params differ
-// by about lr * (relative gradient error) plus the eps-bounded noise above: ~1e-6, at most a few
-// 1e-5 for embedding rows whose few gradient entries nearly cancel (atol 5e-5 = 0.5% of 3 lr).
-void check_equivalent(const nn::LmConfig& cfg, const Mesh& mesh, ShardingStrategy strategy, ShardingOptions sopt = {}) {
-  Fixture f(cfg);
-  TrainStep ref(f.model.store(), opt(), f.loss, f.batch_types);
-  ShardedTrainStep sharded(f.model.store(), opt(), f.loss, f.batch_types, mesh, strategy, sopt);
-  TrainState rs = ref.init(0);
-  ShardedTrainState ss = sharded.init(0);
-  const std::string what = cfg.name + " " + strategy_name(strategy) + " on " + mesh.to_string();
-  for (int i = 0; i < 3; ++i) {
-    StepMetrics a = ref(rs, f.batch(i)), b = sharded(ss, f.batch(i));
-    EXPECT_NEAR(a.loss, b.loss, 1e-5 * std::abs(a.loss)) << what << " step " << i;
-    EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-4 * std::abs(a.grad_norm)) << what << " step " << i;
-  }
-  std::vector<Array> got = sharded.gather_params(ss);
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_TRUE(testing::all_close(got[i].to_f32(), rs.params[i].to_f32(), 5e-5, 1e-4))
-        << what << " param " << f.model.store().spec(static_cast<int>(i)).path;
-  std::vector<Array> st = sharded.gather_opt_state(ss);
-  for (size_t i = 0; i < st.size(); ++i)
-    EXPECT_TRUE(testing::all_close(st[i].to_f32(), rs.opt_state[i].to_f32(), 2e-5, 1e-3)) << what << " state " << i;
-}
+using namespace recipe_check;
 
 // Each recipe on each mesh at least once, split over the two models to keep the binary fast.
 TEST(Recipes, GptDdp) {
@@ -85,12 +32,6 @@ TEST(Recipes, LlamaDdpTpFsdpTp) {
   check_equivalent(llama_micro(), Mesh::cpu({{"data", 2}, {"fsdp", 2}, {"model", 2}}), ShardingStrategy::DDP);
   check_equivalent(llama_micro(), Mesh::cpu({{"data", 4}, {"model", 2}}), ShardingStrategy::TP);
   check_equivalent(llama_micro(), Mesh::cpu({{"data", 2}, {"model", 4}}), ShardingStrategy::FSDP_TP);
-}
-
-// The full tiny presets (seq 128, batch 8) on the 2-D and 3-D meshes.
-TEST(Recipes, TinyPresetsFsdpTp) {
-  check_equivalent(nn::gpt2_tiny(), Mesh::cpu({{"data", 2}, {"fsdp", 2}, {"model", 2}}), ShardingStrategy::FSDP_TP);
-  check_equivalent(nn::llama_tiny(), Mesh::cpu({{"data", 4}, {"model", 2}}), ShardingStrategy::FSDP_TP);
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
