@@ -22,11 +22,17 @@ TEST(Recipes, GptTp) { check_equivalent(gpt_micro(), Mesh::cpu({{"model", 8}}), 
 TEST(Recipes, GptFsdpTp) {
   check_equivalent(gpt_micro(), Mesh::cpu({{"data", 2}, {"fsdp", 2}, {"model", 2}}), ShardingStrategy::FSDP_TP);
 }
-TEST(Recipes, GptTpWithAVocabSplitTiedEmbeddingRule) {
-  // The documented workaround for the tied table: split its vocab dim by a rule (the lookup then
-  // gathers the table; the logits are vocab-parallel).
-  check_equivalent(gpt_micro(), Mesh::cpu({{"data", 2}, {"model", 4}}), ShardingStrategy::TP,
-                   {.rules = {{"embed.table", PartitionSpec{"model", none}}}});
+TEST(Recipes, GptTpIsVocabParallelWithoutGathers) {
+  // The tied table is split by rows: the lookup, the logits and the cross entropy all stay split
+  // over 'model' (all-reduces only, as in Megatron); nothing is ever all-gathered.
+  const Mesh mesh = Mesh::cpu({{"data", 2}, {"model", 4}});
+  check_equivalent(gpt_micro(), mesh, ShardingStrategy::TP);
+  Fixture f(gpt_micro());
+  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, mesh, ShardingStrategy::TP);
+  int gathers = 0;
+  for (const CollectiveRecord& c : step.executable().program().collectives)
+    gathers += c.kind == "all_gather" || c.kind == "all_to_all";
+  EXPECT_EQ(gathers, 0) << step.executable().program().summary();
 }
 TEST(Recipes, LlamaDdpTpFsdpTp) {
   check_equivalent(llama_micro(), Mesh::cpu({{"data", 2}, {"fsdp", 2}, {"model", 2}}), ShardingStrategy::DDP);
@@ -54,6 +60,7 @@ TEST(Recipes, TpDerivesMegatronSplitsFromTheGraph) {
         if (ends_with(p.path, c)) want = {"model"}, ++col;
       for (const char* r : {"attn.wo", "mlp.proj.w", "mlp.down.w"})
         if (ends_with(p.path, r)) want = {"model", none}, ++row;
+      if (p.path == "embed.table") want = {"model", none};  // vocab-parallel lookup (and GPT's tied logits)
       EXPECT_EQ(p.spec, want) << cfg.name << " " << p.path << " got " << p.spec.to_string() << " (" << p.reason << ")";
     }
     EXPECT_GE(col, 8) << cfg.name;
@@ -157,10 +164,9 @@ TEST(Recipes, FsdpGathersParamsAndReduceScattersGradients) {
   // Each sharded param gathered once (payload = the gathered param), its gradient reduce-scattered
   // once (payload = the full gradient); replicated params' gradients all-reduced, plus scalars.
   EXPECT_EQ(st.total(CollectiveKind::all_gather).payload_bytes, 8 * sharded) << step.collectives_table();
-  // GPT's tied embedding gradient has two summands (the lookup's scatter_add and the logits matmul);
-  // the partitioner reduce-scatters each before adding them, so the table's bytes count twice.
-  const int64_t table = f.model.store().spec(f.model.store().index_of("embed.table")).type.nbytes();
-  EXPECT_EQ(st.total(CollectiveKind::reduce_scatter).payload_bytes, 8 * (sharded + table)) << step.collectives_table();
+  // GPT's tied embedding gradient has two summands (the lookup's scatter_add and the logits
+  // matmul): they are added as partial sums and reduce-scattered once, like every other gradient.
+  EXPECT_EQ(st.total(CollectiveKind::reduce_scatter).payload_bytes, 8 * sharded) << step.collectives_table();
   int64_t ar = st.total(CollectiveKind::all_reduce).payload_bytes / 8;
   EXPECT_GE(ar, replicated) << step.collectives_table();
   EXPECT_LE(ar, replicated + 64) << step.collectives_table();
