@@ -20,12 +20,16 @@ Array key_array(uint32_t k0, uint32_t k1) {
 }
 
 std::vector<float> uniform(const Array& key, const Shape& shape, DType dt = DType::f32, double lo = 0, double hi = 1) {
-  return eval1([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{random_uniform(in[0], shape, dt, lo, hi)}; },
-               {key})
+  return eval1(
+             [&](const std::vector<Tensor>& in) {
+               return std::vector<Tensor>{random_uniform(in[0], shape, dt, lo, hi)};
+             },
+             {key})
       .to_f32();
 }
 std::vector<float> normal(const Array& key, const Shape& shape, DType dt = DType::f32) {
-  return eval1([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{random_normal(in[0], shape, dt)}; }, {key})
+  return eval1([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{random_normal(in[0], shape, dt)}; },
+               {key})
       .to_f32();
 }
 
@@ -97,9 +101,9 @@ TEST(Rng, DeterministicAndIndependentOfShape) {
   Array key = key_array(7, 8);
   auto flat = uniform(key, {6 * 35});
   EXPECT_EQ(uniform(key, {6 * 35}), flat);
-  EXPECT_EQ(uniform(key, {6, 35}), flat);       // same values, reshaped
+  EXPECT_EQ(uniform(key, {6, 35}), flat);  // same values, reshaped
   EXPECT_EQ(uniform(key, {2, 3, 5, 7}), flat);
-  auto prefix = uniform(key, {13});              // a shorter draw is a prefix
+  auto prefix = uniform(key, {13});  // a shorter draw is a prefix
   EXPECT_EQ(prefix, std::vector<float>(flat.begin(), flat.begin() + 13));
   auto nflat = normal(key, {6 * 35});
   EXPECT_EQ(normal(key, {6, 35}), nflat);
@@ -116,17 +120,27 @@ TEST(Rng, ShardedSliceEqualsSliceOfGlobalDraw) {
   const Shape global{6, 10};
   auto full = uniform(key, global);
   auto nfull = normal(key, global);
-  for (auto [off, local] : std::vector<std::pair<Shape, Shape>>{{{0, 5}, {6, 5}}, {{3, 0}, {3, 10}}, {{2, 3}, {3, 4}}}) {
+  for (auto [off, local] :
+       std::vector<std::pair<Shape, Shape>>{{{0, 5}, {6, 5}}, {{3, 0}, {3, 10}}, {{2, 3}, {3, 4}}}) {
     for (const char* prim : {"random_uniform", "random_normal"}) {
       Attrs a{{"shape", local}, {"dtype", DType::f32}, {"global_shape", global}, {"offset", off}};
       if (std::string(prim) == "random_uniform") a.set("lo", 0.0).set("hi", 1.0);
-      auto got = eval1([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{emit1(prim, {in[0]}, a)}; }, {key})
-                     .to_f32();
+      auto got =
+          eval1([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{emit1(prim, {in[0]}, a)}; }, {key})
+              .to_f32();
       const auto& ref = std::string(prim) == "random_uniform" ? full : nfull;
       std::vector<float> want;
       for (int64_t i = 0; i < local[0]; ++i)
         for (int64_t j = 0; j < local[1]; ++j) want.push_back(ref[(off[0] + i) * global[1] + off[1] + j]);
       EXPECT_EQ(got, want) << prim << " offset " << shape_str(off);
+      // The same block with its offset as a run-time origin operand (what the partitioner emits).
+      Attrs b{{"shape", local}, {"dtype", DType::f32}, {"global_shape", global}};
+      if (std::string(prim) == "random_uniform") b.set("lo", 0.0).set("hi", 1.0);
+      Array origin = Array::from_i32({static_cast<int32_t>(off[0]), static_cast<int32_t>(off[1])}, {2});
+      auto got2 =
+          eval1([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{emit1(prim, in, b)}; }, {key, origin})
+              .to_f32();
+      EXPECT_EQ(got2, want) << prim << " origin " << shape_str(off);
     }
   }
 }
@@ -164,30 +178,35 @@ TEST(Rng, KeysSeedsAndFoldIn) {
 
 TEST(Rng, DropoutMaskAndScaling) {
   Array key = key_array(11, 12);
-  Array mask = eval1([](const std::vector<Tensor>& in) { return std::vector<Tensor>{dropout_mask(in[0], {100000}, 0.8)}; },
-                     {key});
+  Array mask = eval1(
+      [](const std::vector<Tensor>& in) { return std::vector<Tensor>{dropout_mask(in[0], {100000}, 0.8)}; }, {key});
   EXPECT_EQ(mask.dtype(), DType::boolean);
   int64_t kept = 0;
   for (int32_t m : mask.to_i32()) kept += m;
   EXPECT_NEAR(kept / 100000.0, 0.8, 4 * std::sqrt(0.8 * 0.2 / 100000));
   Array x = random_array({50, 40}, DType::f32, 13, 0.5f, 1.5f);
-  auto out = eval([](const std::vector<Tensor>& in) {
-    return std::vector<Tensor>{dropout(in[0], in[1], 0.25), dropout_mask(in[0], {50, 40}, 0.75)};
-  }, {key, x});
+  auto out = eval(
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{dropout(in[0], in[1], 0.25), dropout_mask(in[0], {50, 40}, 0.75)};
+      },
+      {key, x});
   auto y = out[0].to_f32(), xv = x.to_f32();
   auto m = out[1].to_i32();
   for (size_t i = 0; i < y.size(); ++i) EXPECT_FLOAT_EQ(y[i], m[i] ? xv[i] / 0.75f : 0.0f);
   // rate 0 is the identity; the gradient with respect to x is mask / keep.
-  Array same = eval1([](const std::vector<Tensor>& in) { return std::vector<Tensor>{dropout(in[0], in[1], 0.0)}; },
-                     {key, x});
+  Array same =
+      eval1([](const std::vector<Tensor>& in) { return std::vector<Tensor>{dropout(in[0], in[1], 0.0)}; }, {key, x});
   EXPECT_EQ(same.to_f32(), xv);
   EXPECT_TRUE(check_grads([](const std::vector<Tensor>& in) { return std::vector<Tensor>{dropout(in[0], in[1], 0.5)}; },
                           {key, random_array({4, 5}, DType::f32, 14)}));
 }
 
 TEST(Rng, CostAndShardingRule) {
-  auto g = trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{random_normal(in[0], {4, 6})}; },
-                 {{DType::i32, {2}}});
+  auto g = trace(
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{random_normal(in[0], {4, 6})};
+      },
+      {{DType::i32, {2}}});
   const Node& n = g->nodes().back();
   std::vector<TensorType> in{g->type(n.inputs[0])}, out{g->type(n.outputs[0])};
   EXPECT_EQ(sharding_of(*n.prim, in, out, n.attrs).to_string(), "c->ab {c: whole}");
@@ -196,7 +215,9 @@ TEST(Rng, CostAndShardingRule) {
 
 TEST(Rng, BadInputsGiveClearErrors) {
   auto u = [](Shape s, double lo, double hi) {
-    return [s, lo, hi](const std::vector<Tensor>& in) { return std::vector<Tensor>{random_uniform(in[0], s, DType::f32, lo, hi)}; };
+    return [s, lo, hi](const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{random_uniform(in[0], s, DType::f32, lo, hi)};
+    };
   };
   TensorType key{DType::i32, {2}};
   EXPECT_TRUE(throws_error(u({3}, 0, 1), {{DType::f32, {2}}}, {"[random_uniform] key must be i32[2]", "f32[2]"}));
@@ -208,18 +229,29 @@ TEST(Rng, BadInputsGiveClearErrors) {
       {"[random_normal]", "floating point"}));
   EXPECT_TRUE(throws_error([](const std::vector<Tensor>& in) { return std::vector<Tensor>{fold_in(in[0], 1)}; },
                            {{DType::i32, {2, 1}}}, {"[fold_in] key must be i32[2]"}));
-  EXPECT_TRUE(throws_error([](const std::vector<Tensor>& in) { return std::vector<Tensor>{dropout(in[0], in[1], 1.0)}; },
-                           {key, {DType::f32, {3}}}, {"[dropout] rate must be in [0, 1)"}));
-  EXPECT_TRUE(throws_error(
-      [](const std::vector<Tensor>& in) { return std::vector<Tensor>{dropout_mask(in[0], {3}, 1.5)}; }, {key},
-      {"[dropout_mask] keep_prob"}));
+  EXPECT_TRUE(
+      throws_error([](const std::vector<Tensor>& in) { return std::vector<Tensor>{dropout(in[0], in[1], 1.0)}; },
+                   {key, {DType::f32, {3}}}, {"[dropout] rate must be in [0, 1)"}));
+  EXPECT_TRUE(
+      throws_error([](const std::vector<Tensor>& in) { return std::vector<Tensor>{dropout_mask(in[0], {3}, 1.5)}; },
+                   {key}, {"[dropout_mask] keep_prob"}));
   EXPECT_TRUE(throws_error(
       [](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{emit1("random_normal", {in[0]},
-                                         Attrs{{"shape", Shape{4}}, {"dtype", DType::f32}, {"global_shape", Shape{5}},
-                                               {"offset", Shape{2}}})};
+        return std::vector<Tensor>{
+            emit1("random_normal", {in[0]},
+                  Attrs{{"shape", Shape{4}}, {"dtype", DType::f32}, {"global_shape", Shape{5}}, {"offset", Shape{2}}})};
       },
       {key}, {"[random_normal]", "does not fit"}));
+  auto with_origin = [](Attrs a) {
+    return [a](const std::vector<Tensor>& in) { return std::vector<Tensor>{emit1("random_normal", in, a)}; };
+  };
+  const Attrs block{{"shape", Shape{4}}, {"dtype", DType::f32}, {"global_shape", Shape{8}}};
+  EXPECT_TRUE(throws_error(with_origin(block), {key, {DType::i32, {2}}},
+                           {"[random_normal] the origin operand must be i32[1]"}));
+  EXPECT_TRUE(throws_error(with_origin(Attrs{{"shape", Shape{4}}, {"dtype", DType::f32}}), {key, {DType::i32, {1}}},
+                           {"[random_normal] an origin operand needs the global_shape attr"}));
+  EXPECT_TRUE(throws_error(with_origin(Attrs{{"shape", Shape{9}}, {"dtype", DType::f32}, {"global_shape", Shape{8}}}),
+                           {key, {DType::i32, {1}}}, {"[random_normal] shape [9] exceeds global_shape [8]"}));
 }
 
 }  // namespace
