@@ -38,8 +38,10 @@ struct ShardingOptions {
   int64_t fsdp_min_bytes = 4096;     // FSDP keeps params smaller than this replicated
   std::vector<PathRule> rules;       // overrides, first match wins
   // Replicated gradients are all-reduced in buckets of up to this many bytes (one collective per
-  // bucket, in param order); 0: one all-reduce per gradient.
-  int64_t bucket_bytes = 25 << 20;
+  // bucket, in param order); 0: one all-reduce per gradient. -1 (default): 25 MiB buckets when a
+  // batch axis runs over a link with a latency of 10 us or more (across processes), none in one
+  // process, where a call costs microseconds and packing a bucket copies every gradient twice.
+  int64_t bucket_bytes = -1;
   DeviceParallelism device_parallelism = DeviceParallelism::automatic;  // how virtual devices share the cores
 };
 

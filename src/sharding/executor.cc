@@ -60,6 +60,20 @@ struct ShardedExecutable::Impl {
   std::vector<int> input_of;              // local value -> graph input index, -1 otherwise
   bool over_devices = false;              // run the devices of a segment in parallel
   int threads = 1;
+  // Where each program output's value is held (segment results and operands), so that a run can
+  // place it in the caller's arrays: steps write outputs in place instead of copying them at the end.
+  struct Slot {
+    int segment;
+    bool out;
+    int index;
+  };
+  std::vector<std::vector<Slot>> output_slots;  // per output
+  std::vector<char> output_bound;               // per output: placed in the caller's arrays (not an
+                                                // input, and the value's first output position)
+  void bind(int64_t device, int v, const std::vector<Slot>& slots, const Array& a) {
+    store[device][v] = a;
+    for (const Slot& sl : slots) (sl.out ? segments[sl.segment].outs : segments[sl.segment].ins)[device][sl.index] = a;
+  }
   const Array& value(int device, int v, const std::vector<ShardedArray>& inputs) const {
     int i = input_of[v];
     if (i < 0) return store[device][v];
@@ -248,6 +262,23 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram progra
         if (c.kind == "all_to_all") c.scratch_out.push_back(Array(c.dtype, {count}));
       }
   }
+  impl->output_slots.resize(g.outputs().size());
+  impl->output_bound.assign(g.outputs().size(), 0);
+  std::vector<char> bound(nv, 0);
+  for (size_t o = 0; o < g.outputs().size(); ++o) {
+    int v = g.outputs()[o];
+    if (impl->input_of[v] >= 0 || bound[v]) continue;
+    bound[v] = 1;
+    impl->output_bound[o] = 1;
+    auto& slots = impl->output_slots[o];
+    for (size_t s = 0; s < impl->segments.size(); ++s) {
+      const Segment& seg = impl->segments[s];
+      for (size_t k = 0; k < seg.out_values.size(); ++k)
+        if (seg.out_values[k] == v) slots.push_back({static_cast<int>(s), true, static_cast<int>(k)});
+      for (size_t k = 0; k < seg.in_values.size(); ++k)
+        if (seg.in_values[k] == v) slots.push_back({static_cast<int>(s), false, static_cast<int>(k)});
+    }
+  }
   return std::unique_ptr<ShardedExecutable>(new ShardedExecutable(std::move(impl)));
 }
 
@@ -349,6 +380,25 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
                   "; reshard it with px::shard(px::gather(x), exe->in_sharding(i))");
     }
   }
+  // Outputs are computed straight into the caller's arrays when they fit (the buffers of the
+  // step before last, in a training loop), else into fresh ones: never copied at the end.
+  outs.resize(g.outputs().size());
+  for (size_t o = 0; o < g.outputs().size(); ++o) {
+    if (!m.output_bound[o]) continue;
+    int v = g.outputs()[o];
+    const Sharding& s = m.prog.out_shardings[o];
+    std::vector<Array>& have = outs[o].mutable_shards();
+    bool reuse = outs[o].sharding() == s && static_cast<int64_t>(have.size()) == m.devices;
+    for (size_t d = 0; reuse && d < have.size(); ++d) reuse = have[d].type() == g.type(v) && have[d].sole_owner();
+    if (!reuse) {
+      std::vector<Array> shards;
+      for (int64_t d = 0; d < m.devices; ++d) shards.push_back(Array(g.type(v).dtype, g.type(v).shape));
+      TensorType global = g.type(v);
+      for (int d = 0; d < static_cast<int>(global.shape.size()); ++d) global.shape[d] *= s.num_shards(d);
+      outs[o] = ShardedArray(global, s, std::move(shards));
+    }
+    for (int64_t d = 0; d < m.devices; ++d) m.bind(d, v, m.output_slots[o], outs[o].shard(static_cast<int>(d)));
+  }
   for (const Step& st : m.steps) {
     if (st.collective) {
       m.run_collective(m.collectives[st.index], inputs);
@@ -376,9 +426,10 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
     }
     if (failure) std::rethrow_exception(failure);
   }
-  // Copy into the caller's shards when they fit (no fresh pages to fault in), else allocate.
-  outs.resize(g.outputs().size());
+  // The other outputs (inputs returned, a value returned twice): copied into the caller's shards
+  // when they fit (no fresh pages to fault in), else into new arrays.
   for (size_t o = 0; o < g.outputs().size(); ++o) {
+    if (m.output_bound[o]) continue;
     int v = g.outputs()[o];
     const Sharding& s = m.prog.out_shardings[o];
     std::vector<Array>& have = outs[o].mutable_shards();
@@ -398,6 +449,14 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
     for (int d = 0; d < static_cast<int>(global.shape.size()); ++d) global.shape[d] *= s.num_shards(d);
     outs[o] = ShardedArray(global, s, std::move(shards));
   }
+  // Let go of the caller's arrays (outputs and inputs), so that it is their sole owner again and
+  // the next run may write into them.
+  for (size_t o = 0; o < g.outputs().size(); ++o)
+    if (m.output_bound[o])
+      for (int64_t d = 0; d < m.devices; ++d) m.bind(d, g.outputs()[o], m.output_slots[o], Array());
+  for (Segment& seg : m.segments)
+    for (int64_t d = 0; d < m.devices; ++d)
+      for (int slot : seg.input_slots) seg.ins[d][slot] = Array();
 }
 
 std::vector<Array> ShardedExecutable::run_full(const std::vector<Array>& inputs) {

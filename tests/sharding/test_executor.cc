@@ -103,5 +103,35 @@ TEST(ShardedExecutor, CollectivePermuteShiftsAlongAnAxis) {
   }
 }
 
+TEST(ShardedExecutor, OutputsAreComputedInPlaceWithoutTouchingHeldArrays) {
+  // y = all_reduce(x) * 2 (a collective's result is an output too, then a segment's).
+  TracedFn f = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{sum(in[0], {0}), in[0] * 2.0}; };
+  Mesh mesh = Mesh::cpu({{"data", 2}});
+  auto g = trace(f, {{DType::f32, {4, 3}}});
+  auto exe = ShardedExecutable::compile(*g, mesh, {{"data"}});
+  Array x = random_array({4, 3}, DType::f32, 7), x2 = random_array({4, 3}, DType::f32, 8);
+  std::vector<ShardedArray> in = {shard(x, exe->in_sharding(0))}, out;
+  exe->run_into(in, out);
+  // The executor keeps no handle on the caller's arrays between runs (so they can be reused).
+  EXPECT_TRUE(in[0].shard(1).sole_owner());
+  EXPECT_TRUE(out[1].shard(1).sole_owner());
+  std::vector<float> first = gather(out[1]).to_f32();
+  const void* where = out[1].shard(1).raw();
+  // Sole owner: the next run writes into the same buffers.
+  exe->run_into({shard(x2, exe->in_sharding(0))}, out);
+  EXPECT_EQ(out[1].shard(1).raw(), where);
+  std::vector<float> twice = x2.to_f32();
+  for (float& v : twice) v *= 2.0f;
+  EXPECT_EQ(gather(out[1]).to_f32(), twice);
+  // The caller keeps the result: the next run must leave it alone.
+  ShardedArray kept = out[1];
+  std::vector<float> kept_values = gather(kept).to_f32();
+  exe->run_into(in, out);
+  EXPECT_NE(out[1].shard(1).raw(), kept.shard(1).raw());
+  EXPECT_EQ(gather(kept).to_f32(), kept_values);
+  EXPECT_EQ(gather(out[1]).to_f32(), first);
+  EXPECT_TRUE(testing::all_close(gather(out[0]).to_f32(), exe->run_full({x})[0].to_f32()));
+}
+
 }  // namespace
 }  // namespace px

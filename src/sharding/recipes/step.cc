@@ -110,7 +110,12 @@ ShardedTrainStep::ShardedTrainStep(nn::ParamStore& store, optim::OptimizerPtr op
   for (const auto& s : slots)
     state_specs_.push_back(s.type.shape == param_types[s.param].shape ? plan_.params[s.param].spec : PartitionSpec());
 
-  const int64_t bucket_bytes = sharding.bucket_bytes;
+  int64_t bucket_bytes = sharding.bucket_bytes;
+  if (bucket_bytes < 0) {
+    double latency = 0;
+    for (const auto& a : plan_.batch_axes) latency = std::max(latency, mesh_.axes()[mesh_.axis_index(a)].link.latency_s);
+    bucket_bytes = latency >= 10e-6 ? int64_t{25} << 20 : 0;
+  }
   // FSDP: all-gather before use; the gradients w.r.t. the gathered params are partial sums over
   // the batch axes, pinned to their stored layout (and DDP's bucketed) before the update.
   StepHooks hooks;
