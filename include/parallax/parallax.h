@@ -13,5 +13,8 @@
 #include "parallax/nn.h"
 #include "parallax/ops.h"
 #include "parallax/optim.h"
+#include "parallax/parallel.h"
 #include "parallax/runtime.h"
+#include "parallax/sharding.h"
+#include "parallax/spmd.h"
 #include "parallax/train.h"
