@@ -8,6 +8,7 @@
 #include "bench_util.h"
 #include "parallax/autodiff.h"
 #include "parallax/ops.h"
+#include "parallax/optim.h"
 
 namespace {
 
@@ -101,6 +102,16 @@ int main(int argc, char** argv) {
        {rnd({B, S, V}, 1), ids({B, S}, V)}},
   };
   cases.insert(cases.end(), grads.begin(), grads.end());
+  // The optimizer update of a 4M-element param (px::optim::adamw as a training step emits it):
+  // reads p, g, m, v and writes p, m, v, the least traffic any AdamW can do.
+  auto adam = px::optim::adamw({.lr = 1e-3, .weight_decay = 0.1});
+  cases.push_back({"adamw_update",
+                   [adam](auto& x) {
+                     px::optim::Update u = adam->apply({x[0]}, {x[1]}, {x[2], x[3]}, x[4]);
+                     return std::vector<Tensor>{u.params[0], u.state[0], u.state[1]};
+                   },
+                   {rnd({4 << 20}, 1), rnd({4 << 20}, 2), rnd({4 << 20}, 3),
+                    px::bench::random_array({4 << 20}, DType::f32, 4, 0.0f, 1.0f), px::Array::from_i32({3}, {})}});
   if (flags.quick) cases = {cases[0], cases[7], cases[8]};
 
   // Main-memory bandwidth (64 MiB, beyond the caches), for reference.

@@ -2,6 +2,7 @@
 // values stay in a few L1-sized scratch tiles instead of round-tripping through memory.
 // A group may also contain broadcast_in_dim nodes of external operands: they become strided
 // loads (bias adds, per-row scales) instead of materialized broadcasts.
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -19,6 +20,9 @@ namespace {
 constexpr int64_t kTile = 2048;            // the int path's tile, and the f32 path's largest
 constexpr int64_t kScratchFloats = 12288;  // 48 KiB of live tiles per thread: about L1
 constexpr int kMaxArity = 8;
+// f32 results of at least this many bytes are written with streaming stores: they cannot be read
+// back from cache anyway, and plain stores would first read every destination line.
+constexpr int64_t kStreamBytes = 8 << 20;
 
 bool int_like(DType d) { return d == DType::i32 || d == DType::boolean; }
 
@@ -142,6 +146,7 @@ struct Program {
   int num_tiles = 0;  // scratch tiles per thread
   int64_t tile = kTile;
   int64_t count = 0;
+  bool stream = false;  // f32 stores are streaming (large results)
 };
 
 // Allocates scratch tiles by liveness: a tile is reused as soon as its value's last reader ran.
@@ -304,6 +309,7 @@ Program build_program(const Graph& g, const FusedGroup& group) {
   if (p.params.empty()) p.params.push_back(0.0f);  // block functions get a valid pointer
   for (int v : group.ext_outputs)
     if (!slot_of.count(v)) throw Error("[fused] output %" + std::to_string(v) + " is not computed by the group");
+  p.stream = p.count * 4 >= kStreamBytes;
   p.num_tiles = std::max(tiles.used(), 1);
   // Shorter tiles when many are live, so that they stay in L1 (multiples of 64 for alignment).
   p.tile = std::clamp<int64_t>(kScratchFloats / p.num_tiles / 64 * 64, 256, kTile);
@@ -360,10 +366,16 @@ Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
               break;
             }
             case Op::round: quantize(ptr[op.slot], len, op.dtype); break;
-            case Op::store: store_f32(ptr[op.slot], out[op.ext], op.dtype, off, len); break;
+            case Op::store:
+              if (p.stream && op.dtype == DType::f32)
+                stream_f32(ptr[op.slot], static_cast<float*>(out[op.ext]) + off, len);
+              else
+                store_f32(ptr[op.slot], out[op.ext], op.dtype, off, len);
+              break;
           }
         }
       }
+      if (p.stream) _mm_sfence();  // streaming stores are visible to other threads after this
     };
     // A serial OpenMP region still costs libgomp a team allocation, so serial runs skip OpenMP;
     // parallel ones always ask for the same team size, which libgomp caches.

@@ -61,6 +61,9 @@ void register_rng_kernels();
 void convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n);
 void load_f32(const void* src, DType t, int64_t offset, float* dst, int64_t n);
 void store_f32(const float* src, void* dst, DType t, int64_t offset, int64_t n);
+// Copies with non-temporal stores (no read of the destination's lines, no cache pollution): for
+// results too large to be read back from cache. Callers fence (_mm_sfence) before others read.
+void stream_f32(const float* src, float* dst, int64_t n);
 
 int num_threads();
 
