@@ -1,13 +1,15 @@
-// CPU kernel of dot_general on oneDNN's sgemm. The factory views each operand as a strided
+// CPU kernel of dot_general on oneDNN. The factory views each operand as a strided
 // [batch, rows, cols] matrix stack when its dims nest evenly (transposed layouts included), and
-// otherwise gathers it into preallocated scratch. 16-bit inputs are converted to f32 scratch:
-// oneDNN 2.6 has no bf16/f16 matmul on CPUs without AVX512. On this AVX2 CPU oneDNN's matmul
-// primitive wraps the same jit sgemm (measured equal), so the kernel calls sgemm directly:
-// nothing to set up per call, and stacks of small matrices run one matrix per thread.
+// otherwise gathers it into preallocated scratch. f32 runs on sgemm called directly (oneDNN's
+// matmul primitive wraps the same jit sgemm): nothing to set up per call, and stacks of small
+// matrices run one matrix per thread. bf16 operands run on oneDNN's bf16 matmul primitive where
+// the CPU has a native one (AVX512-BF16, AMX; f32 accumulation), else they are converted to f32
+// scratch for sgemm: oneDNN 2.6 has only a slow reference bf16 matmul on other CPUs.
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 
 #include "backend/cpu/kernel.h"
@@ -199,6 +201,49 @@ Operand operand_of(const View& v) {
   return {t ? 'T' : 'N', t ? v.sc : v.sr, v.sb};
 }
 
+// A bf16 matmul primitive over strided views, with the operands' pointers set per call.
+struct NativeMatmul {
+  dnnl::matmul prim;
+  dnnl::memory a, b, c;
+  dnnl::stream stream;
+  void run(const void* pa, const void* pb, void* pc) {
+    a.set_data_handle(const_cast<void*>(pa));
+    b.set_data_handle(const_cast<void*>(pb));
+    c.set_data_handle(pc);
+    prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    stream.wait();
+  }
+};
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return eng;
+}
+
+// The native bf16 matmul for direct views, or null where oneDNN has none but its reference code.
+std::shared_ptr<NativeMatmul> native_bf16(const View& a, const View& b, int64_t bt, int64_t m, int64_t n, int64_t k,
+                                          DType out_t) {
+  using md = dnnl::memory::desc;
+  using dt = dnnl::memory::data_type;
+  if (out_t != DType::f32 && out_t != DType::bf16) return nullptr;
+  try {
+    md a_md({bt, m, k}, dt::bf16, dnnl::memory::dims{bt == 1 ? m * k : a.sb, a.sr, a.sc});
+    md b_md({bt, k, n}, dt::bf16, dnnl::memory::dims{bt == 1 ? k * n : b.sb, b.sr, b.sc});
+    md c_md({bt, m, n}, out_t == DType::f32 ? dt::f32 : dt::bf16, dnnl::memory::dims{m * n, n, 1});
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), cpu_engine());
+    if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return nullptr;
+    auto nm = std::make_shared<NativeMatmul>();
+    nm->prim = dnnl::matmul(pd);
+    nm->a = dnnl::memory(a_md, cpu_engine(), DNNL_MEMORY_NONE);
+    nm->b = dnnl::memory(b_md, cpu_engine(), DNNL_MEMORY_NONE);
+    nm->c = dnnl::memory(c_md, cpu_engine(), DNNL_MEMORY_NONE);
+    nm->stream = dnnl::stream(cpu_engine());
+    return nm;
+  } catch (const dnnl::error&) {
+    return nullptr;  // unimplemented for these strides on this CPU: the f32 path below
+  }
+}
+
 struct GemmState {
   Operand a, b;
   int64_t bt = 1, m = 1, n = 1, k = 1;
@@ -262,6 +307,9 @@ Kernel dot_general_kernel(const KernelSpec& spec) {
     }
   }
   View a = best_a, b = best_b;
+  if (lt.dtype == DType::bf16 && rt.dtype == DType::bf16 && a.direct && b.direct)
+    if (auto nm = native_bf16(a, b, bt, m, n, k, out_t))
+      return [nm](const void* const* in, void* const* out) { nm->run(in[0], in[1], out[0]); };
   if (!a.direct) make_contiguous(a);
   if (!b.direct) make_contiguous(b);
 
