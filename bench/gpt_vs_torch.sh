@@ -4,8 +4,8 @@
 # The peer runs from ../shared/peers/gpt_torch.py with a PyTorch installed by pip in a virtual
 # environment outside the repo (it is a benchmark peer, not a dependency):
 #   python3 -m venv ~/venv-torch && ~/venv-torch/bin/pip install torch
-# PyTorch's bf16 autocast on CPUs without native bf16 takes minutes per step, so its bf16 run
-# uses one timed step.
+# PyTorch's bf16 autocast on CPUs without native bf16 takes minutes per step, so there its bf16
+# run uses one timed step (CPUs with AVX512-BF16 or AMX get the same 5 steps as f32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -16,7 +16,8 @@ export OMP_NUM_THREADS=$THREADS PX_NUM_THREADS=$THREADS
 
 ours=$("$BUILD"/bench/gpt_step --dtype both --steps 5 --warmup 2)
 torch_f32=$("$PY" "$PEER" --threads "$THREADS" --dtype f32 --steps 5 --warmup 2)
-torch_bf16=$("$PY" "$PEER" --threads "$THREADS" --dtype bf16 --steps 1 --warmup 1)
+if grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then BF16_STEPS=5; BF16_WARMUP=2; else BF16_STEPS=1; BF16_WARMUP=1; fi
+torch_bf16=$("$PY" "$PEER" --threads "$THREADS" --dtype bf16 --steps "$BF16_STEPS" --warmup "$BF16_WARMUP")
 echo "$ours"
 echo "$torch_f32"
 echo "$torch_bf16"
