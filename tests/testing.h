@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
 #include <string>
 
@@ -13,6 +14,16 @@
 #include "parallax/runtime.h"
 
 namespace px::testing {
+
+// The message of the px::Error that f throws, or "<no error>".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
 
 inline std::vector<TensorType> types_of(const std::vector<Array>& xs) {
   std::vector<TensorType> t;
@@ -97,8 +108,8 @@ inline ::testing::AssertionResult check_grads(const TracedFn& fn, const std::vec
       x.data<float>()[i] = orig;
       double fd = (lp - lm) / (2 * eps);
       if (!(std::fabs(got[i] - fd) <= atol + rtol * std::fabs(fd)))
-        return ::testing::AssertionFailure() << "d/d(input " << wrt[k] << ")[" << i << "]: autodiff " << got[i]
-                                             << ", finite difference " << fd;
+        return ::testing::AssertionFailure()
+               << "d/d(input " << wrt[k] << ")[" << i << "]: autodiff " << got[i] << ", finite difference " << fd;
     }
   }
   return ::testing::AssertionSuccess();

@@ -14,14 +14,7 @@ using testing::random_array;
 
 TensorType f32(Shape s) { return {DType::f32, std::move(s)}; }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 std::vector<float> map(const std::vector<float>& a, const std::function<float(float)>& f) {
   std::vector<float> r(a.size());
@@ -133,9 +126,8 @@ TEST(Autodiff, GradientWithRespectToAnIntermediate) {
 
 TEST(Autodiff, ClearErrors) {
   testprims::register_test_prims();  // CTest runs each test in its own process
-  std::string msg = error_of([] {
-    trace([](const std::vector<Tensor>& in) { return gradients(tanh(in[0]), {in[0]}); }, {f32({3})});
-  });
+  std::string msg = error_of(
+      [] { trace([](const std::vector<Tensor>& in) { return gradients(tanh(in[0]), {in[0]}); }, {f32({3})}); });
   EXPECT_NE(msg.find("[gradients] output 0 has shape [3]; pass a cotangent for non-scalar outputs"), std::string::npos)
       << msg;
   msg = error_of([] {
@@ -148,16 +140,16 @@ TEST(Autodiff, ClearErrors) {
   });
   EXPECT_NE(msg.find("[gradients] got 2 cotangents for 1 outputs"), std::string::npos) << msg;
   msg = error_of([] {
-    trace([](const std::vector<Tensor>& in) { return value_and_grad([](const std::vector<Tensor>& a) {
-                                                   return std::vector<Tensor>{sum(a[0])};
-                                                 }, {3})(in); },
-          {f32({2})});
+    trace(
+        [](const std::vector<Tensor>& in) {
+          return value_and_grad([](const std::vector<Tensor>& a) { return std::vector<Tensor>{sum(a[0])}; }, {3})(in);
+        },
+        {f32({2})});
   });
   EXPECT_NE(msg.find("[value_and_grad] argnum 3 out of range for 1 arguments"), std::string::npos) << msg;
   // Gradients through a primitive without a vjp rule name it.
   msg = error_of([] {
-    trace([](const std::vector<Tensor>& in) { return gradients(sum(testprims::effect(in[0])), {in[0]}); },
-          {f32({2})});
+    trace([](const std::vector<Tensor>& in) { return gradients(sum(testprims::effect(in[0])), {in[0]}); }, {f32({2})});
   });
   EXPECT_NE(msg.find("primitive 'test_effect' is not differentiable"), std::string::npos) << msg;
 }
@@ -209,9 +201,8 @@ TEST(Autodiff, CallInlinesAGraphAndKeepsTags) {
   EXPECT_NE(outer->to_string().find("# the_exp"), std::string::npos) << outer->to_string();
   auto out = Executable::compile(*outer)->run({Array::from_f32({0, 1}, {2})});
   EXPECT_TRUE(all_close(out[0].to_f32(), {1.0f, std::exp(1.0f) * 2}));
-  std::string msg = error_of([&] {
-    trace([&](const std::vector<Tensor>& in) { return call(*inner, {in[0]}); }, {f32({2})});
-  });
+  std::string msg =
+      error_of([&] { trace([&](const std::vector<Tensor>& in) { return call(*inner, {in[0]}); }, {f32({2})}); });
   EXPECT_NE(msg.find("[call] graph takes 2 arguments, got 1"), std::string::npos) << msg;
   msg = error_of([&] {
     trace([&](const std::vector<Tensor>& in) { return call(*inner, {in[0], in[0]}); }, {f32({3})});
@@ -220,8 +211,11 @@ TEST(Autodiff, CallInlinesAGraphAndKeepsTags) {
 }
 
 TEST(Autodiff, GradGraph) {
-  auto g = trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{sum(in[0] * in[1]), in[1] * 2.0}; },
-                 {f32({3}), f32({3})}, {"x", "w"});
+  auto g = trace(
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{sum(in[0] * in[1]), in[1] * 2.0};
+      },
+      {f32({3}), f32({3})}, {"x", "w"});
   auto gg = grad_graph(*g, {1, 0});
   EXPECT_EQ(gg->input_names(), (std::vector<std::string>{"x", "w"}));
   ASSERT_EQ(gg->outputs().size(), 4u);
@@ -230,7 +224,9 @@ TEST(Autodiff, GradGraph) {
   EXPECT_EQ(out[0].to_f32(), (std::vector<float>{32}));
   EXPECT_EQ(out[2].to_f32(), x.to_f32());  // d/dw
   EXPECT_EQ(out[3].to_f32(), w.to_f32());  // d/dx
-  EXPECT_NE(error_of([&] { grad_graph(*g, {0}, 1); }).find("[grad_graph] output 1 has type f32[3]; only a float scalar"), std::string::npos);
+  EXPECT_NE(
+      error_of([&] { grad_graph(*g, {0}, 1); }).find("[grad_graph] output 1 has type f32[3]; only a float scalar"),
+      std::string::npos);
   EXPECT_NE(error_of([&] { grad_graph(*g, {0}, 2); }).find("[grad_graph] output 2 does not exist"), std::string::npos);
   EXPECT_NE(error_of([&] { grad_graph(*g, {5}); }).find("[grad_graph] input 5 does not exist"), std::string::npos);
   auto gi = trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{sum(cast(in[0], DType::f32))}; },
@@ -253,14 +249,20 @@ TEST(Autodiff, SecondOrderMatchesAnalytic) {
       },
       {x});
   std::vector<float> xs = x.to_f32();
-  EXPECT_TRUE(all_close(out[0].to_f32(), map(xs, [](float v) {
-    float t = std::tanh(v);
-    return 3 * v * v + 1 - t * t;
-  }), 1e-5, 1e-5));
-  EXPECT_TRUE(all_close(out[1].to_f32(), map(xs, [](float v) {
-    float t = std::tanh(v);
-    return 6 * v - 2 * t * (1 - t * t);
-  }), 1e-4, 1e-4));
+  EXPECT_TRUE(all_close(out[0].to_f32(),
+                        map(xs,
+                            [](float v) {
+                              float t = std::tanh(v);
+                              return 3 * v * v + 1 - t * t;
+                            }),
+                        1e-5, 1e-5));
+  EXPECT_TRUE(all_close(out[1].to_f32(),
+                        map(xs,
+                            [](float v) {
+                              float t = std::tanh(v);
+                              return 6 * v - 2 * t * (1 - t * t);
+                            }),
+                        1e-4, 1e-4));
 }
 
 TEST(Autodiff, HessianVectorProductOfAMatmulLoss) {

@@ -3,6 +3,7 @@
 
 #include "ir/private_prims.h"
 #include "parallax/graph.h"
+#include "testing.h"
 
 namespace px {
 namespace {
@@ -16,14 +17,7 @@ class GraphTest : public ::testing::Test {
 
 TensorType f32(Shape s) { return {DType::f32, std::move(s)}; }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 TEST_F(GraphTest, PrintsExactText) {
   auto g = trace(
@@ -57,8 +51,8 @@ TEST_F(GraphTest, TraceRecordsProducersAndTypes) {
 
 TEST_F(GraphTest, AttrsPrintCanonically) {
   auto arr = std::make_shared<const Array>(Array::zeros(DType::bf16, {2}));
-  Attrs a{{"z", std::vector<int64_t>{0, 1}}, {"a", int64_t{3}}, {"d", DType::bf16}, {"s", std::string("hi")},
-          {"c", arr}, {"f", 0.25}};
+  Attrs a{{"z", std::vector<int64_t>{0, 1}}, {"a", int64_t{3}}, {"d", DType::bf16},
+          {"s", std::string("hi")},          {"c", arr},        {"f", 0.25}};
   EXPECT_EQ(a.to_string(), "[a=3 c=<bf16[2]> d=bf16 f=0.25 s=\"hi\" z=(0,1)]");
   EXPECT_EQ(Attrs{}.to_string(), "");
   EXPECT_EQ(a.f("a"), 3.0);  // ints read as floats
@@ -149,10 +143,10 @@ TEST_F(GraphTest, VerifierCatchesShapeRuleFailureAndBadOutputs) {
 TEST_F(GraphTest, DceDropsUnusedNodesAndKeepsMultiOutputNodes) {
   auto g = trace(
       [](const std::vector<Tensor>& in) {
-        scale(in[0], 5.0);                          // dead
+        scale(in[0], 5.0);                                  // dead
         Tensor dead_chain = scale(scale(in[1], 1.0), 2.0);  // dead
         (void)dead_chain;
-        std::vector<Tensor> s = split2(in[0]);     // only output 1 is used
+        std::vector<Tensor> s = split2(in[0]);  // only output 1 is used
         return std::vector<Tensor>{scale(s[1], 3.0)};
       },
       {f32({2}), f32({2})});
@@ -168,8 +162,11 @@ TEST_F(GraphTest, DceDropsUnusedNodesAndKeepsMultiOutputNodes) {
 }
 
 TEST_F(GraphTest, DceKeepsOutputsThatAreInputs) {
-  auto g = trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[1], in[0], in[1]}; },
-                 {f32({1}), f32({2})});
+  auto g = trace(
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{in[1], in[0], in[1]};
+      },
+      {f32({1}), f32({2})});
   auto d = dce(*g);
   EXPECT_TRUE(d->nodes().empty());
   EXPECT_EQ(d->outputs(), (std::vector<int>{1, 0, 1}));
@@ -178,8 +175,8 @@ TEST_F(GraphTest, DceKeepsOutputsThatAreInputs) {
 TEST_F(GraphTest, CseMergesIdenticalNodesTransitively) {
   auto g = trace(
       [](const std::vector<Tensor>& in) {
-        Tensor a = scale(in[0], 2.0), b = scale(in[0], 2.0);   // identical
-        Tensor c = add2(a, in[1]), d = add2(b, in[1]);         // identical once a == b
+        Tensor a = scale(in[0], 2.0), b = scale(in[0], 2.0);  // identical
+        Tensor c = add2(a, in[1]), d = add2(b, in[1]);        // identical once a == b
         return std::vector<Tensor>{c, d};
       },
       {f32({3}), f32({3})});
@@ -196,8 +193,8 @@ TEST_F(GraphTest, CseMergesIdenticalNodesTransitively) {
 TEST_F(GraphTest, CseKeepsDistinctAttrsOperandsAndNoCse) {
   auto g = trace(
       [](const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{scale(in[0], 2.0), scale(in[0], 2.5), scale(in[1], 2.0),
-                                   add2(in[0], in[1]), add2(in[1], in[0]), effect(in[0]), effect(in[0])};
+        return std::vector<Tensor>{scale(in[0], 2.0),  scale(in[0], 2.5), scale(in[1], 2.0), add2(in[0], in[1]),
+                                   add2(in[1], in[0]), effect(in[0]),     effect(in[0])};
       },
       {f32({3}), f32({3})});
   auto c = cse(*g);
@@ -276,8 +273,7 @@ TEST_F(GraphTest, TraceScopesNestAndRestore) {
 
 TEST_F(GraphTest, ShapeRuleErrorsSurfaceAtTraceTime) {
   std::string msg = error_of([] {
-    trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{add2(in[0], in[1])}; },
-          {f32({2}), f32({3})});
+    trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{add2(in[0], in[1])}; }, {f32({2}), f32({3})});
   });
   EXPECT_NE(msg.find("[test_add2] operands differ: f32[2] vs f32[3]"), std::string::npos) << msg;
   msg = error_of([] { trace([](const std::vector<Tensor>&) { return std::vector<Tensor>{Tensor()}; }, {}); });

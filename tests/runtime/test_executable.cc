@@ -11,6 +11,7 @@
 #include "parallax/autodiff.h"
 #include "parallax/ops.h"
 #include "parallax/runtime.h"
+#include "testing.h"
 
 // ---- allocation counting: every malloc-family call in this binary goes through these ------------
 extern "C" {
@@ -74,14 +75,7 @@ Array random(const Shape& s, uint32_t seed) {
   return Array::from_f32(v, s);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 CompileOptions unfused() {
   CompileOptions o;
@@ -107,7 +101,8 @@ TEST_F(ExecutableTest, FusionOnAndOffGiveIdenticalResults) {
     auto fused = Executable::compile(*g)->run(in);
     auto plain = Executable::compile(*g, unfused())->run(in);
     ASSERT_EQ(fused.size(), 3u);
-    for (size_t o = 0; o < fused.size(); ++o) EXPECT_EQ(fused[o].to_f32(), plain[o].to_f32()) << "n=" << n << " out " << o;
+    for (size_t o = 0; o < fused.size(); ++o)
+      EXPECT_EQ(fused[o].to_f32(), plain[o].to_f32()) << "n=" << n << " out " << o;
     // Against a reference computed here.
     std::vector<float> x = in[0].to_f32(), y = in[1].to_f32(), want(n);
     for (int64_t i = 0; i < n; ++i) {
@@ -253,8 +248,8 @@ TEST_F(ExecutableTest, WrongInputsGiveClearErrors) {
 TEST_F(ExecutableTest, MemoryLimitReportsLargestLiveBuffers) {
   auto g = trace(
       [](const std::vector<Tensor>& in) {
-        Tensor big = effect(in[0]);                  // f32[256,256] = 262144 bytes
-        Tensor small = effect(in[1]);                // f32[8]
+        Tensor big = effect(in[0]);    // f32[256,256] = 262144 bytes
+        Tensor small = effect(in[1]);  // f32[8]
         return std::vector<Tensor>{add2(big, effect(big)), small};
       },
       {f32({256, 256}), f32({8})});
@@ -269,8 +264,11 @@ TEST_F(ExecutableTest, MemoryLimitReportsLargestLiveBuffers) {
   opt.memory_limit_bytes = 1 << 24;
   EXPECT_NO_THROW(Executable::compile(*g, opt));
   // Outputs count too, and are listed when they are what is large.
-  auto big_out = trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{scale(in[0], 2.0), in[1]}; },
-                       {f32({512, 128}), f32({8})});
+  auto big_out = trace(
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{scale(in[0], 2.0), in[1]};
+      },
+      {f32({512, 128}), f32({8})});
   auto exe = Executable::compile(*big_out);
   EXPECT_EQ(exe->peak_bytes(), 0);
   EXPECT_EQ(exe->output_bytes(), 512 * 128 * 4 + 32);
@@ -377,9 +375,9 @@ TEST_F(ExecutableTest, ReshapesAreViews) {
   const int64_t n = 4096;
   auto g = trace(
       [](const std::vector<Tensor>& in) {
-        Tensor a = effect(in[0]);                        // f32[64,64]
-        Tensor b = effect(reshape(a, {4096}));           // read through a view
-        Tensor c = effect(reshape(in[0], {16, 256}));    // a view of a graph input
+        Tensor a = effect(in[0]);                      // f32[64,64]
+        Tensor b = effect(reshape(a, {4096}));         // read through a view
+        Tensor c = effect(reshape(in[0], {16, 256}));  // a view of a graph input
         return std::vector<Tensor>{add2(b, reshape(c, {4096})), reshape(a, {32, 128})};
       },
       {f32({64, 64})});

@@ -2,48 +2,18 @@
 // into the unsharded TrainStep (and back), continuing training as the original run does.
 #include <gtest/gtest.h>
 
-#include <random>
-
 #include "parallax/io.h"
 #include "parallax/nn.h"
 #include "parallax/parallel.h"
+#include "recipe_check.h"
 #include "testing.h"
 
 namespace px {
 namespace {
 
-Array random_tokens(const Shape& s, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> v(numel(s));
-  for (auto& t : v) t = static_cast<int32_t>(rng() % vocab);
-  return Array::from_i32(v, s);
-}
-
-struct Fixture {
-  nn::TransformerLm model;
-  std::vector<TensorType> batch_types;
-  TrainStep::LossFn loss;
-  explicit Fixture(const nn::LmConfig& cfg)
-      : model(cfg),
-        batch_types{{DType::i32, {8, cfg.max_seq_len}}, {DType::i32, {8, cfg.max_seq_len}}},
-        loss([this](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); }) {}
-  std::vector<Array> batch(int i) const {
-    return {random_tokens(batch_types[0].shape, model.config().vocab_size, 10 + 2 * i),
-            random_tokens(batch_types[1].shape, model.config().vocab_size, 11 + 2 * i)};
-  }
-};
-
-// As in test_recipes.cc: eps 1e-5 keeps near-zero gradients from amplifying rounding noise.
-optim::OptimizerPtr opt() { return optim::adamw({.lr = 1e-2, .eps = 1e-5, .weight_decay = 0.1}); }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using recipe_check::Fixture;
+using recipe_check::opt;
+using testing::error_of;
 
 // The original run's losses and params after continuing, to compare resumed runs with.
 struct Continued {
@@ -63,7 +33,7 @@ void expect_matches(const Continued& got, const Continued& want, const std::stri
 }
 
 TEST(ShardedCheckpoint, ResumesOnAnotherMeshStrategyAndUnsharded) {
-  Fixture f(nn::gpt2_config("gpt_micro", 256, 64, 4, 2, 128, 16));
+  Fixture f(recipe_check::gpt_micro());
   const std::string dir = ::testing::TempDir();
   const std::string sharded_file = dir + "/px_sharded_ckpt.safetensors",
                     plain_file = dir + "/px_plain_ckpt.safetensors";
@@ -122,7 +92,7 @@ TEST(ShardedCheckpoint, ResumesOnAnotherMeshStrategyAndUnsharded) {
 
 TEST(ShardedCheckpoint, ErrorsNameTheFileTheTensorAndTheState) {
   const std::string path = ::testing::TempDir() + "/px_sharded_ckpt_errors.safetensors";
-  Fixture f(nn::gpt2_config("gpt_micro", 256, 64, 4, 2, 128, 16));
+  Fixture f(recipe_check::gpt_micro());
   ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}}), ShardingStrategy::DDP);
   step.save(path, step.init(0));
 

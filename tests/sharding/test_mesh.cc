@@ -5,18 +5,12 @@
 #include <cstdlib>
 
 #include "parallax/sharding.h"
+#include "testing.h"
 
 namespace px {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 TEST(Mesh, CpuMeshHasVirtualDevicesAndRowMajorCoords) {
   Mesh m = Mesh::cpu({{"data", 4}, {"model", 2}});
