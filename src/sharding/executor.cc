@@ -380,14 +380,14 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
                   "; reshard it with px::shard(px::gather(x), exe->in_sharding(i))");
     }
   }
-  // Outputs are computed straight into the caller's arrays when they fit (the buffers of the
-  // step before last, in a training loop), else into fresh ones: never copied at the end.
+  // Every output lands in the caller's arrays when they fit and the caller alone holds them (the
+  // buffers of the step before last, in a training loop), else in fresh ones. Computed outputs
+  // are written there by the steps themselves, never copied at the end.
   outs.resize(g.outputs().size());
   for (size_t o = 0; o < g.outputs().size(); ++o) {
-    if (!m.output_bound[o]) continue;
     int v = g.outputs()[o];
     const Sharding& s = m.prog.out_shardings[o];
-    std::vector<Array>& have = outs[o].mutable_shards();
+    const std::vector<Array>& have = outs[o].shards();
     bool reuse = outs[o].sharding() == s && static_cast<int64_t>(have.size()) == m.devices;
     for (size_t d = 0; reuse && d < have.size(); ++d) reuse = have[d].type() == g.type(v) && have[d].sole_owner();
     if (!reuse) {
@@ -397,7 +397,8 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
       for (int d = 0; d < static_cast<int>(global.shape.size()); ++d) global.shape[d] *= s.num_shards(d);
       outs[o] = ShardedArray(global, s, std::move(shards));
     }
-    for (int64_t d = 0; d < m.devices; ++d) m.bind(d, v, m.output_slots[o], outs[o].shard(static_cast<int>(d)));
+    if (m.output_bound[o])
+      for (int64_t d = 0; d < m.devices; ++d) m.bind(d, v, m.output_slots[o], outs[o].shard(static_cast<int>(d)));
   }
   for (const Step& st : m.steps) {
     if (st.collective) {
@@ -426,28 +427,14 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
     }
     if (failure) std::rethrow_exception(failure);
   }
-  // The other outputs (inputs returned, a value returned twice): copied into the caller's shards
-  // when they fit (no fresh pages to fault in), else into new arrays.
+  // The other outputs (inputs returned, a value returned twice) are copied.
   for (size_t o = 0; o < g.outputs().size(); ++o) {
     if (m.output_bound[o]) continue;
-    int v = g.outputs()[o];
-    const Sharding& s = m.prog.out_shardings[o];
-    std::vector<Array>& have = outs[o].mutable_shards();
-    bool reuse = outs[o].sharding() == s && static_cast<int64_t>(have.size()) == m.devices;
-    for (size_t d = 0; reuse && d < have.size(); ++d) reuse = have[d].type() == g.type(v) && have[d].sole_owner();
-    if (reuse) {
-      for (int64_t d = 0; d < m.devices; ++d) {
-        const Array& src = m.value(static_cast<int>(d), v, inputs);
-        if (src.raw() != have[d].raw() && src.nbytes())
-          std::memcpy(have[d].raw(), src.raw(), static_cast<size_t>(src.nbytes()));
-      }
-      continue;
+    for (int64_t d = 0; d < m.devices; ++d) {
+      const Array& src = m.value(static_cast<int>(d), g.outputs()[o], inputs);
+      Array& dst = outs[o].mutable_shards()[d];
+      if (src.raw() != dst.raw() && src.nbytes()) std::memcpy(dst.raw(), src.raw(), static_cast<size_t>(src.nbytes()));
     }
-    std::vector<Array> shards;
-    for (int64_t d = 0; d < m.devices; ++d) shards.push_back(m.value(static_cast<int>(d), v, inputs).clone());
-    TensorType global = g.type(v);
-    for (int d = 0; d < static_cast<int>(global.shape.size()); ++d) global.shape[d] *= s.num_shards(d);
-    outs[o] = ShardedArray(global, s, std::move(shards));
   }
   // Let go of the caller's arrays (outputs and inputs), so that it is their sole owner again and
   // the next run may write into them.
