@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
@@ -23,6 +24,14 @@ inline std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "<no error>";
+}
+
+// The Python of the test virtual environment (scripts/setup_test_venv.sh makes it): PX_TEST_PYTHON,
+// which CTest sets to <repo>/.venv-test/bin/python. Interop tests fail, not skip, when it lacks a
+// package: CI runs the set-up script, and a newcomer's test command does too.
+inline std::string test_python() {
+  const char* p = std::getenv("PX_TEST_PYTHON");
+  return p && *p ? p : "python3";
 }
 
 inline std::vector<TensorType> types_of(const std::vector<Array>& xs) {
