@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "parallax/memory.h"
+
 namespace px {
 
 // Thrown for bad user input (shapes, dtypes, configs, files); the message names the
@@ -56,7 +58,8 @@ float f16_to_f32(uint16_t h);
 class Array {
  public:
   Array() = default;
-  Array(DType dtype, Shape shape);  // uninitialized, 64-byte aligned
+  // Uninitialized, 64-byte aligned, counted at `where` (memory_stats).
+  Array(DType dtype, Shape shape, Placement where = {});
   static Array zeros(DType dtype, const Shape& shape);
   static Array from_f32(const std::vector<float>& v, const Shape& shape, DType dtype = DType::f32);
   static Array from_i32(const std::vector<int32_t>& v, const Shape& shape);
@@ -68,6 +71,7 @@ class Array {
   int64_t numel() const { return type_.numel(); }
   int64_t nbytes() const { return type_.nbytes(); }
   bool defined() const { return data_ != nullptr || numel() == 0; }
+  const Placement& placement() const { return where_; }  // device and memory kind
 
   void* raw() { return data_.get(); }
   const void* raw() const { return data_.get(); }
@@ -84,6 +88,7 @@ class Array {
 
  private:
   TensorType type_;
+  Placement where_;
   std::shared_ptr<std::byte> data_;
 };
 

@@ -148,7 +148,8 @@ std::unique_ptr<Graph> trace(const TracedFn& fn, const std::vector<TensorType>& 
                              const std::vector<std::string>& input_names = {});
 
 // Passes (pure: return a new graph).
-std::unique_ptr<Graph> dce(const Graph& g);  // drops nodes whose outputs are unused
-std::unique_ptr<Graph> cse(const Graph& g);  // merges identical (prim, attrs, inputs) nodes
+// With value_map set, each also returns, per value of g, its id in the result (-1 when dropped).
+std::unique_ptr<Graph> dce(const Graph& g, std::vector<int>* value_map = nullptr);  // drops unused nodes
+std::unique_ptr<Graph> cse(const Graph& g, std::vector<int>* value_map = nullptr);  // merges identical nodes
 
 }  // namespace px

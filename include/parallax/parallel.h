@@ -72,6 +72,13 @@ ShardingPlan plan_sharding(const Graph& forward, const std::vector<std::string>&
 // Glob match used by the rules: '*' matches any run of characters, '?' one character.
 bool glob_match(const std::string& pattern, const std::string& text);
 
+// The recipe's decision for a traced training step: inputs laid out by the plan (optimizer state
+// as its param, the batch over the batch axes), FSDP params gathered for the forward and again for
+// the backward pass, every gradient pinned to its param's layout, DDP buckets.
+ShardingDecision decide_train_step(const StepProgram& program, const ShardingPlan& plan,
+                                   const std::vector<PartitionSpec>& state_specs,
+                                   const std::vector<TensorType>& batch_types, int64_t bucket_bytes);
+
 struct ShardedTrainState {
   std::vector<ShardedArray> params;
   std::vector<ShardedArray> opt_state;

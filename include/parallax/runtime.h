@@ -5,6 +5,7 @@
 //   std::vector<px::Array> out = exe->run({x, w});
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +13,25 @@
 #include "parallax/graph.h"
 
 namespace px {
+
+// What a buffer holds, for the memory report: every byte a device uses for a step is one of these.
+enum class MemoryCategory : uint8_t { params, gradients, optimizer_state, activations, temporaries, collective_buffers };
+constexpr int kNumMemoryCategories = 6;
+const char* memory_category_name(MemoryCategory c);
+
+// One device's memory for one run, known at compile time: the caller's input and output arrays
+// plus the executable's arena (the buffer plan). `by_category` splits the bytes in use at the
+// peak: inputs and outputs by what they hold, and the arena buffers live at that moment.
+struct MemoryReport {
+  int64_t peak_bytes = 0;  // input_bytes + output_bytes + arena_bytes
+  int64_t input_bytes = 0, output_bytes = 0, arena_bytes = 0;
+  int64_t arena_live_bytes = 0;  // arena bytes live at the peak (the rest is fragmentation)
+  std::array<int64_t, kNumMemoryCategories> by_category{};
+  // The most arena bytes of each category live at once over the run (at whatever step), e.g. how
+  // many gathered weights an FSDP step holds at a time.
+  std::array<int64_t, kNumMemoryCategories> arena_max_by_category{};
+  std::string to_string() const;  // one line per category
+};
 
 struct CompileOptions {
   bool fuse_elementwise = true;  // chain elementwise ops into single tiled passes
@@ -21,6 +41,11 @@ struct CompileOptions {
   // (see px::autocast in passes.h); f32 changes nothing.
   DType compute_dtype = DType::f32;
   bool profile = false;  // time every kernel (also PX_PROFILE=1); see Executable::profile_report
+  // Collectives that gather (all_gather) start when the one `collective_lookahead` places before
+  // them is first used; see runtime/schedule.h.
+  int collective_lookahead = 1;
+  // Optional: what each value of the graph holds (size = number of values), for memory().
+  std::vector<MemoryCategory> value_categories;
 };
 
 class Executable {
@@ -38,6 +63,7 @@ class Executable {
   void run_into(const std::vector<Array>& inputs, std::vector<Array>& outputs);
 
   int64_t peak_bytes() const;    // working memory: the arena size of the buffer plan
+  MemoryReport memory() const;   // per device: inputs, outputs and arena, split by category
   int64_t output_bytes() const;  // bytes of the outputs (in the caller's arrays, not the arena)
   int num_steps() const;       // kernels launched per run
   int num_fused_groups() const;
@@ -45,8 +71,14 @@ class Executable {
   // Time per run spent in each kind of kernel, largest first (needs CompileOptions::profile).
   std::string profile_report(int top = 20) const;
   const Graph& graph() const;   // the optimized graph that was compiled
+  int num_devices() const;
+
+  // For the sharded executor: runs every local device's inputs (one list per device) in lockstep,
+  // collectives included. Outputs as in run_into, one list per device.
+  void run_on_devices(const std::vector<std::vector<Array>>& inputs, std::vector<std::vector<Array>>& outputs);
 
   struct Impl;
+  friend std::unique_ptr<Executable> make_executable(std::unique_ptr<Impl> impl);
 
  private:
   explicit Executable(std::unique_ptr<Impl> impl);

@@ -21,6 +21,8 @@
 
 namespace px {
 
+class Communicator;
+
 enum class CollectiveKind { all_reduce, all_gather, reduce_scatter, all_to_all, permute, broadcast };
 constexpr int kNumCollectiveKinds = 6;
 const char* collective_name(CollectiveKind k);
@@ -89,6 +91,8 @@ struct PartitionOptions {
 struct SpmdProgram {
   Mesh mesh;
   std::unique_ptr<Graph> local;  // inputs: the local shards of the global inputs, then coords
+  // What each local value holds (empty: unknown), for the per-device memory report.
+  std::vector<MemoryCategory> local_categories;
   std::vector<Sharding> in_shardings, out_shardings;
   std::vector<Sharding> value_shardings;  // per value of the global graph, as propagated
   std::vector<CollectiveRecord> collectives;
@@ -100,22 +104,56 @@ struct SpmdProgram {
 SpmdProgram partition(const Graph& g, const Mesh& mesh, const std::vector<Sharding>& in_shardings,
                       const PartitionOptions& opt = {});
 
+// A required layout of one value of a traced program: of the value itself (every reader sees it
+// so laid out, e.g. a gradient pinned to its param's spec), or only as read by the nodes in
+// [readers_begin, readers_end) (e.g. FSDP: a param gathered for the forward pass, and gathered
+// again for the backward pass with `regather`, so the first gather is freed in between).
+struct ValueConstraint {
+  int value = -1;
+  PartitionSpec spec;
+  int readers_begin = -1, readers_end = -1;  // -1: the value itself
+  bool regather = false;  // emit its own collectives even where an earlier read gathered the value
+};
+
+// The sharding decision for a program: what a recipe, the user's rules or AUTO chose. partition()
+// only emits what it says (collectives included); it decides nothing beyond propagation.
+struct ShardingDecision {
+  Mesh mesh;
+  std::vector<Sharding> inputs;                   // one per graph input
+  std::vector<std::optional<Sharding>> outputs;  // per graph output; unset: as propagated
+  std::vector<ValueConstraint> constraints;
+  // Values (pinned replicated, same dtype) flattened into one buffer and reduced together (DDP
+  // buckets); each is a list of value ids.
+  std::vector<std::vector<int>> buckets;
+  std::string to_string(const Graph& g) const;  // one line per input and constraint
+};
+
+// The decision applied as sharding_constraint nodes: a pure graph pass (its result is what
+// PX_DUMP shows as "annotate"). `value_map` receives each value's id in the result.
+std::unique_ptr<Graph> annotate(const Graph& g, const ShardingDecision& d, std::vector<int>* value_map = nullptr);
+// annotate + partition. `categories` (optional, per value of g) label the local program's values.
+SpmdProgram partition(const Graph& g, const ShardingDecision& d, const std::vector<MemoryCategory>& categories = {},
+                      CollectiveEmitter* emitter = nullptr);
+
 // How the virtual devices of one process share the cores (never more threads than cores):
 // over_devices runs the devices of a segment in parallel, each on one thread; within_kernels runs
 // them one after the other with multi-threaded kernels. automatic picks over_devices when there
 // are at least as many devices as threads.
 enum class DeviceParallelism { automatic, over_devices, within_kernels };
 
-// The local program compiled once and run on every device of the mesh in lockstep: each compute
-// segment runs on every device, then the collective after it runs on all of them at once.
+// The local program compiled once and run on every device of the mesh in lockstep: one schedule in
+// which collectives are nodes (gathers placed late, reductions early), one buffer plan, an arena
+// per device.
 class ShardedExecutable {
  public:
   static std::unique_ptr<ShardedExecutable> compile(const Graph& g, const Mesh& mesh,
                                                     const std::vector<PartitionSpec>& in_specs,
                                                     const PartitionOptions& popt = {}, const CompileOptions& copt = {},
                                                     DeviceParallelism par = DeviceParallelism::automatic);
+  // `comm` (optional, not owned) runs the collectives; default: an in-process communicator.
   static std::unique_ptr<ShardedExecutable> compile(SpmdProgram program, const CompileOptions& copt = {},
-                                                    DeviceParallelism par = DeviceParallelism::automatic);
+                                                    DeviceParallelism par = DeviceParallelism::automatic,
+                                                    Communicator* comm = nullptr);
   ~ShardedExecutable();
 
   // Inputs must carry the compiled shardings (see in_sharding()).
@@ -132,7 +170,10 @@ class ShardedExecutable {
   const SpmdProgram& program() const;
   const CollectiveStats& stats() const;  // accumulated over runs
   void reset_stats();
-  int num_segments() const;  // compute segments between collectives
+  // The one program every device runs: its schedule (kernels and collectives) and buffer plan.
+  const Executable& executable() const;
+  MemoryReport memory() const;             // per device, known before the first run
+  int64_t peak_bytes(int position) const;  // planned bytes of the device at a mesh position
   std::string summary() const;
 
   struct Impl;

@@ -76,21 +76,23 @@ class TrainStep {
   size_t n_params_ = 0, n_state_ = 0;
 };
 
-// How a traced step's params are used, for steps that place them (sharding): `use` maps the
-// stored params to the values the model reads, `pin` rewrites the gradients with respect to
-// those values before clipping and the update. Both default to identity.
-struct StepHooks {
-  std::function<std::vector<Tensor>(const std::vector<Tensor>&)> use;
-  std::function<std::vector<Tensor>(std::vector<Tensor>)> pin;
+// The traced training step and what its parts are: the input of the sharding decision, the
+// memory report and the passes after it.
+struct StepProgram {
+  std::unique_ptr<Graph> graph;  // inputs: params, optimizer state ("<path>.<slot>"), batch, step (i32)
+                                 // outputs: loss, gradient norm, learning rate, new params, new state
+  size_t n_params = 0, n_state = 0, n_batch = 0;
+  std::vector<std::string> paths;  // per param
+  std::vector<int> grads;          // per param: the value of its gradient (before clipping)
+  int forward_end = 0;             // nodes [0, forward_end) compute the loss
+  int backward_end = 0;            // nodes [forward_end, backward_end) the gradients; then clip and update
+  std::vector<MemoryCategory> categories;  // per value: params, optimizer state, gradients, activations, ...
 };
 
-// Traces the whole step into one graph. Inputs: params, optimizer state (named
-// "<path>.<slot>"), batch, step (i32 updates so far). Outputs: loss, gradient norm, learning
-// rate, new params, new state. `who` names the caller in errors.
-std::unique_ptr<Graph> trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
-                                        const TrainStep::LossFn& loss_fn, const std::vector<TensorType>& batch_types,
-                                        double clip_norm, const StepHooks& hooks = {},
-                                        const std::string& who = "TrainStep");
+// Traces the whole step into one program. `who` names the caller in errors.
+StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
+                             const std::vector<TensorType>& batch_types, double clip_norm,
+                             const std::string& who = "TrainStep");
 
 // A forward-only program over the params (e.g. logits for evaluation or decoding).
 class ForwardFn {

@@ -116,15 +116,13 @@ float f16_to_f32(uint16_t h) {
   return f;
 }
 
-Array::Array(DType dtype, Shape shape) : type_{dtype, std::move(shape)} {
+Array::Array(DType dtype, Shape shape, Placement where) : type_{dtype, std::move(shape)}, where_(where) {
   for (int64_t d : type_.shape)
     if (d < 0) throw Error("[Array] negative dimension in shape " + shape_str(type_.shape));
-  size_t bytes = static_cast<size_t>(type_.nbytes());
-  size_t rounded = (bytes + 63) / 64 * 64;
-  if (rounded == 0) rounded = 64;
-  void* p = std::aligned_alloc(64, rounded);
-  if (!p) throw Error("[Array] out of host memory allocating " + std::to_string(bytes) + " bytes");
-  data_ = std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
+  const int64_t bytes = type_.nbytes();
+  void* p = allocate_bytes(where, bytes);
+  data_ = std::shared_ptr<std::byte>(static_cast<std::byte*>(p),
+                                     [where, bytes](std::byte* q) { free_bytes(where, q, bytes); });
 }
 
 Array Array::zeros(DType dtype, const Shape& shape) {
@@ -193,7 +191,7 @@ Array Array::astype(DType d) const {
 }
 
 Array Array::clone() const {
-  Array a(dtype(), shape());
+  Array a(dtype(), shape(), where_);
   if (nbytes()) std::memcpy(a.raw(), raw(), static_cast<size_t>(nbytes()));
   return a;
 }

@@ -70,7 +70,7 @@ EnvConfig parse_env(const std::function<const char*(const char*)>& get_raw) {
                   "' is not a log level; use debug, info, warn, error or off");
     }
   }
-  if (const char* v = get("PX_DUMP_DIR")) c.dump_dir = v;
+  if (const char* v = get("PX_DUMP")) c.dump_dir = v;
   if (const char* v = get("PX_DISABLE_FUSION")) c.disable_fusion = parse_bool("PX_DISABLE_FUSION", v);
   if (const char* v = get("PX_PROFILE")) c.profile = parse_bool("PX_PROFILE", v);
   if (const char* v = get("PX_DEVICES"))
@@ -87,7 +87,7 @@ const std::vector<EnvVariable>& env_variables() {
   static const std::vector<EnvVariable> vars = {
       {"PX_NUM_THREADS", "number of OpenMP threads the CPU kernels use (default: OpenMP's, usually all cores)"},
       {"PX_LOG_LEVEL", "least severe log records shown: debug, info, warn (default), error, off"},
-      {"PX_DUMP_DIR", "directory where every compiled graph and its schedule are written as text"},
+      {"PX_DUMP", "directory where the program after every compiler pass (trace, sharding decision, partition, autocast, schedule, buffer plan) is written as text"},
       {"PX_DISABLE_FUSION", "1 compiles every elementwise op as its own kernel (for debugging and benchmarks)"},
       {"PX_PROFILE", "1 times every kernel; Executable::profile_report() prints the totals"},
       {"PX_DEVICES",

@@ -17,7 +17,7 @@ namespace px {
 struct EnvConfig {
   int num_threads = 0;                  // PX_NUM_THREADS: OpenMP threads for kernels (0 = default)
   LogLevel log_level = LogLevel::warn;  // PX_LOG_LEVEL: debug | info | warn | error | off
-  std::string dump_dir;                 // PX_DUMP_DIR: where compiled graphs are written ("" = nowhere)
+  std::string dump_dir;                 // PX_DUMP: where each pass writes its program as text ("" = nowhere)
   bool disable_fusion = false;          // PX_DISABLE_FUSION=1: compile every elementwise op alone
   bool profile = false;                 // PX_PROFILE=1: time every kernel (Executable::profile_report)
   std::string device_platform = "cpu";  // PX_DEVICES: "cpu" or "cpu:N" (N virtual CPU devices)

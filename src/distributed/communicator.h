@@ -14,6 +14,7 @@
 // all_reduce may run in place. Every call records its bytes in stats().
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -28,6 +29,21 @@ enum class ReduceOp { sum, max };
 using DeviceGroups = std::vector<std::vector<int>>;
 using Buffers = std::vector<const void*>;
 using MutBuffers = std::vector<void*>;
+
+// A started collective. wait() returns once its outputs are complete and its inputs may be
+// reused; a handle that holds nothing is already complete. Wait exactly once per started call.
+class CollectiveHandle {
+ public:
+  CollectiveHandle() = default;
+  explicit CollectiveHandle(std::function<void()> wait) : wait_(std::move(wait)) {}
+  void wait() {
+    if (wait_) std::exchange(wait_, nullptr)();
+  }
+  bool pending() const { return static_cast<bool>(wait_); }
+
+ private:
+  std::function<void()> wait_;
+};
 
 class Communicator {
  public:
@@ -53,6 +69,35 @@ class Communicator {
   void broadcast(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, int root,
                  const DeviceGroups& groups);
   virtual void barrier() = 0;
+
+  // Non-blocking forms: the schedule starts a collective, runs independent compute, then waits.
+  // By default a call completes when it starts (the in-process communicator: its collectives are
+  // memory copies on the same cores, so there is nothing to overlap); MPI and NCCL override these.
+  virtual CollectiveHandle start_all_reduce(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
+                                            ReduceOp op, const DeviceGroups& groups) {
+    all_reduce(ins, outs, count, t, op, groups);
+    return {};
+  }
+  virtual CollectiveHandle start_all_gather(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
+                                            const DeviceGroups& groups) {
+    all_gather(ins, outs, count, t, groups);
+    return {};
+  }
+  virtual CollectiveHandle start_reduce_scatter(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
+                                                ReduceOp op, const DeviceGroups& groups) {
+    reduce_scatter(ins, outs, count, t, op, groups);
+    return {};
+  }
+  virtual CollectiveHandle start_all_to_all(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
+                                            const DeviceGroups& groups) {
+    all_to_all(ins, outs, count, t, groups);
+    return {};
+  }
+  virtual CollectiveHandle start_permute(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
+                                         const std::vector<std::pair<int, int>>& pairs) {
+    permute(ins, outs, count, t, pairs);
+    return {};
+  }
 
   const CollectiveStats& stats() const { return stats_; }
   void reset_stats() { stats_.reset(); }

@@ -274,12 +274,16 @@ std::unique_ptr<Graph> trace(const TracedFn& fn, const std::vector<TensorType>& 
 
 namespace {
 // Rebuilds g keeping only nodes with keep[i], renumbering values densely.
-std::unique_ptr<Graph> rebuild(const Graph& g, const std::vector<char>& keep, const std::vector<int>& remap_in) {
+// When value_map is set it receives, per value of g, its id in the result (-1 when dropped).
+std::unique_ptr<Graph> rebuild(const Graph& g, const std::vector<char>& keep, const std::vector<int>& remap_in,
+                               std::vector<int>* value_map = nullptr) {
   std::vector<int> remap(remap_in);
+  if (value_map) value_map->assign(g.values().size(), -1);
   std::vector<ValueInfo> values;
   std::vector<int> inputs;
   for (int id : g.inputs()) {
     remap[id] = static_cast<int>(values.size());
+    if (value_map) (*value_map)[id] = remap[id];
     values.push_back(g.values()[id]);
     inputs.push_back(remap[id]);
   }
@@ -291,6 +295,7 @@ std::unique_ptr<Graph> rebuild(const Graph& g, const std::vector<char>& keep, co
     for (size_t o = 0; o < n.outputs.size(); ++o) {
       int old = n.outputs[o];
       remap[old] = static_cast<int>(values.size());
+      if (value_map) (*value_map)[old] = remap[old];
       values.push_back({g.values()[old].type, static_cast<int>(nodes.size()), static_cast<int>(o)});
       n.outputs[o] = remap[old];
     }
@@ -310,7 +315,7 @@ std::vector<int> identity_map(const Graph& g) {
 }
 }  // namespace
 
-std::unique_ptr<Graph> dce(const Graph& g) {
+std::unique_ptr<Graph> dce(const Graph& g, std::vector<int>* value_map) {
   std::vector<char> live(g.values().size(), 0), keep(g.nodes().size(), 0);
   for (int id : g.outputs()) live[id] = 1;
   for (size_t i = g.nodes().size(); i-- > 0;) {
@@ -320,10 +325,10 @@ std::unique_ptr<Graph> dce(const Graph& g) {
     keep[i] = 1;
     for (int in : n.inputs) live[in] = 1;
   }
-  return rebuild(g, keep, identity_map(g));
+  return rebuild(g, keep, identity_map(g), value_map);
 }
 
-std::unique_ptr<Graph> cse(const Graph& g) {
+std::unique_ptr<Graph> cse(const Graph& g, std::vector<int>* value_map) {
   std::vector<int> canon = identity_map(g);  // value -> canonical value
   std::vector<char> keep(g.nodes().size(), 1);
   std::unordered_multimap<size_t, int> seen;  // hash -> node index
@@ -356,7 +361,13 @@ std::unique_ptr<Graph> cse(const Graph& g) {
   std::vector<int> outs;
   for (int id : g.outputs()) outs.push_back(canon[id]);
   tmp->reset_ids(tmp->nodes(), tmp->values(), tmp->inputs(), tmp->input_names(), outs);
-  return rebuild(*tmp, keep, identity_map(*tmp));
+  std::vector<int> after;
+  auto out = rebuild(*tmp, keep, identity_map(*tmp), value_map ? &after : nullptr);
+  if (value_map) {
+    value_map->assign(g.values().size(), -1);
+    for (size_t v = 0; v < canon.size(); ++v) (*value_map)[v] = after[canon[v]];
+  }
+  return out;
 }
 
 }  // namespace px

@@ -1,5 +1,6 @@
 #include "parallax/train.h"
 
+#include "core/dump.h"
 #include "optim/checkpoint.h"
 #include "parallax/autodiff.h"
 #include "parallax/io.h"
@@ -7,40 +8,46 @@
 
 namespace px {
 
-std::unique_ptr<Graph> trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
-                                        const TrainStep::LossFn& loss_fn, const std::vector<TensorType>& batch_types,
-                                        double clip_norm, const StepHooks& hooks, const std::string& who) {
+StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
+                             const std::vector<TensorType>& batch_types, double clip_norm, const std::string& who) {
   std::vector<TensorType> param_types = store.types();
   std::vector<optim::StateSlot> slots = opt.state_slots(param_types);
-  std::vector<std::string> paths = store.paths();
-  const size_t n_params = param_types.size(), n_state = slots.size();
+  StepProgram p;
+  p.paths = store.paths();
+  p.n_params = param_types.size();
+  p.n_state = slots.size();
+  p.n_batch = batch_types.size();
+  const size_t n_params = p.n_params, n_state = p.n_state;
 
   std::vector<TensorType> types = param_types;
-  std::vector<std::string> names = paths;
+  std::vector<std::string> names = p.paths;
   for (const auto& s : slots) {
     types.push_back(s.type);
-    names.push_back(paths[s.param] + "." + s.name);
+    names.push_back(p.paths[s.param] + "." + s.name);
   }
   types.insert(types.end(), batch_types.begin(), batch_types.end());
   for (size_t i = 0; i < batch_types.size(); ++i) names.push_back("batch." + std::to_string(i));
   types.push_back({DType::i32, {}});
   names.push_back("step");
 
-  return trace(
+  p.graph = trace(
       [&](const std::vector<Tensor>& in) {
+        Graph& g = *current_graph();
         std::vector<Tensor> params(in.begin(), in.begin() + n_params);
         std::vector<Tensor> state(in.begin() + n_params, in.begin() + n_params + n_state);
         std::vector<Tensor> batch(in.begin() + n_params + n_state, in.end() - 1);
         Tensor step = in.back();
-        std::vector<Tensor> used = hooks.use ? hooks.use(params) : params;
-        nn::ParamBinding bound = store.bind(used);
+        nn::ParamBinding bound = store.bind(params);
         Tensor loss = loss_fn(batch);
         if (loss.numel() != 1) throw Error("[" + who + "] the loss must be a scalar, got " + type_str(loss.type()));
         loss = cast(reshape(loss, {}), DType::f32);
-        std::vector<Tensor> grads = gradients(loss, used);
-        for (size_t i = 0; i < grads.size(); ++i)
-          if (!grads[i].defined()) throw Error("[" + who + "] param '" + paths[i] + "' is not a float tensor");
-        if (hooks.pin) grads = hooks.pin(std::move(grads));
+        p.forward_end = static_cast<int>(g.nodes().size());
+        std::vector<Tensor> grads = gradients(loss, params);
+        p.backward_end = static_cast<int>(g.nodes().size());
+        for (size_t i = 0; i < grads.size(); ++i) {
+          if (!grads[i].defined()) throw Error("[" + who + "] param '" + p.paths[i] + "' is not a float tensor");
+          p.grads.push_back(grads[i].id());
+        }
         Tensor norm;
         if (clip_norm > 0) {
           optim::Clipped c = optim::clip_by_global_norm(grads, clip_norm);
@@ -49,13 +56,33 @@ std::unique_ptr<Graph> trace_train_step(nn::ParamStore& store, const optim::Opti
         } else {
           norm = optim::global_norm(grads);
         }
-        optim::Update u = opt.apply(params, grads, state, step + 1, paths);
+        optim::Update u = opt.apply(params, grads, state, step + 1, p.paths);
         std::vector<Tensor> out = {loss, norm, u.lr};
         out.insert(out.end(), u.params.begin(), u.params.end());
         out.insert(out.end(), u.state.begin(), u.state.end());
         return out;
       },
       types, names);
+
+  // What each value holds, for the per-device memory report.
+  const Graph& g = *p.graph;
+  p.categories.assign(g.values().size(), MemoryCategory::temporaries);
+  for (int i = 0; i < p.graph->nodes().size(); ++i)
+    if (i < p.forward_end)
+      for (int v : g.nodes()[i].outputs) p.categories[v] = MemoryCategory::activations;
+  for (size_t i = 0; i < g.inputs().size(); ++i)
+    p.categories[g.inputs()[i]] = i < n_params ? MemoryCategory::params
+                                  : i < n_params + n_state ? MemoryCategory::optimizer_state
+                                  : MemoryCategory::activations;
+  for (int v : p.grads) p.categories[v] = MemoryCategory::gradients;
+  for (size_t o = 3; o < g.outputs().size(); ++o)
+    p.categories[g.outputs()[o]] = o < 3 + n_params ? MemoryCategory::params : MemoryCategory::optimizer_state;
+  dump_pass("trace_autodiff", [&] {
+    return "# forward: nodes [0, " + std::to_string(p.forward_end) + "), backward: [" + std::to_string(p.forward_end) +
+           ", " + std::to_string(p.backward_end) + "), clipping and update: [" + std::to_string(p.backward_end) +
+           ", " + std::to_string(g.nodes().size()) + ")\n" + g.to_string();
+  });
+  return p;
 }
 
 TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss_fn,
@@ -64,8 +91,11 @@ TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss
   if (!opt_) throw Error("[TrainStep] no optimizer given");
   n_params_ = static_cast<size_t>(store_.size());
   n_state_ = opt_->state_slots(store_.types()).size();
-  graph_ = trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm);
-  exe_ = Executable::compile(*graph_, options.compile);
+  StepProgram program = trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm);
+  graph_ = std::move(program.graph);
+  CompileOptions copt = options.compile;
+  if (copt.value_categories.empty()) copt.value_categories = std::move(program.categories);
+  exe_ = Executable::compile(*graph_, copt);
   for (int v : exe_->graph().outputs()) outputs_.emplace_back(exe_->graph().type(v).dtype, exe_->graph().type(v).shape);
   inputs_.resize(graph_->inputs().size());
   inputs_.back() = Array(DType::i32, {});

@@ -1,62 +1,68 @@
-// Executable: topological schedule, elementwise fusion, liveness-based buffer plan, and a run
-// loop that only calls prepared kernels on precomputed pointers.
+// Executable: the schedule (runtime/schedule.h), one buffer plan for the whole program
+// (runtime/plan.h), and a run loop that only calls prepared kernels and collectives on
+// precomputed pointers. One program runs on one or several devices of this process in lockstep:
+// each device has its own arena and kernel instances, the schedule and plan are shared.
 #include "parallax/runtime.h"
 
+#include <omp.h>
+
 #include <algorithm>
-#include <chrono>
 #include <atomic>
-#include <cstdlib>
+#include <chrono>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <map>
 #include <sstream>
 
 #include "backend/cpu/kernel.h"
+#include "core/dump.h"
 #include "core/env.h"
 #include "core/log.h"
 #include "ir/primitive.h"
 #include "parallax/passes.h"
 #include "runtime/plan.h"
+#include "runtime/program.h"
+#include "runtime/schedule.h"
 
 namespace px {
 
+const char* memory_category_name(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::params:
+      return "params";
+    case MemoryCategory::gradients:
+      return "gradients";
+    case MemoryCategory::optimizer_state:
+      return "optimizer_state";
+    case MemoryCategory::activations:
+      return "activations";
+    case MemoryCategory::temporaries:
+      return "temporaries";
+    case MemoryCategory::collective_buffers:
+      return "collective_buffers";
+  }
+  return "?";
+}
+
+std::string MemoryReport::to_string() const {
+  std::ostringstream os;
+  os << "peak " << peak_bytes << " bytes per device (inputs " << input_bytes << ", outputs " << output_bytes
+     << ", arena " << arena_bytes << " of which " << arena_live_bytes << " live at the peak)\n";
+  for (int c = 0; c < kNumMemoryCategories; ++c)
+    os << "  " << memory_category_name(static_cast<MemoryCategory>(c)) << ": " << by_category[c]
+       << " bytes at the peak (arena at most " << arena_max_by_category[c] << " at once)\n";
+  return os.str();
+}
+
 namespace {
 
+// One schedule unit as one device runs it.
 struct Step {
-  cpu::Kernel kernel;
-  std::string label;
-  std::vector<int> in_values, out_values;
+  cpu::Kernel kernel;  // empty for views and collective events
   std::vector<const void*> in_ptrs;
   std::vector<void*> out_ptrs;
-  bool alias_safe = false;  // a result may share its array with an operand (tile-wise kernels)
 };
-
-bool is_broadcast(const Node& n) { return n.prim->name == "broadcast_in_dim" && n.outputs.size() == 1; }
-bool is_reshape(const Node& n) { return n.prim->name == "reshape" && n.inputs.size() == 1 && n.outputs.size() == 1; }
-
-bool fusible(const Graph& g, const Node& n) {
-  if (!n.prim->elementwise || n.outputs.size() != 1) return false;
-  const cpu::EltwiseKernel* ek = cpu::find_eltwise(n.prim->name);
-  if (!ek || !ek->f32) return false;
-  // Integer-only nodes take the exact i32 path, which is not fused.
-  auto int_like = [](DType d) { return d == DType::i32 || d == DType::boolean; };
-  bool all_int = int_like(g.type(n.outputs[0]).dtype);
-  for (int v : n.inputs) all_int = all_int && int_like(g.type(v).dtype);
-  return !(all_int && ek->i32);
-}
-
-void dump(const Executable& exe, const std::string& dir) {
-  static std::atomic<int> counter{0};
-  std::string path = dir + "/executable_" + std::to_string(counter++) + ".txt";
-  std::ofstream f(path);
-  if (!f) {
-    PX_LOG(warn) << "PX_DUMP_DIR: cannot write " << path;
-    return;
-  }
-  f << exe.graph().to_string() << "\n" << exe.summary();
-}
-
-}  // namespace
 
 // A pointer slot of a step that is patched at every run: operand k (or result k when out).
 struct Ref {
@@ -64,13 +70,26 @@ struct Ref {
   bool out;
 };
 
+}  // namespace
+
 struct Executable::Impl {
   std::unique_ptr<Graph> graph;
-  std::vector<Step> steps;
+  std::vector<Unit> units;
   int fused_groups = 0;
-  BufferPlan plan;
-  std::byte* arena = nullptr;
   std::vector<int> root;  // value -> the value whose storage it shares (reshapes are views)
+  // Buffers of the plan: ids [0, values) are values (by root), then collective packing scratch.
+  std::vector<int64_t> buffer_bytes;
+  BufferPlan plan;
+  std::vector<MemoryCategory> buffer_category;
+  // Collectives: the op, and per unit the collective it starts or waits (-1 for compute).
+  std::vector<CollectiveOp> colls;
+  std::vector<int> coll_of_unit;
+  // Blocks of the run loop: a run of compute units, or one collective event.
+  struct Block {
+    int begin, end;
+    bool collective;
+  };
+  std::vector<Block> blocks;
   // Graph inputs live in the caller's arrays: where each is read, and the last step reading it.
   std::vector<std::vector<Ref>> input_refs;
   std::vector<int> input_last_step;
@@ -81,222 +100,264 @@ struct Executable::Impl {
     int value, pos, producer_step;
     int64_t nbytes;
     std::vector<Ref> refs;
-    std::byte* spill = nullptr;
-    bool spilled = false;  // this run
   };
   std::vector<Home> homes;
   std::vector<int> home_at_pos;  // output position -> home index, or -1 (input or repeated value)
   std::vector<int> output_values;
-  int64_t output_bytes = 0;
-  std::vector<double> step_seconds;  // per step, summed over runs; empty unless profiling
-  int profiled_runs = 0;
+  int64_t input_bytes = 0, output_bytes = 0;
+  MemoryReport report;
+
   struct Range {
     const std::byte *lo, *hi;
-    int pos;     // output position, or -1 - input index
+    int pos;  // output position, or -1 - input index
   };
-  std::vector<Range> ranges;  // run-time scratch, reserved at compile time
+  struct Device {
+    int id = 0;
+    std::byte* arena = nullptr;
+    std::vector<Step> steps;
+    std::vector<std::byte*> spill;  // per home, allocated on the first run that needs it
+    std::vector<char> spilled;      // per home, this run
+    std::vector<Range> ranges;      // run-time scratch, reserved at compile time
+  };
+  std::vector<Device> devices;
+  Communicator* comm = nullptr;
+  bool over_devices = false;
+  int threads = 1;
+  std::vector<CollectiveHandle> handles;  // per collective, between its start and its wait
+  std::vector<double> step_seconds;       // per unit, summed over runs; empty unless profiling
+  int profiled_runs = 0;
+  std::atomic<bool> running{false};
+
   ~Impl() {
-    std::free(arena);
-    for (Home& h : homes) std::free(h.spill);
+    for (Device& d : devices) {
+      free_bytes({d.id}, d.arena, plan.peak_bytes);
+      for (size_t h = 0; h < d.spill.size(); ++h) free_bytes({d.id}, d.spill[h], homes[h].nbytes);
+    }
   }
+
+  void bind(Device& dev, const std::vector<Array>& inputs, std::vector<Array>& outputs);
+  void finish(const std::vector<Array>& inputs, std::vector<Array>& outputs, Device& dev);
+  void run_block(const Block& b);
+  void run_collective(int unit);
+  void check_args(const std::vector<Array>& inputs, const std::vector<Array>& outputs) const;
 };
 
 Executable::Executable(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Executable::~Executable() = default;
+std::unique_ptr<Executable> make_executable(std::unique_ptr<Executable::Impl> impl) {
+  return std::unique_ptr<Executable>(new Executable(std::move(impl)));
+}
 
 std::unique_ptr<Executable> Executable::compile(const Graph& src, const CompileOptions& opt) {
+  return compile_on_devices(src, opt, DeviceSetup{});
+}
+
+std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOptions& opt, const DeviceSetup& setup) {
+  using Impl = Executable::Impl;
   auto impl = std::make_unique<Impl>();
   apply_thread_settings();
   src.verify();
+  if (setup.device_ids.empty()) throw Error("[compile] internal: no devices to compile for");
+  // Autocast, then CSE and DCE; value categories follow the values through both.
   std::unique_ptr<Graph> prepared;
-  if (opt.compute_dtype != DType::f32) prepared = autocast(src, opt.compute_dtype);
+  if (opt.compute_dtype != DType::f32) {
+    prepared = narrow_gathers(*autocast(src, opt.compute_dtype));
+    dump_pass("autocast", [&] { return prepared->to_string(); });
+  }
   const Graph& in_graph = prepared ? *prepared : src;
-  impl->graph = opt.optimize ? dce(*cse(in_graph)) : in_graph.clone();
-  const bool fuse_on = opt.fuse_elementwise && !env().disable_fusion;
+  std::vector<int> to_cse, to_dce;
+  if (opt.optimize) {
+    auto c = cse(in_graph, &to_cse);
+    impl->graph = dce(*c, &to_dce);
+  } else {
+    impl->graph = in_graph.clone();
+  }
   const Graph& g = *impl->graph;
   const auto& nodes = g.nodes();
+  const size_t nv = g.values().size();
+  std::vector<MemoryCategory> category(nv, MemoryCategory::temporaries);
+  if (!opt.value_categories.empty() && !prepared) {
+    if (opt.value_categories.size() != src.values().size())
+      throw Error("[compile] value_categories has " + std::to_string(opt.value_categories.size()) +
+                  " entries for a graph of " + std::to_string(src.values().size()) + " values");
+    for (size_t v = 0; v < src.values().size(); ++v) {
+      int w = opt.optimize ? (to_cse[v] >= 0 ? to_dce[to_cse[v]] : -1) : static_cast<int>(v);
+      if (w >= 0) category[w] = opt.value_categories[v];
+    }
+  } else {
+    for (int v : g.inputs()) category[v] = MemoryCategory::activations;
+  }
+  for (int v : g.outputs())
+    if (opt.value_categories.empty()) category[v] = MemoryCategory::activations;
 
-  // Consumers per value, to find which group values escape.
-  std::vector<std::vector<int>> users(g.values().size());
-  for (size_t i = 0; i < nodes.size(); ++i)
-    for (int v : nodes[i].inputs) users[v].push_back(static_cast<int>(i));
-  std::vector<char> is_output(g.values().size(), 0);
+  if (opt.optimize) dump_pass("optimize", [&] { return g.to_string(); });
+  ScheduleOptions so;
+  so.fuse_elementwise = opt.fuse_elementwise;
+  so.collective_lookahead = opt.collective_lookahead;
+  impl->units = make_schedule(g, so);
+  dump_pass("schedule", [&] {
+    std::ostringstream os;
+    for (size_t u = 0; u < impl->units.size(); ++u) {
+      const Unit& unit = impl->units[u];
+      os << u << ": " << unit.label << " (";
+      for (size_t k = 0; k < unit.in_values.size(); ++k) os << (k ? ", " : "") << "%" << unit.in_values[k];
+      os << ") ->";
+      for (int v : unit.out_values) os << " %" << v;
+      os << "\n";
+    }
+    return os.str();
+  });
+  std::vector<char> is_output(nv, 0);
   for (int v : g.outputs()) is_output[v] = 1;
 
-  // Partition the schedule into units: fused groups (run at their last member) and single nodes.
-  // Several groups may be open at once, one per element count, so that interleaved chains of
-  // different sizes (forward and backward, bias and row statistics) each fuse. A node that reads
-  // an open group without joining it closes that group, which then runs before the node; this
-  // keeps "order units by last member" a valid schedule.
-  struct Unit {
-    std::vector<int> nodes;
-    bool fused = false;
-  };
-  std::vector<Unit> units;
-  std::map<int64_t, int> open_by_count;  // element count -> open fused unit
-  std::vector<int> unit_of(nodes.size(), -1);
-  constexpr size_t kMaxGroup = 48;
-  constexpr int kWindow = 32;  // a group left alone for this many nodes closes (bounds lifetimes)
-  auto close = [&](int u) {
-    for (auto it = open_by_count.begin(); it != open_by_count.end(); ++it)
-      if (it->second == u) {
-        open_by_count.erase(it);
-        return;
-      }
-  };
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    const Node& n = nodes[i];
-    for (auto it = open_by_count.begin(); it != open_by_count.end();)
-      it = units[it->second].nodes.back() + kWindow < static_cast<int>(i) ? open_by_count.erase(it) : std::next(it);
-    std::vector<int> reads;  // open groups this node reads
-    for (int v : n.inputs) {
-      int p = g.values()[v].producer;
-      if (p < 0) continue;
-      int u = unit_of[p];
-      bool is_open = false;
-      for (auto& [cnt, ou] : open_by_count) is_open = is_open || ou == u;
-      if (is_open && std::find(reads.begin(), reads.end(), u) == reads.end()) reads.push_back(u);
-    }
-    int64_t count = n.outputs.empty() ? -1 : g.type(n.outputs[0]).numel();
-    auto cand = open_by_count.find(count);
-    int join = (cand != open_by_count.end() && units[cand->second].nodes.size() < kMaxGroup) ? cand->second : -1;
-    // A broadcast fuses as a strided load of an external operand, never of a value inside its group.
-    // A reshape keeps the flat order, so in a group it is only a new name for its operand's tile.
-    bool fuse = fuse_on && (fusible(g, n) || is_reshape(n) ||
-                            (is_broadcast(n) && std::find(reads.begin(), reads.end(), join) == reads.end()));
-    if (!fuse_on && fusible(g, n)) fuse = true;  // a single-node loop, never joined
-    for (int u : reads)
-      if (!(fuse && fuse_on && u == join)) close(u);
-    if (fuse && fuse_on && join >= 0 && open_by_count.count(count)) {
-      units[join].nodes.push_back(static_cast<int>(i));
-      unit_of[i] = join;
-      continue;
-    }
-    units.push_back({{static_cast<int>(i)}, fuse});
-    unit_of[i] = static_cast<int>(units.size()) - 1;
-    if (fuse && fuse_on) open_by_count[count] = unit_of[i];
-  }
-  // A lone broadcast or reshape computes nothing: run it with its own kernel (or as a view).
-  for (Unit& u : units)
-    if (u.fused && u.nodes.size() == 1 && (is_broadcast(nodes[u.nodes[0]]) || is_reshape(nodes[u.nodes[0]])) &&
-        cpu::find_kernel(nodes[u.nodes[0]].prim->name))
-      u.fused = false;
-  // Order units by the position of their last member (a group runs when it is complete).
-  std::vector<int> order(units.size());
-  for (size_t u = 0; u < units.size(); ++u) order[u] = static_cast<int>(u);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return units[a].nodes.back() < units[b].nodes.back(); });
-
-  // Reshapes outside fused groups are views: their result shares the operand's storage (one that
-  // is itself a graph output is copied, so that outputs never alias each other).
-  impl->root.resize(g.values().size());
-  for (size_t v = 0; v < g.values().size(); ++v) impl->root[v] = static_cast<int>(v);
-  std::vector<char> is_view(nodes.size(), 0);
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    const Node& n = nodes[i];
-    if (is_reshape(n) && !units[unit_of[i]].fused && !is_output[n.outputs[0]]) {
-      is_view[i] = 1;
-      impl->root[n.outputs[0]] = impl->root[n.inputs[0]];
-    }
-  }
+  // Reshapes outside fused groups are views: their result shares the operand's storage.
+  impl->root.resize(nv);
+  for (size_t v = 0; v < nv; ++v) impl->root[v] = static_cast<int>(v);
+  for (const Unit& u : impl->units)
+    if (u.kind == Unit::Kind::view) impl->root[u.out_values[0]] = impl->root[u.in_values[0]];
   const std::vector<int>& root = impl->root;
 
-  // Build steps.
-  std::vector<char> in_group(g.values().size(), 0);  // marks the current group's values
-  for (int u : order) {
-    const Unit& unit = units[u];
-    Step st;
-    if (unit.fused) {
-      cpu::FusedGroup grp;
-      grp.nodes = unit.nodes;
-      for (int ni : unit.nodes) in_group[nodes[ni].outputs[0]] = 1;
-      for (int ni : unit.nodes) {
-        for (int v : nodes[ni].inputs)
-          if (!in_group[v] && std::find(grp.ext_inputs.begin(), grp.ext_inputs.end(), v) == grp.ext_inputs.end())
-            grp.ext_inputs.push_back(v);
-        int out = nodes[ni].outputs[0];
-        bool escapes = is_output[out];
-        for (int user : users[out]) escapes = escapes || unit_of[user] != u;
-        if (escapes) grp.ext_outputs.push_back(out);
+  // Collectives: ops, scratch buffers (after the value buffers), blocks.
+  impl->buffer_bytes.assign(nv, 0);
+  for (size_t v = 0; v < nv; ++v) impl->buffer_bytes[v] = g.type(static_cast<int>(v)).nbytes();
+  impl->buffer_category = category;
+  impl->coll_of_unit.assign(impl->units.size(), -1);
+  std::map<int, int> coll_of_node;
+  std::vector<std::vector<int>> scratch_of;  // per collective: scratch buffer ids
+  for (size_t u = 0; u < impl->units.size(); ++u) {
+    const Unit& unit = impl->units[u];
+    if (unit.kind != Unit::Kind::collective_start && unit.kind != Unit::Kind::collective_wait) continue;
+    int node = unit.nodes[0];
+    auto it = coll_of_node.find(node);
+    if (it == coll_of_node.end()) {
+      if (!setup.comm || !setup.groups)
+        throw Error("[compile] the program has the collective '" + nodes[node].prim->name + "' (%" +
+                    std::to_string(nodes[node].outputs[0]) +
+                    "): compile it for a mesh with px::ShardedExecutable, not px::Executable");
+      impl->colls.push_back(make_collective_op(g, nodes[node], setup.groups(nodes[node])));
+      it = coll_of_node.emplace(node, static_cast<int>(impl->colls.size()) - 1).first;
+      const CollectiveOp& c = impl->colls.back();
+      std::vector<int> scratch;
+      for (int64_t elems : {c.scratch_in, c.scratch_out}) {
+        if (!elems) continue;
+        scratch.push_back(static_cast<int>(impl->buffer_bytes.size()));
+        impl->buffer_bytes.push_back(elems * dtype_size(c.dtype));
+        impl->buffer_category.push_back(MemoryCategory::collective_buffers);
       }
-      for (int ni : unit.nodes) in_group[nodes[ni].outputs[0]] = 0;
-      st.kernel = cpu::make_fused_kernel(g, grp);
-      st.in_values = grp.ext_inputs;
-      st.out_values = grp.ext_outputs;
-      for (int ni : unit.nodes) st.label += (st.label.empty() ? "fused{" : ",") + nodes[ni].prim->name;
-      st.label += "}";
-      st.alias_safe = true;
-      ++impl->fused_groups;
-    } else {
-      const Node& n = nodes[unit.nodes[0]];
-      if (is_view[unit.nodes[0]]) continue;
-      const cpu::KernelFactory* f = cpu::find_kernel(n.prim->name);
-      if (!f) throw Error("[compile] no CPU kernel for primitive '" + n.prim->name + "'");
-      std::vector<TensorType> in_t, out_t;
-      for (int v : n.inputs) in_t.push_back(g.type(v));
-      for (int v : n.outputs) out_t.push_back(g.type(v));
-      st.kernel = (*f)(cpu::KernelSpec{in_t, out_t, n.attrs});
-      st.in_values = n.inputs;
-      st.out_values = n.outputs;
-      st.label = n.prim->name;
+      scratch_of.push_back(scratch);
+      for (int v : nodes[node].outputs)
+        if (category[v] == MemoryCategory::temporaries)
+          impl->buffer_category[v] = MemoryCategory::collective_buffers;
     }
-    impl->steps.push_back(std::move(st));
+    impl->coll_of_unit[u] = it->second;
+  }
+  impl->handles.resize(impl->colls.size());
+  for (size_t u = 0; u < impl->units.size();) {
+    if (impl->coll_of_unit[u] >= 0) {
+      impl->blocks.push_back({static_cast<int>(u), static_cast<int>(u) + 1, true});
+      ++u;
+      continue;
+    }
+    size_t e = u;
+    while (e < impl->units.size() && impl->coll_of_unit[e] < 0) ++e;
+    impl->blocks.push_back({static_cast<int>(u), static_cast<int>(e), false});
+    u = e;
   }
 
   // Returned values: the first position of each computed value is its home.
-  const size_t nv = g.values().size();
   std::vector<int> home_of(nv, -1);
   impl->output_values = g.outputs();
-  if (opt.profile || env().profile) impl->step_seconds.assign(impl->steps.size(), 0.0);
   impl->home_at_pos.assign(g.outputs().size(), -1);
   for (size_t o = 0; o < g.outputs().size(); ++o) {
     int v = g.outputs()[o];
+    impl->output_bytes += g.type(v).nbytes();
     if (g.values()[v].producer < 0 || home_of[v] >= 0) continue;
     home_of[v] = static_cast<int>(impl->homes.size());
     impl->home_at_pos[o] = home_of[v];
-    Impl::Home h;
-    h.value = v;
-    h.pos = static_cast<int>(o);
-    h.producer_step = -1;
-    h.nbytes = g.type(v).nbytes();
-    impl->homes.push_back(std::move(h));
+    impl->homes.push_back({v, static_cast<int>(o), -1, g.type(v).nbytes(), {}});
   }
+  for (int v : g.inputs()) impl->input_bytes += g.type(v).nbytes();
 
-  for (int v : g.outputs()) impl->output_bytes += g.type(v).nbytes();
-
-  // Buffer plan over the steps, on storage roots; inputs and homes live in caller memory.
-  std::vector<char> external(nv, 0);
+  // Buffer plan over the units, on storage roots; inputs and homes live in caller memory. A
+  // collective's operand and result are live from its start to its wait, its scratch too.
+  std::vector<char> external(impl->buffer_bytes.size(), 0);
   for (int v : g.inputs()) external[v] = 1;
   for (const Impl::Home& h : impl->homes) external[h.value] = 1;
   std::vector<PlanStep> pst;
-  for (const Step& st : impl->steps) {
-    PlanStep ps{{}, st.out_values};
-    for (int v : st.in_values) ps.in.push_back(root[v]);
+  for (size_t u = 0; u < impl->units.size(); ++u) {
+    const Unit& unit = impl->units[u];
+    PlanStep ps;
+    for (int v : unit.in_values) ps.in.push_back(root[v]);
+    if (unit.kind != Unit::Kind::view) ps.out = unit.out_values;
+    int c = impl->coll_of_unit[u];
+    if (c >= 0) {
+      auto& sc = scratch_of[c];
+      (unit.kind == Unit::Kind::collective_start ? ps.out : ps.in).insert(
+          unit.kind == Unit::Kind::collective_start ? ps.out.end() : ps.in.end(), sc.begin(), sc.end());
+    }
     pst.push_back(std::move(ps));
   }
   std::vector<int> live_to_end;
   for (int v : g.outputs()) live_to_end.push_back(root[v]);
-  impl->plan = plan_buffers(g, pst, external, live_to_end);
-  if (opt.memory_limit_bytes > 0 && impl->plan.peak_bytes + impl->output_bytes > opt.memory_limit_bytes) {
+  impl->plan = plan_buffers(impl->buffer_bytes, pst, external, live_to_end);
+
+  // The memory report: caller arrays by their category, and the arena's buffers live at the peak.
+  MemoryReport& rep = impl->report;
+  rep.input_bytes = impl->input_bytes;
+  rep.output_bytes = impl->output_bytes;
+  rep.arena_bytes = impl->plan.peak_bytes;
+  rep.arena_live_bytes = impl->plan.peak_live_bytes;
+  rep.peak_bytes = rep.input_bytes + rep.output_bytes + rep.arena_bytes;
+  for (int v : g.inputs()) rep.by_category[static_cast<int>(category[v])] += g.type(v).nbytes();
+  for (int v : g.outputs()) rep.by_category[static_cast<int>(category[v])] += g.type(v).nbytes();
+  for (int b : impl->plan.live_at_peak)
+    rep.by_category[static_cast<int>(impl->buffer_category[b])] += aligned_size(impl->buffer_bytes[b]);
+  {
+    // Sweep the buffers' lifetimes for the most bytes of each category live at once.
+    std::vector<std::array<int64_t, kNumMemoryCategories>> delta(impl->units.size() + 1);
+    for (size_t b = 0; b < impl->buffer_bytes.size(); ++b) {
+      if (impl->plan.offset[b] < 0) continue;
+      int c = static_cast<int>(impl->buffer_category[b]);
+      delta[impl->plan.first_step[b]][c] += aligned_size(impl->buffer_bytes[b]);
+      delta[impl->plan.last_step[b] + 1][c] -= aligned_size(impl->buffer_bytes[b]);
+    }
+    std::array<int64_t, kNumMemoryCategories> cur{};
+    for (const auto& d : delta)
+      for (int c = 0; c < kNumMemoryCategories; ++c) {
+        cur[c] += d[c];
+        rep.arena_max_by_category[c] = std::max(rep.arena_max_by_category[c], cur[c]);
+      }
+  }
+
+  if (opt.memory_limit_bytes > 0 && rep.peak_bytes > opt.memory_limit_bytes) {
     std::ostringstream os;
-    os << "[compile] the step needs " << impl->plan.peak_bytes + impl->output_bytes << " bytes ("
-       << impl->plan.peak_bytes << " of working memory + " << impl->output_bytes << " of outputs), over the limit of "
-       << opt.memory_limit_bytes << " bytes. Largest live buffers at the peak:\n"
-       << impl->plan.report(g);
-    std::vector<const Impl::Home*> big;
-    for (const Impl::Home& h : impl->homes) big.push_back(&h);
-    std::sort(big.begin(), big.end(), [](auto* a, auto* b) { return a->nbytes > b->nbytes; });
-    for (size_t i = 0; i < big.size() && i < 5; ++i)
-      os << "  output " << big[i]->pos << ": %" << big[i]->value << " " << type_str(g.type(big[i]->value)) << " "
-         << big[i]->nbytes << " bytes\n";
-    os << "Raise the limit, shrink the batch, or enable rematerialization.";
+    os << "[compile] the program needs " << rep.peak_bytes << " bytes per device, over the limit of "
+       << opt.memory_limit_bytes << " bytes:\n"
+       << rep.to_string() << "Largest buffers live at the peak:\n";
+    std::vector<int> big = impl->plan.live_at_peak;
+    std::sort(big.begin(), big.end(), [&](int a, int b) { return impl->buffer_bytes[a] > impl->buffer_bytes[b]; });
+    for (size_t i = 0; i < big.size() && i < 8; ++i) {
+      int b = big[i];
+      if (b < static_cast<int>(nv)) {
+        int p = g.values()[b].producer;
+        os << "  %" << b << " " << type_str(g.type(b)) << " " << impl->buffer_bytes[b] << " bytes from "
+           << (p >= 0 ? nodes[p].prim->name : std::string("input")) << "\n";
+      } else {
+        os << "  collective scratch " << impl->buffer_bytes[b] << " bytes\n";
+      }
+    }
+    std::vector<int> outs = g.outputs();
+    std::sort(outs.begin(), outs.end(), [&](int a, int b) { return g.type(a).nbytes() > g.type(b).nbytes(); });
+    for (size_t i = 0; i < outs.size() && i < 5; ++i) {
+      size_t pos = std::find(g.outputs().begin(), g.outputs().end(), outs[i]) - g.outputs().begin();
+      os << "  output " << pos << ": %" << outs[i] << " " << type_str(g.type(outs[i])) << " "
+         << g.type(outs[i]).nbytes() << " bytes\n";
+    }
+    os << "Raise the limit, shrink the batch, or shard the program over more devices.";
     throw Error(os.str());
   }
-  size_t bytes = static_cast<size_t>((impl->plan.peak_bytes + 63) / 64 * 64 + 64);
-  impl->arena = static_cast<std::byte*>(std::aligned_alloc(64, bytes));
-  if (!impl->arena) throw Error("[compile] could not allocate the " + std::to_string(bytes) + "-byte arena");
 
-  // Pointers: arena offsets now, caller memory patched at every run.
+  // Pointer slots: arena offsets now, caller memory patched at every run.
   std::vector<int> input_index(nv, -1);
   for (size_t i = 0; i < g.inputs().size(); ++i) input_index[g.inputs()[i]] = static_cast<int>(i);
   impl->input_refs.resize(g.inputs().size());
@@ -304,44 +365,79 @@ std::unique_ptr<Executable> Executable::compile(const Graph& src, const CompileO
   impl->input_is_output.assign(g.inputs().size(), 0);
   for (int v : g.outputs())
     if (input_index[v] >= 0) impl->input_is_output[input_index[v]] = 1;
-  for (size_t s = 0; s < impl->steps.size(); ++s) {
-    Step& st = impl->steps[s];
-    int si = static_cast<int>(s);
-    for (size_t k = 0; k < st.in_values.size(); ++k) {
-      int r = root[st.in_values[k]], ki = static_cast<int>(k);
+  std::vector<std::vector<int64_t>> in_off(impl->units.size()), out_off(impl->units.size());  // -1: patched
+  for (size_t s = 0; s < impl->units.size(); ++s) {
+    const Unit& unit = impl->units[s];
+    const int si = static_cast<int>(s);
+    if (unit.kind == Unit::Kind::view) continue;
+    for (size_t k = 0; k < unit.in_values.size(); ++k) {
+      int r = root[unit.in_values[k]], ki = static_cast<int>(k);
       if (input_index[r] >= 0) {
         impl->input_refs[input_index[r]].push_back({si, ki, false});
         impl->input_last_step[input_index[r]] = si;
       } else if (home_of[r] >= 0) {
         impl->homes[home_of[r]].refs.push_back({si, ki, false});
       }
-      st.in_ptrs.push_back(external[r] ? nullptr : impl->arena + impl->plan.offset[r]);
+      in_off[s].push_back(external[r] ? -1 : impl->plan.offset[r]);
     }
-    for (size_t k = 0; k < st.out_values.size(); ++k) {
-      int v = st.out_values[k];
-      if (home_of[v] >= 0) {
+    std::vector<int> outs = unit.out_values;
+    if (impl->coll_of_unit[s] >= 0 && unit.kind == Unit::Kind::collective_start)
+      outs.insert(outs.end(), scratch_of[impl->coll_of_unit[s]].begin(), scratch_of[impl->coll_of_unit[s]].end());
+    for (size_t k = 0; k < outs.size(); ++k) {
+      int v = outs[k];
+      if (v < static_cast<int>(nv) && home_of[v] >= 0) {
         impl->homes[home_of[v]].refs.push_back({si, static_cast<int>(k), true});
-        impl->homes[home_of[v]].producer_step = si;
+        if (impl->homes[home_of[v]].producer_step < 0) impl->homes[home_of[v]].producer_step = si;
       }
-      st.out_ptrs.push_back(external[v] ? nullptr : impl->arena + impl->plan.offset[v]);
+      out_off[s].push_back(external[v] ? -1 : impl->plan.offset[v]);
     }
   }
-  impl->ranges.reserve(g.inputs().size() + g.outputs().size());
-  auto exe = std::unique_ptr<Executable>(new Executable(std::move(impl)));
+
+  // Kernels and arenas per device. Kernels hold per-thread scratch, so devices that run at the
+  // same time need their own instances; devices run one after the other share them.
+  impl->comm = setup.comm;
+  impl->threads = cpu::num_threads();
+  impl->over_devices = setup.over_devices && setup.device_ids.size() > 1;
+  for (size_t d = 0; d < setup.device_ids.size(); ++d) {
+    Impl::Device dev;
+    dev.id = setup.device_ids[d];
+    dev.arena = static_cast<std::byte*>(allocate_bytes({dev.id}, impl->plan.peak_bytes));
+    dev.spill.assign(impl->homes.size(), nullptr);
+    dev.spilled.assign(impl->homes.size(), 0);
+    dev.ranges.reserve(g.inputs().size() + g.outputs().size());
+    for (size_t s = 0; s < impl->units.size(); ++s) {
+      const Unit& unit = impl->units[s];
+      Step st;
+      if (d > 0 && !impl->over_devices) {
+        st.kernel = impl->devices[0].steps[s].kernel;
+      } else if (unit.kind == Unit::Kind::fused) {
+        cpu::FusedGroup grp{unit.nodes, unit.in_values, unit.out_values};
+        st.kernel = cpu::make_fused_kernel(g, grp);
+      } else if (unit.kind == Unit::Kind::kernel) {
+        const Node& n = nodes[unit.nodes[0]];
+        const cpu::KernelFactory* f = cpu::find_kernel(n.prim->name);
+        if (!f) throw Error("[compile] no CPU kernel for primitive '" + n.prim->name + "'");
+        std::vector<TensorType> in_t, out_t;
+        for (int v : n.inputs) in_t.push_back(g.type(v));
+        for (int v : n.outputs) out_t.push_back(g.type(v));
+        st.kernel = (*f)(cpu::KernelSpec{in_t, out_t, n.attrs});
+      }
+      for (int64_t off : in_off[s]) st.in_ptrs.push_back(off < 0 ? nullptr : dev.arena + off);
+      for (int64_t off : out_off[s]) st.out_ptrs.push_back(off < 0 ? nullptr : dev.arena + off);
+      dev.steps.push_back(std::move(st));
+    }
+    impl->devices.push_back(std::move(dev));
+  }
+  for (const Unit& u : impl->units) impl->fused_groups += u.kind == Unit::Kind::fused;
+  if (opt.profile || env().profile) impl->step_seconds.assign(impl->units.size(), 0.0);
+  auto exe = make_executable(std::move(impl));
   PX_LOG(debug) << "compiled " << exe->graph().nodes().size() << " nodes\n" << exe->summary();
-  if (!env().dump_dir.empty()) dump(*exe, env().dump_dir);
+  dump_pass("buffer_plan", [&] { return exe->memory().to_string() + exe->summary(); });
   return exe;
 }
 
-std::vector<Array> Executable::run(const std::vector<Array>& inputs) {
-  std::vector<Array> outs;
-  for (int v : impl_->output_values) outs.emplace_back(impl_->graph->type(v).dtype, impl_->graph->type(v).shape);
-  run_into(inputs, outs);
-  return outs;
-}
-
-void Executable::run_into(const std::vector<Array>& inputs, std::vector<Array>& outputs) {
-  const Graph& g = *impl_->graph;
+void Executable::Impl::check_args(const std::vector<Array>& inputs, const std::vector<Array>& outputs) const {
+  const Graph& g = *graph;
   if (inputs.size() != g.inputs().size())
     throw Error("[run] expected " + std::to_string(g.inputs().size()) + " inputs, got " + std::to_string(inputs.size()));
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -353,99 +449,219 @@ void Executable::run_into(const std::vector<Array>& inputs, std::vector<Array>& 
     if (!inputs[i].defined())
       throw Error("[run] input " + std::to_string(i) + name() + " is an empty px::Array (no data)");
   }
-  if (outputs.size() != impl_->output_values.size())
-    throw Error("[run] expected " + std::to_string(impl_->output_values.size()) + " output arrays, got " +
+  if (outputs.size() != output_values.size())
+    throw Error("[run] expected " + std::to_string(output_values.size()) + " output arrays, got " +
                 std::to_string(outputs.size()));
   for (size_t o = 0; o < outputs.size(); ++o) {
-    int v = impl_->output_values[o];
+    int v = output_values[o];
     if (outputs[o].type() != g.type(v) || !outputs[o].defined())
       throw Error("[run] output array " + std::to_string(o) + " has type " + type_str(outputs[o].type()) +
                   (outputs[o].defined() ? "" : " and no data") + ", expected " + type_str(g.type(v)));
+    for (size_t p = 0; p < o; ++p)
+      if (outputs[p].nbytes() > 0 && outputs[p].raw() == outputs[o].raw())
+        throw Error("[run] output arrays " + std::to_string(p) + " and " + std::to_string(o) +
+                    " share one buffer, so one result would overwrite the other; pass distinct arrays");
   }
-  Impl& im = *impl_;
+}
+
+// Points the device's steps at the caller's arrays for this run.
+void Executable::Impl::bind(Device& dev, const std::vector<Array>& inputs, std::vector<Array>& outputs) {
   auto patch = [&](const std::vector<Ref>& refs, void* p) {
     for (const Ref& r : refs) {
-      if (r.out) im.steps[r.step].out_ptrs[r.k] = p;
-      else im.steps[r.step].in_ptrs[r.k] = p;
+      if (r.out) dev.steps[r.step].out_ptrs[r.k] = p;
+      else dev.steps[r.step].in_ptrs[r.k] = p;
     }
   };
-  for (size_t i = 0; i < inputs.size(); ++i) patch(im.input_refs[i], const_cast<void*>(inputs[i].raw()));
+  for (size_t i = 0; i < inputs.size(); ++i) patch(input_refs[i], const_cast<void*>(inputs[i].raw()));
 
   // A home whose array overlaps another argument is spilled, except for an in-place update: the
   // home is exactly an input's array and that input is no longer read when the home is written.
-  for (Impl::Home& h : im.homes) h.spilled = false;
-  im.ranges.clear();
+  std::fill(dev.spilled.begin(), dev.spilled.end(), 0);
+  dev.ranges.clear();
   for (size_t i = 0; i < inputs.size(); ++i)
     if (inputs[i].nbytes() > 0) {
       auto lo = static_cast<const std::byte*>(inputs[i].raw());
-      im.ranges.push_back({lo, lo + inputs[i].nbytes(), -1 - static_cast<int>(i)});
+      dev.ranges.push_back({lo, lo + inputs[i].nbytes(), -1 - static_cast<int>(i)});
     }
   for (size_t o = 0; o < outputs.size(); ++o)
     if (outputs[o].nbytes() > 0) {
       auto lo = static_cast<const std::byte*>(outputs[o].raw());
-      im.ranges.push_back({lo, lo + outputs[o].nbytes(), static_cast<int>(o)});
+      dev.ranges.push_back({lo, lo + outputs[o].nbytes(), static_cast<int>(o)});
     }
-  std::sort(im.ranges.begin(), im.ranges.end(), [](const Impl::Range& a, const Impl::Range& b) { return a.lo < b.lo; });
-  for (size_t a = 0; a < im.ranges.size(); ++a)
-    for (size_t b = a + 1; b < im.ranges.size() && im.ranges[b].lo < im.ranges[a].hi; ++b) {
-      const Impl::Range &x = im.ranges[a], &y = im.ranges[b];
-      for (const Impl::Range* r : {&x, &y}) {
-        const Impl::Range* other = r == &x ? &y : &x;
-        if (r->pos < 0 || im.home_at_pos[r->pos] < 0) continue;
-        Impl::Home& h = im.homes[im.home_at_pos[r->pos]];
-        int last = other->pos < 0 ? im.input_last_step[-1 - other->pos] : 0;
+  std::sort(dev.ranges.begin(), dev.ranges.end(), [](const Range& a, const Range& b) { return a.lo < b.lo; });
+  for (size_t a = 0; a < dev.ranges.size(); ++a)
+    for (size_t b = a + 1; b < dev.ranges.size() && dev.ranges[b].lo < dev.ranges[a].hi; ++b) {
+      const Range &x = dev.ranges[a], &y = dev.ranges[b];
+      for (const Range* r : {&x, &y}) {
+        const Range* other = r == &x ? &y : &x;
+        if (r->pos < 0 || home_at_pos[r->pos] < 0) continue;
+        int h = home_at_pos[r->pos];
+        int last = other->pos < 0 ? input_last_step[-1 - other->pos] : 0;
+        int prod = homes[h].producer_step;
         bool in_place = other->pos < 0 && other->lo == r->lo && other->hi == r->hi &&
-                        (last < h.producer_step || (last == h.producer_step && im.steps[last].alias_safe)) &&
-                        !im.input_is_output[-1 - other->pos];
-        if (!in_place) h.spilled = true;
+                        (last < prod || (last == prod && units[last].alias_safe)) &&
+                        !input_is_output[-1 - other->pos];
+        if (!in_place) dev.spilled[h] = 1;
       }
     }
-  for (Impl::Home& h : im.homes) {
-    void* dst = outputs[h.pos].raw();
-    if (h.spilled) {
-      if (!h.spill) {  // first run with this aliasing: allocate once, reuse afterwards
-        h.spill = static_cast<std::byte*>(std::aligned_alloc(64, static_cast<size_t>((h.nbytes + 63) / 64 * 64 + 64)));
-        if (!h.spill) throw Error("[run] out of memory for a " + std::to_string(h.nbytes) + "-byte output copy");
-      }
-      dst = h.spill;
+  for (size_t h = 0; h < homes.size(); ++h) {
+    void* dst = outputs[homes[h].pos].raw();
+    if (dev.spilled[h]) {
+      if (!dev.spill[h])  // first run with this aliasing: allocate once, reuse afterwards
+        dev.spill[h] = static_cast<std::byte*>(allocate_bytes({dev.id}, homes[h].nbytes));
+      dst = dev.spill[h];
     }
-    patch(h.refs, dst);
+    patch(homes[h].refs, dst);
   }
+}
 
-  apply_thread_settings();
-  if (im.step_seconds.empty()) {
-    for (Step& st : im.steps) st.kernel(st.in_ptrs.data(), st.out_ptrs.data());
-  } else {
-    for (size_t s = 0; s < im.steps.size(); ++s) {
-      auto t0 = std::chrono::steady_clock::now();
-      im.steps[s].kernel(im.steps[s].in_ptrs.data(), im.steps[s].out_ptrs.data());
-      im.step_seconds[s] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-    ++im.profiled_runs;
-  }
-
+// Copies what the steps did not write in place: inputs returned as outputs, spilled homes, and
+// values returned at several positions.
+void Executable::Impl::finish(const std::vector<Array>& inputs, std::vector<Array>& outputs, Device& dev) {
+  const Graph& g = *graph;
   // Inputs returned as outputs are copied first (a spilled home may overwrite that input next).
   for (size_t o = 0; o < outputs.size(); ++o) {
-    int v = im.root[im.output_values[o]];
+    int v = root[output_values[o]];
     if (g.values()[v].producer >= 0 || outputs[o].nbytes() == 0) continue;
     const void* src = inputs[g.values()[v].output_index].raw();
     if (src != outputs[o].raw()) std::memmove(outputs[o].raw(), src, static_cast<size_t>(outputs[o].nbytes()));
   }
-  for (Impl::Home& h : im.homes)
-    if (h.spilled && h.nbytes) std::memcpy(outputs[h.pos].raw(), h.spill, static_cast<size_t>(h.nbytes));
+  for (size_t h = 0; h < homes.size(); ++h)
+    if (dev.spilled[h] && homes[h].nbytes)
+      std::memcpy(outputs[homes[h].pos].raw(), dev.spill[h], static_cast<size_t>(homes[h].nbytes));
   for (size_t o = 0; o < outputs.size(); ++o) {
-    int v = im.output_values[o];
-    if (g.values()[v].producer < 0 || im.home_at_pos[o] >= 0 || outputs[o].nbytes() == 0) continue;
-    for (const Impl::Home& h : im.homes)
+    int v = output_values[o];
+    if (g.values()[v].producer < 0 || home_at_pos[o] >= 0 || outputs[o].nbytes() == 0) continue;
+    for (const Home& h : homes)
       if (h.value == v && outputs[h.pos].raw() != outputs[o].raw())
         std::memmove(outputs[o].raw(), outputs[h.pos].raw(), static_cast<size_t>(outputs[o].nbytes()));
   }
 }
 
+void Executable::Impl::run_collective(int u) {
+  const int c = coll_of_unit[u];
+  if (units[u].kind == Unit::Kind::collective_wait) {
+    handles[c].wait();
+    return;
+  }
+  const size_t D = devices.size();
+  Buffers ins(D);
+  MutBuffers outs(D), s_in(D), s_out(D);
+  const CollectiveOp& op = colls[c];
+  for (size_t d = 0; d < D; ++d) {
+    const Step& st = devices[d].steps[u];
+    ins[d] = st.in_ptrs[0];
+    outs[d] = st.out_ptrs[0];
+    size_t k = 1;
+    if (op.scratch_in) s_in[d] = st.out_ptrs[k++];
+    if (op.scratch_out) s_out[d] = st.out_ptrs[k++];
+  }
+  handles[c] = start_collective(*comm, op, ins, outs, s_in, s_out);
+}
+
+void Executable::Impl::run_block(const Block& b) {
+  if (b.collective) {
+    run_collective(b.begin);
+    return;
+  }
+  auto run_units = [&](Device& dev, int begin, int end) {
+    for (int s = begin; s < end; ++s) {
+      Step& st = dev.steps[s];
+      if (st.kernel) st.kernel(st.in_ptrs.data(), st.out_ptrs.data());
+    }
+  };
+  auto run_all = [&](int begin, int end) {
+    if (!over_devices) {
+      for (Device& dev : devices) run_units(dev, begin, end);
+      return;
+    }
+    // Devices share the cores; kernels called inside the region run on their calling thread.
+    std::exception_ptr failure;
+    const int64_t D = static_cast<int64_t>(devices.size());
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t d = 0; d < D; ++d) {
+      try {
+        run_units(devices[d], begin, end);
+      } catch (...) {
+#pragma omp critical(px_device_run)
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    if (failure) std::rethrow_exception(failure);
+  };
+  if (step_seconds.empty()) {
+    run_all(b.begin, b.end);
+    return;
+  }
+  for (int s = b.begin; s < b.end; ++s) {
+    auto t0 = std::chrono::steady_clock::now();
+    run_all(s, s + 1);
+    step_seconds[s] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+}
+
+namespace {
+// Throws when another thread is running the same executable (it patches pointers in place).
+struct RunGuard {
+  std::atomic<bool>& flag;
+  explicit RunGuard(std::atomic<bool>& f) : flag(f) {
+    if (flag.exchange(true))
+      throw Error(
+          "[run] this executable is already running on another thread; an executable (and a training step) runs "
+          "one call at a time: compile one per thread, or serialize the calls");
+  }
+  ~RunGuard() { flag.store(false); }
+};
+}  // namespace
+
+std::vector<Array> Executable::run(const std::vector<Array>& inputs) {
+  std::vector<Array> outs;
+  for (int v : impl_->output_values)
+    outs.emplace_back(impl_->graph->type(v).dtype, impl_->graph->type(v).shape, Placement{impl_->devices[0].id});
+  run_into(inputs, outs);
+  return outs;
+}
+
+void Executable::run_into(const std::vector<Array>& inputs, std::vector<Array>& outputs) {
+  if (impl_->devices.size() != 1)
+    throw Error("[run] this program runs on " + std::to_string(impl_->devices.size()) +
+                " devices: use run_on_devices (or the ShardedExecutable that compiled it)");
+  Impl& im = *impl_;
+  RunGuard guard(im.running);
+  im.check_args(inputs, outputs);
+  im.bind(im.devices[0], inputs, outputs);
+  apply_thread_settings();
+  for (const Impl::Block& b : im.blocks) im.run_block(b);
+  if (!im.step_seconds.empty()) ++im.profiled_runs;
+  im.finish(inputs, outputs, im.devices[0]);
+}
+
+void Executable::run_on_devices(const std::vector<std::vector<Array>>& inputs,
+                                std::vector<std::vector<Array>>& outputs) {
+  Impl& im = *impl_;
+  RunGuard guard(im.running);
+  if (inputs.size() != im.devices.size() || outputs.size() != im.devices.size())
+    throw Error("[run] expected input and output lists for " + std::to_string(im.devices.size()) + " devices");
+  for (size_t d = 0; d < im.devices.size(); ++d) {
+    im.check_args(inputs[d], outputs[d]);
+    im.bind(im.devices[d], inputs[d], outputs[d]);
+  }
+  apply_thread_settings();
+  for (const Impl::Block& b : im.blocks) im.run_block(b);
+  if (!im.step_seconds.empty()) ++im.profiled_runs;
+  for (size_t d = 0; d < im.devices.size(); ++d) im.finish(inputs[d], outputs[d], im.devices[d]);
+}
+
 int64_t Executable::peak_bytes() const { return impl_->plan.peak_bytes; }
+MemoryReport Executable::memory() const { return impl_->report; }
 int64_t Executable::output_bytes() const { return impl_->output_bytes; }
-int Executable::num_steps() const { return static_cast<int>(impl_->steps.size()); }
+int Executable::num_steps() const {
+  int n = 0;
+  for (const Unit& u : impl_->units) n += u.kind == Unit::Kind::kernel || u.kind == Unit::Kind::fused;
+  return n;
+}
 int Executable::num_fused_groups() const { return impl_->fused_groups; }
+int Executable::num_devices() const { return static_cast<int>(impl_->devices.size()); }
 const Graph& Executable::graph() const { return *impl_->graph; }
 
 std::string Executable::profile_report(int top) const {
@@ -455,8 +671,9 @@ std::string Executable::profile_report(int top) const {
   // Aggregate by kernel label (fused groups by their op list).
   std::map<std::string, std::pair<double, int>> by_label;
   double total = 0;
-  for (size_t s = 0; s < im.steps.size(); ++s) {
-    auto& e = by_label[im.steps[s].label];
+  for (size_t s = 0; s < im.units.size(); ++s) {
+    if (im.units[s].kind == Unit::Kind::view) continue;
+    auto& e = by_label[im.units[s].label];
     e.first += im.step_seconds[s] / im.profiled_runs;
     e.second += 1;
     total += im.step_seconds[s] / im.profiled_runs;
@@ -464,7 +681,7 @@ std::string Executable::profile_report(int top) const {
   std::vector<std::pair<std::string, std::pair<double, int>>> rows(by_label.begin(), by_label.end());
   std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second.first > b.second.first; });
   std::ostringstream os;
-  os << "profile: " << im.profiled_runs << " runs, " << total * 1e3 << " ms per run in kernels\n";
+  os << "profile: " << im.profiled_runs << " runs, " << total * 1e3 << " ms per run in kernels and collectives\n";
   for (size_t i = 0; i < rows.size() && static_cast<int>(i) < top; ++i)
     os << "  " << rows[i].second.first * 1e3 << " ms  " << 100.0 * rows[i].second.first / total << "%  x"
        << rows[i].second.second << "  " << rows[i].first.substr(0, 100) << "\n";
@@ -472,17 +689,22 @@ std::string Executable::profile_report(int top) const {
 }
 
 std::string Executable::summary() const {
+  const Impl& im = *impl_;
   std::ostringstream os;
-  os << "executable: " << impl_->steps.size() << " steps, " << impl_->fused_groups << " fused groups, peak "
-     << impl_->plan.peak_bytes << " bytes (+" << impl_->output_bytes << " bytes of outputs)\n";
-  for (size_t s = 0; s < impl_->steps.size(); ++s) {
-    const Step& st = impl_->steps[s];
-    os << "  " << s << ": " << st.label << " ->";
-    for (int v : st.out_values) {
+  os << "executable: " << num_steps() << " kernels, " << im.colls.size() << " collectives, " << im.fused_groups
+     << " fused groups, on " << im.devices.size() << " device(s); arena " << im.plan.peak_bytes
+     << " bytes per device (+" << im.output_bytes << " bytes of outputs)\n";
+  for (size_t s = 0; s < im.units.size(); ++s) {
+    const Unit& u = im.units[s];
+    if (u.kind == Unit::Kind::view) continue;
+    os << "  " << s << ": " << u.label << " ->";
+    for (int v : u.out_values) {
       os << " %" << v;
-      if (impl_->plan.offset[v] >= 0) os << "@" << impl_->plan.offset[v];
+      if (im.plan.offset[v] >= 0) os << "@" << im.plan.offset[v];
       else os << "@out";
     }
+    if (u.kind == Unit::Kind::collective_wait)
+      for (int v : u.in_values) os << " %" << v;
     os << "\n";
   }
   return os.str();

@@ -1,27 +1,22 @@
 #include "runtime/plan.h"
 
-#include "ir/primitive.h"
-
 #include <algorithm>
+#include <iterator>
 #include <map>
-#include <sstream>
 
 namespace px {
 
-namespace {
-constexpr int64_t kAlign = 64;
-int64_t aligned(int64_t n) { return (std::max<int64_t>(n, 1) + kAlign - 1) / kAlign * kAlign; }
-}  // namespace
-
-BufferPlan plan_buffers(const Graph& g, const std::vector<PlanStep>& steps, const std::vector<char>& external,
-                        const std::vector<int>& outputs) {
-  size_t nv = g.values().size();
+BufferPlan plan_buffers(const std::vector<int64_t>& sizes, const std::vector<PlanStep>& steps,
+                        const std::vector<char>& external, const std::vector<int>& live_to_end) {
+  const size_t nb = sizes.size();
   BufferPlan plan;
-  plan.offset.assign(nv, -1);
-  std::vector<int> last_use(nv, -1);
+  plan.offset.assign(nb, -1);
+  plan.first_step.assign(nb, -1);
+  plan.last_step.assign(nb, -1);
+  std::vector<int> last_use(nb, -1);
   for (size_t s = 0; s < steps.size(); ++s)
-    for (int v : steps[s].in) last_use[v] = static_cast<int>(s);
-  for (int v : outputs) last_use[v] = static_cast<int>(steps.size());
+    for (int b : steps[s].in) last_use[b] = static_cast<int>(s);
+  for (int b : live_to_end) last_use[b] = static_cast<int>(steps.size());
 
   std::map<int64_t, int64_t> free_blocks;  // offset -> size, coalesced
   int64_t top = 0, live_bytes = 0;
@@ -67,41 +62,33 @@ BufferPlan plan_buffers(const Graph& g, const std::vector<PlanStep>& steps, cons
   };
 
   for (size_t s = 0; s < steps.size(); ++s) {
-    for (int v : steps[s].out) {
-      if (external[v] || plan.offset[v] >= 0) continue;
-      int64_t size = aligned(g.type(v).nbytes());
-      plan.offset[v] = allocate(size);
+    for (int b : steps[s].out) {
+      if (external[b] || plan.offset[b] >= 0) continue;
+      int64_t size = aligned_size(sizes[b]);
+      plan.offset[b] = allocate(size);
+      plan.first_step[b] = static_cast<int>(s);
       live_bytes += size;
-      live.push_back(v);
+      live.push_back(b);
     }
-    if (top > plan.peak_bytes) {
-      plan.peak_bytes = top;
+    plan.peak_bytes = std::max(plan.peak_bytes, top);
+    if (live_bytes > plan.peak_live_bytes) {
+      plan.peak_live_bytes = live_bytes;
+      plan.peak_step = static_cast<int>(s);
       plan.live_at_peak = live;
     }
-    // Free what this step read for the last time, and outputs nobody reads.
+    // Free what this step read for the last time, and results nobody reads.
     std::vector<int> dead;
-    for (int v : live)
-      if (last_use[v] <= static_cast<int>(s)) dead.push_back(v);
-    for (int v : dead) {
-      release(plan.offset[v], aligned(g.type(v).nbytes()));
-      live_bytes -= aligned(g.type(v).nbytes());
-      live.erase(std::find(live.begin(), live.end(), v));
+    for (int b : live)
+      if (last_use[b] <= static_cast<int>(s)) dead.push_back(b);
+    for (int b : dead) {
+      plan.last_step[b] = static_cast<int>(s);
+      release(plan.offset[b], aligned_size(sizes[b]));
+      live_bytes -= aligned_size(sizes[b]);
+      live.erase(std::find(live.begin(), live.end(), b));
     }
   }
+  for (int b : live) plan.last_step[b] = static_cast<int>(steps.size()) - 1;
   return plan;
-}
-
-std::string BufferPlan::report(const Graph& g) const {
-  std::vector<int> vs = live_at_peak;
-  std::sort(vs.begin(), vs.end(), [&](int a, int b) { return g.type(a).nbytes() > g.type(b).nbytes(); });
-  std::ostringstream os;
-  for (size_t i = 0; i < vs.size() && i < 10; ++i) {
-    int v = vs[i];
-    int p = g.values()[v].producer;
-    os << "  %" << v << " " << type_str(g.type(v)) << " " << g.type(v).nbytes() << " bytes from "
-       << (p >= 0 ? g.nodes()[p].prim->name : std::string("input")) << "\n";
-  }
-  return os.str();
 }
 
 }  // namespace px

@@ -1,27 +1,32 @@
-// Liveness-based buffer plan: every value that crosses a step boundary gets an offset in one
+// Liveness-based buffer plan: every buffer that crosses a step boundary gets an offset in one
 // arena; buffers whose last reader has run are reused. The peak is known before running.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
-
-#include "parallax/graph.h"
 
 namespace px {
 
 struct PlanStep {
-  std::vector<int> in, out;  // value ids read and written by one step
+  std::vector<int> in, out;  // buffer ids read and written by one step
 };
 
 struct BufferPlan {
-  std::vector<int64_t> offset;  // per value id; -1 when the value needs no arena buffer
-  int64_t peak_bytes = 0;
-  std::vector<int> live_at_peak;  // values live when the peak was reached
-  std::string report(const Graph& g) const;  // largest buffers live at the peak
+  std::vector<int64_t> offset;    // per buffer; -1 when the buffer needs no arena space
+  int64_t peak_bytes = 0;         // arena size (live bytes at the worst step plus fragmentation)
+  int64_t peak_live_bytes = 0;    // most bytes live at once
+  int peak_step = -1;             // the step at which peak_live_bytes is reached
+  std::vector<int> live_at_peak;  // buffers live at peak_step
+  std::vector<int> first_step, last_step;  // per arena buffer: the steps it is live in (inclusive)
 };
 
-// `external` values (graph inputs) live in caller memory; `outputs` stay live to the end.
-BufferPlan plan_buffers(const Graph& g, const std::vector<PlanStep>& steps, const std::vector<char>& external,
-                        const std::vector<int>& outputs);
+// `sizes` per buffer (bytes); `external` buffers live in caller memory; `live_to_end` stay live to
+// the end. A buffer is allocated at the first step that writes it and freed after its last reader.
+BufferPlan plan_buffers(const std::vector<int64_t>& sizes, const std::vector<PlanStep>& steps,
+                        const std::vector<char>& external, const std::vector<int>& live_to_end);
+
+constexpr int64_t kBufferAlign = 64;
+inline int64_t aligned_size(int64_t n) { return (std::max<int64_t>(n, 1) + kBufferAlign - 1) / kBufferAlign * kBufferAlign; }
 
 }  // namespace px

@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "core/dump.h"
 #include "parallax/spmd.h"
 #include "sharding/prims.h"
 #include "sharding/spmd_internal.h"
@@ -49,7 +50,7 @@ class Partitioner {
     reason_ = "%" + std::to_string(n.outputs.empty() ? -1 : n.outputs[0]) + " " + n.prim->name;
     if (n.prim->name == "sharding_constraint") {
       int v = n.outputs[0];
-      values_[v] = {reshard(n.inputs[0], prop_.spec[v]), prop_.spec[v], {}, ""};
+      values_[v] = {reshard(n.inputs[0], prop_.spec[v], false, n.attrs.i("regather", 0) != 0), prop_.spec[v], {}, ""};
       return;
     }
     NodeRule r = node_rule(g_, n);
@@ -136,16 +137,20 @@ class Partitioner {
 
   void set_reason(std::string r) { reason_ = std::move(r); }
 
+  // The local id of global value v (-1 when it has none).
+  int local_id(int v) const { return values_[v].t.defined() ? values_[v].t.id() : -1; }
+
   // The local value of global value v laid out as `want`: reduced, unless keep_partial (then its
-  // partial axes stay partial and only the dims are resharded).
-  Tensor reshard(int v, const Spec& want_in, bool keep_partial = false) {
+  // partial axes stay partial and only the dims are resharded). `fresh` emits new collectives
+  // even when an earlier reader resharded v the same way (a regather, after the first was freed).
+  Tensor reshard(int v, const Spec& want_in, bool keep_partial = false, bool fresh = false) {
     Spec want = want_in;
     want.resize(g_.type(v).shape.size());
     const Local& cur = values_[v];
     if (!cur.t.defined()) throw Error("[partition] internal: value %" + std::to_string(v) + " has no local value");
     if ((cur.partial.empty() || keep_partial) && cur.spec == want) return cur.t;
     std::string key = std::to_string(v) + spec_str(mesh_, want) + (keep_partial ? "+partial" : "");
-    auto it = cache_.find(key);
+    auto it = fresh ? cache_.end() : cache_.find(key);
     if (it != cache_.end()) return it->second;
     Tensor t = cur.t;
     Spec c = cur.spec;
@@ -206,7 +211,7 @@ class Partitioner {
                  [&] { return em_.local_slice(t, axis_names(mesh_, extra), static_cast<int>(d)); });
       c[d] = want[d];
     }
-    cache_[key] = t;
+    if (!fresh) cache_[key] = t;
     return t;
   }
 
@@ -292,8 +297,10 @@ std::string input_label(const Graph& g, size_t i) {
 
 }  // namespace
 
-SpmdProgram partition(const Graph& g, const Mesh& mesh, const std::vector<Sharding>& in_shardings,
-                      const PartitionOptions& opt) {
+namespace {
+
+SpmdProgram partition_impl(const Graph& g, const Mesh& mesh, const std::vector<Sharding>& in_shardings,
+                           const PartitionOptions& opt, std::vector<int>* local_of) {
   ensure_sharding_registered();
   g.verify();
   if (in_shardings.size() != g.inputs().size())
@@ -362,6 +369,52 @@ SpmdProgram partition(const Graph& g, const Mesh& mesh, const std::vector<Shardi
   local.set_outputs(outs);
   local.verify();
   for (size_t v = 0; v < g.values().size(); ++v) p.value_shardings.push_back(to_sharding(mesh, prop.spec[v]));
+  if (local_of) {
+    local_of->assign(g.values().size(), -1);
+    for (size_t v = 0; v < g.values().size(); ++v) (*local_of)[v] = part.local_id(static_cast<int>(v));
+  }
+  return p;
+}
+
+}  // namespace
+
+SpmdProgram partition(const Graph& g, const Mesh& mesh, const std::vector<Sharding>& in_shardings,
+                      const PartitionOptions& opt) {
+  return partition_impl(g, mesh, in_shardings, opt, nullptr);
+}
+
+SpmdProgram partition(const Graph& g, const ShardingDecision& d, const std::vector<MemoryCategory>& categories,
+                      CollectiveEmitter* emitter) {
+  dump_pass("sharding_decision", [&] { return d.to_string(g); });
+  std::vector<int> to_annotated;
+  std::unique_ptr<Graph> annotated = annotate(g, d, &to_annotated);
+  dump_pass("annotate", [&] { return annotated->to_string(); });
+  PartitionOptions opt;
+  opt.out_shardings = d.outputs;
+  opt.emitter = emitter;
+  std::vector<int> local_of;
+  SpmdProgram p = partition_impl(*annotated, d.mesh, d.inputs, opt, categories.empty() ? nullptr : &local_of);
+  dump_pass("partition", [&] { return p.summary(); });
+  if (!categories.empty()) {
+    if (categories.size() != g.values().size())
+      throw Error("[partition] internal: " + std::to_string(categories.size()) + " value categories for " +
+                  std::to_string(g.values().size()) + " values");
+    // Categories of the annotated program: the traced values', then constraints: a value read in
+    // another layout (a gathered param) is a collective buffer, a pinned one keeps its category.
+    const Graph& a = *annotated;
+    std::vector<int> cat(a.values().size(), -1);
+    for (size_t v = 0; v < g.values().size(); ++v)
+      if (to_annotated[v] >= 0) cat[to_annotated[v]] = static_cast<int>(categories[v]);
+    for (const Node& n : a.nodes())
+      for (int o : n.outputs)
+        if (cat[o] < 0)
+          cat[o] = n.prim->name == "sharding_constraint" && n.attrs.has("reads")
+                       ? static_cast<int>(MemoryCategory::collective_buffers)
+                       : (n.inputs.empty() ? static_cast<int>(MemoryCategory::temporaries) : cat[n.inputs[0]]);
+    p.local_categories.assign(p.local->values().size(), MemoryCategory::temporaries);
+    for (size_t v = 0; v < a.values().size(); ++v)
+      if (local_of[v] >= 0 && cat[v] >= 0) p.local_categories[local_of[v]] = static_cast<MemoryCategory>(cat[v]);
+  }
   return p;
 }
 

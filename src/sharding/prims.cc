@@ -8,7 +8,7 @@
 #include "backend/cpu/kernel.h"
 #include "ir/primitive.h"
 #include "parallax/sharding.h"
-#include "sharding/box.h"
+#include "core/box.h"
 
 namespace px {
 
@@ -69,10 +69,11 @@ void check_reduce(const std::string& op, const Attrs& a) {
 std::vector<TensorType> identity_infer(const std::vector<TensorType>& in, const Attrs&) { return {in.at(0)}; }
 
 // Local-graph primitives: not differentiable, never sharded again, default cost.
-void register_local(const std::string& name, InferFn infer) {
+void register_local(const std::string& name, InferFn infer, bool no_cse = false) {
   Primitive p;
   p.name = name;
   p.infer = std::move(infer);
+  p.no_cse = no_cse;
   register_primitive(std::move(p));
 }
 
@@ -110,7 +111,7 @@ void register_prims() {
     TensorType t = in[0];
     t.shape[d] *= group_of("all_gather", a);
     return std::vector<TensorType>{t};
-  });
+  }, /*no_cse=*/true);  // a second gather of one value is on purpose (ZeRO-3 gathers again for the backward pass)
   register_local("reduce_scatter", [](const std::vector<TensorType>& in, const Attrs& a) {
     expect_n("reduce_scatter", in, 1);
     check_reduce("reduce_scatter", a);

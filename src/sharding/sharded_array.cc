@@ -1,9 +1,10 @@
 // Global arrays: splitting a host array onto the devices of a mesh and reassembling it.
+#include <cstring>
 #include <vector>
 
 #include "backend/cpu/kernel.h"
 #include "parallax/sharding.h"
-#include "sharding/box.h"
+#include "core/box.h"
 
 namespace px {
 
@@ -34,11 +35,12 @@ ShardedArray shard(const Array& full, const Sharding& s) {
     std::vector<int64_t> c = s.mesh.coords(p);
     bool holder = true;
     for (int a : partial_axes) holder = holder && c[a] == 0;
+    Array a(full.dtype(), local, Placement{s.mesh.device_ids()[p]});
     if (!holder) {
-      shards.push_back(Array::zeros(full.dtype(), local));
+      if (a.nbytes()) std::memset(a.raw(), 0, static_cast<size_t>(a.nbytes()));
+      shards.push_back(a);
       continue;
     }
-    Array a(full.dtype(), local);
     std::vector<int64_t> off = s.shard_offsets(full.shape(), p);
     copy_box(full.raw(), full.shape(), off.data(), a.raw(), local, zero.data(), local, dtype_size(full.dtype()));
     shards.push_back(a);

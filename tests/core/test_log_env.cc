@@ -135,7 +135,7 @@ TEST(Env, DefaultsAndValues) {
   EXPECT_EQ(d.dump_dir, "");
   EXPECT_FALSE(d.disable_fusion);
   EnvConfig c = parse(
-      {{"PX_NUM_THREADS", "3"}, {"PX_LOG_LEVEL", "debug"}, {"PX_DUMP_DIR", "/tmp/x"}, {"PX_DISABLE_FUSION", "1"}});
+      {{"PX_NUM_THREADS", "3"}, {"PX_LOG_LEVEL", "debug"}, {"PX_DUMP", "/tmp/x"}, {"PX_DISABLE_FUSION", "1"}});
   EXPECT_EQ(c.num_threads, 3);
   EXPECT_EQ(c.log_level, LogLevel::debug);
   EXPECT_EQ(c.dump_dir, "/tmp/x");
@@ -181,7 +181,7 @@ TEST(Env, EveryVariableIsDocumented) {
     names.push_back(v.name);
     EXPECT_GT(std::string(v.help).size(), 10u) << v.name;
   }
-  for (const char* want : {"PX_NUM_THREADS", "PX_LOG_LEVEL", "PX_DUMP_DIR", "PX_DISABLE_FUSION", "PX_DEVICES"})
+  for (const char* want : {"PX_NUM_THREADS", "PX_LOG_LEVEL", "PX_DUMP", "PX_DISABLE_FUSION", "PX_DEVICES"})
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
 }
 

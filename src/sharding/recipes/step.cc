@@ -46,49 +46,61 @@ std::vector<Tensor> gathered_params(const std::vector<Tensor>& params, const Sha
 
 int64_t local_bytes(const TensorType& t) { return numel(t.shape) * dtype_size(t.dtype); }
 
-// Pins each gradient to its param's spec right after autodiff: one all-reduce (replicated) or
-// reduce-scatter (FSDP) that the norm and the update share. Replicated gradients of one dtype are
-// flattened into buckets and all-reduced together (concat of partial sums stays partial).
-std::vector<Tensor> pin_gradients(std::vector<Tensor> grads, const ShardingPlan& plan, int64_t bucket_bytes) {
-  std::vector<std::vector<size_t>> buckets;
+// DDP buckets: replicated gradients of one dtype, in param order, up to bucket_bytes each.
+std::vector<std::vector<int>> gradient_buckets(const StepProgram& p, const ShardingPlan& plan, int64_t bucket_bytes) {
+  std::vector<std::vector<int>> buckets;
+  if (bucket_bytes <= 0) return buckets;
   std::map<DType, size_t> open;  // dtype -> index of its open bucket
   std::vector<int64_t> fill;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    const PartitionSpec& spec = plan.params[i].spec;
-    if (bucket_bytes <= 0 || !spec.is_replicated()) {
-      grads[i] = with_sharding_constraint(grads[i], spec);
-      continue;
-    }
-    int64_t b = grads[i].type().nbytes();
-    auto it = open.find(grads[i].dtype());
-    if (it == open.end() || fill[it->second] + b > bucket_bytes) {
-      open[grads[i].dtype()] = buckets.size();
+  for (size_t i = 0; i < p.grads.size(); ++i) {
+    if (!plan.params[i].spec.is_replicated()) continue;
+    const TensorType& t = p.graph->type(p.grads[i]);
+    auto it = open.find(t.dtype);
+    if (it == open.end() || fill[it->second] + t.nbytes() > bucket_bytes) {
+      open[t.dtype] = buckets.size();
       buckets.push_back({});
       fill.push_back(0);
-      it = open.find(grads[i].dtype());
+      it = open.find(t.dtype);
     }
-    buckets[it->second].push_back(i);
-    fill[it->second] += b;
+    buckets[it->second].push_back(p.grads[i]);
+    fill[it->second] += t.nbytes();
   }
-  for (const auto& bucket : buckets) {
-    if (bucket.size() == 1) {
-      grads[bucket[0]] = with_sharding_constraint(grads[bucket[0]], PartitionSpec());
-      continue;
-    }
-    std::vector<Tensor> flat;
-    for (size_t i : bucket) flat.push_back(reshape(grads[i], {grads[i].numel()}));
-    Tensor all = with_sharding_constraint(concat(flat, 0), PartitionSpec());
-    int64_t off = 0;
-    for (size_t i : bucket) {
-      int64_t n = grads[i].numel();
-      grads[i] = reshape(slice_axis(all, 0, off, off + n), grads[i].shape());
-      off += n;
-    }
-  }
-  return grads;
+  return buckets;
 }
 
 }  // namespace
+
+ShardingDecision decide_train_step(const StepProgram& p, const ShardingPlan& plan,
+                                   const std::vector<PartitionSpec>& state_specs,
+                                   const std::vector<TensorType>& batch_types, int64_t bucket_bytes) {
+  const Mesh& mesh = plan.mesh;
+  ShardingDecision d;
+  d.mesh = mesh;
+  for (const auto& pp : plan.params) d.inputs.emplace_back(mesh, pp.spec);
+  for (const auto& s : state_specs) d.inputs.emplace_back(mesh, s);
+  for (const auto& t : batch_types) d.inputs.emplace_back(mesh, batch_spec(t, mesh, plan.batch_axes));
+  d.inputs.push_back(Sharding::replicated(mesh));
+  for (int k = 0; k < 3; ++k) d.outputs.push_back(Sharding::replicated(mesh));
+  for (const auto& pp : plan.params) d.outputs.push_back(Sharding(mesh, pp.spec));
+  for (const auto& s : state_specs) d.outputs.push_back(Sharding(mesh, s));
+  const Graph& g = *p.graph;
+  for (size_t i = 0; i < plan.params.size(); ++i) {
+    // FSDP: a param split over the batch axes is gathered for the forward pass and gathered again
+    // for the backward pass (ZeRO-3: the first gather is freed after its last forward use).
+    PartitionSpec use = use_spec(plan.params[i].spec, plan.batch_axes);
+    if (use != plan.params[i].spec) {
+      int v = g.inputs()[i];
+      d.constraints.push_back({v, use, 0, p.forward_end, false});
+      d.constraints.push_back({v, use, p.forward_end, p.backward_end, true});
+    }
+    // Each gradient pinned to its param's layout: one all-reduce (replicated) or reduce-scatter
+    // (FSDP), shared by the norm and the update.
+    d.constraints.push_back({p.grads[i], plan.params[i].spec, -1, -1, false});
+  }
+  d.buckets = gradient_buckets(p, plan, bucket_bytes);
+  return d;
+}
+
 
 ShardedTrainStep::ShardedTrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss_fn,
                                    std::vector<TensorType> batch_types, Mesh mesh, ShardingStrategy strategy,
@@ -116,27 +128,11 @@ ShardedTrainStep::ShardedTrainStep(nn::ParamStore& store, optim::OptimizerPtr op
     for (const auto& a : plan_.batch_axes) latency = std::max(latency, mesh_.axes()[mesh_.axis_index(a)].link.latency_s);
     bucket_bytes = latency >= 10e-6 ? int64_t{25} << 20 : 0;
   }
-  // FSDP: all-gather before use; the gradients w.r.t. the gathered params are partial sums over
-  // the batch axes, pinned to their stored layout (and DDP's bucketed) before the update.
-  StepHooks hooks;
-  hooks.use = [&](const std::vector<Tensor>& params) { return gathered_params(params, plan_); };
-  hooks.pin = [&](std::vector<Tensor> grads) { return pin_gradients(std::move(grads), plan_, bucket_bytes); };
-  graph_ = trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm, hooks, "ShardedTrainStep");
-
-  std::vector<PartitionSpec> in_specs;
-  PartitionOptions popt;
-  for (int k = 0; k < 3; ++k) popt.out_shardings.push_back(Sharding::replicated(mesh_));
-  for (const auto& p : plan_.params) {
-    in_specs.push_back(p.spec);
-    popt.out_shardings.push_back(Sharding(mesh_, p.spec));
-  }
-  for (const auto& s : state_specs_) {
-    in_specs.push_back(s);
-    popt.out_shardings.push_back(Sharding(mesh_, s));
-  }
-  for (const auto& t : batch_types_) in_specs.push_back(batch_spec(t, mesh_, plan_.batch_axes));
-  in_specs.push_back({});
-  exe_ = ShardedExecutable::compile(*graph_, mesh_, in_specs, popt, options.compile, sharding.device_parallelism);
+  StepProgram program = trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm, "ShardedTrainStep");
+  ShardingDecision decision = decide_train_step(program, plan_, state_specs_, batch_types_, bucket_bytes);
+  graph_ = std::move(program.graph);
+  exe_ = ShardedExecutable::compile(partition(*graph_, decision, program.categories), options.compile,
+                                    sharding.device_parallelism);
 }
 
 ShardedTrainStep::~ShardedTrainStep() = default;

@@ -1,0 +1,41 @@
+// Where data lives and how much of it: memory kinds, per-device accounting.
+//
+//   px::Array a(px::DType::f32, {1024}, {.device = 3});            // on virtual device 3
+//   px::MemoryStats s = px::memory_stats({.device = 3});
+//   std::cout << s.bytes_in_use << " in use, high-water mark " << s.peak_bytes_in_use << "\n";
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace px {
+
+// `device`: accelerator (or, on the CPU backend, the device's own pool of host memory);
+// `pinned_host`: host memory that devices copy to and from (offloaded weights and state).
+enum class MemoryKind : uint8_t { device, pinned_host };
+const char* memory_kind_name(MemoryKind k);
+
+// A device (global id, as in Mesh::device_ids) and a memory kind on it.
+struct Placement {
+  int device = 0;
+  MemoryKind kind = MemoryKind::device;
+  bool operator==(const Placement& o) const = default;
+  std::string to_string() const;  // "cpu:3/device"
+};
+
+struct MemoryStats {
+  int64_t bytes_in_use = 0;
+  int64_t peak_bytes_in_use = 0;  // high-water mark since the start or the last reset_peak_memory
+  int64_t allocations = 0;        // number of allocations so far
+};
+
+// Counters of every allocation made through px (Arrays, executable arenas) per placement.
+MemoryStats memory_stats(const Placement& p);
+void reset_peak_memory(const Placement& p);  // the high-water mark becomes the bytes in use
+
+// Allocates `bytes` (64-byte aligned, at least 64) at `p`, counted; throws px::Error when out of
+// memory. Freed with free_bytes(p, ptr, bytes).
+void* allocate_bytes(const Placement& p, int64_t bytes);
+void free_bytes(const Placement& p, void* ptr, int64_t bytes);
+
+}  // namespace px

@@ -1,0 +1,67 @@
+// Counted allocation per placement: every Array and executable arena goes through here, so a
+// device's high-water mark can be read back and compared with the buffer plan.
+#include "parallax/memory.h"
+
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "parallax/core.h"
+
+namespace px {
+
+namespace {
+
+struct Counter {
+  std::atomic<int64_t> in_use{0}, peak{0}, count{0};
+};
+
+// Counters for devices 0..kMaxDevices-1 and both kinds; larger ids share the last slot.
+constexpr int kMaxDevices = 4096;
+Counter& counter(const Placement& p) {
+  static std::array<std::unique_ptr<Counter[]>, 2> table = {std::make_unique<Counter[]>(kMaxDevices),
+                                                            std::make_unique<Counter[]>(kMaxDevices)};
+  int d = p.device < 0 ? 0 : (p.device >= kMaxDevices ? kMaxDevices - 1 : p.device);
+  return table[static_cast<int>(p.kind)][d];
+}
+
+}  // namespace
+
+const char* memory_kind_name(MemoryKind k) { return k == MemoryKind::device ? "device" : "pinned_host"; }
+
+std::string Placement::to_string() const { return "cpu:" + std::to_string(device) + "/" + memory_kind_name(kind); }
+
+MemoryStats memory_stats(const Placement& p) {
+  Counter& c = counter(p);
+  return {c.in_use.load(), c.peak.load(), c.count.load()};
+}
+
+void reset_peak_memory(const Placement& p) {
+  Counter& c = counter(p);
+  c.peak.store(c.in_use.load());
+}
+
+void* allocate_bytes(const Placement& p, int64_t bytes) {
+  size_t rounded = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
+  void* ptr = std::aligned_alloc(64, rounded);
+  if (!ptr)
+    throw Error("[memory] out of memory allocating " + std::to_string(bytes) + " bytes on " + p.to_string());
+  Counter& c = counter(p);
+  int64_t now = c.in_use.fetch_add(bytes) + bytes;
+  int64_t peak = c.peak.load();
+  while (now > peak && !c.peak.compare_exchange_weak(peak, now)) {
+  }
+  c.count.fetch_add(1);
+  return ptr;
+}
+
+void free_bytes(const Placement& p, void* ptr, int64_t bytes) {
+  if (!ptr) return;
+  counter(p).in_use.fetch_sub(bytes);
+  std::free(ptr);
+}
+
+}  // namespace px

@@ -1,0 +1,100 @@
+#include "runtime/collectives.h"
+
+#include "core/box.h"
+#include "ir/primitive.h"
+
+namespace px {
+
+CollectiveOp make_collective_op(const Graph& g, const Node& n, CollectiveGroups groups) {
+  CollectiveOp c;
+  c.kind = n.prim->name;
+  c.dtype = g.type(n.inputs[0]).dtype;
+  c.in_shape = g.type(n.inputs[0]).shape;
+  c.out_shape = g.type(n.outputs[0]).shape;
+  if (n.attrs.has("reduce")) c.op = n.attrs.s("reduce") == "max" ? ReduceOp::max : ReduceOp::sum;
+  if (n.attrs.has("dim")) c.dim = static_cast<int>(n.attrs.i("dim"));
+  if (c.kind == "all_to_all") {
+    c.dim = static_cast<int>(n.attrs.i("split_dim"));
+    c.concat_dim = static_cast<int>(n.attrs.i("concat_dim"));
+  }
+  c.n = groups.groups.empty() ? 1 : static_cast<int64_t>(groups.groups[0].size());
+  c.groups = std::move(groups);
+  // Blocks exchanged must be contiguous: pack around dims that are not leading.
+  int64_t outer = 1;
+  for (int d = 0; d < c.dim; ++d) outer *= c.in_shape[d];
+  bool pack = (c.kind == "all_gather" || c.kind == "reduce_scatter") ? outer > 1 : c.kind == "all_to_all";
+  if (pack) {
+    c.scratch_in = numel(c.kind == "all_gather" ? c.out_shape : c.in_shape);
+    if (c.kind == "all_to_all") c.scratch_out = numel(c.in_shape);
+  }
+  return c;
+}
+
+CollectiveHandle start_collective(Communicator& comm, const CollectiveOp& c, const Buffers& ins,
+                                  const MutBuffers& outs, const MutBuffers& scratch_in,
+                                  const MutBuffers& scratch_out) {
+  const size_t D = ins.size();
+  const int64_t es = dtype_size(c.dtype);
+  const int64_t count = numel(c.in_shape);
+  const DeviceGroups& groups = c.groups.groups;
+  if (c.kind == "all_reduce") return comm.start_all_reduce(ins, outs, count, c.dtype, c.op, groups);
+  if (c.kind == "collective_permute") return comm.start_permute(ins, outs, count, c.dtype, c.groups.pairs);
+  if (c.kind == "all_gather") {
+    if (!c.scratch_in) return comm.start_all_gather(ins, outs, count, c.dtype, groups);
+    // Gather whole blocks into scratch [n, in_shape], then interleave them along `dim`.
+    comm.start_all_gather(ins, scratch_in, count, c.dtype, groups).wait();
+    std::vector<int64_t> zero(c.in_shape.size(), 0), off(c.in_shape.size(), 0);
+    for (size_t d = 0; d < D; ++d)
+      for (int64_t k = 0; k < c.n; ++k) {
+        off[c.dim] = k * c.in_shape[c.dim];
+        copy_box(static_cast<const std::byte*>(scratch_in[d]) + k * count * es, c.in_shape, zero.data(), outs[d],
+                 c.out_shape, off.data(), c.in_shape, es);
+      }
+    return CollectiveHandle();
+  }
+  if (c.kind == "reduce_scatter") {
+    if (!c.scratch_in) return comm.start_reduce_scatter(ins, outs, count, c.dtype, c.op, groups);
+    Buffers packed(D);
+    std::vector<int64_t> zero(c.in_shape.size(), 0), off(c.in_shape.size(), 0);
+    const int64_t block = numel(c.out_shape);
+    for (size_t d = 0; d < D; ++d) {
+      for (int64_t k = 0; k < c.n; ++k) {
+        off[c.dim] = k * c.out_shape[c.dim];
+        copy_box(ins[d], c.in_shape, off.data(), static_cast<std::byte*>(scratch_in[d]) + k * block * es, c.out_shape,
+                 zero.data(), c.out_shape, es);
+      }
+      packed[d] = scratch_in[d];
+    }
+    return comm.start_reduce_scatter(packed, outs, count, c.dtype, c.op, groups);
+  }
+  if (c.kind == "all_to_all") {
+    // Pack the blocks of split_dim contiguously, exchange, and lay the received blocks along concat_dim.
+    Shape blk = c.in_shape;
+    blk[c.dim] /= c.n;
+    const int64_t block = numel(blk);
+    std::vector<int64_t> zero(blk.size(), 0), off(blk.size(), 0);
+    Buffers packed(D);
+    for (size_t d = 0; d < D; ++d) {
+      std::fill(off.begin(), off.end(), 0);
+      for (int64_t k = 0; k < c.n; ++k) {
+        off[c.dim] = k * blk[c.dim];
+        copy_box(ins[d], c.in_shape, off.data(), static_cast<std::byte*>(scratch_in[d]) + k * block * es, blk,
+                 zero.data(), blk, es);
+      }
+      packed[d] = scratch_in[d];
+    }
+    comm.start_all_to_all(packed, scratch_out, count, c.dtype, groups).wait();
+    for (size_t d = 0; d < D; ++d) {
+      std::fill(off.begin(), off.end(), 0);
+      for (int64_t j = 0; j < c.n; ++j) {
+        off[c.concat_dim] = j * blk[c.concat_dim];
+        copy_box(static_cast<const std::byte*>(scratch_out[d]) + j * block * es, blk, zero.data(), outs[d],
+                 c.out_shape, off.data(), blk, es);
+      }
+    }
+    return CollectiveHandle();
+  }
+  throw Error("[run] internal: unknown collective '" + c.kind + "'");
+}
+
+}  // namespace px

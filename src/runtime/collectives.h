@@ -1,0 +1,40 @@
+// Collective nodes of a local program as the runtime runs them: the layout packing around a
+// Communicator call (blocks along a dim that is not leading are made contiguous in scratch).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "distributed/communicator.h"
+#include "parallax/graph.h"
+
+namespace px {
+
+// The device groups of one collective node (mesh positions), resolved by the sharding layer.
+struct CollectiveGroups {
+  DeviceGroups groups;
+  std::vector<std::pair<int, int>> pairs;  // collective_permute: (source, target) positions
+};
+
+struct CollectiveOp {
+  std::string kind;
+  DType dtype = DType::f32;
+  Shape in_shape, out_shape;
+  int dim = -1, concat_dim = -1;
+  ReduceOp op = ReduceOp::sum;
+  CollectiveGroups groups;
+  int64_t n = 1;              // group size
+  int64_t scratch_in = 0;     // elements of packing scratch needed per device (0: none)
+  int64_t scratch_out = 0;
+};
+
+CollectiveOp make_collective_op(const Graph& g, const Node& n, CollectiveGroups groups);
+
+// Starts the collective for every local device at once (one buffer per device in each list;
+// scratch as sized by the op). The returned handle is waited before the result is read.
+CollectiveHandle start_collective(Communicator& comm, const CollectiveOp& c, const Buffers& ins,
+                                  const MutBuffers& outs, const MutBuffers& scratch_in,
+                                  const MutBuffers& scratch_out);
+
+}  // namespace px

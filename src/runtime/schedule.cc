@@ -1,0 +1,246 @@
+#include "runtime/schedule.h"
+
+#include <algorithm>
+#include <map>
+
+#include "backend/cpu/kernel.h"
+#include "core/env.h"
+#include "ir/primitive.h"
+
+namespace px {
+
+namespace {
+
+bool is_broadcast(const Node& n) { return n.prim->name == "broadcast_in_dim" && n.outputs.size() == 1; }
+bool is_reshape(const Node& n) { return n.prim->name == "reshape" && n.inputs.size() == 1 && n.outputs.size() == 1; }
+
+bool fusible(const Graph& g, const Node& n) {
+  if (!n.prim->elementwise || n.outputs.size() != 1) return false;
+  const cpu::EltwiseKernel* ek = cpu::find_eltwise(n.prim->name);
+  if (!ek || !ek->f32) return false;
+  // Integer-only nodes take the exact i32 path, which is not fused.
+  auto int_like = [](DType d) { return d == DType::i32 || d == DType::boolean; };
+  bool all_int = int_like(g.type(n.outputs[0]).dtype);
+  for (int v : n.inputs) all_int = all_int && int_like(g.type(v).dtype);
+  return !(all_int && ek->i32);
+}
+
+struct Group {
+  std::vector<int> nodes;
+  bool fused = false;
+  bool collective = false;
+};
+
+// Partitions the nodes into groups: fused groups (run at their last member) and single nodes.
+// Several groups may be open at once, one per element count, so that interleaved chains of
+// different sizes (forward and backward, bias and row statistics) each fuse. A node that reads an
+// open group without joining it closes that group, which then runs before the node; this keeps
+// "order groups by last member" a valid schedule.
+std::vector<Group> form_groups(const Graph& g, bool fuse_on, std::vector<int>& group_of) {
+  const auto& nodes = g.nodes();
+  std::vector<Group> groups;
+  std::map<int64_t, int> open_by_count;  // element count -> open fused group
+  group_of.assign(nodes.size(), -1);
+  constexpr size_t kMaxGroup = 48;
+  constexpr int kWindow = 32;  // a group left alone for this many nodes closes (bounds lifetimes)
+  auto close = [&](int u) {
+    for (auto it = open_by_count.begin(); it != open_by_count.end(); ++it)
+      if (it->second == u) {
+        open_by_count.erase(it);
+        return;
+      }
+  };
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node& n = nodes[i];
+    for (auto it = open_by_count.begin(); it != open_by_count.end();)
+      it = groups[it->second].nodes.back() + kWindow < static_cast<int>(i) ? open_by_count.erase(it) : std::next(it);
+    std::vector<int> reads;  // open groups this node reads
+    for (int v : n.inputs) {
+      int p = g.values()[v].producer;
+      if (p < 0) continue;
+      int u = group_of[p];
+      bool is_open = false;
+      for (auto& [cnt, ou] : open_by_count) is_open = is_open || ou == u;
+      if (is_open && std::find(reads.begin(), reads.end(), u) == reads.end()) reads.push_back(u);
+    }
+    const bool coll = is_collective_primitive(n.prim->name);
+    int64_t count = n.outputs.empty() ? -1 : g.type(n.outputs[0]).numel();
+    auto cand = open_by_count.find(count);
+    int join = (cand != open_by_count.end() && groups[cand->second].nodes.size() < kMaxGroup) ? cand->second : -1;
+    // A broadcast fuses as a strided load of an external operand, never of a value inside its group.
+    // A reshape keeps the flat order, so in a group it is only a new name for its operand's tile.
+    bool fuse = !coll && fuse_on &&
+                (fusible(g, n) || is_reshape(n) ||
+                 (is_broadcast(n) && std::find(reads.begin(), reads.end(), join) == reads.end()));
+    if (!coll && !fuse_on && fusible(g, n)) fuse = true;  // a single-node loop, never joined
+    for (int u : reads)
+      if (!(fuse && fuse_on && u == join)) close(u);
+    if (fuse && fuse_on && join >= 0 && open_by_count.count(count)) {
+      groups[join].nodes.push_back(static_cast<int>(i));
+      group_of[i] = join;
+      continue;
+    }
+    groups.push_back({{static_cast<int>(i)}, fuse, coll});
+    group_of[i] = static_cast<int>(groups.size()) - 1;
+    if (fuse && fuse_on) open_by_count[count] = group_of[i];
+  }
+  // A lone broadcast or reshape computes nothing: run it with its own kernel (or as a view).
+  for (Group& u : groups)
+    if (u.fused && u.nodes.size() == 1 && (is_broadcast(nodes[u.nodes[0]]) || is_reshape(nodes[u.nodes[0]])) &&
+        cpu::find_kernel(nodes[u.nodes[0]].prim->name))
+      u.fused = false;
+  return groups;
+}
+
+}  // namespace
+
+bool is_collective_primitive(const std::string& p) {
+  return p == "all_reduce" || p == "all_gather" || p == "reduce_scatter" || p == "all_to_all" ||
+         p == "collective_permute";
+}
+
+std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
+  const auto& nodes = g.nodes();
+  const bool fuse_on = opt.fuse_elementwise && !env().disable_fusion;
+  std::vector<int> group_of;
+  std::vector<Group> groups = form_groups(g, fuse_on, group_of);
+  std::vector<std::vector<int>> users(g.values().size());
+  for (size_t i = 0; i < nodes.size(); ++i)
+    for (int v : nodes[i].inputs) users[v].push_back(static_cast<int>(i));
+  std::vector<char> is_output(g.values().size(), 0);
+  for (int v : g.outputs()) is_output[v] = 1;
+
+  // Compute groups ordered by their last member; collectives are placed among them below.
+  std::vector<int> order, colls;
+  for (size_t u = 0; u < groups.size(); ++u) (groups[u].collective ? colls : order).push_back(static_cast<int>(u));
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return groups[a].nodes.back() < groups[b].nodes.back(); });
+
+  std::vector<Unit> compute;
+  std::vector<int> pos_of_node(nodes.size(), -1);  // compute position of each non-collective node
+  std::vector<char> in_group(g.values().size(), 0);
+  for (int u : order) {
+    const Group& grp = groups[u];
+    Unit unit;
+    if (grp.fused) {
+      unit.kind = Unit::Kind::fused;
+      unit.nodes = grp.nodes;
+      for (int ni : grp.nodes) in_group[nodes[ni].outputs[0]] = 1;
+      for (int ni : grp.nodes) {
+        for (int v : nodes[ni].inputs)
+          if (!in_group[v] && std::find(unit.in_values.begin(), unit.in_values.end(), v) == unit.in_values.end())
+            unit.in_values.push_back(v);
+        int out = nodes[ni].outputs[0];
+        bool escapes = is_output[out];
+        for (int user : users[out]) escapes = escapes || group_of[user] != u;
+        if (escapes) unit.out_values.push_back(out);
+      }
+      for (int ni : grp.nodes) in_group[nodes[ni].outputs[0]] = 0;
+      for (int ni : grp.nodes) unit.label += (unit.label.empty() ? "fused{" : ",") + nodes[ni].prim->name;
+      unit.label += "}";
+      unit.alias_safe = true;
+    } else {
+      const Node& n = nodes[grp.nodes[0]];
+      unit.kind = is_reshape(n) && !is_output[n.outputs[0]] ? Unit::Kind::view : Unit::Kind::kernel;
+      unit.nodes = grp.nodes;
+      unit.in_values = n.inputs;
+      unit.out_values = n.outputs;
+      unit.label = n.prim->name;
+    }
+    for (int ni : unit.nodes) pos_of_node[ni] = static_cast<int>(compute.size());
+    compute.push_back(std::move(unit));
+  }
+  const int n_compute = static_cast<int>(compute.size());
+
+  // Collectives in graph order (a topological order): each gets a start and a wait position,
+  // meaning "before compute unit k". A collective read by another waits at once.
+  struct Placed {
+    int node, start, wait;
+  };
+  std::vector<Placed> placed;
+  std::vector<int> wait_of_value(g.values().size(), -1);  // collective result -> its wait position
+  std::vector<int> late;                                  // indices into placed, all-gathers
+  std::vector<int> first_use_of(colls.size());
+  for (size_t c = 0; c < colls.size(); ++c) {
+    const Node& n = nodes[groups[colls[c]].nodes[0]];
+    int ready = 0;
+    for (int v : n.inputs) {
+      int p = g.values()[v].producer;
+      if (p < 0) continue;
+      ready = std::max(ready, pos_of_node[p] >= 0 ? pos_of_node[p] + 1 : wait_of_value[v]);
+    }
+    int first_use = n_compute;
+    bool feeds_collective = false;
+    for (int v : n.outputs)
+      for (int user : users[v]) {
+        if (pos_of_node[user] >= 0) first_use = std::min(first_use, pos_of_node[user]);
+        else feeds_collective = true;
+      }
+    first_use = std::max(first_use, ready);
+    const TensorType &in_t = g.type(n.inputs[0]), &out_t = g.type(n.outputs[0]);
+    Placed p{groups[colls[c]].nodes[0], ready, ready};
+    if (feeds_collective) {
+      p.start = p.wait = ready;
+    } else if (out_t.nbytes() > in_t.nbytes()) {
+      p.start = p.wait = first_use;  // refined below with the lookahead
+      late.push_back(static_cast<int>(placed.size()));
+    } else {
+      p.wait = std::min(first_use, ready + std::max(opt.overlap_units, 0));
+    }
+    first_use_of[placed.size()] = first_use;
+    for (int v : n.outputs) wait_of_value[v] = p.wait;
+    placed.push_back(p);
+  }
+  // Lookahead over the all-gathers in order of first use.
+  std::stable_sort(late.begin(), late.end(), [&](int a, int b) { return first_use_of[a] < first_use_of[b]; });
+  const int L = std::max(opt.collective_lookahead, 0);
+  for (size_t j = 0; j < late.size(); ++j) {
+    Placed& p = placed[late[j]];
+    int ready = 0;
+    for (int v : nodes[p.node].inputs) {
+      int pr = g.values()[v].producer;
+      if (pr >= 0) ready = std::max(ready, pos_of_node[pr] >= 0 ? pos_of_node[pr] + 1 : wait_of_value[v]);
+    }
+    int start = j >= static_cast<size_t>(L) ? first_use_of[late[j - L]] : ready;
+    p.start = std::clamp(start, ready, p.wait);
+  }
+
+  // Merge: at each position, collective events in graph order (start before wait).
+  struct Event {
+    int pos, order, phase;
+  };
+  std::vector<Event> events;
+  for (size_t c = 0; c < placed.size(); ++c) {
+    events.push_back({placed[c].start, static_cast<int>(c), 0});
+    events.push_back({placed[c].wait, static_cast<int>(c), 1});
+  }
+  std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+    if (a.pos != b.pos) return a.pos < b.pos;
+    if (a.order != b.order) return a.order < b.order;
+    return a.phase < b.phase;
+  });
+  std::vector<Unit> out;
+  out.reserve(compute.size() + events.size());
+  size_t e = 0;
+  for (int k = 0; k <= n_compute; ++k) {
+    for (; e < events.size() && events[e].pos == k; ++e) {
+      const Node& n = nodes[placed[events[e].order].node];
+      Unit u;
+      u.kind = events[e].phase == 0 ? Unit::Kind::collective_start : Unit::Kind::collective_wait;
+      u.nodes = {placed[events[e].order].node};
+      u.label = n.prim->name + (events[e].phase == 0 ? ".start" : ".wait");
+      if (events[e].phase == 0) {
+        u.in_values = n.inputs;
+        u.out_values = n.outputs;
+      } else {
+        u.in_values = n.inputs;
+        u.in_values.insert(u.in_values.end(), n.outputs.begin(), n.outputs.end());
+      }
+      out.push_back(std::move(u));
+    }
+    if (k < n_compute) out.push_back(std::move(compute[k]));
+  }
+  return out;
+}
+
+}  // namespace px
