@@ -5,13 +5,20 @@
 set -euo pipefail
 
 # Build: compiler, CMake + Ninja, oneDNN (its CMake config needs the OpenCL headers and
-# loader: libdnnl-dev only recommends them), fmt. Tests: GoogleTest. Optional: benchmark, ccache.
+# loader: libdnnl-dev only recommends them), fmt. Checkpoints: zstd. Text data and tokenizers: PCRE2, ICU, SentencePiece, JSON, zlib, and the
+# GCIDE dictionary (pax's default corpus). Tests: GoogleTest, python3-venv (the interop tests'
+# venv). Fuzzing: clang with libFuzzer (libclang-rt-dev) and its OpenMP. Optional: benchmark, ccache.
 PACKAGES=(
   g++ cmake ninja-build git
   libdnnl-dev ocl-icd-opencl-dev opencl-headers
   libfmt-dev
-  libgtest-dev googletest
+  libsentencepiece-dev nlohmann-json3-dev zlib1g-dev dict-gcide
+  libgtest-dev googletest python3-venv
+  clang libclang-rt-dev libomp-dev
+  libpcre2-dev libicu-dev
+  libzstd-dev
   libbenchmark-dev ccache
+  libcli11-dev libtomlplusplus-dev libcairo2-dev
 )
 
 missing=()

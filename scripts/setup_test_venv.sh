@@ -11,16 +11,29 @@ VENV=${PX_TEST_VENV:-$PWD/.venv-test}
 PACKAGES=(
   numpy
   safetensors
+  # tests/nn/test_pretrained*.cc, tests/text/test_bpe.cc: small random HF models and tokenizers
+  transformers
+  tokenizers
+  # With its CUDA libraries (~3 GB): PyPI's CPU wheel is the CUDA build, and without them
+  # `import torch` fails (libtorch_cuda links them).
+  torch
+  "zarr>=3"      # tests/checkpoint: reads the Zarr v3 checkpoints (brings google-crc32c, numcodecs)
+  tensorboard
 )
 
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
-missing=()
-for p in "${PACKAGES[@]}"; do
-  name=${p%%[<>=]*}
-  "$VENV/bin/python" -m pip show -q "$name" >/dev/null 2>&1 || missing+=("$p")
-done
+# One pip call lists what is installed (pip show per package costs ~0.5 s each).
+installed=$("$VENV/bin/python" -m pip list --format=freeze 2>/dev/null | sed 's/==.*//' | tr 'A-Z_' 'a-z-')
+missing_in() {
+  local p name
+  for p in "$@"; do
+    name=$(echo "${p%%[<>=]*}" | tr 'A-Z_' 'a-z-')
+    grep -qx "$name" <<<"$installed" || echo "$p"
+  done
+}
+mapfile -t missing < <(missing_in "${PACKAGES[@]}")
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup_test_venv: installing ${missing[*]}" >&2
   "$VENV/bin/python" -m pip install -q "${missing[@]}" >&2

@@ -26,12 +26,18 @@ inline std::string error_of(const std::function<void()>& f) {
   return "<no error>";
 }
 
-// The Python of the test virtual environment (scripts/setup_test_venv.sh makes it): PX_TEST_PYTHON,
-// which CTest sets to <repo>/.venv-test/bin/python. Interop tests fail, not skip, when it lacks a
-// package: CI runs the set-up script, and a newcomer's test command does too.
+// The Python of the test virtual environment (scripts/setup_test_venv.sh makes it): PX_TEST_PYTHON
+// when set, else <repo>/.venv-test/bin/python (PX_TEST_VENV_PYTHON, compiled in by
+// tests/CMakeLists.txt). Interop tests fail, not skip, when it lacks a package: CI runs the
+// set-up script, and a newcomer's test command does too.
 inline std::string test_python() {
   const char* p = std::getenv("PX_TEST_PYTHON");
-  return p && *p ? p : "python3";
+  if (p && *p) return p;
+#ifdef PX_TEST_VENV_PYTHON
+  return PX_TEST_VENV_PYTHON;
+#else
+  return "python3";
+#endif
 }
 
 inline std::vector<TensorType> types_of(const std::vector<Array>& xs) {

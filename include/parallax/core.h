@@ -16,11 +16,27 @@
 
 namespace px {
 
-// Thrown for bad user input (shapes, dtypes, configs, files); the message names the
-// thing at fault and, where possible, the fix.
+// The base of every exception the library throws: `catch (const px::Error&)` sees them all.
+// Thrown as is for bad user input in older code; new code throws one of the categories below.
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+// Bad input (shapes, dtypes, configs, options): the message names the thing at fault and the fix.
+class UserError : public Error {
+ public:
+  using Error::Error;
+};
+// A file or the operating system failed (cannot open, truncated, disk full); names the path.
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+// A broken invariant inside the library: a bug. The message says so and asks for a report with
+// the context given; catch it to log, never to carry on.
+class InternalError : public Error {
+ public:
+  explicit InternalError(const std::string& what);
 };
 
 enum class DType : uint8_t { f32, bf16, f16, i32, boolean };
@@ -31,16 +47,24 @@ DType dtype_from_name(const std::string& name);  // throws px::Error on unknown 
 inline bool is_float(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
 
 using Shape = std::vector<int64_t>;
+// The element count; throws px::UserError naming the shape when a dim is negative or the
+// count does not fit in int64.
 int64_t numel(const Shape& s);
+// The byte size of `count` elements of `d`; throws px::UserError naming `what` on overflow.
+int64_t checked_nbytes(int64_t count, DType d, const std::string& what);
 std::string shape_str(const Shape& s);  // "[2,3]"
 // Normalizes a possibly negative axis against `rank`; throws naming `op` when out of range.
 int normalize_axis(int64_t axis, int rank, const char* op);
+
+// The one glob syntax of the library (optimizer masks, sharding rules): '*' matches any run of
+// characters (dots included), '?' exactly one character, anything else itself.
+bool glob_match(const std::string& pattern, const std::string& text);
 
 struct TensorType {
   DType dtype = DType::f32;
   Shape shape;
   int64_t numel() const { return px::numel(shape); }
-  int64_t nbytes() const { return numel() * dtype_size(dtype); }
+  int64_t nbytes() const;  // checked like numel()
   int rank() const { return static_cast<int>(shape.size()); }
   bool operator==(const TensorType& o) const { return dtype == o.dtype && shape == o.shape; }
   bool operator!=(const TensorType& o) const { return !(*this == o); }

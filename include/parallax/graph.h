@@ -1,10 +1,10 @@
 // The IR: a Graph of SSA nodes over values with global shapes, and the tracer that builds it.
 //
-//   px::Graph g = px::trace([](const std::vector<px::Tensor>& in) {
+//   std::unique_ptr<px::Graph> g = px::trace([](const std::vector<px::Tensor>& in) {
 //     return std::vector<px::Tensor>{px::tanh(in[0]) * 2.0f};
 //   }, {{px::DType::f32, {4, 8}}});
-//   std::cout << g.to_string();   // jaxpr-like text
-//   g.verify();                   // throws px::Error naming the first broken node
+//   std::cout << g->to_string();   // jaxpr-like text
+//   g->verify();                   // throws px::Error naming the first broken node
 #pragma once
 
 #include <functional>
@@ -70,12 +70,15 @@ struct ValueInfo {
 class Tensor {
  public:
   Tensor() = default;
-  Tensor(Graph* g, int id) : g_(g), id_(id) {}
+  Tensor(Graph* g, int id);
   bool defined() const { return g_ != nullptr; }
+  // False once its Graph is destroyed (or moved from): using it then throws px::UserError.
+  bool alive() const { return g_ != nullptr && !alive_.expired(); }
   Graph* graph() const { return g_; }
   int id() const { return id_; }
-  const TensorType& type() const;
-  const Shape& shape() const { return type().shape; }
+  // By value: the graph's value table grows as ops are traced, so a reference into it would dangle.
+  TensorType type() const;
+  Shape shape() const { return type().shape; }
   DType dtype() const { return type().dtype; }
   int rank() const { return type().rank(); }
   int64_t dim(int64_t axis) const;  // negative axes count from the end
@@ -83,6 +86,7 @@ class Tensor {
 
  private:
   Graph* g_ = nullptr;
+  std::weak_ptr<const bool> alive_;  // the graph's token: expires with the graph
   int id_ = -1;
 };
 
@@ -91,8 +95,9 @@ class Graph {
   Graph() = default;
   Graph(const Graph&) = delete;  // Tensors point at their Graph; copy with clone()
   Graph& operator=(const Graph&) = delete;
-  Graph(Graph&&) = default;
-  Graph& operator=(Graph&&) = default;
+  // Moving expires the Tensors of the source (they point at its address).
+  Graph(Graph&& o);
+  Graph& operator=(Graph&& o);
 
   // Building.
   Tensor input(const TensorType& t, const std::string& name = "");
@@ -126,6 +131,9 @@ class Graph {
   std::vector<int> inputs_;
   std::vector<std::string> input_names_;
   std::vector<int> outputs_;
+  std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);  // Tensors hold it weakly
+
+  friend class Tensor;
 };
 
 // The graph that ops without tensor inputs (constants, iota, rng) emit into. Set by trace()

@@ -27,13 +27,14 @@ struct SafetensorsFile {
 
 // Writes the arrays under the given names (unique, non-empty, valid UTF-8, not "__metadata__")
 // with data in the given order. The file appears atomically: a temporary file in the same
-// folder is written, flushed to disk and renamed over `path`. Throws px::Error naming the file.
+// folder is written, flushed to disk and renamed over `path`. Throws px::UserError for bad names
+// and px::IoError when writing fails, naming the file.
 void save_safetensors(const std::string& path, const std::vector<std::string>& names, const std::vector<Array>& arrays,
                       const std::map<std::string, std::string>& metadata = {});
 
 // Reads and validates a whole file. Supported dtypes: F32, BF16, F16, I32, BOOL. Any problem
 // (truncation, bad JSON, unknown dtype, offsets out of range or overlapping, a shape that does
-// not match its byte size) throws px::Error("<path>: <problem>").
+// not match its byte size) throws px::IoError("<path>: <problem>").
 SafetensorsFile load_safetensors(const std::string& path);
 
 // The safetensors dtype string of a px dtype ("F32", "BF16", "F16", "I32", "BOOL").

@@ -12,4 +12,5 @@
 
 #include "parallax/nn/layers.h"
 #include "parallax/nn/module.h"
+#include "parallax/nn/pretrained.h"
 #include "parallax/nn/transformer.h"

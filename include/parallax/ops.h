@@ -110,7 +110,9 @@ Tensor rms_norm(const Tensor& x, const Tensor& gamma, double eps = 1e-6);
 Tensor gelu(const Tensor& x, bool approximate_tanh = true);
 Tensor silu(const Tensor& x);
 // Per-position loss -log softmax(logits)[label], f32, shape = labels' shape; positions whose
-// label equals ignore_index get 0. logits [..., V] float, labels [...] i32.
+// label equals ignore_index get 0. logits [..., V] float, labels [...] i32. A label outside
+// [0, V) (labels are only known when the program runs) gives NaN there, and so a NaN loss:
+// TrainStep reports it as StepMetrics::finite == false and can skip the update (skip_nonfinite).
 Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels, int64_t ignore_index = -100);
 // Scalar: sum(w * loss) / max(sum(w), 1) where w = weights (same shape as labels, float)
 // times (label != ignore_index). weights may be undefined (all ones).

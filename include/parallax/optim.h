@@ -62,7 +62,8 @@ using ParamFilter = std::function<bool(const std::string& path, const TensorType
 ParamFilter all_params();
 // True for params of rank >= r: rank_at_least(2) decays matrices but not biases or norm scales.
 ParamFilter rank_at_least(int r);
-// False for paths that match any glob ('*' matches any run of characters), e.g. {"*.b", "*.scale"}.
+// False for paths that match any glob (px::glob_match: '*' any run of characters, '?' one), e.g.
+// {"*.b", "*.scale"}.
 ParamFilter exclude_paths(std::vector<std::string> globs);
 
 // ---- optimizers ---------------------------------------------------------------------------

@@ -6,9 +6,11 @@
 #pragma once
 
 #include "parallax/autodiff.h"
+#include "parallax/checkpoint.h"
 #include "parallax/core.h"
 #include "parallax/data.h"
 #include "parallax/graph.h"
+#include "parallax/memory.h"
 #include "parallax/io.h"
 #include "parallax/nn.h"
 #include "parallax/ops.h"
@@ -17,4 +19,6 @@
 #include "parallax/runtime.h"
 #include "parallax/sharding.h"
 #include "parallax/spmd.h"
+#include "parallax/text.h"
+#include "parallax/text_data.h"
 #include "parallax/train.h"

@@ -69,8 +69,7 @@ struct ShardingPlan {
 ShardingPlan plan_sharding(const Graph& forward, const std::vector<std::string>& paths, const Mesh& mesh,
                            ShardingStrategy strategy, const ShardingOptions& options = {});
 
-// Glob match used by the rules: '*' matches any run of characters, '?' one character.
-bool glob_match(const std::string& pattern, const std::string& text);
+// The rules use px::glob_match (core.h): '*' matches any run of characters, '?' one character.
 
 // The recipe's decision for a traced training step: inputs laid out by the plan (optimizer state
 // as its param, the batch over the batch axes), FSDP params gathered for the forward and again for
@@ -82,7 +81,8 @@ ShardingDecision decide_train_step(const StepProgram& program, const ShardingPla
 struct ShardedTrainState {
   std::vector<ShardedArray> params;
   std::vector<ShardedArray> opt_state;
-  int64_t step = 0;
+  int64_t step = 0;     // updates applied
+  int64_t skipped = 0;  // steps skipped for a non-finite loss or gradient (TrainStepOptions::skip_nonfinite)
 };
 
 // TrainStep over a mesh: the whole step (forward, backward, clipping, optimizer) traced once,
@@ -128,6 +128,7 @@ class ShardedTrainStep {
   std::unique_ptr<ShardedExecutable> exe_;
   size_t n_params_ = 0, n_state_ = 0;
   int64_t steps_run_ = 0;
+  bool skip_nonfinite_ = false;
   std::vector<ShardedArray> out_;  // last step's outputs: reused as the next step's buffers
 };
 

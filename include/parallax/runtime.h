@@ -58,8 +58,10 @@ class Executable {
   // Writes into caller-owned outputs of the right types; steps write their results straight into
   // them. An output may be one of the inputs' arrays (an in-place update such as w -= lr * g):
   // it is written in place when that input is no longer read, else through a private copy
-  // allocated on the first such run. Apart from that copy, performs no allocation.
-  // One Executable runs one call at a time (it patches pointers in place).
+  // allocated on the first such run. Apart from that copy the executable's own kernels allocate
+  // nothing (a test counts malloc calls); oneDNN's matmul and OpenMP's parallel teams may.
+  // One Executable runs one call at a time: a second concurrent call throws (it patches pointers
+  // in place).
   void run_into(const std::vector<Array>& inputs, std::vector<Array>& outputs);
 
   int64_t peak_bytes() const;    // working memory: the arena size of the buffer plan

@@ -9,12 +9,12 @@
 //   std::cout << exe->stats().to_string();       // bytes each collective moved, per device
 #pragma once
 
-#include <array>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "parallax/collectives.h"  // CollectiveKind, CollectiveStats
 #include "parallax/graph.h"
 #include "parallax/runtime.h"
 #include "parallax/sharding.h"
@@ -22,28 +22,6 @@
 namespace px {
 
 class Communicator;
-
-enum class CollectiveKind { all_reduce, all_gather, reduce_scatter, all_to_all, permute, broadcast };
-constexpr int kNumCollectiveKinds = 6;
-const char* collective_name(CollectiveKind k);
-
-// Bytes moved by collectives, per device (mesh position) and kind. `payload` is the size of the
-// buffer a device contributes (all_gather: the gathered result), `wire` what a ring algorithm
-// sends per device: all_reduce 2(n-1)/n, all_gather / reduce_scatter / all_to_all (n-1)/n of
-// the larger side; permute and broadcast the bytes a device sends or receives.
-struct CollectiveStats {
-  struct Entry {
-    int64_t calls = 0;
-    int64_t payload_bytes = 0;
-    int64_t wire_bytes = 0;
-  };
-  std::vector<std::array<Entry, kNumCollectiveKinds>> per_device;
-
-  const Entry& at(int position, CollectiveKind k) const { return per_device.at(position)[static_cast<int>(k)]; }
-  Entry total(CollectiveKind k) const;  // summed over devices
-  void reset();
-  std::string to_string() const;  // one line per kind that ran
-};
 
 // One collective inserted by the partitioner, for inspection and tests.
 struct CollectiveRecord {

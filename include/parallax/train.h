@@ -21,7 +21,10 @@
 namespace px {
 
 struct TrainStepOptions {
-  double clip_norm = 0.0;  // > 0: clip gradients to this global norm
+  double clip_norm = 0.0;  // > 0: clip gradients to this global norm; 0: no clipping
+  // When the loss or the gradient norm is NaN or infinite, keep params and optimizer state as they
+  // were (the step is counted in TrainState::skipped, not in TrainState::step).
+  bool skip_nonfinite = false;
   CompileOptions compile;  // e.g. .compute_dtype = DType::bf16 for mixed precision
 };
 
@@ -30,13 +33,16 @@ struct TrainStepOptions {
 struct TrainState {
   std::vector<Array> params;
   std::vector<Array> opt_state;
-  int64_t step = 0;
+  int64_t step = 0;     // updates applied (at most 2^31 - 2: the traced step counter is i32)
+  int64_t skipped = 0;  // steps skipped for a non-finite loss or gradient (skip_nonfinite; not saved)
 };
 
 struct StepMetrics {
   float loss = 0;
   float grad_norm = 0;  // global norm of the gradients before clipping
   float lr = 0;
+  bool finite = true;    // false when the loss or the gradient norm is NaN or infinite
+  bool skipped = false;  // the update was skipped (not finite and skip_nonfinite set)
 };
 
 class TrainStep {
@@ -74,6 +80,7 @@ class TrainStep {
   std::unique_ptr<Executable> exe_;
   std::vector<Array> inputs_, outputs_;  // reused every step: no allocation after the first
   size_t n_params_ = 0, n_state_ = 0;
+  bool skip_nonfinite_ = false;
 };
 
 // The traced training step and what its parts are: the input of the sharding decision, the
@@ -89,10 +96,11 @@ struct StepProgram {
   std::vector<MemoryCategory> categories;  // per value: params, optimizer state, gradients, activations, ...
 };
 
-// Traces the whole step into one program. `who` names the caller in errors.
+// Traces the whole step into one program. `who` names the caller in errors. With skip_nonfinite,
+// the new params and state equal the old ones when the loss or the gradient norm is not finite.
 StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                              const std::vector<TensorType>& batch_types, double clip_norm,
-                             const std::string& who = "TrainStep");
+                             const std::string& who = "TrainStep", bool skip_nonfinite = false);
 
 // A forward-only program over the params (e.g. logits for evaluation or decoding).
 class ForwardFn {

@@ -1,5 +1,9 @@
 #include "parallax/core.h"
 
+#include <algorithm>
+
+#include <fmt/format.h>
+
 #include <cstdlib>
 #include <sstream>
 
@@ -33,10 +37,52 @@ DType dtype_from_name(const std::string& n) {
   throw Error("unknown dtype '" + n + "'; use one of f32, bf16, f16, i32, bool");
 }
 
+InternalError::InternalError(const std::string& what)
+    : Error(fmt::format("{} (this is a bug in parallax: please report it with this message and the "
+                        "program that triggered it)",
+                        what)) {}
+
 int64_t numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
+  bool overflow = false;
+  for (int64_t d : s) {
+    if (d < 0) throw UserError(fmt::format("[shape] {} has a negative dim; dims are >= 0", shape_str(s)));
+    overflow = overflow || __builtin_mul_overflow(n, d, &n);
+  }
+  // A zero dim makes the count 0 even when the other dims overflow.
+  if (overflow && std::find(s.begin(), s.end(), 0) == s.end())
+    throw UserError(fmt::format("[shape] {} has more than 2^63 elements; use smaller dims", shape_str(s)));
+  return overflow ? 0 : n;
+}
+
+int64_t checked_nbytes(int64_t count, DType d, const std::string& what) {
+  int64_t bytes = 0;
+  if (count < 0 || __builtin_mul_overflow(count, dtype_size(d), &bytes))
+    throw UserError(fmt::format("[shape] {} needs more than 2^63 bytes; use smaller dims", what));
+  return bytes;
+}
+
+int64_t TensorType::nbytes() const { return checked_nbytes(numel(), dtype, type_str(*this)); }
+
+bool glob_match(const std::string& p, const std::string& t) {
+  // Iterative matcher with one backtrack point, the last '*': linear in practice, never exponential.
+  size_t i = 0, j = 0, star = std::string::npos, mark = 0;
+  while (j < t.size()) {
+    if (i < p.size() && (p[i] == '?' || p[i] == t[j]) && p[i] != '*') {
+      ++i;
+      ++j;
+    } else if (i < p.size() && p[i] == '*') {
+      star = i++;
+      mark = j;
+    } else if (star != std::string::npos) {
+      i = star + 1;
+      j = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (i < p.size() && p[i] == '*') ++i;
+  return i == p.size();
 }
 
 std::string shape_str(const Shape& s) {
@@ -118,9 +164,15 @@ float f16_to_f32(uint16_t h) {
 
 Array::Array(DType dtype, Shape shape, Placement where) : type_{dtype, std::move(shape)}, where_(where) {
   for (int64_t d : type_.shape)
-    if (d < 0) throw Error("[Array] negative dimension in shape " + shape_str(type_.shape));
+    if (d < 0) throw UserError("[Array] negative dimension in shape " + shape_str(type_.shape));
   const int64_t bytes = type_.nbytes();
-  void* p = allocate_bytes(where, bytes);
+  void* p = nullptr;
+  try {
+    p = allocate_bytes(where, bytes);
+  } catch (const Error&) {
+    throw UserError(fmt::format("[Array] out of memory allocating {} ({} bytes) on {}; use smaller shapes",
+                                type_str(type_), bytes, where.to_string()));
+  }
   data_ = std::shared_ptr<std::byte>(static_cast<std::byte*>(p),
                                      [where, bytes](std::byte* q) { free_bytes(where, q, bytes); });
 }
@@ -198,7 +250,7 @@ Array Array::clone() const {
 
 Array Array::reshape(const Shape& s) const {
   if (px::numel(s) != numel())
-    throw Error("[Array::reshape] cannot reshape " + type_str(type_) + " to " + shape_str(s));
+    throw UserError("[Array::reshape] cannot reshape " + type_str(type_) + " to " + shape_str(s));
   Array a = *this;
   a.type_.shape = s;
   return a;

@@ -73,8 +73,13 @@ EnvConfig parse_env(const std::function<const char*(const char*)>& get_raw) {
   if (const char* v = get("PX_DUMP")) c.dump_dir = v;
   if (const char* v = get("PX_DISABLE_FUSION")) c.disable_fusion = parse_bool("PX_DISABLE_FUSION", v);
   if (const char* v = get("PX_PROFILE")) c.profile = parse_bool("PX_PROFILE", v);
-  if (const char* v = get("PX_DEVICES"))
-    std::tie(c.device_platform, c.device_count) = parse_device_text(v, "[env] PX_DEVICES=");
+  if (const char* v = get("PX_DEVICES")) {
+    try {
+      std::tie(c.device_platform, c.device_count) = parse_device_text(v, "[env] PX_DEVICES=");
+    } catch (const Error& e) {
+      c.devices_error = e.what();
+    }
+  }
   return c;
 }
 

@@ -22,9 +22,13 @@ struct EnvConfig {
   bool profile = false;                 // PX_PROFILE=1: time every kernel (Executable::profile_report)
   std::string device_platform = "cpu";  // PX_DEVICES: "cpu" or "cpu:N" (N virtual CPU devices)
   int64_t device_count = 1;
+  // A malformed PX_DEVICES is reported only where devices are used (default_devices()), so that
+  // plain compiles, which need no devices, still work: this holds the error, "" when valid.
+  std::string devices_error;
 };
 
-// Parsed on first use; a malformed value throws px::Error naming the variable and what it accepts.
+// Parsed on first use; a malformed value throws px::Error naming the variable and what it accepts
+// (except PX_DEVICES: see EnvConfig::devices_error).
 const EnvConfig& env();
 // Parses a device set "cpu" (one device) or "cpu:N" (N >= 1) into (platform, count). Errors start
 // with `where` and the quoted text, e.g. where = "[env] PX_DEVICES=" gives "[env] PX_DEVICES='x' ...".

@@ -93,7 +93,7 @@ CheckFailure::CheckFailure(const char* cond, const char* file, int line) {
   os_ << "[internal] check failed at " << basename_of(file) << ":" << line << ": " << cond << ". ";
 }
 
-CheckFailure::~CheckFailure() noexcept(false) { throw Error(os_.str()); }
+void CheckThrow::operator&(std::ostream& os) { throw InternalError(static_cast<std::ostringstream&>(os).str()); }
 
 }  // namespace detail
 

@@ -2,7 +2,7 @@
 //
 //   PX_LOG(info) << "compiled " << n << " steps";     // filtered by PX_LOG_LEVEL (default: warn)
 //   px::set_log_sink([](const px::LogRecord& r) { my_logger(r.message); });
-//   PX_CHECK(offset >= 0) << "value %" << v << " has no buffer";   // throws px::Error
+//   PX_CHECK(offset >= 0) << "value %" << v << " has no buffer";   // throws px::InternalError
 #pragma once
 
 #include <functional>
@@ -49,14 +49,19 @@ class LogMessage {
 };
 
 // Builds the message of a failed PX_CHECK and throws it as px::Error at the end of the statement.
+// Collects a failed check's message; the throw happens in CheckThrow, never in a destructor
+// (a throwing destructor terminates the program when it runs during unwinding).
 class CheckFailure {
  public:
   CheckFailure(const char* cond, const char* file, int line);
-  ~CheckFailure() noexcept(false);
   std::ostream& stream() { return os_; }
 
  private:
   std::ostringstream os_;
+};
+struct CheckThrow {
+  // Takes the stream once every `<<` has run; throws px::InternalError with its text.
+  [[noreturn]] void operator&(std::ostream& os);
 };
 
 // Lets the macros below be used as `PX_LOG(x) << ...;` inside an if/else without dangling-else issues.
@@ -73,4 +78,4 @@ struct Voidify {
                                                   ::px::detail::LogMessage(::px::LogLevel::level, __FILE__, __LINE__).stream()
 
 #define PX_CHECK(cond) \
-  (cond) ? (void)0 : ::px::detail::Voidify() & ::px::detail::CheckFailure(#cond, __FILE__, __LINE__).stream()
+  (cond) ? (void)0 : ::px::detail::CheckThrow() & ::px::detail::CheckFailure(#cond, __FILE__, __LINE__).stream()

@@ -20,8 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "parallax/collectives.h"
 #include "parallax/core.h"
-#include "parallax/spmd.h"
 
 namespace px {
 

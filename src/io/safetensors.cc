@@ -40,7 +40,7 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
     ssize_t w = ::write(fd, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      throw Error(path + ": write failed: " + errno_text());
+      throw IoError(path + ": write failed: " + errno_text());
     }
     p += w;
     n -= static_cast<size_t>(w);
@@ -54,7 +54,7 @@ bool read_at(int fd, void* data, size_t n, uint64_t offset, const std::string& p
     ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
     if (r < 0) {
       if (errno == EINTR) continue;
-      throw Error(path + ": read failed: " + errno_text());
+      throw IoError(path + ": read failed: " + errno_text());
     }
     if (r == 0) return false;
     p += r;
@@ -118,7 +118,7 @@ const Array& SafetensorsFile::get(const std::string& name) const {
   std::string have;
   for (size_t i = 0; i < names.size() && i < 20; ++i) have += (i ? ", " : "") + names[i];
   if (names.size() > 20) have += ", ... (" + std::to_string(names.size()) + " in all)";
-  throw Error("[safetensors] no tensor named '" + name + "'; the file has: " + (have.empty() ? "(none)" : have));
+  throw UserError("[safetensors] no tensor named '" + name + "'; the file has: " + (have.empty() ? "(none)" : have));
 }
 
 bool SafetensorsFile::contains(const std::string& name) const {
@@ -129,20 +129,20 @@ void save_safetensors(const std::string& path, const std::vector<std::string>& n
                       const std::map<std::string, std::string>& metadata) {
   const std::string where = path;
   if (names.size() != arrays.size())
-    throw Error(where + ": " + std::to_string(names.size()) + " names for " + std::to_string(arrays.size()) +
+    throw UserError(where + ": " + std::to_string(names.size()) + " names for " + std::to_string(arrays.size()) +
                 " arrays; pass one name per array");
   std::set<std::string> seen;
   for (size_t i = 0; i < names.size(); ++i) {
     const std::string& n = names[i];
-    if (n.empty()) throw Error(where + ": array " + std::to_string(i) + " has an empty name");
-    if (n == "__metadata__") throw Error(where + ": '__metadata__' is reserved and cannot name a tensor");
-    if (!json::valid_utf8(n)) throw Error(where + ": the name of array " + std::to_string(i) + " is not valid UTF-8");
-    if (!seen.insert(n).second) throw Error(where + ": the name '" + n + "' is used twice");
-    if (!arrays[i].defined()) throw Error(where + ": array '" + n + "' is undefined (no data)");
+    if (n.empty()) throw UserError(where + ": array " + std::to_string(i) + " has an empty name");
+    if (n == "__metadata__") throw UserError(where + ": '__metadata__' is reserved and cannot name a tensor");
+    if (!json::valid_utf8(n)) throw UserError(where + ": the name of array " + std::to_string(i) + " is not valid UTF-8");
+    if (!seen.insert(n).second) throw UserError(where + ": the name '" + n + "' is used twice");
+    if (!arrays[i].defined()) throw UserError(where + ": array '" + n + "' is undefined (no data)");
   }
   for (auto& [k, v] : metadata)
     if (!json::valid_utf8(k) || !json::valid_utf8(v))
-      throw Error(where + ": metadata key or value is not valid UTF-8 (key '" + k + "')");
+      throw UserError(where + ": metadata key or value is not valid UTF-8 (key '" + k + "')");
 
   json::Value header = json::Value::object();
   if (!metadata.empty()) {
@@ -175,7 +175,7 @@ void save_safetensors(const std::string& path, const std::vector<std::string>& n
   {
     Fd f;
     f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (f.fd < 0) throw Error(where + ": cannot create temporary file '" + tmp + "': " + errno_text());
+    if (f.fd < 0) throw IoError(where + ": cannot create temporary file '" + tmp + "': " + errno_text());
     try {
       unsigned char len[8];
       uint64_t hl = text.size();
@@ -184,10 +184,10 @@ void save_safetensors(const std::string& path, const std::vector<std::string>& n
       write_all(f.fd, text.data(), text.size(), where);
       for (const Array& a : arrays)
         if (a.nbytes() > 0) write_all(f.fd, a.raw(), static_cast<size_t>(a.nbytes()), where);
-      if (::fsync(f.fd) != 0) throw Error(where + ": fsync failed: " + errno_text());
+      if (::fsync(f.fd) != 0) throw IoError(where + ": fsync failed: " + errno_text());
       int fd = f.fd;
       f.fd = -1;
-      if (::close(fd) != 0) throw Error(where + ": close failed: " + errno_text());
+      if (::close(fd) != 0) throw IoError(where + ": close failed: " + errno_text());
     } catch (...) {
       ::unlink(tmp.c_str());
       throw;
@@ -196,7 +196,7 @@ void save_safetensors(const std::string& path, const std::vector<std::string>& n
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     std::string err = errno_text();
     ::unlink(tmp.c_str());
-    throw Error(where + ": cannot rename the temporary file into place: " + err);
+    throw IoError(where + ": cannot rename the temporary file into place: " + err);
   }
   // Make the rename itself durable; failure here leaves a complete file, so it is not an error.
   int dfd = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -208,7 +208,7 @@ void save_safetensors(const std::string& path, const std::vector<std::string>& n
 
 SafetensorsFile load_safetensors(const std::string& path) {
   const std::string where = path;
-  auto fail = [&](const std::string& what) -> void { throw Error(where + ": " + what); };
+  auto fail = [&](const std::string& what) -> void { throw IoError(where + ": " + what); };
 
   Fd f;
   f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -234,7 +234,14 @@ SafetensorsFile load_safetensors(const std::string& path) {
          "-byte limit (not a safetensors file?)");
   std::string text(static_cast<size_t>(header_len), '\0');
   if (!read_at(f.fd, text.data(), text.size(), 8, where)) fail("file is truncated inside the header");
-  json::Value header = json::parse(text, where + ": header");
+  json::Value header;
+  try {
+    header = json::parse(text, where + ": header");
+  } catch (const IoError&) {
+    throw;
+  } catch (const Error& e) {  // a damaged file: an I/O error like every other problem of the file
+    throw IoError(e.what());
+  }
   if (!header.is_object()) fail("header must be a JSON object, got " + std::string(json::kind_name(header.kind())));
 
   const uint64_t data_size = file_size - 8 - header_len;

@@ -2,6 +2,8 @@
 #include <sstream>
 #include <unordered_map>
 
+#include <fmt/format.h>
+
 #include "ir/primitive.h"
 #include "parallax/graph.h"
 
@@ -96,8 +98,14 @@ size_t Attrs::hash() const {
 
 // ---- Tensor ---------------------------------------------------------------------------------
 
-const TensorType& Tensor::type() const {
-  if (!g_) throw Error("[Tensor] use of an undefined tensor");
+Tensor::Tensor(Graph* g, int id) : g_(g), alive_(g ? std::weak_ptr<const bool>(g->alive_) : std::weak_ptr<const bool>()), id_(id) {}
+
+TensorType Tensor::type() const {
+  if (!g_) throw UserError("[Tensor] use of an undefined tensor");
+  if (alive_.expired())
+    throw UserError(fmt::format("[Tensor] value %{} belongs to a graph that was destroyed or moved; keep the graph "
+                                "(the unique_ptr trace() returns) alive while its tensors are used",
+                                id_));
   return g_->type(id_);
 }
 
@@ -105,12 +113,39 @@ int64_t Tensor::dim(int64_t axis) const { return shape()[normalize_axis(axis, ra
 
 // ---- Graph ----------------------------------------------------------------------------------
 
+Graph::Graph(Graph&& o)
+    : nodes_(std::move(o.nodes_)),
+      values_(std::move(o.values_)),
+      inputs_(std::move(o.inputs_)),
+      input_names_(std::move(o.input_names_)),
+      outputs_(std::move(o.outputs_)) {
+  o.alive_ = std::make_shared<const bool>(true);
+}
+
+Graph& Graph::operator=(Graph&& o) {
+  if (this == &o) return *this;
+  nodes_ = std::move(o.nodes_);
+  values_ = std::move(o.values_);
+  inputs_ = std::move(o.inputs_);
+  input_names_ = std::move(o.input_names_);
+  outputs_ = std::move(o.outputs_);
+  alive_ = std::make_shared<const bool>(true);  // this graph's old Tensors name values that are gone
+  o.alive_ = std::make_shared<const bool>(true);
+  return *this;
+}
+
 int Graph::add_value(const TensorType& t, int producer, int out_index) {
   values_.push_back({t, producer, out_index});
   return static_cast<int>(values_.size()) - 1;
 }
 
 Tensor Graph::input(const TensorType& t, const std::string& name) {
+  try {
+    (void)t.nbytes();  // no negative dims, and the count and bytes fit in int64
+  } catch (const Error& e) {
+    throw UserError(fmt::format("[trace] input {}{} has type {}: {}", inputs_.size(),
+                                name.empty() ? "" : " '" + name + "'", type_str(t), e.what()));
+  }
   int id = add_value(t, -1, static_cast<int>(inputs_.size()));
   inputs_.push_back(id);
   input_names_.push_back(name);
@@ -123,7 +158,7 @@ std::vector<Tensor> Graph::emit(const Primitive& p, const std::vector<Tensor>& i
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].defined())
       throw Error("[" + p.name + "] operand " + std::to_string(i) + " is an undefined tensor");
-    if (inputs[i].graph() != this)
+    if (inputs[i].graph() != this || !inputs[i].alive())
       throw Error("[" + p.name + "] operand " + std::to_string(i) +
                   " belongs to a different graph (mixing tensors from two traces)");
     in_types.push_back(type(inputs[i].id()));
@@ -131,6 +166,10 @@ std::vector<Tensor> Graph::emit(const Primitive& p, const std::vector<Tensor>& i
   std::vector<TensorType> out_types;
   try {
     out_types = p.infer(in_types, attrs);
+  } catch (const UserError& e) {
+    // Checked shape arithmetic ("[shape] ...") inside a shape rule: name the op too.
+    if (std::string(e.what()).rfind("[shape]", 0) == 0) throw UserError("[" + p.name + "] " + e.what());
+    throw;
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {  // e.g. a missing attribute read with .at(): still name the op
@@ -143,6 +182,12 @@ std::vector<Tensor> Graph::emit(const Primitive& p, const std::vector<Tensor>& i
   int node_index = static_cast<int>(nodes_.size());
   std::vector<Tensor> outs;
   for (size_t i = 0; i < out_types.size(); ++i) {
+    // Every shape rule's result is checked here: no negative dims, counts and bytes fit in int64.
+    try {
+      (void)out_types[i].nbytes();
+    } catch (const Error& e) {
+      throw UserError(fmt::format("[{}] output {} has type {}: {}", p.name, i, type_str(out_types[i]), e.what()));
+    }
     int id = add_value(out_types[i], node_index, static_cast<int>(i));
     n.outputs.push_back(id);
     outs.emplace_back(this, id);
@@ -155,7 +200,8 @@ void Graph::set_outputs(const std::vector<Tensor>& outs) {
   outputs_.clear();
   for (size_t i = 0; i < outs.size(); ++i) {
     if (!outs[i].defined()) throw Error("[trace] output " + std::to_string(i) + " is an undefined tensor");
-    if (outs[i].graph() != this) throw Error("[trace] output " + std::to_string(i) + " belongs to another graph");
+    if (outs[i].graph() != this || !outs[i].alive())
+      throw Error("[trace] output " + std::to_string(i) + " belongs to another graph");
     outputs_.push_back(outs[i].id());
   }
 }

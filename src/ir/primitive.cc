@@ -21,8 +21,10 @@ Cost cost_of(const Primitive& p, const std::vector<TensorType>& in, const std::v
 
 ShardingRule sharding_of(const Primitive& p, const std::vector<TensorType>& in, const std::vector<TensorType>& out,
                          const Attrs& attrs) {
-  if (p.sharding) return p.sharding(in, out, attrs);
-  // Every dim of every operand and result is its own whole factor.
+  return p.sharding ? p.sharding(in, out, attrs) : whole_rule(in, out);
+}
+
+ShardingRule whole_rule(const std::vector<TensorType>& in, const std::vector<TensorType>& out) {
   ShardingRule r;
   auto label = [&](const TensorType& t) {
     std::vector<int> f;
@@ -50,6 +52,26 @@ ShardingRule elementwise_rule(const std::vector<TensorType>& in, const std::vect
   for (size_t i = 0; i < in.size(); ++i) r.operands.push_back(f);
   for (size_t i = 0; i < out.size(); ++i) r.results.push_back(f);
   return r;
+}
+
+std::vector<int> positional_factors(const Primitive& p, const ShardingRule& r, const Attrs& attrs) {
+  std::vector<int> out;
+  if (!p.spmd.positional.factors) return out;
+  for (int f : p.spmd.positional.factors(r, attrs))
+    if (f >= 0 && f < static_cast<int>(r.factor_kinds.size())) out.push_back(f);
+  return out;
+}
+
+const char* partial_reduce_name(PartialReduce r) {
+  switch (r) {
+    case PartialReduce::sum:
+      return "sum";
+    case PartialReduce::max:
+      return "max";
+    case PartialReduce::none:
+      break;
+  }
+  return "";
 }
 
 std::string ShardingRule::to_string() const {

@@ -1,6 +1,14 @@
 // A primitive declares, in one place: its shape/dtype rule, its vjp (written with public
-// ops, so it is itself traceable), its einsum-like sharding rule and its cost. Kernels live
-// in src/backend/<backend>/ keyed by the primitive's name. See docs/ir.md.
+// ops, so it is itself traceable), its einsum-like sharding rule, how the SPMD partitioner and
+// the TP recipe treat it (SpmdTraits, TpTraits) and its cost. Kernels live in
+// src/backend/<backend>/ keyed by the primitive's name. See docs/ir.md and
+// docs/adding-a-primitive.md.
+//
+//   Primitive p;
+//   p.name = "my_add";
+//   p.infer = ...;  p.vjp = ...;  p.sharding = ...;
+//   p.spmd.linear = kLinearJointly;  // partial sums of both operands add up unreduced
+//   register_primitive(std::move(p));
 #pragma once
 
 #include <functional>
@@ -44,6 +52,88 @@ using ShardingFn =
     std::function<ShardingRule(const std::vector<TensorType>&, const std::vector<TensorType>&, const Attrs&)>;
 using CostFn = std::function<Cost(const std::vector<TensorType>&, const std::vector<TensorType>&, const Attrs&)>;
 
+// ---- What the SPMD partitioner (and a sharding solver) reads from a primitive ---------------
+// Everything the partitioner knows of a primitive beyond its ShardingRule is declared here, so
+// that a split of any factor can be judged from the primitive alone.
+
+// How the partial results that a split reduction factor of the rule leaves combine into the full
+// result. none: the rule's reduction factors are never split (the partitioner keeps them whole).
+enum class PartialReduce { none, sum, max };
+const char* partial_reduce_name(PartialReduce r);  // "", "sum", "max" (the collectives' reduce attr)
+
+// Which operands a partial sum may flow through unreduced: the op is linear in them, so applied
+// to each device's partial sums it gives partial sums of its result, and one all-reduce after it
+// replaces one per operand (e.g. the q, k and v projections' input gradients are added first).
+// Operands partial over different mesh axes, or combined by max, are always reduced first.
+struct Linearity {
+  enum class In {
+    none,          // every partial operand is reduced before the op
+    all_operands,  // jointly linear: all operands partial (add, sub, concat; one-operand neg, reshape, reduce_sum)
+    any_one,       // linear in each operand with the others fixed: exactly one partial (mul, dot_general)
+    first,         // linear in operand 0 only, which alone is partial (div's numerator)
+  };
+  In in = In::none;
+  // The op costs little next to a collective (additions, moves): it runs unsplit over the partial
+  // axes and carries the partial sum. false (products): it keeps its split, and its partial
+  // operands are reduced first where that split uses one of their partial axes.
+  bool cheap = false;
+};
+inline constexpr Linearity kLinearJointly{Linearity::In::all_operands, true};  // additions and moves
+
+// Factors whose split needs this device's offset along them (its block's position in the mesh).
+// The partitioner then emits the primitive's local form, which reads the offset from the
+// device-coordinates input (a row-split table's lookup, a split random draw, a split iota).
+using PositionalFn = std::function<std::vector<int>(const ShardingRule&, const Attrs&)>;
+struct Positional {
+  PositionalFn factors;  // the rule's factors (for these attrs) that need the offset; null: none
+  // What such a factor becomes in the partitioner's rule: parallel, or reduction when the local
+  // form leaves partial results (take's masked lookup: combined as SpmdTraits::partial says).
+  ShardingRule::Kind split_as = ShardingRule::Kind::parallel;
+  // The factors get mesh axes only after all others: a table's rows yield their axis to the batch
+  // dims of the indices, so that data-parallel lookups stay local.
+  bool late = false;
+};
+
+namespace spmd {
+struct LocalContext;  // src/sharding/spmd_internal.h: the local graph, mesh, coordinates, all-reduce
+}
+// What a local form gets: the global node and graph, the node's rule as the partitioner uses it
+// (positional factors already converted), the mesh axes of every factor, the local operands laid
+// out as the rule wants and the local result types it must return.
+struct LocalFormArgs {
+  const Node& node;
+  const Graph& graph;
+  const ShardingRule& rule;
+  const std::vector<std::vector<int>>& factor_axes;
+  const std::vector<Tensor>& inputs;
+  const std::vector<TensorType>& want;
+};
+// Emits the node's local results into the context's local graph (while it is being traced).
+using LocalFormFn = std::function<std::vector<Tensor>(const spmd::LocalContext&, const LocalFormArgs&)>;
+
+struct SpmdTraits {
+  PartialReduce partial = PartialReduce::none;
+  Linearity linear;
+  Positional positional;
+  // Emitted instead of the primitive when a positional factor is split. Null with positional
+  // factors only for iota, whose split the partitioner emits itself (emit_iota).
+  LocalFormFn local_form;
+  bool collective = false;  // a collective of local programs, run through a Communicator
+};
+
+// How the TP recipe's graph analysis (Megatron pairing, src/sharding/recipes/plan.cc) reads a
+// primitive on the path from one weight matmul to the next.
+struct TpTraits {
+  // Mixes the features of a row (reductions, norms, softmax): a column split of its operand does
+  // not carry through, so the analysis stops there.
+  bool mixes_features = false;
+  // Whether the analysis sees a param through it: same_dims ops give the operand element for
+  // element (cast, tag, stop_gradient, sharding_constraint); layout ops also rearrange or repeat
+  // it without computing (reshape, broadcast_in_dim), which a bias may pass through.
+  enum class View { opaque, same_dims, layout };
+  View view = View::opaque;
+};
+
 struct Primitive {
   std::string name;
   InferFn infer;          // throws px::Error("[name] ...") on bad input
@@ -52,6 +142,8 @@ struct Primitive {
   CostFn cost;            // null: default_cost (bytes of operands and results, 1 flop/elem)
   bool elementwise = false;  // same-shaped operands and result, fusible into elementwise loops
   bool no_cse = false;       // e.g. ops with side effects
+  SpmdTraits spmd{};         // default: partial results never combined, not linear, no offsets
+  TpTraits tp{};             // default: the TP analysis passes through it but never sees a param through it
 };
 
 void register_primitive(Primitive p);
@@ -65,6 +157,10 @@ ShardingRule sharding_of(const Primitive& p, const std::vector<TensorType>& in, 
                          const Attrs& attrs);
 // The rule of a same-shaped elementwise op: all dims parallel.
 ShardingRule elementwise_rule(const std::vector<TensorType>& in, const std::vector<TensorType>& out);
+// Every dim of every operand and result its own whole factor: nothing may be split.
+ShardingRule whole_rule(const std::vector<TensorType>& in, const std::vector<TensorType>& out);
+// The factors of `r` (p's rule for these attrs) whose split needs the device's offset, >= 0 only.
+std::vector<int> positional_factors(const Primitive& p, const ShardingRule& r, const Attrs& attrs);
 
 // Emits one node of primitive `name` into the inputs' graph (or current_graph() when there
 // are no inputs) and returns its outputs. Checks that inputs share one graph.

@@ -29,6 +29,7 @@ void LmConfig::validate() const {
     fail("rotary positions need an even head_dim = d_model / n_heads, got " + std::to_string(head_dim()));
   if (!(norm_eps > 0)) fail("norm_eps must be positive, got " + std::to_string(norm_eps));
   if (!(init_std > 0)) fail("init_std must be positive, got " + std::to_string(init_std));
+  if (sliding_window < 0) fail("sliding_window must be >= 0 (0 = none), got " + std::to_string(sliding_window));
   if (!is_float(compute_dtype))
     fail(std::string("compute_dtype must be a float type, got ") + dtype_name(compute_dtype));
 }
@@ -43,6 +44,12 @@ std::string LmConfig::to_string() const {
      << "\ntied_embedding = " << (tied_embedding ? "true" : "false") << "\nbias = " << (bias ? "true" : "false")
      << "\nnorm_eps = " << norm_eps << "\nrope_theta = " << rope_theta << "\ninit_std = " << init_std
      << "\ncompute_dtype = " << dtype_name(compute_dtype) << "\n";
+  // Options the presets leave off are listed only when set.
+  if (qkv_bias) os << "qkv_bias = true\n";
+  if (sliding_window > 0) os << "sliding_window = " << sliding_window << "\n";
+  if (rope_scaling.kind != RopeScaling::Kind::none)
+    os << "rope_scaling = " << (rope_scaling.kind == RopeScaling::Kind::linear ? "linear" : "llama3") << " x"
+       << rope_scaling.factor << "\n";
   return os.str();
 }
 
@@ -114,9 +121,10 @@ Tensor FeedForward::operator()(const Tensor& x) const { return mlp_.fc.w.defined
 TransformerBlock::TransformerBlock(Scope s, const LmConfig& cfg)
     : Module(s),
       ln1(s.sub("ln1"), cfg),
-      attn(s.sub("attn"), AttentionConfig{cfg.d_model, cfg.n_heads, cfg.n_kv_heads,
-                                          cfg.positions == PositionKind::rotary, cfg.rope_theta, cfg.bias,
-                                          Init::normal(cfg.init_std), residual_init(cfg), cfg.compute_dtype}),
+      attn(s.sub("attn"),
+           AttentionConfig{cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.positions == PositionKind::rotary,
+                           cfg.rope_theta, cfg.bias, Init::normal(cfg.init_std), residual_init(cfg), cfg.compute_dtype,
+                           cfg.qkv_bias, cfg.sliding_window, cfg.rope_scaling}),
       ln2(s.sub("ln2"), cfg),
       mlp(s.sub("mlp"), cfg) {}
 

@@ -83,7 +83,8 @@ CostFn eltwise_cost(double flops_per_elem) {
   };
 }
 
-void reg_eltwise(const std::string& name, size_t arity, Accept accept, bool bool_result, double flops, VjpFn vjp) {
+void reg_eltwise(const std::string& name, size_t arity, Accept accept, bool bool_result, double flops, VjpFn vjp,
+                 Linearity linear = {}) {
   Primitive p;
   p.name = name;
   p.infer = same_rule(name, arity, accept, bool_result);
@@ -91,6 +92,7 @@ void reg_eltwise(const std::string& name, size_t arity, Accept accept, bool bool
   p.sharding = eltwise_sharding();
   p.cost = eltwise_cost(flops);
   p.elementwise = true;
+  p.spmd.linear = linear;
   register_primitive(std::move(p));
 }
 
@@ -277,6 +279,10 @@ void register_elementwise_primitives() {
     r.factor_kinds.at(attrs.i("axis")) = ShardingRule::Kind::whole;
     return r;
   };
+  // A split iota axis needs the block's offset; the partitioner emits that block itself.
+  io.spmd.positional.factors = [](const ShardingRule& r, const Attrs& attrs) {
+    return std::vector<int>{r.results.at(0).at(attrs.i("axis"))};
+  };
   io.cost = copy_cost;
   register_primitive(std::move(io));
 
@@ -286,18 +292,22 @@ void register_elementwise_primitives() {
   b.vjp = vjp_broadcast_in_dim;
   b.sharding = broadcast_sharding;
   b.cost = copy_cost;
+  b.spmd.linear = kLinearJointly;
+  b.tp.view = TpTraits::View::layout;
   register_primitive(std::move(b));
 
-  reg_eltwise("add", 2, Accept::numeric, false, 1, vjp_add);
-  reg_eltwise("sub", 2, Accept::numeric, false, 1, vjp_sub);
-  reg_eltwise("mul", 2, Accept::numeric, false, 1, vjp_mul);
-  reg_eltwise("div", 2, Accept::numeric, false, 4, vjp_div);
+  // Linear maps let partial sums flow through unreduced: sums of partial sums are partial sums, a
+  // product is linear in one factor, a quotient in its numerator.
+  reg_eltwise("add", 2, Accept::numeric, false, 1, vjp_add, kLinearJointly);
+  reg_eltwise("sub", 2, Accept::numeric, false, 1, vjp_sub, kLinearJointly);
+  reg_eltwise("mul", 2, Accept::numeric, false, 1, vjp_mul, {Linearity::In::any_one, false});
+  reg_eltwise("div", 2, Accept::numeric, false, 4, vjp_div, {Linearity::In::first, false});
   reg_eltwise("pow", 2, Accept::floating, false, 30, vjp_pow);
   reg_eltwise("maximum", 2, Accept::numeric, false, 1,
               [](const VjpArgs& a) { return vjp_extremum(a, true); });
   reg_eltwise("minimum", 2, Accept::numeric, false, 1,
               [](const VjpArgs& a) { return vjp_extremum(a, false); });
-  reg_eltwise("neg", 1, Accept::numeric, false, 1, vjp_neg);
+  reg_eltwise("neg", 1, Accept::numeric, false, 1, vjp_neg, kLinearJointly);
   reg_eltwise("exp", 1, Accept::floating, false, 12, vjp_exp);
   reg_eltwise("log", 1, Accept::floating, false, 14, vjp_log);
   reg_eltwise("tanh", 1, Accept::floating, false, 20, vjp_tanh);
@@ -343,6 +353,7 @@ void register_elementwise_primitives() {
   cst.sharding = eltwise_sharding();
   cst.cost = eltwise_cost(1);
   cst.elementwise = true;
+  cst.tp.view = TpTraits::View::same_dims;  // not linear: rounding partial sums differs from rounding their sum
   register_primitive(std::move(cst));
 
   // Identities: stop_gradient blocks the cotangent, tag passes it through.
@@ -353,6 +364,8 @@ void register_elementwise_primitives() {
   sg.sharding = eltwise_sharding();
   sg.cost = copy_cost;
   sg.elementwise = true;
+  sg.spmd.linear = kLinearJointly;
+  sg.tp.view = TpTraits::View::same_dims;
   register_primitive(std::move(sg));
 
   Primitive tg;
@@ -366,6 +379,8 @@ void register_elementwise_primitives() {
   tg.sharding = eltwise_sharding();
   tg.cost = copy_cost;
   tg.elementwise = true;
+  tg.spmd.linear = kLinearJointly;
+  tg.tp.view = TpTraits::View::same_dims;
   register_primitive(std::move(tg));
 }
 

@@ -3,6 +3,7 @@
 // scatter_add alike, so that scatter_add stays the exact vjp of take; one_hot gives a zero row.
 #include "ir/primitive.h"
 #include "parallax/ops.h"
+#include "sharding/spmd_internal.h"
 
 namespace px {
 
@@ -142,21 +143,40 @@ Tensor one_hot(const Tensor& indices, int64_t depth, DType dtype) {
 }
 
 void register_index_primitives() {
-  register_primitive({"take", take_infer,
-                      [](const VjpArgs& v) -> std::vector<Tensor> {
-                        const Tensor& ct = v.cotangents[0];
-                        if (!ct.defined()) return {Tensor(), Tensor()};
-                        return {scatter_add(v.inputs[1], ct, v.inputs[0].shape()[0]), Tensor()};
-                      },
-                      take_rule, take_cost});
+  // A row-split table (vocab-parallel embedding): each device looks up the rows it holds and
+  // zeros the others, leaving partial sums. The rows yield their mesh axis to the indices' batch
+  // dims, so that data-parallel lookups stay local.
+  Primitive take_p{"take", take_infer,
+                   [](const VjpArgs& v) -> std::vector<Tensor> {
+                     const Tensor& ct = v.cotangents[0];
+                     if (!ct.defined()) return {Tensor(), Tensor()};
+                     return {scatter_add(v.inputs[1], ct, v.inputs[0].shape()[0]), Tensor()};
+                   },
+                   take_rule, take_cost};
+  take_p.spmd.partial = PartialReduce::sum;
+  take_p.spmd.positional = {[](const ShardingRule& r, const Attrs&) {
+                              return r.operands.at(0).empty() ? std::vector<int>{} : std::vector<int>{r.operands[0][0]};
+                            },
+                            ShardingRule::Kind::reduction, true};
+  take_p.spmd.local_form = spmd::take_local_form;
+  register_primitive(std::move(take_p));
 
-  register_primitive({"scatter_add", scatter_add_infer,
+  // Split update rows leave partial sums; a row-split result keeps the updates landing in its rows.
+  Primitive scatter_p{"scatter_add", scatter_add_infer,
                       [](const VjpArgs& v) -> std::vector<Tensor> {
                         const Tensor& ct = v.cotangents[0];
                         if (!ct.defined()) return {Tensor(), Tensor()};
                         return {Tensor(), take(ct, v.inputs[0])};
                       },
-                      scatter_add_rule, scatter_add_cost});
+                      scatter_add_rule, scatter_add_cost};
+  scatter_p.spmd.partial = PartialReduce::sum;
+  scatter_p.spmd.positional = {
+      [](const ShardingRule& r, const Attrs&) {
+        return r.results.at(0).empty() ? std::vector<int>{} : std::vector<int>{r.results[0][0]};
+      },
+      ShardingRule::Kind::parallel, true};
+  scatter_p.spmd.local_form = spmd::scatter_add_local_form;
+  register_primitive(std::move(scatter_p));
 
   register_primitive({"one_hot", one_hot_infer, nullptr, one_hot_rule, nullptr});
 }

@@ -232,7 +232,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     return transpose(r, perm);
   }
   // Numpy broadcasting of the batch dims.
-  Shape ba(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
+  const Shape as = a.shape(), bs = b.shape();  // shape() returns a copy: iterate one object
+  Shape ba(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2);
   size_t nb = std::max(ba.size(), bb.size());
   Shape batch(nb);
   for (size_t i = 0; i < nb; ++i) {
@@ -262,6 +263,9 @@ void register_matmul_primitives() {
   p.vjp = dot_vjp;
   p.sharding = dot_sharding;
   p.cost = dot_cost;
+  // A split contracting dim leaves partial sums; the product is linear in each operand alone.
+  p.spmd.partial = PartialReduce::sum;
+  p.spmd.linear = {Linearity::In::any_one, false};
   register_primitive(std::move(p));
 }
 

@@ -5,6 +5,7 @@
 
 #include "ir/primitive.h"
 #include "parallax/ops.h"
+#include "sharding/spmd_internal.h"
 
 namespace px {
 
@@ -361,6 +362,7 @@ void register_nn_primitives() {
     p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
       return per_element_cost(in, out, 5);  // max, sub, exp, sum, scale
     };
+    p.tp.mixes_features = true;
     register_primitive(std::move(p));
   }
   {
@@ -376,6 +378,7 @@ void register_nn_primitives() {
     p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
       return per_element_cost(in, out, 5);
     };
+    p.tp.mixes_features = true;
     register_primitive(std::move(p));
   }
   {
@@ -389,6 +392,7 @@ void register_nn_primitives() {
     p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
       return per_element_cost(in, out, 8);  // mean, centre, square-sum, normalize, scale, shift
     };
+    p.tp.mixes_features = true;
     register_primitive(std::move(p));
   }
   {
@@ -402,8 +406,16 @@ void register_nn_primitives() {
     p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
       return per_element_cost(in, out, 4);
     };
+    p.tp.mixes_features = true;
     register_primitive(std::move(p));
   }
+  // Split classes: the local form all-reduces the row max and the sum of exponentials, and the
+  // label's logit comes from the device that holds it.
+  Positional split_classes{[](const ShardingRule& r, const Attrs&) {
+                             return r.operands.at(0).empty() ? std::vector<int>{}
+                                                             : std::vector<int>{r.operands[0].back()};
+                           },
+                           ShardingRule::Kind::parallel, false};
   auto eltwise_prim = [](const char* name, VjpFn vjp, double flops) {
     Primitive p;
     p.name = name;
@@ -433,6 +445,9 @@ void register_nn_primitives() {
     p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
       return per_element_cost(in, out, 4);
     };
+    p.spmd.positional = split_classes;
+    p.spmd.local_form = spmd::cross_entropy_local_form;
+    p.tp.mixes_features = true;
     register_primitive(std::move(p));
   }
   {
@@ -446,6 +461,8 @@ void register_nn_primitives() {
     p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
       return per_element_cost(in, out, 6);
     };
+    p.spmd.positional = split_classes;
+    p.spmd.local_form = spmd::cross_entropy_grad_local_form;
     register_primitive(std::move(p));
   }
 }

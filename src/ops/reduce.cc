@@ -120,34 +120,41 @@ Tensor mean(const Tensor& x, const Ints& axes, bool keepdims) {
 }
 
 void register_reduce_primitives() {
-  register_primitive(
-      {"reduce_sum",
-       [](const std::vector<TensorType>& in, const Attrs& a) { return reduce_infer("reduce_sum", in, a); },
-       [](const VjpArgs& v) -> std::vector<Tensor> {
-         const Tensor& ct = v.cotangents[0];
-         if (!ct.defined()) return {Tensor()};
-         const Tensor& x = v.inputs[0];
-         return {broadcast_in_dim(ct, x.shape(), kept_dims(x.rank(), v.attrs.ints("axes")))};
-       },
-       reduce_rule, reduce_cost});
+  // A split reduced dim leaves partial sums (partial maxima) that an all-reduce combines. Reductions
+  // mix a row's features, so a TP column split does not carry through them.
+  Primitive sum_p{"reduce_sum",
+                  [](const std::vector<TensorType>& in, const Attrs& a) { return reduce_infer("reduce_sum", in, a); },
+                  [](const VjpArgs& v) -> std::vector<Tensor> {
+                    const Tensor& ct = v.cotangents[0];
+                    if (!ct.defined()) return {Tensor()};
+                    const Tensor& x = v.inputs[0];
+                    return {broadcast_in_dim(ct, x.shape(), kept_dims(x.rank(), v.attrs.ints("axes")))};
+                  },
+                  reduce_rule, reduce_cost};
+  sum_p.spmd.partial = PartialReduce::sum;
+  sum_p.spmd.linear = kLinearJointly;
+  sum_p.tp.mixes_features = true;
+  register_primitive(std::move(sum_p));
 
   // The cotangent goes to the positions that equal the max, split evenly among ties.
-  register_primitive(
-      {"reduce_max",
-       [](const std::vector<TensorType>& in, const Attrs& a) { return reduce_infer("reduce_max", in, a); },
-       [](const VjpArgs& v) -> std::vector<Tensor> {
-         const Tensor& ct = v.cotangents[0];
-         if (!ct.defined()) return {Tensor()};
-         const Tensor& x = v.inputs[0];
-         const Ints& axes = v.attrs.ints("axes");
-         Ints kept = kept_dims(x.rank(), axes);
-         Tensor y = broadcast_in_dim(v.outputs[0], x.shape(), kept);
-         Tensor hit = cast(equal(x, y), x.dtype());
-         Tensor count = emit1("reduce_sum", {hit}, Attrs{{"axes", axes}});
-         Tensor share = ct / count;
-         return {hit * broadcast_in_dim(share, x.shape(), kept)};
-       },
-       reduce_rule, reduce_cost});
+  Primitive max_p{"reduce_max",
+                  [](const std::vector<TensorType>& in, const Attrs& a) { return reduce_infer("reduce_max", in, a); },
+                  [](const VjpArgs& v) -> std::vector<Tensor> {
+                    const Tensor& ct = v.cotangents[0];
+                    if (!ct.defined()) return {Tensor()};
+                    const Tensor& x = v.inputs[0];
+                    const Ints& axes = v.attrs.ints("axes");
+                    Ints kept = kept_dims(x.rank(), axes);
+                    Tensor y = broadcast_in_dim(v.outputs[0], x.shape(), kept);
+                    Tensor hit = cast(equal(x, y), x.dtype());
+                    Tensor count = emit1("reduce_sum", {hit}, Attrs{{"axes", axes}});
+                    Tensor share = ct / count;
+                    return {hit * broadcast_in_dim(share, x.shape(), kept)};
+                  },
+                  reduce_rule, reduce_cost};
+  max_p.spmd.partial = PartialReduce::max;
+  max_p.tp.mixes_features = true;
+  register_primitive(std::move(max_p));
 }
 
 }  // namespace px

@@ -5,6 +5,7 @@
 
 #include "ir/primitive.h"
 #include "parallax/ops.h"
+#include "sharding/spmd_internal.h"
 
 namespace px {
 
@@ -54,8 +55,12 @@ std::vector<TensorType> infer_draw(const char* op, const std::vector<TensorType>
   return {TensorType{dt, shape}};
 }
 
-// Result dims are parallel: a local shard must carry global_shape and its origin.
-ShardingRule draw_rule(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
+bool is_block(const Attrs& a) { return a.has("global_shape") || a.has("offset"); }
+
+// Result dims are parallel: a local shard must carry global_shape and its origin. A draw that is
+// already a block of a larger draw is not split again.
+ShardingRule draw_rule(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) {
+  if (is_block(a)) return whole_rule(in, out);
   ShardingRule r;
   r.operands = {{-1}};
   std::vector<int> f;
@@ -69,6 +74,12 @@ ShardingRule draw_rule(const std::vector<TensorType>& in, const std::vector<Tens
   r.factor_sizes.push_back(2);
   r.factor_kinds.push_back(ShardingRule::Kind::whole);
   return r;
+}
+
+// Every split result dim needs the block's origin (draw_local_form passes it as an operand).
+std::vector<int> draw_positional(const ShardingRule& r, const Attrs& a) {
+  if (is_block(a)) return {};
+  return r.results.at(0);
 }
 
 Cost draw_cost(const std::vector<TensorType>& in, const std::vector<TensorType>& out, double per_elem) {
@@ -141,6 +152,8 @@ void register_rng_primitives() {
       return infer_draw("random_uniform", in, a);
     };
     p.sharding = draw_rule;
+    p.spmd.positional.factors = draw_positional;
+    p.spmd.local_form = spmd::draw_local_form;
     p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
       return draw_cost(in, out, 12);  // a quarter of a Philox block (10 rounds of 2 mul + xors) + scaling
     };
@@ -151,6 +164,8 @@ void register_rng_primitives() {
     p.name = "random_normal";
     p.infer = [](const std::vector<TensorType>& in, const Attrs& a) { return infer_draw("random_normal", in, a); };
     p.sharding = draw_rule;
+    p.spmd.positional.factors = draw_positional;
+    p.spmd.local_form = spmd::draw_local_form;
     p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
       return draw_cost(in, out, 30);  // Philox plus log, sqrt and sin/cos of Box-Muller
     };

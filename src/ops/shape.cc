@@ -298,16 +298,21 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
   Shape s = shape;
   int infer_at = -1;
   int64_t known = 1;
+  bool overflow = false;
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == -1) {
       if (infer_at >= 0) throw Error("[reshape] target shape " + ints_str(shape) + " has more than one -1");
       infer_at = static_cast<int>(i);
     } else if (s[i] < 0) {
       throw Error("[reshape] target shape " + ints_str(shape) + " has a negative dim other than -1");
-    } else {
-      known *= s[i];
+    } else if (__builtin_mul_overflow(known, s[i], &known)) {
+      overflow = true;
     }
   }
+  // A zero dim makes the count 0 whatever the others are.
+  if (overflow && std::find(s.begin(), s.end(), 0) == s.end())
+    throw UserError("[reshape] target shape " + ints_str(shape) + " has more than 2^63 elements");
+  if (overflow) known = 0;
   if (infer_at >= 0) {
     if (known == 0 || x.numel() % known != 0)
       throw Error("[reshape] cannot reshape " + type_str(x.type()) + " (" + std::to_string(x.numel()) +
@@ -403,22 +408,28 @@ Tensor squeeze(const Tensor& x, int64_t axis) {
 // ---- registration -------------------------------------------------------------------------------
 
 void register_shape_primitives() {
-  register_primitive({"reshape", reshape_infer,
+  // Moves of elements are linear: partial sums pass through them unreduced.
+  Primitive reshape_p{"reshape", reshape_infer,
                       [](const VjpArgs& v) -> std::vector<Tensor> {
                         if (!v.cotangents[0].defined()) return {Tensor()};
                         return {reshape(v.cotangents[0], v.inputs[0].shape())};
                       },
-                      reshape_rule, copy_cost});
+                      reshape_rule, copy_cost};
+  reshape_p.spmd.linear = kLinearJointly;
+  reshape_p.tp.view = TpTraits::View::layout;
+  register_primitive(std::move(reshape_p));
 
-  register_primitive({"transpose", transpose_infer,
-                      [](const VjpArgs& v) -> std::vector<Tensor> {
-                        if (!v.cotangents[0].defined()) return {Tensor()};
-                        const Ints& perm = v.attrs.ints("perm");
-                        Ints inv(perm.size());
-                        for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
-                        return {transpose(v.cotangents[0], inv)};
-                      },
-                      transpose_rule, copy_cost});
+  Primitive transpose_p{"transpose", transpose_infer,
+                        [](const VjpArgs& v) -> std::vector<Tensor> {
+                          if (!v.cotangents[0].defined()) return {Tensor()};
+                          const Ints& perm = v.attrs.ints("perm");
+                          Ints inv(perm.size());
+                          for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
+                          return {transpose(v.cotangents[0], inv)};
+                        },
+                        transpose_rule, copy_cost};
+  transpose_p.spmd.linear = kLinearJointly;
+  register_primitive(std::move(transpose_p));
 
   // The vjp of a (strided) slice puts the cotangent back with zeros around and between.
   register_primitive({"slice", slice_infer,
@@ -455,16 +466,18 @@ void register_shape_primitives() {
                       },
                       pad_rule, copy_cost});
 
-  register_primitive({"concat", concat_infer,
-                      [](const VjpArgs& v) -> std::vector<Tensor> {
-                        const Tensor& ct = v.cotangents[0];
-                        if (!ct.defined()) return std::vector<Tensor>(v.inputs.size());
-                        int64_t axis = v.attrs.i("axis");
-                        Ints sizes;
-                        for (auto& x : v.inputs) sizes.push_back(x.shape()[axis]);
-                        return split(ct, sizes, axis);
-                      },
-                      concat_rule, copy_cost});
+  Primitive concat_p{"concat", concat_infer,
+                     [](const VjpArgs& v) -> std::vector<Tensor> {
+                       const Tensor& ct = v.cotangents[0];
+                       if (!ct.defined()) return std::vector<Tensor>(v.inputs.size());
+                       int64_t axis = v.attrs.i("axis");
+                       Ints sizes;
+                       for (auto& x : v.inputs) sizes.push_back(x.shape()[axis]);
+                       return split(ct, sizes, axis);
+                     },
+                     concat_rule, copy_cost};
+  concat_p.spmd.linear = kLinearJointly;  // partial when all its parts are
+  register_primitive(std::move(concat_p));
 }
 
 }  // namespace px

@@ -24,7 +24,19 @@ CheckpointLayout checkpoint_layout(const nn::ParamStore& store, const optim::Opt
 void write_checkpoint(const std::string& path, const CheckpointLayout& layout, const std::vector<Array>& params,
                       const std::vector<Array>& opt_state, int64_t step, const std::string& who);
 
-// Reads a file written by write_checkpoint; every tensor of the layout must be there with its type.
+// Reads a file written by write_checkpoint: every tensor of the layout must be there with its type,
+// no other tensor may be, and the step must be a non-negative integer the traced step can hold.
 TrainState read_checkpoint(const std::string& path, const CheckpointLayout& layout);
+
+// The traced step input (i32, the count of updates so far) for `step`; throws px::UserError naming
+// `who` when it does not fit (the step computes step + 1, so at most 2^31 - 2).
+int32_t traced_step(int64_t step, const std::string& who);
+
+// Parses a checkpoint's "step" metadata strictly: decimal digits only, 0 <= step <= 2^31 - 2.
+int64_t parse_checkpoint_step(const std::string& text, const std::string& path);
+
+// Metrics from the step's first three outputs (loss, grad norm, lr); `skip` says whether the graph
+// was traced with skip_nonfinite (then a non-finite step left params and state unchanged).
+StepMetrics step_metrics(float loss, float grad_norm, float lr, bool skip);
 
 }  // namespace px::detail

@@ -11,28 +11,6 @@ using detail::to_f32;
 
 // ---- filters --------------------------------------------------------------------------------
 
-namespace {
-// '*' matches any run of characters (including dots); everything else matches itself.
-bool glob_match(const std::string& pat, const std::string& s) {
-  size_t p = 0, i = 0, star = std::string::npos, mark = 0;
-  while (i < s.size()) {
-    if (p < pat.size() && pat[p] == '*') {
-      star = p++;
-      mark = i;
-    } else if (p < pat.size() && pat[p] == s[i]) {
-      ++p;
-      ++i;
-    } else if (star != std::string::npos) {
-      p = star + 1;
-      i = ++mark;
-    } else {
-      return false;
-    }
-  }
-  while (p < pat.size() && pat[p] == '*') ++p;
-  return p == pat.size();
-}
-}  // namespace
 
 ParamFilter all_params() {
   return [](const std::string&, const TensorType&) { return true; };

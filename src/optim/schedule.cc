@@ -44,6 +44,13 @@ using detail::scalar;
 void check_finite(double v, const char* op, const char* what) {
   if (!std::isfinite(v)) throw Error(std::string("[") + op + "] " + what + " must be finite, got " + fmt_double(v));
 }
+// A learning rate below 0 would climb the loss: almost always a sign slip, so it is an error.
+void check_lr(double v, const char* op, const char* what) {
+  check_finite(v, op, what);
+  if (v < 0)
+    throw UserError(std::string("[") + op + "] " + what + " is a learning rate and must be >= 0, got " +
+                    fmt_double(v));
+}
 void check_nonneg(int64_t v, const char* op, const char* what) {
   if (v < 0) throw Error(std::string("[") + op + "] " + what + " must be >= 0, got " + std::to_string(v));
 }
@@ -74,7 +81,7 @@ double half_cosine(double p) { return 0.5 * (1.0 + std::cos(M_PI * p)); }
 
 class Constant : public ScheduleImpl {
  public:
-  explicit Constant(double v) : v_(v) { check_finite(v, "constant", "value"); }
+  explicit Constant(double v) : v_(v) { check_lr(v, "constant", "value"); }
   double at(int64_t) const override { return v_; }
   Tensor lr(const Tensor& step) const override {
     detail::step_f32(step, "constant");
@@ -91,7 +98,7 @@ class Constant : public ScheduleImpl {
 class Warmup : public ScheduleImpl {
  public:
   Warmup(const char* op, double peak, int64_t warmup) : op_(op), peak_(peak), warmup_(warmup) {
-    check_finite(peak, op, "peak");
+    check_lr(peak, op, "peak");
     check_nonneg(warmup, op, "warmup_steps");
   }
   double at(int64_t step) const override {

@@ -1,5 +1,10 @@
 #include "parallax/train.h"
 
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
 #include "core/dump.h"
 #include "optim/checkpoint.h"
 #include "parallax/autodiff.h"
@@ -9,7 +14,10 @@
 namespace px {
 
 StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
-                             const std::vector<TensorType>& batch_types, double clip_norm, const std::string& who) {
+                             const std::vector<TensorType>& batch_types, double clip_norm, const std::string& who,
+                             bool skip_nonfinite) {
+  if (!(clip_norm >= 0.0) || !std::isfinite(clip_norm))
+    throw UserError(fmt::format("[{}] clip_norm must be a finite number >= 0 (0: no clipping), got {}", who, clip_norm));
   std::vector<TensorType> param_types = store.types();
   std::vector<optim::StateSlot> slots = opt.state_slots(param_types);
   StepProgram p;
@@ -57,6 +65,13 @@ StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
           norm = optim::global_norm(grads);
         }
         optim::Update u = opt.apply(params, grads, state, step + 1, p.paths);
+        if (skip_nonfinite) {
+          // In the graph, so that sharded steps skip the same way: |x| < inf is false for NaN and inf.
+          Tensor inf = full({}, std::numeric_limits<double>::infinity(), DType::f32);
+          Tensor ok = logical_and(less(abs(loss), inf), less(abs(norm), inf));
+          for (size_t i = 0; i < n_params; ++i) u.params[i] = where(ok, u.params[i], params[i]);
+          for (size_t i = 0; i < n_state; ++i) u.state[i] = where(ok, u.state[i], state[i]);
+        }
         std::vector<Tensor> out = {loss, norm, u.lr};
         out.insert(out.end(), u.params.begin(), u.params.end());
         out.insert(out.end(), u.state.begin(), u.state.end());
@@ -91,7 +106,9 @@ TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss
   if (!opt_) throw Error("[TrainStep] no optimizer given");
   n_params_ = static_cast<size_t>(store_.size());
   n_state_ = opt_->state_slots(store_.types()).size();
-  StepProgram program = trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm);
+  skip_nonfinite_ = options.skip_nonfinite;
+  StepProgram program =
+      trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm, "TrainStep", options.skip_nonfinite);
   graph_ = std::move(program.graph);
   CompileOptions copt = options.compile;
   if (copt.value_categories.empty()) copt.value_categories = std::move(program.categories);
@@ -131,20 +148,19 @@ StepMetrics TrainStep::operator()(TrainState& state, const std::vector<Array>& b
   for (auto& p : state.params) inputs_[k++] = p;
   for (auto& s : state.opt_state) inputs_[k++] = s;
   for (auto& b : batch) inputs_[k++] = b;
-  inputs_[k].data<int32_t>()[0] = static_cast<int32_t>(state.step);
+  inputs_[k].data<int32_t>()[0] = detail::traced_step(state.step, "TrainStep");
   // Reuse last step's buffers unless the caller kept a handle to them (a copied TrainState).
   for (auto& o : outputs_)
     if (!o.sole_owner()) o = Array(o.dtype(), o.shape());
   exe_->run_into(inputs_, outputs_);
 
-  StepMetrics m;
-  m.loss = outputs_[0].to_f32()[0];
-  m.grad_norm = outputs_[1].to_f32()[0];
-  m.lr = outputs_[2].to_f32()[0];
+  StepMetrics m = detail::step_metrics(outputs_[0].to_f32()[0], outputs_[1].to_f32()[0], outputs_[2].to_f32()[0],
+                                       skip_nonfinite_);
   // Double buffering: the new values become the state, the old buffers take the next outputs.
   for (size_t i = 0; i < n_params_; ++i) std::swap(state.params[i], outputs_[3 + i]);
   for (size_t i = 0; i < n_state_; ++i) std::swap(state.opt_state[i], outputs_[3 + n_params_ + i]);
-  ++state.step;
+  if (m.skipped) ++state.skipped;
+  else ++state.step;
   for (size_t i = 0; i < inputs_.size() - 1; ++i) inputs_[i] = Array();
   return m;
 }
@@ -177,36 +193,6 @@ void write_checkpoint(const std::string& path, const CheckpointLayout& layout, c
                   " but this step has " + type_str(layout.types[i]) +
                   "; the state does not belong to this step (make it with " + who + "::init)");
   save_safetensors(path, layout.names, arrays, {{"step", std::to_string(step)}, {"optimizer", layout.optimizer}});
-}
-
-TrainState read_checkpoint(const std::string& path, const CheckpointLayout& layout) {
-  SafetensorsFile f = load_safetensors(path);
-  // Another optimizer's state could share tensor names (SGD's momentum and nothing else): reject
-  // it rather than resume with state that means something else.
-  auto opt = f.metadata.find("optimizer");
-  if (opt != f.metadata.end() && opt->second != layout.optimizer)
-    throw Error(path + ": was saved with the optimizer '" + opt->second + "' but this step uses '" + layout.optimizer +
-                "'; load it with a step of the same optimizer, or read its params with px::load_safetensors and "
-                "start fresh optimizer state with init(params)");
-  TrainState s;
-  for (size_t i = 0; i < layout.names.size(); ++i) {
-    const std::string& name = layout.names[i];
-    if (!f.contains(name))
-      throw Error(path + ": has no tensor '" + name + "'; was it saved from a different model or optimizer?");
-    const Array& a = f.get(name);
-    if (a.type() != layout.types[i])
-      throw Error(path + ": tensor '" + name + "' is " + type_str(a.type()) + " but this model expects " +
-                  type_str(layout.types[i]));
-    (i < layout.n_params ? s.params : s.opt_state).push_back(a);
-  }
-  auto it = f.metadata.find("step");
-  if (it == f.metadata.end()) throw Error(path + ": the metadata has no 'step'");
-  try {
-    s.step = std::stoll(it->second);
-  } catch (const std::exception&) {
-    throw Error(path + ": metadata 'step' is not an integer: '" + it->second + "'");
-  }
-  return s;
 }
 
 }  // namespace detail

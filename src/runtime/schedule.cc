@@ -63,7 +63,7 @@ std::vector<Group> form_groups(const Graph& g, bool fuse_on, std::vector<int>& g
       for (auto& [cnt, ou] : open_by_count) is_open = is_open || ou == u;
       if (is_open && std::find(reads.begin(), reads.end(), u) == reads.end()) reads.push_back(u);
     }
-    const bool coll = is_collective_primitive(n.prim->name);
+    const bool coll = n.prim->spmd.collective;
     int64_t count = n.outputs.empty() ? -1 : g.type(n.outputs[0]).numel();
     auto cand = open_by_count.find(count);
     int join = (cand != open_by_count.end() && groups[cand->second].nodes.size() < kMaxGroup) ? cand->second : -1;
@@ -94,10 +94,7 @@ std::vector<Group> form_groups(const Graph& g, bool fuse_on, std::vector<int>& g
 
 }  // namespace
 
-bool is_collective_primitive(const std::string& p) {
-  return p == "all_reduce" || p == "all_gather" || p == "reduce_scatter" || p == "all_to_all" ||
-         p == "collective_permute";
-}
+bool is_collective_primitive(const std::string& p) { return get_primitive(p).spmd.collective; }
 
 std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
   const auto& nodes = g.nodes();

@@ -31,7 +31,10 @@ DeviceSet parse_devices(const std::string& text) {
   return DeviceSet{platform, count};
 }
 
-DeviceSet default_devices() { return DeviceSet{env().device_platform, env().device_count}; }
+DeviceSet default_devices() {
+  if (!env().devices_error.empty()) throw UserError(env().devices_error);
+  return DeviceSet{env().device_platform, env().device_count};
+}
 
 Mesh Mesh::create(const std::vector<std::pair<std::string, int64_t>>& axes, const DeviceSet& devices) {
   if (devices.platform != "cpu")

@@ -1,7 +1,8 @@
 // Local forms of nodes whose split factor needs this device's position in the mesh: a lookup in
 // a row-split (vocab-parallel) table and its gradient, cross entropy over split classes, and
 // random draws of a split shape. Each is written with public ops plus all-reduces, so that the
-// sharded program gives the unsharded values up to f32 reduction order.
+// sharded program gives the unsharded values up to f32 reduction order. The op families attach
+// them to their primitives (SpmdTraits::local_form), which also declare the positional factors.
 #include <cmath>
 
 #include "parallax/ops.h"
@@ -10,9 +11,6 @@
 namespace px::spmd {
 
 namespace {
-
-bool is_draw(const std::string& name) { return name == "random_uniform" || name == "random_normal"; }
-bool is_ce(const std::string& name) { return name == "softmax_cross_entropy" || name == "softmax_cross_entropy_grad"; }
 
 Tensor i32_scalar(int64_t v) { return full({}, static_cast<double>(v), DType::i32); }
 
@@ -51,29 +49,30 @@ LocalRows local_rows(const LocalContext& c, const Tensor& idx, int64_t rows, int
 
 // take(table, idx) with the table's rows split: each device gathers the rows it holds and zeros
 // the rest, so the result is a partial sum over the split axes.
-Tensor vocab_take(const LocalContext& c, const Node& n, const Graph& g, const std::vector<Tensor>& in,
-                  const std::vector<int>& axes) {
-  LocalRows r = local_rows(c, in[1], g.type(n.inputs[0]).shape[0], in[0].shape()[0], axes);
+Tensor vocab_take(const LocalContext& c, const LocalFormArgs& a, const std::vector<int>& axes) {
+  const std::vector<Tensor>& in = a.inputs;
+  LocalRows r = local_rows(c, in[1], a.graph.type(a.node.inputs[0]).shape[0], in[0].shape()[0], axes);
   Tensor got = take(in[0], r.rel);
   return where(mask_like(r.inside, got), got, zeros_like(got));
 }
 
 // scatter_add(idx, updates) into a row-split result: each device adds the updates that land in
 // its block of rows.
-Tensor vocab_scatter_add(const LocalContext& c, const Node& n, const Graph& g, const std::vector<Tensor>& in,
-                         const TensorType& want, const std::vector<int>& axes) {
-  LocalRows r = local_rows(c, in[0], g.type(n.outputs[0]).shape[0], want.shape[0], axes);
+Tensor vocab_scatter_add(const LocalContext& c, const LocalFormArgs& a, const std::vector<int>& axes) {
+  const std::vector<Tensor>& in = a.inputs;
+  const int64_t local = a.want[0].shape[0];
+  LocalRows r = local_rows(c, in[0], a.graph.type(a.node.outputs[0]).shape[0], local, axes);
   Tensor upd = where(mask_like(r.inside, in[1]), in[1], zeros_like(in[1]));
-  return scatter_add(r.rel, upd, want.shape[0]);
+  return scatter_add(r.rel, upd, local);
 }
 
 // Cross entropy (or its gradient) with the class dim split: the row max and the sum of
 // exponentials are all-reduced (max, then sum), and the label's logit comes from the device
 // that holds it. Ignored labels give 0 and out-of-range labels NaN, as the unsplit kernel does.
-Tensor vocab_cross_entropy(const LocalContext& c, const Node& n, const Graph& g, const std::vector<Tensor>& in,
-                           const std::vector<int>& axes) {
-  const bool grad = n.prim->name == "softmax_cross_entropy_grad";
-  const int64_t classes = g.type(n.inputs[0]).shape.back();
+Tensor vocab_cross_entropy(const LocalContext& c, const LocalFormArgs& a, const std::vector<int>& axes, bool grad) {
+  const Node& n = a.node;
+  const std::vector<Tensor>& in = a.inputs;
+  const int64_t classes = a.graph.type(n.inputs[0]).shape.back();
   Tensor x = in[0].dtype() == DType::f32 ? in[0] : cast(in[0], DType::f32);
   const int64_t last = x.rank() - 1, local_classes = x.shape().back();
   const Tensor& labels = in[1];
@@ -103,51 +102,65 @@ Tensor vocab_cross_entropy(const LocalContext& c, const Node& n, const Graph& g,
 
 // A random draw of this device's block: the global shape and the block's origin (per dim, the
 // start of its block) let the kernel compute the same values as the unsplit draw.
-Tensor local_draw(const LocalContext& c, const Node& n, const Graph& g, const ShardingRule& rule, const FactorAxes& fa,
-                  const std::vector<Tensor>& in, const TensorType& want) {
-  const Shape& global = g.type(n.outputs[0]).shape;
+Tensor local_draw(const LocalContext& c, const LocalFormArgs& args) {
+  const Node& n = args.node;
+  const TensorType& want = args.want[0];
+  const Shape& global = args.graph.type(n.outputs[0]).shape;
   std::vector<Tensor> starts;
   for (size_t d = 0; d < global.size(); ++d) {
-    int f = rule.results[0][d];
-    Tensor s = f >= 0 && !fa[f].empty() ? block_start(c, fa[f], want.shape[d]) : i32_scalar(0);
+    int f = args.rule.results[0][d];
+    const auto& axes = f >= 0 ? args.factor_axes[f] : std::vector<int>{};
+    Tensor s = axes.empty() ? i32_scalar(0) : block_start(c, axes, want.shape[d]);
     starts.push_back(reshape(s, {1}));
   }
   Attrs a = n.attrs;
   a.set("shape", std::vector<int64_t>(want.shape.begin(), want.shape.end()));
   a.set("global_shape", std::vector<int64_t>(global.begin(), global.end()));
-  return c.local.emit(*n.prim, {in[0], concat(starts, 0)}, a).at(0);
+  return c.local.emit(*n.prim, {args.inputs[0], concat(starts, 0)}, a).at(0);
+}
+
+// The mesh axes of the primitive's one positional factor (take, scatter_add, cross entropy).
+const std::vector<int>& positional_axes(const LocalFormArgs& a) {
+  std::vector<int> fs = positional_factors(*a.node.prim, a.rule, a.node.attrs);
+  if (fs.size() != 1)
+    throw Error("[partition] internal: the local form of '" + a.node.prim->name + "' expects one positional factor");
+  return a.factor_axes[fs[0]];
 }
 
 }  // namespace
 
-int positional_factor(const Node& n, const ShardingRule& r) {
-  const std::string& name = n.prim->name;
-  if (name == "take" && !r.operands[0].empty()) return r.operands[0][0];
-  if (name == "scatter_add" && !r.results[0].empty()) return r.results[0][0];
-  if (is_ce(name) && !r.operands[0].empty()) return r.operands[0].back();
-  return -1;
+std::vector<Tensor> take_local_form(const LocalContext& c, const LocalFormArgs& a) {
+  return {vocab_take(c, a, positional_axes(a))};
 }
 
+std::vector<Tensor> scatter_add_local_form(const LocalContext& c, const LocalFormArgs& a) {
+  return {vocab_scatter_add(c, a, positional_axes(a))};
+}
+
+std::vector<Tensor> cross_entropy_local_form(const LocalContext& c, const LocalFormArgs& a) {
+  return {vocab_cross_entropy(c, a, positional_axes(a), false)};
+}
+
+std::vector<Tensor> cross_entropy_grad_local_form(const LocalContext& c, const LocalFormArgs& a) {
+  return {vocab_cross_entropy(c, a, positional_axes(a), true)};
+}
+
+std::vector<Tensor> draw_local_form(const LocalContext& c, const LocalFormArgs& a) { return {local_draw(c, a)}; }
+
 bool needs_local_form(const Node& n, const ShardingRule& r, const FactorAxes& fa) {
-  if (is_draw(n.prim->name)) {
-    for (int f : r.results[0])
-      if (f >= 0 && !fa[f].empty()) return true;
-    return false;
-  }
-  int f = positional_factor(n, r);
-  return f >= 0 && !fa[f].empty();
+  for (int f : positional_factors(*n.prim, r, n.attrs))
+    if (!fa[f].empty()) return true;
+  return false;
 }
 
 std::vector<Tensor> local_form(const LocalContext& c, const Node& n, const Graph& g, const ShardingRule& r,
                                const FactorAxes& fa, const std::vector<Tensor>& in,
                                const std::vector<TensorType>& want) {
+  if (!n.prim->spmd.local_form)
+    throw Error("[partition] primitive '" + n.prim->name +
+                "' declares positional factors but no local form (SpmdTraits::local_form) to emit its split");
   TraceScope scope(&c.local);
-  const std::string& name = n.prim->name;
-  if (is_draw(name)) return {local_draw(c, n, g, r, fa, in, want[0])};
-  const std::vector<int>& axes = fa[positional_factor(n, r)];
-  if (name == "take") return {vocab_take(c, n, g, in, axes)};
-  if (name == "scatter_add") return {vocab_scatter_add(c, n, g, in, want[0], axes)};
-  return {vocab_cross_entropy(c, n, g, in, axes)};
+  return n.prim->spmd.local_form(c, LocalFormArgs{n, g, r, fa, in, want});
 }
 
 }  // namespace px::spmd

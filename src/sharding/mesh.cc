@@ -1,4 +1,6 @@
 // Mesh: named axes over devices, coordinates, and the device groups collectives run on.
+#include <fmt/format.h>
+
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -6,6 +8,11 @@
 #include "parallax/sharding.h"
 
 namespace px {
+
+namespace {
+// The most devices a mesh may hold: as many as PX_DEVICES may name (device ids are ints).
+constexpr int64_t kMaxMeshDevices = 65536;
+}  // namespace
 
 Mesh::Mesh(std::vector<MeshAxis> axes, std::vector<int> device_ids, std::string platform)
     : axes_(std::move(axes)), platform_(std::move(platform)) {
@@ -15,7 +22,12 @@ Mesh::Mesh(std::vector<MeshAxis> axes, std::vector<int> device_ids, std::string 
     if (a.name.empty()) throw Error("[mesh] axis names must not be empty");
     if (!seen.insert(a.name).second) throw Error("[mesh] axis '" + a.name + "' appears twice");
     if (a.size < 1) throw Error("[mesh] axis '" + a.name + "' has size " + std::to_string(a.size) + "; sizes are >= 1");
-    n *= a.size;
+    if (__builtin_mul_overflow(n, a.size, &n) || n > kMaxMeshDevices) {
+      std::string sizes;
+      for (const MeshAxis& b : axes_) sizes += (sizes.empty() ? "" : ", ") + b.name + ": " + std::to_string(b.size);
+      throw UserError(fmt::format("[mesh] the axes {{{}}} hold more than {} devices; use smaller axis sizes", sizes,
+                                  kMaxMeshDevices));
+    }
   }
   if (device_ids.empty()) {
     device_ids.resize(static_cast<size_t>(n));

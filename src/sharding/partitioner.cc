@@ -95,15 +95,14 @@ class Partitioner {
     for (size_t j = 0; j < outs.size(); ++j) values_[n.outputs[j]] = {outs[j], out_specs[j], partial, reduce};
   }
 
-  // Partial sums flow through ops that are linear in them, so that e.g. the three partial input
-  // gradients of q, k, v projections are added before one all-reduce. Returns the partial axes
-  // the result inherits (empty: operands are reduced first); fa drops the partial axes.
+  // Partial sums flow through ops that are linear in them (the primitive's SpmdTraits::linear),
+  // so that e.g. the three partial input gradients of q, k, v projections are added before one
+  // all-reduce. Returns the partial axes the result inherits (empty: operands are reduced first);
+  // fa drops the partial axes.
   std::vector<int> carried_partial(const Node& n, FactorAxes& fa) const {
-    static const std::set<std::string> unary = {"neg",        "reshape", "transpose",    "broadcast_in_dim",
-                                                "reduce_sum", "tag",     "stop_gradient"};
-    static const std::set<std::string> all_partial = {"add", "sub", "concat"};  // every operand partial
-    static const std::set<std::string> one_partial = {"mul", "dot_general"};    // exactly one operand partial
-    const std::string& name = n.prim->name;
+    using In = Linearity::In;
+    const Linearity& lin = n.prim->spmd.linear;
+    if (lin.in == In::none) return {};
     std::vector<int> p;
     int partial_operands = 0;
     for (size_t k = 0; k < n.inputs.size(); ++k) {
@@ -115,16 +114,15 @@ class Partitioner {
     }
     const int count = static_cast<int>(n.inputs.size());
     bool ok = partial_operands > 0 &&
-              ((unary.count(name) && count == 1) || (all_partial.count(name) && partial_operands == count) ||
-               (one_partial.count(name) && partial_operands == 1) ||
-               (name == "div" && partial_operands == 1 && !values_[n.inputs[0]].partial.empty()));
+              ((lin.in == In::all_operands && partial_operands == count) ||
+               (lin.in == In::any_one && partial_operands == 1) ||
+               (lin.in == In::first && partial_operands == 1 && !values_[n.inputs[0]].partial.empty()));
     if (!ok) return {};
     // Adding partial sums before reducing them beats splitting the op over the partial axes:
     // one reduce-scatter instead of one per operand (e.g. the tied embedding's two gradients).
     // Products keep their split: computing them whole would cost more than the early reduce.
-    const bool cheap = !one_partial.count(name) && name != "div";
     for (auto& axes : fa) {
-      if (!cheap) {
+      if (!lin.cheap) {
         for (int a : axes)
           if (std::count(p.begin(), p.end(), a)) return {};
         continue;

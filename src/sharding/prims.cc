@@ -30,10 +30,7 @@ std::vector<std::string> split_axes(const std::string& s) {
   return out;
 }
 
-bool is_collective(const std::string& p) {
-  return p == "all_reduce" || p == "all_gather" || p == "reduce_scatter" || p == "all_to_all" ||
-         p == "collective_permute";
-}
+bool is_collective(const std::string& p) { return get_primitive(p).spmd.collective; }
 
 namespace {
 
@@ -68,11 +65,13 @@ void check_reduce(const std::string& op, const Attrs& a) {
 
 std::vector<TensorType> identity_infer(const std::vector<TensorType>& in, const Attrs&) { return {in.at(0)}; }
 
-// Local-graph primitives: not differentiable, never sharded again, default cost.
-void register_local(const std::string& name, InferFn infer, bool no_cse = false) {
+// Local-graph primitives: not differentiable, never sharded again, default cost. Collectives run
+// through the Communicator; local_slice is an ordinary kernel.
+void register_local(const std::string& name, InferFn infer, bool collective = true, bool no_cse = false) {
   Primitive p;
   p.name = name;
   p.infer = std::move(infer);
+  p.spmd.collective = collective;
   p.no_cse = no_cse;
   register_primitive(std::move(p));
 }
@@ -97,6 +96,7 @@ void register_prims() {
   };
   sc.cost = [](const std::vector<TensorType>&, const std::vector<TensorType>&, const Attrs&) { return Cost{}; };
   sc.no_cse = true;  // two constraints on one value may disagree on purpose
+  sc.tp.view = TpTraits::View::same_dims;
   register_primitive(sc);
 
   register_local("all_reduce", [](const std::vector<TensorType>& in, const Attrs& a) {
@@ -111,7 +111,7 @@ void register_prims() {
     TensorType t = in[0];
     t.shape[d] *= group_of("all_gather", a);
     return std::vector<TensorType>{t};
-  }, /*no_cse=*/true);  // a second gather of one value is on purpose (ZeRO-3 gathers again for the backward pass)
+  }, /*collective=*/true, /*no_cse=*/true);  // a second gather of one value is on purpose (ZeRO-3 gathers again for the backward pass)
   register_local("reduce_scatter", [](const std::vector<TensorType>& in, const Attrs& a) {
     expect_n("reduce_scatter", in, 1);
     check_reduce("reduce_scatter", a);
@@ -155,7 +155,7 @@ void register_prims() {
     TensorType t = in[0];
     t.shape[d] /= g;
     return std::vector<TensorType>{t};
-  });
+  }, false);
 }
 
 void register_kernels() {

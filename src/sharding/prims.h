@@ -21,7 +21,8 @@ void ensure_sharding_registered();
 std::string join_axes(const std::vector<std::string>& axes);  // "data,model"
 std::vector<std::string> split_axes(const std::string& s);
 
-// True for the primitives that the sharded executor runs through a Communicator.
+// True for the primitives that the sharded executor runs through a Communicator (their
+// SpmdTraits::collective).
 bool is_collective(const std::string& prim);
 
 }  // namespace px

@@ -76,13 +76,20 @@ Propagation propagate(const Graph& g, const Mesh& mesh, const std::vector<Spec>&
     }
     return changed;
   };
-  // Each round refines monotonically (axes are only added), so this terminates; the cap is a guard.
-  for (int round = 0; round < 32; ++round) {
+  // Each changing round sets a value's first spec or splits a dim that was unsplit (never undone),
+  // so a fixed point comes within (values + dims) rounds; not reaching it is a bug, never a silent stop.
+  int64_t max_rounds = 1 + static_cast<int64_t>(nv);
+  for (size_t v = 0; v < nv; ++v) max_rounds += g.type(static_cast<int>(v)).rank();
+  bool converged = false;
+  for (int64_t round = 0; round < max_rounds && !converged; ++round) {
     bool changed = false;
     for (size_t i = 0; i < nodes.size(); ++i) changed |= visit(i);
     for (size_t i = nodes.size(); i-- > 0;) changed |= visit(i);
-    if (!changed) break;
+    converged = !changed;
   }
+  if (!converged)
+    throw InternalError("[sharding] propagation did not reach a fixed point in " + std::to_string(max_rounds) +
+                        " rounds over " + std::to_string(nodes.size()) + " nodes");
 
   Propagation p;
   p.fixed = fixed;

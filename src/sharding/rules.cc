@@ -10,23 +10,6 @@ namespace {
 
 using Kind = ShardingRule::Kind;
 
-// Every dim its own whole factor: nothing may be split.
-ShardingRule all_whole(const std::vector<TensorType>& in, const std::vector<TensorType>& out) {
-  ShardingRule r;
-  auto label = [&](const TensorType& t) {
-    std::vector<int> f;
-    for (int64_t d : t.shape) {
-      f.push_back(static_cast<int>(r.factor_sizes.size()));
-      r.factor_sizes.push_back(d);
-      r.factor_kinds.push_back(Kind::whole);
-    }
-    return f;
-  };
-  for (auto& t : in) r.operands.push_back(label(t));
-  for (auto& t : out) r.results.push_back(label(t));
-  return r;
-}
-
 bool rule_fits(const ShardingRule& r, const std::vector<TensorType>& in, const std::vector<TensorType>& out) {
   if (r.operands.size() != in.size() || r.results.size() != out.size()) return false;
   if (r.factor_kinds.size() != r.factor_sizes.size()) return false;
@@ -43,37 +26,23 @@ bool rule_fits(const ShardingRule& r, const std::vector<TensorType>& in, const s
 
 }  // namespace
 
+// Everything here comes from the primitive's declaration (SpmdTraits): no primitive is named.
 NodeRule node_rule(const Graph& g, const Node& n) {
   std::vector<TensorType> in, out;
   for (int v : n.inputs) in.push_back(g.type(v));
   for (int v : n.outputs) out.push_back(g.type(v));
-  const std::string& name = n.prim->name;
+  const SpmdTraits& t = n.prim->spmd;
   NodeRule nr;
-  if (name == "iota") {
-    nr.rule = elementwise_rule(in, out);  // the partitioner offsets the iota axis itself
-  } else if ((name == "random_uniform" || name == "random_normal") &&
-             (n.attrs.has("global_shape") || n.attrs.has("offset"))) {
-    nr.rule = all_whole(in, out);  // already a block of a larger draw
-  } else {
-    nr.rule = sharding_of(*n.prim, in, out, n.attrs);
-    if (!rule_fits(nr.rule, in, out)) nr.rule = all_whole(in, out);
+  nr.rule = sharding_of(*n.prim, in, out, n.attrs);
+  if (!rule_fits(nr.rule, in, out)) nr.rule = whole_rule(in, out);
+  // Splits that the primitive's local form handles with this device's offset (a row-split table
+  // gives a masked lookup of partial sums; split classes give cross entropy with all-reduced row
+  // statistics; a split draw or iota computes its own block).
+  for (int f : positional_factors(*n.prim, nr.rule, n.attrs)) {
+    nr.rule.factor_kinds[f] = t.positional.split_as;
+    if (t.positional.late) nr.late.push_back(f);
   }
-  // Splits that local_forms.cc handles with this device's offset: a row-split table gives a
-  // masked lookup (partial sums), a row-split scatter_add keeps its rows, and split classes give
-  // cross entropy with all-reduced row statistics.
-  int pf = positional_factor(n, nr.rule);
-  if (pf >= 0) {
-    if (name == "take") {
-      nr.rule.factor_kinds[pf] = Kind::reduction;
-      nr.reduce = "sum";
-      nr.late.push_back(pf);
-    } else {
-      nr.rule.factor_kinds[pf] = Kind::parallel;
-      if (name == "scatter_add") nr.late.push_back(pf);
-    }
-  }
-  if (name == "dot_general" || name == "reduce_sum" || name == "scatter_add") nr.reduce = "sum";
-  if (name == "reduce_max") nr.reduce = "max";
+  nr.reduce = partial_reduce_name(t.partial);
   if (nr.reduce.empty())
     for (auto& k : nr.rule.factor_kinds)
       if (k == Kind::reduction) k = Kind::whole;  // no known way to combine partial results

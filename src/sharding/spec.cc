@@ -85,6 +85,11 @@ PartitionSpec PartitionSpec::parse(const std::string& text) {
     size_t end = text.find(q, i);
     if (end == std::string::npos) fail("unterminated axis name");
     std::string n = text.substr(i, end - i);
+    // Names must print back as parse reads them: '<name>' (fuzzing found "a'b" quoted with ").
+    if (n.empty()) fail("an axis name is empty");
+    for (char c : n)
+      if (c == '\'' || c == '"' || static_cast<unsigned char>(c) < 0x20)
+        fail("axis name \"" + n + "\" holds a quote or a control character");
     i = end + 1;
     return n;
   };

@@ -16,13 +16,13 @@ namespace px::spmd {
 using Spec = std::vector<std::vector<int>>;
 using FactorAxes = std::vector<std::vector<int>>;  // per factor of a rule
 
-// A primitive's rule as the partitioner uses it. `reduce` says how partial results of sharded
-// reduction factors combine ("sum" / "max"); reduction factors of other primitives stay whole.
+// A primitive's rule as the partitioner uses it, from the primitive's SpmdTraits: positional
+// factors converted as they declare, `reduce` says how partial results of sharded reduction
+// factors combine ("sum" / "max"); reduction factors of other primitives stay whole.
 struct NodeRule {
   ShardingRule rule;
   std::string reduce;
-  // Factors that get mesh axes only after all others: a table's row (vocab) dim yields its axis
-  // to the batch dims of the indices, so data-parallel lookups stay local.
+  // Factors that get mesh axes only after all others (Positional::late).
   std::vector<int> late;
 };
 NodeRule node_rule(const Graph& g, const Node& n);
@@ -59,15 +59,21 @@ struct LocalContext {
   Tensor coords;
   std::function<Tensor(const Tensor&, const std::vector<int>& axes, const std::string& reduce)> all_reduce;
 };
-// The factor of n's rule whose split needs this device's offset (take's table rows, scatter_add's
-// result rows, cross entropy's classes), or -1.
-int positional_factor(const Node& n, const ShardingRule& r);
-// Whether n, with factors assigned as fa, must be emitted by local_form instead of as itself.
+// Whether n, with factors assigned as fa, must be emitted by its primitive's local form instead
+// of as itself: one of its positional factors is split.
 bool needs_local_form(const Node& n, const ShardingRule& r, const FactorAxes& fa);
-// The local results of n from its resharded local operands (results typed `want`).
+// The local results of n from its resharded local operands (results typed `want`), from the
+// primitive's SpmdTraits::local_form.
 std::vector<Tensor> local_form(const LocalContext& c, const Node& n, const Graph& g, const ShardingRule& r,
                                const FactorAxes& fa, const std::vector<Tensor>& in,
                                const std::vector<TensorType>& want);
+
+// The local forms of the op families, attached to their primitives at registration (src/ops/).
+std::vector<Tensor> take_local_form(const LocalContext& c, const LocalFormArgs& a);
+std::vector<Tensor> scatter_add_local_form(const LocalContext& c, const LocalFormArgs& a);
+std::vector<Tensor> cross_entropy_local_form(const LocalContext& c, const LocalFormArgs& a);
+std::vector<Tensor> cross_entropy_grad_local_form(const LocalContext& c, const LocalFormArgs& a);
+std::vector<Tensor> draw_local_form(const LocalContext& c, const LocalFormArgs& a);
 
 // Conversions with the public Sharding (axis names).
 Spec to_spec(const Sharding& s, int rank);

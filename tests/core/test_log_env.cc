@@ -163,7 +163,10 @@ TEST(Env, DevicesAreCpuOrCpuN) {
   EXPECT_EQ(parse({{"PX_DEVICES", ""}}).device_count, 1);           // empty = unset
 }
 
+// A bad PX_DEVICES does not fail parse_env (plain compiles need no devices): the error is kept
+// and thrown where devices are used (default_devices()).
 TEST(Env, BadDevicesNameTheVariableAndTheForms) {
+  auto parse_error = [](const std::map<std::string, std::string>& vars) { return parse(vars).devices_error; };
   const std::string forms = "use cpu (one device) or cpu:N with 1 <= N <= 65536 (N virtual CPU devices, e.g. cpu:8)";
   EXPECT_EQ(parse_error({{"PX_DEVICES", "tpu:4"}}), "[env] PX_DEVICES='tpu:4' is not a device set; " + forms);
   for (const char* bad : {"cpu:0", "cpu:-2", "cpu:", "cpu:x", "cpu:8:2", "cpu8", "cpu:1000000", ":4"})

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "parallax/io.h"
+#include "testing.h"
 
 namespace px {
 namespace {
@@ -286,10 +287,16 @@ TEST_F(Safetensors, TruncatedAndCorruptedSavedFiles) {
   EXPECT_TRUE(load_fails(p, {"t.safetensors", "bad JSON"}));
 }
 
-// Optional: Python's safetensors package reads what we write, and we read what it writes.
+// Python's safetensors package reads what we write, and we read what it writes. The test venv
+// (scripts/setup_test_venv.sh) has it; without it these fail, never skip.
+void require_python_packages(const std::string& imports) {
+  std::string cmd = px::testing::test_python() + " -c 'import " + imports + "' >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << px::testing::test_python() << " cannot import " << imports
+                                         << ": run bash scripts/setup_test_venv.sh";
+}
+
 TEST_F(Safetensors, PythonSafetensorsReadsOurFiles) {
-  if (std::system("python3 -c 'import safetensors' >/dev/null 2>&1") != 0)
-    GTEST_SKIP() << "python3 with the safetensors package is not available";
+  ASSERT_NO_FATAL_FAILURE(require_python_packages("safetensors, numpy"));
   std::vector<std::string> names = {"w", "h", "f", "i", "m", "empty"};
   std::vector<Array> arrays = {random_bits(DType::f32, {2, 3}, 11),  random_bits(DType::bf16, {4}, 12),
                                random_bits(DType::f16, {3}, 13),     random_bits(DType::i32, {2, 2}, 14),
@@ -313,7 +320,7 @@ TEST_F(Safetensors, PythonSafetensorsReadsOurFiles) {
           "    out.write('meta 42\\n')\n";
   }
   std::string listing = path("listing.txt");
-  std::string cmd = "python3 " + script + " " + path("ours.safetensors") + " " + listing;
+  std::string cmd = px::testing::test_python() + " " + script + " " + path("ours.safetensors") + " " + listing;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::vector<std::string> want;
   for (size_t i = 0; i < names.size(); ++i) {
@@ -336,8 +343,7 @@ TEST_F(Safetensors, PythonSafetensorsReadsOurFiles) {
 }
 
 TEST_F(Safetensors, WeReadPythonWrittenFiles) {
-  if (std::system("python3 -c 'import safetensors.numpy, numpy' >/dev/null 2>&1") != 0)
-    GTEST_SKIP() << "python3 with safetensors and numpy is not available";
+  ASSERT_NO_FATAL_FAILURE(require_python_packages("safetensors.numpy, numpy"));
   std::string script = path("write.py");
   {
     std::ofstream py(script);
@@ -347,7 +353,7 @@ TEST_F(Safetensors, WeReadPythonWrittenFiles) {
           "           'a': np.array([3, -4], dtype=np.int32), 'c': np.array([1, 0, 1], dtype=np.bool_),\n"
           "           'd': np.array([0.5, -2], dtype=np.float16)}, sys.argv[1], metadata={'who': 'python'})\n";
   }
-  std::string cmd = "python3 " + script + " " + path("theirs.safetensors");
+  std::string cmd = px::testing::test_python() + " " + script + " " + path("theirs.safetensors");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   SafetensorsFile f = load_safetensors(path("theirs.safetensors"));
   EXPECT_EQ(f.metadata.at("who"), "python");
@@ -357,6 +363,26 @@ TEST_F(Safetensors, WeReadPythonWrittenFiles) {
   EXPECT_EQ(f.get("c").to_i32(), (std::vector<int32_t>{1, 0, 1}));
   EXPECT_EQ(f.get("d").dtype(), DType::f16);
   EXPECT_EQ(f.get("d").to_f32(), (std::vector<float>{0.5f, -2.0f}));
+}
+
+}  // namespace
+}  // namespace px
+
+namespace px {
+namespace {
+
+TEST(SafetensorsErrors, FileProblemsAreIoErrorsAndBadNamesUserErrors) {
+  std::string dir = (std::filesystem::temp_directory_path() / ("px_st_cat_" + std::to_string(::getpid()))).string();
+  std::filesystem::create_directories(dir);
+  EXPECT_THROW(load_safetensors(dir + "/missing.safetensors"), IoError);
+  {
+    std::ofstream bad(dir + "/bad.safetensors", std::ios::binary);
+    bad << std::string("\x04\0\0\0\0\0\0\0{x:1", 12);
+  }
+  EXPECT_THROW(load_safetensors(dir + "/bad.safetensors"), IoError);  // bad JSON in the header
+  EXPECT_THROW(save_safetensors(dir + "/x.safetensors", {""}, {Array::zeros(DType::f32, {1})}), UserError);
+  EXPECT_THROW(save_safetensors(dir + "/no/such/dir/x.safetensors", {"a"}, {Array::zeros(DType::f32, {1})}), IoError);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -104,6 +104,24 @@ class SwiGlu : public Module {
 // for position s along axis -2 (the "rotate half" convention). D must be even.
 Tensor apply_rope(const Tensor& x, double theta = 10000.0, int64_t offset = 0);
 
+// Rotary frequency scaling for long contexts: "linear" divides every frequency by factor; "llama3"
+// divides the low frequencies by factor and blends the middle band (Llama 3.1's rope_scaling).
+struct RopeScaling {
+  enum class Kind { none, linear, llama3 };
+  Kind kind = Kind::none;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position = 8192;
+};
+// The D/2 rotary frequencies theta^(-2i/D), scaled.
+std::vector<double> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling = {});
+// apply_rope with explicit frequencies (rope_inv_freq).
+Tensor apply_rope(const Tensor& x, const std::vector<double>& inv_freq, int64_t offset);
+// Rotation of x[..., S, D] at runtime positions i32[S] (each < max_positions): decoding with a cache.
+Tensor apply_rope_at(const Tensor& x, const Tensor& positions, const std::vector<double>& inv_freq,
+                     int64_t max_positions);
+
 struct AttentionConfig {
   int64_t d_model = 0;
   int64_t n_heads = 0;
@@ -114,14 +132,25 @@ struct AttentionConfig {
   Init w_init = Init::lecun_normal();
   Init out_init = Init::lecun_normal();
   DType compute_dtype = DType::f32;
+  bool qkv_bias = false;       // biases on q, k and v (not the output) even when `bias` is off (Qwen2)
+  int64_t sliding_window = 0;  // > 0: a query sees only the last sliding_window keys, itself included
+  RopeScaling rope_scaling;
   int64_t head_dim() const { return n_heads > 0 ? d_model / n_heads : 0; }
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   // Throws px::Error("[CausalSelfAttention] ...") naming the offending fields.
   void validate() const;
 };
 
+// softmax(q k^T * scale + mask) v with q [B, H, Sq, D], k and v [B, Hkv, Sk, D] (grouped-query) and
+// a bool mask broadcastable to [Sq, Sk] (true = attend), f32 scores. The unfused path, for masks
+// dot_product_attention lacks (sliding windows, cache positions).
+Tensor masked_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
+// Causal mask bool[Sq, Sk] for queries at absolute positions q_pos i32[Sq] over keys 0..Sk-1,
+// limited to the last `window` keys when window > 0.
+Tensor causal_mask(const Tensor& q_pos, int64_t num_keys, int64_t window = 0);
+
 // Causal multi-head self-attention on x[B, S, d_model]. Params: "wq" [d, H*hd], "wk" and "wv"
-// [d, Hkv*hd], "wo" [H*hd, d], and with bias "bq", "bk", "bv", "bo".
+// [d, Hkv*hd], "wo" [H*hd, d], and with bias "bq", "bk", "bv", "bo" (qkv_bias: "bq", "bk", "bv").
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention() = default;
@@ -129,11 +158,19 @@ class CausalSelfAttention : public Module {
   Tensor operator()(const Tensor& x) const;
   // The projected heads: q [B, H, S, hd], k and v [B, Hkv, S, hd], rotated when cfg.rope.
   std::vector<Tensor> qkv(const Tensor& x) const;
+  // Attention with a key/value cache of L positions: x [B, S, d] holds positions pos .. pos+S-1
+  // (pos: i32 scalar); k_cache and v_cache [B, Hkv, L, hd]. The new keys and values are written at
+  // those positions (a masked write) and the queries attend to cache positions <= their own.
+  // Returns {y [B, S, d], k_cache', v_cache'}.
+  std::vector<Tensor> cached(const Tensor& x, const Tensor& pos, const Tensor& k_cache, const Tensor& v_cache) const;
   const AttentionConfig& config() const { return cfg_; }
   Param wq, wk, wv, wo, bq, bk, bv, bo;
 
  private:
+  Tensor project(const Tensor& x, const Param& w, const Param& b, int64_t heads) const;
+  Tensor output(const Tensor& o, int64_t batch, int64_t seq) const;
   AttentionConfig cfg_;
+  std::vector<double> inv_freq_;
 };
 
 }  // namespace px::nn

@@ -34,6 +34,9 @@ struct LmConfig {
   bool bias = true;  // biases in attention and MLP projections (and LayerNorm)
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;    // none unless a checkpoint asks for it (Llama 3.1)
+  bool qkv_bias = false;       // biases on q, k and v when `bias` is off (Qwen2)
+  int64_t sliding_window = 0;  // > 0: attention sees only the last sliding_window positions (Mistral)
   // Weights ~ normal(init_std); projections into the residual stream use init_std / sqrt(2 * n_layers).
   double init_std = 0.02;
   // Matmul operand dtype (bf16: params cast to bf16 for matmuls; norms, softmax and loss stay f32).

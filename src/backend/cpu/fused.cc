@@ -308,8 +308,8 @@ Program build_program(const Graph& g, const FusedGroup& group) {
   p.ops.insert(p.ops.end(), stores.begin(), stores.end());
   if (p.params.empty()) p.params.push_back(0.0f);  // block functions get a valid pointer
   for (int v : group.ext_outputs)
-    if (!slot_of.count(v)) throw Error("[fused] output %" + std::to_string(v) + " is not computed by the group");
-  p.stream = p.count * 4 >= kStreamBytes;
+    if (!slot_of.count(v)) throw InternalError("[fused] output %" + std::to_string(v) + " is not computed by the group");
+  p.stream = p.count >= kStreamBytes / 4;  // (count * 4 could overflow for huge counts)
   p.num_tiles = std::max(tiles.used(), 1);
   // Shorter tiles when many are live, so that they stay in L1 (multiples of 64 for alignment).
   p.tile = std::clamp<int64_t>(kScratchFloats / p.num_tiles / 64 * 64, 256, kTile);
@@ -318,7 +318,7 @@ Program build_program(const Graph& g, const FusedGroup& group) {
 }  // namespace
 
 Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
-  if (group.nodes.empty()) throw Error("[fused] empty group");
+  if (group.nodes.empty()) throw InternalError("[fused] empty group");
   const Node& first = g.nodes()[group.nodes[0]];
   if (group.nodes.size() == 1 && first.prim->elementwise) {
     // An all-integer node takes the exact i32 path of its own single-node kernel.
@@ -380,7 +380,8 @@ Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
     // A serial OpenMP region still costs libgomp a team allocation, so serial runs skip OpenMP;
     // parallel ones always ask for the same team size, which libgomp caches.
     // Waking a team costs microseconds: small loops stay on the calling thread.
-    if (ntiles <= 1 || threads <= 1 || p.count * static_cast<int64_t>(p.ops.size()) < (1 << 14)) {
+    // In double: count * ops overflows int64 for counts near 2^63.
+    if (ntiles <= 1 || threads <= 1 || static_cast<double>(p.count) * static_cast<double>(p.ops.size()) < (1 << 14)) {
       run_tiles(0, 0, ntiles);
       return;
     }

@@ -4,6 +4,7 @@
 // the total number of compute threads is the number of cores.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <string>
 #include <vector>
@@ -66,5 +67,27 @@ void store_f32(const float* src, void* dst, DType t, int64_t offset, int64_t n);
 void stream_f32(const float* src, float* dst, int64_t n);
 
 int num_threads();
+
+// Runs body(i) for every i in [0, n): split statically over up to `threads` OpenMP threads when
+// `parallel`, else in the calling thread without entering an OpenMP region (libgomp allocates a
+// thread team even for a region whose `if` clause is false, so small kernels would allocate on
+// every call).
+template <class Body>
+void parallel_rows(int64_t n, int threads, bool parallel, const Body& body) {
+  if (!parallel || threads <= 1 || n <= 1) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < n; ++i) body(i);
+}
+
+// Row-major dnnl_sgemm that tolerates empty products (C = beta C when k is 0) and records a
+// failing status in `err` (safe inside OpenMP regions, where nothing may throw).
+void sgemm(std::atomic<int>& err, char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// After the parallel region: throws px::InternalError naming `op` when an sgemm failed (and clears it),
+// so a failed product is never a silently wrong result.
+void throw_if_sgemm_failed(std::atomic<int>& err, const char* op);
 
 }  // namespace px::cpu

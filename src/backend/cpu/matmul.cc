@@ -249,6 +249,7 @@ struct GemmState {
   int64_t bt = 1, m = 1, n = 1, k = 1;
   bool batch_parallel = false;
   std::vector<float> a_buf, b_buf, c_buf;
+  std::atomic<int> err{0};  // the first failing dnnl_sgemm status of a run
   Gather a_gather, b_gather;
   bool a_copy = false, b_copy = false;  // gather into scratch (else maybe convert in place)
   DType a_t = DType::f32, b_t = DType::f32, out_t = DType::f32;
@@ -360,8 +361,8 @@ Kernel dot_general_kernel(const KernelSpec& spec) {
     const float* b_ptr = b_conv ? s.b_buf.data() : static_cast<const float*>(in[1]);
     float* c_ptr = s.out_t == DType::f32 ? static_cast<float*>(out[0]) : s.c_buf.data();
     auto gemm = [&](int64_t i) {
-      dnnl_sgemm(s.a.trans, s.b.trans, s.m, s.n, s.k, 1.0f, a_ptr + i * s.a.batch_stride, s.a.ld,
-                 b_ptr + i * s.b.batch_stride, s.b.ld, 0.0f, c_ptr + i * s.m * s.n, s.n);
+      sgemm(s.err, s.a.trans, s.b.trans, s.m, s.n, s.k, 1.0f, a_ptr + i * s.a.batch_stride, s.a.ld,
+            b_ptr + i * s.b.batch_stride, s.b.ld, 0.0f, c_ptr + i * s.m * s.n, s.n);
     };
     if (s.batch_parallel) {
       // Inside the region oneDNN runs each sgemm on the calling thread.
@@ -370,6 +371,7 @@ Kernel dot_general_kernel(const KernelSpec& spec) {
     } else {
       for (int64_t i = 0; i < s.bt; ++i) gemm(i);
     }
+    throw_if_sgemm_failed(s.err, "dot_general");
     if (s.out_t != DType::f32) convert_from_f32(s.c_buf.data(), out[0], s.out_t, s.out_n);
   };
 }

@@ -25,18 +25,29 @@ using vmath::V8;
 
 float load_one(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    default: return 0.0f;
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::bf16:
+      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::f16:
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return 0.0f;
   }
 }
 void store_one(void* p, DType t, int64_t i, float v) {
   switch (t) {
-    case DType::f32: static_cast<float*>(p)[i] = v; break;
-    case DType::bf16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
-    case DType::f16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
-    default: break;
+    case DType::f32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::bf16:
+      static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
+      break;
+    case DType::f16:
+      static_cast<uint16_t*>(p)[i] = f32_to_f16(v);
+      break;
+    default:
+      break;
   }
 }
 
@@ -78,13 +89,12 @@ Kernel softmax_kernel(const KernelSpec& spec, bool log) {
   const int64_t total = t.numel();
   return [=](const void* const* in, void* const* out) {
     const int64_t lines = outer * inner;
-#pragma omp parallel for num_threads(nt) schedule(static) if (total > kParallelMin)
-    for (int64_t line = 0; line < lines; ++line) {
+    parallel_rows(lines, nt, total > kParallelMin, [&](int64_t line) {
       const int64_t o = line / inner, j = line % inner;
       const int64_t base = o * n * inner + j;
       if (direct) {
         softmax_row(static_cast<const float*>(in[0]) + base, static_cast<float*>(out[0]) + base, n, log);
-        continue;
+        return;
       }
       float* xs = scratch->get();
       float* ys = xs + n;
@@ -97,7 +107,7 @@ Kernel softmax_kernel(const KernelSpec& spec, bool log) {
         softmax_row(xs, ys, n, log);
         for (int64_t i = 0; i < n; ++i) store_one(out[0], dt, base + i * inner, ys[i]);
       }
-    }
+    });
   };
 }
 
@@ -126,8 +136,7 @@ Kernel norm_kernel(const KernelSpec& spec, bool rms) {
     }
     float* mean_out = rms ? nullptr : static_cast<float*>(out[1]);
     float* rstd_out = static_cast<float*>(out[rms ? 1 : 2]);
-#pragma omp parallel for num_threads(nt) schedule(static) if (rows * d > kParallelMin)
-    for (int64_t r = 0; r < rows; ++r) {
+    parallel_rows(rows, nt, rows * d > kParallelMin, [&](int64_t r) {
       const float* x;
       float* y;
       float* s = nullptr;
@@ -159,7 +168,7 @@ Kernel norm_kernel(const KernelSpec& spec, bool rms) {
       if (s) store_f32(y, out[0], dt, r * d, d);
       if (mean_out) mean_out[r] = mean;
       rstd_out[r] = rstd;
-    }
+    });
   };
 }
 
@@ -177,8 +186,7 @@ Kernel ce_kernel(const KernelSpec& spec, bool grad) {
   return [=](const void* const* in, void* const* out) {
     const int32_t* labels = static_cast<const int32_t*>(in[1]);
     const float* ct = grad ? static_cast<const float*>(in[2]) : nullptr;
-#pragma omp parallel for num_threads(nt) schedule(static) if (rows * v > kParallelMin)
-    for (int64_t r = 0; r < rows; ++r) {
+    parallel_rows(rows, nt, rows * v > kParallelMin, [&](int64_t r) {
       const int64_t label = labels[r];
       const bool ignored = label == ignore;
       const bool bad = !ignored && (label < 0 || label >= v);  // surfaces as NaN, never a crash
@@ -200,7 +208,7 @@ Kernel ce_kernel(const KernelSpec& spec, bool grad) {
           loss = m + std::log(exp_shift_sum(x, m, nullptr, v)) - x[label];
         }
         static_cast<float*>(out[0])[r] = loss;
-        continue;
+        return;
       }
       float* y = dt == DType::f32 ? static_cast<float*>(out[0]) + r * v : s + v;
       const float c = ignored ? 0.0f : ct[r];
@@ -215,7 +223,7 @@ Kernel ce_kernel(const KernelSpec& spec, bool grad) {
         y[label] -= c;
       }
       if (dt != DType::f32) store_f32(y, out[0], dt, r * v, v);
-    }
+    });
   };
 }
 

@@ -49,17 +49,6 @@ Geom geom_of(const KernelSpec& s) {
   return G;
 }
 
-// Row-major sgemm that tolerates empty products (C = beta C when k is 0).
-void gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
-          int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    if (beta == 0.0f)
-      for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, static_cast<size_t>(n) * sizeof(float));
-    return;
-  }
-  dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
 
 // Masks row `r` (query i) of a score block in place: keys at or past the causal limit and
 // padded keys become -inf. Returns false when nothing is visible.
@@ -91,6 +80,7 @@ struct Buffers {
   int64_t per_thread = 0;
   std::vector<float> rows;
   std::vector<float> copies[4];
+  std::atomic<int> gemm_err{0};  // the first failing dnnl_sgemm status of a run
   float* mine() { return rows.data() + static_cast<size_t>(omp_get_thread_num()) * per_thread; }
 };
 
@@ -119,7 +109,7 @@ Kernel attention_kernel(const KernelSpec& spec) {
     float* o = G.dt == DType::f32 ? static_cast<float*>(out[0]) : B.copies[3].data();
     float* lse = static_cast<float*>(out[1]);
     if (G.sk == 0 || G.d == 0) {  // no keys: zeros; no head dim: nothing to compute
-      std::memset(o, 0, static_cast<size_t>(q_n) * sizeof(float));
+      if (q_n > 0) std::memset(o, 0, static_cast<size_t>(q_n) * sizeof(float));  // o is null when empty
       std::fill(lse, lse + G.b * G.hkv * G.g * G.sq, kNegInf);
     } else {
 #pragma omp parallel for num_threads(B.threads) schedule(dynamic) if (items > 1)
@@ -135,7 +125,7 @@ Kernel attention_kernel(const KernelSpec& spec) {
         const uint8_t* keep = pad ? pad + bi * G.sk : nullptr;
         float* s = B.mine();
         const int64_t ncols = G.limit(r0 + nr - 1);
-        gemm('N', 'T', nr, ncols, G.d, G.scale, qb, G.d, kb, G.d, 0.0f, s, G.sk);
+        sgemm(B.gemm_err, 'N', 'T', nr, ncols, G.d, G.scale, qb, G.d, kb, G.d, 0.0f, s, G.sk);
         bool any_uniform = false;
         for (int64_t r = 0; r < nr; ++r) {
           float* sr = s + r * G.sk;
@@ -159,9 +149,10 @@ Kernel attention_kernel(const KernelSpec& spec) {
             else std::fill(sr + ncols, sr + G.sk, 0.0f);
           }
         }
-        gemm('N', 'N', nr, G.d, ncols_eff, 1.0f, s, G.sk, vb, G.d, 0.0f, ob, G.d);
+        sgemm(B.gemm_err, 'N', 'N', nr, G.d, ncols_eff, 1.0f, s, G.sk, vb, G.d, 0.0f, ob, G.d);
       }
     }
+    throw_if_sgemm_failed(B.gemm_err, "attention");
     if (G.dt != DType::f32) store_f32(o, out[0], G.dt, 0, q_n);
   };
 }
@@ -207,8 +198,10 @@ Kernel attention_grad_kernel(const KernelSpec& spec) {
       const float* vb = v + G.kv_off(bi, h);
       float* dkb = dk_of(bi, h, gi);
       float* dvb = dv_of(bi, h, gi);
-      std::memset(dkb, 0, static_cast<size_t>(G.sk * G.d) * sizeof(float));
-      std::memset(dvb, 0, static_cast<size_t>(G.sk * G.d) * sizeof(float));
+      if (G.sk * G.d > 0) {
+        std::memset(dkb, 0, static_cast<size_t>(G.sk * G.d) * sizeof(float));
+        std::memset(dvb, 0, static_cast<size_t>(G.sk * G.d) * sizeof(float));
+      }
       const uint8_t* keep = pad ? pad + bi * G.sk : nullptr;
       float* s = B.mine();
       float* dp = s + kRows * G.sk;
@@ -224,7 +217,7 @@ Kernel attention_grad_kernel(const KernelSpec& spec) {
           continue;
         }
         // P from the saved log-sum-exp.
-        gemm('N', 'T', nr, ncols, G.d, G.scale, q + qo, G.d, kb, G.d, 0.0f, s, G.sk);
+        sgemm(B.gemm_err, 'N', 'T', nr, ncols, G.d, G.scale, q + qo, G.d, kb, G.d, 0.0f, s, G.sk);
         for (int64_t r = 0; r < nr; ++r) {
           float* sr = s + r * G.sk;
           if (lb[r] == kNegInf) {
@@ -235,8 +228,8 @@ Kernel attention_grad_kernel(const KernelSpec& spec) {
           const float l = lb[r];
           vmath::map(sr, sr, ncols, [l](vmath::V8 x) { return vmath::exp(x - l); });
         }
-        gemm('T', 'N', ncols, G.d, nr, 1.0f, s, G.sk, dout + qo, G.d, 1.0f, dvb, G.d);  // dv += P^T dO
-        gemm('N', 'T', nr, ncols, G.d, 1.0f, dout + qo, G.d, vb, G.d, 0.0f, dp, G.sk);  // dP = dO V^T
+        sgemm(B.gemm_err, 'T', 'N', ncols, G.d, nr, 1.0f, s, G.sk, dout + qo, G.d, 1.0f, dvb, G.d);  // dv += P^T dO
+        sgemm(B.gemm_err, 'N', 'T', nr, ncols, G.d, 1.0f, dout + qo, G.d, vb, G.d, 0.0f, dp, G.sk);  // dP = dO V^T
         for (int64_t r = 0; r < nr; ++r) {
           float* sr = s + r * G.sk;
           float* dr = dp + r * G.sk;
@@ -248,10 +241,11 @@ Kernel attention_grad_kernel(const KernelSpec& spec) {
           for (int64_t j = 0; j < ncols; ++j) di += sr[j] * dr[j];
           for (int64_t j = 0; j < ncols; ++j) dr[j] = sr[j] * (dr[j] - di) * G.scale;  // dS
         }
-        gemm('N', 'N', nr, G.d, ncols, 1.0f, dp, G.sk, kb, G.d, 0.0f, dq + qo, G.d);         // dQ = dS K
-        gemm('T', 'N', ncols, G.d, nr, 1.0f, dp, G.sk, q + qo, G.d, 1.0f, dkb, G.d);          // dK += dS^T Q
+        sgemm(B.gemm_err, 'N', 'N', nr, G.d, ncols, 1.0f, dp, G.sk, kb, G.d, 0.0f, dq + qo, G.d);         // dQ = dS K
+        sgemm(B.gemm_err, 'T', 'N', ncols, G.d, nr, 1.0f, dp, G.sk, q + qo, G.d, 1.0f, dkb, G.d);          // dK += dS^T Q
       }
     }
+    throw_if_sgemm_failed(B.gemm_err, "attention_grad");
     if (G.dt != DType::f32) store_f32(dq, out[0], G.dt, 0, q_n);
     if (!direct_kv) {
       // Sum the partials over grouped query heads and store in the result dtype.

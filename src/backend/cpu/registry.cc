@@ -4,8 +4,13 @@
 #include <immintrin.h>
 #endif
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <oneapi/dnnl/dnnl.h>
+
 #include <cstring>
 #include <mutex>
+#include <shared_mutex>
 #include <unordered_map>
 
 #include "backend/cpu/kernel.h"
@@ -14,6 +19,12 @@
 namespace px::cpu {
 
 namespace {
+// Kernels may be registered while other threads compile: writers take the lock alone. The maps are
+// node-based and never erase, so the pointers find_* return stay valid.
+std::shared_mutex& table_mutex() {
+  static std::shared_mutex m;
+  return m;
+}
 std::unordered_map<std::string, KernelFactory>& kernels() {
   static std::unordered_map<std::string, KernelFactory> t;
   return t;
@@ -25,10 +36,25 @@ std::unordered_map<std::string, EltwiseKernel>& eltwise() {
 }  // namespace
 
 void register_kernel(const std::string& prim, KernelFactory f) {
-  if (!kernels().emplace(prim, std::move(f)).second) throw Error("[cpu] kernel '" + prim + "' registered twice");
+  // Factories size their scratch from the shapes: running out of memory there is a px::Error
+  // naming the op and its types, not a bare std::bad_alloc.
+  KernelFactory checked = [prim, f = std::move(f)](const KernelSpec& spec) -> Kernel {
+    try {
+      return f(spec);
+    } catch (const std::bad_alloc&) {
+      std::vector<std::string> types;
+      for (const TensorType& t : spec.out) types.push_back(type_str(t));
+      throw UserError(fmt::format("[compile] out of host memory preparing the '{}' kernel for {}; use smaller shapes",
+                                  prim, fmt::join(types, ", ")));
+    }
+  };
+  std::unique_lock lock(table_mutex());
+  if (!kernels().emplace(prim, std::move(checked)).second)
+    throw Error("[cpu] kernel '" + prim + "' registered twice");
 }
 
 void register_eltwise(const std::string& prim, EltwiseKernel k) {
+  std::unique_lock lock(table_mutex());
   if (!eltwise().emplace(prim, std::move(k)).second)
     throw Error("[cpu] elementwise kernel '" + prim + "' registered twice");
 }
@@ -49,14 +75,38 @@ void register_all_kernels() {
 
 const KernelFactory* find_kernel(const std::string& prim) {
   register_all_kernels();
+  std::shared_lock lock(table_mutex());
   auto it = kernels().find(prim);
   return it == kernels().end() ? nullptr : &it->second;
 }
 
 const EltwiseKernel* find_eltwise(const std::string& prim) {
   register_all_kernels();
+  std::shared_lock lock(table_mutex());
   auto it = eltwise().find(prim);
   return it == eltwise().end() ? nullptr : &it->second;
+}
+
+void sgemm(std::atomic<int>& err, char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (beta == 0.0f)
+      for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  dnnl_status_t st = dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (st != dnnl_success) {
+    int expected = 0;
+    err.compare_exchange_strong(expected, static_cast<int>(st));
+  }
+}
+
+void throw_if_sgemm_failed(std::atomic<int>& err, const char* op) {
+  int st = err.exchange(0);
+  if (st != 0)
+    throw InternalError(fmt::format("[cpu] {}: dnnl_sgemm failed with oneDNN status {}; its result is not valid", op,
+                                    st));
 }
 
 void load_f32(const void* src, DType t, int64_t offset, float* dst, int64_t n) {

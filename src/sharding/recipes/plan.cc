@@ -28,32 +28,26 @@ const char* strategy_name(ShardingStrategy s) {
   return "?";
 }
 
-bool glob_match(const std::string& p, const std::string& t) {
-  // Iterative matcher with one backtrack point for the last '*'.
-  size_t i = 0, j = 0, star = std::string::npos, mark = 0;
-  while (j < t.size()) {
-    if (i < p.size() && (p[i] == '?' || p[i] == t[j])) {
-      ++i;
-      ++j;
-    } else if (i < p.size() && p[i] == '*') {
-      star = i++;
-      mark = j;
-    } else if (star != std::string::npos) {
-      i = star + 1;
-      j = ++mark;
-    } else {
-      return false;
-    }
-  }
-  while (i < p.size() && p[i] == '*') ++i;
-  return i == p.size();
-}
-
 namespace {
 
+// The Megatron pattern is anchored on three primitives by name: the weight matmul (dot_general),
+// the table lookup (take) and the bias add (add) are what TP splits, not properties that another
+// primitive could declare. Everything the analysis passes through is read from TpTraits.
 std::string prim_name(const Node& n) { return n.prim ? n.prim->name : ""; }
 
-// A dot_general whose operand `side` is a rank-2 param (through casts) with one contracting dim.
+using View = TpTraits::View;
+// Whether the analysis sees a param through n's result: ops that keep its dims, or with
+// `layout` also those that move or repeat its elements.
+bool sees_through(const Node& n, View allowed) {
+  if (!n.prim) return false;
+  View v = n.prim->tp.view;
+  return v == View::same_dims || (allowed == View::layout && v == View::layout);
+}
+// Ops that mix the features of a row: a column split does not carry through them.
+bool stops_tp(const Node& n) { return n.prim && n.prim->tp.mixes_features; }
+
+// A dot_general whose operand `side` is a rank-2 param (through same_dims ops such as casts) with
+// one contracting dim.
 struct ParamMatmul {
   int node = -1;
   int param = -1;
@@ -77,28 +71,19 @@ struct GraphIndex {
         consumers[g.nodes()[n].inputs[k]].push_back({n, k});
   }
 
-  // The param a value is, looking through dim-preserving single-input ops.
-  int param_through(int v, const std::set<std::string>& pass) const {
+  // The param a value is, looking through single-input ops the traits allow.
+  int param_through(int v, View pass) const {
     for (int guard = 0; guard < 16; ++guard) {
       if (param_of_value[v] >= 0) return param_of_value[v];
       int p = g.values()[v].producer;
       if (p < 0) return -1;
       const Node& n = g.nodes()[p];
-      if (n.inputs.size() != 1 || !pass.count(prim_name(n))) return -1;
+      if (n.inputs.size() != 1 || !sees_through(n, pass)) return -1;
       v = n.inputs[0];
     }
     return -1;
   }
 };
-
-const std::set<std::string> kSameDims = {"cast", "tag", "sharding_constraint", "stop_gradient"};
-const std::set<std::string> kLayout = {"cast",          "tag",     "sharding_constraint",
-                                       "stop_gradient", "reshape", "broadcast_in_dim"};
-// Ops that mix the features of a row: a column split does not carry through them.
-bool stops_tp(const std::string& name) {
-  return name.rfind("reduce_", 0) == 0 || name == "layer_norm" || name == "rms_norm" || name == "softmax" ||
-         name == "log_softmax" || name == "softmax_cross_entropy";
-}
 
 std::vector<ParamMatmul> find_param_matmuls(const GraphIndex& ix) {
   std::vector<ParamMatmul> out;
@@ -106,7 +91,7 @@ std::vector<ParamMatmul> find_param_matmuls(const GraphIndex& ix) {
     const Node& node = ix.g.nodes()[n];
     if (prim_name(node) != "dot_general" || node.inputs.size() != 2) continue;
     for (int side = 0; side < 2; ++side) {
-      int p = ix.param_through(node.inputs[side], kSameDims);
+      int p = ix.param_through(node.inputs[side], View::same_dims);
       if (p < 0 || ix.g.type(node.inputs[side]).rank() != 2) continue;
       const auto& contract = node.attrs.ints(side == 0 ? "lhs_contract" : "rhs_contract");
       const auto& batch = node.attrs.ints(side == 0 ? "lhs_batch" : "rhs_batch");
@@ -135,7 +120,7 @@ std::vector<TpAssignment> derive_tp(const GraphIndex& ix, const std::vector<std:
   // it holds, one all-reduce sums the parts); a tied table's logits are then vocab-parallel too.
   for (const Node& n : ix.g.nodes())
     if (prim_name(n) == "take") {
-      int p = ix.param_through(n.inputs[0], kSameDims);
+      int p = ix.param_through(n.inputs[0], View::same_dims);
       if (p >= 0) a[p] = {TpAssignment::embedding, 0, "vocab-parallel embedding"};
     }
   std::vector<bool> paired(mms.size(), false);
@@ -153,7 +138,7 @@ std::vector<TpAssignment> derive_tp(const GraphIndex& ix, const std::vector<std:
           if (k == 1 - it->second->side) targets.push_back(c);
           continue;
         }
-        if (stops_tp(prim_name(ix.g.nodes()[c]))) continue;
+        if (stops_tp(ix.g.nodes()[c])) continue;
         for (int o : ix.g.nodes()[c].outputs)
           if (seen.insert(o).second) stack.push_back(o);
       }
@@ -182,11 +167,11 @@ std::vector<TpAssignment> derive_tp(const GraphIndex& ix, const std::vector<std:
   for (const Node& n : ix.g.nodes()) {
     if (prim_name(n) != "add" || n.inputs.size() != 2) continue;
     for (int s = 0; s < 2; ++s) {
-      int b = ix.param_through(n.inputs[s], kLayout);
+      int b = ix.param_through(n.inputs[s], View::layout);
       if (b < 0 || ix.g.type(ix.g.inputs()[b]).rank() != 1 || a[b].kind != TpAssignment::none) continue;
       int v = n.inputs[1 - s];
       int prod = ix.g.values()[v].producer;
-      while (prod >= 0 && prim_name(ix.g.nodes()[prod]) == "cast")
+      while (prod >= 0 && sees_through(ix.g.nodes()[prod], View::same_dims))
         prod = ix.g.values()[ix.g.nodes()[prod].inputs[0]].producer;
       auto it = prod >= 0 ? by_node.find(prod) : by_node.end();
       if (it == by_node.end()) continue;

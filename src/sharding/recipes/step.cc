@@ -4,6 +4,9 @@
 #include <map>
 #include <sstream>
 
+#include <fmt/format.h>
+
+#include "core/log.h"
 #include "optim/checkpoint.h"
 #include "parallax/autodiff.h"
 #include "parallax/nn.h"
@@ -25,12 +28,27 @@ PartitionSpec use_spec(const PartitionSpec& s, const std::vector<std::string>& b
   return PartitionSpec(std::move(dims));
 }
 
-// The batch's leading dim split over the batch axes when it divides; otherwise replicated.
-PartitionSpec batch_spec(const TensorType& t, const Mesh& mesh, const std::vector<std::string>& axes) {
+// The batch's leading dim split over the batch axes. A training batch that does not divide is an
+// error (replicating it would run the whole batch on every device: N times the work, silently);
+// a function argument that does not divide is replicated, with a warning.
+PartitionSpec batch_spec(const TensorType& t, const Mesh& mesh, const std::vector<std::string>& axes, size_t index,
+                         bool training) {
   if (t.rank() == 0 || axes.empty()) return {};
   int64_t n = 1;
-  for (auto& a : axes) n *= mesh.axis_size(a);
-  if (t.shape[0] % n != 0) return {};
+  std::string names;
+  for (auto& a : axes) {
+    n *= mesh.axis_size(a);
+    names += (names.empty() ? "" : ", ") + a;
+  }
+  if (t.shape[0] % n != 0) {
+    std::string what = fmt::format("{} {} has type {}: its leading dim {} does not divide over the batch axes ({}) "
+                                   "of {} devices",
+                                   training ? "batch array" : "argument", index, type_str(t), t.shape[0], names, n);
+    if (training)
+      throw UserError(fmt::format("[ShardedTrainStep] {}; use a batch that is a multiple of {}", what, n));
+    PX_LOG(warn) << "[jit] " << what << "; it is replicated (every device computes all of it)";
+    return {};
+  }
   return PartitionSpec{PartitionSpec::Dim(axes)};
 }
 
@@ -78,7 +96,8 @@ ShardingDecision decide_train_step(const StepProgram& p, const ShardingPlan& pla
   d.mesh = mesh;
   for (const auto& pp : plan.params) d.inputs.emplace_back(mesh, pp.spec);
   for (const auto& s : state_specs) d.inputs.emplace_back(mesh, s);
-  for (const auto& t : batch_types) d.inputs.emplace_back(mesh, batch_spec(t, mesh, plan.batch_axes));
+  for (size_t i = 0; i < batch_types.size(); ++i)
+    d.inputs.emplace_back(mesh, batch_spec(batch_types[i], mesh, plan.batch_axes, i, /*training=*/true));
   d.inputs.push_back(Sharding::replicated(mesh));
   for (int k = 0; k < 3; ++k) d.outputs.push_back(Sharding::replicated(mesh));
   for (const auto& pp : plan.params) d.outputs.push_back(Sharding(mesh, pp.spec));
@@ -128,7 +147,9 @@ ShardedTrainStep::ShardedTrainStep(nn::ParamStore& store, optim::OptimizerPtr op
     for (const auto& a : plan_.batch_axes) latency = std::max(latency, mesh_.axes()[mesh_.axis_index(a)].link.latency_s);
     bucket_bytes = latency >= 10e-6 ? int64_t{25} << 20 : 0;
   }
-  StepProgram program = trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm, "ShardedTrainStep");
+  skip_nonfinite_ = options.skip_nonfinite;
+  StepProgram program = trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm, "ShardedTrainStep",
+                                         options.skip_nonfinite);
   ShardingDecision decision = decide_train_step(program, plan_, state_specs_, batch_types_, bucket_bytes);
   graph_ = std::move(program.graph);
   exe_ = ShardedExecutable::compile(partition(*graph_, decision, program.categories), options.compile,
@@ -171,18 +192,17 @@ StepMetrics ShardedTrainStep::operator()(ShardedTrainState& state, const std::ve
                   ", the step was traced for " + type_str(batch_types_[i]));
     in.push_back(shard(batch[i], batch_sharding(static_cast<int>(i))));
   }
-  Array step = Array::from_i32({static_cast<int32_t>(state.step)}, {});
+  Array step = Array::from_i32({detail::traced_step(state.step, "ShardedTrainStep")}, {});
   in.push_back(shard(step, exe_->in_sharding(static_cast<int>(in.size()))));
   // Double buffering: outputs land in the buffers of the state before last, then swap in.
   std::vector<ShardedArray>& out = out_;
   exe_->run_into(in, out);
-  StepMetrics m;
-  m.loss = out[0].shard(0).to_f32()[0];
-  m.grad_norm = out[1].shard(0).to_f32()[0];
-  m.lr = out[2].shard(0).to_f32()[0];
+  StepMetrics m = detail::step_metrics(out[0].shard(0).to_f32()[0], out[1].shard(0).to_f32()[0],
+                                       out[2].shard(0).to_f32()[0], skip_nonfinite_);
   for (size_t i = 0; i < n_params_; ++i) std::swap(state.params[i], out[3 + i]);
   for (size_t i = 0; i < n_state_; ++i) std::swap(state.opt_state[i], out[3 + n_params_ + i]);
-  ++state.step;
+  if (m.skipped) ++state.skipped;
+  else ++state.step;
   ++steps_run_;
   return m;
 }
@@ -285,7 +305,8 @@ ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std
       types, names);
   std::vector<PartitionSpec> specs;
   for (const auto& p : plan_.params) specs.push_back(p.spec);
-  for (const auto& t : arg_types) specs.push_back(batch_spec(t, mesh, plan_.batch_axes));
+  for (size_t i = 0; i < arg_types.size(); ++i)
+    specs.push_back(batch_spec(arg_types[i], mesh, plan_.batch_axes, i, /*training=*/false));
   exe_ = ShardedExecutable::compile(*graph_, mesh, specs);
 }
 

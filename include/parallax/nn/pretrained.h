@@ -1,0 +1,69 @@
+// Hugging Face checkpoints: load GPT-2, Llama, Mistral and Qwen2 model directories (config.json and
+// model.safetensors or a sharded set with model.safetensors.index.json) into a TransformerLm, save
+// one back in the same layout, and decode from it with a key/value cache.
+//
+//   px::nn::Pretrained p = px::nn::load_pretrained("models/qwen2-0.5b");
+//   std::cout << p.architecture << "\n" << p.model->param_table();
+//   auto out = px::nn::generate(*p.model, p.params, {{151643, 9707}}, {.max_new_tokens = 32});
+//   px::nn::save_pretrained(*p.model, p.params, "out/qwen2-tuned");   // transformers loads it
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallax/nn/transformer.h"
+
+namespace px::nn {
+
+struct Pretrained {
+  std::string architecture;              // "LlamaForCausalLM", ...
+  std::unique_ptr<TransformerLm> model;  // config from config.json (name: the model_type)
+  std::vector<Array> params;             // f32, in model->store() order
+};
+
+// The architectures (config.json "architectures") load_pretrained accepts.
+std::vector<std::string> pretrained_architectures();
+
+// The LmConfig and architecture that config.json in `dir` describes; throws px::Error naming the
+// file and the field for anything unsupported (architectures, activations, rope types, ...).
+LmConfig read_pretrained_config(const std::string& dir, std::string* architecture = nullptr);
+
+// Reads the model in `dir`. Safetensors files are memory-mapped and each tensor converted (bf16,
+// f16 -> f32, transposed where the layouts differ) straight into its param. Errors name the file
+// at fault and the fix: unsupported architecture, missing or truncated shard, tensors missing,
+// unexpected or shaped unlike config.json.
+Pretrained load_pretrained(const std::string& dir);
+
+// Writes config.json and model.safetensors (f32) into `dir` (created if needed) in the layout of
+// `architecture`, or when empty the one the config implies: learned positions -> GPT2LMHeadModel,
+// qkv_bias -> Qwen2ForCausalLM, sliding_window -> MistralForCausalLM, else LlamaForCausalLM.
+void save_pretrained(const TransformerLm& model, const std::vector<Array>& params, const std::string& dir,
+                     const std::string& architecture = "");
+
+// ---- decoding ---------------------------------------------------------------------------------
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 32;
+  double temperature = 0.0;  // 0: greedy (argmax)
+  int64_t top_k = 0;         // > 0: sample among the k most likely tokens
+  double top_p = 1.0;        // < 1: sample among the smallest set whose probability reaches top_p
+  uint64_t seed = 0;
+  int32_t eos_id = -1;  // a row stops after emitting it (later positions repeat it)
+  // Cache length: the prompt plus max_new_tokens when 0; at most the model's max_seq_len.
+  int64_t max_len = 0;
+  // false: recompute the whole sequence for every token (the reference the cache is tested against).
+  bool use_cache = true;
+  // When set, receives the seconds each new token took (index i: the (i+1)-th new token).
+  std::vector<double>* token_seconds = nullptr;
+};
+
+// Continues each prompt (all of one length) by max_new_tokens tokens; returns only the new ids.
+// With the cache, a prefill program runs the prompt once and a one-token decode program (over a
+// fixed cache length) produces each following token, so every new token costs the same.
+std::vector<std::vector<int32_t>> generate(const TransformerLm& model, const std::vector<Array>& params,
+                                           const std::vector<std::vector<int32_t>>& prompts,
+                                           const GenerateOptions& opt = {});
+
+}  // namespace px::nn

@@ -1,0 +1,299 @@
+// Reading checkpoints: metadata, restore onto any sharding (only the chunks that the requested
+// shards overlap are read), checksum verification, and safetensors export/import.
+#include <algorithm>
+#include <map>
+
+#include "checkpoint/fs.h"
+#include "checkpoint/layout.h"
+#include "io/zarr.h"
+#include "parallax/io.h"
+
+namespace px {
+
+using namespace ckpt;
+
+namespace {
+
+std::string parent_of(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string steps_text(const std::vector<int64_t>& steps) {
+  std::string s;
+  for (int64_t x : steps) s += (s.empty() ? "" : ", ") + std::to_string(x);
+  return s.empty() ? "(none)" : s;
+}
+
+// What to do when `step` cannot be read: the committed checkpoint before it, if any.
+std::string earlier_hint(const std::string& checkpoint_dir, int64_t step) {
+  std::vector<int64_t> earlier;
+  for (int64_t s : committed_steps(parent_of(checkpoint_dir)))
+    if (s < step) earlier.push_back(s);
+  if (earlier.empty()) return "no earlier committed checkpoint exists in " + parent_of(checkpoint_dir);
+  return "the previous committed checkpoint is step " + std::to_string(earlier.back()) +
+         ": restore it instead (restore_step=" + std::to_string(earlier.back()) +
+         "); committed steps before this one: " + steps_text(earlier);
+}
+
+// One distinct block of the target sharding (replicas share it) and the positions holding it.
+struct Block {
+  std::vector<int64_t> offset;
+  Array data;
+  std::vector<int> positions;
+};
+
+// One array to restore: its target blocks, filled by the chunk reads.
+struct ArrayPlan {
+  std::string name, group, adir;
+  TensorType type;
+  Shape cshape, local;
+  Sharding target;
+  std::vector<Block> blocks;
+};
+
+// One chunk to read and the blocks it overlaps.
+struct ChunkTask {
+  size_t array = 0;
+  std::vector<int64_t> index, begin, end;  // chunk grid index; its box in the array
+  std::vector<size_t> hits;
+};
+
+// Allocates the target blocks and lists the chunks that they overlap (only those are read).
+void plan_array(ArrayPlan& a, size_t array_index, std::vector<ChunkTask>& tasks) {
+  a.local = a.target.local_shape(a.type.shape);
+  std::map<std::vector<int64_t>, size_t> by_offset;
+  for (int p : local_positions(a.target.mesh)) {
+    std::vector<int64_t> off = a.target.shard_offsets(a.type.shape, p);
+    auto [it, fresh] = by_offset.emplace(off, a.blocks.size());
+    if (fresh) a.blocks.push_back({off, Array(a.type.dtype, a.local), {}});
+    a.blocks[it->second].positions.push_back(p);
+  }
+  if (a.type.numel() == 0) return;
+  const int rank = a.type.rank();
+  std::vector<int64_t> grid = zarr::chunk_grid(a.type.shape, a.cshape);
+  std::vector<int64_t> ci(rank, 0);
+  while (true) {
+    ChunkTask t;
+    t.array = array_index;
+    t.index = ci;
+    t.begin.resize(rank);
+    t.end.resize(rank);
+    for (int d = 0; d < rank; ++d) {
+      t.begin[d] = ci[d] * a.cshape[d];
+      t.end[d] = std::min(t.begin[d] + a.cshape[d], a.type.shape[d]);
+    }
+    for (size_t b = 0; b < a.blocks.size(); ++b) {
+      bool overlap = true;
+      for (int d = 0; d < rank && overlap; ++d)
+        overlap = std::max(t.begin[d], a.blocks[b].offset[d]) < std::min(t.end[d], a.blocks[b].offset[d] + a.local[d]);
+      if (overlap) t.hits.push_back(b);
+    }
+    if (!t.hits.empty()) tasks.push_back(std::move(t));
+    int d = rank - 1;
+    for (; d >= 0; --d) {
+      if (++ci[d] < grid[d]) break;
+      ci[d] = 0;
+    }
+    if (d < 0) break;
+  }
+}
+
+// Reads, checks and decodes one chunk into the blocks it overlaps (chunks touch disjoint parts
+// of the blocks, so tasks run concurrently). `file` and `chunk` are the worker's scratch.
+void read_chunk(ArrayPlan& a, const ChunkTask& t, const std::string& checkpoint_dir, int64_t step,
+                std::vector<char>& file, std::vector<char>& chunk) {
+  const int rank = a.type.rank();
+  const int64_t elem = dtype_size(a.type.dtype);
+  const std::string key = zarr::chunk_key(t.index);
+  auto fail = [&](const std::string& what) {
+    throw Error("[checkpoint] " + checkpoint_dir + ": array '" + a.name + "' chunk " + key + " (file " + a.adir + "/" +
+                key + "): " + what + "; " + earlier_hint(checkpoint_dir, step));
+  };
+  if (!ckpt_fs::exists(a.adir + "/" + key)) fail("the chunk file is missing");
+  ckpt_fs::read_file(a.adir + "/" + key, file);
+  const size_t chunk_bytes = static_cast<size_t>(numel(a.cshape) * elem);
+  // A chunk that is exactly one block decodes straight into it.
+  Block& first = a.blocks[t.hits[0]];
+  const bool exact = t.hits.size() == 1 && a.cshape == a.local && first.offset == t.begin;
+  void* out = exact ? first.data.raw() : (chunk.resize(chunk_bytes), chunk.data());
+  std::string err = zarr::decode_chunk(file.data(), file.size(), out, chunk_bytes);
+  if (!err.empty()) fail(err);
+  if (exact) return;
+  for (size_t h : t.hits) {
+    Block& b = a.blocks[h];
+    std::vector<int64_t> ext(rank), src(rank), dst(rank);
+    for (int d = 0; d < rank; ++d) {
+      int64_t lo = std::max(t.begin[d], b.offset[d]);
+      ext[d] = std::min(t.end[d], b.offset[d] + a.local[d]) - lo;
+      src[d] = lo - t.begin[d];
+      dst[d] = lo - b.offset[d];
+    }
+    copy_box(chunk.data(), a.cshape, src, static_cast<char*>(b.data.raw()), a.local, dst, ext, elem);
+  }
+}
+
+ShardedArray assemble(ArrayPlan& a) {
+  std::vector<Array> shards(static_cast<size_t>(a.target.mesh.size()));
+  for (Block& b : a.blocks)
+    for (size_t i = 0; i < b.positions.size(); ++i) shards[b.positions[i]] = i == 0 ? b.data : b.data.clone();
+  return ShardedArray(a.type, a.target, std::move(shards));
+}
+
+constexpr int kIoThreads = 4;
+
+void require_committed(const std::string& checkpoint_dir) {
+  if (!ckpt_fs::is_dir(checkpoint_dir))
+    throw Error("[checkpoint] no checkpoint directory " + checkpoint_dir + "; committed steps in " +
+                parent_of(checkpoint_dir) + ": " + steps_text(committed_steps(parent_of(checkpoint_dir))));
+  if (!is_committed(checkpoint_dir))
+    throw Error("[checkpoint] " + checkpoint_dir + " is not a committed checkpoint (no " + kMarker +
+                " marker: its save did not finish); committed steps in " + parent_of(checkpoint_dir) + ": " +
+                steps_text(committed_steps(parent_of(checkpoint_dir))));
+}
+
+}  // namespace
+
+CheckpointInfo read_checkpoint_info(const std::string& checkpoint_dir) {
+  require_committed(checkpoint_dir);
+  const std::string mpath = checkpoint_dir + "/" + kMetadata;
+  CheckpointInfo info = parse_metadata(ckpt_fs::read_file(mpath), "[checkpoint] " + mpath);
+  info.path = checkpoint_dir;
+  return info;
+}
+
+Checkpoint read_checkpoint(const std::string& checkpoint_dir, const RestoreOptions& options) {
+  CheckpointInfo info = read_checkpoint_info(checkpoint_dir);
+  auto has = [&](const std::string& n) {
+    return std::any_of(info.arrays.begin(), info.arrays.end(), [&](const CheckpointArrayInfo& a) { return a.name == n; });
+  };
+  auto missing = [&](const std::string& n, const char* where) {
+    std::string names;
+    for (size_t i = 0; i < info.arrays.size() && i < 20; ++i) names += (i ? ", " : "") + info.arrays[i].name;
+    throw Error("[checkpoint] " + checkpoint_dir + ": " + where + " names array '" + n +
+                "', which the checkpoint does not have; it has: " + names);
+  };
+  for (auto& [n, s] : options.shardings)
+    if (!has(n)) missing(n, "RestoreOptions::shardings");
+  for (const std::string& n : options.only)
+    if (!has(n)) missing(n, "RestoreOptions::only");
+
+  Checkpoint c(info.step);
+  c.config_json = info.config_json;
+  c.data_state_json = info.data_state_json;
+  c.rng_state_json = info.rng_state_json;
+  c.library_version = info.library_version;
+  std::vector<ArrayPlan> plans;
+  std::vector<ChunkTask> tasks;
+  for (const CheckpointArrayInfo& a : info.arrays) {
+    if (!options.group.empty() && a.group != options.group) continue;
+    if (!options.only.empty() && std::find(options.only.begin(), options.only.end(), a.name) == options.only.end())
+      continue;
+    auto it = options.shardings.find(a.name);
+    Sharding target = it != options.shardings.end() ? it->second : Sharding::replicated(Mesh());
+    const std::string what = "checkpoint array '" + a.name + "' (" + type_str(a.type) + ")";
+    if (!target.partial.empty())
+      throw Error("[checkpoint] the restore target of " + what + " has partial-sum axes; give a sharding without them");
+    target.validate(a.type, what);
+    plans.push_back({a.name, a.group, checkpoint_dir + "/" + a.name, a.type, a.chunk_shape, {}, target, {}});
+  }
+  // Each array's zarr.json must agree with metadata.json (read several at once: small files).
+  ckpt_fs::parallel_for(plans.size(), kIoThreads, [&](size_t i, int) {
+    const ArrayPlan& a = plans[i];
+    const std::string zpath = a.adir + "/zarr.json";
+    if (!ckpt_fs::exists(zpath))
+      throw Error("[checkpoint] " + checkpoint_dir + ": array '" + a.name + "' has no " + zpath + "; " +
+                  earlier_hint(checkpoint_dir, info.step));
+    zarr::ArrayMeta z;
+    try {
+      z = zarr::parse_array_metadata(ckpt_fs::read_file(zpath), "[checkpoint] " + zpath);
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) + "; " + earlier_hint(checkpoint_dir, info.step));
+    }
+    if (z.type != a.type || z.chunk_shape != a.cshape)
+      throw Error("[checkpoint] " + zpath + " describes " + type_str(z.type) + " in chunks " +
+                  shape_str(z.chunk_shape) + " but " + kMetadata + " says " + type_str(a.type) + " in chunks " +
+                  shape_str(a.cshape) + "; " + earlier_hint(checkpoint_dir, info.step));
+  });
+  for (size_t i = 0; i < plans.size(); ++i) plan_array(plans[i], i, tasks);
+  // Errors name the first bad chunk in file order, whichever thread meets one first.
+  std::vector<std::string> errors(tasks.size());
+  std::vector<std::vector<char>> files(kIoThreads), chunks(kIoThreads);
+  ckpt_fs::parallel_for(tasks.size(), kIoThreads, [&](size_t i, int w) {
+    try {
+      read_chunk(plans[tasks[i].array], tasks[i], checkpoint_dir, info.step, files[w], chunks[w]);
+    } catch (const Error& e) {
+      errors[i] = e.what();
+    }
+  });
+  for (const std::string& e : errors)
+    if (!e.empty()) throw Error(e);
+  for (ArrayPlan& p : plans) c.add(p.name, assemble(p), p.group);
+  return c;
+}
+
+CheckpointInfo CheckpointManager::info(int64_t step) const { return read_checkpoint_info(path(step)); }
+
+Checkpoint CheckpointManager::restore(int64_t step, const RestoreOptions& options) const {
+  return read_checkpoint(path(step), options);
+}
+
+void CheckpointManager::verify(int64_t step) const {
+  CheckpointInfo i = info(step);
+  for (const CheckpointArrayInfo& a : i.arrays) {
+    RestoreOptions one;
+    one.only = {a.name};
+    read_checkpoint(path(step), one);  // one array at a time: memory stays one array's size
+  }
+}
+
+void export_safetensors(const std::string& checkpoint_dir, const std::string& out_path, const std::string& group) {
+  RestoreOptions o;
+  o.group = group;
+  Checkpoint c = read_checkpoint(checkpoint_dir, o);
+  if (c.entries.empty()) {
+    std::string groups;
+    for (const CheckpointArrayInfo& a : read_checkpoint_info(checkpoint_dir).arrays)
+      if (groups.find("'" + a.group + "'") == std::string::npos) groups += (groups.empty() ? "'" : ", '") + a.group + "'";
+    throw Error("[checkpoint] " + checkpoint_dir + " has no arrays in group '" + group +
+                "'; its groups: " + (groups.empty() ? "(none)" : groups));
+  }
+  std::vector<std::string> names;
+  std::vector<Array> arrays;
+  for (const CheckpointEntry& e : c.entries) {
+    names.push_back(e.name);
+    arrays.push_back(c.full(e.name));
+  }
+  save_safetensors(out_path, names, arrays, {{"format", "pt"}, {"step", std::to_string(c.step)}, {"group", group}});
+}
+
+Checkpoint import_safetensors(const std::string& path, const RestoreOptions& options, const std::string& group) {
+  SafetensorsFile f = load_safetensors(path);
+  for (auto& [n, s] : options.shardings)
+    if (!f.contains(n)) f.get(n);  // throws, listing the names
+  for (const std::string& n : options.only)
+    if (!f.contains(n)) f.get(n);
+  Checkpoint c;
+  if (auto it = f.metadata.find("step"); it != f.metadata.end()) {
+    try {
+      c.step = std::stoll(it->second);
+    } catch (const std::exception&) {
+      c.step = 0;
+    }
+  }
+  for (size_t i = 0; i < f.names.size(); ++i) {
+    const std::string& n = f.names[i];
+    if (!options.only.empty() && std::find(options.only.begin(), options.only.end(), n) == options.only.end()) continue;
+    auto it = options.shardings.find(n);
+    if (it == options.shardings.end()) {
+      c.add(n, f.arrays[i], group);
+    } else {
+      it->second.validate(f.arrays[i].type(), "safetensors tensor '" + n + "'");
+      c.add(n, shard(f.arrays[i], it->second), group);
+    }
+  }
+  return c;
+}
+
+}  // namespace px

@@ -1,0 +1,371 @@
+// Reading documents: plain text (blank-line separated), JSON lines with a "text" field, either
+// gzip-compressed or not, directories of them, and the GCIDE dictionary.
+#include <zlib.h>
+
+#include <algorithm>
+#include <array>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "data/text_internal.h"
+#include "parallax/text_data.h"
+
+namespace px::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The name without a trailing ".gz", lower-cased.
+std::string base_name(const fs::path& p) {
+  std::string n = p.filename().string();
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (ends_with(n, ".gz")) n.resize(n.size() - 3);
+  return n;
+}
+
+bool is_jsonl(const fs::path& p) {
+  std::string n = base_name(p);
+  return ends_with(n, ".jsonl") || ends_with(n, ".json");
+}
+
+bool is_known_text_file(const fs::path& p) {
+  std::string n = base_name(p);
+  return is_jsonl(p) || ends_with(n, ".txt") || ends_with(n, ".text");
+}
+
+// Reads a file, inflating it when it is gzip (zlib reads other files as they are). Stops once
+// `limit` bytes are in (0: no limit).
+std::string read_maybe_gz(const std::string& path, size_t limit = 0) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (!f) throw Error("[data] cannot open '" + path + "'; check that it exists and is readable");
+  gzbuffer(f, 1 << 17);
+  std::string out;
+  std::array<char, 1 << 16> buf;
+  while (limit == 0 || out.size() < limit) {
+    int n = gzread(f, buf.data(), buf.size());
+    if (n < 0) {
+      int code = 0;
+      std::string msg = gzerror(f, &code);
+      gzclose(f);
+      throw Error("[data] '" + path + "' is corrupt or truncated (" + msg + ")");
+    }
+    if (n == 0) {
+      // A truncated stream ends without a read error; zlib records it as Z_BUF_ERROR.
+      int code = 0;
+      std::string msg = gzerror(f, &code);
+      if (code != Z_OK) {
+        gzclose(f);
+        throw Error("[data] '" + path + "' is corrupt or truncated (" + msg + ")");
+      }
+      break;
+    }
+    out.append(buf.data(), static_cast<size_t>(n));
+  }
+  gzclose(f);
+  return out;
+}
+
+std::string trim(std::string_view s) {
+  size_t a = s.find_first_not_of(" \t\r\n");
+  if (a == std::string_view::npos) return {};
+  size_t b = s.find_last_not_of(" \t\r\n");
+  return std::string(s.substr(a, b - a + 1));
+}
+
+// Documents are separated by one or more blank lines; each keeps its inner line breaks.
+void split_paragraph_documents(const std::string& text, std::vector<std::string>& out, int64_t max_documents) {
+  std::string doc;
+  size_t start = 0;
+  auto flush = [&] {
+    if (!doc.empty()) out.push_back(std::move(doc));
+    doc.clear();
+  };
+  while (start < text.size()) {
+    if (max_documents > 0 && static_cast<int64_t>(out.size()) >= max_documents) return;
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + start, end - start);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") == std::string_view::npos) {
+      flush();
+    } else {
+      if (!doc.empty()) doc += '\n';
+      doc.append(line);
+    }
+    start = end + 1;
+  }
+  if (max_documents <= 0 || static_cast<int64_t>(out.size()) < max_documents) flush();
+}
+
+void read_jsonl(const std::string& path, const std::string& text, std::vector<std::string>& out,
+                int64_t max_documents) {
+  size_t start = 0;
+  int64_t line_no = 0;
+  while (start < text.size()) {
+    if (max_documents > 0 && static_cast<int64_t>(out.size()) >= max_documents) return;
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    ++line_no;
+    std::string_view line(text.data() + start, end - start);
+    start = end + 1;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    auto where = [&] { return "[data] " + path + ":" + std::to_string(line_no) + ": "; };
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(where() + "not valid JSON (" + e.what() + "); each line must be one JSON object");
+    }
+    if (!j.is_object() || !j.contains("text"))
+      throw Error(where() + "no \"text\" field; each line must be an object like {\"text\": \"...\"}");
+    if (!j["text"].is_string()) throw Error(where() + "the \"text\" field is not a string");
+    std::string t = j["text"].get<std::string>();
+    if (!t.empty()) out.push_back(std::move(t));
+  }
+}
+
+}  // namespace
+
+std::vector<fs::path> expand_paths(const std::vector<std::string>& paths) {
+  if (paths.empty()) throw Error("[data] no data paths given; set data paths to files, directories or \"gcide\"");
+  std::vector<fs::path> files;
+  for (const auto& p : paths) {
+    if (p == "gcide") {
+      files.emplace_back("gcide");
+      continue;
+    }
+    std::error_code ec;
+    fs::file_status st = fs::status(p, ec);
+    if (!fs::exists(st))
+      throw Error("[data] data path '" + p + "' does not exist; give text (.txt), JSON-lines (.jsonl, .json) or " +
+                  "gzip files, directories of them, or \"gcide\"");
+    if (fs::is_directory(st)) {
+      std::vector<fs::path> found;
+      for (auto it = fs::recursive_directory_iterator(p, fs::directory_options::follow_directory_symlink, ec);
+           !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+        if (it->is_regular_file() && it->path().filename().string()[0] != '.' && is_known_text_file(it->path()))
+          found.push_back(it->path());
+      }
+      if (ec) throw Error("[data] cannot list directory '" + p + "': " + ec.message());
+      if (found.empty())
+        throw Error("[data] directory '" + p + "' has no .txt, .text, .jsonl or .json files (gzip or not)");
+      std::sort(found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
+    } else {
+      files.emplace_back(p);
+    }
+  }
+  return files;
+}
+
+void read_file_documents(const fs::path& file, std::vector<std::string>& out, int64_t max_documents) {
+  if (file == "gcide") {
+    int64_t left = max_documents > 0 ? max_documents - static_cast<int64_t>(out.size()) : 0;
+    auto docs = read_gcide(left);
+    for (auto& d : docs) out.push_back(std::move(d));
+    return;
+  }
+  std::string text = read_maybe_gz(file.string());
+  if (is_jsonl(file))
+    read_jsonl(file.string(), text, out, max_documents);
+  else
+    split_paragraph_documents(text, out, max_documents);
+}
+
+std::vector<std::string> read_documents(const std::vector<std::string>& paths, int64_t max_documents) {
+  std::vector<std::string> docs;
+  for (const auto& f : expand_paths(paths)) {
+    if (max_documents > 0 && static_cast<int64_t>(docs.size()) >= max_documents) break;
+    read_file_documents(f, docs, max_documents);
+  }
+  return docs;
+}
+
+// ---- GCIDE ----------------------------------------------------------------------------------
+
+std::string gcide_path() { return "/usr/share/dictd/gcide.dict.dz"; }
+
+namespace {
+
+const char* combining_mark(char m, bool suffix) {
+  if (suffix) return "\u0306";  // x^: breve
+  switch (m) {
+    case '=': return "\u0304";  // macron
+    case '\'': return "\u0301";
+    case '`': return "\u0300";
+    case '"': return "\u0308";
+    case '^': return "\u0302";
+    case '~': return "\u0303";
+    case '.': return "\u0307";
+    case ',': return "\u0327";
+    default: return "";  // '-' and '*': semi-marks with no Unicode equivalent; keep the letter
+  }
+}
+
+// GCIDE's bracketed character codes: [a^] (breve), [=e] (macron), ['e], [ae], [eth], ...
+// Returns false for ordinary brackets such as [Obs.].
+bool decode_char_code(std::string_view code, std::string& out) {
+  static const std::map<std::string, std::string, std::less<>> named = {
+      {"ae", "æ"}, {"AE", "Æ"},   {"oe", "œ"},   {"OE", "Œ"},    {"eth", "ð"}, {"thorn", "þ"},
+      {"ng", "ŋ"}, {"deg", "°"},  {"root", "√"}, {"sect", "§"},  {"yogh", "ȝ"}, {"imac", "ī"},
+      {"aum", "ä"}, {"asl", "a"}, {"add", "a"},  {"udd", "u"},   {"th", "th"}, {"oo", "oo"},
+      {"sharp", "♯"}, {"flat", "♭"}, {"cre", "˘"}, {"frac12", "½"}, {"frac14", "¼"}, {"frac34", "¾"},
+  };
+  if (auto it = named.find(code); it != named.end()) {
+    out += it->second;
+    return true;
+  }
+  if (code.size() < 2 || code.size() > 4) return false;
+  const std::string_view marks = "`'\"^=~.,-*";
+  auto letters = [](std::string_view s) {
+    return !s.empty() && s.size() <= 2 && std::all_of(s.begin(), s.end(), [](char c) { return std::isalpha(static_cast<unsigned char>(c)); });
+  };
+  if (marks.find(code.front()) != std::string_view::npos && letters(code.substr(1))) {
+    out.append(code.substr(1));
+    out += combining_mark(code.front(), false);
+    return true;
+  }
+  if (code.back() == '^' && letters(code.substr(0, code.size() - 1))) {
+    out.append(code.substr(0, code.size() - 1));
+    out += combining_mark('^', true);
+    return true;
+  }
+  return false;
+}
+
+bool is_source_tag(std::string_view line) {
+  std::string t = trim(line);
+  if (t.size() < 2 || t.front() != '[' || t.back() != ']') return false;
+  return t.find("Webster") != std::string::npos || t.find("WordNet") != std::string::npos ||
+         t.find("PJC") != std::string::npos || std::any_of(t.begin(), t.end(), ::isdigit);
+}
+
+}  // namespace
+
+std::string gcide_entry_text(std::string_view block) {
+  // 1. Drop source tags on their own lines and join each paragraph's lines.
+  std::vector<std::string> paragraphs;
+  std::string para;
+  size_t start = 0;
+  while (start < block.size()) {
+    size_t end = block.find('\n', start);
+    if (end == std::string_view::npos) end = block.size();
+    std::string_view line = block.substr(start, end - start);
+    start = end + 1;
+    std::string t = trim(line);
+    if (t.empty()) {
+      if (!para.empty()) paragraphs.push_back(std::move(para));
+      para.clear();
+      continue;
+    }
+    if (is_source_tag(t)) continue;
+    if (!para.empty()) para += ' ';
+    para += t;
+  }
+  if (!para.empty()) paragraphs.push_back(std::move(para));
+
+  // 2. Markup: \head*word\ and the pronunciation after it go; {cross refs} keep their words;
+  // character codes become letters; stray Windows-1252 quotes become ASCII.
+  std::string out;
+  for (size_t pi = 0; pi < paragraphs.size(); ++pi) {
+    const std::string& p = paragraphs[pi];
+    std::string r;
+    for (size_t i = 0; i < p.size(); ++i) {
+      char c = p[i];
+      if (c == '\\') {
+        size_t close = p.find('\\', i + 1);
+        if (close == std::string::npos) continue;
+        i = close;
+        size_t j = i + 1;
+        while (j < p.size() && p[j] == ' ') ++j;
+        if (j < p.size() && p[j] == '(') {
+          size_t k = p.find(')', j);
+          if (k != std::string::npos) {
+            std::string_view inner(p.data() + j, k - j);
+            if (inner.find_first_of("*\"`[") != std::string_view::npos) i = k;
+          }
+        }
+        while (!r.empty() && r.back() == ' ' && i + 1 < p.size() && (p[i + 1] == ',' || p[i + 1] == ' ')) r.pop_back();
+        continue;
+      }
+      if (c == '{' || c == '}') continue;
+      if (c == '[') {
+        size_t close = p.find(']', i + 1);
+        if (close != std::string::npos && decode_char_code(std::string_view(p.data() + i + 1, close - i - 1), r)) {
+          i = close;
+          continue;
+        }
+      }
+      unsigned char u = static_cast<unsigned char>(c);
+      if (u >= 0x80) {
+        r += (u == 0x93 || u == 0x94) ? '"' : '\'';
+        continue;
+      }
+      if (c == ' ' && !r.empty() && r.back() == ' ') continue;  // right-aligned citations leave runs
+      r += c;
+    }
+    std::string t = trim(r);
+    if (t.empty()) continue;
+    if (!out.empty()) out += '\n';
+    out += t;
+  }
+  return out;
+}
+
+std::vector<std::string> read_gcide(int64_t max_documents) {
+  const std::string dict = gcide_path();
+  const std::string index = "/usr/share/dictd/gcide.index";
+  std::error_code ec;
+  if (!fs::exists(dict, ec) || !fs::exists(index, ec))
+    throw Error("[data] the GCIDE corpus is not installed (" + dict +
+                "); install the Debian package dict-gcide (scripts/install_deps.sh)");
+  // The dictd index: headword, base64 offset, base64 length. Each (offset, length) is one entry.
+  std::string idx = read_maybe_gz(index);
+  auto b64 = [&](std::string_view s) {
+    uint64_t v = 0;
+    for (char c : s) {
+      int d = c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26 : c >= '0' && c <= '9' ? c - '0' + 52
+              : c == '+' ? 62 : c == '/' ? 63 : -1;
+      if (d < 0) throw Error("[data] " + index + " is corrupt: bad number '" + std::string(s) + "'; reinstall dict-gcide");
+      v = v * 64 + static_cast<uint64_t>(d);
+    }
+    return v;
+  };
+  std::set<std::pair<uint64_t, uint64_t>> blocks, skip;
+  size_t start = 0;
+  while (start < idx.size()) {
+    size_t end = idx.find('\n', start);
+    if (end == std::string::npos) end = idx.size();
+    std::string_view line(idx.data() + start, end - start);
+    start = end + 1;
+    size_t t1 = line.find('\t'), t2 = t1 == std::string_view::npos ? t1 : line.find('\t', t1 + 1);
+    if (t2 == std::string_view::npos) continue;
+    std::pair<uint64_t, uint64_t> b{b64(line.substr(t1 + 1, t2 - t1 - 1)), b64(line.substr(t2 + 1))};
+    // "00-database-*" entries are the database's own description and licence, not dictionary text.
+    (line.substr(0, 3) == "00-" ? skip : blocks).insert(b);
+  }
+  for (auto& b : skip) blocks.erase(b);
+  if (blocks.empty()) throw Error("[data] " + index + " lists no entries; reinstall dict-gcide");
+  std::vector<std::pair<uint64_t, uint64_t>> order(blocks.begin(), blocks.end());
+  if (max_documents > 0 && static_cast<int64_t>(order.size()) > max_documents) order.resize(max_documents);
+  uint64_t need = 0;
+  for (auto& [o, n] : order) need = std::max(need, o + n);
+  std::string text = read_maybe_gz(dict, need);
+  std::vector<std::string> docs;
+  docs.reserve(order.size());
+  for (auto& [o, n] : order) {
+    if (o + n > text.size()) throw Error("[data] " + dict + " is shorter than its index says; reinstall dict-gcide");
+    std::string d = gcide_entry_text(std::string_view(text.data() + o, n));
+    if (!d.empty()) docs.push_back(std::move(d));
+  }
+  return docs;
+}
+
+}  // namespace px::data

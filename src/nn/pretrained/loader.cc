@@ -1,0 +1,303 @@
+// load_pretrained / save_pretrained: the architecture-independent part. Finds the files, maps them,
+// and moves each tensor through its architecture's TensorMap.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "nn/pretrained/arch.h"
+#include "nn/pretrained/mapped_safetensors.h"
+#include "parallax/io.h"
+#include "parallax/nn/pretrained.h"
+
+namespace px::nn {
+
+using detail::ArchSpec;
+using detail::TensorMap;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::vector<const ArchSpec*>& archs() {
+  static const std::vector<const ArchSpec*> a{&detail::gpt2_arch(), &detail::llama_arch(), &detail::mistral_arch(),
+                                              &detail::qwen2_arch()};
+  return a;
+}
+
+std::string supported_list() {
+  std::string s;
+  for (auto* a : archs()) s += (s.empty() ? "" : ", ") + a->name;
+  return s;
+}
+
+const ArchSpec& arch_named(const std::string& name, const std::string& where) {
+  for (auto* a : archs())
+    if (a->name == name) return *a;
+  throw Error(where + ": architecture '" + name + "' is not supported; supported: " + supported_list());
+}
+
+std::string shape_text(const Shape& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+nlohmann::json read_json(const std::string& path, const std::string& missing_fix) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": not found; " + missing_fix);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error(path + ": not valid JSON (" + e.what() + "); restore the file");
+  }
+}
+
+const ArchSpec& arch_of(const nlohmann::json& j, const std::string& path) {
+  auto it = j.find("architectures");
+  if (it == j.end() || !it->is_array() || it->empty() || !(*it)[0].is_string())
+    throw Error(path + ": no \"architectures\" list; add e.g. \"architectures\": [\"LlamaForCausalLM\"] (supported: " +
+                supported_list() + ")");
+  return arch_named((*it)[0].get<std::string>(), path);
+}
+
+// The logical (ours) shape of an HF tensor's view and its expected HF shape.
+Shape hf_shape_of(const TensorMap& m, const std::vector<const ParamSpec*>& specs) {
+  Shape logical = specs[0]->type.shape;
+  int64_t cols = 0;
+  for (auto* s : specs) cols += s->type.shape.back();
+  logical.back() = cols;
+  if (m.transpose && logical.size() == 2) std::swap(logical[0], logical[1]);
+  return logical;
+}
+
+// Copies the logical view of t (transposed when `transpose`) into the outputs, splitting its last
+// axis. Rd converts one element; as a template argument it inlines into the loops.
+template <float (*Rd)(const std::byte*, int64_t)>
+void fill_typed(const detail::MappedTensor& t, bool transpose, std::vector<Array*>& outs) {
+  const bool two_d = t.shape.size() == 2;
+  const int64_t hf_rows = two_d ? t.shape[0] : 1, hf_cols = two_d ? t.shape[1] : t.shape[0];
+  const int64_t rows = transpose ? hf_cols : hf_rows;
+  int64_t c0 = 0;
+  for (Array* out : outs) {
+    const int64_t ck = out->shape().back();
+    float* dst = out->data<float>();
+    if (!transpose) {
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < ck; ++c) dst[r * ck + c] = Rd(t.data, r * hf_cols + c0 + c);
+    } else {
+      // dst[r, c] = T[c0 + c, r]; in tiles so both sides stay in cache.
+      constexpr int64_t kB = 64;
+#pragma omp parallel for collapse(2) schedule(static)
+      for (int64_t cb = 0; cb < ck; cb += kB)
+        for (int64_t rb = 0; rb < rows; rb += kB)
+          for (int64_t c = cb; c < std::min(ck, cb + kB); ++c)
+            for (int64_t r = rb; r < std::min(rows, rb + kB); ++r) dst[r * ck + c] = Rd(t.data, (c0 + c) * hf_cols + r);
+    }
+    c0 += ck;
+  }
+}
+
+void fill_from(const detail::MappedTensor& t, const std::string& file, const std::string& name, bool transpose,
+               std::vector<Array*>& outs) {
+  detail::ElementReader rd = detail::element_reader(t, file, name);
+  if (rd == detail::read_f32) return fill_typed<detail::read_f32>(t, transpose, outs);
+  if (rd == detail::read_bf16) return fill_typed<detail::read_bf16>(t, transpose, outs);
+  if (rd == detail::read_f64) return fill_typed<detail::read_f64>(t, transpose, outs);
+  return fill_typed<detail::read_f16>(t, transpose, outs);
+}
+
+}  // namespace
+
+std::vector<std::string> pretrained_architectures() {
+  std::vector<std::string> v;
+  for (auto* a : archs()) v.push_back(a->name);
+  return v;
+}
+
+LmConfig read_pretrained_config(const std::string& dir, std::string* architecture) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  nlohmann::json j = read_json(path, "a Hugging Face model directory holds config.json next to its weights");
+  if (!j.is_object()) throw Error(path + ": expected a JSON object; restore the file");
+  const ArchSpec& a = arch_of(j, path);
+  LmConfig c = a.from_json(j, path);
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what() + "; fix config.json");
+  }
+  if (architecture) *architecture = a.name;
+  return c;
+}
+
+Pretrained load_pretrained(const std::string& dir) {
+  Pretrained out;
+  LmConfig cfg = read_pretrained_config(dir, &out.architecture);
+  const ArchSpec& arch = arch_named(out.architecture, dir);
+
+  // The files: one model.safetensors, or the shards an index lists.
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  const fs::path single_path = fs::path(dir) / "model.safetensors";
+  std::vector<std::string> files;
+  std::map<std::string, std::string> listed;  // tensor -> file, from the index
+  if (fs::exists(index_path)) {
+    nlohmann::json idx = read_json(index_path.string(), "");
+    auto wm = idx.find("weight_map");
+    if (wm == idx.end() || !wm->is_object())
+      throw Error(index_path.string() + ": no \"weight_map\" object; restore the index file");
+    std::set<std::string> seen;
+    for (auto& [name, f] : wm->items()) {
+      if (!f.is_string()) throw Error(index_path.string() + ": weight_map['" + name + "'] must be a file name");
+      listed[name] = f.get<std::string>();
+      if (seen.insert(f.get<std::string>()).second) files.push_back(f.get<std::string>());
+    }
+    for (auto& f : files)
+      if (!fs::exists(fs::path(dir) / f))
+        throw Error((fs::path(dir) / f).string() + ": missing shard (listed in " + index_path.string() +
+                    "); copy or download the missing file into " + dir);
+  } else if (fs::exists(single_path)) {
+    files.push_back("model.safetensors");
+  } else {
+    throw Error(dir +
+                ": no model.safetensors or model.safetensors.index.json; save the model with "
+                "safe_serialization=True (pytorch_model.bin is not read)");
+  }
+  std::vector<std::unique_ptr<detail::MappedSafetensors>> mapped;
+  std::map<std::string, std::pair<const detail::MappedTensor*, const detail::MappedSafetensors*>> where;
+  for (auto& f : files) {
+    mapped.push_back(std::make_unique<detail::MappedSafetensors>((fs::path(dir) / f).string()));
+    for (auto& [name, t] : mapped.back()->tensors()) where[name] = {&t, mapped.back().get()};
+  }
+  for (auto& [name, f] : listed)
+    if (!where.count(name))
+      throw Error((fs::path(dir) / f).string() + ": tensor '" + name + "' is listed for this shard in " +
+                  index_path.string() + " but absent; the shard and the index do not match: copy them again");
+
+  out.model = std::make_unique<TransformerLm>(cfg);
+  ParamStore& store = out.model->store();
+  out.params.resize(store.size());
+  std::vector<bool> filled(store.size(), false);
+  std::set<std::string> used;
+  const std::string cfg_path = (fs::path(dir) / "config.json").string();
+  for (const TensorMap& m : arch.tensors(cfg)) {
+    std::string name = m.hf;
+    // Some GPT-2 checkpoints were saved from the bare model, without the "transformer." prefix.
+    if (!where.count(name) && name.rfind("transformer.", 0) == 0 && where.count(name.substr(12)))
+      name = name.substr(12);
+    auto it = where.find(name);
+    if (it == where.end()) {
+      std::string fl;
+      for (auto& f : files) fl += (fl.empty() ? "" : ", ") + f;
+      throw Error(dir + ": tensor '" + m.hf + "' is missing from " + fl + " but " + cfg_path + " (" + arch.name + ", " +
+                  std::to_string(cfg.n_layers) +
+                  " layers) needs it; the config and the weights do not match: use the config.json saved with "
+                  "these weights");
+    }
+    const auto& [t, file] = it->second;
+    used.insert(name);
+    std::vector<const ParamSpec*> specs;
+    std::vector<Array*> outs;
+    for (auto& p : m.ours) {
+      int i = store.index_of(p);
+      specs.push_back(&store.spec(i));
+      out.params[i] = Array(DType::f32, store.spec(i).type.shape);
+      outs.push_back(&out.params[i]);
+      filled[i] = true;
+    }
+    Shape want = hf_shape_of(m, specs);
+    if (t->shape != want)
+      throw Error(file->path() + ": tensor '" + name + "' has shape " + shape_text(t->shape) + " but " + cfg_path +
+                  " implies " + shape_text(want) + " (d_model " + std::to_string(cfg.d_model) + ", vocab " +
+                  std::to_string(cfg.vocab_size) + ", ff " + std::to_string(cfg.d_ff) + ", heads " +
+                  std::to_string(cfg.n_heads) + "/" + std::to_string(cfg.kv_heads()) +
+                  "); the config and the weights do not match: use the config.json saved with these weights");
+    fill_from(*t, file->path(), name, m.transpose, outs);
+  }
+  for (auto& [name, tf] : where) {
+    if (used.count(name) || arch.ignored(name)) continue;
+    if (cfg.tied_embedding && name == "lm_head.weight") continue;  // a tied copy of the embedding
+    throw Error(tf.second->path() + ": unexpected tensor '" + name + "' that " + arch.name + " with " + cfg_path +
+                " does not use; the config and the weights do not match (e.g. more layers, or an untied head): use "
+                "the config.json saved with these weights");
+  }
+  for (int i = 0; i < store.size(); ++i)
+    if (!filled[i]) throw Error("[load_pretrained] internal: param '" + store.spec(i).path + "' has no mapping");
+  return out;
+}
+
+void save_pretrained(const TransformerLm& model, const std::vector<Array>& params, const std::string& dir,
+                     const std::string& architecture) {
+  const LmConfig& cfg = model.config();
+  std::string name = architecture;
+  if (name.empty())
+    name = cfg.positions == PositionKind::learned ? "GPT2LMHeadModel"
+           : cfg.qkv_bias                         ? "Qwen2ForCausalLM"
+           : cfg.sliding_window > 0               ? "MistralForCausalLM"
+                                                  : "LlamaForCausalLM";
+  const ArchSpec& arch = arch_named(name, "[save_pretrained]");
+  ParamStore& store = model.store();
+  if (static_cast<int>(params.size()) != store.size())
+    throw Error("[save_pretrained] " + std::to_string(params.size()) + " params given, the model has " +
+                std::to_string(store.size()) + "; pass the arrays of model.store() in order");
+  for (int i = 0; i < store.size(); ++i)
+    if (params[i].shape() != store.spec(i).type.shape)
+      throw Error("[save_pretrained] param '" + store.spec(i).path + "' has shape " + shape_text(params[i].shape()) +
+                  ", the model declares " + shape_text(store.spec(i).type.shape));
+  // The config must round-trip: the mapping decides which params exist, so check it covers all.
+  nlohmann::json j = arch.to_json(cfg);
+  LmConfig back = arch.from_json(j, name);
+  auto& bs = back;
+  if (bs.positions != cfg.positions || bs.norm != cfg.norm || bs.mlp != cfg.mlp || bs.bias != cfg.bias ||
+      bs.qkv_bias != cfg.qkv_bias || bs.sliding_window != cfg.sliding_window)
+    throw Error("[save_pretrained] the model '" + cfg.name + "' does not have the " + name +
+                " layout (norm, MLP, positions, biases or window differ); pick the architecture that matches it");
+
+  std::vector<std::string> names;
+  std::vector<Array> arrays;
+  std::vector<bool> covered(store.size(), false);
+  for (const TensorMap& m : arch.tensors(cfg)) {
+    std::vector<const ParamSpec*> specs;
+    std::vector<const Array*> ins;
+    for (auto& p : m.ours) {
+      int i = store.index_of(p);
+      specs.push_back(&store.spec(i));
+      ins.push_back(&params[i]);
+      covered[i] = true;
+    }
+    Shape hf = hf_shape_of(m, specs);
+    Array t(DType::f32, hf);
+    float* dst = t.data<float>();
+    const bool two_d = hf.size() == 2;
+    const int64_t hf_cols = two_d ? hf[1] : hf[0];
+    int64_t c0 = 0;
+    for (const Array* a : ins) {
+      std::vector<float> v = a->to_f32();
+      const int64_t ck = a->shape().back(), rows = static_cast<int64_t>(v.size()) / ck;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < ck; ++c) {
+          const float x = v[r * ck + c];
+          if (m.transpose)
+            dst[(c0 + c) * hf_cols + r] = x;
+          else
+            dst[r * hf_cols + c0 + c] = x;
+        }
+      c0 += ck;
+    }
+    names.push_back(m.hf);
+    arrays.push_back(std::move(t));
+  }
+  for (int i = 0; i < store.size(); ++i)
+    if (!covered[i])
+      throw Error("[save_pretrained] param '" + store.spec(i).path + "' has no place in the " + name + " layout");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(dir + ": cannot create the directory: " + ec.message());
+  save_safetensors((fs::path(dir) / "model.safetensors").string(), names, arrays, {{"format", "pt"}});
+  const std::string cfg_path = (fs::path(dir) / "config.json").string();
+  std::ofstream out(cfg_path);
+  out << j.dump(2) << "\n";
+  if (!out) throw Error(cfg_path + ": write failed");
+}
+
+}  // namespace px::nn

@@ -1,0 +1,153 @@
+// The pax command line, as a library function: tools/pax/main.cc calls it, and a program that
+// registers its own experiments can too.
+//
+//   pax list
+//   pax describe --exp=copy.TransformerLmTiny
+//   pax plan --exp=c4.C4Spmd16BAdam32Replicas
+//   pax train --exp=copy.TransformerLmTiny --job_log_dir=/tmp/job --set train.steps=50
+//   pax eval --job_log_dir=/tmp/job --config /tmp/job/config.toml
+//
+// Every user error (unknown experiment, bad --set, missing data, unwritable job dir) exits with
+// code 2 and a one-line reason.
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+
+#include "parallax/pax.h"
+
+namespace px::pax {
+namespace {
+
+// Lock-free, so the signal handler may set it.
+std::atomic<bool> g_stop{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+void on_sigint(int) {
+  g_stop = true;
+  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+}
+
+struct Common {
+  std::string exp, job_dir, config, devices;
+  std::vector<std::string> sets;
+};
+
+void add_common(CLI::App* app, Common& o, bool job_dir) {
+  app->add_option("--exp", o.exp, "registered experiment name (see 'pax list')");
+  if (job_dir) app->add_option("--job_log_dir", o.job_dir, "job dir: config, checkpoints, summaries, plots, logs");
+  app->add_option("--set", o.sets, "override a field: --set path.to.field=value (repeatable)")->take_all();
+  app->add_option("--config", o.config, "a TOML file of fields (e.g. DIR/config.toml of an earlier run)");
+  app->add_option("--devices", o.devices, "devices, e.g. cpu:8 (default: PX_DEVICES, else cpu:1)");
+}
+
+px::pax::ExperimentConfig resolve(const Common& o) {
+  px::pax::ExperimentConfig c;
+  if (!o.exp.empty()) {
+    c = px::pax::experiment(o.exp);
+    if (!o.config.empty()) c = px::pax::from_toml_file(o.config, &c);
+  } else if (!o.config.empty()) {
+    c = px::pax::from_toml_file(o.config);
+  } else {
+    throw px::Error("[pax] no experiment: pass --exp=NAME (see 'pax list') or --config FILE");
+  }
+  for (const std::string& s : o.sets) px::pax::apply_override(c, s);
+  px::pax::validate(c);
+  return c;
+}
+
+void need_job_dir(const Common& o) {
+  if (o.job_dir.empty()) throw px::Error("[pax] no job dir: pass --job_log_dir=DIR");
+}
+
+}  // namespace
+
+int cli_main(int argc, char** argv) {
+  CLI::App app{"pax: declarative experiments on Parallax (train, evaluate, plan)"};
+  app.require_subcommand(1);
+  Common o;
+  int64_t eval_step = -1, eval_batches = -1;
+  bool list_fields = false;
+
+  CLI::App* list = app.add_subcommand("list", "list the registered experiments with their summaries");
+  CLI::App* describe = app.add_subcommand("describe", "print the resolved config, parameter count and sharding plan");
+  CLI::App* plan = app.add_subcommand("plan", "per-param placement and per-device memory, from shapes alone");
+  CLI::App* train = app.add_subcommand("train", "train, resuming from the latest checkpoint in the job dir");
+  CLI::App* eval = app.add_subcommand("eval", "evaluate the latest (or a given) checkpoint");
+  CLI::App* decode = app.add_subcommand("decode", "generate text from a prompt (not available yet)");
+  add_common(describe, o, false);
+  add_common(plan, o, false);
+  add_common(train, o, true);
+  add_common(eval, o, true);
+  add_common(decode, o, true);
+  describe->add_flag("--fields", list_fields, "list every field: path, type, value, allowed values, meaning");
+  eval->add_option("--step", eval_step, "checkpoint step (default: the latest)");
+  eval->add_option("--batches", eval_batches, "eval batches (default: train.eval_batches; 0 = the whole split)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "pax: error: %s (see 'pax --help')\n", e.what());
+    return 2;
+  }
+
+  try {
+    if (list->parsed()) {
+      size_t w = 0;
+      for (auto& e : px::pax::list_experiments()) w = std::max(w, e.name.size());
+      for (auto& e : px::pax::list_experiments())
+        std::printf("%-*s  %s\n", static_cast<int>(w), e.name.c_str(), e.summary.c_str());
+      return 0;
+    }
+    if (decode->parsed()) {
+      std::fprintf(stderr, "pax: error: decode is not available yet (it comes with KV-cache decoding); use "
+                           "'pax eval' to score a checkpoint\n");
+      return 2;
+    }
+    px::pax::ExperimentConfig c = resolve(o);
+    if (describe->parsed()) {
+      std::cout << (list_fields ? px::pax::fields_table(c) : px::pax::describe(c));
+      return 0;
+    }
+    if (plan->parsed()) {
+      std::cout << px::pax::plan(c, o.devices).text();
+      return 0;
+    }
+    need_job_dir(o);
+    px::pax::RunOptions ro{.job_dir = o.job_dir, .devices = o.devices};
+    if (train->parsed()) {
+      ro.stop = &g_stop;
+      std::signal(SIGINT, on_sigint);
+      px::pax::TrainResult r = px::pax::train(c, ro);
+      return r.interrupted ? 130 : 0;
+    }
+    if (eval->parsed()) {
+      if (eval_batches >= 0) px::pax::set_field(c, "train.eval_batches", std::to_string(eval_batches));
+      std::optional<int64_t> step;
+      if (eval_step >= 0) step = eval_step;
+      px::pax::EvalResult r = px::pax::evaluate(c, ro, step);
+      std::printf("eval step %lld: loss %.4f  log_pplx %.4f  fraction_of_correct_next_step_preds %.4f  over %lld batches "
+                  "(%lld tokens)\n",
+                  static_cast<long long>(r.step), r.loss, r.log_pplx, r.fraction_correct,
+                  static_cast<long long>(r.batches), static_cast<long long>(r.tokens));
+      return 0;
+    }
+  } catch (const px::Error& e) {
+    std::string msg = e.what();
+    for (char& ch : msg)
+      if (ch == '\n') ch = ' ';
+    std::fprintf(stderr, "pax: error: %s\n", msg.c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pax: internal error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace px::pax

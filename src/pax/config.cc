@@ -1,0 +1,448 @@
+// The field table of ExperimentConfig: one entry per leaf, with its dotted path, type, validator
+// and accessors. Parsing --set text and TOML values both end in set_field_value().
+// Designated initializers leave the fields they do not name at their defaults, on purpose.
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+
+#include "parallax/pax.h"
+#include "parallax/sharding.h"
+#include "pax/model.h"
+
+namespace px::pax {
+namespace {
+
+using Getter = std::function<FieldValue(const ExperimentConfig&)>;
+using Setter = std::function<void(ExperimentConfig&, const FieldValue&)>;
+
+struct Field {
+  FieldInfo info;
+  Getter get;
+  Setter set;
+};
+
+std::string fmt_num(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// Builders: each binds a member of a section of the config.
+template <class S, class T>
+Field make(FieldInfo info, S ExperimentConfig::*sec, T S::*mem) {
+  Field f{std::move(info), nullptr, nullptr};
+  f.get = [sec, mem](const ExperimentConfig& c) -> FieldValue {
+    if constexpr (std::is_same_v<T, uint64_t>)
+      return static_cast<int64_t>(c.*sec.*mem);
+    else
+      return c.*sec.*mem;
+  };
+  f.set = [sec, mem](ExperimentConfig& c, const FieldValue& v) {
+    if constexpr (std::is_same_v<T, uint64_t>)
+      c.*sec.*mem = static_cast<uint64_t>(std::get<int64_t>(v));
+    else
+      c.*sec.*mem = std::get<T>(v);
+  };
+  return f;
+}
+
+template <class S, class T>
+Field int_field(const std::string& path, S ExperimentConfig::*sec, T S::*mem, double lo, double hi, std::string doc) {
+  return make(FieldInfo{path, FieldType::integer, std::move(doc), {}, lo, hi}, sec, mem);
+}
+template <class S>
+Field float_field(const std::string& path, S ExperimentConfig::*sec, double S::*mem, double lo, double hi,
+                  std::string doc) {
+  return make(FieldInfo{path, FieldType::floating, std::move(doc), {}, lo, hi}, sec, mem);
+}
+template <class S>
+Field str_field(const std::string& path, S ExperimentConfig::*sec, std::string S::*mem, std::string doc) {
+  return make(FieldInfo{path, FieldType::string, std::move(doc)}, sec, mem);
+}
+template <class S>
+Field bool_field(const std::string& path, S ExperimentConfig::*sec, bool S::*mem, std::string doc) {
+  return make(FieldInfo{path, FieldType::boolean, std::move(doc)}, sec, mem);
+}
+template <class S>
+Field enum_field(const std::string& path, S ExperimentConfig::*sec, std::string S::*mem,
+                 std::vector<std::string> choices, std::string doc) {
+  return make(FieldInfo{path, FieldType::enumeration, std::move(doc), std::move(choices)}, sec, mem);
+}
+template <class S>
+Field list_field(const std::string& path, S ExperimentConfig::*sec, std::vector<std::string> S::*mem, std::string doc) {
+  return make(FieldInfo{path, FieldType::list, std::move(doc)}, sec, mem);
+}
+template <class S>
+Field mesh_field(const std::string& path, S ExperimentConfig::*sec, std::string S::*mem, std::string doc) {
+  return make(FieldInfo{path, FieldType::mesh, std::move(doc)}, sec, mem);
+}
+
+constexpr double kBig = 1e12;
+
+const std::vector<Field>& table() {
+  using E = ExperimentConfig;
+  static const std::vector<Field> t = {
+      enum_field("model.flavour", &E::model, &ModelConfig::flavour, {"gpt2", "llama"},
+                 "GPT-2 (LayerNorm, GELU, learned positions, tied embedding) or Llama (RMSNorm, SwiGLU, rotary)"),
+      int_field("model.vocab_size", &E::model, &ModelConfig::vocab_size, 2, 1e7, "vocabulary size"),
+      int_field("model.d_model", &E::model, &ModelConfig::d_model, 1, 1e6, "width of the residual stream"),
+      int_field("model.n_heads", &E::model, &ModelConfig::n_heads, 1, 1e4, "attention heads"),
+      int_field("model.n_kv_heads", &E::model, &ModelConfig::n_kv_heads, 0, 1e4, "key/value heads (0: n_heads)"),
+      int_field("model.n_layers", &E::model, &ModelConfig::n_layers, 1, 1e4, "Transformer blocks"),
+      int_field("model.d_ff", &E::model, &ModelConfig::d_ff, 1, 1e7, "hidden width of the MLP"),
+      int_field("model.seq_len", &E::model, &ModelConfig::seq_len, 2, 1e6, "sequence length"),
+      float_field("model.init_std", &E::model, &ModelConfig::init_std, 0, 10, "std of the weight initializer"),
+      bool_field("model.tied_embedding", &E::model, &ModelConfig::tied_embedding,
+                 "the output head reuses the token embedding"),
+      enum_field("model.dtype", &E::model, &ModelConfig::dtype, {"f32", "bf16"}, "matmul compute dtype"),
+      enum_field("data.kind", &E::data, &DataConfig::kind, {"copy_task", "text"},
+                 "the built-in copy task or text files through a SentencePiece tokenizer"),
+      list_field("data.paths", &E::data, &DataConfig::paths, "text files or folders (.txt, .jsonl, .gz) or 'gcide'"),
+      str_field("data.cache_dir", &E::data, &DataConfig::cache_dir, "tokenizer and token cache (\"\": DIR/data)"),
+      int_field("data.batch", &E::data, &DataConfig::batch, 1, 1e7, "global batch in sequences"),
+      float_field("data.eval_fraction", &E::data, &DataConfig::eval_fraction, 0, 0.5, "share of documents held out"),
+      int_field("data.max_documents", &E::data, &DataConfig::max_documents, 0, kBig, "documents read (0: all)"),
+      int_field("data.copy_eval_batches", &E::data, &DataConfig::copy_eval_batches, 1, 1e6,
+                "copy_task: batches in the fixed eval set"),
+      str_field("tokenizer.model", &E::tokenizer, &TokenizerConfig::model,
+                "a SentencePiece .model (\"\": train one on the corpus)"),
+      enum_field("optimizer.name", &E::optimizer, &OptimizerConfig::name, {"adamw", "adam", "sgd", "adafactor"},
+                 "optimizer"),
+      float_field("optimizer.lr", &E::optimizer, &OptimizerConfig::lr, 0, 10, "peak learning rate"),
+      float_field("optimizer.beta1", &E::optimizer, &OptimizerConfig::beta1, 0, 0.999999, "Adam first moment decay"),
+      float_field("optimizer.beta2", &E::optimizer, &OptimizerConfig::beta2, 0, 0.999999, "Adam second moment decay"),
+      float_field("optimizer.eps", &E::optimizer, &OptimizerConfig::eps, 0, 1, "Adam epsilon"),
+      float_field("optimizer.weight_decay", &E::optimizer, &OptimizerConfig::weight_decay, 0, 10,
+                  "decoupled weight decay (matrices only)"),
+      float_field("optimizer.momentum", &E::optimizer, &OptimizerConfig::momentum, 0, 0.999999, "SGD momentum"),
+      float_field("optimizer.clip_norm", &E::optimizer, &OptimizerConfig::clip_norm, 0, 1e9,
+                  "clip gradients to this global norm (0: off)"),
+      enum_field("schedule.kind", &E::schedule, &ScheduleConfig::kind,
+                 {"constant", "linear_warmup", "warmup_cosine", "warmup_exponential", "rsqrt"},
+                 "learning-rate schedule"),
+      int_field("schedule.warmup_steps", &E::schedule, &ScheduleConfig::warmup_steps, 0, kBig, "linear warmup steps"),
+      int_field("schedule.decay_steps", &E::schedule, &ScheduleConfig::decay_steps, 1, kBig,
+                "warmup_exponential: steps per factor of decay_rate"),
+      float_field("schedule.decay_rate", &E::schedule, &ScheduleConfig::decay_rate, 1e-9, 1, "decay factor"),
+      float_field("schedule.min_fraction", &E::schedule, &ScheduleConfig::min_fraction, 0, 1,
+                  "floor of the decay, as a fraction of the peak"),
+      int_field("schedule.total_steps", &E::schedule, &ScheduleConfig::total_steps, 0, kBig,
+                "warmup_cosine: end of the decay (0: train.steps)"),
+      mesh_field("sharding.mesh", &E::sharding, &ShardingConfig::mesh, "device mesh, e.g. data:4,model:2 (\"\": one device)"),
+      enum_field("sharding.strategy", &E::sharding, &ShardingConfig::strategy,
+                 {"ddp", "fsdp", "tp", "fsdp_tp", "manual", "auto"}, "sharding recipe"),
+      str_field("sharding.data_axis", &E::sharding, &ShardingConfig::data_axis, "batch axis of the mesh"),
+      str_field("sharding.model_axis", &E::sharding, &ShardingConfig::model_axis, "tensor-parallel axis"),
+      int_field("sharding.fsdp_min_bytes", &E::sharding, &ShardingConfig::fsdp_min_bytes, 0, kBig,
+                "FSDP keeps smaller params replicated"),
+      list_field("sharding.rules", &E::sharding, &ShardingConfig::rules,
+                 "overrides 'glob=P(...)', first match wins"),
+      enum_field("memory.remat", &E::memory, &MemoryConfig::remat,
+                 {"none", "full", "dots_saveable", "nothing_saveable", "auto"}, "rematerialization policy"),
+      enum_field("memory.offload", &E::memory, &MemoryConfig::offload,
+                 {"none", "params", "optimizer_state", "params_and_optimizer_state"}, "host offload"),
+      int_field("train.steps", &E::train, &TrainConfig::steps, 1, kBig, "training steps"),
+      int_field("train.eval_interval", &E::train, &TrainConfig::eval_interval, 0, kBig,
+                "evaluate every N steps (0: at the end only)"),
+      int_field("train.eval_batches", &E::train, &TrainConfig::eval_batches, 0, kBig,
+                "eval batches per evaluation (0: the whole eval split)"),
+      int_field("train.checkpoint_interval", &E::train, &TrainConfig::checkpoint_interval, 0, kBig,
+                "checkpoint every N steps (0: at the end only)"),
+      int_field("train.checkpoint_keep", &E::train, &TrainConfig::checkpoint_keep, 1, 1e6, "checkpoints kept"),
+      int_field("train.summary_interval", &E::train, &TrainConfig::summary_interval, 1, kBig,
+                "write train summaries every N steps"),
+      int_field("train.seed", &E::train, &TrainConfig::seed, 0, 9.007199254740992e15, "params and data seed"),
+  };
+  return t;
+}
+
+const Field& find(const std::string& path) {
+  for (const Field& f : table())
+    if (f.info.path == path) return f;
+  // Suggest fields of the same section, or the sections.
+  std::string section = path.substr(0, path.find('.'));
+  std::string near;
+  for (const Field& f : table())
+    if (f.info.path.rfind(section + ".", 0) == 0) near += (near.empty() ? "" : ", ") + f.info.path;
+  if (near.empty()) {
+    std::vector<std::string> secs;
+    for (const Field& f : table()) {
+      std::string s = f.info.path.substr(0, f.info.path.find('.'));
+      if (std::find(secs.begin(), secs.end(), s) == secs.end()) secs.push_back(s);
+    }
+    for (auto& s : secs) near += (near.empty() ? "" : ", ") + s;
+    throw Error("[pax] unknown config field '" + path + "'; the sections are " + near +
+                " (see 'pax describe' for every field)");
+  }
+  throw Error("[pax] unknown config field '" + path + "'; the fields of '" + section + "' are " + near);
+}
+
+std::string trim(std::string s) {
+  size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+// "name:size,name:size" with size >= 1 or -1 (at most one); "" is one device.
+void check_mesh_text(const std::string& path, const std::string& text) {
+  if (text.empty()) return;
+  std::stringstream ss(text);
+  std::string part;
+  int wild = 0;
+  std::vector<std::string> names;
+  while (std::getline(ss, part, ',')) {
+    part = trim(part);
+    size_t c = part.find(':');
+    std::string name = c == std::string::npos ? "" : trim(part.substr(0, c));
+    std::string size = c == std::string::npos ? "" : trim(part.substr(c + 1));
+    bool ok_name = !name.empty() && std::all_of(name.begin(), name.end(), [](char ch) {
+      return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_';
+    });
+    char* end = nullptr;
+    long long n = size.empty() ? 0 : std::strtoll(size.c_str(), &end, 10);
+    bool ok_size = !size.empty() && end && *end == 0 && (n >= 1 || n == -1);
+    if (!ok_name || !ok_size)
+      throw Error("[pax] " + path + "='" + text + "': '" + part +
+                  "' is not an axis; a mesh is name:size pairs joined by commas, e.g. data:4,model:2 (size >= 1, or "
+                  "-1 once for the remaining devices)");
+    if (std::find(names.begin(), names.end(), name) != names.end())
+      throw Error("[pax] " + path + "='" + text + "': axis '" + name + "' appears twice");
+    names.push_back(name);
+    wild += n == -1;
+  }
+  if (wild > 1) throw Error("[pax] " + path + "='" + text + "': only one axis may have size -1");
+}
+
+void check_value(const FieldInfo& f, const FieldValue& v) {
+  auto range_error = [&](const std::string& got) {
+    return Error("[pax] " + f.path + "=" + got + " is out of range; allowed: " + f.allowed());
+  };
+  switch (f.type) {
+    case FieldType::integer: {
+      int64_t x = std::get<int64_t>(v);
+      if (x < f.min || x > f.max) throw range_error(std::to_string(x));
+      break;
+    }
+    case FieldType::floating: {
+      double x = std::get<double>(v);
+      if (!std::isfinite(x) || x < f.min || x > f.max) throw range_error(fmt_num(x));
+      break;
+    }
+    case FieldType::enumeration: {
+      const std::string& s = std::get<std::string>(v);
+      if (std::find(f.choices.begin(), f.choices.end(), s) == f.choices.end())
+        throw Error("[pax] " + f.path + "='" + s + "' is not allowed; allowed: " + f.allowed());
+      break;
+    }
+    case FieldType::mesh: check_mesh_text(f.path, std::get<std::string>(v)); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+const char* field_type_name(FieldType t) {
+  switch (t) {
+    case FieldType::integer: return "int";
+    case FieldType::floating: return "float";
+    case FieldType::string: return "string";
+    case FieldType::boolean: return "bool";
+    case FieldType::enumeration: return "enum";
+    case FieldType::list: return "list";
+    case FieldType::mesh: return "mesh";
+  }
+  return "?";
+}
+
+std::string FieldInfo::allowed() const {
+  switch (type) {
+    case FieldType::integer: return "an int in [" + fmt_num(min) + ", " + fmt_num(max) + "]";
+    case FieldType::floating: return "a float in [" + fmt_num(min) + ", " + fmt_num(max) + "]";
+    case FieldType::boolean: return "true or false";
+    case FieldType::enumeration: {
+      std::string s = "one of ";
+      for (size_t i = 0; i < choices.size(); ++i) s += (i ? ", " : "") + choices[i];
+      return s;
+    }
+    case FieldType::list: return "a comma-separated list (a,b,c) or [] for none";
+    case FieldType::mesh: return "a mesh like data:4,model:2, or \"\" for one device";
+    case FieldType::string: return "any text";
+  }
+  return "";
+}
+
+const std::vector<FieldInfo>& fields() {
+  static const std::vector<FieldInfo> infos = [] {
+    std::vector<FieldInfo> v;
+    for (const Field& f : table()) v.push_back(f.info);
+    return v;
+  }();
+  return infos;
+}
+
+const FieldInfo& field_info(const std::string& path) { return find(path).info; }
+
+std::string fields_table(const ExperimentConfig& c) {
+  size_t w = 0;
+  for (const FieldInfo& f : fields()) w = std::max(w, f.path.size());
+  std::ostringstream os;
+  for (const FieldInfo& f : fields()) {
+    std::string value = field_text(c, f.path);
+    os << f.path << std::string(w + 2 - f.path.size(), ' ') << field_type_name(f.type)
+       << std::string(7 - std::string(field_type_name(f.type)).size(), ' ') << "= " << (value.empty() ? "\"\"" : value)
+       << "    # " << f.doc << "; " << f.allowed() << "\n";
+  }
+  return os.str();
+}
+
+FieldValue get_field(const ExperimentConfig& c, const std::string& path) { return find(path).get(c); }
+
+std::string field_text(const ExperimentConfig& c, const std::string& path) {
+  FieldValue v = get_field(c, path);
+  if (auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (auto* d = std::get_if<double>(&v)) return fmt_num(*d);
+  if (auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
+  if (auto* s = std::get_if<std::string>(&v)) return *s;
+  std::string out;
+  for (auto& s : std::get<std::vector<std::string>>(v)) out += (out.empty() ? "" : ",") + s;
+  return out;
+}
+
+void set_field_value(ExperimentConfig& c, const std::string& path, const FieldValue& v) {
+  const Field& f = find(path);
+  check_value(f.info, v);
+  f.set(c, v);
+}
+
+void set_field(ExperimentConfig& c, const std::string& path, const std::string& raw) {
+  const Field& f = find(path);
+  const FieldInfo& info = f.info;
+  std::string text = trim(raw);
+  auto bad = [&](const std::string& what) {
+    return Error("[pax] " + path + "='" + raw + "' is not " + what + "; allowed: " + info.allowed());
+  };
+  FieldValue v;
+  switch (info.type) {
+    case FieldType::integer: {
+      char* end = nullptr;
+      errno = 0;
+      long long x = text.empty() ? 0 : std::strtoll(text.c_str(), &end, 10);
+      if (text.empty() || *end != 0 || errno == ERANGE) {
+        // Accept integral floats such as 1e6.
+        double d = text.empty() ? NAN : std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != 0 || !std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9.2e18)
+          throw bad("an int");
+        x = static_cast<long long>(d);
+      }
+      v = static_cast<int64_t>(x);
+      break;
+    }
+    case FieldType::floating: {
+      char* end = nullptr;
+      double d = text.empty() ? NAN : std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != 0 || !std::isfinite(d)) throw bad("a float");
+      v = d;
+      break;
+    }
+    case FieldType::boolean: {
+      if (text == "true" || text == "1") v = true;
+      else if (text == "false" || text == "0") v = false;
+      else throw bad("a bool");
+      break;
+    }
+    case FieldType::list: {
+      std::string body = text;
+      if (!body.empty() && body.front() == '[') {
+        if (body.back() != ']') throw bad("a list");
+        body = body.substr(1, body.size() - 2);
+      }
+      std::vector<std::string> items;
+      if (!trim(body).empty()) {
+        // Split on commas outside quotes and parentheses, so rules like "a=P(None, 'model')" survive.
+        std::string cur;
+        int depth = 0;
+        char quote = 0;
+        for (char ch : body) {
+          if (quote) {
+            if (ch == quote) quote = 0;
+          } else if (ch == '"' || ch == '\'') {
+            quote = ch;
+          } else if (ch == '(') {
+            ++depth;
+          } else if (ch == ')') {
+            --depth;
+          } else if (ch == ',' && depth == 0) {
+            items.push_back(trim(cur));
+            cur.clear();
+            continue;
+          }
+          cur += ch;
+        }
+        items.push_back(trim(cur));
+        for (auto& it : items) {
+          if (it.size() >= 2 && (it.front() == '"' || it.front() == '\'') && it.back() == it.front())
+            it = it.substr(1, it.size() - 2);
+          if (it.empty()) throw bad("a list (empty item)");
+        }
+      }
+      v = items;
+      break;
+    }
+    default: v = text; break;
+  }
+  check_value(info, v);
+  f.set(c, v);
+}
+
+void apply_override(ExperimentConfig& c, const std::string& assignment) {
+  size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw Error("[pax] --set '" + assignment + "' is not path=value, e.g. --set train.steps=100");
+  set_field(c, trim(assignment.substr(0, eq)), assignment.substr(eq + 1));
+}
+
+void validate(const ExperimentConfig& c) {
+  for (const Field& f : table()) check_value(f.info, f.get(c));
+  const ModelConfig& m = c.model;
+  if (m.d_model % m.n_heads != 0)
+    throw Error("[pax] model.d_model=" + std::to_string(m.d_model) + " is not divisible by model.n_heads=" +
+                std::to_string(m.n_heads));
+  if (m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads != 0)
+    throw Error("[pax] model.n_heads=" + std::to_string(m.n_heads) + " is not divisible by model.n_kv_heads=" +
+                std::to_string(m.n_kv_heads));
+  try {
+    make_schedule(c);  // the schedule checks its own relations (warmup < total, ...)
+  } catch (const Error& e) {
+    throw Error("[pax] schedule.kind=" + c.schedule.kind + ": " + e.what() +
+                "; lower schedule.warmup_steps or raise train.steps (or schedule.total_steps)");
+  }
+  for (const std::string& r : c.sharding.rules) {
+    size_t eq = r.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw Error("[pax] sharding.rules: '" + r + "' is not glob=P(...), e.g. blocks.*.mlp.fc.w=P(None, 'model')");
+    try {
+      PartitionSpec::parse(trim(r.substr(eq + 1)));
+    } catch (const Error& e) {
+      throw Error("[pax] sharding.rules: '" + r + "': " + e.what());
+    }
+  }
+}
+
+void check_runnable(const ExperimentConfig& c) {
+  validate(c);
+  if (c.memory.remat != "none")
+    throw Error("[pax] memory.remat=" + c.memory.remat +
+                " is not available yet (rematerialization has not landed); set memory.remat=none");
+  if (c.memory.offload != "none")
+    throw Error("[pax] memory.offload=" + c.memory.offload +
+                " is not available yet (offloading has not landed); set memory.offload=none");
+  if (c.sharding.strategy == "auto")
+    throw Error("[pax] sharding.strategy=auto is not available yet (the AUTO solver has not landed); use ddp, fsdp, "
+                "tp, fsdp_tp or manual");
+}
+
+}  // namespace px::pax

@@ -1,0 +1,98 @@
+// Designated initializers leave the fields they do not name at their defaults, on purpose.
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+#include "pax/data_source.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#if __has_include("parallax/text_data.h")
+#include "parallax/text.h"
+#include "parallax/text_data.h"
+#define PX_PAX_HAVE_TEXT_DATA 1
+#endif
+
+namespace px::pax {
+namespace {
+
+class CopySource : public DataSource {
+ public:
+  explicit CopySource(const ExperimentConfig& c)
+      : train_{.batch = c.data.batch, .seq_len = c.model.seq_len, .vocab = c.model.vocab_size, .seed = c.train.seed},
+        eval_(train_),
+        n_eval_(c.data.copy_eval_batches) {
+    eval_.seed = c.train.seed + 1000003;  // a fixed eval set, disjoint from the train stream's seed
+  }
+  data::LmBatch next_train() override { return data::copy_task(train_, next_++); }
+  int64_t num_eval_batches() const override { return n_eval_; }
+  data::LmBatch eval_batch(int64_t i) const override { return data::copy_task(eval_, i); }
+  std::string state() const override { return nlohmann::json{{"kind", "copy_task"}, {"next", next_}}.dump(); }
+  void restore(const std::string& s) override {
+    try {
+      next_ = nlohmann::json::parse(s).at("next").get<int64_t>();
+    } catch (const std::exception& e) {
+      throw Error("[pax] checkpoint data state '" + s + "' is not a copy_task position: " + e.what());
+    }
+  }
+  int64_t vocab_size() const override { return train_.vocab; }
+
+ private:
+  data::CopyTaskOptions train_, eval_;
+  int64_t n_eval_ = 1;
+  int64_t next_ = 0;
+};
+
+#ifdef PX_PAX_HAVE_TEXT_DATA
+class TextSource : public DataSource {
+ public:
+  TextSource(const ExperimentConfig& c, const std::string& job_dir) : ds_(options(c, job_dir)) {}
+  data::LmBatch next_train() override { return ds_.next_train(); }
+  int64_t num_eval_batches() const override { return ds_.num_eval_batches(); }
+  data::LmBatch eval_batch(int64_t i) const override { return ds_.eval_batch(i); }
+  std::string state() const override { return ds_.state(); }
+  void restore(const std::string& s) override { ds_.restore(s); }
+  int64_t vocab_size() const override { return ds_.tokenizer().vocab_size(); }
+
+ private:
+  static data::TextDataOptions options(const ExperimentConfig& c, const std::string& job_dir) {
+    data::TextDataOptions o;
+    o.paths = c.data.paths;
+    o.tokenizer_model = c.tokenizer.model;
+    o.cache_dir = c.data.cache_dir.empty() ? job_dir + "/data" : c.data.cache_dir;
+    o.vocab_size = c.model.vocab_size;
+    o.seq_len = c.model.seq_len;
+    o.batch = c.data.batch;
+    o.eval_fraction = c.data.eval_fraction;
+    o.seed = c.train.seed;
+    o.max_documents = c.data.max_documents;
+    return o;
+  }
+  data::TextDataset ds_;
+};
+#endif
+
+}  // namespace
+
+std::unique_ptr<DataSource> make_data_source(const ExperimentConfig& c, const std::string& job_dir) {
+  if (c.data.kind == "copy_task") return std::make_unique<CopySource>(c);
+  const std::string who = c.name.empty() ? "this experiment" : c.name;
+  if (c.data.paths.empty())
+    throw Error("[pax] " + who + " reads text from data.paths, which is empty; give files or folders of .txt or " +
+                ".jsonl(.gz) (C4's layout) with --set data.paths=/path/to/c4/en");
+  for (const std::string& p : c.data.paths)
+    if (p != "gcide" && !std::filesystem::exists(p))
+      throw Error("[pax] data.paths: '" + p + "' does not exist; give existing files or folders (or 'gcide')");
+#ifdef PX_PAX_HAVE_TEXT_DATA
+  auto src = std::make_unique<TextSource>(c, job_dir);
+  if (src->vocab_size() != c.model.vocab_size)
+    throw Error("[pax] the tokenizer has " + std::to_string(src->vocab_size()) + " tokens but model.vocab_size=" +
+                std::to_string(c.model.vocab_size) + "; set --set model.vocab_size=" +
+                std::to_string(src->vocab_size()));
+  return src;
+#else
+  throw Error("[pax] data.kind=text needs the text data module (px::data::TextDataset in parallax/text_data.h), "
+              "which this build does not have yet; run an experiment on the copy task, e.g. copy.TransformerLmTiny");
+#endif
+}
+
+}  // namespace px::pax

@@ -1,0 +1,28 @@
+// The one place pax touches a data pipeline: the built-in copy task, or text through the text
+// data module (px::data::TextDataset) when this build has it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "parallax/data.h"
+#include "parallax/pax.h"
+
+namespace px::pax {
+
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  virtual data::LmBatch next_train() = 0;
+  virtual int64_t num_eval_batches() const = 0;
+  virtual data::LmBatch eval_batch(int64_t i) const = 0;
+  // The iterator position (JSON), kept in checkpoints so a resumed run sees the same batches.
+  virtual std::string state() const = 0;
+  virtual void restore(const std::string& state) = 0;
+  virtual int64_t vocab_size() const = 0;
+};
+
+// Throws px::Error (a user error) for missing paths or a data kind this build lacks.
+std::unique_ptr<DataSource> make_data_source(const ExperimentConfig& c, const std::string& job_dir);
+
+}  // namespace px::pax

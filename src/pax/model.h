@@ -1,0 +1,33 @@
+// From an ExperimentConfig to the library's objects: the model, optimizer, mesh and sharding.
+#pragma once
+
+#include <memory>
+
+#include "parallax/nn.h"
+#include "parallax/optim.h"
+#include "parallax/parallel.h"
+#include "parallax/pax.h"
+
+namespace px::pax {
+
+nn::LmConfig lm_config(const ExperimentConfig& c);
+optim::Schedule make_schedule(const ExperimentConfig& c);
+optim::OptimizerPtr make_optimizer(const ExperimentConfig& c);
+// The batch the step takes: tokens i32[B, S], targets i32[B, S], weights f32[B, S].
+std::vector<TensorType> batch_types(const ExperimentConfig& c);
+// The devices: `text` ("cpu:N"), else PX_DEVICES, else (planning) as many as the mesh names.
+DeviceSet resolve_devices(const ExperimentConfig& c, const std::string& text, bool for_planning);
+// The config's mesh on those devices; an empty mesh is one device ("data:1").
+Mesh make_mesh(const ExperimentConfig& c, const DeviceSet& devices);
+ShardingStrategy strategy_of(const ExperimentConfig& c);
+ShardingOptions sharding_options(const ExperimentConfig& c);
+// The placement of every param from shapes alone (nothing allocated).
+ShardingPlan sharding_plan(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh);
+// Bytes per device of the optimizer state under a plan: a slot of its param's shape is split
+// like it; other slots (factored moments) are counted whole.
+int64_t optimizer_bytes_per_device(const ExperimentConfig& c, const ShardingPlan& plan);
+PlanReport plan_report(const ExperimentConfig& c, const nn::TransformerLm& model, const ShardingPlan& plan);
+// One row per param: path, shape, dtype, spec (for DIR/model_params.txt).
+std::string model_params_text(const ShardingPlan& plan);
+
+}  // namespace px::pax

@@ -1,0 +1,29 @@
+// The one place pax touches a training step: TrainStep on one device, ShardedTrainStep on a mesh
+// of several (to fold into one type when the library does).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallax/nn.h"
+#include "parallax/parallel.h"
+#include "parallax/pax.h"
+
+namespace px::pax {
+
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  virtual StepMetrics step(const std::vector<Array>& batch) = 0;
+  virtual std::vector<Array> params() const = 0;  // full host arrays, in the store's order
+  virtual int64_t step_count() const = 0;         // updates applied so far
+  // TrainStep's safetensors checkpoint (params, optimizer state, step): any mesh loads it.
+  virtual void save(const std::string& file) const = 0;
+  virtual void load(const std::string& file) = 0;
+};
+
+// Compiles the step for `model` on `mesh` and initializes params from train.seed.
+std::unique_ptr<StepRunner> make_step_runner(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh);
+
+}  // namespace px::pax

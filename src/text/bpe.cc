@@ -1,0 +1,461 @@
+// Byte-level BPE from a Hugging Face tokenizer.json. Encoding: added tokens are cut out of the raw
+// text first; each remaining segment is normalized (NFC via ICU, or not at all), split by the
+// pre-tokenizers' regexes (PCRE2 in UTF mode), mapped byte by byte to the printable characters of
+// the byte-level alphabet, and merged pair by pair in merge-rank order.
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <unicode/normalizer2.h>
+#include <unicode/unistr.h>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "parallax/core.h"
+#include "parallax/text.h"
+
+namespace px::text {
+
+namespace {
+
+using nlohmann::json;
+
+// The GPT-2 split pattern, which ByteLevel(use_regex = true) applies.
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// Length of the valid UTF-8 sequence at s[i], or 0 when it is not one (overlong, surrogate, > U+10FFFF,
+// truncated); `cp` gets its code point.
+size_t utf8_at(std::string_view s, size_t i, uint32_t& cp) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  if (c < 0x80) {
+    cp = c;
+    return 1;
+  }
+  size_t n;
+  uint32_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+    cp = c & 0x1F;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    cp = c & 0x0F;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    cp = c & 0x07;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  for (size_t k = 1; k < n; ++k) {
+    if (i + k >= s.size()) return 0;
+    const unsigned char d = b(i + k);
+    if (k == 1 ? (d < lo || d > hi) : (d < 0x80 || d > 0xBF)) return 0;
+    cp = (cp << 6) | (d & 0x3F);
+  }
+  return n;
+}
+
+// Bytes to text, each maximal invalid subpart replaced by U+FFFD (Rust's from_utf8_lossy).
+std::string lossy_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp;
+    size_t n = utf8_at(s, i, cp);
+    if (n > 0) {
+      out.append(s.substr(i, n));
+      i += n;
+      continue;
+    }
+    // Skip the longest prefix of a valid sequence (at least one byte).
+    size_t skip = 1;
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t want = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xC2 && c <= 0xDF ? 2 : 1;
+    for (size_t k = 1; k < want && i + k < s.size(); ++k) {
+      std::string probe(s.substr(i, k + 1));
+      probe.append(want - k - 1, static_cast<char>(0x80));  // complete it with continuation bytes
+      uint32_t tmp;
+      if (utf8_at(probe, 0, tmp) == 0) break;
+      skip = k + 1;
+    }
+    out += "\xEF\xBF\xBD";
+    i += skip;
+  }
+  return out;
+}
+
+// The byte-level alphabet: printable bytes stand for themselves, the others for U+0100 upwards.
+struct ByteAlphabet {
+  std::string byte_to_char[256];
+  std::unordered_map<uint32_t, unsigned char> char_to_byte;
+  ByteAlphabet() {
+    uint32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      const uint32_t cp = printable ? static_cast<uint32_t>(b) : next++;
+      append_utf8(byte_to_char[b], cp);
+      char_to_byte[cp] = static_cast<unsigned char>(b);
+    }
+  }
+};
+const ByteAlphabet& alphabet() {
+  static const ByteAlphabet a;
+  return a;
+}
+
+struct Regex {
+  pcre2_code* code = nullptr;
+  bool isolated = true;  // Split behaviour: "Isolated" keeps matches as pieces; "Removed" drops them
+  Regex(const std::string& pattern, const std::string& file) {
+    int err;
+    PCRE2_SIZE at;
+    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                         PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, nullptr);
+    if (!code) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      throw Error(file + ": pre-tokenizer regex '" + pattern + "' does not compile (" +
+                  reinterpret_cast<const char*>(msg) + " at offset " + std::to_string(at) + ")");
+    }
+  }
+  Regex(Regex&& o) noexcept : code(o.code), isolated(o.isolated) { o.code = nullptr; }
+  Regex(const Regex&) = delete;
+  ~Regex() {
+    if (code) pcre2_code_free(code);
+  }
+  // Splits piece into matches and the gaps between them, in order.
+  void split(std::string_view piece, std::vector<std::string_view>& out) const {
+    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
+    size_t pos = 0, last = 0;
+    while (pos <= piece.size()) {
+      int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(piece.data()), piece.size(), pos, 0, md, nullptr);
+      if (rc < 0) break;
+      PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+      size_t b = ov[0], e = ov[1];
+      if (e == b) {  // an empty match: step over one character
+        pos = b + 1;
+        while (pos < piece.size() && (static_cast<unsigned char>(piece[pos]) & 0xC0) == 0x80) ++pos;
+        continue;
+      }
+      if (b > last) out.push_back(piece.substr(last, b - last));
+      if (isolated) out.push_back(piece.substr(b, e - b));
+      last = pos = e;
+    }
+    if (last < piece.size()) out.push_back(piece.substr(last));
+    pcre2_match_data_free(md);
+  }
+};
+
+class BpeTokenizer : public Tokenizer {
+ public:
+  BpeTokenizer(const json& j, const std::string& file);
+  std::string kind() const override { return "bpe"; }
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int64_t vocab_size() const override { return static_cast<int64_t>(id_to_token_.size()); }
+  int32_t bos_id() const override { return bos_; }
+  int32_t eos_id() const override { return eos_; }
+  int32_t pad_id() const override { return pad_; }
+  void set_specials(int32_t bos, int32_t eos, int32_t pad) { bos_ = bos, eos_ = eos, pad_ = pad; }
+  int32_t id_of(const std::string& token) const {
+    auto it = vocab_.find(token);
+    if (it != vocab_.end()) return it->second;
+    for (auto& a : added_)
+      if (a.content == token) return a.id;
+    return -1;
+  }
+
+ private:
+  struct Added {
+    std::string content;
+    int32_t id;
+  };
+  void encode_segment(std::string_view seg, std::vector<int32_t>& out) const;
+  void encode_word(const std::string& word, std::vector<int32_t>& out) const;
+  std::string file_;
+  std::unordered_map<std::string, int32_t> vocab_;
+  std::vector<std::string> id_to_token_;
+  std::vector<bool> is_added_;
+  std::unordered_map<std::string, int> ranks_;  // "a\x01b" -> merge rank
+  std::vector<Added> added_;                    // longest first
+  std::vector<Regex> splits_;
+  bool nfc_ = false, prefix_space_ = false, ignore_merges_ = false;
+  int32_t unk_ = -1, bos_ = -1, eos_ = -1, pad_ = -1;
+};
+
+[[noreturn]] void unsupported(const std::string& file, const std::string& what) {
+  throw Error(file + ": " + what +
+              " is not supported by px::text::load_bpe_tokenizer (byte-level BPE only: GPT-2, "
+              "Llama 3, Qwen2 style); use a SentencePiece tokenizer.model for other models");
+}
+
+BpeTokenizer::BpeTokenizer(const json& j, const std::string& file) : file_(file) {
+  const json& model = j.at("model");
+  if (model.value("type", "") != "BPE") unsupported(file, "model type '" + model.value("type", "?") + "'");
+  if (!model.value("continuing_subword_prefix", json()).is_null() && model["continuing_subword_prefix"] != "")
+    unsupported(file, "continuing_subword_prefix");
+  if (!model.value("end_of_word_suffix", json()).is_null() && model["end_of_word_suffix"] != "")
+    unsupported(file, "end_of_word_suffix");
+  ignore_merges_ = model.value("ignore_merges", false);
+  int32_t max_id = -1;
+  for (auto& [tok, id] : model.at("vocab").items()) {
+    vocab_[tok] = id.get<int32_t>();
+    max_id = std::max(max_id, id.get<int32_t>());
+  }
+  int rank = 0;
+  for (auto& m : model.at("merges")) {
+    std::string a, b;
+    if (m.is_string()) {  // "a b"
+      std::string s = m.get<std::string>();
+      size_t sp = s.find(' ');
+      if (sp == std::string::npos) throw Error(file + ": merge '" + s + "' is not two tokens separated by a space");
+      a = s.substr(0, sp), b = s.substr(sp + 1);
+    } else {  // ["a", "b"]
+      a = m.at(0).get<std::string>(), b = m.at(1).get<std::string>();
+    }
+    ranks_.emplace(a + '\x01' + b, rank++);
+  }
+  for (auto& t : j.value("added_tokens", json::array())) {
+    added_.push_back({t.at("content").get<std::string>(), t.at("id").get<int32_t>()});
+    max_id = std::max(max_id, added_.back().id);
+  }
+  std::stable_sort(added_.begin(), added_.end(),
+                   [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });
+  id_to_token_.resize(static_cast<size_t>(max_id + 1));
+  is_added_.assign(id_to_token_.size(), false);
+  for (auto& [tok, id] : vocab_) id_to_token_[id] = tok;
+  for (auto& a : added_) id_to_token_[a.id] = a.content, is_added_[a.id] = true;
+  if (model.contains("unk_token") && model["unk_token"].is_string())
+    unk_ = id_of(model["unk_token"].get<std::string>());
+
+  // Normalizer: none or NFC (possibly inside a one-element Sequence).
+  json norm = j.value("normalizer", json());
+  if (norm.is_object() && norm.value("type", "") == "Sequence") {
+    json inner = json::array();
+    for (auto& n : norm.at("normalizers")) inner.push_back(n);
+    norm = inner.size() == 1 ? inner[0] : inner.empty() ? json() : norm;
+  }
+  if (norm.is_object()) {
+    if (norm.value("type", "") != "NFC") unsupported(file, "normalizer '" + norm.dump() + "'");
+    nfc_ = true;
+  }
+
+  // Pre-tokenizers: Split regexes and one ByteLevel, alone or in a Sequence.
+  std::vector<json> pres;
+  json pre = j.value("pre_tokenizer", json());
+  if (pre.is_object() && pre.value("type", "") == "Sequence")
+    for (auto& p : pre.at("pretokenizers")) pres.push_back(p);
+  else if (pre.is_object())
+    pres.push_back(pre);
+  bool byte_level = false;
+  for (auto& p : pres) {
+    const std::string type = p.value("type", "");
+    if (type == "Split") {
+      const json& pat = p.at("pattern");
+      if (!pat.contains("Regex")) unsupported(file, "a Split with a literal pattern");
+      if (p.value("invert", false)) unsupported(file, "an inverted Split");
+      const std::string behavior = p.value("behavior", "Isolated");
+      if (behavior != "Isolated" && behavior != "Removed") unsupported(file, "Split behavior '" + behavior + "'");
+      splits_.emplace_back(pat["Regex"].get<std::string>(), file);
+      splits_.back().isolated = behavior == "Isolated";
+    } else if (type == "ByteLevel") {
+      byte_level = true;
+      prefix_space_ = p.value("add_prefix_space", false);
+      if (p.value("use_regex", true)) splits_.emplace_back(kGpt2Pattern, file);
+    } else {
+      unsupported(file, "pre-tokenizer '" + type + "'");
+    }
+  }
+  if (!byte_level) unsupported(file, "a tokenizer without a ByteLevel pre-tokenizer");
+}
+
+void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& out) const {
+  if (ignore_merges_) {
+    auto it = vocab_.find(word);
+    if (it != vocab_.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
+  // Symbols start as single characters of the byte-level string.
+  std::vector<std::string> sym;
+  for (size_t i = 0; i < word.size();) {
+    uint32_t cp;
+    size_t n = std::max<size_t>(utf8_at(word, i, cp), 1);
+    sym.push_back(word.substr(i, n));
+    i += n;
+  }
+  while (sym.size() > 1) {
+    int best = std::numeric_limits<int>::max();
+    size_t at = 0;
+    for (size_t i = 0; i + 1 < sym.size(); ++i) {
+      auto it = ranks_.find(sym[i] + '\x01' + sym[i + 1]);
+      if (it != ranks_.end() && it->second < best) best = it->second, at = i;
+    }
+    if (best == std::numeric_limits<int>::max()) break;
+    // Merge every occurrence of the best pair, left to right.
+    const std::string a = sym[at], b = sym[at + 1];
+    std::vector<std::string> next;
+    for (size_t i = 0; i < sym.size();) {
+      if (i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) {
+        next.push_back(a + b);
+        i += 2;
+      } else {
+        next.push_back(sym[i++]);
+      }
+    }
+    sym.swap(next);
+  }
+  for (auto& s : sym) {
+    auto it = vocab_.find(s);
+    if (it != vocab_.end())
+      out.push_back(it->second);
+    else if (unk_ >= 0)
+      out.push_back(unk_);
+  }
+}
+
+void BpeTokenizer::encode_segment(std::string_view seg, std::vector<int32_t>& out) const {
+  std::string text(seg);
+  if (nfc_) {
+    UErrorCode st = U_ZERO_ERROR;
+    const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(st);
+    if (U_FAILURE(st)) throw Error(file_ + ": ICU has no NFC normalizer (" + u_errorName(st) + ")");
+    icu::UnicodeString u =
+        icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), static_cast<int32_t>(text.size())));
+    icu::UnicodeString normed = n->normalize(u, st);
+    if (U_SUCCESS(st)) {
+      text.clear();
+      normed.toUTF8String(text);
+    }
+  }
+  if (prefix_space_ && !text.empty() && text[0] != ' ') text.insert(text.begin(), ' ');
+  std::vector<std::string_view> pieces{text}, next;
+  for (const Regex& r : splits_) {
+    next.clear();
+    for (auto p : pieces) r.split(p, next);
+    pieces.swap(next);
+  }
+  const ByteAlphabet& ab = alphabet();
+  for (auto p : pieces) {
+    std::string word;
+    for (unsigned char c : p) word += ab.byte_to_char[c];
+    encode_word(word, out);
+  }
+}
+
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
+  std::vector<int32_t> out;
+  size_t start = 0;
+  for (size_t i = 0; i < text.size();) {
+    const Added* hit = nullptr;
+    for (auto& a : added_)
+      if (!a.content.empty() && text.compare(i, a.content.size(), a.content) == 0) {
+        hit = &a;  // added_ is longest first
+        break;
+      }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    if (i > start) encode_segment(text.substr(start, i - start), out);
+    out.push_back(hit->id);
+    i += hit->content.size();
+    start = i;
+  }
+  if (start < text.size()) encode_segment(text.substr(start), out);
+  return out;
+}
+
+std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
+  const ByteAlphabet& ab = alphabet();
+  std::string bytes;
+  for (int32_t id : ids) {
+    if (id < 0 || id >= static_cast<int32_t>(id_to_token_.size()))
+      throw Error(file_ + ": token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                  std::to_string(id_to_token_.size()) + ")");
+    const std::string& t = id_to_token_[id];
+    // A token maps back through the byte alphabet when all its characters belong to it, else as is.
+    std::string mapped;
+    bool all = true;
+    for (size_t i = 0; i < t.size() && all;) {
+      uint32_t cp;
+      size_t n = utf8_at(t, i, cp);
+      auto it = n ? ab.char_to_byte.find(cp) : ab.char_to_byte.end();
+      if (it == ab.char_to_byte.end()) {
+        all = false;
+      } else {
+        mapped += static_cast<char>(it->second);
+        i += n;
+      }
+    }
+    bytes += all ? mapped : t;
+  }
+  return lossy_utf8(bytes);
+}
+
+// bos/eos/pad tokens from tokenizer_config.json: a string or {"content": ...}.
+int32_t special_from(const json& cfg, const char* key, const BpeTokenizer& tok) {
+  auto it = cfg.find(key);
+  if (it == cfg.end()) return -1;
+  if (it->is_string()) return tok.id_of(it->get<std::string>());
+  if (it->is_object() && it->contains("content")) return tok.id_of((*it)["content"].get<std::string>());
+  return -1;
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_bpe_tokenizer(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": not found; give the tokenizer.json of the model");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error(path + ": not valid JSON (" + e.what() + "); restore the file");
+  }
+  std::unique_ptr<BpeTokenizer> tok;
+  try {
+    tok = std::make_unique<BpeTokenizer>(j, path);
+  } catch (const json::exception& e) {
+    throw Error(path + ": malformed tokenizer.json (" + e.what() + ")");
+  }
+  const std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.find_last_of('/'));
+  std::ifstream cfg_in(dir + "/tokenizer_config.json");
+  if (cfg_in) {
+    try {
+      json cfg = json::parse(cfg_in);
+      tok->set_specials(special_from(cfg, "bos_token", *tok), special_from(cfg, "eos_token", *tok),
+                        special_from(cfg, "pad_token", *tok));
+    } catch (const json::exception& e) {
+      throw Error(dir + "/tokenizer_config.json: not valid JSON (" + e.what() + "); restore the file");
+    }
+  }
+  return tok;
+}
+
+}  // namespace px::text

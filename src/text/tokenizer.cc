@@ -1,0 +1,22 @@
+// load_tokenizer: one entry point that opens a tokenizer file by its kind.
+#include <filesystem>
+
+#include "parallax/core.h"
+#include "parallax/text.h"
+
+namespace px::text {
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    throw Error("[tokenizer] '" + path +
+                "' does not exist; give a SentencePiece .model file or a byte-level BPE tokenizer.json");
+  if (fs::path(path).extension() == ".model") return load_sentencepiece(path);
+  if (fs::path(path).extension() == ".json") return load_bpe_tokenizer(path);
+  throw Error("[tokenizer] '" + path +
+              "' is not a supported tokenizer file; supported kinds: SentencePiece (.model), byte-level BPE "
+              "(tokenizer.json)");
+}
+
+}  // namespace px::text

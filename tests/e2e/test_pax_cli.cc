@@ -1,0 +1,259 @@
+// The pax program end to end: training a tiny experiment, --set types, user errors (exit 2),
+// Ctrl-C and resume, and TensorBoard reading the event files.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "testing.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int rc = -1;
+  std::string out;
+};
+
+// Runs pax with the arguments (a shell word list) and captures stdout and stderr together.
+Result pax(const std::string& args) {
+  const std::string cmd = std::string(PX_PAX_BIN) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string job(const std::string& name) {
+  std::string d = ::testing::TempDir() + "/pax_e2e_" + name;
+  fs::remove_all(d);
+  return d;
+}
+
+// A smaller copy model, so that a run is mostly compile time.
+const std::string kSmall =
+    " --exp=copy.TransformerLmTiny --set model.d_model=32 --set model.d_ff=64 --set model.n_layers=1"
+    " --set model.seq_len=16 --set data.batch=4 --set data.copy_eval_batches=2 --set schedule.warmup_steps=2";
+
+std::vector<nlohmann::json> metrics(const std::string& dir, const std::string& split) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) {
+      auto j = nlohmann::json::parse(line);
+      if (j["split"] == split) out.push_back(j);
+    }
+  return out;
+}
+
+TEST(PaxCli, TrainsTheTinyExperimentAndLeavesTheJobDir) {
+  const std::string d = job("train");
+  Result r = pax("train" + kSmall + " --job_log_dir=" + d +
+                 " --set train.steps=6 --set train.summary_interval=2 --set train.eval_interval=3"
+                 " --set train.checkpoint_interval=3");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  for (const char* f : {"config.toml", "plan.txt", "model_params.txt", "metrics.jsonl", "logs/train.log",
+                        "plots/loss.png", "plots/log_pplx.png", "checkpoints/checkpoint_00000003/meta.json",
+                        "checkpoints/checkpoint_00000006/state.safetensors"})
+    EXPECT_TRUE(fs::exists(d + "/" + f)) << f;
+  EXPECT_FALSE(fs::is_empty(d + "/summaries/train"));
+  EXPECT_FALSE(fs::is_empty(d + "/summaries/eval_test"));
+  auto train = metrics(d, "train");
+  ASSERT_EQ(train.size(), 3u);
+  EXPECT_EQ(train.back()["step"], 6);
+  for (const char* k : {"loss", "log_pplx", "learning_rate", "grad_norm", "grad_norm_clipped", "steps_per_sec",
+                        "tokens_per_sec"})
+    EXPECT_TRUE(train.back().contains(k)) << k;
+  auto eval = metrics(d, "eval_test");
+  ASSERT_EQ(eval.size(), 2u);
+  EXPECT_TRUE(eval[0].contains("fraction_of_correct_next_step_preds"));
+  EXPECT_NE(r.out.find("over 2 batches"), std::string::npos) << r.out;  // the whole eval split, stated
+  std::ifstream mp(d + "/model_params.txt");
+  std::string params((std::istreambuf_iterator<char>(mp)), {});
+  EXPECT_NE(params.find("blocks.0.attn.wq  [32,32]  f32  P()"), std::string::npos) << params;
+
+  // eval scores the latest checkpoint; the resolved config reproduces the run's config.
+  Result e = pax("eval --config " + d + "/config.toml --job_log_dir=" + d);
+  ASSERT_EQ(e.rc, 0) << e.out;
+  EXPECT_NE(e.out.find("eval step 6: loss"), std::string::npos) << e.out;
+  const std::string d2 = job("train_again");
+  Result again = pax("train --config " + d + "/config.toml --job_log_dir=" + d2);
+  ASSERT_EQ(again.rc, 0) << again.out;
+  std::ifstream a(d + "/config.toml"), b(d2 + "/config.toml");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(a)), {}), std::string((std::istreambuf_iterator<char>(b)), {}));
+  auto train2 = metrics(d2, "train");
+  ASSERT_EQ(train2.size(), train.size());
+  for (size_t i = 0; i < train.size(); ++i) EXPECT_EQ(train2[i]["loss"], train[i]["loss"]);  // deterministic
+}
+
+TEST(PaxCli, EverySetTypeIsAcceptedAndRejectedAsDocumented) {
+  const std::string base = "describe --exp=copy.TransformerLmTiny";
+  for (const char* ok : {"train.steps=70", "optimizer.lr=1e-4", "tokenizer.model=/x.model", "model.tied_embedding=false",
+                         "optimizer.name=sgd", "data.paths=a.txt,b.txt", "sharding.mesh=data:1"}) {
+    Result r = pax(base + " --set " + ok);
+    EXPECT_EQ(r.rc, 0) << ok << ": " << r.out;
+  }
+  EXPECT_NE(pax(base + " --set train.steps=70").out.find("steps = 70"), std::string::npos);
+  Result f = pax(base + " --fields");
+  EXPECT_EQ(f.rc, 0);
+  EXPECT_NE(f.out.find("optimizer.name"), std::string::npos);
+  EXPECT_NE(f.out.find("one of adamw, adam, sgd, adafactor"), std::string::npos) << f.out;
+  struct Bad {
+    const char* set;
+    const char* says;
+  };
+  for (Bad b : {Bad{"train.steps=seven", "train.steps='seven' is not an int"},
+                Bad{"train.steps=-3", "an int in [1, "},
+                Bad{"optimizer.lr=abc", "optimizer.lr='abc' is not a float"},
+                Bad{"model.tied_embedding=yes", "true or false"},
+                Bad{"optimizer.name=lion", "one of adamw, adam, sgd, adafactor"},
+                Bad{"data.paths=[a", "data.paths"},
+                Bad{"sharding.mesh=data4", "a mesh is name:size pairs"},
+                Bad{"train.steps=5", "lower schedule.warmup_steps or raise train.steps"},
+                Bad{"no.such=1", "unknown config field 'no.such'"},
+                Bad{"train.steps", "is not path=value"}}) {
+    Result r = pax(base + " --set " + b.set);
+    EXPECT_EQ(r.rc, 2) << b.set;
+    EXPECT_NE(r.out.find(b.says), std::string::npos) << b.set << ": " << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one line: " << r.out;
+  }
+}
+
+TEST(PaxCli, UserErrorsExitWithCode2AndOneLine) {
+  Result r = pax("train --exp=no.Such --job_log_dir=" + job("unknown"));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(r.out, "pax: error: [pax] unknown experiment 'no.Such'; see 'pax list'\n");
+
+  r = pax("train --exp=c4.C4Spmd1BAdam4Replicas --set sharding.mesh= --set memory.remat=none --job_log_dir=" +
+          job("c4"));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("reads text from data.paths, which is empty"), std::string::npos) << r.out;
+
+  r = pax("train --exp=copy.TransformerLmTiny --set data.kind=text --set data.paths=/no/such/corpus --job_log_dir=" +
+          job("missing"));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("'/no/such/corpus' does not exist"), std::string::npos) << r.out;
+
+  const std::string file = ::testing::TempDir() + "/pax_e2e_a_file";
+  std::ofstream(file) << "x";
+  r = pax("train" + kSmall + " --job_log_dir=" + file + "/job");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("cannot create the job dir"), std::string::npos) << r.out;
+
+  r = pax("train --exp=copy.TransformerLmTiny");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("pass --job_log_dir=DIR"), std::string::npos) << r.out;
+
+  r = pax("train --exp=copy.TransformerLmTiny --set memory.remat=full --job_log_dir=" + job("remat"));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("not available yet"), std::string::npos) << r.out;
+
+  r = pax("decode --exp=copy.TransformerLmTiny --job_log_dir=" + job("decode"));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("decode is not available yet"), std::string::npos) << r.out;
+
+  r = pax("frobnicate");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(pax("train --help").rc, 0);
+  EXPECT_NE(pax("list").out.find("c4.C4Spmd16BAdam32Replicas"), std::string::npos);
+  Result plan = pax("plan --exp=c4.C4Spmd16BAdam32Replicas");
+  EXPECT_EQ(plan.rc, 0) << plan.out;
+  EXPECT_NE(plan.out.find("per device: params"), std::string::npos);
+}
+
+TEST(PaxCli, InterruptedRunContinuesWithTheSameLosses) {
+  const std::string steps = " --set train.steps=14 --set train.summary_interval=1 --set train.eval_interval=0"
+                            " --set train.checkpoint_interval=0";
+  const std::string ref = job("ref"), cut = job("cut");
+  ASSERT_EQ(pax("train" + kSmall + steps + " --job_log_dir=" + ref).rc, 0);
+
+  const std::string cmd = std::string(PX_PAX_BIN) + " train" + kSmall + steps + " --job_log_dir=" + cut +
+                          " > " + ::testing::TempDir() + "/pax_e2e_cut.log 2>&1";
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Interrupt after a few steps have been summarized.
+  auto t0 = std::chrono::steady_clock::now();
+  while (metrics(cut, "train").size() < 3 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  kill(pid, SIGINT);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 130);
+  const size_t done = metrics(cut, "train").size();
+  EXPECT_LT(done, 14u);
+  ASSERT_TRUE(fs::exists(cut + "/checkpoints/checkpoint_" + std::string(8 - std::to_string(done).size(), '0') +
+                         std::to_string(done)));
+
+  Result r = pax("train" + kSmall + steps + " --job_log_dir=" + cut);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed at step " + std::to_string(done)), std::string::npos) << r.out;
+  auto a = metrics(ref, "train"), b = metrics(cut, "train");
+  ASSERT_EQ(a.size(), 14u);
+  ASSERT_EQ(b.size(), 14u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i]["step"], a[i]["step"]);
+    EXPECT_EQ(b[i]["loss"], a[i]["loss"]) << "step " << a[i]["step"];
+  }
+}
+
+TEST(PaxCli, TensorBoardReadsTheValuesOfMetricsJsonl) {
+  const std::string d = job("tb");
+  ASSERT_EQ(pax("train" + kSmall + " --job_log_dir=" + d +
+                " --set train.steps=4 --set train.summary_interval=1 --set train.eval_interval=2")
+                .rc,
+            0);
+  const std::string script = ::testing::TempDir() + "/pax_read_events.py";
+  std::ofstream(script) << R"(import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+out = {}
+for split in ("train", "eval_test"):
+    ea = EventAccumulator(sys.argv[1] + "/summaries/" + split)
+    ea.Reload()
+    out[split] = {t: [[e.step, e.value] for e in ea.Scalars(t)] for t in ea.Tags()["scalars"]}
+print(json.dumps(out))
+)";
+  const char* env = std::getenv("PX_TEST_PYTHON");
+  const std::string python = env && *env ? px::testing::test_python() : PX_VENV_PYTHON;
+  FILE* p = popen((python + " " + script + " " + d).c_str(), "r");
+  std::string text;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << "the tensorboard package is missing: run scripts/setup_test_venv.sh";
+  auto tb = nlohmann::json::parse(text);
+  int compared = 0;
+  for (const char* split : {"train", "eval_test"})
+    for (const auto& m : metrics(d, split))
+      for (auto& [k, v] : m.items()) {
+        if (k == "split" || k == "step" || k == "wall_time") continue;
+        ASSERT_TRUE(tb[split].contains(k)) << split << "/" << k;
+        bool found = false;
+        for (auto& sv : tb[split][k])
+          if (sv[0] == m["step"]) {
+            EXPECT_NEAR(sv[1].get<double>(), v.get<double>(), 1e-6 * std::max(1.0, std::abs(v.get<double>())));
+            found = true;
+            ++compared;
+          }
+        EXPECT_TRUE(found) << split << "/" << k << " at step " << m["step"];
+      }
+  EXPECT_GE(compared, 4 * 7 + 2 * 3);
+}
+
+}  // namespace

@@ -1,0 +1,163 @@
+// Training steps on bad input: optimizer options, checkpoints that do not fit, steps past the
+// traced counter, non-finite losses and out-of-range labels.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "optim/checkpoint.h"
+#include "parallax/io.h"
+#include "parallax/nn.h"
+#include "parallax/train.h"
+#include "testing.h"
+
+namespace px {
+namespace {
+
+using testing::error_of;
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A classifier with `layers` Linear layers over 4 features and 3 classes.
+struct Model {
+  nn::Scope root;
+  std::vector<nn::Linear> layers;
+  explicit Model(int n) {
+    for (int i = 0; i < n; ++i) layers.emplace_back(root.sub("l").sub(i), i == 0 ? 4 : 3, 3);
+  }
+  TrainStep::LossFn loss() {
+    return [this](const std::vector<Tensor>& b) {
+      Tensor h = b[0];
+      for (auto& l : layers) h = l(h);
+      return cross_entropy_loss(h, b[1]);
+    };
+  }
+};
+const std::vector<TensorType> kBatch = {{DType::f32, {2, 4}}, {DType::i32, {2}}};
+std::vector<Array> batch(float scale = 1.0f, int32_t label = 1) {
+  Array x = testing::random_array({2, 4}, DType::f32, 3);
+  std::vector<float> v = x.to_f32();
+  for (auto& e : v) e *= scale;
+  return {Array::from_f32(v, {2, 4}), Array::from_i32({0, label}, {2})};
+}
+
+std::string tmp(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("px_hardening_" + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+TEST(OptimizerOptions, NegativeLearningRatesAreRejected) {
+  EXPECT_TRUE(has(error_of([] { optim::sgd({.lr = -0.1}); }), "must be >= 0"));
+  EXPECT_THROW(optim::adamw({.lr = -1e-3}), UserError);
+  EXPECT_THROW(optim::warmup_cosine(-3e-4, 10, 100), UserError);
+  EXPECT_THROW(optim::linear_warmup(-1, 10), UserError);
+  EXPECT_NO_THROW(optim::sgd({.lr = 0.0}));
+}
+
+TEST(OptimizerOptions, ClipNormMustBeFiniteAndNonNegative) {
+  Model m(1);
+  for (double c : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    std::string e = error_of([&] { TrainStep(m.root.store(), optim::sgd({}), m.loss(), kBatch, {.clip_norm = c}); });
+    EXPECT_TRUE(has(e, "clip_norm must be a finite number >= 0")) << c << ": " << e;
+  }
+  EXPECT_NO_THROW(TrainStep(m.root.store(), optim::sgd({}), m.loss(), kBatch, {.clip_norm = 0.0}));
+}
+
+TEST(Checkpoint, ExtraTensorsAreRejected) {
+  Model three(3), two(2);
+  TrainStep big(three.root.store(), optim::sgd({.lr = 0.1, .momentum = 0.9}), three.loss(), kBatch);
+  TrainStep small(two.root.store(), optim::sgd({.lr = 0.1, .momentum = 0.9}), two.loss(), kBatch);
+  std::string p = tmp("three.safetensors");
+  big.save(p, big.init(1));
+  std::string e = error_of([&] { small.load(p); });
+  EXPECT_TRUE(has(e, "'l.2.w'") && has(e, "do not have")) << e;
+  EXPECT_NO_THROW(big.load(p));
+  std::filesystem::remove(p);
+}
+
+TEST(Checkpoint, StepIsParsedStrictlyAndNeverTruncated) {
+  Model m(1);
+  TrainStep step(m.root.store(), optim::sgd({.lr = 0.1}), m.loss(), kBatch);
+  TrainState s = step.init(1);
+  std::string p = tmp("step.safetensors");
+  std::vector<std::string> names = m.root.store().paths();
+  for (std::string bad : {"12abc", "-7", "", " 3", "+3", "2147483647", "99999999999999999999", "0x10"}) {
+    save_safetensors(p, names, s.params, {{"step", bad}, {"optimizer", step.optimizer().name()}});
+    std::string e = error_of([&] { step.load(p); });
+    EXPECT_TRUE(has(e, "metadata 'step'")) << "'" << bad << "': " << e;
+  }
+  save_safetensors(p, names, s.params, {{"step", "2147483646"}, {"optimizer", step.optimizer().name()}});
+  EXPECT_EQ(step.load(p).step, 2147483646);
+  std::filesystem::remove(p);
+  EXPECT_EQ(detail::parse_checkpoint_step("0", "f"), 0);
+}
+
+TEST(TrainSteps, StepsThatDoNotFitTheTracedCounterAreAnError) {
+  Model m(1);
+  TrainStep step(m.root.store(), optim::sgd({.lr = 0.1}), m.loss(), kBatch);
+  TrainState s = step.init(1);
+  s.step = int64_t{1} << 31;  // used to wrap to a negative step: negative lr, NaN params
+  std::string e = error_of([&] { step(s, batch()); });
+  EXPECT_TRUE(has(e, "[TrainStep]") && has(e, "2147483648")) << e;
+  s.step = -1;
+  EXPECT_THROW(step(s, batch()), UserError);
+  s.step = 2147483646;
+  EXPECT_NO_THROW(step(s, batch()));
+}
+
+TEST(NonFinite, MetricsSayWhenTheLossIsNotFinite) {
+  Model m(1);
+  TrainStep step(m.root.store(), optim::sgd({.lr = 0.1}), m.loss(), kBatch);
+  TrainState s = step.init(1);
+  StepMetrics ok = step(s, batch());
+  EXPECT_TRUE(ok.finite);
+  EXPECT_FALSE(ok.skipped);
+  StepMetrics bad = step(s, batch(std::numeric_limits<float>::quiet_NaN()));
+  EXPECT_FALSE(bad.finite);
+  EXPECT_FALSE(bad.skipped);  // not asked to skip: the update ran (and the params are NaN now)
+  EXPECT_EQ(s.step, 2);
+}
+
+TEST(NonFinite, SkipNonFiniteKeepsParamsAndStateAndCountsTheSkip) {
+  Model m(2);
+  TrainStep step(m.root.store(), optim::adamw({.lr = 1e-2}), m.loss(), kBatch, {.skip_nonfinite = true});
+  TrainState s = step.init(1);
+  step(s, batch());
+  std::vector<std::vector<float>> params, state;
+  for (auto& p : s.params) params.push_back(p.to_f32());
+  for (auto& o : s.opt_state) state.push_back(o.to_f32());
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 1e30f}) {
+    StepMetrics mt = step(s, batch(bad));
+    EXPECT_FALSE(mt.finite) << bad;
+    EXPECT_TRUE(mt.skipped) << bad;
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(s.params[i].to_f32(), params[i]) << bad;
+    for (size_t i = 0; i < state.size(); ++i) EXPECT_EQ(s.opt_state[i].to_f32(), state[i]) << bad;
+  }
+  EXPECT_EQ(s.step, 1);
+  EXPECT_EQ(s.skipped, 3);
+  StepMetrics again = step(s, batch());  // training goes on from the last good state
+  EXPECT_TRUE(again.finite && !again.skipped);
+  EXPECT_EQ(s.step, 2);
+  for (auto& p : s.params)
+    for (float v : p.to_f32()) EXPECT_TRUE(std::isfinite(v));
+}
+
+TEST(NonFinite, OutOfRangeLabelsGiveANonFiniteStep) {
+  // Labels are only known when the program runs: an out-of-range one is NaN (documented), which
+  // the metrics report and skip_nonfinite skips.
+  Model m(1);
+  TrainStep step(m.root.store(), optim::sgd({.lr = 0.1}), m.loss(), kBatch, {.skip_nonfinite = true});
+  TrainState s = step.init(1);
+  std::vector<float> before = s.params[0].to_f32();
+  for (int32_t label : {3, -5, 1000}) {
+    StepMetrics mt = step(s, batch(1.0f, label));
+    EXPECT_TRUE(std::isnan(mt.loss)) << label;
+    EXPECT_FALSE(mt.finite);
+    EXPECT_TRUE(mt.skipped);
+  }
+  EXPECT_EQ(s.params[0].to_f32(), before);
+  EXPECT_EQ(s.skipped, 3);
+}
+
+}  // namespace
+}  // namespace px

@@ -1,0 +1,157 @@
+// pax configs: typed dotted fields, --set parsing and validation, TOML round trips, the registry.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "parallax/pax.h"
+#include "testing.h"
+
+namespace px::pax {
+namespace {
+
+using px::testing::error_of;
+
+ExperimentConfig tiny() { return experiment("copy.TransformerLmTiny"); }
+
+TEST(PaxConfig, EveryTypeIsAcceptedBySetField) {
+  ExperimentConfig c = tiny();
+  set_field(c, "train.steps", "42");                 // int
+  set_field(c, "model.d_model", "1e2");              // an integral float is an int
+  set_field(c, "optimizer.lr", "2.5e-4");            // float
+  set_field(c, "tokenizer.model", "/x/spm.model");   // string
+  set_field(c, "model.tied_embedding", "false");     // bool
+  set_field(c, "optimizer.name", "sgd");             // enum
+  set_field(c, "data.paths", "a.txt, b/,'c,d.txt'"); // list (quotes keep commas)
+  set_field(c, "sharding.mesh", "data:4,model:2");   // mesh
+  EXPECT_EQ(c.train.steps, 42);
+  EXPECT_EQ(c.model.d_model, 100);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 2.5e-4);
+  EXPECT_EQ(c.tokenizer.model, "/x/spm.model");
+  EXPECT_FALSE(c.model.tied_embedding);
+  EXPECT_EQ(c.optimizer.name, "sgd");
+  EXPECT_EQ(c.data.paths, (std::vector<std::string>{"a.txt", "b/", "c,d.txt"}));
+  EXPECT_EQ(c.sharding.mesh, "data:4,model:2");
+  set_field(c, "data.paths", "[]");
+  EXPECT_TRUE(c.data.paths.empty());
+  apply_override(c, "sharding.rules=blocks.*.mlp.fc.w=P(None, 'model')");
+  EXPECT_EQ(c.sharding.rules, std::vector<std::string>{"blocks.*.mlp.fc.w=P(None, 'model')"});
+}
+
+TEST(PaxConfig, BadValuesNameTheFieldAndWhatIsAllowed) {
+  ExperimentConfig c = tiny();
+  EXPECT_NE(error_of([&] { set_field(c, "train.steps", "ten"); }).find("train.steps='ten' is not an int"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { set_field(c, "train.steps", "0"); }).find("an int in [1,"), std::string::npos);
+  EXPECT_NE(error_of([&] { set_field(c, "optimizer.lr", "fast"); }).find("optimizer.lr='fast' is not a float"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { set_field(c, "optimizer.lr", "-1"); }).find("a float in [0, 10]"), std::string::npos);
+  EXPECT_NE(error_of([&] { set_field(c, "model.tied_embedding", "maybe"); }).find("true or false"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { set_field(c, "optimizer.name", "lion"); }).find("one of adamw, adam, sgd, adafactor"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { set_field(c, "data.paths", "[a,"); }).find("data.paths"), std::string::npos);
+  EXPECT_NE(error_of([&] { set_field(c, "sharding.mesh", "data=4"); }).find("a mesh is name:size pairs"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { set_field(c, "sharding.mesh", "data:-1,model:-1"); }).find("only one axis"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { set_field(c, "train.stepz", "1"); }).find("the fields of 'train' are"), std::string::npos);
+  EXPECT_NE(error_of([&] { set_field(c, "trainer.steps", "1"); }).find("the sections are"), std::string::npos);
+  EXPECT_NE(error_of([&] { apply_override(c, "train.steps"); }).find("is not path=value"), std::string::npos);
+  EXPECT_EQ(c.train.steps, tiny().train.steps);  // rejected values change nothing
+}
+
+TEST(PaxConfig, RelationsAndUnavailableFeaturesAreChecked) {
+  ExperimentConfig c = tiny();
+  c.model.n_heads = 3;
+  EXPECT_NE(error_of([&] { validate(c); }).find("not divisible by model.n_heads=3"), std::string::npos);
+  c = tiny();
+  set_field(c, "memory.remat", "full");
+  EXPECT_EQ(error_of([&] { validate(c); }), "<no error>");  // plannable
+  EXPECT_NE(error_of([&] { check_runnable(c); }).find("memory.remat=full is not available yet"), std::string::npos);
+  c = tiny();
+  set_field(c, "memory.offload", "params");
+  EXPECT_NE(error_of([&] { check_runnable(c); }).find("not available yet"), std::string::npos);
+  c = tiny();
+  set_field(c, "sharding.strategy", "auto");
+  EXPECT_NE(error_of([&] { check_runnable(c); }).find("auto is not available yet"), std::string::npos);
+  c = tiny();
+  set_field(c, "sharding.rules", "blocks.*=P(('data'");
+  EXPECT_NE(error_of([&] { validate(c); }).find("sharding.rules"), std::string::npos);
+}
+
+TEST(PaxConfig, TomlRoundTripReproducesTheConfig) {
+  ExperimentConfig c = tiny();
+  set_field(c, "optimizer.lr", "0.0012345678901234");
+  set_field(c, "data.paths", "x.txt,y.jsonl");
+  set_field(c, "sharding.mesh", "data:2");
+  set_field(c, "train.seed", "7");
+  const std::string path = ::testing::TempDir() + "/pax_roundtrip.toml";
+  std::ofstream(path) << to_toml(c);
+  ExperimentConfig back = from_toml_file(path);
+  EXPECT_EQ(back.name, "copy.TransformerLmTiny");
+  for (const FieldInfo& f : fields()) EXPECT_EQ(field_text(back, f.path), field_text(c, f.path)) << f.path;
+  EXPECT_EQ(back.optimizer.lr, c.optimizer.lr);  // bit-exact
+  EXPECT_EQ(to_toml(back), to_toml(c));
+}
+
+TEST(PaxConfig, TomlRejectsUnknownKeysAndWrongTypes) {
+  const std::string path = ::testing::TempDir() + "/pax_bad.toml";
+  std::ofstream(path) << "experiment = 'copy.TransformerLmTiny'\n[train]\nstepz = 3\n";
+  EXPECT_NE(error_of([&] { from_toml_file(path); }).find("unknown config field 'train.stepz'"), std::string::npos);
+  std::ofstream(path) << "experiment = 'copy.TransformerLmTiny'\n[train]\nsteps = 'many'\n";
+  EXPECT_NE(error_of([&] { from_toml_file(path); }).find("train.steps must be int"), std::string::npos);
+  std::ofstream(path) << "experiment = 'copy.TransformerLmTiny'\n[optimizer]\nlr = 1\n";  // int for a float: fine
+  EXPECT_EQ(from_toml_file(path).optimizer.lr, 1.0);
+  std::ofstream(path) << "[train]\nsteps = 3\n";
+  EXPECT_NE(error_of([&] { from_toml_file(path); }).find("names no experiment"), std::string::npos);
+  std::ofstream(path) << "experiment = 'nope.Nope'\n";
+  EXPECT_NE(error_of([&] { from_toml_file(path); }).find("unknown experiment 'nope.Nope'"), std::string::npos);
+  EXPECT_NE(error_of([&] { from_toml_file(path + ".missing"); }).find("cannot read config file"), std::string::npos);
+}
+
+TEST(PaxRegistry, ExperimentsDeriveByOverridingFields) {
+  register_experiment("test.Derived", "copy tiny with one layer", [] {
+    ExperimentConfig c = experiment("copy.TransformerLmTiny");
+    c.model.n_layers = 1;
+    return c;
+  });
+  ExperimentConfig d = experiment("test.Derived");
+  EXPECT_EQ(d.name, "test.Derived");
+  EXPECT_EQ(d.summary, "copy tiny with one layer");
+  EXPECT_EQ(d.model.n_layers, 1);
+  EXPECT_EQ(d.model.d_model, tiny().model.d_model);
+  EXPECT_NE(error_of([] { register_experiment("test.Derived", "", [] { return ExperimentConfig(); }); })
+                .find("already registered"),
+            std::string::npos);
+  EXPECT_EQ(error_of([] { experiment("no.Such"); }), "[pax] unknown experiment 'no.Such'; see 'pax list'");
+  bool listed = false;
+  for (auto& e : list_experiments()) listed |= e.name == "test.Derived";
+  EXPECT_TRUE(listed);
+}
+
+TEST(PaxPlan, EveryShippedExperimentPlansFromShapesInSeconds) {
+  for (const ExperimentInfo& e : list_experiments()) {
+    if (e.name.rfind("test.", 0) == 0) continue;
+    auto t0 = std::chrono::steady_clock::now();
+    PlanReport r = plan(experiment(e.name), e.name.find("lm_cloud.LmCloudTransformerAdam") == 0 ? "cpu:8" : "");
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 20.0) << e.name;
+    EXPECT_GT(r.param_count, 0) << e.name;
+    EXPECT_GT(r.param_bytes_per_device, 0) << e.name;
+    EXPECT_NE(r.text().find("predicted step time: not available yet"), std::string::npos);
+  }
+  // The published sizes: 16B on data:16 x model:2, FSDP x TP.
+  PlanReport big = plan(experiment("c4.C4Spmd16BAdam32Replicas"));
+  EXPECT_EQ(big.devices, 32);
+  EXPECT_NEAR(big.param_count / 1e9, 16.5, 0.5);
+  EXPECT_NEAR(static_cast<double>(big.param_bytes_per_device), big.param_count * 4.0 / 32, big.param_count * 0.01);
+  EXPECT_NEAR(plan(experiment("c4.C4Spmd1BAdam4Replicas")).param_count / 1e9, 1.1, 0.2);
+  EXPECT_NEAR(plan(experiment("lm_cloud.LmCloudSpmd2B")).param_count / 1e9, 2.1, 0.2);
+  EXPECT_NEAR(plan(experiment("gcide.Gpt25M")).param_count / 1e6, 25, 3);
+}
+
+}  // namespace
+}  // namespace px::pax

@@ -1,0 +1,65 @@
+// The TensorBoard event writer: CRC32C, TFRecord framing, and the plot writer.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "parallax/core.h"
+#include "pax/plot.h"
+#include "pax/summary.h"
+
+namespace px::pax {
+namespace {
+
+TEST(PaxSummary, Crc32cMatchesTheStandardCheckValue) {
+  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);  // the CRC-32C check value (RFC 3720)
+  EXPECT_EQ(crc32c("", 0), 0u);
+}
+
+TEST(PaxSummary, EventFileIsFramedTfRecords) {
+  const std::string dir = ::testing::TempDir() + "/pax_events";
+  std::filesystem::remove_all(dir);
+  std::string path;
+  {
+    EventWriter w(dir);
+    w.scalars(5, {{"loss", 1.5}, {"learning_rate", 1e-3}});
+    path = w.path();
+  }
+  EXPECT_NE(path.find("/events.out.tfevents."), std::string::npos);
+  std::ifstream f(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), {});
+  size_t pos = 0;
+  int records = 0;
+  while (pos < bytes.size()) {
+    ASSERT_LE(pos + 12, bytes.size());
+    uint64_t len;
+    uint32_t len_crc, data_crc;
+    std::memcpy(&len, bytes.data() + pos, 8);
+    std::memcpy(&len_crc, bytes.data() + pos + 8, 4);
+    EXPECT_EQ(len_crc, masked_crc32c(bytes.data() + pos, 8));
+    ASSERT_LE(pos + 12 + len + 4, bytes.size());
+    std::memcpy(&data_crc, bytes.data() + pos + 12 + len, 4);
+    EXPECT_EQ(data_crc, masked_crc32c(bytes.data() + pos + 12, len));
+    pos += 12 + len + 4;
+    ++records;
+  }
+  EXPECT_EQ(records, 2);  // file_version, then one event with both scalars
+  EXPECT_NE(bytes.find("brain.Event:2"), std::string::npos);
+  EXPECT_NE(bytes.find("learning_rate"), std::string::npos);
+}
+
+TEST(PaxPlot, WritesAPng) {
+  const std::string path = ::testing::TempDir() + "/pax_plot.png";
+  plot_png(path, "loss", "step", "loss", {{"train", {1, 2, 3}, {3, 2, 1.5}}, {"eval", {2}, {2.5}, 0xd62728, true}});
+  std::ifstream f(path, std::ios::binary);
+  char sig[8] = {};
+  f.read(sig, 8);
+  EXPECT_EQ(std::memcmp(sig, "\x89PNG\r\n\x1a\n", 8), 0);
+  EXPECT_GT(std::filesystem::file_size(path), 2000u);
+  EXPECT_THROW(plot_png("/nonexistent_dir/x.png", "t", "x", "y", {}), px::Error);
+}
+
+}  // namespace
+}  // namespace px::pax

@@ -1,0 +1,120 @@
+"""Small random Hugging Face models and their reference outputs, for tests/nn/test_pretrained*.cc.
+
+  hf_models.py cases ROOT NAME=ARCH[,--untied|,--tied][,--shard][,--generate,N] ...
+      per case, a random model saved with save_pretrained in ROOT/NAME/model, and
+      ROOT/NAME/ref.safetensors: a random batch ("tokens", "targets" i32 [B, S], "prompt" [B, P])
+      and transformers' outputs on it: "logits", "loss", "grad.<name>" per parameter, greedy
+      "generated" [B, N]
+  hf_models.py logits MODEL_DIR REF OUT [MODEL_DIR REF OUT ...]
+      OUT gets the "logits" of the model in MODEL_DIR (e.g. one we exported) on REF's tokens
+
+One process handles every case: importing torch costs seconds.
+
+Nothing is downloaded: configs are built here and weights drawn at random.
+"""
+import sys
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+
+def make_config(arch, tied):
+    common = dict(vocab_size=96, max_position_embeddings=64, bos_token_id=None, eos_token_id=None,
+                  pad_token_id=None)
+    if arch == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=96, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                      bos_token_id=None, eos_token_id=None,
+                                      tie_word_embeddings=True if tied is None else tied)
+        return cfg, transformers.GPT2LMHeadModel
+    llama_like = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, rms_norm_eps=1e-5, **common)
+    if arch == "llama":
+        # Llama 3 shape: GQA, large theta and llama3 rope scaling.
+        cfg = transformers.LlamaConfig(
+            **llama_like, tie_word_embeddings=False if tied is None else tied,
+            rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                                 high_freq_factor=4.0, original_max_position_embeddings=16))
+        return cfg, transformers.LlamaForCausalLM
+    if arch == "llama2":
+        cfg = transformers.LlamaConfig(**{**llama_like, "num_key_value_heads": 4},
+                                       tie_word_embeddings=False if tied is None else tied)
+        return cfg, transformers.LlamaForCausalLM
+    if arch == "mistral":
+        cfg = transformers.MistralConfig(**llama_like, sliding_window=4,
+                                         tie_word_embeddings=False if tied is None else tied)
+        return cfg, transformers.MistralForCausalLM
+    if arch == "qwen2":
+        cfg = transformers.Qwen2Config(**llama_like, tie_word_embeddings=True if tied is None else tied)
+        return cfg, transformers.Qwen2ForCausalLM
+    raise SystemExit(f"unknown arch {arch}")
+
+
+def make(arch, out_dir, flags):
+    tied = True if "--tied" in flags else False if "--untied" in flags else None
+    cfg, cls = make_config(arch, tied)
+    torch.manual_seed(0)
+    model = cls(cfg).float()
+    # Random values everywhere (HF zero-inits biases), norms near one.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or ".ln_" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p) if name.endswith("weight") else 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(0.2 * torch.randn_like(p))
+    kw = dict(max_shard_size="20KB") if "--shard" in flags else {}
+    model.save_pretrained(out_dir, safe_serialization=True, **kw)
+
+
+def load(model_dir):
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32,
+                                                              attn_implementation="eager")
+    model.eval()
+    return model
+
+
+def reference(model_dir, out_path, flags):
+    model = load(model_dir)
+    g = torch.Generator().manual_seed(1)
+    vocab = model.config.vocab_size
+    batch = {"tokens": torch.randint(0, vocab, (2, 12), generator=g, dtype=torch.int32),
+             "targets": torch.randint(0, vocab, (2, 12), generator=g, dtype=torch.int32),
+             "prompt": torch.randint(0, vocab, (2, 8), generator=g, dtype=torch.int32)}
+    tokens, targets = batch["tokens"].long(), batch["targets"].long()
+    logits = model(tokens).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    loss.backward()
+    out = dict(batch)
+    out.update({"logits": logits.detach().contiguous(), "loss": loss.detach().reshape(1)})
+    for name, p in model.named_parameters():
+        out["grad." + name] = p.grad.detach().contiguous()
+    if "--generate" in flags:
+        n = int(flags[flags.index("--generate") + 1])
+        with torch.no_grad():
+            ids = model.generate(batch["prompt"].long(), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                 pad_token_id=0, attention_mask=torch.ones_like(batch["prompt"].long()))
+        out["generated"] = ids[:, batch["prompt"].shape[1]:].to(torch.int32).contiguous()
+    save_file(out, out_path)
+
+
+def main():
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "cases":
+        for spec in args[1:]:
+            name, rest = spec.split("=")
+            arch, *flags = rest.split(",")
+            case_dir = f"{args[0]}/{name}"
+            make(arch, case_dir + "/model", flags)
+            reference(case_dir + "/model", case_dir + "/ref.safetensors", flags)
+    elif cmd == "logits":
+        for i in range(0, len(args), 3):
+            with torch.no_grad():
+                logits = load(args[i])(load_file(args[i + 1])["tokens"].long()).logits
+            save_file({"logits": logits.contiguous()}, args[i + 2])
+    else:
+        raise SystemExit(f"unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    main()

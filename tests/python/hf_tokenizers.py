@@ -1,0 +1,110 @@
+"""Small byte-level BPE tokenizers trained here with the `tokenizers` package, and their outputs
+on a test corpus, for tests/text/test_bpe.cc.
+
+  hf_tokenizers.py OUT_DIR     writes OUT_DIR/<style>/tokenizer.json (+ tokenizer_config.json)
+                               for the gpt2, llama3 and qwen2 styles, and OUT_DIR/expected.json:
+                               {style: [{"text", "ids", "decoded", "prefix_ids", "prefix_decoded"}]}
+
+Nothing is downloaded: the tokenizers are trained on the corpus below.
+"""
+import json
+import os
+import sys
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+          r"\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+         r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+TRAIN = [
+    "The quick brown fox jumps over the lazy dog. It's 2024, and we'll see what they've done.",
+    "Le cœur a ses raisons que la raison ne connaît point. Ça va très bien, merci !",
+    "Über den Wolken muss die Freiheit wohl grenzenlos sein. Straße, Größe, Äpfel.",
+    "Москва — столица России. Привет, как дела? Всё хорошо.",
+    "日本語のテキストです。東京は日本の首都です。漢字とひらがなとカタカナ。",
+    "中文文本：北京是中国的首都。你好，世界！",
+    "مرحبا بالعالم. اللغة العربية جميلة.",
+    "नमस्ते दुनिया। हिंदी एक सुंदर भाषा है।",
+    "def main():\n    return {'a': [1, 2, 3]}  # code\n\tindent\r\n",
+    "Emoji: 😀🎉👍🏽 👨‍👩‍👧 ❤️ and symbols ©®™ ±×÷ €£¥",
+    "Numbers 1234567890 3.14159 -42 1e10 0x1F 100,000",
+] * 3
+
+TEST = [
+    "Hello world",
+    " leading space and trailing space ",
+    "I'M SHOUTING, YOU'RE NOT. Don't we'd they'll",
+    "Le cœur a ses raisons, mais l'été est chaud.",
+    "Größenwahn über alles",
+    "Съешь же ещё этих мягких французских булок",
+    "東京タワーと富士山",
+    "我爱北京天安门",
+    "العربية",
+    "हिंदी भाषा",
+    "Combining: cafe\u0301 vs café, Å vs A\u030a",
+    "👨‍👩‍👧‍👦 family, 🏳️‍🌈 flag, 🇫🇷 flag",
+    "1234567890123 and 3.14159265358979",
+    "tabs\tand\nnewlines\r\n\n\n   spaces     end",
+    "control \x01\x02\x7f bytes and nbsp\u00a0here and zero\u200bwidth",
+    "<|endoftext|>special in the middle<|endoftext|>",
+    "<|begin_of_text|>Hi<|end_of_text|><|im_start|>user\nHey<|im_end|>",
+    "unseen words: xylophone quizzical zephyr",
+    "",
+    " ",
+    "\n",
+    "a" * 50,
+    "ʕ•ᴥ•ʔ ¯\\_(ツ)_/¯ ∀x∈ℝ: x²≥0",
+]
+
+
+def train(pre, specials, ignore_merges=False, normalizer=None):
+    tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    if normalizer is not None:
+        tok.normalizer = normalizer
+    tok.pre_tokenizer = pre
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TRAIN, trainer)
+    return tok
+
+
+def main():
+    out = sys.argv[1]
+    styles = {
+        "gpt2": (train(pre_tokenizers.ByteLevel(add_prefix_space=False), ["<|endoftext|>"]),
+                 {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}),
+        "gpt2_prefix_space": (train(pre_tokenizers.ByteLevel(add_prefix_space=True), ["<|endoftext|>"]), {}),
+        "llama3": (train(pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+            ["<|begin_of_text|>", "<|end_of_text|>"], ignore_merges=True),
+            {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}),
+        "qwen2": (train(pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+            ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], normalizer=normalizers.NFC()),
+            {"eos_token": {"content": "<|im_end|>"}, "pad_token": "<|endoftext|>"}),
+    }
+    expected = {}
+    for name, (tok, cfg) in styles.items():
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+        tok.save(os.path.join(d, "tokenizer.json"))
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump(cfg, f)
+        rows = []
+        for text in TEST:
+            ids = tok.encode(text, add_special_tokens=False).ids
+            k = len(ids) // 2
+            rows.append({"text": text, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False),
+                         "prefix_ids": ids[:k], "prefix_decoded": tok.decode(ids[:k], skip_special_tokens=False)})
+        expected[name] = {"rows": rows, "vocab_size": tok.get_vocab_size(with_added_tokens=True)}
+    with open(os.path.join(out, "expected.json"), "w") as f:
+        json.dump(expected, f, ensure_ascii=False)
+
+
+if __name__ == "__main__":
+    main()
