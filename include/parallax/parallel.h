@@ -10,6 +10,7 @@
 //   std::cout << step.collectives_table();            // planned and counted collective bytes
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -130,6 +131,7 @@ class ShardedTrainStep {
   int64_t steps_run_ = 0;
   bool skip_nonfinite_ = false;
   std::vector<ShardedArray> out_;  // last step's outputs: reused as the next step's buffers
+  std::atomic<bool> busy_{false};  // one step at a time: a concurrent call throws
 };
 
 // A plain function sharded by a recipe: its first argument is the params (as one list).

@@ -9,6 +9,7 @@
 //   for (int i = 0; i < 100; ++i) std::cout << step(state, {tokens, targets}).loss << "\n";
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -81,6 +82,7 @@ class TrainStep {
   std::vector<Array> inputs_, outputs_;  // reused every step: no allocation after the first
   size_t n_params_ = 0, n_state_ = 0;
   bool skip_nonfinite_ = false;
+  std::atomic<bool> busy_{false};  // one step at a time: a concurrent call throws
 };
 
 // The traced training step and what its parts are: the input of the sharding decision, the

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/dump.h"
+#include "core/exclusive.h"
 #include "optim/checkpoint.h"
 #include "parallax/autodiff.h"
 #include "parallax/io.h"
@@ -133,6 +134,7 @@ TrainState TrainStep::init(std::vector<Array> params) const {
 }
 
 StepMetrics TrainStep::operator()(TrainState& state, const std::vector<Array>& batch) {
+  ExclusiveCall call(busy_, "training step");  // inputs_ and outputs_ are reused by every call
   if (state.params.size() != n_params_ || state.opt_state.size() != n_state_)
     throw Error("[TrainStep] the state holds " + std::to_string(state.params.size()) + " params and " +
                 std::to_string(state.opt_state.size()) + " optimizer tensors; expected " + std::to_string(n_params_) +

@@ -17,6 +17,7 @@
 
 #include "backend/cpu/kernel.h"
 #include "core/dump.h"
+#include "core/exclusive.h"
 #include "core/env.h"
 #include "core/log.h"
 #include "ir/primitive.h"
@@ -126,7 +127,7 @@ struct Executable::Impl {
   std::vector<CollectiveHandle> handles;  // per collective, between its start and its wait
   std::vector<double> step_seconds;       // per unit, summed over runs; empty unless profiling
   int profiled_runs = 0;
-  std::atomic<bool> running{false};
+  std::atomic<bool> running{false};  // one call at a time: run patches pointers in place
 
   ~Impl() {
     for (Device& d : devices) {
@@ -600,19 +601,6 @@ void Executable::Impl::run_block(const Block& b) {
   }
 }
 
-namespace {
-// Throws when another thread is running the same executable (it patches pointers in place).
-struct RunGuard {
-  std::atomic<bool>& flag;
-  explicit RunGuard(std::atomic<bool>& f) : flag(f) {
-    if (flag.exchange(true))
-      throw Error(
-          "[run] this executable is already running on another thread; an executable (and a training step) runs "
-          "one call at a time: compile one per thread, or serialize the calls");
-  }
-  ~RunGuard() { flag.store(false); }
-};
-}  // namespace
 
 std::vector<Array> Executable::run(const std::vector<Array>& inputs) {
   std::vector<Array> outs;
@@ -627,7 +615,7 @@ void Executable::run_into(const std::vector<Array>& inputs, std::vector<Array>& 
     throw Error("[run] this program runs on " + std::to_string(impl_->devices.size()) +
                 " devices: use run_on_devices (or the ShardedExecutable that compiled it)");
   Impl& im = *impl_;
-  RunGuard guard(im.running);
+  ExclusiveCall call(im.running, "executable");
   im.check_args(inputs, outputs);
   im.bind(im.devices[0], inputs, outputs);
   apply_thread_settings();
@@ -639,7 +627,7 @@ void Executable::run_into(const std::vector<Array>& inputs, std::vector<Array>& 
 void Executable::run_on_devices(const std::vector<std::vector<Array>>& inputs,
                                 std::vector<std::vector<Array>>& outputs) {
   Impl& im = *impl_;
-  RunGuard guard(im.running);
+  ExclusiveCall call(im.running, "executable");
   if (inputs.size() != im.devices.size() || outputs.size() != im.devices.size())
     throw Error("[run] expected input and output lists for " + std::to_string(im.devices.size()) + " devices");
   for (size_t d = 0; d < im.devices.size(); ++d) {

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "backend/cpu/kernel.h"
+#include "core/exclusive.h"
 #include "distributed/communicator.h"
 #include "ir/primitive.h"
 #include "parallax/spmd.h"
@@ -21,6 +22,7 @@ struct ShardedExecutable::Impl {
   int64_t devices = 1;
   std::vector<Array> coords;  // per device
   std::vector<std::vector<Array>> ins, outs;  // per device, reused between runs
+  std::atomic<bool> running{false};           // one run at a time (ins / outs are reused)
 };
 
 ShardedExecutable::ShardedExecutable(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -88,6 +90,7 @@ std::vector<ShardedArray> ShardedExecutable::run(const std::vector<ShardedArray>
 
 void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::vector<ShardedArray>& outs) {
   Impl& m = *impl_;
+  ExclusiveCall call(m.running, "sharded executable");
   const Graph& g = *m.prog.local;
   const size_t nin = m.prog.in_shardings.size();
   if (inputs.size() != nin)

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <thread>
 
 #include "optim/checkpoint.h"
 #include "parallax/io.h"
@@ -157,6 +158,46 @@ TEST(NonFinite, OutOfRangeLabelsGiveANonFiniteStep) {
   }
   EXPECT_EQ(s.params[0].to_f32(), before);
   EXPECT_EQ(s.skipped, 3);
+}
+
+}  // namespace
+}  // namespace px
+
+namespace px {
+namespace {
+
+// One training step called from 4 threads at once, each thread with its own state: every call
+// either updates that state exactly as a serial run would, or throws the documented error and
+// leaves the state as it was; never a wrong result.
+TEST(Concurrency, OneTrainStepFromFourThreadsIsCorrectOrRefused) {
+  Model m(2);
+  TrainStep step(m.root.store(), optim::adamw({.lr = 1e-2}), m.loss(), kBatch);
+  const std::vector<Array> b = batch();
+  const int kSteps = 250;  // 4 x 250 = 1,000 calls
+  std::vector<float> reference;  // the loss of step k of a serial run from init(1)
+  {
+    TrainState s = step.init(1);
+    for (int k = 0; k < kSteps; ++k) reference.push_back(step(s, b).loss);
+  }
+  std::atomic<int> wrong{0}, refused{0}, ok{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      TrainState s = step.init(1);
+      for (int i = 0; i < kSteps; ++i) {
+        const int64_t k = s.step;
+        try {
+          float loss = step(s, b).loss;
+          (loss == reference[k] && s.step == k + 1 ? ok : wrong)++;
+        } catch (const Error& e) {
+          (has(e.what(), "already running on another thread") && s.step == k ? refused : wrong)++;
+        }
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(ok.load() + refused.load(), 4 * kSteps);
+  EXPECT_GT(ok.load(), 0);
 }
 
 }  // namespace

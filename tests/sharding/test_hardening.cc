@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <thread>
 
 #include "parallax/nn.h"
 #include "parallax/parallel.h"
@@ -46,6 +47,40 @@ TEST(ShardedHardening, ABatchThatDoesNotDivideTheDataAxesIsAnError) {
                UserError);
   EXPECT_NO_THROW(ShardedTrainStep(m.root.store(), optim::sgd({.lr = 0.1}), m.loss(), batch_types(16),
                                    Mesh::cpu({{"data", 8}}), ShardingStrategy::DDP));
+}
+
+// One sharded step called from 4 threads at once, each with its own state: every call either
+// updates that state as a serial run would or throws the documented error; never a wrong result.
+TEST(ShardedHardening, OneStepFromFourThreadsIsCorrectOrRefused) {
+  Model m;
+  ShardedTrainStep step(m.root.store(), optim::adamw({.lr = 1e-2}), m.loss(), batch_types(8),
+                        Mesh::cpu({{"data", 4}}), ShardingStrategy::FSDP);
+  const std::vector<Array> b = batch(8, 1.0f);
+  const int kSteps = 60;
+  std::vector<float> reference;
+  {
+    ShardedTrainState s = step.init(1);
+    for (int k = 0; k < kSteps; ++k) reference.push_back(step(s, b).loss);
+  }
+  std::atomic<int> wrong{0}, refused{0}, ok{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      ShardedTrainState s = step.init(1);
+      for (int i = 0; i < kSteps; ++i) {
+        const int64_t k = s.step;
+        try {
+          float loss = step(s, b).loss;
+          (loss == reference[k] && s.step == k + 1 ? ok : wrong)++;
+        } catch (const Error& e) {
+          (has(e.what(), "already running on another thread") && s.step == k ? refused : wrong)++;
+        }
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(ok.load() + refused.load(), 4 * kSteps);
+  EXPECT_GT(ok.load(), 0);
 }
 
 TEST(ShardedHardening, SkipNonFiniteWorksOnAMesh) {

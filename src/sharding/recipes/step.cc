@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/exclusive.h"
 #include "core/log.h"
 #include "optim/checkpoint.h"
 #include "parallax/autodiff.h"
@@ -177,6 +178,7 @@ const Sharding& ShardedTrainStep::batch_sharding(int i) const {
 }
 
 StepMetrics ShardedTrainStep::operator()(ShardedTrainState& state, const std::vector<Array>& batch) {
+  ExclusiveCall call(busy_, "training step");  // out_ is reused by every call
   if (state.params.size() != n_params_ || state.opt_state.size() != n_state_)
     throw Error("[ShardedTrainStep] the state does not belong to this step (make it with ShardedTrainStep::init)");
   if (batch.size() != batch_types_.size())
