@@ -212,6 +212,28 @@ struct EvalResult {
 // Evaluates the checkpoint at `step` (latest when empty) over train.eval_batches (0 = all).
 EvalResult evaluate(const ExperimentConfig& c, const RunOptions& opts, std::optional<int64_t> step = {});
 
+struct DecodeOptions {
+  // Text data: text, tokenized by the experiment's tokenizer. The copy task (no tokenizer): token
+  // ids separated by spaces or commas.
+  std::string prompt;
+  std::optional<int64_t> step;  // checkpoint step (latest when empty)
+  int64_t max_new_tokens = 32;  // capped so that prompt + new tokens fit model.seq_len
+  double temperature = 0.0;     // 0: greedy
+  int64_t top_k = 0;            // > 0: sample among the k most likely tokens
+  double top_p = 1.0;           // < 1: nucleus sampling
+  uint64_t seed = 0;
+  bool use_cache = true;        // false: recompute the whole prefix for every token (for checking)
+};
+struct DecodeResult {
+  int64_t step = 0;                      // the checkpoint's step
+  std::vector<int32_t> prompt_ids, new_ids;
+  std::string text;                      // the new tokens as text (ids when there is no tokenizer)
+  std::vector<double> token_seconds;     // per new token
+};
+// Continues the prompt with the model of the checkpoint at `step` (a KV cache: each new token
+// costs one position). Throws px::Error for a missing checkpoint, an empty or too long prompt.
+DecodeResult decode(const ExperimentConfig& c, const RunOptions& opts, const DecodeOptions& d);
+
 // ---- the command line -------------------------------------------------------------------------
 
 // `pax train|eval|decode|plan|list|describe ...`: returns the exit code (2 for user errors).

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "parallax/io.h"
+
 namespace fs = std::filesystem;
 
 namespace px::pax {
@@ -16,6 +18,26 @@ std::string Checkpoints::path(int64_t step) const {
   char name[64];
   std::snprintf(name, sizeof name, "checkpoint_%08lld", static_cast<long long>(step));
   return dir_ + "/" + name;
+}
+
+std::vector<Array> Checkpoints::params(std::optional<int64_t>& step, const nn::TransformerLm& model) const {
+  if (!step) step = latest();
+  if (!step) throw Error("[pax] no checkpoint in '" + dir_ + "'; run 'pax train' first");
+  const std::string file = path(*step) + "/state.safetensors";
+  if (!std::filesystem::exists(file))
+    throw Error("[pax] no checkpoint at step " + std::to_string(*step) + " ('" + file + "')");
+  SafetensorsFile f = load_safetensors(file);
+  std::vector<Array> out;
+  for (const nn::ParamSpec& p : model.store().specs()) {
+    if (!f.contains(p.path))
+      throw Error("[pax] checkpoint '" + file + "' has no param '" + p.path + "' (a different model?)");
+    const Array& a = f.get(p.path);
+    if (a.type() != p.type)
+      throw Error("[pax] checkpoint param '" + p.path + "' is " + type_str(a.type()) + " but the model wants " +
+                  type_str(p.type));
+    out.push_back(a);
+  }
+  return out;
 }
 
 void Checkpoints::save(int64_t step, const StepRunner& runner, const std::string& data_state) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "parallax/nn.h"
 #include "pax/step_runner.h"
 
 namespace px::pax {
@@ -22,6 +23,9 @@ class Checkpoints {
   // Loads the checkpoint into the runner and returns its data state; throws naming the folder.
   std::string restore(int64_t step, StepRunner& runner) const;
   std::string path(int64_t step) const;
+  // The params of the checkpoint at `step` (the latest when empty; set to the one read), checked
+  // against the model's paths and types; for eval and decode, without optimizer state.
+  std::vector<Array> params(std::optional<int64_t>& step, const nn::TransformerLm& model) const;
 
  private:
   std::string dir_;

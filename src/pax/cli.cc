@@ -6,10 +6,12 @@
 //   pax plan --exp=c4.C4Spmd16BAdam32Replicas
 //   pax train --exp=copy.TransformerLmTiny --job_log_dir=/tmp/job --set train.steps=50
 //   pax eval --job_log_dir=/tmp/job --config /tmp/job/config.toml
+//   pax decode --job_log_dir=/tmp/job --config /tmp/job/config.toml --prompt "The meaning of"
 //
 // Every user error (unknown experiment, bad --set, missing data, unwritable job dir) exits with
 // code 2 and a one-line reason.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -75,7 +77,7 @@ int cli_main(int argc, char** argv) {
   CLI::App* plan = app.add_subcommand("plan", "per-param placement and per-device memory, from shapes alone");
   CLI::App* train = app.add_subcommand("train", "train, resuming from the latest checkpoint in the job dir");
   CLI::App* eval = app.add_subcommand("eval", "evaluate the latest (or a given) checkpoint");
-  CLI::App* decode = app.add_subcommand("decode", "generate text from a prompt (not available yet)");
+  CLI::App* decode = app.add_subcommand("decode", "continue a prompt with the latest (or a given) checkpoint");
   add_common(describe, o, false);
   add_common(plan, o, false);
   add_common(train, o, true);
@@ -84,6 +86,20 @@ int cli_main(int argc, char** argv) {
   describe->add_flag("--fields", list_fields, "list every field: path, type, value, allowed values, meaning");
   eval->add_option("--step", eval_step, "checkpoint step (default: the latest)");
   eval->add_option("--batches", eval_batches, "eval batches (default: train.eval_batches; 0 = the whole split)");
+  px::pax::DecodeOptions dopt;
+  int64_t decode_step = -1;
+  decode->add_option("--prompt", dopt.prompt, "the text to continue (the copy task: token ids, e.g. \"5 9 2\")")
+      ->required();
+  decode->add_option("--step", decode_step, "checkpoint step (default: the latest)");
+  decode->add_option("--max_new_tokens", dopt.max_new_tokens, "tokens to generate (capped by model.seq_len)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  decode->add_option("--temperature", dopt.temperature, "0: greedy; > 0: sample")->check(CLI::Range(0.0, 100.0));
+  decode->add_option("--top_k", dopt.top_k, "sample among the k most likely tokens (0: all)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  decode->add_option("--top_p", dopt.top_p, "nucleus sampling: the smallest set reaching this probability")
+      ->check(CLI::Range(0.0, 1.0));
+  decode->add_option("--seed", dopt.seed, "sampling seed");
+  decode->add_flag("!--no_cache", dopt.use_cache, "recompute the whole prefix for every token (slow; for checking)");
 
   try {
     app.parse(argc, argv);
@@ -104,11 +120,6 @@ int cli_main(int argc, char** argv) {
         std::printf("%-*s  %s\n", static_cast<int>(w), e.name.c_str(), e.summary.c_str());
       return 0;
     }
-    if (decode->parsed()) {
-      std::fprintf(stderr, "pax: error: decode is not available yet (it comes with KV-cache decoding); use "
-                           "'pax eval' to score a checkpoint\n");
-      return 2;
-    }
     px::pax::ExperimentConfig c = resolve(o);
     if (describe->parsed()) {
       std::cout << (list_fields ? px::pax::fields_table(c) : px::pax::describe(c));
@@ -125,6 +136,16 @@ int cli_main(int argc, char** argv) {
       std::signal(SIGINT, on_sigint);
       px::pax::TrainResult r = px::pax::train(c, ro);
       return r.interrupted ? 130 : 0;
+    }
+    if (decode->parsed()) {
+      if (decode_step >= 0) dopt.step = decode_step;
+      px::pax::DecodeResult r = px::pax::decode(c, ro, dopt);
+      double avg = 0;
+      for (double t : r.token_seconds) avg += t / static_cast<double>(std::max<size_t>(r.token_seconds.size(), 1));
+      std::fprintf(stderr, "decode: checkpoint step %lld, %zu prompt tokens, %zu new tokens, %.2f ms per token\n",
+                   static_cast<long long>(r.step), r.prompt_ids.size(), r.new_ids.size(), avg * 1e3);
+      std::printf("%s\n", r.text.c_str());
+      return 0;
     }
     if (eval->parsed()) {
       if (eval_batches >= 0) px::pax::set_field(c, "train.eval_batches", std::to_string(eval_batches));

@@ -52,6 +52,7 @@ class TextSource : public DataSource {
   std::string state() const override { return ds_.state(); }
   void restore(const std::string& s) override { ds_.restore(s); }
   int64_t vocab_size() const override { return ds_.tokenizer().vocab_size(); }
+  const text::Tokenizer* tokenizer() const override { return &ds_.tokenizer(); }
 
  private:
   static data::TextDataOptions options(const ExperimentConfig& c, const std::string& job_dir) {

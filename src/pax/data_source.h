@@ -7,6 +7,7 @@
 
 #include "parallax/data.h"
 #include "parallax/pax.h"
+#include "parallax/text.h"
 
 namespace px::pax {
 
@@ -20,6 +21,8 @@ class DataSource {
   virtual std::string state() const = 0;
   virtual void restore(const std::string& state) = 0;
   virtual int64_t vocab_size() const = 0;
+  // Text data: its tokenizer; the copy task: none (its tokens are plain ids).
+  virtual const text::Tokenizer* tokenizer() const { return nullptr; }
 };
 
 // Throws px::Error (a user error) for missing paths or a data kind this build lacks.

@@ -327,24 +327,9 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
 EvalResult evaluate(const ExperimentConfig& c, const RunOptions& opts, std::optional<int64_t> step) {
   check_runnable(c);
   prepare_job_dir(opts.job_dir);
-  Checkpoints ckpt(opts.job_dir, c.train.checkpoint_keep);
-  if (!step) step = ckpt.latest();
-  if (!step) throw Error("[pax] no checkpoint in '" + opts.job_dir + "/checkpoints'; run 'pax train' first");
-  const std::string file = ckpt.path(*step) + "/state.safetensors";
-  if (!fs::exists(file)) throw Error("[pax] no checkpoint at step " + std::to_string(*step) + " ('" + file + "')");
   std::unique_ptr<DataSource> data = make_data_source(c, opts.job_dir);
   nn::TransformerLm model(lm_config(c));
-  SafetensorsFile f = load_safetensors(file);
-  std::vector<Array> params;
-  for (const nn::ParamSpec& p : model.store().specs()) {
-    if (!f.contains(p.path))
-      throw Error("[pax] checkpoint '" + file + "' has no param '" + p.path + "' (a different model?)");
-    const Array& a = f.get(p.path);
-    if (a.type() != p.type)
-      throw Error("[pax] checkpoint param '" + p.path + "' is " + type_str(a.type()) + " but the model wants " +
-                  type_str(p.type));
-    params.push_back(a);
-  }
+  std::vector<Array> params = Checkpoints(opts.job_dir, c.train.checkpoint_keep).params(step, model);
   std::ostringstream note;
   const int64_t n = eval_batch_count(c, *data, note);
   Evaluator ev(c, model);

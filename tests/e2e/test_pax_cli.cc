@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "testing.h"
@@ -97,6 +98,48 @@ TEST(PaxCli, TrainsTheTinyExperimentAndLeavesTheJobDir) {
   auto train2 = metrics(d2, "train");
   ASSERT_EQ(train2.size(), train.size());
   for (size_t i = 0; i < train.size(); ++i) EXPECT_EQ(train2[i]["loss"], train[i]["loss"]);  // deterministic
+}
+
+// decode continues a prompt from the latest checkpoint: greedy output is the same with and
+// without the KV cache, sampling is reproducible by seed, and bad prompts are user errors.
+TEST(PaxCli, DecodeContinuesAPromptWithAndWithoutTheCache) {
+  const std::string d = job("decode");
+  Result t = pax("train" + kSmall + " --job_log_dir=" + d + " --set train.steps=4 --set train.checkpoint_interval=4");
+  ASSERT_EQ(t.rc, 0) << t.out;
+  const std::string base = "decode --config " + d + "/config.toml --job_log_dir=" + d;
+  auto ids_of = [](const std::string& out) {  // the last line: the new token ids
+    std::string s = out.substr(0, out.find_last_not_of('\n') + 1);
+    std::istringstream in(s.substr(s.find_last_of('\n') + 1));
+    std::vector<int> ids;
+    for (int v; in >> v;) ids.push_back(v);
+    return ids;
+  };
+  Result cached = pax(base + " --prompt '3 1 4 1 5' --max_new_tokens 8");
+  ASSERT_EQ(cached.rc, 0) << cached.out;
+  EXPECT_NE(cached.out.find("checkpoint step 4, 5 prompt tokens, 8 new tokens"), std::string::npos) << cached.out;
+  std::vector<int> ids = ids_of(cached.out);
+  ASSERT_EQ(ids.size(), 8u) << cached.out;
+  for (int v : ids) EXPECT_TRUE(v >= 0 && v < 16) << v;  // the copy task's vocabulary
+  Result plain = pax(base + " --prompt 3,1,4,1,5 --max_new_tokens 8 --no_cache");
+  ASSERT_EQ(plain.rc, 0) << plain.out;
+  EXPECT_EQ(ids_of(plain.out), ids);
+
+  Result s1 = pax(base + " --prompt '3 1 4' --max_new_tokens 6 --temperature 1.5 --top_k 20 --seed 7");
+  Result s2 = pax(base + " --prompt '3 1 4' --max_new_tokens 6 --temperature 1.5 --top_k 20 --seed 7");
+  ASSERT_EQ(s1.rc, 0) << s1.out;
+  EXPECT_EQ(ids_of(s1.out), ids_of(s2.out));
+  Result capped = pax(base + " --prompt '1 2 3 4 5 6 7 8 9 10 11 12' --max_new_tokens 50");
+  ASSERT_EQ(capped.rc, 0) << capped.out;
+  EXPECT_EQ(ids_of(capped.out).size(), 4u) << capped.out;  // seq_len 16
+
+  for (const char* bad : {"'1 two 3'", "'1 99999'", "'1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1'", "' '"}) {
+    Result e = pax(base + " --prompt " + bad);
+    EXPECT_EQ(e.rc, 2) << bad << ": " << e.out;
+    EXPECT_NE(e.out.find("pax: error:"), std::string::npos) << e.out;
+  }
+  Result none = pax("decode" + kSmall + " --job_log_dir=" + job("decode_empty") + " --prompt '1 2'");
+  EXPECT_EQ(none.rc, 2) << none.out;
+  EXPECT_NE(none.out.find("run 'pax train' first"), std::string::npos) << none.out;
 }
 
 TEST(PaxCli, EverySetTypeIsAcceptedAndRejectedAsDocumented) {
