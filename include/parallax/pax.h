@@ -233,6 +233,16 @@ struct DecodeResult {
 // Continues the prompt with the model of the checkpoint at `step` (a KV cache: each new token
 // costs one position). Throws px::Error for a missing checkpoint, an empty or too long prompt.
 DecodeResult decode(const ExperimentConfig& c, const RunOptions& opts, const DecodeOptions& d);
+// The same from a Hugging Face model directory (nn::load_pretrained), with its tokenizer.json or
+// tokenizer.model when it has one (else the prompt is token ids). `step` is unused.
+DecodeResult decode_pretrained(const std::string& dir, const DecodeOptions& d);
+
+// Writes the params of the checkpoint at `step` (latest when empty) as a Hugging Face model
+// directory (nn::save_pretrained: config.json and model.safetensors; GPT2LMHeadModel for the
+// gpt2 flavour, LlamaForCausalLM for llama) that `transformers` and `pax decode --hf_model` load.
+// Returns the step exported. `format` must be "hf".
+int64_t export_checkpoint(const ExperimentConfig& c, const RunOptions& opts, const std::string& out_dir,
+                          const std::string& format = "hf", std::optional<int64_t> step = {});
 
 // ---- the command line -------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@
 //   pax train --exp=copy.TransformerLmTiny --job_log_dir=/tmp/job --set train.steps=50
 //   pax eval --job_log_dir=/tmp/job --config /tmp/job/config.toml
 //   pax decode --job_log_dir=/tmp/job --config /tmp/job/config.toml --prompt "The meaning of"
+//   pax decode --hf_model=models/gpt2-small --prompt "The meaning of"
+//   pax export --format=hf --job_log_dir=/tmp/job --config /tmp/job/config.toml --out /tmp/job-hf
 //
 // Every user error (unknown experiment, bad --set, missing data, unwritable job dir) exits with
 // code 2 and a one-line reason.
@@ -78,11 +80,18 @@ int cli_main(int argc, char** argv) {
   CLI::App* train = app.add_subcommand("train", "train, resuming from the latest checkpoint in the job dir");
   CLI::App* eval = app.add_subcommand("eval", "evaluate the latest (or a given) checkpoint");
   CLI::App* decode = app.add_subcommand("decode", "continue a prompt with the latest (or a given) checkpoint");
+  CLI::App* exp = app.add_subcommand("export", "write the latest (or a given) checkpoint as a Hugging Face model dir");
   add_common(describe, o, false);
   add_common(plan, o, false);
   add_common(train, o, true);
   add_common(eval, o, true);
   add_common(decode, o, true);
+  add_common(exp, o, true);
+  std::string export_format = "hf", export_out;
+  int64_t export_step = -1;
+  exp->add_option("--format", export_format, "output format: hf (config.json + model.safetensors)");
+  exp->add_option("--out", export_out, "the directory to write (created if needed)")->required();
+  exp->add_option("--step", export_step, "checkpoint step (default: the latest)");
   describe->add_flag("--fields", list_fields, "list every field: path, type, value, allowed values, meaning");
   eval->add_option("--step", eval_step, "checkpoint step (default: the latest)");
   eval->add_option("--batches", eval_batches, "eval batches (default: train.eval_batches; 0 = the whole split)");
@@ -91,6 +100,8 @@ int cli_main(int argc, char** argv) {
   decode->add_option("--prompt", dopt.prompt, "the text to continue (the copy task: token ids, e.g. \"5 9 2\")")
       ->required();
   decode->add_option("--step", decode_step, "checkpoint step (default: the latest)");
+  std::string hf_model;
+  decode->add_option("--hf_model", hf_model, "a Hugging Face model dir to decode from instead of an experiment");
   decode->add_option("--max_new_tokens", dopt.max_new_tokens, "tokens to generate (capped by model.seq_len)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   decode->add_option("--temperature", dopt.temperature, "0: greedy; > 0: sample")->check(CLI::Range(0.0, 100.0));
@@ -120,6 +131,26 @@ int cli_main(int argc, char** argv) {
         std::printf("%-*s  %s\n", static_cast<int>(w), e.name.c_str(), e.summary.c_str());
       return 0;
     }
+    if (decode->parsed()) {
+      if (decode_step >= 0) dopt.step = decode_step;
+      px::pax::DecodeResult r;
+      if (!hf_model.empty()) {
+        if (!o.exp.empty() || !o.config.empty() || !o.job_dir.empty())
+          throw px::UserError("[pax] decode: --hf_model takes the model from its directory; drop --exp, --config "
+                              "and --job_log_dir");
+        r = px::pax::decode_pretrained(hf_model, dopt);
+      } else {
+        need_job_dir(o);
+        r = px::pax::decode(resolve(o), {.job_dir = o.job_dir, .devices = o.devices}, dopt);
+      }
+      double avg = 0;
+      for (double t : r.token_seconds) avg += t / static_cast<double>(std::max<size_t>(r.token_seconds.size(), 1));
+      std::fprintf(stderr, "decode: %s, %zu prompt tokens, %zu new tokens, %.2f ms per token\n",
+                   hf_model.empty() ? ("checkpoint step " + std::to_string(r.step)).c_str() : hf_model.c_str(),
+                   r.prompt_ids.size(), r.new_ids.size(), avg * 1e3);
+      std::printf("%s\n", r.text.c_str());
+      return 0;
+    }
     px::pax::ExperimentConfig c = resolve(o);
     if (describe->parsed()) {
       std::cout << (list_fields ? px::pax::fields_table(c) : px::pax::describe(c));
@@ -137,14 +168,12 @@ int cli_main(int argc, char** argv) {
       px::pax::TrainResult r = px::pax::train(c, ro);
       return r.interrupted ? 130 : 0;
     }
-    if (decode->parsed()) {
-      if (decode_step >= 0) dopt.step = decode_step;
-      px::pax::DecodeResult r = px::pax::decode(c, ro, dopt);
-      double avg = 0;
-      for (double t : r.token_seconds) avg += t / static_cast<double>(std::max<size_t>(r.token_seconds.size(), 1));
-      std::fprintf(stderr, "decode: checkpoint step %lld, %zu prompt tokens, %zu new tokens, %.2f ms per token\n",
-                   static_cast<long long>(r.step), r.prompt_ids.size(), r.new_ids.size(), avg * 1e3);
-      std::printf("%s\n", r.text.c_str());
+    if (exp->parsed()) {
+      std::optional<int64_t> step;
+      if (export_step >= 0) step = export_step;
+      int64_t done = px::pax::export_checkpoint(c, ro, export_out, export_format, step);
+      std::printf("exported checkpoint step %lld to %s (format %s)\n", static_cast<long long>(done),
+                  export_out.c_str(), export_format.c_str());
       return 0;
     }
     if (eval->parsed()) {

@@ -1,10 +1,13 @@
-// pax decode: the checkpoint's model continues a prompt, through nn::generate (prefill once, then
-// one position per new token from a KV cache).
+// pax decode: the checkpoint's model (or a Hugging Face model directory) continues a prompt, through
+// nn::generate (prefill once, then one position per new token from a KV cache); pax export writes a
+// checkpoint as a Hugging Face model directory.
 #include <algorithm>
+#include <filesystem>
 #include <sstream>
 
 #include "parallax/nn/pretrained.h"
 #include "parallax/pax.h"
+#include "parallax/text.h"
 #include "pax/checkpoint.h"
 #include "pax/data_source.h"
 #include "pax/model.h"
@@ -28,8 +31,9 @@ std::vector<int32_t> parse_ids(const std::string& text, int64_t vocab) {
       used = 0;
     }
     if (used != word.size() || v < 0 || v >= vocab)
-      throw UserError("[pax] decode: this experiment has no tokenizer (data.kind=copy_task), so the prompt is token "
-                      "ids in [0, " + std::to_string(vocab) + ") separated by spaces; got '" + word + "'");
+      throw UserError("[pax] decode: there is no tokenizer (the copy task, or a model dir without tokenizer.json or "
+                      "tokenizer.model), so the prompt is token ids in [0, " + std::to_string(vocab) +
+                      ") separated by spaces; got '" + word + "'");
     ids.push_back(static_cast<int32_t>(v));
   }
   return ids;
@@ -37,28 +41,25 @@ std::vector<int32_t> parse_ids(const std::string& text, int64_t vocab) {
 
 }  // namespace
 
-DecodeResult decode(const ExperimentConfig& c, const RunOptions& opts, const DecodeOptions& d) {
-  check_runnable(c);
-  if (d.max_new_tokens < 1) throw UserError("[pax] decode: max_new_tokens must be >= 1, got " + std::to_string(d.max_new_tokens));
-  std::unique_ptr<DataSource> data = make_data_source(c, opts.job_dir);
-  nn::TransformerLm model(lm_config(c));
-  DecodeResult r;
-  std::optional<int64_t> step = d.step;
-  std::vector<Array> params = Checkpoints(opts.job_dir, c.train.checkpoint_keep).params(step, model);
-  r.step = *step;
+namespace {
 
-  const text::Tokenizer* tok = data->tokenizer();
-  r.prompt_ids = tok ? tok->encode(d.prompt) : parse_ids(d.prompt, c.model.vocab_size);
+// Tokenizes the prompt (or parses ids), generates, and turns the new ids back into text.
+DecodeResult run_decode(const nn::TransformerLm& model, const std::vector<Array>& params, const text::Tokenizer* tok,
+                        const DecodeOptions& d) {
+  if (d.max_new_tokens < 1)
+    throw UserError("[pax] decode: max_new_tokens must be >= 1, got " + std::to_string(d.max_new_tokens));
+  const int64_t context = model.config().max_seq_len, vocab = model.config().vocab_size;
+  DecodeResult r;
+  if (d.prompt.find_first_not_of(" \t\n") == std::string::npos)
+    throw UserError("[pax] decode: the prompt is empty; pass --prompt \"some text\"");
+  r.prompt_ids = tok ? tok->encode(d.prompt) : parse_ids(d.prompt, vocab);
   if (tok && tok->bos_id() >= 0) r.prompt_ids.insert(r.prompt_ids.begin(), tok->bos_id());
   const int64_t p = static_cast<int64_t>(r.prompt_ids.size());
-  if (d.prompt.find_first_not_of(" \t\n") == std::string::npos || p == 0)
-    throw UserError("[pax] decode: the prompt is empty; pass --prompt \"some text\"");
-  if (p >= c.model.seq_len)
+  if (p >= context)
     throw UserError("[pax] decode: the prompt is " + std::to_string(p) + " tokens, the model's context is " +
-                    std::to_string(c.model.seq_len) + "; give a shorter prompt");
-
+                    std::to_string(context) + "; give a shorter prompt");
   nn::GenerateOptions g;
-  g.max_new_tokens = std::min<int64_t>(d.max_new_tokens, c.model.seq_len - p);
+  g.max_new_tokens = std::min<int64_t>(d.max_new_tokens, context - p);
   g.temperature = d.temperature;
   g.top_k = d.top_k;
   g.top_p = d.top_p;
@@ -76,6 +77,41 @@ DecodeResult decode(const ExperimentConfig& c, const RunOptions& opts, const Dec
     for (size_t i = 0; i < r.new_ids.size(); ++i) r.text += (i ? " " : "") + std::to_string(r.new_ids[i]);
   }
   return r;
+}
+
+}  // namespace
+
+DecodeResult decode(const ExperimentConfig& c, const RunOptions& opts, const DecodeOptions& d) {
+  check_runnable(c);
+  std::unique_ptr<DataSource> data = make_data_source(c, opts.job_dir);
+  nn::TransformerLm model(lm_config(c));
+  std::optional<int64_t> step = d.step;
+  std::vector<Array> params = Checkpoints(opts.job_dir, c.train.checkpoint_keep).params(step, model);
+  DecodeResult r = run_decode(model, params, data->tokenizer(), d);
+  r.step = *step;
+  return r;
+}
+
+DecodeResult decode_pretrained(const std::string& dir, const DecodeOptions& d) {
+  nn::Pretrained p = nn::load_pretrained(dir);
+  std::unique_ptr<text::Tokenizer> tok;
+  for (const char* name : {"tokenizer.json", "tokenizer.model"})
+    if (std::filesystem::exists(std::filesystem::path(dir) / name)) {
+      tok = text::load_tokenizer((std::filesystem::path(dir) / name).string());
+      break;
+    }
+  return run_decode(*p.model, p.params, tok.get(), d);
+}
+
+int64_t export_checkpoint(const ExperimentConfig& c, const RunOptions& opts, const std::string& out_dir,
+                          const std::string& format, std::optional<int64_t> step) {
+  if (format != "hf") throw UserError("[pax] export: unknown --format '" + format + "'; the supported one is 'hf'");
+  if (out_dir.empty()) throw UserError("[pax] export: no output directory; pass --out DIR");
+  check_runnable(c);
+  nn::TransformerLm model(lm_config(c));
+  std::vector<Array> params = Checkpoints(opts.job_dir, c.train.checkpoint_keep).params(step, model);
+  nn::save_pretrained(model, params, out_dir);
+  return *step;
 }
 
 }  // namespace px::pax
