@@ -98,6 +98,11 @@ struct TrainConfig {
   int64_t checkpoint_keep = 3;  // newest N checkpoints are kept
   int64_t summary_interval = 10;
   uint64_t seed = 0;
+  // A Hugging Face model dir (GPT-2, Llama, Mistral, Qwen2) to start from instead of random
+  // params: fine-tuning. The model section's sizes must match its config.json (an error names
+  // the --set that fixes each); the rest (norm eps, rotary theta and scaling, biases, sliding
+  // window, max positions) comes from config.json. Ignored when DIR has a checkpoint to resume.
+  std::string init_from_hf;
 };
 
 struct ExperimentConfig {

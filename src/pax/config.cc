@@ -157,6 +157,8 @@ const std::vector<Field>& table() {
       int_field("train.summary_interval", &E::train, &TrainConfig::summary_interval, 1, kBig,
                 "write train summaries every N steps"),
       int_field("train.seed", &E::train, &TrainConfig::seed, 0, 9.007199254740992e15, "params and data seed"),
+      str_field("train.init_from_hf", &E::train, &TrainConfig::init_from_hf,
+                "a Hugging Face model dir to fine-tune (\"\": random init from train.seed)"),
   };
   return t;
 }

@@ -4,10 +4,52 @@
 
 #include "pax/model.h"
 
+#include "parallax/nn/pretrained.h"
+
 #include <cstdio>
 #include <sstream>
 
 namespace px::pax {
+
+namespace {
+
+// train.init_from_hf: the checkpoint's config, after checking that the model section describes
+// the same sizes (so that config.toml and the plan stay true); pax's dtype and name are kept.
+nn::LmConfig pretrained_lm_config(const ExperimentConfig& c, const nn::LmConfig& ours) {
+  std::string arch;
+  nn::LmConfig hf = nn::read_pretrained_config(c.train.init_from_hf, &arch);
+  std::vector<std::string> fixes;
+  auto same = [&](const char* field, int64_t want, int64_t have) {
+    if (want != have) fixes.push_back(std::string("--set model.") + field + "=" + std::to_string(want));
+  };
+  const bool learned = hf.positions == nn::PositionKind::learned;
+  if (ours.positions != hf.positions) fixes.push_back(std::string("--set model.flavour=") + (learned ? "gpt2" : "llama"));
+  same("vocab_size", hf.vocab_size, ours.vocab_size);
+  same("d_model", hf.d_model, ours.d_model);
+  same("n_heads", hf.n_heads, ours.n_heads);
+  same("n_kv_heads", hf.kv_heads(), ours.kv_heads());
+  same("n_layers", hf.n_layers, ours.n_layers);
+  same("d_ff", hf.d_ff, ours.d_ff);
+  if (hf.tied_embedding != ours.tied_embedding)
+    fixes.push_back(std::string("--set model.tied_embedding=") + (hf.tied_embedding ? "true" : "false"));
+  if (!fixes.empty()) {
+    std::string all;
+    for (const auto& f : fixes) all += " " + f;
+    throw UserError("[pax] train.init_from_hf='" + c.train.init_from_hf + "' is a " + arch +
+                    " whose sizes differ from the model section; make them match:" + all);
+  }
+  if (c.model.seq_len > hf.max_seq_len)
+    throw UserError("[pax] model.seq_len=" + std::to_string(c.model.seq_len) + " exceeds the " +
+                    std::to_string(hf.max_seq_len) + " positions of train.init_from_hf='" + c.train.init_from_hf +
+                    "'; set model.seq_len to at most " + std::to_string(hf.max_seq_len));
+  hf.name = ours.name;
+  hf.compute_dtype = ours.compute_dtype;
+  hf.init_std = ours.init_std;
+  hf.validate();
+  return hf;
+}
+
+}  // namespace
 
 nn::LmConfig lm_config(const ExperimentConfig& c) {
   const ModelConfig& m = c.model;
@@ -20,6 +62,7 @@ nn::LmConfig lm_config(const ExperimentConfig& c) {
   cfg.init_std = m.init_std;
   cfg.tied_embedding = m.tied_embedding;
   cfg.compute_dtype = m.dtype == "bf16" ? DType::bf16 : DType::f32;
+  if (!c.train.init_from_hf.empty()) return pretrained_lm_config(c, cfg);
   cfg.validate();
   return cfg;
 }

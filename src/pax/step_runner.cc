@@ -23,6 +23,7 @@ class SingleRunner : public StepRunner {
   StepMetrics step(const std::vector<Array>& batch) override { return step_(state_, batch); }
   std::vector<Array> params() const override { return state_.params; }
   int64_t step_count() const override { return state_.step; }
+  void set_params(const std::vector<Array>& params) override { state_ = step_.init(params); }
   void save(const std::string& file) const override { step_.save(file, state_); }
   void load(const std::string& file) override { state_ = step_.load(file); }
 
@@ -40,6 +41,7 @@ class ShardedRunner : public StepRunner {
   StepMetrics step(const std::vector<Array>& batch) override { return step_(state_, batch); }
   std::vector<Array> params() const override { return step_.gather_params(state_); }
   int64_t step_count() const override { return state_.step; }
+  void set_params(const std::vector<Array>& params) override { state_ = step_.init(params); }
   void save(const std::string& file) const override { step_.save(file, state_); }
   void load(const std::string& file) override { state_ = step_.load(file); }
 

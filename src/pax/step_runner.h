@@ -18,6 +18,8 @@ class StepRunner {
   virtual StepMetrics step(const std::vector<Array>& batch) = 0;
   virtual std::vector<Array> params() const = 0;  // full host arrays, in the store's order
   virtual int64_t step_count() const = 0;         // updates applied so far
+  // Starts from these params (full host arrays, in the store's order) with fresh optimizer state.
+  virtual void set_params(const std::vector<Array>& params) = 0;
   // TrainStep's safetensors checkpoint (params, optimizer state, step): any mesh loads it.
   virtual void save(const std::string& file) const = 0;
   virtual void load(const std::string& file) = 0;

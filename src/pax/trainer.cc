@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "parallax/io.h"
+#include "parallax/nn/pretrained.h"
 #include "parallax/ops.h"
 #include "parallax/pax.h"
 #include "parallax/train.h"
@@ -235,10 +236,19 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
   std::unique_ptr<StepRunner> runner = make_step_runner(c, model, mesh);
   Checkpoints ckpt(dir, c.train.checkpoint_keep);
   int64_t start = 0;
+  std::string origin = "from scratch";
   if (auto last = ckpt.latest()) {
     std::string ds = ckpt.restore(*last, *runner);
     if (!ds.empty()) data->restore(ds);
     start = runner->step_count();
+    origin = "resumed at step " + std::to_string(start);
+  } else if (!c.train.init_from_hf.empty()) {
+    // lm_config already checked the sizes; load_pretrained checks every tensor.
+    nn::Pretrained p = nn::load_pretrained(c.train.init_from_hf);
+    if (p.model->store().paths() != model.store().paths() || p.model->store().types() != model.store().types())
+      throw InternalError("[pax] the params of '" + c.train.init_from_hf + "' do not line up with the model's");
+    runner->set_params(p.params);
+    origin = "from " + c.train.init_from_hf;
   }
   Reporter report(c, opts, start);
   Evaluator evaluator(c, model);
@@ -247,7 +257,7 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
   TrainResult result;
   result.first_step = result.last_step = start;
   report.line("pax train " + c.name + ": " + std::to_string(rep.param_count) +
-              " params on " + mesh.to_string() + ", " + c.sharding.strategy + (start ? ", resumed at step " + std::to_string(start) : ", from scratch") +
+              " params on " + mesh.to_string() + ", " + c.sharding.strategy + ", " + origin +
               "; job dir " + dir);
   if (start >= c.train.steps) {
     report.line("already trained to step " + std::to_string(start) + " (train.steps=" + std::to_string(c.train.steps) +

@@ -102,8 +102,9 @@ TEST(PaxCli, TrainsTheTinyExperimentAndLeavesTheJobDir) {
 
 // decode continues a prompt from the latest checkpoint: greedy output is the same with and
 // without the KV cache, sampling is reproducible by seed, and bad prompts are user errors; export
-// writes a Hugging Face model dir that decode --hf_model reads back to the same tokens.
-TEST(PaxCli, DecodeAndExport) {
+// writes a Hugging Face model dir that decode --hf_model reads back to the same tokens and that
+// train.init_from_hf starts from.
+TEST(PaxCli, DecodeExportAndFineTuneFromHf) {
   const std::string d = job("decode");
   Result t = pax("train" + kSmall + " --job_log_dir=" + d + " --set train.steps=4 --set train.checkpoint_interval=4");
   ASSERT_EQ(t.rc, 0) << t.out;
@@ -146,6 +147,22 @@ TEST(PaxCli, DecodeAndExport) {
   Result from_hf = pax("decode --hf_model=" + hf + " --prompt '3 1 4 1 5' --max_new_tokens 8");
   ASSERT_EQ(from_hf.rc, 0) << from_hf.out;
   EXPECT_EQ(ids_of(from_hf.out), ids);
+  // Fine-tuning starts from it: with lr 0 the one step changes nothing, so eval gives the same loss.
+  Result ev = pax("eval --config " + d + "/config.toml --job_log_dir=" + d);
+  ASSERT_EQ(ev.rc, 0) << ev.out;
+  const std::string tuned = job("decode_tuned");
+  const std::string from_hf_cfg =
+      kSmall + " --set train.init_from_hf=" + hf + " --set optimizer.lr=0 --set schedule.kind=constant";
+  Result ft = pax("train" + from_hf_cfg + " --set train.steps=1 --job_log_dir=" + tuned);
+  ASSERT_EQ(ft.rc, 0) << ft.out;
+  EXPECT_NE(ft.out.find("from " + hf), std::string::npos) << ft.out;
+  Result ev2 = pax("eval" + from_hf_cfg + " --job_log_dir=" + tuned);
+  ASSERT_EQ(ev2.rc, 0) << ev2.out;
+  auto loss_of = [](const std::string& out) { return out.substr(out.find("loss"), out.find("log_pplx") - out.find("loss")); };
+  EXPECT_EQ(loss_of(ev2.out), loss_of(ev.out)) << ev.out << ev2.out;
+  Result wrong = pax("train" + from_hf_cfg + " --set model.d_model=64 --job_log_dir=" + job("decode_wrong"));
+  EXPECT_EQ(wrong.rc, 2) << wrong.out;
+  EXPECT_NE(wrong.out.find("--set model.d_model=32"), std::string::npos) << wrong.out;
   EXPECT_EQ(pax("decode --hf_model=" + hf + " --exp=copy.TransformerLmTiny --prompt '1'").rc, 2);
   EXPECT_EQ(pax("decode --hf_model=" + hf + "_missing --prompt '1'").rc, 2);
   EXPECT_EQ(pax("export --format=onnx --config " + d + "/config.toml --job_log_dir=" + d + " --out " + hf).rc, 2);
