@@ -1,7 +1,8 @@
-// Checkpoints of a pax run behind one small interface: DIR/checkpoints/checkpoint_%08d/ holds the
-// step's state (TrainStep's safetensors format for now) and meta.json (step, data position).
-// A checkpoint appears atomically (written under a temporary name, then renamed); the newest
-// `keep` are kept.
+// Checkpoints of a pax run: DIR/checkpoints/checkpoint_%08d/ in the library's format (every param
+// and optimizer-state tensor a Zarr v3 array chunked by its shards, zstd + crc32c, metadata with
+// the step, the resolved config and the data position; committed atomically; include
+// parallax/checkpoint.h). Saves are asynchronous: the state is copied and training goes on while
+// a background thread writes; the newest `keep` are kept.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "parallax/checkpoint.h"
 #include "parallax/nn.h"
 #include "pax/step_runner.h"
 
@@ -16,20 +18,22 @@ namespace px::pax {
 
 class Checkpoints {
  public:
-  Checkpoints(std::string job_dir, int64_t keep);
-  void save(int64_t step, const StepRunner& runner, const std::string& data_state);
+  Checkpoints(const std::string& job_dir, int64_t keep);
+  // Starts writing the runner's state (copied before returning); throws the previous save's error.
+  void save(int64_t step, const StepRunner& runner, const std::string& config_json, const std::string& data_state);
+  void wait();  // until the pending save is committed; throws its error
   std::optional<int64_t> latest() const;
-  std::vector<int64_t> steps() const;  // complete checkpoints, oldest first
-  // Loads the checkpoint into the runner and returns its data state; throws naming the folder.
+  std::vector<int64_t> steps() const;  // committed checkpoints, oldest first
+  // Loads the checkpoint into the runner (onto its shardings) and returns its data state; throws
+  // naming the folder, the array and the chunk at fault.
   std::string restore(int64_t step, StepRunner& runner) const;
   std::string path(int64_t step) const;
   // The params of the checkpoint at `step` (the latest when empty; set to the one read), checked
-  // against the model's paths and types; for eval and decode, without optimizer state.
+  // against the model's paths and types; for eval, decode and export, without optimizer state.
   std::vector<Array> params(std::optional<int64_t>& step, const nn::TransformerLm& model) const;
 
  private:
-  std::string dir_;
-  int64_t keep_;
+  CheckpointManager mgr_;
 };
 
 }  // namespace px::pax

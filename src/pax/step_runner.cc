@@ -1,5 +1,6 @@
 #include "pax/step_runner.h"
 
+#include "optim/checkpoint.h"
 #include "pax/model.h"
 
 namespace px::pax {
@@ -7,6 +8,20 @@ namespace {
 
 TrainStep::LossFn loss_fn(nn::TransformerLm& model) {
   return [&model](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1], b[2]); };
+}
+
+// The checkpoint names: params by path, then optimizer state "<path>.<slot>".
+std::vector<std::string> state_names(const nn::TransformerLm& model, const optim::Optimizer& opt) {
+  return detail::checkpoint_layout(model.store(), opt).names;
+}
+
+// The restored tensor `name`, checked against the type the step wants.
+const ShardedArray& restored(const Checkpoint& c, const std::string& name, const TensorType& want) {
+  const ShardedArray& a = c.get(name);
+  if (a.type() != want)
+    throw Error("[pax] checkpoint tensor '" + name + "' is " + type_str(a.type()) + " but this run's is " +
+                type_str(want));
+  return a;
 }
 
 TrainStepOptions step_options(const ExperimentConfig& c) {
@@ -19,17 +34,36 @@ class SingleRunner : public StepRunner {
  public:
   SingleRunner(const ExperimentConfig& c, nn::TransformerLm& model)
       : step_(model.store(), make_optimizer(c), loss_fn(model), batch_types(c), step_options(c)),
-        state_(step_.init(c.train.seed)) {}
+        state_(step_.init(c.train.seed)),
+        names_(state_names(model, *make_optimizer(c))) {}
   StepMetrics step(const std::vector<Array>& batch) override { return step_(state_, batch); }
   std::vector<Array> params() const override { return state_.params; }
   int64_t step_count() const override { return state_.step; }
   void set_params(const std::vector<Array>& params) override { state_ = step_.init(params); }
-  void save(const std::string& file) const override { step_.save(file, state_); }
-  void load(const std::string& file) override { state_ = step_.load(file); }
+  Checkpoint snapshot() const override {
+    Checkpoint c(state_.step);
+    const size_t np = state_.params.size();
+    for (size_t i = 0; i < np; ++i) c.add(names_[i], state_.params[i], "params");
+    for (size_t i = 0; i < state_.opt_state.size(); ++i) c.add(names_[np + i], state_.opt_state[i], "opt_state");
+    return c;
+  }
+  std::map<std::string, Sharding> shardings() const override { return {}; }
+  void restore(const Checkpoint& c) override {
+    TrainState s;
+    const size_t np = state_.params.size();
+    for (size_t i = 0; i < names_.size(); ++i) {
+      const Array& now = i < np ? state_.params[i] : state_.opt_state[i - np];
+      Array a = restored(c, names_[i], now.type()).shard(0);
+      (i < np ? s.params : s.opt_state).push_back(std::move(a));
+    }
+    s.step = c.step;
+    state_ = std::move(s);
+  }
 
  private:
   TrainStep step_;
   TrainState state_;
+  std::vector<std::string> names_;
 };
 
 class ShardedRunner : public StepRunner {
@@ -37,17 +71,43 @@ class ShardedRunner : public StepRunner {
   ShardedRunner(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh)
       : step_(model.store(), make_optimizer(c), loss_fn(model), batch_types(c), mesh, strategy_of(c),
               sharding_options(c), step_options(c)),
-        state_(step_.init(c.train.seed)) {}
+        state_(step_.init(c.train.seed)),
+        names_(state_names(model, *make_optimizer(c))) {}
   StepMetrics step(const std::vector<Array>& batch) override { return step_(state_, batch); }
   std::vector<Array> params() const override { return step_.gather_params(state_); }
   int64_t step_count() const override { return state_.step; }
   void set_params(const std::vector<Array>& params) override { state_ = step_.init(params); }
-  void save(const std::string& file) const override { step_.save(file, state_); }
-  void load(const std::string& file) override { state_ = step_.load(file); }
+  Checkpoint snapshot() const override {
+    Checkpoint c(state_.step);
+    const size_t np = state_.params.size();
+    for (size_t i = 0; i < np; ++i) c.add(names_[i], state_.params[i], "params");
+    for (size_t i = 0; i < state_.opt_state.size(); ++i) c.add(names_[np + i], state_.opt_state[i], "opt_state");
+    return c;
+  }
+  std::map<std::string, Sharding> shardings() const override {
+    std::map<std::string, Sharding> out;
+    for (size_t i = 0; i < names_.size(); ++i) out[names_[i]] = step_.executable().in_sharding(static_cast<int>(i));
+    return out;
+  }
+  void restore(const Checkpoint& c) override {
+    ShardedTrainState s;
+    const size_t np = state_.params.size();
+    for (size_t i = 0; i < names_.size(); ++i) {
+      const ShardedArray& now = i < np ? state_.params[i] : state_.opt_state[i - np];
+      const ShardedArray& a = restored(c, names_[i], now.type());
+      if (a.sharding() != now.sharding())
+        throw InternalError("[pax] checkpoint tensor '" + names_[i] + "' was restored onto " + a.sharding().to_string() +
+                            ", the step holds it as " + now.sharding().to_string());
+      (i < np ? s.params : s.opt_state).push_back(a);
+    }
+    s.step = c.step;
+    state_ = std::move(s);
+  }
 
  private:
   ShardedTrainStep step_;
   ShardedTrainState state_;
+  std::vector<std::string> names_;
 };
 
 }  // namespace

@@ -2,10 +2,12 @@
 // of several (to fold into one type when the library does).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "parallax/checkpoint.h"
 #include "parallax/nn.h"
 #include "parallax/parallel.h"
 #include "parallax/pax.h"
@@ -20,9 +22,14 @@ class StepRunner {
   virtual int64_t step_count() const = 0;         // updates applied so far
   // Starts from these params (full host arrays, in the store's order) with fresh optimizer state.
   virtual void set_params(const std::vector<Array>& params) = 0;
-  // TrainStep's safetensors checkpoint (params, optimizer state, step): any mesh loads it.
-  virtual void save(const std::string& file) const = 0;
-  virtual void load(const std::string& file) = 0;
+  // The state as checkpoint entries: params by path (group "params"), optimizer state as
+  // "<path>.<slot>" (group "opt_state"), and the step.
+  virtual Checkpoint snapshot() const = 0;
+  // Where restored arrays go: this step's shardings (empty: one device).
+  virtual std::map<std::string, Sharding> shardings() const = 0;
+  // Takes params, optimizer state and step from a restored checkpoint; throws naming a missing or
+  // mistyped tensor (a different model or optimizer).
+  virtual void restore(const Checkpoint& c) = 0;
 };
 
 // Compiles the step for `model` on `mesh` and initializes params from train.seed.

@@ -235,6 +235,7 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
 
   std::unique_ptr<StepRunner> runner = make_step_runner(c, model, mesh);
   Checkpoints ckpt(dir, c.train.checkpoint_keep);
+  const std::string config_json = nlohmann::json{{"experiment", c.name}, {"config_toml", to_toml(c)}}.dump();
   int64_t start = 0;
   std::string origin = "from scratch";
   if (auto last = ckpt.latest()) {
@@ -275,7 +276,7 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
     result.last_eval_loss = e.loss;
   };
   auto do_checkpoint = [&](int64_t step) {
-    ckpt.save(step, *runner, data->state());
+    ckpt.save(step, *runner, config_json, data->state());
     report.line("checkpoint step " + std::to_string(step) + " -> " + ckpt.path(step));
   };
 
@@ -327,6 +328,7 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
       break;
     }
   }
+  ckpt.wait();  // the last checkpoint is committed (or its error thrown) before train returns
   report.end_progress();
   if (!result.interrupted)
     report.line("done: step " + std::to_string(result.last_step) + ", summaries in " + dir + "/summaries, plots in " +

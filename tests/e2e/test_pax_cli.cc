@@ -38,7 +38,8 @@ Result pax(const std::string& args) {
 }
 
 std::string job(const std::string& name) {
-  std::string d = ::testing::TempDir() + "/pax_e2e_" + name;
+  // Per process: two runs of the suite at once (two checkouts) must not share folders.
+  std::string d = ::testing::TempDir() + "/pax_e2e_" + std::to_string(::getpid()) + "_" + name;
   fs::remove_all(d);
   return d;
 }
@@ -67,8 +68,8 @@ TEST(PaxCli, TrainsTheTinyExperimentAndLeavesTheJobDir) {
                  " --set train.checkpoint_interval=3");
   ASSERT_EQ(r.rc, 0) << r.out;
   for (const char* f : {"config.toml", "plan.txt", "model_params.txt", "metrics.jsonl", "logs/train.log",
-                        "plots/loss.png", "plots/log_pplx.png", "checkpoints/checkpoint_00000003/meta.json",
-                        "checkpoints/checkpoint_00000006/state.safetensors"})
+                        "plots/loss.png", "plots/log_pplx.png", "checkpoints/checkpoint_00000003/COMMITTED",
+                        "checkpoints/checkpoint_00000006/metadata.json"})
     EXPECT_TRUE(fs::exists(d + "/" + f)) << f;
   EXPECT_FALSE(fs::is_empty(d + "/summaries/train"));
   EXPECT_FALSE(fs::is_empty(d + "/summaries/eval_test"));
@@ -234,9 +235,9 @@ TEST(PaxCli, UserErrorsExitWithCode2AndOneLine) {
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.out.find("not available yet"), std::string::npos) << r.out;
 
-  r = pax("decode --exp=copy.TransformerLmTiny --job_log_dir=" + job("decode"));
+  r = pax("decode --exp=copy.TransformerLmTiny --job_log_dir=" + job("decode_no_prompt"));
   EXPECT_EQ(r.rc, 2);
-  EXPECT_NE(r.out.find("decode is not available yet"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--prompt is required"), std::string::npos) << r.out;
 
   r = pax("frobnicate");
   EXPECT_EQ(r.rc, 2);

@@ -1,5 +1,6 @@
 // The trainer through the library API: checkpoint keep policy, resume, eval coverage.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <sstream>
@@ -21,7 +22,8 @@ ExperimentConfig small() {
 }
 
 std::string fresh(const std::string& name) {
-  std::string d = ::testing::TempDir() + "/pax_trainer_" + name;
+  // Per process: two runs of the suite at once (two checkouts) must not share folders.
+  std::string d = ::testing::TempDir() + "/pax_trainer_" + std::to_string(::getpid()) + "_" + name;
   std::filesystem::remove_all(d);
   return d;
 }
