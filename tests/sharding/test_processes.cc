@@ -3,7 +3,12 @@
 // communicators, executables and shards) give bitwise the single-process results.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+
 #include "distributed/threaded.h"
+#include "parallax/checkpoint.h"
 #include "parallax/ops.h"
 #include "parallax/parallel.h"
 #include "recipe_check.h"
@@ -15,6 +20,20 @@ namespace {
 using testing::error_of;
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// A fresh directory for one test.
+std::string temp_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / ("px_procs_" + std::to_string(::getpid()) + "_" + name);
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+std::vector<std::vector<float>> local_values(const ShardedArray& a) {
+  std::vector<std::vector<float>> v;
+  for (const Array& s : a.shards()) v.push_back(s.to_f32());
+  return v;
+}
 
 TEST(Processes, MeshPositionsKnowTheirProcess) {
   Mesh one = Mesh::cpu({{"data", 4}, {"model", 2}});
@@ -128,6 +147,28 @@ TEST(Processes, ExecutableNeedsThisProcessCommunicatorAndShards) {
   }
 }
 
+// px::jit over two processes: each runs its own positions, outputs are gathered to every process.
+TEST(Processes, JitFunctionOverTwoProcesses) {
+  Mesh single = Mesh::cpu({{"data", 4}});
+  Mesh split = single.with_processes(2);
+  auto fn = [](const std::vector<Tensor>& params, const std::vector<Tensor>& args) {
+    return std::vector<Tensor>{matmul(args[0], params[0])};
+  };
+  const std::vector<TensorType> pt{{DType::f32, {3, 5}}}, at{{DType::f32, {8, 3}}};
+  Array w = testing::random_array({3, 5}, DType::f32, 2), x = testing::random_array({8, 3}, DType::f32, 3);
+  Array want = (*jit(fn, ShardingStrategy::DDP, pt, {"w"}, at, single))({w}, {x})[0];
+  auto world = make_threaded_world(split.process_layout());
+  std::vector<Array> got(2);
+  world->run([&](int p, Communicator& comm) {
+    ShardingOptions o;
+    o.communicator = &comm;
+    auto f = jit(fn, ShardingStrategy::DDP, pt, {"w"}, at, split, o);
+    EXPECT_EQ(f->executable().process(), p);
+    got[p] = (*f)({w}, {x})[0];
+  });
+  for (int p = 0; p < 2; ++p) EXPECT_EQ(got[p].to_f32(), want.to_f32()) << "process " << p;
+}
+
 // DDP and FSDP steps of a tiny GPT on cpu:4 as 2 processes of 2 devices: every process builds its
 // own step with its communicator and holds only its shards; losses, gradient norms, params and
 // optimizer state equal the single-process cpu:4 run bitwise.
@@ -153,7 +194,9 @@ void check_two_processes(ShardingStrategy strategy) {
     std::vector<std::vector<int>> param_positions;
     std::string remote_error;
     int64_t shards = 0;
+    bool reloaded_same = false;
   };
+  const std::string dir = temp_dir(strategy_name(strategy));
   std::vector<Result> got(2);
   auto world = make_threaded_world(split.process_layout());
   world->run([&](int p, Communicator& comm) {
@@ -171,7 +214,17 @@ void check_two_processes(ShardingStrategy strategy) {
     got[p].remote_error = error_of([&] { s.params[0].shard(p == 0 ? 2 : 0); });
     got[p].params = step.gather_params(s);  // a collective: both processes call it
     got[p].state = step.gather_opt_state(s);
+    // Every process saves (process 0 writes the file) and loads its own shards back.
+    step.save(dir + "/state.safetensors", s);
+    ShardedTrainState l = step.load(dir + "/state.safetensors");
+    bool same = l.step == s.step;
+    for (size_t i = 0; i < s.params.size(); ++i)
+      same = same && l.params[i].process() == p && local_values(l.params[i]) == local_values(s.params[i]);
+    for (size_t i = 0; i < s.opt_state.size(); ++i)
+      same = same && local_values(l.opt_state[i]) == local_values(s.opt_state[i]);
+    got[p].reloaded_same = same;
   });
+  std::filesystem::remove_all(dir);
   const std::string what = std::string(strategy_name(strategy)) + " on " + split.to_string();
   for (int p = 0; p < 2; ++p) {
     const Result& r = got[p];
@@ -183,6 +236,7 @@ void check_two_processes(ShardingStrategy strategy) {
     for (const auto& pos : r.param_positions) EXPECT_EQ(pos, split.local_positions(p)) << what;
     EXPECT_EQ(r.shards, 2 * static_cast<int64_t>(r.param_positions.size())) << what;
     EXPECT_TRUE(has(r.remote_error, "lives in process " + std::to_string(1 - p))) << r.remote_error;
+    EXPECT_TRUE(r.reloaded_same) << what << " process " << p << ": save and load changed the state";
     ASSERT_EQ(r.params.size(), want_params.size());
     for (size_t i = 0; i < want_params.size(); ++i)
       EXPECT_EQ(r.params[i].to_f32(), want_params[i].to_f32()) << what << " param " << i << " process " << p;
@@ -194,6 +248,40 @@ void check_two_processes(ShardingStrategy strategy) {
 
 TEST(Processes, DdpOverTwoProcessesEqualsOneProcessBitwise) { check_two_processes(ShardingStrategy::DDP); }
 TEST(Processes, FsdpOverTwoProcessesEqualsOneProcessBitwise) { check_two_processes(ShardingStrategy::FSDP); }
+
+// A sharded checkpoint written by two processes (each its own chunks) and read back by each for
+// its own positions, or whole onto one device.
+TEST(Processes, ShardedCheckpointWrittenAndReadByTwoProcesses) {
+  Mesh mesh = Mesh::cpu({{"data", 4}}).with_processes(2);
+  Sharding rows(mesh, PartitionSpec{"data"});
+  Array full = testing::random_array({8, 3});
+  const std::string dir = temp_dir("ckpt");
+  auto world = make_threaded_world(mesh.process_layout());
+  std::vector<std::vector<std::vector<float>>> restored(2);
+  std::vector<std::vector<float>> whole(2);
+  world->run([&](int p, Communicator& comm) {
+    CheckpointOptions o;
+    o.processes.index = p;
+    o.processes.barrier = [&](const std::string&) { comm.barrier(); };
+    CheckpointManager m(dir, o);
+    Checkpoint c(7);
+    c.add("w", shard(full, rows, p));
+    m.save(c);
+    comm.barrier();  // process 0 commits after the second stage; read once it has
+    RestoreOptions ro;
+    ro.shardings = {{"w", rows}};
+    ro.process = p;
+    ShardedArray w = m.restore(7, ro).get("w");
+    EXPECT_EQ(w.process(), p);
+    restored[p] = local_values(w);
+    whole[p] = m.restore(7).get("w").shards()[0].to_f32();
+  });
+  for (int p = 0; p < 2; ++p) {
+    EXPECT_EQ(restored[p], local_values(shard(full, rows, p))) << "process " << p;
+    EXPECT_EQ(whole[p], full.to_f32()) << "process " << p;
+  }
+  std::filesystem::remove_all(dir);
+}
 
 TEST(Processes, TrainStepOnAMultiProcessMeshNeedsACommunicator) {
   using namespace recipe_check;
