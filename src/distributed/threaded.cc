@@ -30,8 +30,11 @@ class Rendezvous {
   };
 
   Rendezvous(std::vector<int> process_of, int n, double timeout_s)
-      : process_of_(std::move(process_of)), positions_(static_cast<size_t>(n)), calls_(static_cast<size_t>(n)),
-        n_(n), timeout_(timeout_s) {
+      : process_of_(std::move(process_of)),
+        positions_(static_cast<size_t>(n)),
+        calls_(static_cast<size_t>(n)),
+        n_(n),
+        timeout_(timeout_s) {
     for (size_t p = 0; p < process_of_.size(); ++p) positions_[process_of_[p]].push_back(static_cast<int>(p));
   }
 
@@ -59,10 +62,11 @@ class Rendezvous {
     }
     auto done = [&] { return generation_ != gen || broken_; };
     if (!cv_.wait_for(l, std::chrono::duration<double>(timeout_), done)) {
-      set_broken(fmt::format("[threaded] process {} waited {} s in call #{} ({}) for the other processes; a process "
-                             "stopped making collective calls (every process must make the same calls in the same "
-                             "order)",
-                             process, timeout_, c.seq, c.op));
+      set_broken(
+          fmt::format("[threaded] process {} waited {} s in call #{} ({}) for the other processes; a process "
+                      "stopped making collective calls (every process must make the same calls in the same "
+                      "order)",
+                      process, timeout_, c.seq, c.op));
       throw Error(why_);
     }
     if (generation_ == gen) throw Error(why_);
@@ -238,8 +242,8 @@ class World final : public ThreadedWorld {
   int num_processes() const override { return rv_->size(); }
   Communicator& communicator(int process) override {
     if (process < 0 || process >= num_processes())
-      throw Error(fmt::format("[threaded] process {} is not one of the {} processes of this world", process,
-                              num_processes()));
+      throw Error(
+          fmt::format("[threaded] process {} is not one of the {} processes of this world", process, num_processes()));
     return *comms_[process];
   }
   void run(const std::function<void(int process, Communicator& comm)>& fn) override {
@@ -280,7 +284,8 @@ class World final : public ThreadedWorld {
 
 std::unique_ptr<ThreadedWorld> make_threaded_world(const std::vector<int>& process_of_position, double timeout_s) {
   if (process_of_position.empty()) throw Error("[threaded] a world needs at least one mesh position");
-  if (!(timeout_s > 0)) throw Error(fmt::format("[threaded] timeout_s is {}; give a positive number of seconds", timeout_s));
+  if (!(timeout_s > 0))
+    throw Error(fmt::format("[threaded] timeout_s is {}; give a positive number of seconds", timeout_s));
   int n = 0;
   for (int p : process_of_position) {
     if (p < 0) throw Error(fmt::format("[threaded] process index {} is negative; processes are numbered 0..n-1", p));
@@ -290,9 +295,10 @@ std::unique_ptr<ThreadedWorld> make_threaded_world(const std::vector<int>& proce
   for (int p : process_of_position) ++count[p];
   for (int p = 0; p < n; ++p)
     if (!count[p])
-      throw Error(fmt::format("[threaded] process {} holds no mesh position; number the processes 0..n-1 with at "
-                              "least one position each",
-                              p));
+      throw Error(
+          fmt::format("[threaded] process {} holds no mesh position; number the processes 0..n-1 with at "
+                      "least one position each",
+                      p));
   return std::make_unique<World>(std::make_shared<Rendezvous>(process_of_position, n, timeout_s));
 }
 

@@ -40,7 +40,6 @@ class ThreadedWorld {
 // One communicator per process; process_of_position[p] is the process of mesh position p
 // (Mesh::process_layout()), processes numbered 0..n-1 with at least one position each.
 // `timeout_s`: how long a rendezvous waits for the other processes before it fails.
-std::unique_ptr<ThreadedWorld> make_threaded_world(const std::vector<int>& process_of_position,
-                                                   double timeout_s = 300);
+std::unique_ptr<ThreadedWorld> make_threaded_world(const std::vector<int>& process_of_position, double timeout_s = 300);
 
 }  // namespace px

@@ -1,6 +1,7 @@
 // The sharded executor: the local program compiled once by the runtime for every device of this
-// process (the communicator's local positions of the mesh) (one schedule with collectives as its nodes, one buffer plan, an arena per device), run
-// in lockstep through the injected communicator (the in-process one by default).
+// process, i.e. the communicator's local positions of the mesh (one schedule with collectives as
+// its nodes, one buffer plan, an arena per device), run in lockstep through the injected
+// communicator (the in-process one over every position by default).
 #include <sstream>
 
 #include "backend/cpu/kernel.h"

@@ -66,34 +66,34 @@ TEST(Threaded, EveryCollectiveMatchesInprocBitwise) {
     const std::string on = "axes " + std::to_string(axes[0]) + (axes.size() > 1 ? ",1" : "");
     for (ReduceOp op : {ReduceOp::sum, ReduceOp::max})
       check_same(
-          mesh, n, n, [&](Communicator& c, const Buffers& i, const MutBuffers& o) {
+          mesh, n, n,
+          [&](Communicator& c, const Buffers& i, const MutBuffers& o) {
             c.all_reduce(i, o, n, DType::f32, op, groups);
           },
           "all_reduce " + on);
     check_same(
-        mesh, n, n * g, [&](Communicator& c, const Buffers& i, const MutBuffers& o) {
-          c.all_gather(i, o, n, DType::f32, groups);
-        },
+        mesh, n, n * g,
+        [&](Communicator& c, const Buffers& i, const MutBuffers& o) { c.all_gather(i, o, n, DType::f32, groups); },
         "all_gather " + on);
     check_same(
-        mesh, n * g, n, [&](Communicator& c, const Buffers& i, const MutBuffers& o) {
+        mesh, n * g, n,
+        [&](Communicator& c, const Buffers& i, const MutBuffers& o) {
           c.reduce_scatter(i, o, n * g, DType::f32, ReduceOp::sum, groups);
         },
         "reduce_scatter " + on);
     check_same(
-        mesh, n * g, n * g, [&](Communicator& c, const Buffers& i, const MutBuffers& o) {
-          c.all_to_all(i, o, n * g, DType::f32, groups);
-        },
+        mesh, n * g, n * g,
+        [&](Communicator& c, const Buffers& i, const MutBuffers& o) { c.all_to_all(i, o, n * g, DType::f32, groups); },
         "all_to_all " + on);
     check_same(
-        mesh, n, n, [&](Communicator& c, const Buffers& i, const MutBuffers& o) {
-          c.broadcast(i, o, n, DType::f32, 1, groups);
-        },
+        mesh, n, n,
+        [&](Communicator& c, const Buffers& i, const MutBuffers& o) { c.broadcast(i, o, n, DType::f32, 1, groups); },
         "broadcast " + on);
   }
   // A ring across the processes; position 1 receives nothing (zero-filled).
   check_same(
-      mesh, 10, 10, [&](Communicator& c, const Buffers& i, const MutBuffers& o) {
+      mesh, 10, 10,
+      [&](Communicator& c, const Buffers& i, const MutBuffers& o) {
         c.permute(i, o, 10, DType::f32, {{0, 2}, {2, 3}, {3, 0}});
       },
       "permute");
@@ -123,8 +123,8 @@ TEST(Threaded, CallsInsideOneProcessDoNotWait) {
   auto world = make_threaded_world(mesh.process_layout(), /*timeout_s=*/2);
   std::vector<float> x = {1, 2}, y = {3, 4}, ox(2), oy(2);
   world->run([&](int process, Communicator& comm) {
-    if (process == 0) comm.all_reduce({x.data(), y.data()}, {ox.data(), oy.data()}, 2, DType::f32, ReduceOp::sum,
-                                      mesh.groups({1}));
+    if (process == 0)
+      comm.all_reduce({x.data(), y.data()}, {ox.data(), oy.data()}, 2, DType::f32, ReduceOp::sum, mesh.groups({1}));
   });
   EXPECT_EQ(ox, (std::vector<float>{4, 6}));
   EXPECT_EQ(oy, (std::vector<float>{4, 6}));
@@ -139,8 +139,10 @@ TEST(Threaded, MismatchedCallsAreAClearError) {
   std::vector<float> a(8), b(8);
   std::string err = error_of([&] {
     world->run([&](int process, Communicator& comm) {
-      if (process == 0) comm.all_reduce({a.data()}, {b.data()}, 8, DType::f32, ReduceOp::sum, mesh.groups({0}));
-      else comm.all_gather({a.data()}, {b.data()}, 4, DType::f32, mesh.groups({0}));
+      if (process == 0)
+        comm.all_reduce({a.data()}, {b.data()}, 8, DType::f32, ReduceOp::sum, mesh.groups({0}));
+      else
+        comm.all_gather({a.data()}, {b.data()}, 4, DType::f32, mesh.groups({0}));
     });
   });
   EXPECT_NE(err.find("processes made different collective calls"), std::string::npos) << err;

@@ -101,8 +101,8 @@ TEST(Processes, ArraysHoldOnlyTheirProcessShards) {
   // ...and a collective with one. Partial sums are summed in the same order as in one process.
   Mesh m2 = Mesh::cpu({{"data", 2}, {"model", 2}}).with_processes(2);
   Sharding partial(m2, PartitionSpec{"data"}, {"model"});
-  Array one_process = gather(shard(full, Sharding(Mesh::cpu({{"data", 2}, {"model", 2}}), PartitionSpec{"data"},
-                                                  {"model"})));
+  Array one_process =
+      gather(shard(full, Sharding(Mesh::cpu({{"data", 2}, {"model", 2}}), PartitionSpec{"data"}, {"model"})));
   auto world = make_threaded_world(m2.process_layout());
   std::vector<Array> got(2), got_rows(2);
   world->run([&](int p, Communicator& comm) {
@@ -117,14 +117,15 @@ TEST(Processes, ArraysHoldOnlyTheirProcessShards) {
 
 TEST(Processes, ExecutableNeedsThisProcessCommunicatorAndShards) {
   Mesh mesh = Mesh::cpu({{"data", 4}}).with_processes(2);
-  auto g = trace([](const std::vector<Tensor>& x) { return std::vector<Tensor>{sum(x[0] * x[0])}; },
-                 {{DType::f32, {8, 3}}});
+  auto g =
+      trace([](const std::vector<Tensor>& x) { return std::vector<Tensor>{sum(x[0] * x[0])}; }, {{DType::f32, {8, 3}}});
   auto program = [&] { return partition(*g, mesh, {Sharding(mesh, PartitionSpec{"data"})}); };
   std::string err = error_of([&] { ShardedExecutable::compile(program()); });
   EXPECT_TRUE(has(err, "spans several processes")) << err;
   EXPECT_TRUE(has(err, "communicator")) << err;
   auto wrong = make_threaded_world({0, 1, 1, 1});
-  err = error_of([&] { ShardedExecutable::compile(program(), {}, DeviceParallelism::automatic, &wrong->communicator(1)); });
+  err = error_of(
+      [&] { ShardedExecutable::compile(program(), {}, DeviceParallelism::automatic, &wrong->communicator(1)); });
   EXPECT_TRUE(has(err, "not the positions of one process")) << err;
 
   Array x = testing::random_array({8, 3});
