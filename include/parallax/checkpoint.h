@@ -83,6 +83,9 @@ struct RestoreOptions {
   std::map<std::string, Sharding> shardings;
   std::vector<std::string> only;  // restore only these arrays (empty: all)
   std::string group;              // restore only this group (empty: all)
+  // For target meshes over several processes: the process whose shards are read and returned
+  // (targets on a mesh of one process ignore it).
+  int process = 0;
 };
 
 struct CheckpointArrayInfo {

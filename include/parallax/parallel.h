@@ -44,6 +44,10 @@ struct ShardingOptions {
   // process, where a call costs microseconds and packing a bucket copies every gradient twice.
   int64_t bucket_bytes = -1;
   DeviceParallelism device_parallelism = DeviceParallelism::automatic;  // how virtual devices share the cores
+  // A mesh over several processes (Mesh::with_processes): this process's communicator (not owned).
+  // The step then runs, and its state holds, only this process's positions; the process is the
+  // one whose positions the communicator holds. Unset: the in-process one over the whole mesh.
+  Communicator* communicator = nullptr;
 };
 
 struct ParamPlacement {
@@ -100,11 +104,13 @@ class ShardedTrainStep {
   // Shards the batch, runs one update in place.
   StepMetrics operator()(ShardedTrainState& state, const std::vector<Array>& batch);
 
+  // Full arrays; over several processes a collective (every process calls it) that all-gathers.
   std::vector<Array> gather_params(const ShardedTrainState& s) const;
   std::vector<Array> gather_opt_state(const ShardedTrainState& s) const;
 
   // TrainStep's checkpoint format: the state is gathered to full arrays and written as one file,
-  // so TrainStep and sharded steps on any mesh or strategy load it (sharded again on load).
+  // so TrainStep and sharded steps on any mesh or strategy load it (sharded again on load). Over
+  // several processes every process calls save (process 0 writes) and load.
   void save(const std::string& path, const ShardedTrainState& state) const;
   ShardedTrainState load(const std::string& path) const;
 
@@ -117,6 +123,7 @@ class ShardedTrainStep {
   ShardedExecutable& executable() { return *exe_; }
   const Sharding& batch_sharding(int i) const;
   int64_t steps_run() const { return steps_run_; }
+  int process() const { return exe_->process(); }  // whose shards the state holds
 
  private:
   nn::ParamStore& store_;

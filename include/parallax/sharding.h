@@ -7,10 +7,17 @@
 //   px::ShardedArray xs = px::shard(x, s);                             // x: f32[8,16] -> 8 shards f32[2,16]
 //   px::Array back = px::gather(xs);                                   // == x
 //   px::Tensor h = px::with_sharding_constraint(t, {"data", "model"}); // while tracing
+//
+// Processes: every device has a global id (Mesh::device_ids()), a process index
+// (Mesh::process_of) and a local index within its process (Mesh::local_index). By default one
+// process holds every device of a mesh; Mesh::with_processes(2) (or DeviceSet{"cpu", 8, 2} for
+// Mesh::create) puts positions 0-3 of an 8-device mesh in process 0 and 4-7 in process 1. A
+// ShardedArray then holds only the shards of one process; gathering it whole is a collective.
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,10 +40,14 @@ struct MeshAxis {
 };
 
 // The devices a mesh is made on: "cpu:8" is 8 virtual CPU devices in this process.
+// `processes` > 1 spreads them over that many processes, in equal consecutive blocks
+// (DeviceSet{"cpu", 8, 2}: "cpu:8 over 2 processes"); Mesh::create then makes a mesh whose
+// positions know their process (tests run such a world as threads, see make_threaded_world).
 struct DeviceSet {
   std::string platform = "cpu";
   int64_t count = 1;
-  std::string to_string() const;  // "cpu:8"
+  int64_t processes = 1;
+  std::string to_string() const;  // "cpu:8", or "cpu:8 over 2 processes"
   bool operator==(const DeviceSet& o) const = default;
 };
 // Parses "cpu" (= cpu:1) or "cpu:N" (N >= 1); anything else (e.g. "cuda:2", not supported yet)
@@ -46,7 +57,8 @@ DeviceSet parse_devices(const std::string& text);
 DeviceSet default_devices();
 
 // Ordered named axes over a list of devices. Device position p (0 .. size()-1) has row-major
-// coordinates over the axes (the last axis varies fastest) and runs on device_ids()[p].
+// coordinates over the axes (the last axis varies fastest) and runs on device_ids()[p] (its
+// global id), in process process_of(p), where it is device local_index(p) of that process.
 class Mesh {
  public:
   Mesh() = default;  // a single device, no axes
@@ -80,14 +92,33 @@ class Mesh {
   int64_t index_in_group(int position, const std::vector<int>& axes) const;
   int64_t group_size(const std::vector<int>& axes) const;
 
-  std::string to_string() const;  // "Mesh{data: 4, model: 2} on cpu:8"
-  bool operator==(const Mesh& o) const;
+  // Processes. Every constructor makes a mesh held by one process (process 0, every position).
+  // with_processes(n): the same mesh over n processes, each holding size()/n consecutive
+  // positions (as n ranks with one node's devices each); size() must divide by n.
+  // with_process_of(p): process p[position] for each position; processes are numbered 0..n-1 and
+  // each holds at least one position.
+  Mesh with_processes(int64_t n) const;
+  Mesh with_process_of(std::vector<int> process_of_position) const;
+  int num_processes() const;
+  int process_of(int position) const;
+  int local_index(int position) const;                 // index among its process's positions
+  std::vector<int> local_positions(int process) const;  // ascending
+  std::vector<int> process_layout() const;              // process_of for every position
+
+  std::string to_string() const;  // "Mesh{data: 4, model: 2} on cpu:8" (+ " over 2 processes")
+  bool operator==(const Mesh& o) const;  // axes, devices and processes
   bool operator!=(const Mesh& o) const { return !(*this == o); }
 
  private:
+  struct Processes {
+    int count = 1;
+    std::vector<int> process_of, local_index;  // per position
+    std::vector<std::vector<int>> positions;   // per process
+  };
   std::vector<MeshAxis> axes_;
   std::vector<int> device_ids_{0};
   std::string platform_ = "cpu";
+  std::shared_ptr<const Processes> procs_;  // null: one process holds every position
 };
 
 struct NoAxis {};
@@ -151,34 +182,51 @@ struct Sharding {
   bool operator!=(const Sharding& o) const { return !(*this == o); }
 };
 
-// A global array: one host Array per device of the mesh (indexed by mesh position) + its Sharding.
+class Communicator;
+
+// A global array as one process sees it: its Sharding and the host Arrays of the mesh positions
+// that process holds (every position when the mesh has one process), in ascending position order.
 class ShardedArray {
  public:
   ShardedArray() = default;
-  // Checks the sharding against `global` and every shard's type against the local shape.
-  ShardedArray(TensorType global, Sharding sharding, std::vector<Array> shards);
+  // `shards`: one per position of mesh.local_positions(process), in that order. Checks the
+  // sharding against `global` and every shard's type against the local shape.
+  ShardedArray(TensorType global, Sharding sharding, std::vector<Array> shards, int process = 0);
 
   const TensorType& type() const { return type_; }
   const Shape& shape() const { return type_.shape; }
   DType dtype() const { return type_.dtype; }
   const Sharding& sharding() const { return sharding_; }
   const Mesh& mesh() const { return sharding_.mesh; }
+  int process() const { return process_; }  // the process whose shards this array holds
+  std::vector<int> positions() const { return sharding_.mesh.local_positions(process_); }
+  bool holds(int position) const;  // the shard of `position` is here
+  // This process's shards, in positions() order (all of them, by position, in one process).
   const std::vector<Array>& shards() const { return shards_; }
   std::vector<Array>& mutable_shards() { return shards_; }
-  const Array& shard(int position) const { return shards_.at(position); }
+  // The shard of a mesh position. A position of another process throws px::Error saying which
+  // positions are here and how to get the whole array.
+  const Array& shard(int position) const;
   int64_t bytes_per_device() const;
 
  private:
   TensorType type_;
   Sharding sharding_;
   std::vector<Array> shards_;
+  int process_ = 0;
 };
 
-// Splits a full host array onto the devices of s.mesh. Replicated dims are copied; partial-sum
-// axes hold the value at coordinate 0 and zeros elsewhere, so that their sum is the value.
-ShardedArray shard(const Array& full, const Sharding& s);
-// Reassembles the full array (summing over partial axes, in a fixed order).
+// Splits a full host array onto the devices of s.mesh that `process` holds (every device in one
+// process). Replicated dims are copied; partial-sum axes hold the value at coordinate 0 and zeros
+// elsewhere, so that their sum is the value.
+ShardedArray shard(const Array& full, const Sharding& s, int process = 0);
+// Reassembles the full array (summing over partial axes, in a fixed order). Needs every shard:
+// for a mesh over several processes it throws, naming the overload below.
 Array gather(const ShardedArray& a);
+// The same for an array whose mesh spans several processes: a collective (every process calls it
+// with its own array and communicator, all in the same order) that all-gathers the shards, so
+// every process gets the whole array. In one process it is gather(a), with no communication.
+Array gather(const ShardedArray& a, Communicator& comm);
 
 // While tracing: x with the given sharding required at this point of the program (an identity
 // that the SPMD partitioner honours; its gradient carries the same constraint).

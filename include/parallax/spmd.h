@@ -128,7 +128,10 @@ class ShardedExecutable {
                                                     const std::vector<PartitionSpec>& in_specs,
                                                     const PartitionOptions& popt = {}, const CompileOptions& copt = {},
                                                     DeviceParallelism par = DeviceParallelism::automatic);
-  // `comm` (optional, not owned) runs the collectives; default: an in-process communicator.
+  // `comm` (optional, not owned) runs the collectives; default: an in-process communicator over
+  // every position (a mesh held by one process). The executable runs the communicator's local
+  // positions, which must be those of one process of the mesh (mesh.local_positions(process)); its
+  // inputs and outputs hold that process's shards only.
   static std::unique_ptr<ShardedExecutable> compile(SpmdProgram program, const CompileOptions& copt = {},
                                                     DeviceParallelism par = DeviceParallelism::automatic,
                                                     Communicator* comm = nullptr);
@@ -140,13 +143,17 @@ class ShardedExecutable {
   // (reused buffers across steps: no fresh allocation), and allocates the rest. Outputs must
   // not share buffers with the inputs.
   void run_into(const std::vector<ShardedArray>& inputs, std::vector<ShardedArray>& outputs);
-  // Convenience for tests: shards full arrays, runs, gathers the outputs.
+  // Convenience for tests: shards full arrays, runs, gathers the outputs (a collective when the
+  // mesh spans several processes: every process calls it).
   std::vector<Array> run_full(const std::vector<Array>& inputs);
 
+  int process() const;                      // the mesh process it runs (0 in one process)
+  const std::vector<int>& positions() const;  // the mesh positions it runs
+  Communicator& communicator() const;         // the injected one, or its own in-process one
   const Sharding& in_sharding(int i) const;
   const Sharding& out_sharding(int i) const;
   const SpmdProgram& program() const;
-  const CollectiveStats& stats() const;  // accumulated over runs
+  const CollectiveStats& stats() const;  // accumulated over runs, for this process's positions
   void reset_stats();
   // The one program every device runs: its schedule (kernels and collectives) and buffer plan.
   const Executable& executable() const;

@@ -30,9 +30,8 @@ std::optional<int64_t> parse_step_dir(const std::string& name);
 bool is_committed(const std::string& checkpoint_dir);
 std::vector<int64_t> committed_steps(const std::string& dir);  // ascending
 
-// The mesh positions whose shards this process holds. Today every shard lives in this process;
-// when sharded arrays become process-aware, this is the one place that changes.
-std::vector<int> local_positions(const Mesh& mesh);
+// The mesh positions whose shards `process` holds (every position of a mesh in one process).
+std::vector<int> local_positions(const Mesh& mesh, int process);
 
 // One chunk per distinct shard: replicas of a shard share a chunk, written by the lowest mesh
 // position holding it.

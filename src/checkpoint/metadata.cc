@@ -82,11 +82,7 @@ std::vector<int64_t> committed_steps(const std::string& dir) {
   return steps;
 }
 
-std::vector<int> local_positions(const Mesh& mesh) {
-  std::vector<int> p(static_cast<size_t>(mesh.size()));
-  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int>(i);
-  return p;
-}
+std::vector<int> local_positions(const Mesh& mesh, int process) { return mesh.local_positions(process); }
 
 Shape chunk_shape(const TensorType& type, const Sharding& s) {
   Shape c = s.local_shape(type.shape);

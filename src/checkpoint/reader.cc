@@ -50,6 +50,7 @@ struct ArrayPlan {
   TensorType type;
   Shape cshape, local;
   Sharding target;
+  int process = 0;
   std::vector<Block> blocks;
 };
 
@@ -64,7 +65,7 @@ struct ChunkTask {
 void plan_array(ArrayPlan& a, size_t array_index, std::vector<ChunkTask>& tasks) {
   a.local = a.target.local_shape(a.type.shape);
   std::map<std::vector<int64_t>, size_t> by_offset;
-  for (int p : local_positions(a.target.mesh)) {
+  for (int p : local_positions(a.target.mesh, a.process)) {
     std::vector<int64_t> off = a.target.shard_offsets(a.type.shape, p);
     auto [it, fresh] = by_offset.emplace(off, a.blocks.size());
     if (fresh) a.blocks.push_back({off, Array(a.type.dtype, a.local), {}});
@@ -135,10 +136,11 @@ void read_chunk(ArrayPlan& a, const ChunkTask& t, const std::string& checkpoint_
 }
 
 ShardedArray assemble(ArrayPlan& a) {
-  std::vector<Array> shards(static_cast<size_t>(a.target.mesh.size()));
+  std::vector<Array> shards(a.target.mesh.local_positions(a.process).size());
   for (Block& b : a.blocks)
-    for (size_t i = 0; i < b.positions.size(); ++i) shards[b.positions[i]] = i == 0 ? b.data : b.data.clone();
-  return ShardedArray(a.type, a.target, std::move(shards));
+    for (size_t i = 0; i < b.positions.size(); ++i)
+      shards[a.target.mesh.local_index(b.positions[i])] = i == 0 ? b.data : b.data.clone();
+  return ShardedArray(a.type, a.target, std::move(shards), a.process);
 }
 
 constexpr int kIoThreads = 4;
@@ -196,7 +198,12 @@ Checkpoint read_checkpoint(const std::string& checkpoint_dir, const RestoreOptio
     if (!target.partial.empty())
       throw Error("[checkpoint] the restore target of " + what + " has partial-sum axes; give a sharding without them");
     target.validate(a.type, what);
-    plans.push_back({a.name, a.group, checkpoint_dir + "/" + a.name, a.type, a.chunk_shape, {}, target, {}});
+    const int process = target.mesh.num_processes() > 1 ? options.process : 0;
+    if (process < 0 || process >= target.mesh.num_processes())
+      throw Error("[checkpoint] RestoreOptions::process is " + std::to_string(options.process) + " but the target of " +
+                  what + " is on " + target.mesh.to_string() + "; give a process of that mesh");
+    plans.push_back({a.name, a.group, checkpoint_dir + "/" + a.name, a.type, a.chunk_shape, {}, target,
+                     process, {}});
   }
   // Each array's zarr.json must agree with metadata.json (read several at once: small files).
   ckpt_fs::parallel_for(plans.size(), kIoThreads, [&](size_t i, int) {

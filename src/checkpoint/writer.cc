@@ -68,7 +68,7 @@ void CheckpointManager::build_job(const Checkpoint& c, int zstd_level, std::vect
     nlohmann::json attrs = {
         {"parallax", {{"group", e.group}, {"mesh", mesh_text(a.mesh())}, {"sharding", a.sharding().spec.to_string()}}}};
     aj.meta.attributes_json = attrs.dump();
-    std::vector<int> local = local_positions(a.mesh());
+    std::vector<int> local = local_positions(a.mesh(), a.process());
     for (const ChunkRef& r : distinct_chunks(a.type(), a.sharding()))
       if (std::binary_search(local.begin(), local.end(), r.owner)) aj.chunks.emplace_back(r.index, a.shard(r.owner));
     job.arrays.push_back(std::move(aj));
@@ -141,10 +141,11 @@ void CheckpointManager::check_saveable(const Checkpoint& c) const {
     if (!a.sharding().partial.empty())
       throw Error(who + "array '" + e.name + "' holds partial sums over " + a.sharding().to_string() +
                   "; reduce it (or gather it) before saving");
-    if (static_cast<int64_t>(a.shards().size()) != a.mesh().size())
-      throw Error(who + "array '" + e.name + "' has " + std::to_string(a.shards().size()) + " shards for a mesh of " +
-                  std::to_string(a.mesh().size()) + " devices");
-    for (int p : local_positions(a.mesh()))
+    const std::vector<int> local = local_positions(a.mesh(), a.process());
+    if (a.shards().size() != local.size())
+      throw Error(who + "array '" + e.name + "' has " + std::to_string(a.shards().size()) + " shards for the " +
+                  std::to_string(local.size()) + " devices of its process on " + a.mesh().to_string());
+    for (int p : local)
       if (!a.shard(p).defined() || a.shard(p).type() != TensorType{a.dtype(), a.sharding().local_shape(a.shape())})
         throw Error(who + "array '" + e.name + "': the shard on mesh position " + std::to_string(p) +
                     " is undefined or not of the local type " +

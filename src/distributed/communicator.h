@@ -4,6 +4,8 @@
 // buffer per local participant, in the order of local_positions() (mesh positions). Groups list
 // mesh positions; a participant's rank in its group is its index there. The in-process runtime
 // runs the per-device programs in lockstep, so every participant's buffer is at hand in one call.
+// A process holds the positions of one process of the mesh (Mesh::local_positions); the threaded
+// world (threaded.h) runs several such processes as threads of this one, for tests.
 // An MPI implementation receives its process's participants (usually one), combines the local
 // ones in memory and exchanges with the other ranks (MPI_Allreduce / Allgather / Reduce_scatter /
 // Alltoall on a communicator split per group, or per-group sub-communicators cached by group

@@ -6,6 +6,7 @@
 
 #include "backend/cpu/kernel.h"
 #include "distributed/communicator.h"
+#include "distributed/position_collectives.h"
 
 namespace px {
 
@@ -75,6 +76,86 @@ void run_copies(const std::vector<Copy>& copies) {
     if (copies[i].bytes) std::memcpy(copies[i].dst, copies[i].src, static_cast<size_t>(copies[i].bytes));
 }
 
+}  // namespace
+
+namespace collective_math {
+
+void all_reduce(const PositionBuffers& b, int64_t count, DType t, ReduceOp op, const DeviceGroups& groups) {
+  std::vector<const std::byte*> s;
+  std::vector<std::byte*> d;
+  for (const auto& g : groups) {
+    s.clear();
+    d.clear();
+    for (int p : g) {
+      s.push_back(b.in[p]);
+      if (b.out[p]) d.push_back(b.out[p]);
+    }
+    if (!d.empty()) reduce_into(s, d, count, t, op);
+  }
+}
+
+void all_gather(const PositionBuffers& b, int64_t count, DType t, const DeviceGroups& groups) {
+  const int64_t bytes = count * dtype_size(t);
+  std::vector<Copy> copies;
+  for (const auto& g : groups)
+    for (int dst : g)
+      if (b.out[dst])
+        for (size_t j = 0; j < g.size(); ++j) copies.push_back({b.out[dst] + j * bytes, b.in[g[j]], bytes});
+  run_copies(copies);
+}
+
+void reduce_scatter(const PositionBuffers& b, int64_t count, DType t, ReduceOp op, const DeviceGroups& groups) {
+  std::vector<const std::byte*> s;
+  for (const auto& g : groups) {
+    const int64_t block = count / static_cast<int64_t>(g.size());
+    const int64_t bytes = block * dtype_size(t);
+    for (size_t k = 0; k < g.size(); ++k) {
+      if (!b.out[g[k]]) continue;
+      s.clear();
+      for (int p : g) s.push_back(b.in[p] + k * bytes);
+      reduce_into(s, {b.out[g[k]]}, block, t, op);
+    }
+  }
+}
+
+void all_to_all(const PositionBuffers& b, int64_t count, DType t, const DeviceGroups& groups) {
+  std::vector<Copy> copies;
+  for (const auto& g : groups) {
+    const int64_t bytes = count / static_cast<int64_t>(g.size()) * dtype_size(t);
+    for (size_t k = 0; k < g.size(); ++k)
+      if (b.out[g[k]])
+        for (size_t j = 0; j < g.size(); ++j) copies.push_back({b.out[g[k]] + j * bytes, b.in[g[j]] + k * bytes, bytes});
+  }
+  run_copies(copies);
+}
+
+void permute(const PositionBuffers& b, int64_t count, DType t, const std::vector<std::pair<int, int>>& pairs) {
+  const int64_t bytes = count * dtype_size(t);
+  std::vector<char> receives(b.out.size(), 0);
+  std::vector<Copy> copies;
+  for (auto [src, dst] : pairs) {
+    receives.at(dst) = 1;
+    if (b.out[dst]) copies.push_back({b.out[dst], b.in[src], bytes});
+  }
+  for (size_t p = 0; p < b.out.size(); ++p)
+    if (b.out[p] && !receives[p]) std::memset(b.out[p], 0, static_cast<size_t>(bytes));
+  run_copies(copies);
+}
+
+void broadcast(const PositionBuffers& b, int64_t count, DType t, int root, const DeviceGroups& groups) {
+  const int64_t bytes = count * dtype_size(t);
+  std::vector<Copy> copies;
+  for (const auto& g : groups)
+    for (int p : g)
+      if (b.out[p] && b.out[p] != b.in[g.at(root)]) copies.push_back({b.out[p], b.in[g.at(root)], bytes});
+  run_copies(copies);
+}
+
+}  // namespace collective_math
+
+namespace {
+
+// Every participant is local: the call's buffers by position, then the shared memory operations.
 class InprocCommunicator final : public Communicator {
  public:
   explicit InprocCommunicator(int64_t n) : Communicator(iota_positions(n), n) {}
@@ -84,74 +165,27 @@ class InprocCommunicator final : public Communicator {
  protected:
   void do_all_reduce(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, ReduceOp op,
                      const DeviceGroups& groups) override {
-    for (const auto& g : groups) {
-      std::vector<const std::byte*> s;
-      std::vector<std::byte*> d;
-      for (int p : g) {
-        s.push_back(in(ins, p));
-        d.push_back(out(outs, p));
-      }
-      reduce_into(s, d, count, t, op);
-    }
+    collective_math::all_reduce(by_position(ins, outs), count, t, op, groups);
   }
-
   void do_all_gather(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
                      const DeviceGroups& groups) override {
-    const int64_t bytes = count * dtype_size(t);
-    std::vector<Copy> copies;
-    for (const auto& g : groups)
-      for (int dst : g)
-        for (size_t j = 0; j < g.size(); ++j) copies.push_back({out(outs, dst) + j * bytes, in(ins, g[j]), bytes});
-    run_copies(copies);
+    collective_math::all_gather(by_position(ins, outs), count, t, groups);
   }
-
   void do_reduce_scatter(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, ReduceOp op,
                          const DeviceGroups& groups) override {
-    for (const auto& g : groups) {
-      const int64_t block = count / static_cast<int64_t>(g.size());
-      const int64_t bytes = block * dtype_size(t);
-      for (size_t k = 0; k < g.size(); ++k) {
-        std::vector<const std::byte*> s;
-        for (int p : g) s.push_back(in(ins, p) + k * bytes);
-        reduce_into(s, {out(outs, g[k])}, block, t, op);
-      }
-    }
+    collective_math::reduce_scatter(by_position(ins, outs), count, t, op, groups);
   }
-
   void do_all_to_all(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
                      const DeviceGroups& groups) override {
-    std::vector<Copy> copies;
-    for (const auto& g : groups) {
-      const int64_t bytes = count / static_cast<int64_t>(g.size()) * dtype_size(t);
-      for (size_t k = 0; k < g.size(); ++k)
-        for (size_t j = 0; j < g.size(); ++j)
-          copies.push_back({out(outs, g[k]) + j * bytes, in(ins, g[j]) + k * bytes, bytes});
-    }
-    run_copies(copies);
+    collective_math::all_to_all(by_position(ins, outs), count, t, groups);
   }
-
   void do_permute(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
                   const std::vector<std::pair<int, int>>& pairs) override {
-    const int64_t bytes = count * dtype_size(t);
-    std::vector<char> receives(static_cast<size_t>(world_size()), 0);
-    std::vector<Copy> copies;
-    for (auto [src, dst] : pairs) {
-      receives.at(dst) = 1;
-      copies.push_back({out(outs, dst), in(ins, src), bytes});
-    }
-    for (int p : local_positions())
-      if (!receives[p]) std::memset(out(outs, p), 0, static_cast<size_t>(bytes));
-    run_copies(copies);
+    collective_math::permute(by_position(ins, outs), count, t, pairs);
   }
-
   void do_broadcast(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, int root,
                     const DeviceGroups& groups) override {
-    const int64_t bytes = count * dtype_size(t);
-    std::vector<Copy> copies;
-    for (const auto& g : groups)
-      for (int p : g)
-        if (out(outs, p) != in(ins, g.at(root))) copies.push_back({out(outs, p), in(ins, g.at(root)), bytes});
-    run_copies(copies);
+    collective_math::broadcast(by_position(ins, outs), count, t, root, groups);
   }
 
  private:
@@ -160,10 +194,15 @@ class InprocCommunicator final : public Communicator {
     for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int>(i);
     return v;
   }
-  const std::byte* in(const Buffers& b, int position) const {
-    return static_cast<const std::byte*>(b[local_index(position)]);
+  // Positions are the local indices here: the caller's lists are already by position.
+  static collective_math::PositionBuffers by_position(const Buffers& ins, const MutBuffers& outs) {
+    collective_math::PositionBuffers b;
+    b.in.reserve(ins.size());
+    b.out.reserve(outs.size());
+    for (const void* p : ins) b.in.push_back(static_cast<const std::byte*>(p));
+    for (void* p : outs) b.out.push_back(static_cast<std::byte*>(p));
+    return b;
   }
-  std::byte* out(const MutBuffers& b, int position) const { return static_cast<std::byte*>(b[local_index(position)]); }
 };
 
 }  // namespace

@@ -1,7 +1,9 @@
 // Executable: the schedule (runtime/schedule.h), one buffer plan for the whole program
 // (runtime/plan.h), and a run loop that only calls prepared kernels and collectives on
 // precomputed pointers. One program runs on one or several devices of this process in lockstep:
-// each device has its own arena and kernel instances, the schedule and plan are shared.
+// each device has its own arena and kernel instances, the schedule and plan are shared. The
+// devices are the communicator's local participants (every mesh position in one process, or one
+// process's positions of a mesh that spans several); collectives pass one buffer per local device.
 #include "parallax/runtime.h"
 
 #include <omp.h>
@@ -396,6 +398,9 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
 
   // Kernels and arenas per device. Kernels hold per-thread scratch, so devices that run at the
   // same time need their own instances; devices run one after the other share them.
+  if (setup.comm && setup.comm->local_positions().size() != setup.device_ids.size())
+    throw Error("[compile] internal: " + std::to_string(setup.device_ids.size()) + " devices but the communicator has " +
+                std::to_string(setup.comm->local_positions().size()) + " local participants");
   impl->comm = setup.comm;
   impl->threads = cpu::num_threads();
   impl->over_devices = setup.over_devices && setup.device_ids.size() > 1;

@@ -24,7 +24,10 @@ std::string devices_text(int64_t n) { return std::to_string(n) + (n == 1 ? " dev
 
 }  // namespace
 
-std::string DeviceSet::to_string() const { return platform + ":" + std::to_string(count); }
+std::string DeviceSet::to_string() const {
+  std::string s = platform + ":" + std::to_string(count);
+  return processes == 1 ? s : s + " over " + std::to_string(processes) + " processes";
+}
 
 DeviceSet parse_devices(const std::string& text) {
   auto [platform, count] = parse_device_text(text, "[devices] ");
@@ -74,7 +77,8 @@ Mesh Mesh::create(const std::vector<std::pair<std::string, int64_t>>& axes, cons
                 std::to_string(devices.count) + "; set PX_DEVICES=cpu:" + std::to_string(known) +
                 " or change the axis sizes");
   }
-  return Mesh(std::move(resolved), {}, devices.platform);
+  Mesh mesh(std::move(resolved), {}, devices.platform);
+  return devices.processes == 1 ? mesh : mesh.with_processes(devices.processes);
 }
 
 Mesh Mesh::parse(const std::string& text, const DeviceSet& devices) {

@@ -1,6 +1,7 @@
 // The sharded executor: the local program compiled once by the runtime for every device of this
-// process (one schedule with collectives as its nodes, one buffer plan, an arena per device), run
-// in lockstep through the injected communicator (the in-process one by default).
+// process, i.e. the communicator's local positions of the mesh (one schedule with collectives as
+// its nodes, one buffer plan, an arena per device), run in lockstep through the injected
+// communicator (the in-process one over every position by default).
 #include <sstream>
 
 #include "backend/cpu/kernel.h"
@@ -19,8 +20,10 @@ struct ShardedExecutable::Impl {
   std::unique_ptr<Communicator> own_comm;
   Communicator* comm = nullptr;
   std::unique_ptr<Executable> exe;
-  int64_t devices = 1;
-  std::vector<Array> coords;  // per device
+  int process = 0;             // the mesh process this executable runs
+  std::vector<int> positions;  // its mesh positions (the communicator's local ones)
+  int64_t devices = 1;         // positions.size()
+  std::vector<Array> coords;  // per local device
   std::vector<std::vector<Array>> ins, outs;  // per device, reused between runs
   std::atomic<bool> running{false};           // one run at a time (ins / outs are reused)
 };
@@ -43,21 +46,42 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram progra
   auto impl = std::make_unique<Impl>();
   impl->prog = std::move(program);
   const Mesh& mesh = impl->prog.mesh;
-  const int64_t D = mesh.size();
-  impl->devices = D;
   if (!comm) {
-    impl->own_comm = make_inproc_communicator(D);
+    if (mesh.num_processes() > 1)
+      throw Error("[ShardedExecutable] the mesh " + mesh.to_string() +
+                  " spans several processes, so each process runs only its own positions: pass this process's "
+                  "communicator (ShardedExecutable::compile(program, options, parallelism, communicator), or "
+                  "ShardingOptions::communicator for a training step)");
+    impl->own_comm = make_inproc_communicator(mesh.size());
     comm = impl->own_comm.get();
   }
   impl->comm = comm;
-  for (int64_t d = 0; d < D; ++d) {
-    std::vector<int64_t> c = mesh.coords(static_cast<int>(d));
-    Array a(DType::i32, {static_cast<int64_t>(c.size())}, Placement{mesh.device_ids()[d]});
+  // The positions to run are the communicator's local ones, which must be one process's of the mesh.
+  const std::vector<int>& local = comm->local_positions();
+  auto text = [](const std::vector<int>& v) {
+    std::string t;
+    for (size_t i = 0; i < v.size(); ++i) t += (i ? ", " : "") + std::to_string(v[i]);
+    return "{" + t + "}";
+  };
+  if (comm->world_size() != mesh.size() || local.empty() ||
+      comm->local_positions() != mesh.local_positions(mesh.process_of(local[0])))
+    throw Error("[ShardedExecutable] the communicator '" + comm->name() + "' holds positions " + text(local) +
+                " of a world of " + std::to_string(comm->world_size()) + ", which are not the positions of one " +
+                "process of " + mesh.to_string() + "; make the mesh with the same processes (Mesh::with_processes) " +
+                "and pass each process its own communicator");
+  impl->process = mesh.process_of(local[0]);
+  impl->positions = local;
+  const int64_t D = static_cast<int64_t>(local.size());
+  impl->devices = D;
+  for (int p : impl->positions) {
+    std::vector<int64_t> c = mesh.coords(p);
+    Array a(DType::i32, {static_cast<int64_t>(c.size())}, Placement{mesh.device_ids()[p]});
     for (size_t k = 0; k < c.size(); ++k) a.data<int32_t>()[k] = static_cast<int32_t>(c[k]);
     impl->coords.push_back(a);
   }
   DeviceSetup setup;
-  setup.device_ids.assign(mesh.device_ids().begin(), mesh.device_ids().end());
+  setup.device_ids.clear();
+  for (int p : impl->positions) setup.device_ids.push_back(mesh.device_ids()[p]);
   setup.comm = comm;
   const int threads = cpu::num_threads();
   setup.over_devices =
@@ -103,6 +127,11 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
                   m.prog.in_shardings[i].to_string() + " on " + m.prog.mesh.to_string() +
                   "; reshard it with px::shard(px::gather(x), exe->in_sharding(i))");
     }
+    if (inputs[i].process() != m.process)
+      throw Error("[run] input " + std::to_string(i) + " holds the shards of process " +
+                  std::to_string(inputs[i].process()) + " of " + m.prog.mesh.to_string() +
+                  ", but this executable runs process " + std::to_string(m.process) +
+                  "; shard the inputs for this process (px::shard(x, sharding, exe->process()))");
   }
   // Outputs land in the caller's arrays when they fit and the caller alone holds them (the
   // buffers of the step before last, in a training loop), else in fresh ones on each device.
@@ -111,25 +140,27 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
     int v = g.outputs()[o];
     const Sharding& s = m.prog.out_shardings[o];
     const std::vector<Array>& have = outs[o].shards();
-    bool reuse = outs[o].sharding() == s && static_cast<int64_t>(have.size()) == m.devices;
+    bool reuse = outs[o].sharding() == s && outs[o].process() == m.process &&
+                 static_cast<int64_t>(have.size()) == m.devices;
     for (size_t d = 0; reuse && d < have.size(); ++d) reuse = have[d].type() == g.type(v) && have[d].sole_owner();
     if (!reuse) {
       std::vector<Array> shards;
       for (int64_t d = 0; d < m.devices; ++d)
-        shards.push_back(Array(g.type(v).dtype, g.type(v).shape, Placement{m.prog.mesh.device_ids()[d]}));
+        shards.push_back(
+            Array(g.type(v).dtype, g.type(v).shape, Placement{m.prog.mesh.device_ids()[m.positions[d]]}));
       TensorType global = g.type(v);
       for (int d = 0; d < static_cast<int>(global.shape.size()); ++d) global.shape[d] *= s.num_shards(d);
-      outs[o] = ShardedArray(global, s, std::move(shards));
+      outs[o] = ShardedArray(global, s, std::move(shards), m.process);
     }
   }
   for (int64_t d = 0; d < m.devices; ++d) {
     auto& in = m.ins[d];
     in.clear();
-    for (size_t i = 0; i < nin; ++i) in.push_back(inputs[i].shard(static_cast<int>(d)));
+    for (size_t i = 0; i < nin; ++i) in.push_back(inputs[i].shards()[d]);
     in.push_back(m.coords[d]);
     auto& out = m.outs[d];
     out.clear();
-    for (size_t o = 0; o < outs.size(); ++o) out.push_back(outs[o].shard(static_cast<int>(d)));
+    for (size_t o = 0; o < outs.size(); ++o) out.push_back(outs[o].shards()[d]);
   }
   m.exe->run_on_devices(m.ins, m.outs);
   // Let go of the caller's arrays, so that it is their sole owner again and the next run may
@@ -142,21 +173,25 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
 
 std::vector<Array> ShardedExecutable::run_full(const std::vector<Array>& inputs) {
   std::vector<ShardedArray> in;
-  for (size_t i = 0; i < inputs.size(); ++i) in.push_back(shard(inputs[i], in_sharding(static_cast<int>(i))));
+  for (size_t i = 0; i < inputs.size(); ++i)
+    in.push_back(shard(inputs[i], in_sharding(static_cast<int>(i)), impl_->process));
   std::vector<Array> out;
-  for (auto& r : run(in)) out.push_back(gather(r));
+  for (auto& r : run(in)) out.push_back(gather(r, *impl_->comm));
   return out;
 }
 
 const Sharding& ShardedExecutable::in_sharding(int i) const { return impl_->prog.in_shardings.at(i); }
 const Sharding& ShardedExecutable::out_sharding(int i) const { return impl_->prog.out_shardings.at(i); }
 const SpmdProgram& ShardedExecutable::program() const { return impl_->prog; }
+int ShardedExecutable::process() const { return impl_->process; }
+const std::vector<int>& ShardedExecutable::positions() const { return impl_->positions; }
+Communicator& ShardedExecutable::communicator() const { return *impl_->comm; }
 const CollectiveStats& ShardedExecutable::stats() const { return impl_->comm->stats(); }
 void ShardedExecutable::reset_stats() { impl_->comm->reset_stats(); }
 const Executable& ShardedExecutable::executable() const { return *impl_->exe; }
 MemoryReport ShardedExecutable::memory() const { return impl_->exe->memory(); }
 int64_t ShardedExecutable::peak_bytes(int position) const {
-  if (position < 0 || position >= impl_->devices)
+  if (position < 0 || position >= impl_->prog.mesh.size())
     throw Error("[peak_bytes] mesh position " + std::to_string(position) + " is not in " +
                 impl_->prog.mesh.to_string());
   return impl_->exe->memory().peak_bytes;  // one program: every device plans the same bytes

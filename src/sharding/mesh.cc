@@ -1,6 +1,7 @@
 // Mesh: named axes over devices, coordinates, and the device groups collectives run on.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -123,16 +124,91 @@ std::vector<std::vector<int>> Mesh::groups(const std::vector<int>& axes) const {
   return out;
 }
 
+Mesh Mesh::with_processes(int64_t n) const {
+  if (n < 1 || size() % n != 0)
+    throw Error(fmt::format("[mesh] {} cannot be split over {} processes: use a process count >= 1 that divides "
+                            "its {} devices",
+                            to_string(), n, size()));
+  std::vector<int> p(static_cast<size_t>(size()));
+  const int64_t per = size() / n;
+  for (int64_t i = 0; i < size(); ++i) p[i] = static_cast<int>(i / per);
+  return with_process_of(std::move(p));
+}
+
+Mesh Mesh::with_process_of(std::vector<int> process_of_position) const {
+  if (static_cast<int64_t>(process_of_position.size()) != size())
+    throw Error(fmt::format("[mesh] {} processes given for the {} positions of {}; give one per position",
+                            process_of_position.size(), size(), to_string()));
+  int count = 0;
+  for (int p : process_of_position) {
+    if (p < 0 || p >= size())
+      throw Error(fmt::format("[mesh] process index {} for a mesh of {} devices; processes are 0 .. {}", p, size(),
+                              size() - 1));
+    count = std::max(count, p + 1);
+  }
+  auto procs = std::make_shared<Processes>();
+  procs->count = count;
+  procs->positions.resize(static_cast<size_t>(count));
+  procs->local_index.resize(process_of_position.size());
+  for (size_t q = 0; q < process_of_position.size(); ++q) {
+    auto& mine = procs->positions[process_of_position[q]];
+    procs->local_index[q] = static_cast<int>(mine.size());
+    mine.push_back(static_cast<int>(q));
+  }
+  for (int p = 0; p < count; ++p)
+    if (procs->positions[p].empty())
+      throw Error(fmt::format("[mesh] process {} holds no position of {}; number the processes 0 .. n-1 with "
+                              "at least one position each",
+                              p, to_string()));
+  procs->process_of = std::move(process_of_position);
+  Mesh m = *this;
+  m.procs_ = count > 1 ? std::move(procs) : nullptr;
+  return m;
+}
+
+int Mesh::num_processes() const { return procs_ ? procs_->count : 1; }
+
+int Mesh::process_of(int position) const {
+  if (position < 0 || position >= size())
+    throw Error(fmt::format("[mesh] position {} is not in {} (positions 0 .. {})", position, to_string(),
+                            size() - 1));
+  return procs_ ? procs_->process_of[position] : 0;
+}
+
+int Mesh::local_index(int position) const {
+  if (position < 0 || position >= size())
+    throw Error(fmt::format("[mesh] position {} is not in {} (positions 0 .. {})", position, to_string(),
+                            size() - 1));
+  return procs_ ? procs_->local_index[position] : position;
+}
+
+std::vector<int> Mesh::local_positions(int process) const {
+  if (process < 0 || process >= num_processes())
+    throw Error(fmt::format("[mesh] process {} is not one of the {} process(es) of {}", process, num_processes(),
+                            to_string()));
+  if (procs_) return procs_->positions[process];
+  std::vector<int> all(static_cast<size_t>(size()));
+  std::iota(all.begin(), all.end(), 0);
+  return all;
+}
+
+std::vector<int> Mesh::process_layout() const {
+  return procs_ ? procs_->process_of : std::vector<int>(static_cast<size_t>(size()), 0);
+}
+
 std::string Mesh::to_string() const {
   std::ostringstream os;
   os << "Mesh{";
   for (size_t i = 0; i < axes_.size(); ++i) os << (i ? ", " : "") << axes_[i].name << ": " << axes_[i].size;
   os << "} on " << platform_ << ":" << size();
+  if (num_processes() > 1) os << " over " << num_processes() << " processes";
   return os.str();
 }
 
 bool Mesh::operator==(const Mesh& o) const {
   if (axes_.size() != o.axes_.size() || device_ids_ != o.device_ids_ || platform_ != o.platform_) return false;
+  if (procs_ != o.procs_ && (num_processes() != o.num_processes() || process_layout() != o.process_layout()))
+    return false;
   for (size_t i = 0; i < axes_.size(); ++i)
     if (axes_[i].name != o.axes_[i].name || axes_[i].size != o.axes_[i].size) return false;
   return true;

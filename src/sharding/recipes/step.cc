@@ -8,6 +8,7 @@
 
 #include "core/exclusive.h"
 #include "core/log.h"
+#include "distributed/communicator.h"
 #include "optim/checkpoint.h"
 #include "parallax/autodiff.h"
 #include "parallax/nn.h"
@@ -154,7 +155,7 @@ ShardedTrainStep::ShardedTrainStep(nn::ParamStore& store, optim::OptimizerPtr op
   ShardingDecision decision = decide_train_step(program, plan_, state_specs_, batch_types_, bucket_bytes);
   graph_ = std::move(program.graph);
   exe_ = ShardedExecutable::compile(partition(*graph_, decision, program.categories), options.compile,
-                                    sharding.device_parallelism);
+                                    sharding.device_parallelism, sharding.communicator);
 }
 
 ShardedTrainStep::~ShardedTrainStep() = default;
@@ -167,9 +168,11 @@ ShardedTrainState ShardedTrainStep::init(const std::vector<Array>& params) const
                 std::to_string(n_params_));
   std::vector<Array> st = opt_->init_state(params);
   ShardedTrainState s;
-  for (size_t i = 0; i < n_params_; ++i) s.params.push_back(shard(params[i], exe_->in_sharding(static_cast<int>(i))));
+  const int proc = exe_->process();
+  for (size_t i = 0; i < n_params_; ++i)
+    s.params.push_back(shard(params[i], exe_->in_sharding(static_cast<int>(i)), proc));
   for (size_t i = 0; i < n_state_; ++i)
-    s.opt_state.push_back(shard(st[i], exe_->in_sharding(static_cast<int>(n_params_ + i))));
+    s.opt_state.push_back(shard(st[i], exe_->in_sharding(static_cast<int>(n_params_ + i)), proc));
   return s;
 }
 
@@ -192,15 +195,16 @@ StepMetrics ShardedTrainStep::operator()(ShardedTrainState& state, const std::ve
     if (batch[i].type() != batch_types_[i])
       throw Error("[ShardedTrainStep] batch array " + std::to_string(i) + " has type " + type_str(batch[i].type()) +
                   ", the step was traced for " + type_str(batch_types_[i]));
-    in.push_back(shard(batch[i], batch_sharding(static_cast<int>(i))));
+    in.push_back(shard(batch[i], batch_sharding(static_cast<int>(i)), exe_->process()));
   }
   Array step = Array::from_i32({detail::traced_step(state.step, "ShardedTrainStep")}, {});
-  in.push_back(shard(step, exe_->in_sharding(static_cast<int>(in.size()))));
+  in.push_back(shard(step, exe_->in_sharding(static_cast<int>(in.size())), exe_->process()));
   // Double buffering: outputs land in the buffers of the state before last, then swap in.
   std::vector<ShardedArray>& out = out_;
   exe_->run_into(in, out);
-  StepMetrics m = detail::step_metrics(out[0].shard(0).to_f32()[0], out[1].shard(0).to_f32()[0],
-                                       out[2].shard(0).to_f32()[0], skip_nonfinite_);
+  // The metrics are replicated: any local shard holds them.
+  StepMetrics m = detail::step_metrics(out[0].shards()[0].to_f32()[0], out[1].shards()[0].to_f32()[0],
+                                       out[2].shards()[0].to_f32()[0], skip_nonfinite_);
   for (size_t i = 0; i < n_params_; ++i) std::swap(state.params[i], out[3 + i]);
   for (size_t i = 0; i < n_state_; ++i) std::swap(state.opt_state[i], out[3 + n_params_ + i]);
   if (m.skipped) ++state.skipped;
@@ -211,20 +215,25 @@ StepMetrics ShardedTrainStep::operator()(ShardedTrainState& state, const std::ve
 
 std::vector<Array> ShardedTrainStep::gather_params(const ShardedTrainState& s) const {
   std::vector<Array> out;
-  for (const auto& p : s.params) out.push_back(gather(p));
+  for (const auto& p : s.params) out.push_back(gather(p, exe_->communicator()));
   return out;
 }
 
 std::vector<Array> ShardedTrainStep::gather_opt_state(const ShardedTrainState& s) const {
   std::vector<Array> out;
-  for (const auto& p : s.opt_state) out.push_back(gather(p));
+  for (const auto& p : s.opt_state) out.push_back(gather(p, exe_->communicator()));
   return out;
 }
 
 void ShardedTrainStep::save(const std::string& path, const ShardedTrainState& state) const {
   // write_checkpoint rejects a state of another step (counts or types) with the caller's name.
-  detail::write_checkpoint(path, detail::checkpoint_layout(store_, *opt_), gather_params(state),
-                           gather_opt_state(state), state.step, "ShardedTrainStep");
+  // Over several processes the gathers are collectives; process 0 writes, and nobody returns
+  // before the file is there (a load right after sees it).
+  std::vector<Array> params = gather_params(state), opt_state = gather_opt_state(state);
+  if (exe_->process() == 0)
+    detail::write_checkpoint(path, detail::checkpoint_layout(store_, *opt_), params, opt_state, state.step,
+                             "ShardedTrainStep");
+  if (mesh_.num_processes() > 1) exe_->communicator().barrier();
 }
 
 ShardedTrainState ShardedTrainStep::load(const std::string& path) const {
@@ -232,11 +241,12 @@ ShardedTrainState ShardedTrainStep::load(const std::string& path) const {
   ShardedTrainState s;
   // Each full array is dropped once sharded, so the full and the sharded state never both exist whole.
   for (size_t i = 0; i < n_params_; ++i) {
-    s.params.push_back(shard(full.params[i], exe_->in_sharding(static_cast<int>(i))));
+    s.params.push_back(shard(full.params[i], exe_->in_sharding(static_cast<int>(i)), exe_->process()));
     full.params[i] = Array();
   }
   for (size_t i = 0; i < n_state_; ++i) {
-    s.opt_state.push_back(shard(full.opt_state[i], exe_->in_sharding(static_cast<int>(n_params_ + i))));
+    s.opt_state.push_back(
+        shard(full.opt_state[i], exe_->in_sharding(static_cast<int>(n_params_ + i)), exe_->process()));
     full.opt_state[i] = Array();
   }
   s.step = full.step;
@@ -260,7 +270,8 @@ std::string ShardedTrainStep::collectives_table() const {
   os << "planned collectives per step (payload bytes per device):\n";
   for (const auto& [k, r] : planned) os << "  " << k << ": " << r.count << " calls, " << r.bytes << " bytes\n";
   const CollectiveStats& st = exe_->stats();
-  const int64_t steps = std::max<int64_t>(steps_run_, 1), devices = std::max<int64_t>(mesh_.size(), 1);
+  const int64_t steps = std::max<int64_t>(steps_run_, 1);
+  const int64_t devices = std::max<int64_t>(static_cast<int64_t>(exe_->positions().size()), 1);
   os << "counted at run time, per step and device (over " << steps_run_ << " steps):\n";
   for (int k = 0; k < kNumCollectiveKinds; ++k) {
     CollectiveStats::Entry e =
@@ -305,11 +316,12 @@ ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std
         return fn(gathered_params(p, plan_), a);
       },
       types, names);
-  std::vector<PartitionSpec> specs;
-  for (const auto& p : plan_.params) specs.push_back(p.spec);
+  std::vector<Sharding> shardings;
+  for (const auto& p : plan_.params) shardings.emplace_back(mesh, p.spec);
   for (size_t i = 0; i < arg_types.size(); ++i)
-    specs.push_back(batch_spec(arg_types[i], mesh, plan_.batch_axes, i, /*training=*/false));
-  exe_ = ShardedExecutable::compile(*graph_, mesh, specs);
+    shardings.emplace_back(mesh, batch_spec(arg_types[i], mesh, plan_.batch_axes, i, /*training=*/false));
+  exe_ = ShardedExecutable::compile(partition(*graph_, mesh, shardings), {}, options.device_parallelism,
+                                    options.communicator);
 }
 
 ShardedFunction::~ShardedFunction() = default;
