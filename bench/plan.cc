@@ -22,8 +22,10 @@ using px::bench::Json;
 const char* kUsage =
     "usage: plan --model=NAME --mesh=AXIS:N[,AXIS:N...] [--cluster=cpu|h100x8|h200x8|FILE.toml]\n"
     "            [--batch=N] [--seq=N] [--dtype=f32|bf16] [--optimizer=adamw|sgd|adafactor]\n"
-    "            [--recipes=DDP,FSDP,TP,FSDP_TP] [--data_axis=data] [--model_axis=model] [--recalibrate]\n"
-    "  models: tiny, bench-gpt, 1b, 16b, llama8b, or a preset of px::nn::lm_config (gpt2_small, ...)\n"
+    "            [--recipes=DDP,FSDP,TP,FSDP_TP] [--data_axis=data] [--model_axis=model] [--layers=N]\n"
+    "            [--recalibrate]\n"
+    "  models: tiny, bench-gpt, 1b, 16b, llama8b, or a preset of px::nn::lm_config (gpt2_small, ...);\n"
+    "  --layers overrides the model's number of layers\n"
     "  batch: global sequences per step (default: the number of devices); seq: default min(1024, the model's)\n"
     "  dtype: matmul operands (default bf16 on GPU clusters, f32 on cpu)\n";
 
@@ -103,7 +105,7 @@ int main(int argc, char** argv) {
     else if (i + 1 < argc) value = argv[++i];
     else usage_error("--" + key + " needs a value");
     static const char* known[] = {"model", "mesh", "cluster", "batch", "seq", "dtype", "optimizer", "recipes",
-                                  "data_axis", "model_axis"};
+                                  "data_axis", "model_axis", "layers"};
     if (std::find(std::begin(known), std::end(known), key) == std::end(known)) usage_error("unknown flag --" + key);
     flags[key] = value;
   }
@@ -114,6 +116,10 @@ int main(int argc, char** argv) {
   try {
     auto t0 = std::chrono::steady_clock::now();
     px::nn::LmConfig cfg = model_config(flags["model"]);
+    if (flags.count("layers")) {
+      cfg.n_layers = std::atoll(flags["layers"].c_str());
+      if (cfg.n_layers <= 0) usage_error("--layers must be positive, got '" + flags["layers"] + "'");
+    }
     const int64_t devices = mesh_devices(flags["mesh"]);
     px::Cluster cluster = cluster_name == "cpu" ? px::cpu_cluster(recalibrate) : px::load_cluster(cluster_name);
     px::Mesh mesh = cluster.apply(px::Mesh::parse(flags["mesh"], px::DeviceSet{"cpu", devices}));
