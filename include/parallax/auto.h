@@ -90,7 +90,8 @@ std::string cluster_cache_path();
 // (all_gather: the gathered result). Wire bytes per device: all_reduce 2(n-1)/n of the payload
 // (ring: reduce-scatter then all-gather), all_gather / reduce_scatter / all_to_all (n-1)/n,
 // permute and broadcast the payload; time = steps * latency + wire / bandwidth with steps
-// 2(n-1), n-1, n-1, n-1, 1, 1.
+// 2(n-1), n-1, n-1, n-1, 1, 1. An all-reduce takes the faster of that ring and a tree:
+// 2 ceil(log2 n) steps + 2 * payload / bandwidth (small payloads over many devices).
 int64_t collective_wire_bytes(CollectiveKind k, int64_t n, int64_t payload);
 double collective_seconds(CollectiveKind k, int64_t n, int64_t payload, const Link& link);
 

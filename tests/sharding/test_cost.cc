@@ -51,7 +51,13 @@ TEST(Cost, AlphaBetaOnHandComputedCases) {
   Link l{1e9, 1e-6};
   // Ring all-reduce over 4: 2(n-1)/n of the payload on the wire, 2(n-1) latency steps.
   EXPECT_EQ(collective_wire_bytes(CollectiveKind::all_reduce, 4, 1000), 1500);
-  EXPECT_DOUBLE_EQ(collective_seconds(CollectiveKind::all_reduce, 4, 1000, l), 6e-6 + 1500e-9);
+  // Large payloads: the ring (6 steps + 1500 bytes; the tree would take 4 steps + 2 * 1e6 bytes).
+  EXPECT_EQ(collective_wire_bytes(CollectiveKind::all_reduce, 4, 1000000), 1500000);
+  EXPECT_DOUBLE_EQ(collective_seconds(CollectiveKind::all_reduce, 4, 1000000, l), 6e-6 + 1500000e-9);
+  // Small payloads over many devices: the tree, 2 ceil(log2 n) steps and twice the payload
+  // (256 devices: 16 steps instead of the ring's 510).
+  EXPECT_DOUBLE_EQ(collective_seconds(CollectiveKind::all_reduce, 4, 1000, l), 4e-6 + 2000e-9);
+  EXPECT_DOUBLE_EQ(collective_seconds(CollectiveKind::all_reduce, 256, 4, l), 16e-6 + 8e-9);
   // All-gather (payload: the gathered result) and reduce-scatter over 8: (n-1)/n, n-1 steps.
   EXPECT_EQ(collective_wire_bytes(CollectiveKind::all_gather, 8, 800), 700);
   EXPECT_DOUBLE_EQ(collective_seconds(CollectiveKind::all_gather, 8, 800, l), 7e-6 + 700e-9);

@@ -3,6 +3,7 @@
 // the links of their mesh axes, and the schedule played with collectives beside compute.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <sstream>
 
 #include "ir/primitive.h"
@@ -51,8 +52,15 @@ double collective_seconds(CollectiveKind k, int64_t n, int64_t payload, const Li
       steps = 1;
       break;
   }
-  return steps * link.latency_s +
-         static_cast<double>(collective_wire_bytes(k, n, payload)) / link.bandwidth_bytes_per_s;
+  double ring = steps * link.latency_s +
+                static_cast<double>(collective_wire_bytes(k, n, payload)) / link.bandwidth_bytes_per_s;
+  if (k != CollectiveKind::all_reduce) return ring;
+  // A small all-reduce over many devices runs as a (double binary) tree: a reduce and a broadcast
+  // of ceil(log2 n) latency steps each, the payload pipelined through both (what NCCL picks when
+  // the ring's 2(n-1) latency steps cost more).
+  double levels = std::ceil(std::log2(static_cast<double>(n)));
+  double tree = 2.0 * levels * link.latency_s + 2.0 * static_cast<double>(payload) / link.bandwidth_bytes_per_s;
+  return std::min(ring, tree);
 }
 
 std::string StepCost::to_string() const {
