@@ -5,6 +5,7 @@
 //   px::TrainStep step(model.store(), px::optim::adamw({.lr = 3e-4}), loss_fn, batch_types);
 #pragma once
 
+#include "parallax/auto.h"
 #include "parallax/autodiff.h"
 #include "parallax/checkpoint.h"
 #include "parallax/core.h"

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "parallax/graph.h"
 
@@ -15,6 +16,7 @@ namespace px {
 // Mixed precision: every dot_general whose operands and result are f32 takes its operands cast to
 // `compute` (bf16 or f16) and still produces f32 (accumulation stays f32). Everything else
 // (reductions, norms, softmax, elementwise math) is left in f32. compute = f32 returns a copy.
-std::unique_ptr<Graph> autocast(const Graph& g, DType compute);
+// With value_map set it also returns, per value of g, its id in the result.
+std::unique_ptr<Graph> autocast(const Graph& g, DType compute, std::vector<int>* value_map = nullptr);
 
 }  // namespace px

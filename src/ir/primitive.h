@@ -41,8 +41,12 @@ struct ShardingRule {
   std::string to_string() const;  // "ij,jk->ik {j: reduction}"
 };
 
+// What one node costs on its (local) types: all its FLOPs, the part of them that a matrix unit
+// runs (matmuls and attention's products: timed at the device's matmul rate for the operands'
+// dtype, the rest at its vector rate), and the bytes it reads and writes (src/sharding/auto/).
 struct Cost {
   double flops = 0;
+  double matmul_flops = 0;  // <= flops
   double bytes_read = 0;
   double bytes_written = 0;
 };

@@ -119,6 +119,7 @@ Cost dot_cost(const std::vector<TensorType>& in, const std::vector<TensorType>& 
   for (int64_t c : d.lc) k *= static_cast<double>(in[0].shape[c]);
   Cost c = default_cost(in, out);
   c.flops = 2.0 * static_cast<double>(out[0].numel()) * k;
+  c.matmul_flops = c.flops;
   return c;
 }
 

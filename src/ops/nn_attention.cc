@@ -86,7 +86,8 @@ Cost attention_cost(const std::vector<TensorType>& in, const std::vector<TensorT
   double heads = static_cast<double>(q[0] * q[1] * q[2]);
   double pairs = heads * attended_pairs(q[3], in[1].shape[2], a.i("causal") != 0);
   Cost c = default_cost(in, out);
-  c.flops = matmuls * 2.0 * pairs * static_cast<double>(q[4]) + 6.0 * pairs;  // + mask, exp, normalization
+  c.matmul_flops = matmuls * 2.0 * pairs * static_cast<double>(q[4]);
+  c.flops = c.matmul_flops + 6.0 * pairs;  // + mask, exp, normalization
   return c;
 }
 

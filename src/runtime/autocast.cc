@@ -5,10 +5,31 @@
 
 namespace px {
 
-std::unique_ptr<Graph> autocast(const Graph& g, DType compute) {
+namespace {
+
+// Per value of g, the id of the value that env gives it in the rewritten graph.
+void fill_value_map(const std::vector<Tensor>& env, std::vector<int>* value_map) {
+  if (!value_map) return;
+  value_map->assign(env.size(), -1);
+  for (size_t v = 0; v < env.size(); ++v)
+    if (env[v].defined()) (*value_map)[v] = env[v].id();
+}
+
+void identity_map(const Graph& g, std::vector<int>* value_map) {
+  if (!value_map) return;
+  value_map->resize(g.values().size());
+  for (size_t v = 0; v < g.values().size(); ++v) (*value_map)[v] = static_cast<int>(v);
+}
+
+}  // namespace
+
+std::unique_ptr<Graph> autocast(const Graph& g, DType compute, std::vector<int>* value_map) {
   if (compute != DType::f32 && compute != DType::bf16 && compute != DType::f16)
     throw Error(std::string("[autocast] compute dtype must be f32, bf16 or f16, got ") + dtype_name(compute));
-  if (compute == DType::f32) return g.clone();
+  if (compute == DType::f32) {
+    identity_map(g, value_map);
+    return g.clone();
+  }
   auto out = std::make_unique<Graph>();
   TraceScope scope(out.get());
   std::vector<Tensor> env(g.values().size());
@@ -35,16 +56,13 @@ std::unique_ptr<Graph> autocast(const Graph& g, DType compute) {
   for (int v : g.outputs()) outs.push_back(env[v]);
   out->set_outputs(outs);
   out->verify();
+  fill_value_map(env, value_map);
   return out;
 }
 
-}  // namespace px
-
-namespace px {
-
 // An all-gather whose every reader casts its result to a narrower float type gathers the cast
 // operand instead: under bf16 compute, FSDP moves and holds bf16 weights, not f32.
-std::unique_ptr<Graph> narrow_gathers(const Graph& g) {
+std::unique_ptr<Graph> narrow_gathers(const Graph& g, std::vector<int>* value_map) {
   std::vector<std::vector<int>> users(g.values().size());
   for (size_t i = 0; i < g.nodes().size(); ++i)
     for (int v : g.nodes()[i].inputs) users[v].push_back(static_cast<int>(i));
@@ -71,7 +89,10 @@ std::unique_ptr<Graph> narrow_gathers(const Graph& g) {
       any = true;
     }
   }
-  if (!any) return g.clone();
+  if (!any) {
+    identity_map(g, value_map);
+    return g.clone();
+  }
   auto out = std::make_unique<Graph>();
   TraceScope scope(out.get());
   std::vector<Tensor> env(g.values().size());
@@ -98,6 +119,7 @@ std::unique_ptr<Graph> narrow_gathers(const Graph& g) {
   for (int v : g.outputs()) outs.push_back(env[v]);
   out->set_outputs(outs);
   out->verify();
+  fill_value_map(env, value_map);
   return out;
 }
 

@@ -87,6 +87,7 @@ struct Executable::Impl {
   // Collectives: the op, and per unit the collective it starts or waits (-1 for compute).
   std::vector<CollectiveOp> colls;
   std::vector<int> coll_of_unit;
+  std::vector<std::vector<int>> scratch_of;  // per collective: its packing scratch buffer ids
   // Blocks of the run loop: a run of compute units, or one collective event.
   struct Block {
     int begin, end;
@@ -155,16 +156,25 @@ std::unique_ptr<Executable> Executable::compile(const Graph& src, const CompileO
   return compile_on_devices(src, opt, DeviceSetup{});
 }
 
-std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOptions& opt, const DeviceSetup& setup) {
+namespace {
+
+// Everything compile decides before it allocates: the prepared graph, the schedule, the
+// collectives, the buffer plan and the memory report (with the memory limit checked). Shared by
+// compile_on_devices and plan_program, so that a planned program is exactly what would run.
+std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptions& opt,
+                                            const std::function<CollectiveGroups(const Node&)>& groups) {
   using Impl = Executable::Impl;
   auto impl = std::make_unique<Impl>();
-  apply_thread_settings();
   src.verify();
-  if (setup.device_ids.empty()) throw Error("[compile] internal: no devices to compile for");
   // Autocast, then CSE and DCE; value categories follow the values through both.
   std::unique_ptr<Graph> prepared;
+  std::vector<int> to_prepared;  // per value of src, its id in prepared (-1: dropped)
   if (opt.compute_dtype != DType::f32) {
-    prepared = narrow_gathers(*autocast(src, opt.compute_dtype));
+    std::vector<int> cast_map, narrow_map;
+    prepared = narrow_gathers(*autocast(src, opt.compute_dtype, &cast_map), &narrow_map);
+    to_prepared.assign(src.values().size(), -1);
+    for (size_t v = 0; v < cast_map.size(); ++v)
+      if (cast_map[v] >= 0) to_prepared[v] = narrow_map[cast_map[v]];
     dump_pass("autocast", [&] { return prepared->to_string(); });
   }
   const Graph& in_graph = prepared ? *prepared : src;
@@ -179,12 +189,14 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
   const auto& nodes = g.nodes();
   const size_t nv = g.values().size();
   std::vector<MemoryCategory> category(nv, MemoryCategory::temporaries);
-  if (!opt.value_categories.empty() && !prepared) {
+  if (!opt.value_categories.empty()) {
     if (opt.value_categories.size() != src.values().size())
       throw Error("[compile] value_categories has " + std::to_string(opt.value_categories.size()) +
                   " entries for a graph of " + std::to_string(src.values().size()) + " values");
     for (size_t v = 0; v < src.values().size(); ++v) {
-      int w = opt.optimize ? (to_cse[v] >= 0 ? to_dce[to_cse[v]] : -1) : static_cast<int>(v);
+      int p = prepared ? to_prepared[v] : static_cast<int>(v);
+      if (p < 0) continue;
+      int w = opt.optimize ? (to_cse[p] >= 0 ? to_dce[to_cse[p]] : -1) : p;
       if (w >= 0) category[w] = opt.value_categories[v];
     }
   } else {
@@ -226,18 +238,18 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
   impl->buffer_category = category;
   impl->coll_of_unit.assign(impl->units.size(), -1);
   std::map<int, int> coll_of_node;
-  std::vector<std::vector<int>> scratch_of;  // per collective: scratch buffer ids
+  std::vector<std::vector<int>>& scratch_of = impl->scratch_of;
   for (size_t u = 0; u < impl->units.size(); ++u) {
     const Unit& unit = impl->units[u];
     if (unit.kind != Unit::Kind::collective_start && unit.kind != Unit::Kind::collective_wait) continue;
     int node = unit.nodes[0];
     auto it = coll_of_node.find(node);
     if (it == coll_of_node.end()) {
-      if (!setup.comm || !setup.groups)
+      if (!groups)
         throw Error("[compile] the program has the collective '" + nodes[node].prim->name + "' (%" +
                     std::to_string(nodes[node].outputs[0]) +
                     "): compile it for a mesh with px::ShardedExecutable, not px::Executable");
-      impl->colls.push_back(make_collective_op(g, nodes[node], setup.groups(nodes[node])));
+      impl->colls.push_back(make_collective_op(g, nodes[node], groups(nodes[node])));
       it = coll_of_node.emplace(node, static_cast<int>(impl->colls.size()) - 1).first;
       const CollectiveOp& c = impl->colls.back();
       std::vector<int> scratch;
@@ -359,6 +371,41 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
     os << "Raise the limit, shrink the batch, or shard the program over more devices.";
     throw Error(os.str());
   }
+  return impl;
+}
+
+}  // namespace
+
+PlannedProgram plan_program(const Graph& g, const CompileOptions& opt,
+                            const std::function<CollectiveGroups(const Node&)>& groups) {
+  auto impl = plan_impl(g, opt, groups);
+  PlannedProgram p;
+  p.graph = std::move(impl->graph);
+  p.units = std::move(impl->units);
+  p.collectives = std::move(impl->colls);
+  p.collective_of_unit = std::move(impl->coll_of_unit);
+  p.report = impl->report;
+  return p;
+}
+
+std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOptions& opt, const DeviceSetup& setup) {
+  using Impl = Executable::Impl;
+  apply_thread_settings();
+  if (setup.device_ids.empty()) throw Error("[compile] internal: no devices to compile for");
+  std::unique_ptr<Impl> impl = plan_impl(src, opt, setup.groups);
+  if (!impl->colls.empty() && !setup.comm)
+    throw Error("[compile] the program has collectives but no communicator to run them: compile it for a mesh "
+                "with px::ShardedExecutable, not px::Executable");
+  const Graph& g = *impl->graph;
+  const auto& nodes = g.nodes();
+  const size_t nv = g.values().size();
+  const std::vector<int>& root = impl->root;
+  const std::vector<std::vector<int>>& scratch_of = impl->scratch_of;
+  std::vector<char> external(impl->buffer_bytes.size(), 0);
+  for (int v : g.inputs()) external[v] = 1;
+  for (const Impl::Home& h : impl->homes) external[h.value] = 1;
+  std::vector<int> home_of(nv, -1);
+  for (size_t h = 0; h < impl->homes.size(); ++h) home_of[impl->homes[h].value] = static_cast<int>(h);
 
   // Pointer slots: arena offsets now, caller memory patched at every run.
   std::vector<int> input_index(nv, -1);

@@ -8,6 +8,7 @@
 
 #include "parallax/runtime.h"
 #include "runtime/collectives.h"
+#include "runtime/schedule.h"
 
 namespace px {
 
@@ -18,8 +19,26 @@ struct DeviceSetup {
   bool over_devices = false;  // run the devices of a block in parallel, one thread each
 };
 
-// After autocast: all-gathers whose readers all cast to bf16/f16 gather the cast operand.
-std::unique_ptr<Graph> narrow_gathers(const Graph& g);
+// After autocast: all-gathers whose readers all cast to bf16/f16 gather the cast operand. With
+// value_map set it also returns, per value of g, its id in the result.
+std::unique_ptr<Graph> narrow_gathers(const Graph& g, std::vector<int>* value_map = nullptr);
+
+// What compile decides for a program before it allocates anything: the prepared graph (after
+// autocast, CSE and DCE), its schedule, its collectives and the per-device memory report of its
+// buffer plan. The cost model reads it; compile_on_devices runs the same code, so the report
+// equals Executable::memory() of the compiled program.
+struct PlannedProgram {
+  std::unique_ptr<Graph> graph;
+  std::vector<Unit> units;
+  std::vector<CollectiveOp> collectives;  // in order of first start
+  std::vector<int> collective_of_unit;    // per unit: the collective it starts or waits, else -1
+  MemoryReport report;
+};
+// Plans without allocating arenas or making kernels. `groups` resolves each collective's device
+// groups (the sharding layer's, as in DeviceSetup); null for a program without collectives.
+// Throws like compile when opt.memory_limit_bytes is exceeded.
+PlannedProgram plan_program(const Graph& g, const CompileOptions& opt,
+                            const std::function<CollectiveGroups(const Node&)>& groups);
 
 // One schedule and one buffer plan for the whole program; each device gets its own arena and
 // kernel instances. Executable::compile is this with one device and no collectives.

@@ -10,10 +10,25 @@
 #include "ir/primitive.h"
 #include "parallax/spmd.h"
 #include "runtime/program.h"
+#include "sharding/groups.h"
 #include "sharding/prims.h"
 #include "sharding/spmd_internal.h"
 
 namespace px {
+
+std::function<CollectiveGroups(const Node&)> collective_groups(const Mesh& mesh) {
+  return [mesh](const Node& n) {
+    CollectiveGroups cg;
+    std::vector<int> axes = spmd::axis_ids(mesh, split_axes(n.attrs.s("axes")));
+    cg.groups = mesh.groups(axes);
+    if (n.prim->name == "collective_permute") {
+      const auto& p = n.attrs.ints("pairs");
+      for (const auto& grp : cg.groups)
+        for (size_t k = 0; k + 1 < p.size(); k += 2) cg.pairs.push_back({grp[p[k]], grp[p[k + 1]]});
+    }
+    return cg;
+  };
+}
 
 struct ShardedExecutable::Impl {
   SpmdProgram prog;
@@ -86,17 +101,7 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram progra
   const int threads = cpu::num_threads();
   setup.over_devices =
       par == DeviceParallelism::over_devices || (par == DeviceParallelism::automatic && D > 1 && D >= threads);
-  setup.groups = [&mesh](const Node& n) {
-    CollectiveGroups cg;
-    std::vector<int> axes = spmd::axis_ids(mesh, split_axes(n.attrs.s("axes")));
-    cg.groups = mesh.groups(axes);
-    if (n.prim->name == "collective_permute") {
-      const auto& p = n.attrs.ints("pairs");
-      for (const auto& grp : cg.groups)
-        for (size_t k = 0; k + 1 < p.size(); k += 2) cg.pairs.push_back({grp[p[k]], grp[p[k + 1]]});
-    }
-    return cg;
-  };
+  setup.groups = collective_groups(mesh);
   CompileOptions opt = copt;
   if (opt.value_categories.empty() && !impl->prog.local_categories.empty())
     opt.value_categories = impl->prog.local_categories;

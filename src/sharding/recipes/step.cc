@@ -14,6 +14,7 @@
 #include "parallax/nn.h"
 #include "parallax/ops.h"
 #include "parallax/parallel.h"
+#include "sharding/recipes/step.h"
 
 namespace px {
 namespace {
@@ -123,38 +124,50 @@ ShardingDecision decide_train_step(const StepProgram& p, const ShardingPlan& pla
 }
 
 
+DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
+                                const std::vector<TensorType>& batch_types, const Mesh& mesh,
+                                ShardingStrategy strategy, const ShardingOptions& sharding,
+                                const TrainStepOptions& options) {
+  std::vector<std::string> paths = store.paths();
+  if (strategy == ShardingStrategy::AUTO)
+    throw Error("[sharding] AUTO sharding is not available yet; use DDP, FSDP, TP, FSDP_TP or MANUAL");
+  DecidedStep r;
+  // The forward program tells TP which matmul consumes which param.
+  auto fwd = nn::trace_with_params(
+      store, [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{loss_fn(b)}; }, batch_types);
+  r.plan = plan_sharding(*fwd, paths, mesh, strategy, sharding);
+  fwd.reset();
+
+  std::vector<TensorType> param_types = store.types();
+  std::vector<optim::StateSlot> slots = opt.state_slots(param_types);
+  for (const auto& s : slots)
+    r.state_specs.push_back(s.type.shape == param_types[s.param].shape ? r.plan.params[s.param].spec : PartitionSpec());
+
+  int64_t bucket_bytes = sharding.bucket_bytes;
+  if (bucket_bytes < 0) {
+    double latency = 0;
+    for (const auto& a : r.plan.batch_axes) latency = std::max(latency, mesh.axes()[mesh.axis_index(a)].link.latency_s);
+    bucket_bytes = latency >= 10e-6 ? int64_t{25} << 20 : 0;
+  }
+  r.program = trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "ShardedTrainStep",
+                               options.skip_nonfinite);
+  r.decision = decide_train_step(r.program, r.plan, r.state_specs, batch_types, bucket_bytes);
+  return r;
+}
+
 ShardedTrainStep::ShardedTrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss_fn,
                                    std::vector<TensorType> batch_types, Mesh mesh, ShardingStrategy strategy,
                                    ShardingOptions sharding, TrainStepOptions options)
     : store_(store), opt_(std::move(opt)), batch_types_(std::move(batch_types)), mesh_(std::move(mesh)) {
   if (!opt_) throw Error("[ShardedTrainStep] no optimizer given");
-  std::vector<std::string> paths = store_.paths();
-  if (strategy == ShardingStrategy::AUTO)
-    throw Error("[sharding] AUTO sharding is not available yet; use DDP, FSDP, TP, FSDP_TP or MANUAL");
-  // The forward program tells TP which matmul consumes which param.
-  auto fwd = nn::trace_with_params(
-      store_, [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{loss_fn(b)}; }, batch_types_);
-  plan_ = plan_sharding(*fwd, paths, mesh_, strategy, sharding);
-
-  std::vector<TensorType> param_types = store_.types();
-  std::vector<optim::StateSlot> slots = opt_->state_slots(param_types);
-  n_params_ = param_types.size();
-  n_state_ = slots.size();
-  for (const auto& s : slots)
-    state_specs_.push_back(s.type.shape == param_types[s.param].shape ? plan_.params[s.param].spec : PartitionSpec());
-
-  int64_t bucket_bytes = sharding.bucket_bytes;
-  if (bucket_bytes < 0) {
-    double latency = 0;
-    for (const auto& a : plan_.batch_axes) latency = std::max(latency, mesh_.axes()[mesh_.axis_index(a)].link.latency_s);
-    bucket_bytes = latency >= 10e-6 ? int64_t{25} << 20 : 0;
-  }
+  DecidedStep d = decide_sharded_step(store_, *opt_, loss_fn, batch_types_, mesh_, strategy, sharding, options);
+  plan_ = std::move(d.plan);
+  state_specs_ = std::move(d.state_specs);
+  n_params_ = d.program.n_params;
+  n_state_ = d.program.n_state;
   skip_nonfinite_ = options.skip_nonfinite;
-  StepProgram program = trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm, "ShardedTrainStep",
-                                         options.skip_nonfinite);
-  ShardingDecision decision = decide_train_step(program, plan_, state_specs_, batch_types_, bucket_bytes);
-  graph_ = std::move(program.graph);
-  exe_ = ShardedExecutable::compile(partition(*graph_, decision, program.categories), options.compile,
+  graph_ = std::move(d.program.graph);
+  exe_ = ShardedExecutable::compile(partition(*graph_, d.decision, d.program.categories), options.compile,
                                     sharding.device_parallelism, sharding.communicator);
 }
 

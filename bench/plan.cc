@@ -1,0 +1,196 @@
+// bench/plan: the recipes (DDP, FSDP, TP, FSDP_TP) of a Transformer LM training step costed from
+// shapes alone on a mesh and a cluster, without allocating the model. One JSON line per recipe.
+//
+//   build/bench/plan --model=16b --mesh=data:32,model:8 --cluster=h100x8 --batch=256 --seq=1024
+//   build/bench/plan --model=bench-gpt --mesh=data:4,model:2 --cluster=cpu
+//   build/bench/plan --model=1b --mesh=data:16,model:2 --cluster=my_cluster.toml
+//
+// The solver (AUTO) is not there yet: see docs/auto-sharding.md.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "bench_util.h"
+#include "parallax/parallax.h"
+
+namespace {
+
+using px::bench::Json;
+
+const char* kUsage =
+    "usage: plan --model=NAME --mesh=AXIS:N[,AXIS:N...] [--cluster=cpu|h100x8|h200x8|FILE.toml]\n"
+    "            [--batch=N] [--seq=N] [--dtype=f32|bf16] [--optimizer=adamw|sgd|adafactor]\n"
+    "            [--recipes=DDP,FSDP,TP,FSDP_TP] [--data_axis=data] [--model_axis=model] [--layers=N]\n"
+    "            [--recalibrate]\n"
+    "  models: tiny, bench-gpt, 1b, 16b, llama8b, or a preset of px::nn::lm_config (gpt2_small, ...);\n"
+    "  --layers overrides the model's number of layers\n"
+    "  batch: global sequences per step (default: the number of devices); seq: default min(1024, the model's)\n"
+    "  dtype: matmul operands (default bf16 on GPU clusters, f32 on cpu)\n";
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::fprintf(stderr, "plan: %s\n%s", msg.c_str(), kUsage);
+  std::exit(2);
+}
+
+px::nn::LmConfig model_config(const std::string& name) {
+  if (name == "tiny") return px::nn::gpt2_tiny();
+  if (name == "bench-gpt") return px::nn::bench_gpt();
+  // The sizes of the AutoSharding benchmark: a 1B and a 16B GPT, and a Llama-3-style 8B.
+  if (name == "1b") return px::nn::gpt2_config("1b", 32000, 2560, 20, 13, 10240, 1024);
+  if (name == "16b") return px::nn::gpt2_config("16b", 32000, 6144, 48, 36, 24576, 1024);
+  if (name == "llama8b") return px::nn::llama_config("llama8b", 128256, 4096, 32, 8, 32, 14336, 8192);
+  try {
+    return px::nn::lm_config(name);
+  } catch (const px::Error&) {
+    usage_error("unknown model '" + name + "'");
+  }
+}
+
+std::string json_str(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += c;
+    else if (c == '\n') o += "\\n";
+    else if (static_cast<unsigned char>(c) < 0x20) o += ' ';
+    else o += c;
+  }
+  return o + "\"";
+}
+
+int64_t mesh_devices(const std::string& text) {
+  int64_t n = 1;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    size_t colon = item.find(':');
+    if (colon == std::string::npos) usage_error("--mesh item '" + item + "' must be AXIS:SIZE, e.g. data:4");
+    int64_t s = std::atoll(item.c_str() + colon + 1);
+    if (s <= 0) usage_error("--mesh item '" + item + "' needs a positive size (no -1 here: give every size)");
+    n *= s;
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return n;
+}
+
+px::ShardingStrategy parse_strategy(const std::string& s) {
+  for (auto k : {px::ShardingStrategy::DDP, px::ShardingStrategy::FSDP, px::ShardingStrategy::TP,
+                 px::ShardingStrategy::FSDP_TP})
+    if (s == px::strategy_name(k)) return k;
+  usage_error("unknown recipe '" + s + "' (recipes: DDP, FSDP, TP, FSDP_TP)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> flags;
+  bool recalibrate = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+    if (a == "--recalibrate") {
+      recalibrate = true;
+      continue;
+    }
+    if (a.rfind("--", 0) != 0) usage_error("unexpected argument '" + a + "'");
+    size_t eq = a.find('=');
+    std::string key = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2), value;
+    if (eq != std::string::npos) value = a.substr(eq + 1);
+    else if (i + 1 < argc) value = argv[++i];
+    else usage_error("--" + key + " needs a value");
+    static const char* known[] = {"model", "mesh", "cluster", "batch", "seq", "dtype", "optimizer", "recipes",
+                                  "data_axis", "model_axis", "layers"};
+    if (std::find(std::begin(known), std::end(known), key) == std::end(known)) usage_error("unknown flag --" + key);
+    flags[key] = value;
+  }
+  if (!flags.count("model")) usage_error("--model is required");
+  if (!flags.count("mesh")) usage_error("--mesh is required");
+  const std::string cluster_name = flags.count("cluster") ? flags["cluster"] : "cpu";
+
+  try {
+    auto t0 = std::chrono::steady_clock::now();
+    px::nn::LmConfig cfg = model_config(flags["model"]);
+    if (flags.count("layers")) {
+      cfg.n_layers = std::atoll(flags["layers"].c_str());
+      if (cfg.n_layers <= 0) usage_error("--layers must be positive, got '" + flags["layers"] + "'");
+    }
+    const int64_t devices = mesh_devices(flags["mesh"]);
+    px::Cluster cluster = cluster_name == "cpu" ? px::cpu_cluster(recalibrate) : px::load_cluster(cluster_name);
+    px::Mesh mesh = cluster.apply(px::Mesh::parse(flags["mesh"], px::DeviceSet{"cpu", devices}));
+
+    px::StepSetup setup;
+    setup.batch = flags.count("batch") ? std::atoll(flags["batch"].c_str()) : devices;
+    setup.seq = flags.count("seq") ? std::atoll(flags["seq"].c_str()) : std::min<int64_t>(1024, cfg.max_seq_len);
+    std::string dtype = flags.count("dtype") ? flags["dtype"] : (cluster.devices_share_host ? "f32" : "bf16");
+    if (dtype == "bf16") setup.compute_dtype = px::DType::bf16;
+    else if (dtype != "f32") usage_error("--dtype must be f32 or bf16, got '" + dtype + "'");
+    std::string optimizer = flags.count("optimizer") ? flags["optimizer"] : "adamw";
+    if (optimizer == "adamw") setup.optimizer = px::optim::adamw({});
+    else if (optimizer == "sgd") setup.optimizer = px::optim::sgd({});
+    else if (optimizer == "adafactor") setup.optimizer = px::optim::adafactor({});
+    else usage_error("--optimizer must be adamw, sgd or adafactor, got '" + optimizer + "'");
+    if (flags.count("data_axis")) setup.sharding.data_axis = flags["data_axis"];
+    if (flags.count("model_axis")) setup.sharding.model_axis = flags["model_axis"];
+    std::vector<px::ShardingStrategy> recipes;
+    if (flags.count("recipes")) {
+      const std::string& r = flags["recipes"];
+      size_t pos = 0;
+      while (pos <= r.size()) {
+        size_t comma = r.find(',', pos);
+        recipes.push_back(parse_strategy(r.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos)));
+        if (comma == std::string::npos) break;
+        pos = comma + 1;
+      }
+    } else {
+      recipes = {px::ShardingStrategy::DDP, px::ShardingStrategy::FSDP, px::ShardingStrategy::TP,
+                 px::ShardingStrategy::FSDP_TP};
+    }
+    double setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    int64_t params = 0;
+    {
+      px::nn::TransformerLm m(cfg);
+      params = m.store().param_count();
+    }
+    for (const px::RecipeCost& r : px::cost_recipes(cfg, mesh, cluster, setup, recipes)) {
+      Json j;
+      j.raw("model", json_str(flags["model"])).i("params", params).raw("mesh", json_str(flags["mesh"]));
+      j.i("devices", devices).raw("cluster", json_str(cluster.name)).raw("recipe", json_str(px::strategy_name(r.strategy)));
+      j.i("batch", setup.batch).i("seq", setup.seq).raw("dtype", json_str(dtype)).raw("optimizer", json_str(optimizer));
+      j.b("applies", r.applies);
+      if (r.applies) {
+        const px::StepCost& c = r.cost;
+        j.n("step_s", c.step_s).n("compute_s", c.compute_s).n("comm_s", c.comm_s).n("exposed_comm_s", c.exposed_comm_s());
+        for (int k = 0; k < px::kNumCollectiveKinds; ++k) {
+          const auto& e = c.collectives[k];
+          if (!e.calls) continue;
+          std::string name = px::collective_name(static_cast<px::CollectiveKind>(k));
+          j.i(name + "_bytes", e.payload_bytes).n(name + "_s", e.seconds);
+        }
+        j.i("peak_bytes_per_device", c.memory.peak_bytes);
+        std::string cats = "{";
+        for (int k = 0; k < px::kNumMemoryCategories; ++k)
+          cats += std::string(k ? ", " : "") + "\"" + px::memory_category_name(static_cast<px::MemoryCategory>(k)) +
+                  "\": " + std::to_string(c.memory.by_category[k]);
+        j.raw("peak_by_category", cats + "}");
+        j.i("param_bytes_per_device", r.param_bytes_per_device);
+        j.i("memory_bytes_per_device", c.memory_capacity).b("fits", c.fits());
+      } else {
+        j.raw("step_s", "null").raw("reason", json_str(r.reason));
+      }
+      j.n("plan_s", r.plan_s + setup_s);
+      setup_s = 0;  // the cluster and mesh set-up counts once, on the first line
+      j.print();
+    }
+  } catch (const px::Error& e) {
+    std::fprintf(stderr, "plan: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

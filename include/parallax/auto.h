@@ -1,0 +1,153 @@
+// The foundation of AUTO sharding: a description of the cluster a step runs on, and the
+// predicted cost of a decided, partitioned step (compute, each collective kind, per-device
+// memory) without allocating or running anything. The solver that picks shardings (AUTO itself)
+// is not here yet; today this costs the recipes from shapes alone.
+//
+//   px::Cluster c = px::load_cluster("h100x8");                  // or "cpu", or "my_cluster.toml"
+//   px::Mesh mesh = c.apply(px::Mesh::parse("data:32,model:8", px::parse_devices("cpu:256")));
+//   for (const px::RecipeCost& r : px::cost_recipes(px::nn::bench_gpt(), mesh, c, {.batch = 256}))
+//     std::cout << px::strategy_name(r.strategy) << ": " << (r.applies ? r.cost.to_string() : r.reason);
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "parallax/collectives.h"
+#include "parallax/nn/transformer.h"
+#include "parallax/optim.h"
+#include "parallax/parallel.h"
+#include "parallax/spmd.h"
+
+namespace px {
+
+// One device's sustained rates and its memory.
+struct DeviceSpec {
+  double matmul_flops_f32 = 0;   // FLOP/s of matmuls with f32 operands
+  double matmul_flops_bf16 = 0;  // with bf16 or f16 operands (f32 accumulation)
+  double vector_flops = 0;       // FLOP/s of everything else (elementwise, reductions, norms)
+  double memory_bandwidth = 0;   // bytes/s between the device's memory and its cores
+  int64_t memory_bytes = 0;      // capacity
+  double launch_s = 0;           // fixed cost of one kernel (launch, dispatch)
+  double matmul_flops(DType operands) const;  // bf16/f16: the bf16 rate, else f32
+  // One kernel on the roofline: max(matmul / matmul rate + (flops - matmul) / vector rate,
+  // bytes / memory_bandwidth) + launch_s. The cost model times every kernel with it; a solver
+  // costs an op's candidate shardings with it.
+  double kernel_seconds(double flops, double matmul, DType operands, double bytes) const;
+};
+
+// The machines a mesh runs on: one kind of device, grouped in nodes of devices_per_node linked by
+// intra_node (NVLink, in-process copies), nodes linked by inter_node (InfiniBand).
+struct Cluster {
+  std::string name;
+  DeviceSpec device;
+  int64_t devices_per_node = 0;  // 0: every device in one node
+  Link intra_node, inter_node;
+  // Links named per mesh axis (TOML [axis.<name>]); they win over the node topology.
+  std::map<std::string, Link> axis_links;
+  // Virtual CPU devices share the host: each of N devices gets 1/N of the rates and the memory.
+  bool devices_share_host = false;
+  // Collectives run beside compute (a DMA / NIC engine): a start only queues them, and compute
+  // waits only at the wait. false: they run on the compute cores at their start, in turn.
+  bool overlap_collectives = true;
+  std::string source;  // where the figures come from (datasheets, a calibration, a file)
+
+  // An axis's link: its named link, else intra_node when each group of the axis stays inside a
+  // node (positions are row-major, the last axis fastest; node n holds positions
+  // [n * devices_per_node, (n + 1) * devices_per_node)), else inter_node.
+  Link axis_link(const Mesh& mesh, int axis) const;
+  Mesh apply(const Mesh& mesh) const;  // the mesh with every axis's link from this cluster
+  // What one device of `mesh` gets (devices_share_host divides by the mesh size).
+  DeviceSpec device_on(const Mesh& mesh) const;
+  std::string to_string() const;  // a short description
+  std::string to_toml() const;    // cluster_from_toml(to_toml()) gives this cluster back
+};
+
+// "cpu": this machine's virtual CPU devices (calibrated once, cached; see cpu_cluster);
+// "h100x8", "h200x8": 8-GPU nodes (NVLink inside, InfiniBand across); throws naming the presets.
+Cluster cluster_preset(const std::string& name);
+std::vector<std::string> cluster_preset_names();
+// A preset name, or a path to a TOML file (ending in .toml; see docs/auto-sharding.md).
+Cluster load_cluster(const std::string& name_or_path);
+// Parses a cluster description; errors name `where`, the key and the fix.
+Cluster cluster_from_toml(const std::string& text, const std::string& where = "cluster");
+Cluster read_cluster_file(const std::string& path);
+
+// This machine measured now: a few hundred ms of f32 and bf16 matmuls through the CPU backend,
+// memcpy and small kernel launches. Not cached.
+Cluster calibrate_cpu();
+// The calibrated cpu cluster, read from cluster_cache_path() when it was measured on this host
+// (same host name, cores and threads), else measured and written there. `recalibrate` (or
+// PX_RECALIBRATE=1) measures again.
+Cluster cpu_cluster(bool recalibrate = false);
+// $XDG_CACHE_HOME/parallax/cpu_cluster.toml, else ~/.cache/parallax/cpu_cluster.toml.
+std::string cluster_cache_path();
+
+// The alpha-beta model of one collective over a group of n devices whose bytes cross `link`.
+// `payload` is what the runtime counts (CollectiveStats): the buffer a device contributes
+// (all_gather: the gathered result). Wire bytes per device: all_reduce 2(n-1)/n of the payload
+// (ring: reduce-scatter then all-gather), all_gather / reduce_scatter / all_to_all (n-1)/n,
+// permute and broadcast the payload; time = steps * latency + wire / bandwidth with steps
+// 2(n-1), n-1, n-1, n-1, 1, 1. An all-reduce takes the faster of that ring and a tree:
+// 2 ceil(log2 n) steps + 2 * payload / bandwidth (small payloads over many devices).
+int64_t collective_wire_bytes(CollectiveKind k, int64_t n, int64_t payload);
+double collective_seconds(CollectiveKind k, int64_t n, int64_t payload, const Link& link);
+
+// The predicted cost of one step on one device (every device runs the same local program).
+struct StepCost {
+  double compute_s = 0;  // kernels: per unit of the schedule, max(FLOPs / rate, bytes / bandwidth) + launch
+  double comm_s = 0;     // collectives, summed (alpha-beta)
+  double step_s = 0;     // the schedule played with collectives overlapping compute where allowed
+  double flops = 0, matmul_flops = 0, memory_bytes_moved = 0;  // per device
+  int64_t kernels = 0;
+  struct Comm {
+    int64_t calls = 0, payload_bytes = 0, wire_bytes = 0;  // as CollectiveStats counts them per device
+    double seconds = 0;
+  };
+  std::array<Comm, kNumCollectiveKinds> collectives{};  // by CollectiveKind
+  MemoryReport memory;          // per device, from the runtime's buffer plan
+  int64_t memory_capacity = 0;  // per device
+  bool fits() const { return memory.peak_bytes <= memory_capacity; }
+  double exposed_comm_s() const { return step_s - compute_s; }
+  std::string to_string() const;  // a few lines
+};
+
+// The cost of a partitioned program: its local graph planned as compile would (autocast, CSE, DCE,
+// schedule, buffer plan) but without allocating, the links of program.mesh's axes, the device of
+// `cluster` (cluster.device_on(program.mesh)). memory equals ShardedExecutable::memory() of
+// ShardedExecutable::compile(program, opt).
+StepCost cost_program(const SpmdProgram& program, const Cluster& cluster, const CompileOptions& opt = {});
+
+// What a training step is planned for.
+struct StepSetup {
+  int64_t batch = 8;  // global batch (sequences)
+  int64_t seq = 0;    // 0: the config's max_seq_len
+  optim::OptimizerPtr optimizer;  // null: AdamW
+  DType compute_dtype = DType::f32;
+  ShardingOptions sharding;
+  double clip_norm = 0;
+};
+
+struct RecipeCost {
+  ShardingStrategy strategy = ShardingStrategy::DDP;
+  bool applies = false;
+  std::string reason;  // why not, when it does not apply
+  StepCost cost;
+  int64_t param_bytes_per_device = 0;
+  double plan_s = 0;  // seconds spent tracing, deciding, partitioning and planning it
+};
+
+// The recipes DDP, FSDP, TP and FSDP_TP costed for a TransformerLm next-token training step from
+// shapes alone (no param is allocated): traced from types, decided and partitioned as
+// ShardedTrainStep would, planned and costed on `mesh` (its links as given: pass
+// cluster.apply(mesh) for the cluster's). A recipe that does not apply (no model axis, a dim
+// that does not divide) has applies = false and the reason.
+std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg, const Mesh& mesh, const Cluster& cluster,
+                                     const StepSetup& setup = {},
+                                     const std::vector<ShardingStrategy>& strategies = {
+                                         ShardingStrategy::DDP, ShardingStrategy::FSDP, ShardingStrategy::TP,
+                                         ShardingStrategy::FSDP_TP});
+
+}  // namespace px
