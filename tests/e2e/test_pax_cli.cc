@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -35,6 +36,12 @@ Result pax(const std::string& args) {
   int st = pclose(p);
   r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
+}
+
+// For directory iteration that must not throw (a folder may vanish while it is read).
+std::error_code& ec_ignore() {
+  static thread_local std::error_code ec;
+  return ec;
 }
 
 std::string job(const std::string& name) {
@@ -341,6 +348,79 @@ print(json.dumps(out))
         EXPECT_TRUE(found) << split << "/" << k << " at step " << m["step"];
       }
   EXPECT_GE(compared, 4 * 7 + 2 * 3);
+}
+
+}  // namespace
+
+#include <random>
+
+#include "parallax/checkpoint.h"
+
+namespace {
+
+// pax train killed with SIGKILL at random moments (during compilation, steps and checkpoint
+// writes), rerun each time with the same command: the run ends with bitwise the params and
+// optimizer state of an uninterrupted run, and metrics.jsonl holds the same losses.
+TEST(PaxCli, SigkillAtRandomMomentsThenRerunEndsBitwiseLikeAnUninterruptedRun) {
+  const std::string args = kSmall + " --set train.steps=40 --set train.summary_interval=1 --set train.eval_interval=0"
+                                    " --set train.checkpoint_interval=2 --set train.checkpoint_keep=2";
+  const std::string ref = job("kill_ref"), cut = job("kill_cut");
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(pax("train" + args + " --job_log_dir=" + ref).rc, 0);
+  const double run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+
+  std::mt19937 rng(2026);
+  std::uniform_real_distribution<double> when(0.05 * run_ms, 0.6 * run_ms);
+  int kills = 0, torn = 0, exit_code = -1;
+  for (int attempt = 0; attempt < 100 && exit_code != 0; ++attempt) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      const std::string cmd = std::string(PX_PAX_BIN) + " train" + args + " --job_log_dir=" + cut + " >/dev/null 2>&1";
+      execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    int st = 0;
+    if (kills < 24) {  // after 24 kills the run is left to finish
+      const auto deadline =
+          std::chrono::steady_clock::now() + std::chrono::microseconds(static_cast<int64_t>(1000 * when(rng)));
+      pid_t done = 0;
+      while ((done = waitpid(pid, &st, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      if (done == 0) {
+        ASSERT_EQ(kill(pid, SIGKILL), 0);
+        ASSERT_EQ(waitpid(pid, &st, 0), pid);
+      }
+      if (WIFSIGNALED(st)) {
+        ++kills;
+        for (auto& e : fs::directory_iterator(cut + "/checkpoints", ec_ignore()))
+          torn += e.path().filename().string().ends_with(".tmp");
+        continue;
+      }
+      // It finished before the kill came: start over, so that the final run has been killed too.
+      ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "attempt " << attempt;
+      fs::remove_all(cut);
+      continue;
+    }
+    waitpid(pid, &st, 0);
+    ASSERT_TRUE(WIFEXITED(st)) << "attempt " << attempt;
+    exit_code = WEXITSTATUS(st);
+  }
+  ASSERT_EQ(exit_code, 0);
+  std::printf("one run: %.0f ms; %d kills, %d left a checkpoint write unfinished\n", run_ms, kills, torn);
+  EXPECT_GE(kills, 20);
+
+  px::Checkpoint a = px::read_checkpoint(ref + "/checkpoints/checkpoint_00000040");
+  px::Checkpoint b = px::read_checkpoint(cut + "/checkpoints/checkpoint_00000040");
+  ASSERT_EQ(a.names(), b.names());
+  for (const std::string& n : a.names()) {
+    px::Array x = a.full(n), y = b.full(n);
+    ASSERT_EQ(x.type(), y.type()) << n;
+    EXPECT_EQ(std::memcmp(x.raw(), y.raw(), static_cast<size_t>(x.nbytes())), 0) << n;
+  }
+  auto la = metrics(ref, "train"), lb = metrics(cut, "train");
+  ASSERT_EQ(la.size(), 40u);
+  ASSERT_EQ(lb.size(), 40u);
+  for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(lb[i]["loss"], la[i]["loss"]) << "step " << la[i]["step"];
 }
 
 }  // namespace
