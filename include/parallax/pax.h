@@ -181,10 +181,19 @@ struct PlanReport {
   int64_t param_bytes_per_device = 0;
   int64_t optimizer_bytes_per_device = 0;
   int64_t gradient_bytes_per_device = 0;
+  // The step on a cluster (auto.h's cost model, from the same buffer planner the runtime uses);
+  // empty `cluster` when it was not costed.
+  std::string cluster;
+  double step_s = 0, compute_s = 0, comm_s = 0;  // predicted seconds per training step
+  int64_t peak_bytes_per_device = 0;              // the whole step's peak, activations included
+  int64_t device_memory_bytes = 0;                // the cluster's device memory
+  std::string cost_note;                          // why there is no prediction, when there is none
   std::string text() const;        // the whole report as `pax plan` prints it
 };
 // `devices`: "cpu:N" or "" (= as many virtual devices as the mesh needs, for planning).
-PlanReport plan(const ExperimentConfig& c, const std::string& devices = "");
+// `cluster`: a preset ("cpu", "h100x8", "h200x8") or a TOML file to predict the step time and
+// peak memory on (docs/auto-sharding.md); "" for placement and state bytes only.
+PlanReport plan(const ExperimentConfig& c, const std::string& devices = "", const std::string& cluster = "");
 // The resolved config, the parameter count and the sharding plan.
 std::string describe(const ExperimentConfig& c);
 

@@ -3,7 +3,7 @@
 //
 //   pax list
 //   pax describe --exp=copy.TransformerLmTiny
-//   pax plan --exp=c4.C4Spmd16BAdam32Replicas
+//   pax plan --exp=c4.C4Spmd16BAdam32Replicas --cluster=h100x8
 //   pax train --exp=copy.TransformerLmTiny --job_log_dir=/tmp/job --set train.steps=50
 //   pax eval --job_log_dir=/tmp/job --config /tmp/job/config.toml
 //   pax decode --job_log_dir=/tmp/job --config /tmp/job/config.toml --prompt "The meaning of"
@@ -83,6 +83,11 @@ int cli_main(int argc, char** argv) {
   CLI::App* exp = app.add_subcommand("export", "write the latest (or a given) checkpoint as a Hugging Face model dir");
   add_common(describe, o, false);
   add_common(plan, o, false);
+  std::string plan_cluster = "cpu";
+  plan->add_option("--cluster", plan_cluster,
+                   "predict the step time and peak memory on: cpu (this machine, calibrated once), h100x8, h200x8, or a "
+                   ".toml file (docs/auto-sharding.md); \"\" to skip")
+      ->capture_default_str();
   add_common(train, o, true);
   add_common(eval, o, true);
   add_common(decode, o, true);
@@ -157,7 +162,7 @@ int cli_main(int argc, char** argv) {
       return 0;
     }
     if (plan->parsed()) {
-      std::cout << px::pax::plan(c, o.devices).text();
+      std::cout << px::pax::plan(c, o.devices, plan_cluster).text();
       return 0;
     }
     need_job_dir(o);

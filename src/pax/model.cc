@@ -4,6 +4,10 @@
 
 #include "pax/model.h"
 
+#include <fmt/format.h>
+
+#include "parallax/auto.h"
+
 #include "parallax/nn/pretrained.h"
 
 #include <cstdio>
@@ -206,15 +210,46 @@ std::string PlanReport::text() const {
      << human_bytes(gradient_bytes_per_device) << ", optimizer state " << human_bytes(optimizer_bytes_per_device)
      << ", total " << human_bytes(param_bytes_per_device + gradient_bytes_per_device + optimizer_bytes_per_device)
      << " (activations not counted)\n";
-  os << "predicted step time: not available yet (it comes with the AUTO cost model)\n";
+  if (!cluster.empty()) {
+    os << "predicted on " << cluster << ": step " << fmt::format("{:.4g}", step_s) << " s (compute "
+       << fmt::format("{:.4g}", compute_s) << " s, collectives " << fmt::format("{:.4g}", comm_s)
+       << " s before overlap); peak per device " << human_bytes(peak_bytes_per_device) << " of "
+       << human_bytes(device_memory_bytes) << (peak_bytes_per_device <= device_memory_bytes ? " (fits)" : " (DOES NOT FIT)")
+       << "\n";
+  } else {
+    os << "predicted step time: " << (cost_note.empty() ? "pass --cluster (cpu, h100x8, h200x8 or a .toml file)" : cost_note)
+       << "\n";
+  }
   return os.str();
 }
 
-PlanReport plan(const ExperimentConfig& c, const std::string& devices) {
+PlanReport plan(const ExperimentConfig& c, const std::string& devices, const std::string& cluster) {
   validate(c);
   Mesh mesh = make_mesh(c, resolve_devices(c, devices, /*for_planning=*/true));
   nn::TransformerLm model(lm_config(c));  // declares params; allocates nothing
-  return plan_report(c, model, sharding_plan(c, model, mesh));
+  PlanReport r = plan_report(c, model, sharding_plan(c, model, mesh));
+  if (cluster.empty()) return r;
+  Cluster cl = load_cluster(cluster);
+  StepSetup setup;
+  setup.batch = c.data.batch;
+  setup.seq = c.model.seq_len;
+  setup.optimizer = make_optimizer(c);
+  setup.compute_dtype = c.model.dtype == "bf16" ? DType::bf16 : DType::f32;
+  setup.sharding = sharding_options(c);
+  setup.clip_norm = c.optimizer.clip_norm;
+  std::vector<RecipeCost> costs = cost_recipes(lm_config(c), cl.apply(mesh), cl, setup, {strategy_of(c)});
+  if (costs.empty() || !costs[0].applies) {
+    r.cost_note = "not predicted: " + (costs.empty() ? std::string("no cost") : costs[0].reason);
+    return r;
+  }
+  const StepCost& sc = costs[0].cost;
+  r.cluster = cl.name;
+  r.step_s = sc.step_s;
+  r.compute_s = sc.compute_s;
+  r.comm_s = sc.comm_s;
+  r.peak_bytes_per_device = sc.memory.peak_bytes;
+  r.device_memory_bytes = sc.memory_capacity;
+  return r;
 }
 
 PlanReport plan_report(const ExperimentConfig& c, const nn::TransformerLm& model, const ShardingPlan& p) {

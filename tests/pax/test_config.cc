@@ -141,8 +141,17 @@ TEST(PaxPlan, EveryShippedExperimentPlansFromShapesInSeconds) {
     EXPECT_LT(s, 20.0) << e.name;
     EXPECT_GT(r.param_count, 0) << e.name;
     EXPECT_GT(r.param_bytes_per_device, 0) << e.name;
-    EXPECT_NE(r.text().find("predicted step time: not available yet"), std::string::npos);
+    EXPECT_NE(r.text().find("predicted step time: pass --cluster"), std::string::npos);
   }
+  // With a cluster: the step time and the whole step's peak (more than params, gradients and
+  // optimizer state: activations too), from shapes alone.
+  PlanReport costed = plan(experiment("c4.C4Spmd16BAdam32Replicas"), "", "h100x8");
+  EXPECT_EQ(costed.cluster, "h100x8");
+  EXPECT_GT(costed.step_s, 0);
+  EXPECT_GE(costed.step_s, costed.compute_s);
+  EXPECT_GT(costed.peak_bytes_per_device,
+            costed.param_bytes_per_device + costed.gradient_bytes_per_device + costed.optimizer_bytes_per_device);
+  EXPECT_NE(costed.text().find("predicted on h100x8: step"), std::string::npos) << costed.text();
   // The published sizes: 16B on data:16 x model:2, FSDP x TP.
   PlanReport big = plan(experiment("c4.C4Spmd16BAdam32Replicas"));
   EXPECT_EQ(big.devices, 32);
