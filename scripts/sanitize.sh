@@ -18,6 +18,8 @@ echo "sanitize: build done in $(( built - start )) s"
 # detect_leaks: the suite must not leak either. oneDNN's JIT and OpenMP are ASan-clean.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1:strict_string_checks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+# Third-party process-lifetime caches (fontconfig) are suppressed by name in scripts/lsan.supp.
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/scripts/lsan.supp:print_suppressions=0}
 # Excluded here, explicitly: tests that count malloc calls by replacing malloc, which ASan owns
 # (tests/runtime/test_executable.cc compiles its replacement out under ASan). e2e_find_package
 # installs and rebuilds a consumer without sanitizer flags: the normal build runs it.

@@ -101,6 +101,12 @@ class ShardedTrainStep {
 
   ShardedTrainState init(uint64_t seed) const;
   ShardedTrainState init(const std::vector<Array>& params) const;  // full host params, fresh optimizer state
+  // A state built one param at a time (e.g. streamed by nn::load_pretrained): begin_state() has
+  // no arrays yet; set_param shards param i (a full host array, which the caller may drop at
+  // once) and gives it fresh optimizer state. No device ever holds more than its shards plus
+  // the param being set. Every param must be set before the first step.
+  ShardedTrainState begin_state() const;
+  void set_param(ShardedTrainState& s, int i, const Array& full) const;
   // Shards the batch, runs one update in place.
   StepMetrics operator()(ShardedTrainState& state, const std::vector<Array>& batch);
 

@@ -1,6 +1,7 @@
 #include "pax/step_runner.h"
 
 #include "optim/checkpoint.h"
+#include "parallax/nn/pretrained.h"
 #include "pax/model.h"
 
 namespace px::pax {
@@ -39,7 +40,9 @@ class SingleRunner : public StepRunner {
   StepMetrics step(const std::vector<Array>& batch) override { return step_(state_, batch); }
   std::vector<Array> params() const override { return state_.params; }
   int64_t step_count() const override { return state_.step; }
-  void set_params(const std::vector<Array>& params) override { state_ = step_.init(params); }
+  void init_from_pretrained(const std::string& dir) override {
+    state_ = step_.init(nn::load_pretrained(dir).params);
+  }
   Checkpoint snapshot() const override {
     Checkpoint c(state_.step);
     const size_t np = state_.params.size();
@@ -76,7 +79,11 @@ class ShardedRunner : public StepRunner {
   StepMetrics step(const std::vector<Array>& batch) override { return step_(state_, batch); }
   std::vector<Array> params() const override { return step_.gather_params(state_); }
   int64_t step_count() const override { return state_.step; }
-  void set_params(const std::vector<Array>& params) override { state_ = step_.init(params); }
+  void init_from_pretrained(const std::string& dir) override {
+    ShardedTrainState s = step_.begin_state();
+    nn::load_pretrained(dir, [&](int i, Array p) { step_.set_param(s, i, p); });
+    state_ = std::move(s);
+  }
   Checkpoint snapshot() const override {
     Checkpoint c(state_.step);
     const size_t np = state_.params.size();

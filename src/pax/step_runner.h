@@ -20,8 +20,9 @@ class StepRunner {
   virtual StepMetrics step(const std::vector<Array>& batch) = 0;
   virtual std::vector<Array> params() const = 0;  // full host arrays, in the store's order
   virtual int64_t step_count() const = 0;         // updates applied so far
-  // Starts from these params (full host arrays, in the store's order) with fresh optimizer state.
-  virtual void set_params(const std::vector<Array>& params) = 0;
+  // Starts from the params of a Hugging Face model dir with fresh optimizer state. On a mesh each
+  // param is sharded as soon as it is read, so the whole model never sits in memory.
+  virtual void init_from_pretrained(const std::string& dir) = 0;
   // The state as checkpoint entries: params by path (group "params"), optimizer state as
   // "<path>.<slot>" (group "opt_state"), and the step.
   virtual Checkpoint snapshot() const = 0;

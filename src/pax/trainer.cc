@@ -244,11 +244,9 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
     start = runner->step_count();
     origin = "resumed at step " + std::to_string(start);
   } else if (!c.train.init_from_hf.empty()) {
-    // lm_config already checked the sizes; load_pretrained checks every tensor.
-    nn::Pretrained p = nn::load_pretrained(c.train.init_from_hf);
-    if (p.model->store().paths() != model.store().paths() || p.model->store().types() != model.store().types())
-      throw InternalError("[pax] the params of '" + c.train.init_from_hf + "' do not line up with the model's");
-    runner->set_params(p.params);
+    // lm_config already checked the sizes; the loader checks every tensor against them (the same
+    // config gives the same params in the same order).
+    runner->init_from_pretrained(c.train.init_from_hf);
     origin = "from " + c.train.init_from_hf;
   }
   Reporter report(c, opts, start);

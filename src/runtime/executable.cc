@@ -452,7 +452,9 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
   impl->threads = cpu::num_threads();
   impl->over_devices = setup.over_devices && setup.device_ids.size() > 1;
   for (size_t d = 0; d < setup.device_ids.size(); ++d) {
-    Impl::Device dev;
+    // Held by impl from the start: its destructor frees the arena if a kernel lookup below throws.
+    impl->devices.emplace_back();
+    Impl::Device& dev = impl->devices.back();
     dev.id = setup.device_ids[d];
     dev.arena = static_cast<std::byte*>(allocate_bytes({dev.id}, impl->plan.peak_bytes));
     dev.spill.assign(impl->homes.size(), nullptr);
@@ -479,7 +481,6 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
       for (int64_t off : out_off[s]) st.out_ptrs.push_back(off < 0 ? nullptr : dev.arena + off);
       dev.steps.push_back(std::move(st));
     }
-    impl->devices.push_back(std::move(dev));
   }
   for (const Unit& u : impl->units) impl->fused_groups += u.kind == Unit::Kind::fused;
   if (opt.profile || env().profile) impl->step_seconds.assign(impl->units.size(), 0.0);

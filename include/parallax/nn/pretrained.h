@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +36,13 @@ LmConfig read_pretrained_config(const std::string& dir, std::string* architectur
 // at fault and the fix: unsupported architecture, missing or truncated shard, tensors missing,
 // unexpected or shaped unlike config.json.
 Pretrained load_pretrained(const std::string& dir);
+// The same, streamed: `sink(i, param)` receives each param (index in model->store() order, a full
+// f32 host array) as soon as it is read, and Pretrained::params stays empty. Every check runs
+// before the first param is read. With ShardedTrainStep::set_param the caller shards each param
+// and drops it, so the whole model is never in memory at once:
+//   px::ShardedTrainState s = step.begin_state();
+//   px::nn::load_pretrained(dir, [&](int i, px::Array p) { step.set_param(s, i, p); });
+Pretrained load_pretrained(const std::string& dir, const std::function<void(int, Array)>& sink);
 
 // Writes config.json and model.safetensors (f32) into `dir` (created if needed) in the layout of
 // `architecture`, or when empty the one the config implies: learned positions -> GPT2LMHeadModel,

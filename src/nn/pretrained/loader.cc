@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <utility>
 #include <map>
 #include <set>
 
@@ -131,7 +133,12 @@ LmConfig read_pretrained_config(const std::string& dir, std::string* architectur
   return c;
 }
 
-Pretrained load_pretrained(const std::string& dir) {
+namespace {
+
+// The loader behind both load_pretrained forms. Every check (files, names, shapes, unexpected
+// tensors) runs before any data is read; then each param goes to `sink` as soon as it is filled
+// when one is given, else into out.params.
+Pretrained load(const std::string& dir, const std::function<void(int, Array)>* sink) {
   Pretrained out;
   LmConfig cfg = read_pretrained_config(dir, &out.architecture);
   const ArchSpec& arch = arch_named(out.architecture, dir);
@@ -180,7 +187,9 @@ Pretrained load_pretrained(const std::string& dir) {
   std::vector<bool> filled(store.size(), false);
   std::set<std::string> used;
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
-  for (const TensorMap& m : arch.tensors(cfg)) {
+  const std::vector<TensorMap> maps = arch.tensors(cfg);
+  std::vector<std::string> names;  // per map: the tensor's name in the files
+  for (const TensorMap& m : maps) {
     std::string name = m.hf;
     // Some GPT-2 checkpoints were saved from the bare model, without the "transformer." prefix.
     if (!where.count(name) && name.rfind("transformer.", 0) == 0 && where.count(name.substr(12)))
@@ -197,12 +206,9 @@ Pretrained load_pretrained(const std::string& dir) {
     const auto& [t, file] = it->second;
     used.insert(name);
     std::vector<const ParamSpec*> specs;
-    std::vector<Array*> outs;
     for (auto& p : m.ours) {
       int i = store.index_of(p);
       specs.push_back(&store.spec(i));
-      out.params[i] = Array(DType::f32, store.spec(i).type.shape);
-      outs.push_back(&out.params[i]);
       filled[i] = true;
     }
     Shape want = hf_shape_of(m, specs);
@@ -212,7 +218,7 @@ Pretrained load_pretrained(const std::string& dir) {
                   std::to_string(cfg.vocab_size) + ", ff " + std::to_string(cfg.d_ff) + ", heads " +
                   std::to_string(cfg.n_heads) + "/" + std::to_string(cfg.kv_heads()) +
                   "); the config and the weights do not match: use the config.json saved with these weights");
-    fill_from(*t, file->path(), name, m.transpose, outs);
+    names.push_back(name);
   }
   for (auto& [name, tf] : where) {
     if (used.count(name) || arch.ignored(name)) continue;
@@ -223,7 +229,31 @@ Pretrained load_pretrained(const std::string& dir) {
   }
   for (int i = 0; i < store.size(); ++i)
     if (!filled[i]) throw Error("[load_pretrained] internal: param '" + store.spec(i).path + "' has no mapping");
+
+  for (size_t k = 0; k < maps.size(); ++k) {
+    const auto& [t, file] = where.at(names[k]);
+    std::vector<Array*> outs;
+    std::vector<int> ids;
+    for (auto& p : maps[k].ours) {
+      int i = store.index_of(p);
+      out.params[i] = Array(DType::f32, store.spec(i).type.shape);
+      outs.push_back(&out.params[i]);
+      ids.push_back(i);
+    }
+    fill_from(*t, file->path(), names[k], maps[k].transpose, outs);
+    if (sink)
+      for (int i : ids) (*sink)(i, std::exchange(out.params[i], Array()));
+  }
+  if (sink) out.params.clear();
   return out;
+}
+
+}  // namespace
+
+Pretrained load_pretrained(const std::string& dir) { return load(dir, nullptr); }
+
+Pretrained load_pretrained(const std::string& dir, const std::function<void(int, Array)>& sink) {
+  return load(dir, &sink);
 }
 
 void save_pretrained(const TransformerLm& model, const std::vector<Array>& params, const std::string& dir,

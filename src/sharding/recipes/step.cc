@@ -179,14 +179,39 @@ ShardedTrainState ShardedTrainStep::init(const std::vector<Array>& params) const
   if (params.size() != n_params_)
     throw Error("[ShardedTrainStep] got " + std::to_string(params.size()) + " params, the model has " +
                 std::to_string(n_params_));
-  std::vector<Array> st = opt_->init_state(params);
-  ShardedTrainState s;
-  const int proc = exe_->process();
-  for (size_t i = 0; i < n_params_; ++i)
-    s.params.push_back(shard(params[i], exe_->in_sharding(static_cast<int>(i)), proc));
-  for (size_t i = 0; i < n_state_; ++i)
-    s.opt_state.push_back(shard(st[i], exe_->in_sharding(static_cast<int>(n_params_ + i)), proc));
+  ShardedTrainState s = begin_state();
+  for (size_t i = 0; i < n_params_; ++i) set_param(s, static_cast<int>(i), params[i]);
   return s;
+}
+
+ShardedTrainState ShardedTrainStep::begin_state() const {
+  ShardedTrainState s;
+  s.params.resize(n_params_);
+  s.opt_state.resize(n_state_);
+  return s;
+}
+
+void ShardedTrainStep::set_param(ShardedTrainState& s, int i, const Array& full) const {
+  if (s.params.size() != n_params_ || s.opt_state.size() != n_state_)
+    throw Error("[ShardedTrainStep] set_param: the state does not belong to this step (make it with begin_state)");
+  if (i < 0 || static_cast<size_t>(i) >= n_params_)
+    throw Error("[ShardedTrainStep] set_param: param index " + std::to_string(i) + " is outside [0, " +
+                std::to_string(n_params_) + ")");
+  const std::vector<TensorType> types = store_.types();
+  if (full.type() != types[i])
+    throw Error("[ShardedTrainStep] set_param: param '" + store_.paths()[i] + "' is " + type_str(types[i]) +
+                ", got " + type_str(full.type()));
+  const int proc = exe_->process();
+  s.params[i] = shard(full, exe_->in_sharding(i), proc);
+  // Its optimizer slots, fresh: the optimizer's state for this param alone, in slot order.
+  std::vector<Array> st = opt_->init_state({full});
+  size_t k = 0;
+  const std::vector<optim::StateSlot> slots = opt_->state_slots(types);
+  for (size_t j = 0; j < slots.size(); ++j)
+    if (slots[j].param == i) {
+      if (k >= st.size()) throw InternalError("[ShardedTrainStep] set_param: optimizer slots do not line up");
+      s.opt_state[j] = shard(st[k++], exe_->in_sharding(static_cast<int>(n_params_ + j)), proc);
+    }
 }
 
 const Sharding& ShardedTrainStep::batch_sharding(int i) const {
@@ -197,6 +222,10 @@ StepMetrics ShardedTrainStep::operator()(ShardedTrainState& state, const std::ve
   ExclusiveCall call(busy_, "training step");  // out_ is reused by every call
   if (state.params.size() != n_params_ || state.opt_state.size() != n_state_)
     throw Error("[ShardedTrainStep] the state does not belong to this step (make it with ShardedTrainStep::init)");
+  for (size_t i = 0; i < n_params_; ++i)
+    if (state.params[i].shards().empty())
+      throw Error("[ShardedTrainStep] param '" + store_.paths()[i] +
+                  "' was never set: give every param with set_param (or make the state with init)");
   if (batch.size() != batch_types_.size())
     throw Error("[ShardedTrainStep] expected " + std::to_string(batch_types_.size()) + " batch arrays, got " +
                 std::to_string(batch.size()));
