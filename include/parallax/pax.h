@@ -254,7 +254,8 @@ DecodeResult decode_pretrained(const std::string& dir, const DecodeOptions& d);
 // Writes the params of the checkpoint at `step` (latest when empty) as a Hugging Face model
 // directory (nn::save_pretrained: config.json and model.safetensors; GPT2LMHeadModel for the
 // gpt2 flavour, LlamaForCausalLM for llama) that `transformers` and `pax decode --hf_model` load.
-// Returns the step exported. `format` must be "hf".
+// format "safetensors": the params as one safetensors file at `out_dir` (a file path; the
+// checkpoint's names, readable by safetensors, torch and numpy). Returns the step exported.
 int64_t export_checkpoint(const ExperimentConfig& c, const RunOptions& opts, const std::string& out_dir,
                           const std::string& format = "hf", std::optional<int64_t> step = {});
 

@@ -94,7 +94,7 @@ int cli_main(int argc, char** argv) {
   add_common(exp, o, true);
   std::string export_format = "hf", export_out;
   int64_t export_step = -1;
-  exp->add_option("--format", export_format, "output format: hf (config.json + model.safetensors)");
+  exp->add_option("--format", export_format, "output format: hf (a model dir: config.json + model.safetensors) or safetensors (--out FILE)");
   exp->add_option("--out", export_out, "the directory to write (created if needed)")->required();
   exp->add_option("--step", export_step, "checkpoint step (default: the latest)");
   describe->add_flag("--fields", list_fields, "list every field: path, type, value, allowed values, meaning");

@@ -105,9 +105,17 @@ DecodeResult decode_pretrained(const std::string& dir, const DecodeOptions& d) {
 
 int64_t export_checkpoint(const ExperimentConfig& c, const RunOptions& opts, const std::string& out_dir,
                           const std::string& format, std::optional<int64_t> step) {
-  if (format != "hf") throw UserError("[pax] export: unknown --format '" + format + "'; the supported one is 'hf'");
-  if (out_dir.empty()) throw UserError("[pax] export: no output directory; pass --out DIR");
+  if (format != "hf" && format != "safetensors")
+    throw UserError("[pax] export: unknown --format '" + format + "'; use hf (a model directory) or safetensors (one file)");
+  if (out_dir.empty()) throw UserError("[pax] export: no output path; pass --out DIR (hf) or --out FILE.safetensors");
   check_runnable(c);
+  if (format == "safetensors") {
+    Checkpoints ckpt(opts.job_dir, c.train.checkpoint_keep);
+    if (!step) step = ckpt.latest();
+    if (!step) throw UserError("[pax] no checkpoint in '" + opts.job_dir + "/checkpoints'; run 'pax train' first");
+    export_safetensors(ckpt.path(*step), out_dir, "params");
+    return *step;
+  }
   nn::TransformerLm model(lm_config(c));
   std::vector<Array> params = Checkpoints(opts.job_dir, c.train.checkpoint_keep).params(step, model);
   nn::save_pretrained(model, params, out_dir);

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "parallax/io.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;
@@ -174,6 +175,12 @@ TEST(PaxCli, DecodeExportAndFineTuneFromHf) {
   EXPECT_EQ(pax("decode --hf_model=" + hf + " --exp=copy.TransformerLmTiny --prompt '1'").rc, 2);
   EXPECT_EQ(pax("decode --hf_model=" + hf + "_missing --prompt '1'").rc, 2);
   EXPECT_EQ(pax("export --format=onnx --config " + d + "/config.toml --job_log_dir=" + d + " --out " + hf).rc, 2);
+  // export --format=safetensors: the params as one file with the model's param names.
+  const std::string file = hf + ".safetensors";
+  Result xs = pax("export --format=safetensors --config " + d + "/config.toml --job_log_dir=" + d + " --out " + file);
+  ASSERT_EQ(xs.rc, 0) << xs.out;
+  px::SafetensorsFile sf = px::load_safetensors(file);
+  EXPECT_TRUE(sf.contains("blocks.0.attn.wq") && sf.contains("embed.table")) << xs.out;
 
   Result none = pax("decode" + kSmall + " --job_log_dir=" + job("decode_empty") + " --prompt '1 2'");
   EXPECT_EQ(none.rc, 2) << none.out;
@@ -355,6 +362,7 @@ print(json.dumps(out))
 #include <random>
 
 #include "parallax/checkpoint.h"
+#include "parallax/io.h"
 
 namespace {
 
