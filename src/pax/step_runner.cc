@@ -25,6 +25,16 @@ const ShardedArray& restored(const Checkpoint& c, const std::string& name, const
   return a;
 }
 
+// A TrainState or ShardedTrainState as checkpoint entries named by `names` (params, then state).
+template <class State>
+Checkpoint snapshot_of(const State& state, const std::vector<std::string>& names) {
+  Checkpoint c(state.step);
+  const size_t np = state.params.size();
+  for (size_t i = 0; i < np; ++i) c.add(names[i], state.params[i], "params");
+  for (size_t i = 0; i < state.opt_state.size(); ++i) c.add(names[np + i], state.opt_state[i], "opt_state");
+  return c;
+}
+
 TrainStepOptions step_options(const ExperimentConfig& c) {
   TrainStepOptions o;
   o.clip_norm = c.optimizer.clip_norm;
@@ -43,13 +53,7 @@ class SingleRunner : public StepRunner {
   void init_from_pretrained(const std::string& dir) override {
     state_ = step_.init(nn::load_pretrained(dir).params);
   }
-  Checkpoint snapshot() const override {
-    Checkpoint c(state_.step);
-    const size_t np = state_.params.size();
-    for (size_t i = 0; i < np; ++i) c.add(names_[i], state_.params[i], "params");
-    for (size_t i = 0; i < state_.opt_state.size(); ++i) c.add(names_[np + i], state_.opt_state[i], "opt_state");
-    return c;
-  }
+  Checkpoint snapshot() const override { return snapshot_of(state_, names_); }
   std::map<std::string, Sharding> shardings() const override { return {}; }
   void restore(const Checkpoint& c) override {
     TrainState s;
@@ -84,13 +88,7 @@ class ShardedRunner : public StepRunner {
     nn::load_pretrained(dir, [&](int i, Array p) { step_.set_param(s, i, p); });
     state_ = std::move(s);
   }
-  Checkpoint snapshot() const override {
-    Checkpoint c(state_.step);
-    const size_t np = state_.params.size();
-    for (size_t i = 0; i < np; ++i) c.add(names_[i], state_.params[i], "params");
-    for (size_t i = 0; i < state_.opt_state.size(); ++i) c.add(names_[np + i], state_.opt_state[i], "opt_state");
-    return c;
-  }
+  Checkpoint snapshot() const override { return snapshot_of(state_, names_); }
   std::map<std::string, Sharding> shardings() const override {
     std::map<std::string, Sharding> out;
     for (size_t i = 0; i < names_.size(); ++i) out[names_[i]] = step_.executable().in_sharding(static_cast<int>(i));
