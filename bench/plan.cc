@@ -76,6 +76,24 @@ int64_t mesh_devices(const std::string& text) {
   return n;
 }
 
+// The predicted cost of one plan as JSON fields.
+void cost_fields(Json& j, const px::StepCost& c) {
+  j.n("step_s", c.step_s).n("compute_s", c.compute_s).n("comm_s", c.comm_s).n("exposed_comm_s", c.exposed_comm_s());
+  for (int k = 0; k < px::kNumCollectiveKinds; ++k) {
+    const auto& e = c.collectives[k];
+    if (!e.calls) continue;
+    std::string name = px::collective_name(static_cast<px::CollectiveKind>(k));
+    j.i(name + "_bytes", e.payload_bytes).n(name + "_s", e.seconds);
+  }
+  j.i("peak_bytes_per_device", c.memory.peak_bytes);
+  std::string cats = "{";
+  for (int k = 0; k < px::kNumMemoryCategories; ++k)
+    cats += std::string(k ? ", " : "") + "\"" + px::memory_category_name(static_cast<px::MemoryCategory>(k)) +
+            "\": " + std::to_string(c.memory.by_category[k]);
+  j.raw("peak_by_category", cats + "}");
+  j.i("memory_bytes_per_device", c.memory_capacity).b("fits", c.fits());
+}
+
 px::ShardingStrategy parse_strategy(const std::string& s) {
   for (auto k : {px::ShardingStrategy::DDP, px::ShardingStrategy::FSDP, px::ShardingStrategy::TP,
                  px::ShardingStrategy::FSDP_TP})
@@ -87,15 +105,18 @@ px::ShardingStrategy parse_strategy(const std::string& s) {
 
 int main(int argc, char** argv) {
   std::map<std::string, std::string> flags;
-  bool recalibrate = false;
+  bool recalibrate = false, with_auto = true, skip_recipes = false, explain = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::printf("%s", kUsage);
       return 0;
     }
-    if (a == "--recalibrate") {
-      recalibrate = true;
+    if (a == "--recalibrate" || a == "--no_auto" || a == "--auto_only" || a == "--explain") {
+      recalibrate = recalibrate || a == "--recalibrate";
+      with_auto = a != "--no_auto" && with_auto;
+      skip_recipes = skip_recipes || a == "--auto_only";
+      explain = explain || a == "--explain";
       continue;
     }
     if (a.rfind("--", 0) != 0) usage_error("unexpected argument '" + a + "'");
@@ -105,7 +126,7 @@ int main(int argc, char** argv) {
     else if (i + 1 < argc) value = argv[++i];
     else usage_error("--" + key + " needs a value");
     static const char* known[] = {"model", "mesh", "cluster", "batch", "seq", "dtype", "optimizer", "recipes",
-                                  "data_axis", "model_axis", "layers"};
+                                  "data_axis", "model_axis", "layers", "time_limit", "memory_limit_gib"};
     if (std::find(std::begin(known), std::end(known), key) == std::end(known)) usage_error("unknown flag --" + key);
     flags[key] = value;
   }
@@ -137,6 +158,10 @@ int main(int argc, char** argv) {
     else usage_error("--optimizer must be adamw, sgd or adafactor, got '" + optimizer + "'");
     if (flags.count("data_axis")) setup.sharding.data_axis = flags["data_axis"];
     if (flags.count("model_axis")) setup.sharding.model_axis = flags["model_axis"];
+    if (flags.count("time_limit")) setup.sharding.auto_time_limit_s = std::atof(flags["time_limit"].c_str());
+    if (flags.count("memory_limit_gib"))
+      setup.sharding.auto_memory_limit_bytes =
+          static_cast<int64_t>(std::atof(flags["memory_limit_gib"].c_str()) * double(int64_t{1} << 30));
     std::vector<px::ShardingStrategy> recipes;
     if (flags.count("recipes")) {
       const std::string& r = flags["recipes"];
@@ -158,35 +183,37 @@ int main(int argc, char** argv) {
       px::nn::TransformerLm m(cfg);
       params = m.store().param_count();
     }
-    for (const px::RecipeCost& r : px::cost_recipes(cfg, mesh, cluster, setup, recipes)) {
+    auto line = [&](const std::string& recipe) {
       Json j;
       j.raw("model", json_str(flags["model"])).i("params", params).raw("mesh", json_str(flags["mesh"]));
-      j.i("devices", devices).raw("cluster", json_str(cluster.name)).raw("recipe", json_str(px::strategy_name(r.strategy)));
+      j.i("devices", devices).raw("cluster", json_str(cluster.name)).raw("recipe", json_str(recipe));
       j.i("batch", setup.batch).i("seq", setup.seq).raw("dtype", json_str(dtype)).raw("optimizer", json_str(optimizer));
-      j.b("applies", r.applies);
-      if (r.applies) {
-        const px::StepCost& c = r.cost;
-        j.n("step_s", c.step_s).n("compute_s", c.compute_s).n("comm_s", c.comm_s).n("exposed_comm_s", c.exposed_comm_s());
-        for (int k = 0; k < px::kNumCollectiveKinds; ++k) {
-          const auto& e = c.collectives[k];
-          if (!e.calls) continue;
-          std::string name = px::collective_name(static_cast<px::CollectiveKind>(k));
-          j.i(name + "_bytes", e.payload_bytes).n(name + "_s", e.seconds);
+      return j;
+    };
+    if (!skip_recipes)
+      for (const px::RecipeCost& r : px::cost_recipes(cfg, mesh, cluster, setup, recipes)) {
+        Json j = line(px::strategy_name(r.strategy));
+        j.b("applies", r.applies);
+        if (r.applies) {
+          cost_fields(j, r.cost);
+          j.i("param_bytes_per_device", r.param_bytes_per_device);
+        } else {
+          j.raw("step_s", "null").raw("reason", json_str(r.reason));
         }
-        j.i("peak_bytes_per_device", c.memory.peak_bytes);
-        std::string cats = "{";
-        for (int k = 0; k < px::kNumMemoryCategories; ++k)
-          cats += std::string(k ? ", " : "") + "\"" + px::memory_category_name(static_cast<px::MemoryCategory>(k)) +
-                  "\": " + std::to_string(c.memory.by_category[k]);
-        j.raw("peak_by_category", cats + "}");
-        j.i("param_bytes_per_device", r.param_bytes_per_device);
-        j.i("memory_bytes_per_device", c.memory_capacity).b("fits", c.fits());
-      } else {
-        j.raw("step_s", "null").raw("reason", json_str(r.reason));
+        j.n("plan_s", r.plan_s + setup_s);
+        setup_s = 0;  // the cluster and mesh set-up counts once, on the first line
+        j.print();
       }
-      j.n("plan_s", r.plan_s + setup_s);
-      setup_s = 0;  // the cluster and mesh set-up counts once, on the first line
+    if (with_auto) {
+      px::AutoPlan a = px::plan_auto(cfg, mesh, cluster, setup);
+      Json j = line("AUTO");
+      j.b("applies", true);
+      cost_fields(j, a.cost);
+      j.i("param_bytes_per_device", a.plan.param_bytes_per_device());
+      j.raw("from", json_str(a.from)).raw("layout", json_str(a.layout)).i("evaluations", a.evaluations);
+      j.b("timed_out", a.timed_out).n("solve_s", a.solve_s + setup_s);
       j.print();
+      if (explain) std::fprintf(stderr, "%s", a.explain().c_str());
     }
   } catch (const px::Error& e) {
     std::fprintf(stderr, "plan: %s\n", e.what());

@@ -7,7 +7,8 @@ set -euo pipefail
 # Build: compiler, CMake + Ninja, oneDNN (its CMake config needs the OpenCL headers and
 # loader: libdnnl-dev only recommends them), fmt. Checkpoints: zstd. Text data and tokenizers: PCRE2, ICU, SentencePiece, JSON, zlib, and the
 # GCIDE dictionary (pax's default corpus). Tests: GoogleTest, python3-venv (the interop tests'
-# venv). Fuzzing: clang with libFuzzer (libclang-rt-dev) and its OpenMP. Optional: benchmark, ccache.
+# venv). Fuzzing: clang with libFuzzer (libclang-rt-dev) and its OpenMP. AUTO sharding's solver:
+# CBC. Optional: benchmark, ccache.
 PACKAGES=(
   g++ cmake ninja-build git
   libdnnl-dev ocl-icd-opencl-dev opencl-headers
@@ -19,6 +20,7 @@ PACKAGES=(
   libzstd-dev
   libbenchmark-dev ccache
   libcli11-dev libtomlplusplus-dev libcairo2-dev
+  coinor-libcbc-dev
 )
 
 missing=()

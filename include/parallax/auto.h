@@ -1,12 +1,14 @@
-// The foundation of AUTO sharding: a description of the cluster a step runs on, and the
-// predicted cost of a decided, partitioned step (compute, each collective kind, per-device
-// memory) without allocating or running anything. The solver that picks shardings (AUTO itself)
-// is not here yet; today this costs the recipes from shapes alone.
+// AUTO sharding: a description of the cluster a step runs on, the predicted cost of a decided,
+// partitioned step (compute, each collective kind, per-device memory) without allocating or
+// running anything, and the solver that picks every param's sharding by that cost.
 //
 //   px::Cluster c = px::load_cluster("h100x8");                  // or "cpu", or "my_cluster.toml"
 //   px::Mesh mesh = c.apply(px::Mesh::parse("data:32,model:8", px::parse_devices("cpu:256")));
 //   for (const px::RecipeCost& r : px::cost_recipes(px::nn::bench_gpt(), mesh, c, {.batch = 256}))
 //     std::cout << px::strategy_name(r.strategy) << ": " << (r.applies ? r.cost.to_string() : r.reason);
+//   px::AutoPlan a = px::plan_auto(px::nn::bench_gpt(), mesh, c, {.batch = 256});
+//   std::cout << a.explain();                                     // the plan beside the recipes, and why
+// Training with AUTO: ShardedTrainStep(..., px::ShardingStrategy::AUTO, {.auto_cluster = "cpu"}).
 #pragma once
 
 #include <array>
@@ -149,5 +151,38 @@ std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg, const Mesh& mesh, 
                                      const std::vector<ShardingStrategy>& strategies = {
                                          ShardingStrategy::DDP, ShardingStrategy::FSDP, ShardingStrategy::TP,
                                          ShardingStrategy::FSDP_TP});
+
+// One decision of the solver: params split together (a tensor-parallel group: a column weight,
+// the row weights it feeds, their siblings and biases; or one param), the same in every layer.
+struct AutoUnit {
+  std::string name;                  // "blocks.*.attn.qkv.w, blocks.*.attn.qkv.b, ..."
+  int params = 0;                    // params of the model in it (all layers)
+  bool tensor_parallel = false;      // split by its Megatron roles over the layout's model axis
+  std::vector<std::string> storage;  // also stored split over these batch axes (gathered for use)
+  int64_t state_bytes_per_device = 0;  // params, gradients and optimizer state
+};
+
+// What AUTO chose and why.
+struct AutoPlan {
+  ShardingPlan plan;  // strategy AUTO: a spec and a reason per param, the batch axes
+  StepCost cost;      // predicted, by the cost model that costed the recipes
+  bool fits = false;  // within the memory limit
+  std::string layout;  // "batch over 'data'; tensor parallel over 'model'"
+  std::string from;    // "solver", or the recipe that nothing the solver found beat
+  std::vector<AutoUnit> units;
+  std::vector<RecipeCost> recipes;  // DDP, FSDP, TP, FSDP_TP by the same model
+  std::string why;    // why it wins; when nothing fits, by how much and what would fit
+  int64_t memory_limit = 0;  // per device
+  int evaluations = 0;       // step programs costed
+  double solve_s = 0;
+  bool timed_out = false;    // the time limit cut the search: the best plan found by then
+  std::string explain() const;  // the plan, the recipes beside it, and why
+};
+
+// AUTO for a TransformerLm next-token training step from shapes alone (nothing allocated): the
+// same search ShardedTrainStep runs, with the cluster given here and setup.sharding's limits.
+// Deep models are searched on a copy with fewer layers (identical layers are linked) and the
+// chosen plan is costed on the whole model.
+AutoPlan plan_auto(const nn::LmConfig& cfg, const Mesh& mesh, const Cluster& cluster, const StepSetup& setup = {});
 
 }  // namespace px

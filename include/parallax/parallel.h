@@ -48,6 +48,12 @@ struct ShardingOptions {
   // The step then runs, and its state holds, only this process's positions; the process is the
   // one whose positions the communicator holds. Unset: the in-process one over the whole mesh.
   Communicator* communicator = nullptr;
+  // AUTO (see docs/auto-sharding.md): the cluster the plans are costed for (a preset name or a
+  // TOML file), the solver's time limit (the best plan found by then is used) and the memory
+  // each device may use (0: the cluster's device memory).
+  std::string auto_cluster = "cpu";
+  double auto_time_limit_s = 10;
+  int64_t auto_memory_limit_bytes = 0;
 };
 
 struct ParamPlacement {
@@ -64,13 +70,15 @@ struct ShardingPlan {
   ShardingStrategy strategy = ShardingStrategy::DDP;
   std::vector<ParamPlacement> params;   // in the store's order
   std::vector<std::string> batch_axes;  // the batch's leading dim is split over these
+  std::string explanation;              // AUTO: px::AutoPlan::explain() of the plan
   std::string table() const;            // one row per param and a total line
   int64_t param_bytes_per_device() const;
 };
 
 // Decides each param's spec. `forward` is a traced program whose first inputs are the params (in
 // order, named by `paths`); TP reads from it which matmul consumes each param and what it feeds.
-// Throws px::Error at plan time for AUTO, unknown axes and specs that do not fit a param.
+// Throws px::Error at plan time for unknown axes and specs that do not fit a param, and for AUTO,
+// which needs the whole training step (ShardedTrainStep or px::plan_auto solve it).
 ShardingPlan plan_sharding(const Graph& forward, const std::vector<std::string>& paths, const Mesh& mesh,
                            ShardingStrategy strategy, const ShardingOptions& options = {});
 

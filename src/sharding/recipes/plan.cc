@@ -7,6 +7,7 @@
 
 #include "../../ir/primitive.h"
 #include "parallax/parallel.h"
+#include "sharding/recipes/tp.h"
 
 namespace px {
 
@@ -103,16 +104,21 @@ std::vector<ParamMatmul> find_param_matmuls(const GraphIndex& ix) {
   return out;
 }
 
-struct TpAssignment {
-  enum Kind { none, column, row, vocab, embedding } kind = none;
-  int dim = -1;
-  std::string note;
-};
+using TpAssignment = TpRole;
+
+// Union-find over params: a column weight with the row weights it feeds, its siblings and biases.
+int find_group(std::vector<int>& parent, int i) {
+  while (parent[i] != i) i = parent[i] = parent[parent[i]];
+  return i;
+}
+void join(std::vector<int>& parent, int a, int b) { parent[find_group(parent, a)] = find_group(parent, b); }
 
 // Megatron pairing from the graph: a weight matmul whose output reaches (through ops that keep
 // features separate) another weight matmul's activation is column-split, that one row-split.
 std::vector<TpAssignment> derive_tp(const GraphIndex& ix, const std::vector<std::string>& paths) {
   std::vector<TpAssignment> a(ix.n_params);
+  std::vector<int> parent(ix.n_params);
+  for (int i = 0; i < ix.n_params; ++i) parent[i] = i;
   std::vector<ParamMatmul> mms = find_param_matmuls(ix);
   std::map<int, const ParamMatmul*> by_node;
   for (const auto& m : mms) by_node[m.node] = &m;
@@ -149,6 +155,7 @@ std::vector<TpAssignment> derive_tp(const GraphIndex& ix, const std::vector<std:
       a[m1.param] = {TpAssignment::column, m1.free_dim, "column (feeds " + paths[by_node[targets[0]]->param] + ")"};
     for (int t : targets) {
       const ParamMatmul& m2 = *by_node[t];
+      join(parent, m2.param, m1.param);
       if (a[m2.param].kind == TpAssignment::none)
         a[m2.param] = {TpAssignment::row, 1 - m2.free_dim, "row (fed by " + paths[m1.param] + ")"};
     }
@@ -157,8 +164,10 @@ std::vector<TpAssignment> derive_tp(const GraphIndex& ix, const std::vector<std:
   for (size_t i = 0; i < mms.size(); ++i)
     for (size_t j = 0; j < mms.size(); ++j)
       if (mms[i].activation == mms[j].activation && a[mms[i].param].kind == TpAssignment::column &&
-          a[mms[j].param].kind == TpAssignment::none)
+          a[mms[j].param].kind == TpAssignment::none) {
+        join(parent, mms[j].param, mms[i].param);
         a[mms[j].param] = {TpAssignment::column, mms[j].free_dim, "column (sibling of " + paths[mms[i].param] + ")"};
+      }
   // Weight matmuls that feed no other weight matmul and were not paired: the logits projection.
   for (size_t i = 0; i < mms.size(); ++i)
     if (!paired[i] && a[mms[i].param].kind == TpAssignment::none)
@@ -178,8 +187,10 @@ std::vector<TpAssignment> derive_tp(const GraphIndex& ix, const std::vector<std:
       TpAssignment::Kind k = a[it->second->param].kind;
       if (k != TpAssignment::column && k != TpAssignment::vocab) continue;
       a[b] = {TpAssignment::column, 0, "column bias (of " + paths[it->second->param] + ")"};
+      join(parent, b, it->second->param);
     }
   }
+  for (int i = 0; i < ix.n_params; ++i) a[i].group = find_group(parent, i);
   return a;
 }
 
@@ -191,6 +202,11 @@ PartitionSpec with_dim(int rank, int dim, std::vector<std::string> axes, const P
 }
 
 }  // namespace
+
+std::vector<TpRole> tp_roles(const Graph& forward, const std::vector<std::string>& paths) {
+  GraphIndex ix(forward, static_cast<int>(paths.size()));
+  return derive_tp(ix, paths);
+}
 
 std::string ShardingPlan::table() const {
   std::ostringstream os;
@@ -232,7 +248,8 @@ ShardingPlan plan_sharding(const Graph& forward, const std::vector<std::string>&
     throw Error("[sharding] the traced program has " + std::to_string(forward.inputs().size()) + " inputs but " +
                 std::to_string(np) + " params were named");
   if (strategy == ShardingStrategy::AUTO)
-    throw Error("[sharding] AUTO sharding is not available yet; use DDP, FSDP, TP, FSDP_TP or MANUAL");
+    throw Error("[sharding] AUTO plans a whole training step (ShardedTrainStep, px::plan_auto), not a forward "
+                "program alone; use DDP, FSDP, TP, FSDP_TP or MANUAL here");
   ShardingPlan plan;
   plan.mesh = mesh;
   plan.strategy = strategy;

@@ -124,34 +124,46 @@ ShardingDecision decide_train_step(const StepProgram& p, const ShardingPlan& pla
 }
 
 
+std::vector<PartitionSpec> state_specs_for(const ShardingPlan& plan, const std::vector<optim::StateSlot>& slots,
+                                           const std::vector<TensorType>& param_types) {
+  std::vector<PartitionSpec> specs;
+  for (const auto& s : slots)
+    specs.push_back(s.type.shape == param_types[s.param].shape ? plan.params[s.param].spec : PartitionSpec());
+  return specs;
+}
+
+int64_t bucket_bytes_for(const ShardingPlan& plan, const ShardingOptions& sharding) {
+  if (sharding.bucket_bytes >= 0) return sharding.bucket_bytes;
+  double latency = 0;
+  for (const auto& a : plan.batch_axes)
+    latency = std::max(latency, plan.mesh.axes()[plan.mesh.axis_index(a)].link.latency_s);
+  return latency >= 10e-6 ? int64_t{25} << 20 : 0;
+}
+
 DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                                 const std::vector<TensorType>& batch_types, const Mesh& mesh,
                                 ShardingStrategy strategy, const ShardingOptions& sharding,
                                 const TrainStepOptions& options) {
   std::vector<std::string> paths = store.paths();
-  if (strategy == ShardingStrategy::AUTO)
-    throw Error("[sharding] AUTO sharding is not available yet; use DDP, FSDP, TP, FSDP_TP or MANUAL");
   DecidedStep r;
   // The forward program tells TP which matmul consumes which param.
   auto fwd = nn::trace_with_params(
       store, [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{loss_fn(b)}; }, batch_types);
-  r.plan = plan_sharding(*fwd, paths, mesh, strategy, sharding);
-  fwd.reset();
-
   std::vector<TensorType> param_types = store.types();
   std::vector<optim::StateSlot> slots = opt.state_slots(param_types);
-  for (const auto& s : slots)
-    r.state_specs.push_back(s.type.shape == param_types[s.param].shape ? r.plan.params[s.param].spec : PartitionSpec());
-
-  int64_t bucket_bytes = sharding.bucket_bytes;
-  if (bucket_bytes < 0) {
-    double latency = 0;
-    for (const auto& a : r.plan.batch_axes) latency = std::max(latency, mesh.axes()[mesh.axis_index(a)].link.latency_s);
-    bucket_bytes = latency >= 10e-6 ? int64_t{25} << 20 : 0;
+  if (strategy != ShardingStrategy::AUTO) {
+    r.plan = plan_sharding(*fwd, paths, mesh, strategy, sharding);
+    fwd.reset();
   }
   r.program = trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "ShardedTrainStep",
                                options.skip_nonfinite);
-  r.decision = decide_train_step(r.program, r.plan, r.state_specs, batch_types, bucket_bytes);
+  if (strategy == ShardingStrategy::AUTO) {
+    AutoPlan a = solve_train_step(*fwd, r.program, slots, param_types, batch_types, mesh, sharding, options.compile);
+    if (!a.fits) throw UserError(a.why);
+    r.plan = std::move(a.plan);
+  }
+  r.state_specs = state_specs_for(r.plan, slots, param_types);
+  r.decision = decide_train_step(r.program, r.plan, r.state_specs, batch_types, bucket_bytes_for(r.plan, sharding));
   return r;
 }
 
@@ -335,7 +347,8 @@ ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std
     throw Error("[jit] " + std::to_string(param_paths.size()) + " param paths for " +
                 std::to_string(param_types.size()) + " params");
   if (strategy == ShardingStrategy::AUTO)
-    throw Error("[sharding] AUTO sharding is not available yet; use DDP, FSDP, TP, FSDP_TP or MANUAL");
+    throw Error("[jit] AUTO plans training steps (ShardedTrainStep, pax); for a plain function use DDP, FSDP, TP, "
+                "FSDP_TP or MANUAL");
   const size_t np = param_types.size();
   std::vector<TensorType> types = param_types;
   types.insert(types.end(), arg_types.begin(), arg_types.end());

@@ -1,10 +1,11 @@
-// The sharding decision of a training step under a recipe, shared by ShardedTrainStep (which
-// partitions, compiles and runs it) and the cost model (src/sharding/auto/, which partitions and
-// plans it without allocating anything).
+// The sharding decision of a training step under a recipe or AUTO, shared by ShardedTrainStep
+// (which partitions, compiles and runs it) and the cost model and solver (src/sharding/auto/,
+// which partition and plan it without allocating anything).
 #pragma once
 
 #include <vector>
 
+#include "parallax/auto.h"
 #include "parallax/parallel.h"
 
 namespace px {
@@ -17,11 +18,26 @@ struct DecidedStep {
 };
 
 // Traces the step from the store's param types (no param is allocated), plans the recipe
-// (throws px::Error when it does not apply: AUTO, an unknown axis, a spec that does not divide)
-// and decides the step: what ShardedTrainStep's constructor does before partitioning.
+// (throws px::Error when it does not apply: an unknown axis, a spec that does not divide) or
+// solves AUTO (throws px::UserError when no plan fits the devices' memory) and decides the step:
+// what ShardedTrainStep's constructor does before partitioning.
 DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                                 const std::vector<TensorType>& batch_types, const Mesh& mesh,
                                 ShardingStrategy strategy, const ShardingOptions& sharding,
                                 const TrainStepOptions& options);
+
+// The optimizer state's specs under a plan: a slot shaped like its param is laid out like it,
+// any other slot is replicated.
+std::vector<PartitionSpec> state_specs_for(const ShardingPlan& plan, const std::vector<optim::StateSlot>& slots,
+                                           const std::vector<TensorType>& param_types);
+// ShardingOptions::bucket_bytes, or its default from the links of the plan's batch axes.
+int64_t bucket_bytes_for(const ShardingPlan& plan, const ShardingOptions& sharding);
+
+// AUTO for a traced training step (src/sharding/auto/solver.cc): `forward` is the loss traced
+// over the params (params first), `program` the whole step. The cluster is
+// sharding.auto_cluster; the plan is costed on cluster.apply(mesh).
+AutoPlan solve_train_step(const Graph& forward, const StepProgram& program, const std::vector<optim::StateSlot>& slots,
+                          const std::vector<TensorType>& param_types, const std::vector<TensorType>& batch_types,
+                          const Mesh& mesh, const ShardingOptions& sharding, const CompileOptions& compile);
 
 }  // namespace px
