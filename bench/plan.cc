@@ -1,11 +1,11 @@
-// bench/plan: the recipes (DDP, FSDP, TP, FSDP_TP) of a Transformer LM training step costed from
-// shapes alone on a mesh and a cluster, without allocating the model. One JSON line per recipe.
+// bench/plan: the recipes (DDP, FSDP, TP, FSDP_TP) and AUTO's plan of a Transformer LM training
+// step costed from shapes alone on a mesh and a cluster, without allocating the model. One JSON
+// line per recipe and one for AUTO (--explain prints AUTO's explanation on stderr).
 //
 //   build/bench/plan --model=16b --mesh=data:32,model:8 --cluster=h100x8 --batch=256 --seq=1024
 //   build/bench/plan --model=bench-gpt --mesh=data:4,model:2 --cluster=cpu
 //   build/bench/plan --model=1b --mesh=data:16,model:2 --cluster=my_cluster.toml
-//
-// The solver (AUTO) is not there yet: see docs/auto-sharding.md.
+//   build/bench/plan --matrix                                    # models x meshes x presets
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,7 +23,8 @@ const char* kUsage =
     "usage: plan --model=NAME --mesh=AXIS:N[,AXIS:N...] [--cluster=cpu|h100x8|h200x8|FILE.toml]\n"
     "            [--batch=N] [--seq=N] [--dtype=f32|bf16] [--optimizer=adamw|sgd|adafactor]\n"
     "            [--recipes=DDP,FSDP,TP,FSDP_TP] [--data_axis=data] [--model_axis=model] [--layers=N]\n"
-    "            [--recalibrate]\n"
+    "            [--recalibrate] [--no_auto | --auto_only] [--explain] [--time_limit=S] [--memory_limit_gib=G]\n"
+    "       plan --matrix [--time_limit=S]   (the AutoSharding table: models x meshes x GPU presets)\n"
     "  models: tiny, bench-gpt, 1b, 16b, llama8b, or a preset of px::nn::lm_config (gpt2_small, ...);\n"
     "  --layers overrides the model's number of layers\n"
     "  batch: global sequences per step (default: the number of devices); seq: default min(1024, the model's)\n"
@@ -101,6 +102,65 @@ px::ShardingStrategy parse_strategy(const std::string& s) {
   usage_error("unknown recipe '" + s + "' (recipes: DDP, FSDP, TP, FSDP_TP)");
 }
 
+// The AutoSharding table: models x meshes x GPU cluster presets, plus 16B on 32 devices of 16 GiB.
+// One JSON line per row: AUTO's predicted step time beside the fastest recipe that fits.
+int run_matrix(double time_limit) {
+  struct MeshRow {
+    const char* name;
+    const char* text;
+  };
+  const MeshRow meshes[] = {{"8", "data:8"},         {"4x2", "data:4,model:2"}, {"2x4", "data:2,model:4"},
+                            {"16x2", "data:16,model:2"}, {"32x8", "data:32,model:8"}, {"64x4", "data:64,model:4"},
+                            {"16x16x4", "data:16,fsdp:16,model:4"}};
+  struct Row {
+    std::string model, mesh, mesh_text, cluster;
+    double memory_gib = 0;  // 0: the cluster's
+  };
+  std::vector<Row> rows;
+  for (const char* model : {"tiny", "bench-gpt", "1b", "16b", "llama8b"})
+    for (const MeshRow& m : meshes)
+      for (const char* cluster : {"h100x8", "h200x8"}) rows.push_back({model, m.name, m.text, cluster});
+  rows.push_back({"16b", "16x2", "data:16,model:2", "h100x8", 16.0});
+  int better = 0, comparable = 0;
+  for (const Row& r : rows) {
+    px::nn::LmConfig cfg = model_config(r.model);
+    px::Cluster cluster = px::load_cluster(r.cluster);
+    const int64_t devices = mesh_devices(r.mesh_text);
+    px::Mesh mesh = cluster.apply(px::Mesh::parse(r.mesh_text, px::DeviceSet{"cpu", devices}));
+    px::StepSetup setup;
+    setup.batch = devices;
+    setup.seq = std::min<int64_t>(1024, cfg.max_seq_len);
+    setup.compute_dtype = px::DType::bf16;
+    setup.sharding.auto_time_limit_s = time_limit;
+    if (r.memory_gib > 0) setup.sharding.auto_memory_limit_bytes = static_cast<int64_t>(r.memory_gib * double(int64_t{1} << 30));
+    px::AutoPlan a = px::plan_auto(cfg, mesh, cluster, setup);
+    const px::RecipeCost* best = nullptr;
+    for (const auto& rc : a.recipes)
+      if (rc.applies && rc.cost.memory.peak_bytes <= a.memory_limit && (!best || rc.cost.step_s < best->cost.step_s))
+        best = &rc;
+    Json j;
+    j.raw("model", json_str(r.model)).raw("mesh", json_str(r.mesh)).i("devices", devices);
+    j.raw("cluster", json_str(r.memory_gib > 0 ? r.cluster + "@" + std::to_string(static_cast<int>(r.memory_gib)) + "GiB"
+                                               : r.cluster));
+    j.i("batch", setup.batch).i("seq", setup.seq);
+    j.n("auto_step_s", a.cost.step_s).b("auto_fits", a.fits).i("auto_peak_bytes", a.cost.memory.peak_bytes);
+    j.raw("auto_from", json_str(a.from)).raw("auto_layout", json_str(a.layout));
+    if (best) j.raw("best_recipe", json_str(px::strategy_name(best->strategy))).n("best_recipe_step_s", best->cost.step_s);
+    else j.raw("best_recipe", "null").raw("best_recipe_step_s", "null");
+    j.n("speedup", best ? best->cost.step_s / a.cost.step_s : 0.0);
+    j.n("solve_s", a.solve_s).i("evaluations", a.evaluations).b("timed_out", a.timed_out);
+    if (!a.fits) j.raw("why", json_str(a.why));
+    j.print();
+    if (best) {
+      ++comparable;
+      if (a.cost.step_s < best->cost.step_s * 0.999) ++better;
+    }
+  }
+  std::fprintf(stderr, "plan --matrix: %zu rows; AUTO strictly faster than the best fitting recipe on %d of %d rows "
+               "where one fits\n", rows.size(), better, comparable);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,6 +171,17 @@ int main(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::printf("%s", kUsage);
       return 0;
+    }
+    if (a == "--matrix") {
+      double limit = 10;
+      for (int k = 1; k < argc; ++k)
+        if (std::string(argv[k]).rfind("--time_limit=", 0) == 0) limit = std::atof(argv[k] + 13);
+      try {
+        return run_matrix(limit);
+      } catch (const px::Error& e) {
+        std::fprintf(stderr, "plan: %s\n", e.what());
+        return 1;
+      }
     }
     if (a == "--recalibrate" || a == "--no_auto" || a == "--auto_only" || a == "--explain") {
       recalibrate = recalibrate || a == "--recalibrate";

@@ -83,6 +83,7 @@ struct ShardingConfig {
   std::string model_axis = "model";
   int64_t fsdp_min_bytes = 4096;
   std::vector<std::string> rules;  // "glob=P(...)", e.g. "blocks.*.mlp.fc.w=P(None, 'model')"
+  std::string cluster = "cpu";     // auto: the cluster plans are costed for (a preset or a .toml file)
 };
 
 struct MemoryConfig {

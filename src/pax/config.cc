@@ -142,6 +142,8 @@ const std::vector<Field>& table() {
                 "FSDP keeps smaller params replicated"),
       list_field("sharding.rules", &E::sharding, &ShardingConfig::rules,
                  "overrides 'glob=P(...)', first match wins"),
+      str_field("sharding.cluster", &E::sharding, &ShardingConfig::cluster,
+                "auto: the cluster plans are costed for (cpu, h100x8, h200x8 or a .toml file)"),
       enum_field("memory.remat", &E::memory, &MemoryConfig::remat,
                  {"none", "full", "dots_saveable", "nothing_saveable", "auto"}, "rematerialization policy"),
       enum_field("memory.offload", &E::memory, &MemoryConfig::offload,
@@ -442,9 +444,6 @@ void check_runnable(const ExperimentConfig& c) {
   if (c.memory.offload != "none")
     throw Error("[pax] memory.offload=" + c.memory.offload +
                 " is not available yet (offloading has not landed); set memory.offload=none");
-  if (c.sharding.strategy == "auto")
-    throw Error("[pax] sharding.strategy=auto is not available yet (the AUTO solver has not landed); use ddp, fsdp, "
-                "tp, fsdp_tp or manual");
 }
 
 }  // namespace px::pax

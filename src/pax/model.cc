@@ -9,6 +9,7 @@
 #include "parallax/auto.h"
 
 #include "parallax/nn/pretrained.h"
+#include "pax/step_runner.h"
 
 #include <cstdio>
 #include <sstream>
@@ -143,6 +144,7 @@ ShardingOptions sharding_options(const ExperimentConfig& c) {
   o.data_axis = c.sharding.data_axis;
   o.model_axis = c.sharding.model_axis;
   o.fsdp_min_bytes = c.sharding.fsdp_min_bytes;
+  o.auto_cluster = c.sharding.cluster;
   for (const std::string& r : c.sharding.rules) {
     size_t eq = r.find('=');
     std::string glob = r.substr(0, eq), spec = r.substr(eq + 1);
@@ -152,10 +154,9 @@ ShardingOptions sharding_options(const ExperimentConfig& c) {
   return o;
 }
 
-ShardingPlan sharding_plan(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh) {
-  if (c.sharding.strategy == "auto")
-    throw Error("[pax] sharding.strategy=auto is not available yet (the AUTO solver has not landed); use ddp, fsdp, "
-                "tp, fsdp_tp or manual");
+ShardingPlan sharding_plan(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh,
+                           const std::string& cluster) {
+  if (c.sharding.strategy == "auto") return auto_plan(c, model, mesh, cluster);
   // The forward loss, traced on types only: the recipes read which matmul consumes each param.
   auto fwd = nn::trace_with_params(
       model.store(),
@@ -227,8 +228,12 @@ PlanReport plan(const ExperimentConfig& c, const std::string& devices, const std
   validate(c);
   Mesh mesh = make_mesh(c, resolve_devices(c, devices, /*for_planning=*/true));
   nn::TransformerLm model(lm_config(c));  // declares params; allocates nothing
-  PlanReport r = plan_report(c, model, sharding_plan(c, model, mesh));
+  PlanReport r = plan_report(c, model, sharding_plan(c, model, mesh, cluster));
   if (cluster.empty()) return r;
+  if (c.sharding.strategy == "auto") {
+    r.cost_note = "AUTO's prediction on " + cluster + " is in its explanation above";
+    return r;
+  }
   Cluster cl = load_cluster(cluster);
   StepSetup setup;
   setup.batch = c.data.batch;
@@ -259,7 +264,7 @@ PlanReport plan_report(const ExperimentConfig& c, const nn::TransformerLm& model
   r.devices = mesh.size();
   r.mesh = mesh.to_string();
   r.strategy = c.sharding.strategy;
-  r.table = p.table();
+  r.table = p.table() + p.explanation;
   r.param_bytes_per_device = p.param_bytes_per_device();
   r.gradient_bytes_per_device = r.param_bytes_per_device;  // gradients are placed like their params
   r.optimizer_bytes_per_device = optimizer_bytes_per_device(c, p);

@@ -22,7 +22,9 @@ Mesh make_mesh(const ExperimentConfig& c, const DeviceSet& devices);
 ShardingStrategy strategy_of(const ExperimentConfig& c);
 ShardingOptions sharding_options(const ExperimentConfig& c);
 // The placement of every param from shapes alone (nothing allocated).
-ShardingPlan sharding_plan(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh);
+// AUTO solves for the whole step on `cluster` ("": sharding.cluster).
+ShardingPlan sharding_plan(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh,
+                           const std::string& cluster = "");
 // Bytes per device of the optimizer state under a plan: a slot of its param's shape is split
 // like it; other slots (factored moments) are counted whole.
 int64_t optimizer_bytes_per_device(const ExperimentConfig& c, const ShardingPlan& plan);

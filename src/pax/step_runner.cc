@@ -3,6 +3,7 @@
 #include "optim/checkpoint.h"
 #include "parallax/nn/pretrained.h"
 #include "pax/model.h"
+#include "sharding/recipes/step.h"
 
 namespace px::pax {
 namespace {
@@ -89,6 +90,7 @@ class ShardedRunner : public StepRunner {
     state_ = std::move(s);
   }
   Checkpoint snapshot() const override { return snapshot_of(state_, names_); }
+  const ShardingPlan* plan() const override { return &step_.plan(); }
   std::map<std::string, Sharding> shardings() const override {
     std::map<std::string, Sharding> out;
     for (size_t i = 0; i < names_.size(); ++i) out[names_[i]] = step_.executable().in_sharding(static_cast<int>(i));
@@ -120,6 +122,23 @@ class ShardedRunner : public StepRunner {
 std::unique_ptr<StepRunner> make_step_runner(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh) {
   if (mesh.size() > 1) return std::make_unique<ShardedRunner>(c, model, mesh);
   return std::make_unique<SingleRunner>(c, model);
+}
+
+ShardingPlan auto_plan(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh,
+                       const std::string& cluster) {
+  ShardingOptions o = sharding_options(c);
+  if (!cluster.empty()) o.auto_cluster = cluster;
+  if (mesh.size() == 1) {
+    auto fwd = nn::trace_with_params(
+        model.store(), [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{loss_fn(model)(b)}; },
+        batch_types(c));
+    ShardingPlan p = plan_sharding(*fwd, model.store().paths(), mesh, ShardingStrategy::DDP, o);
+    p.strategy = ShardingStrategy::AUTO;
+    return p;
+  }
+  return decide_sharded_step(model.store(), *make_optimizer(c), loss_fn(model), batch_types(c), mesh,
+                             ShardingStrategy::AUTO, o, step_options(c))
+      .plan;
 }
 
 }  // namespace px::pax

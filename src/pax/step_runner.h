@@ -31,9 +31,16 @@ class StepRunner {
   // Takes params, optimizer state and step from a restored checkpoint; throws naming a missing or
   // mistyped tensor (a different model or optimizer).
   virtual void restore(const Checkpoint& c) = 0;
+  // The sharding plan the step runs (null on one device).
+  virtual const ShardingPlan* plan() const { return nullptr; }
 };
 
 // Compiles the step for `model` on `mesh` and initializes params from train.seed.
 std::unique_ptr<StepRunner> make_step_runner(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh);
+
+// sharding.strategy=auto: the plan the sharded step would solve for, costed on `cluster` ("":
+// sharding.cluster), with its explanation; on one device, everything replicated.
+ShardingPlan auto_plan(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh,
+                       const std::string& cluster);
 
 }  // namespace px::pax

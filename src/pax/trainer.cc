@@ -228,12 +228,13 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
   write_file(dir + "/config.toml", to_toml(c));
 
   nn::TransformerLm model(lm_config(c));
-  ShardingPlan splan = sharding_plan(c, model, mesh);
+  std::unique_ptr<StepRunner> runner = make_step_runner(c, model, mesh);
+  // The plan the step runs (AUTO solved it once, there), else the recipe's.
+  ShardingPlan splan = runner->plan() ? *runner->plan() : sharding_plan(c, model, mesh);
   PlanReport rep = plan_report(c, model, splan);
   write_file(dir + "/plan.txt", rep.text());
   write_file(dir + "/model_params.txt", model_params_text(splan));
 
-  std::unique_ptr<StepRunner> runner = make_step_runner(c, model, mesh);
   Checkpoints ckpt(dir, c.train.checkpoint_keep);
   const std::string config_json = nlohmann::json{{"experiment", c.name}, {"config_toml", to_toml(c)}}.dump();
   int64_t start = 0;

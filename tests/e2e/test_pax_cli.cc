@@ -187,6 +187,27 @@ TEST(PaxCli, DecodeExportAndFineTuneFromHf) {
   EXPECT_NE(none.out.find("run 'pax train' first"), std::string::npos) << none.out;
 }
 
+// sharding.strategy=auto: the solver's plan (with its explanation) is in plan.txt, the run trains,
+// and `pax plan` costs it on a GPU preset.
+TEST(PaxCli, AutoShardingPlansExplainsAndTrains) {
+  const std::string d = job("auto");
+  const std::string sets = " --devices=cpu:4 --set sharding.mesh=data:2,model:2 --set sharding.strategy=auto";
+  Result r = pax("train" + kSmall + sets + " --set train.steps=4 --job_log_dir=" + d);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  std::ifstream in(d + "/plan.txt");
+  std::string plan((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(plan.find("AUTO on Mesh{data: 2, model: 2}"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("why: "), std::string::npos) << plan;
+  EXPECT_NE(plan.find("auto"), std::string::npos) << plan;
+  Result p = pax("plan" + kSmall + sets + " --cluster=h100x8");
+  ASSERT_EQ(p.rc, 0) << p.out;
+  EXPECT_NE(p.out.find("FSDP_TP"), std::string::npos) << p.out;  // the recipes beside AUTO's plan
+  EXPECT_NE(p.out.find("AUTO's prediction on h100x8"), std::string::npos) << p.out;
+  Result bad = pax("plan" + kSmall + sets + " --cluster=nowhere");
+  EXPECT_EQ(bad.rc, 2) << bad.out;
+  EXPECT_NE(bad.out.find("nowhere"), std::string::npos) << bad.out;
+}
+
 TEST(PaxCli, EverySetTypeIsAcceptedAndRejectedAsDocumented) {
   const std::string base = "describe --exp=copy.TransformerLmTiny";
   for (const char* ok : {"train.steps=70", "optimizer.lr=1e-4", "tokenizer.model=/x.model", "model.tied_embedding=false",

@@ -178,15 +178,13 @@ TEST(Recipes, FsdpGathersParamsAndReduceScattersGradients) {
   EXPECT_LE(ar, replicated + 64) << step.collectives_table();
 }
 
-TEST(Recipes, AutoIsNotAvailableYet) {
-  Fixture f(gpt_micro());
+TEST(Recipes, JitDoesNotTakeAuto) {
   try {
-    ShardedTrainStep s(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}}), ShardingStrategy::AUTO);
-    FAIL() << "AUTO did not throw";
+    jit([](const std::vector<Tensor>& p, const std::vector<Tensor>& a) { return std::vector<Tensor>{a[0]}; },
+        ShardingStrategy::AUTO, {}, {}, {TensorType{DType::f32, {4}}}, Mesh::cpu({{"data", 2}}));
+    FAIL() << "jit took AUTO";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("AUTO sharding is not available yet; use DDP, FSDP, TP, FSDP_TP or MANUAL"),
-              std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("AUTO plans training steps"), std::string::npos) << e.what();
   }
 }
 

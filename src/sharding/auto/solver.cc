@@ -560,6 +560,10 @@ AutoPlan Search::run() {
   } else if (out.from != "solver") {
     out.why = fmt::format("the {} recipe is the fastest plan found ({:.4g} s/step); the solver found nothing faster",
                           out.from, out.cost.step_s);
+  } else if (out.cost.step_s >= best_recipe->cost.step_s * (1 - 1e-4)) {
+    out.why = fmt::format("as fast as {}, the fastest recipe that fits ({:.4g} s per step): the solver's best plan "
+                          "is that recipe's or one as good",
+                          strategy_name(best_recipe->strategy), out.cost.step_s);
   } else {
     const StepCost& r = best_recipe->cost;
     double gain = r.step_s - out.cost.step_s;
