@@ -4,9 +4,11 @@
 // strategy's planned and measured per-device peak (`<strategy>_peak_bytes_per_device[_measured]`).
 //
 //   build/bench/sharded_step [--steps 3] [--warmup 1] [--layers 6] [--d 512] [--batch 8] [--seq 256] ...
-//       [--devices cpu:2] [--strategies ddp,fsdp,tp] [--optimizer adamw|sgd] [--bucket_bytes N]
+//       [--devices cpu:2] [--strategies ddp,fsdp,tp,auto] [--optimizer adamw|sgd] [--bucket_bytes N]
 //       [--parallelism automatic|over_devices|within_kernels] [--verbose 1]
-// DDP and FSDP split the batch over a 'data' axis of all the devices, TP the model over 'model'.
+// DDP and FSDP split the batch over a 'data' axis of all the devices, TP the model over 'model';
+// AUTO plans for the calibrated cpu cluster. Each strategy's predicted step time (cost model) is
+// printed beside the measured one, with both rankings.
 #include <omp.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "gpt_common.h"
+#include "parallax/auto.h"
 #include "parallax/memory.h"
 #include "parallax/nn.h"
 #include "parallax/parallel.h"
@@ -32,7 +35,16 @@ struct Result {
   float loss = 0;
   std::string comm = "null";
   int64_t peak_planned = 0, peak_measured = 0;  // bytes per device
+  double predicted_s = 0;                       // the cost model's step time on the cpu cluster
 };
+
+// "auto<fsdp<ddp": names by ascending time.
+std::string ranking(std::vector<std::pair<double, std::string>> v) {
+  std::sort(v.begin(), v.end());
+  std::string s;
+  for (const auto& [t, name] : v) s += (s.empty() ? "" : "<") + name;
+  return s;
+}
 
 struct Flags {
   std::string devices = "cpu:2", strategies = "ddp,fsdp", optimizer = "adamw", parallelism = "automatic";
@@ -44,7 +56,8 @@ px::ShardingStrategy strategy_from(const std::string& s) {
   if (s == "ddp") return px::ShardingStrategy::DDP;
   if (s == "fsdp") return px::ShardingStrategy::FSDP;
   if (s == "tp") return px::ShardingStrategy::TP;
-  throw px::Error("[sharded_step] unknown strategy '" + s + "' in --strategies; use ddp, fsdp, tp");
+  if (s == "auto") return px::ShardingStrategy::AUTO;
+  throw px::Error("[sharded_step] unknown strategy '" + s + "' in --strategies; use ddp, fsdp, tp, auto");
 }
 
 }  // namespace
@@ -123,6 +136,17 @@ int main(int argc, char** argv) {
       r.back().peak_measured = measured;
       r.back().compile_s = seconds_since(t0);
       st.push_back(sharded.back()->init(0));
+      // The prediction, by the cost model on this machine's calibrated cpu cluster.
+      if (strategy == px::ShardingStrategy::AUTO) {
+        r.back().predicted_s = sharded.back()->plan().predicted_step_s;
+        if (f.verbose) std::fprintf(stderr, "%s", sharded.back()->plan().explanation.c_str());
+      } else {
+        px::StepSetup setup{.batch = a.batch, .seq = a.seq, .optimizer = opt};
+        setup.sharding = so;
+        px::Cluster cpu = px::cpu_cluster();
+        auto c = px::cost_recipes(cfg, cpu.apply(mesh), cpu, setup, {strategy});
+        if (!c.empty() && c[0].applies) r.back().predicted_s = c[0].cost.step_s;
+      }
     }
     // Interleaved rounds (single, then each strategy) and the median of each: drift on a shared
     // machine (other processes, page faults of fresh buffers) hits all of them alike.
@@ -174,6 +198,14 @@ int main(int argc, char** argv) {
                   r[k].name.c_str(), r[0].step_s / r[k].step_s, r[k].name.c_str(),
                   static_cast<long long>(r[k].peak_planned), r[k].name.c_str(),
                   static_cast<long long>(r[k].peak_measured));
+    std::vector<std::pair<double, std::string>> measured, predicted;
+    for (size_t k = 1; k < n; ++k) {
+      measured.push_back({r[k].step_s, r[k].name});
+      predicted.push_back({r[k].predicted_s, r[k].name});
+      std::printf(", \"%s_predicted_step_s\": %.4f", r[k].name.c_str(), r[k].predicted_s);
+    }
+    std::printf(", \"measured_ranking\": \"%s\", \"predicted_ranking\": \"%s\"", ranking(measured).c_str(),
+                ranking(predicted).c_str());
     std::printf(", \"target_ratio\": 0.9}\n");
   } catch (const px::Error& e) {
     std::fprintf(stderr, "sharded_step: %s\n", e.what());

@@ -71,6 +71,7 @@ struct ShardingPlan {
   std::vector<ParamPlacement> params;   // in the store's order
   std::vector<std::string> batch_axes;  // the batch's leading dim is split over these
   std::string explanation;              // AUTO: px::AutoPlan::explain() of the plan
+  double predicted_step_s = 0;          // AUTO: the cost model's step time for it
   std::string table() const;            // one row per param and a total line
   int64_t param_bytes_per_device() const;
 };

@@ -62,7 +62,12 @@ int64_t checked_nbytes(int64_t count, DType d, const std::string& what) {
   return bytes;
 }
 
-int64_t TensorType::nbytes() const { return checked_nbytes(numel(), dtype, type_str(*this)); }
+int64_t TensorType::nbytes() const {
+  // The type's text only when it is needed: nbytes runs in planning loops.
+  int64_t count = numel(), bytes = 0;
+  if (__builtin_mul_overflow(count, dtype_size(dtype), &bytes)) return checked_nbytes(count, dtype, type_str(*this));
+  return bytes;
+}
 
 bool glob_match(const std::string& p, const std::string& t) {
   // Iterative matcher with one backtrack point, the last '*': linear in practice, never exponential.

@@ -254,32 +254,33 @@ void Graph::verify() const {
   }
   for (size_t ni = 0; ni < nodes_.size(); ++ni) {
     const Node& n = nodes_[ni];
-    std::string where = "[verify] node " + std::to_string(ni) + " (" + (n.prim ? n.prim->name : "?") + ")";
-    if (!n.prim) throw Error(where + " has no primitive");
+    // Built only for an error: verify runs after every pass.
+    auto where = [&] { return "[verify] node " + std::to_string(ni) + " (" + (n.prim ? n.prim->name : "?") + ")"; };
+    if (!n.prim) throw Error(where() + " has no primitive");
     std::vector<TensorType> in_types;
     for (int in : n.inputs) {
       if (in < 0 || in >= static_cast<int>(values_.size()) || !defined[in])
-        throw Error(where + " uses %" + std::to_string(in) + " before it is defined");
+        throw Error(where() + " uses %" + std::to_string(in) + " before it is defined");
       in_types.push_back(values_[in].type);
     }
     std::vector<TensorType> out_types;
     try {
       out_types = n.prim->infer(in_types, n.attrs);
     } catch (const std::exception& e) {
-      throw Error(where + ": shape rule fails: " + e.what());
+      throw Error(where() + ": shape rule fails: " + e.what());
     }
     if (out_types.size() != n.outputs.size())
-      throw Error(where + " has " + std::to_string(n.outputs.size()) + " outputs, its rule gives " +
+      throw Error(where() + " has " + std::to_string(n.outputs.size()) + " outputs, its rule gives " +
                   std::to_string(out_types.size()));
     for (size_t o = 0; o < n.outputs.size(); ++o) {
       int id = n.outputs[o];
       if (id < 0 || id >= static_cast<int>(values_.size()) || defined[id])
-        throw Error(where + " output %" + std::to_string(id) + " is out of range or defined twice");
+        throw Error(where() + " output %" + std::to_string(id) + " is out of range or defined twice");
       if (values_[id].type != out_types[o])
-        throw Error(where + " output %" + std::to_string(id) + " has type " + type_str(values_[id].type) +
+        throw Error(where() + " output %" + std::to_string(id) + " has type " + type_str(values_[id].type) +
                     " but its rule gives " + type_str(out_types[o]));
       if (values_[id].producer != static_cast<int>(ni) || values_[id].output_index != static_cast<int>(o))
-        throw Error(where + " output %" + std::to_string(id) + " records the wrong producer");
+        throw Error(where() + " output %" + std::to_string(id) + " records the wrong producer");
       defined[id] = 1;
     }
   }

@@ -200,17 +200,18 @@ Types infer_broadcast_in_dim(const Types& in, const Attrs& attrs) {
   const Ints& dims = attrs.ints("dims");
   check_shape("broadcast_in_dim", s);
   const TensorType& x = in[0];
-  std::string what = "operand " + type_str(x) + " to shape " + shape_str(s) + " with dims " + ints_str(dims);
+  // The text only for an error: shape rules run in every pass that verifies a graph.
+  auto what = [&] { return "operand " + type_str(x) + " to shape " + shape_str(s) + " with dims " + ints_str(dims); };
   if (static_cast<int>(dims.size()) != x.rank())
-    throw Error("[broadcast_in_dim] " + what + ": dims needs one entry per operand dim (" +
+    throw Error("[broadcast_in_dim] " + what() + ": dims needs one entry per operand dim (" +
                 std::to_string(x.rank()) + ")");
   for (size_t i = 0; i < dims.size(); ++i) {
     if (dims[i] < 0 || dims[i] >= static_cast<int64_t>(s.size()))
-      throw Error("[broadcast_in_dim] " + what + ": dim " + std::to_string(dims[i]) + " is out of range");
+      throw Error("[broadcast_in_dim] " + what() + ": dim " + std::to_string(dims[i]) + " is out of range");
     if (i > 0 && dims[i] <= dims[i - 1])
-      throw Error("[broadcast_in_dim] " + what + ": dims must be strictly increasing");
+      throw Error("[broadcast_in_dim] " + what() + ": dims must be strictly increasing");
     if (x.shape[i] != 1 && x.shape[i] != s[dims[i]])
-      throw Error("[broadcast_in_dim] " + what + ": operand dim " + std::to_string(i) + " has size " +
+      throw Error("[broadcast_in_dim] " + what() + ": operand dim " + std::to_string(i) + " has size " +
                   std::to_string(x.shape[i]) + " but result dim " + std::to_string(dims[i]) + " has size " +
                   std::to_string(s[dims[i]]) + " (only size-1 dims broadcast)");
   }

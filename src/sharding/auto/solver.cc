@@ -578,6 +578,7 @@ AutoPlan Search::run() {
   out.timed_out = timed_out_;
   out.solve_s = seconds();
   out.plan.explanation = out.explain();
+  out.plan.predicted_step_s = out.cost.step_s;
   return out;
 }
 
