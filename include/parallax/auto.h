@@ -84,7 +84,9 @@ Cluster calibrate_cpu();
 // (same host name, cores and threads), else measured and written there. `recalibrate` (or
 // PX_RECALIBRATE=1) measures again.
 Cluster cpu_cluster(bool recalibrate = false);
-// $XDG_CACHE_HOME/parallax/cpu_cluster.toml, else ~/.cache/parallax/cpu_cluster.toml.
+// $XDG_CACHE_HOME/parallax/cpu_cluster.toml, else ~/.cache/parallax/cpu_cluster.toml
+// (cpu_cluster-sanitized.toml, cpu_cluster-debug.toml for sanitized and unoptimized builds,
+// which measure a slower machine).
 std::string cluster_cache_path();
 
 // The alpha-beta model of one collective over a group of n devices whose bytes cross `link`.

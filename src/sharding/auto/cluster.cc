@@ -415,13 +415,28 @@ Cluster calibrate_cpu() {
   return c;
 }
 
+// A sanitized or unoptimized build measures a machine many times slower than a release build of
+// the same code: each keeps its own calibration.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define PX_SANITIZED_BUILD 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(PX_SANITIZED_BUILD)
+constexpr const char* kBuildFlavour = "-sanitized";
+#elif !defined(NDEBUG)
+constexpr const char* kBuildFlavour = "-debug";
+#else
+constexpr const char* kBuildFlavour = "";
+#endif
+
 std::string cluster_cache_path() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   std::filesystem::path base;
   if (xdg && *xdg) base = xdg;
   else if (const char* home = std::getenv("HOME"); home && *home) base = std::filesystem::path(home) / ".cache";
   else base = std::filesystem::temp_directory_path();
-  return (base / "parallax" / "cpu_cluster.toml").string();
+  return (base / "parallax" / (std::string("cpu_cluster") + kBuildFlavour + ".toml")).string();
 }
 
 Cluster cpu_cluster(bool recalibrate) {
