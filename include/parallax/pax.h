@@ -87,7 +87,8 @@ struct ShardingConfig {
 };
 
 struct MemoryConfig {
-  std::string remat = "none";    // none | full | dots_saveable | nothing_saveable | auto (not available yet)
+  std::string remat = "none";    // none | full | dots_saveable | dots_with_no_batch_dims_saveable |
+                                 // nothing_saveable | auto (not available yet)
   std::string offload = "none";  // none | params | optimizer_state | params_and_optimizer_state (not available yet)
 };
 

@@ -21,8 +21,29 @@
 
 namespace px {
 
+// Rematerialization: which forward values the backward pass reads as saved, and which it
+// recomputes from them (see remat_step and docs/memory.md). Layers are what lies between values
+// tagged "layer_input" (px::tag; TransformerLm tags each block's input and the last block's output
+// "layers_end"); a program without such tags is one layer whose inputs are the graph's inputs.
+enum class RematPolicy {
+  none,              // save everything the backward pass reads
+  full,              // in each layer save only its input; recompute the rest of the layer
+  nothing_saveable,  // full, and outside the layers too (embedding, head and loss recomputed)
+  dots_saveable,     // in each layer save matmul (dot_general) outputs and the layer input
+  dots_with_no_batch_dims_saveable,  // only matmuls without batch dims (weights, not attention scores)
+  names,             // in each layer save the values tagged with one of RematOptions::names
+};
+const char* remat_policy_name(RematPolicy p);
+RematPolicy parse_remat_policy(const std::string& name);  // throws naming the policies
+
+struct RematOptions {
+  RematPolicy policy = RematPolicy::none;
+  std::vector<std::string> names;  // names: globs of px::tag names to save
+};
+
 struct TrainStepOptions {
   double clip_norm = 0.0;  // > 0: clip gradients to this global norm; 0: no clipping
+  RematOptions remat;      // recompute forward values in the backward pass instead of keeping them
   // When the loss or the gradient norm is NaN or infinite, keep params and optimizer state as they
   // were (the step is counted in TrainState::skipped, not in TrainState::step).
   bool skip_nonfinite = false;
@@ -103,6 +124,13 @@ struct StepProgram {
 StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                              const std::vector<TensorType>& batch_types, double clip_norm,
                              const std::string& who = "TrainStep", bool skip_nonfinite = false);
+
+// The remat pass: the same step in which the backward pass reads only the forward values the
+// policy saves; every other forward value it reads is recomputed (a copy of the forward nodes that
+// produce it, from saved values and inputs) just before its first use there, so the forward
+// value is freed after its last forward use. Results are bitwise those of the program without
+// remat. `recomputed_flops` (optional) receives the FLOPs of the copies.
+StepProgram remat_step(StepProgram p, const RematOptions& options, double* recomputed_flops = nullptr);
 
 // A forward-only program over the params (e.g. logits for evaluation or decoding).
 class ForwardFn {

@@ -157,8 +157,9 @@ Tensor TransformerLm::hidden(const Tensor& tokens) const {
                 std::to_string(cfg_.max_seq_len));
   Tensor x = embed(tokens);
   if (pos_embed.table.defined()) x = x + slice_axis(pos_embed.table, 0, 0, seq);
-  for (auto& b : blocks) x = b(x);
-  return final_norm(x);
+  // The layer boundaries remat policies keep (RematPolicy): each block's input and the last output.
+  for (auto& b : blocks) x = b(tag(x, "layer_input"));
+  return final_norm(tag(x, "layers_end"));
 }
 
 Tensor TransformerLm::logits(const Tensor& tokens) const {

@@ -108,8 +108,9 @@ TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss
   n_params_ = static_cast<size_t>(store_.size());
   n_state_ = opt_->state_slots(store_.types()).size();
   skip_nonfinite_ = options.skip_nonfinite;
-  StepProgram program =
-      trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm, "TrainStep", options.skip_nonfinite);
+  StepProgram program = remat_step(
+      trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm, "TrainStep", options.skip_nonfinite),
+      options.remat);
   graph_ = std::move(program.graph);
   CompileOptions copt = options.compile;
   if (copt.value_categories.empty()) copt.value_categories = std::move(program.categories);

@@ -145,7 +145,8 @@ const std::vector<Field>& table() {
       str_field("sharding.cluster", &E::sharding, &ShardingConfig::cluster,
                 "auto: the cluster plans are costed for (cpu, h100x8, h200x8 or a .toml file)"),
       enum_field("memory.remat", &E::memory, &MemoryConfig::remat,
-                 {"none", "full", "dots_saveable", "nothing_saveable", "auto"}, "rematerialization policy"),
+                 {"none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable", "auto"},
+                 "rematerialization policy (docs/memory.md)"),
       enum_field("memory.offload", &E::memory, &MemoryConfig::offload,
                  {"none", "params", "optimizer_state", "params_and_optimizer_state"}, "host offload"),
       int_field("train.steps", &E::train, &TrainConfig::steps, 1, kBig, "training steps"),
@@ -438,9 +439,9 @@ void validate(const ExperimentConfig& c) {
 
 void check_runnable(const ExperimentConfig& c) {
   validate(c);
-  if (c.memory.remat != "none")
-    throw Error("[pax] memory.remat=" + c.memory.remat +
-                " is not available yet (rematerialization has not landed); set memory.remat=none");
+  if (c.memory.remat == "auto")
+    throw Error("[pax] memory.remat=auto is not available yet (the budgeted policy has not landed); use none, full, "
+                "dots_saveable, dots_with_no_batch_dims_saveable or nothing_saveable");
   if (c.memory.offload != "none")
     throw Error("[pax] memory.offload=" + c.memory.offload +
                 " is not available yet (offloading has not landed); set memory.offload=none");

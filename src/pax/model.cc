@@ -277,9 +277,9 @@ std::string describe(const ExperimentConfig& c) {
   PlanReport r = plan(c);
   os << "parameters: " << r.param_count << "\n\nsharding plan (mesh " << r.mesh << ", " << r.strategy << "):\n"
      << r.table << (r.table.empty() || r.table.back() == '\n' ? "" : "\n");
-  if (c.memory.remat != "none" || c.memory.offload != "none")
+  if (c.memory.remat == "auto" || c.memory.offload != "none")
     os << "note: memory.remat=" << c.memory.remat << " and memory.offload=" << c.memory.offload
-       << " are recorded but not available yet; training needs them set to none\n";
+       << " are recorded but not all available yet; training needs remat other than auto and offload none\n";
   return os.str();
 }
 

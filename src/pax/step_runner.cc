@@ -39,6 +39,7 @@ Checkpoint snapshot_of(const State& state, const std::vector<std::string>& names
 TrainStepOptions step_options(const ExperimentConfig& c) {
   TrainStepOptions o;
   o.clip_norm = c.optimizer.clip_norm;
+  o.remat.policy = parse_remat_policy(c.memory.remat);
   return o;
 }
 

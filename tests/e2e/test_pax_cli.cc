@@ -187,12 +187,13 @@ TEST(PaxCli, DecodeExportAndFineTuneFromHf) {
   EXPECT_NE(none.out.find("run 'pax train' first"), std::string::npos) << none.out;
 }
 
-// sharding.strategy=auto: the solver's plan (with its explanation) is in plan.txt, the run trains,
-// and `pax plan` costs it on a GPU preset.
+// sharding.strategy=auto (with memory.remat=full): the solver's plan (with its explanation) is in
+// plan.txt, the run trains, and `pax plan` costs it on a GPU preset.
 TEST(PaxCli, AutoShardingPlansExplainsAndTrains) {
   const std::string d = job("auto");
   const std::string sets = " --devices=cpu:4 --set sharding.mesh=data:2,model:2 --set sharding.strategy=auto";
-  Result r = pax("train" + kSmall + sets + " --set train.steps=4 --job_log_dir=" + d);
+  // With remat too: AUTO plans the step as rematerialized.
+  Result r = pax("train" + kSmall + sets + " --set memory.remat=full --set train.steps=4 --job_log_dir=" + d);
   ASSERT_EQ(r.rc, 0) << r.out;
   std::ifstream in(d + "/plan.txt");
   std::string plan((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -266,7 +267,7 @@ TEST(PaxCli, UserErrorsExitWithCode2AndOneLine) {
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.out.find("pass --job_log_dir=DIR"), std::string::npos) << r.out;
 
-  r = pax("train --exp=copy.TransformerLmTiny --set memory.remat=full --job_log_dir=" + job("remat"));
+  r = pax("train --exp=copy.TransformerLmTiny --set memory.remat=auto --job_log_dir=" + job("remat"));
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.out.find("not available yet"), std::string::npos) << r.out;
 

@@ -69,8 +69,10 @@ TEST(PaxConfig, RelationsAndUnavailableFeaturesAreChecked) {
   EXPECT_NE(error_of([&] { validate(c); }).find("not divisible by model.n_heads=3"), std::string::npos);
   c = tiny();
   set_field(c, "memory.remat", "full");
+  EXPECT_EQ(error_of([&] { check_runnable(c); }), "<no error>");  // remat has landed
+  set_field(c, "memory.remat", "auto");
   EXPECT_EQ(error_of([&] { validate(c); }), "<no error>");  // plannable
-  EXPECT_NE(error_of([&] { check_runnable(c); }).find("memory.remat=full is not available yet"), std::string::npos);
+  EXPECT_NE(error_of([&] { check_runnable(c); }).find("memory.remat=auto is not available yet"), std::string::npos);
   c = tiny();
   set_field(c, "memory.offload", "params");
   EXPECT_NE(error_of([&] { check_runnable(c); }).find("not available yet"), std::string::npos);

@@ -155,8 +155,9 @@ DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& o
     r.plan = plan_sharding(*fwd, paths, mesh, strategy, sharding);
     fwd.reset();
   }
-  r.program = trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "ShardedTrainStep",
-                               options.skip_nonfinite);
+  r.program = remat_step(trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "ShardedTrainStep",
+                                          options.skip_nonfinite),
+                         options.remat);
   if (strategy == ShardingStrategy::AUTO) {
     AutoPlan a = solve_train_step(*fwd, r.program, slots, param_types, batch_types, mesh, sharding, options.compile);
     if (!a.fits) throw UserError(a.why);

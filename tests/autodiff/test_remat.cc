@@ -1,0 +1,113 @@
+// Remat policies: every policy trains bitwise like none (alone and under FSDP on 4 devices), and
+// the memory the backward pass keeps shrinks as the policy saves less.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../sharding/recipe_check.h"
+#include "parallax/nn.h"
+#include "parallax/parallel.h"
+#include "parallax/train.h"
+
+namespace px {
+namespace {
+
+using namespace recipe_check;
+
+const RematPolicy kPolicies[] = {RematPolicy::full, RematPolicy::nothing_saveable, RematPolicy::dots_saveable,
+                                 RematPolicy::dots_with_no_batch_dims_saveable, RematPolicy::names};
+
+RematOptions options(RematPolicy p) {
+  RematOptions o{p, {}};
+  if (p == RematPolicy::names) o.names = {"attn_out"};
+  return o;
+}
+
+bool bitwise_equal(const Array& a, const Array& b) {
+  return a.type() == b.type() && std::memcmp(a.raw(), b.raw(), static_cast<size_t>(a.nbytes())) == 0;
+}
+
+struct Trained {
+  std::vector<StepMetrics> metrics;
+  std::vector<Array> params;
+  MemoryReport memory;
+};
+
+Trained train(const nn::LmConfig& cfg, RematPolicy policy, int steps = 2) {
+  Fixture f(cfg);
+  TrainStepOptions o;
+  o.remat = options(policy);
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, o);
+  TrainState s = step.init(0);
+  Trained r;
+  for (int i = 0; i < steps; ++i) r.metrics.push_back(step(s, f.batch(i)));
+  r.params = s.params;
+  r.memory = step.executable().memory();
+  return r;
+}
+
+void expect_same(const Trained& a, const Trained& b, const std::string& what) {
+  ASSERT_EQ(a.metrics.size(), b.metrics.size());
+  for (size_t i = 0; i < a.metrics.size(); ++i) {
+    EXPECT_EQ(a.metrics[i].loss, b.metrics[i].loss) << what << " step " << i;
+    EXPECT_EQ(a.metrics[i].grad_norm, b.metrics[i].grad_norm) << what << " step " << i;
+  }
+  for (size_t i = 0; i < a.params.size(); ++i) EXPECT_TRUE(bitwise_equal(a.params[i], b.params[i])) << what << " param " << i;
+}
+
+int64_t activations(const MemoryReport& m) { return m.arena_max_by_category[static_cast<int>(MemoryCategory::activations)]; }
+
+TEST(Remat, EveryPolicyTrainsBitwiseLikeNoneOnTinyGptAndLlama) {
+  for (const nn::LmConfig& cfg : {nn::gpt2_tiny(), nn::llama_tiny()}) {
+    Trained none = train(cfg, RematPolicy::none);
+    for (RematPolicy p : kPolicies) expect_same(none, train(cfg, p), cfg.name + " " + remat_policy_name(p));
+  }
+}
+
+TEST(Remat, KeepsLessForTheBackwardPassAsThePolicySavesLess) {
+  nn::LmConfig cfg = nn::gpt2_config("gpt_remat", 256, 128, 4, 4, 512, 128);
+  const int64_t none = train(cfg, RematPolicy::none, 1).memory.peak_bytes;
+  const int64_t dots = train(cfg, RematPolicy::dots_saveable, 1).memory.peak_bytes;
+  const int64_t full = train(cfg, RematPolicy::full, 1).memory.peak_bytes;
+  const int64_t nothing = train(cfg, RematPolicy::nothing_saveable, 1).memory.peak_bytes;
+  EXPECT_LT(dots, none);
+  EXPECT_LT(full, dots);
+  EXPECT_LE(nothing, full);
+}
+
+TEST(Remat, FsdpOnFourDevicesWithRematEqualsFsdpWithout) {
+  const nn::LmConfig cfg = gpt_micro();
+  auto run = [&](RematPolicy p) {
+    Fixture f(cfg);
+    TrainStepOptions o;
+    o.remat = options(p);
+    ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 4}}),
+                          ShardingStrategy::FSDP, {.fsdp_min_bytes = 1024}, o);
+    ShardedTrainState s = step.init(0);
+    Trained r;
+    for (int i = 0; i < 2; ++i) r.metrics.push_back(step(s, f.batch(i)));
+    r.params = step.gather_params(s);
+    return r;
+  };
+  Trained none = run(RematPolicy::none);
+  for (RematPolicy p : {RematPolicy::full, RematPolicy::dots_saveable}) expect_same(none, run(p), remat_policy_name(p));
+}
+
+TEST(Remat, PoliciesParseAndNamesNeedNames) {
+  EXPECT_EQ(parse_remat_policy("dots_saveable"), RematPolicy::dots_saveable);
+  try {
+    parse_remat_policy("most");
+    FAIL() << "an unknown policy parsed";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("the policies are none, full"), std::string::npos) << e.what();
+  }
+  Fixture f(gpt_micro());
+  TrainStepOptions o;
+  o.remat.policy = RematPolicy::names;
+  EXPECT_THROW(TrainStep(f.model.store(), opt(), f.loss, f.batch_types, o), UserError);
+}
+
+}  // namespace
+}  // namespace px
