@@ -32,6 +32,10 @@ enum class RematPolicy {
   dots_saveable,     // in each layer save matmul (dot_general) outputs and the layer input
   dots_with_no_batch_dims_saveable,  // only matmuls without batch dims (weights, not attention scores)
   names,             // in each layer save the values tagged with one of RematOptions::names
+  // The least recompute whose planned per-device peak fits RematOptions::budget_bytes (else
+  // CompileOptions::memory_limit_bytes): full remat of the fewest layers, else nothing_saveable;
+  // chosen by the buffer planner itself.
+  automatic,
 };
 const char* remat_policy_name(RematPolicy p);
 RematPolicy parse_remat_policy(const std::string& name);  // throws naming the policies
@@ -39,6 +43,8 @@ RematPolicy parse_remat_policy(const std::string& name);  // throws naming the p
 struct RematOptions {
   RematPolicy policy = RematPolicy::none;
   std::vector<std::string> names;  // names: globs of px::tag names to save
+  int layers = -1;                 // apply the policy to the first `layers` layers only (-1: all)
+  int64_t budget_bytes = 0;        // automatic: the per-device peak to fit (0: the compile limit)
 };
 
 struct TrainStepOptions {
@@ -131,6 +137,12 @@ StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
 // value is freed after its last forward use. Results are bitwise those of the program without
 // remat. `recomputed_flops` (optional) receives the FLOPs of the copies.
 StepProgram remat_step(StepProgram p, const RematOptions& options, double* recomputed_flops = nullptr);
+// RematPolicy::automatic: the first policy of [none, full on the first 1, 2, ... layers,
+// nothing_saveable] whose planned peak (`peak_of`, bytes per device) is at most `budget`; throws
+// px::UserError with the peaks of none and nothing_saveable when even that does not fit.
+// `chosen` (optional) receives the policy it settled on.
+StepProgram remat_automatic(StepProgram p, int64_t budget, const std::function<int64_t(const StepProgram&)>& peak_of,
+                            RematOptions* chosen = nullptr);
 
 // A forward-only program over the params (e.g. logits for evaluation or decoding).
 class ForwardFn {

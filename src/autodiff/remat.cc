@@ -22,28 +22,53 @@ const char* remat_policy_name(RematPolicy p) {
       return "dots_with_no_batch_dims_saveable";
     case RematPolicy::names:
       return "names";
+    case RematPolicy::automatic:
+      return "auto";
   }
   return "?";
 }
 
 RematPolicy parse_remat_policy(const std::string& name) {
   for (RematPolicy p : {RematPolicy::none, RematPolicy::full, RematPolicy::nothing_saveable, RematPolicy::dots_saveable,
-                        RematPolicy::dots_with_no_batch_dims_saveable, RematPolicy::names})
+                        RematPolicy::dots_with_no_batch_dims_saveable, RematPolicy::names, RematPolicy::automatic})
     if (name == remat_policy_name(p)) return p;
   throw UserError("[remat] unknown policy '" + name +
                   "'; the policies are none, full, nothing_saveable, dots_saveable, "
-                  "dots_with_no_batch_dims_saveable, names");
+                  "dots_with_no_batch_dims_saveable, names, auto");
 }
 
 namespace {
 
 bool is_tag(const Node& n, const char* name) { return n.prim->name == "tag" && n.attrs.s("name") == name; }
 
+int count_layers(const Graph& g, int forward_end) {
+  int n = 0;
+  for (int i = 0; i < forward_end; ++i) n += is_tag(g.nodes()[i], "layer_input");
+  return n;
+}
+
+StepProgram copy_of(const StepProgram& p) {
+  StepProgram c;
+  c.graph = p.graph->clone();
+  c.n_params = p.n_params;
+  c.n_state = p.n_state;
+  c.n_batch = p.n_batch;
+  c.paths = p.paths;
+  c.grads = p.grads;
+  c.forward_end = p.forward_end;
+  c.backward_end = p.backward_end;
+  c.categories = p.categories;
+  return c;
+}
+
 }  // namespace
 
 StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_flops) {
   if (recomputed_flops) *recomputed_flops = 0;
-  if (o.policy == RematPolicy::none) return p;
+  if (o.policy == RematPolicy::none || o.layers == 0) return p;
+  if (o.policy == RematPolicy::automatic)
+    throw UserError("[remat] policy 'auto' needs a budget: use TrainStep or ShardedTrainStep with "
+                    "RematOptions::budget_bytes or CompileOptions::memory_limit_bytes");
   if (o.policy == RematPolicy::names && o.names.empty())
     throw UserError("[remat] policy 'names' needs RematOptions::names: the px::tag names of the values to save");
   const Graph& g = *p.graph;
@@ -56,6 +81,7 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
   for (int i = 0, cur = -1, count = 0; i < F; ++i) {
     if (is_tag(nodes[i], "layer_input")) {
       cur = count++;
+      if (o.layers >= 0 && cur >= o.layers) cur = -2;  // past the layers to rematerialize: saved
       tagged = true;
       continue;
     }
@@ -74,6 +100,7 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
     if (i < 0 || i >= F || is_output[v]) return true;
     const Node& n = nodes[i];
     if (is_tag(n, "layer_input") || is_tag(n, "layers_end")) return true;
+    if (layer[i] == -2) return true;
     if (layer[i] < 0) return o.policy != RematPolicy::nothing_saveable;
     switch (o.policy) {
       case RematPolicy::dots_saveable:
@@ -150,6 +177,44 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
   p.backward_end = backward_end;
   if (recomputed_flops) *recomputed_flops = flops;
   return p;
+}
+
+StepProgram remat_automatic(StepProgram p, int64_t budget, const std::function<int64_t(const StepProgram&)>& peak_of,
+                            RematOptions* chosen) {
+  if (budget <= 0)
+    throw UserError("[remat] policy 'auto' needs a budget: set RematOptions::budget_bytes or "
+                    "CompileOptions::memory_limit_bytes (bytes per device)");
+  auto with = [&](RematOptions o) { return remat_step(copy_of(p), o); };
+  const int layers = count_layers(*p.graph, p.forward_end);
+  // Full remat of the first k layers: the peak falls as k grows; the least k that fits.
+  auto fits_with = [&](int k) { return peak_of(with({RematPolicy::full, {}, k, 0})) <= budget; };
+  int64_t none_peak = peak_of(p);
+  if (none_peak <= budget) {
+    if (chosen) *chosen = {RematPolicy::none, {}, -1, budget};
+    return p;
+  }
+  if (layers > 0 && fits_with(layers)) {
+    int lo = 1, hi = layers;  // fits at hi
+    while (lo < hi) {
+      int mid = (lo + hi) / 2;
+      if (fits_with(mid)) hi = mid;
+      else lo = mid + 1;
+    }
+    RematOptions o{RematPolicy::full, {}, hi, budget};
+    if (chosen) *chosen = o;
+    return remat_step(std::move(p), o);
+  }
+  StepProgram least = with({RematPolicy::nothing_saveable, {}, -1, 0});
+  const int64_t least_peak = peak_of(least);
+  if (least_peak <= budget) {
+    if (chosen) *chosen = {RematPolicy::nothing_saveable, {}, -1, budget};
+    return least;
+  }
+  throw UserError("[remat] auto: no policy fits the budget of " + std::to_string(budget) +
+                  " bytes per device: without remat the step needs " + std::to_string(none_peak) +
+                  ", with nothing_saveable " + std::to_string(least_peak) +
+                  "; split the params and optimizer state over more devices (FSDP), use a smaller batch, or raise "
+                  "the budget");
 }
 
 }  // namespace px

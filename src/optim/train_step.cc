@@ -11,6 +11,7 @@
 #include "parallax/autodiff.h"
 #include "parallax/io.h"
 #include "parallax/ops.h"
+#include "runtime/program.h"
 
 namespace px {
 
@@ -108,9 +109,50 @@ TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss
   n_params_ = static_cast<size_t>(store_.size());
   n_state_ = opt_->state_slots(store_.types()).size();
   skip_nonfinite_ = options.skip_nonfinite;
-  StepProgram program = remat_step(
-      trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm, "TrainStep", options.skip_nonfinite),
-      options.remat);
+  StepProgram program =
+      trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm, "TrainStep", options.skip_nonfinite);
+  if (options.remat.policy == RematPolicy::automatic) {
+    // The planner that plans the step's buffers measures each candidate.
+    auto peak_of = [&](const StepProgram& p) {
+      CompileOptions c = options.compile;
+      c.value_categories = p.categories;
+      c.memory_limit_bytes = 0;
+      return plan_program(*p.graph, c, nullptr).report.peak_bytes;
+    };
+    program = remat_automatic(std::move(program),
+                              options.remat.budget_bytes > 0 ? options.remat.budget_bytes
+                                                             : options.compile.memory_limit_bytes,
+                              peak_of);
+  } else {
+    program = remat_step(std::move(program), options.remat);
+    if (options.compile.memory_limit_bytes > 0) {
+      // Over the limit: say which remat policies would fit, each with its planned peak.
+      CompileOptions c = options.compile;
+      c.memory_limit_bytes = 0;
+      auto peak_of = [&](const StepProgram& p) {
+        c.value_categories = p.categories;
+        return plan_program(*p.graph, c, nullptr).report.peak_bytes;
+      };
+      const int64_t peak = peak_of(program);
+      if (peak > options.compile.memory_limit_bytes) {
+        std::string alternatives;
+        for (RematPolicy p : {RematPolicy::dots_saveable, RematPolicy::full, RematPolicy::nothing_saveable}) {
+          if (p == options.remat.policy) continue;
+          const int64_t q = peak_of(remat_step(trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm,
+                                                                "TrainStep", options.skip_nonfinite),
+                                               {p, {}}));
+          alternatives += fmt::format("\n  remat {}: {} bytes{}", remat_policy_name(p), q,
+                                      q <= options.compile.memory_limit_bytes ? " (fits)" : "");
+        }
+        throw UserError(fmt::format(
+            "[TrainStep] the step needs {} bytes per device with remat {}, over the memory limit of {} bytes. "
+            "Planned peaks with other remat policies:{}\nSet TrainStepOptions::remat (RematPolicy::automatic picks "
+            "the least recompute that fits), shrink the batch, or shard the step over more devices "
+            "(ShardedTrainStep with FSDP)",
+            peak, remat_policy_name(options.remat.policy), options.compile.memory_limit_bytes, alternatives));
+      }
+    }
+  }
   graph_ = std::move(program.graph);
   CompileOptions copt = options.compile;
   if (copt.value_categories.empty()) copt.value_categories = std::move(program.categories);

@@ -368,7 +368,8 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
       os << "  output " << pos << ": %" << outs[i] << " " << type_str(g.type(outs[i])) << " "
          << g.type(outs[i]).nbytes() << " bytes\n";
     }
-    os << "Raise the limit, shrink the batch, or shard the program over more devices.";
+    os << "Raise the limit, shrink the batch, rematerialize activations (TrainStepOptions::remat) or shard the "
+          "program over more devices.";
     throw Error(os.str());
   }
   return impl;

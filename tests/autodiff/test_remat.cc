@@ -35,7 +35,7 @@ struct Trained {
   MemoryReport memory;
 };
 
-Trained train(const nn::LmConfig& cfg, RematPolicy policy, int steps = 2) {
+Trained train(const nn::LmConfig& cfg, RematPolicy policy, int steps = 2) {  // with Fixture's batch of 8
   Fixture f(cfg);
   TrainStepOptions o;
   o.remat = options(policy);
@@ -93,6 +93,54 @@ TEST(Remat, FsdpOnFourDevicesWithRematEqualsFsdpWithout) {
   };
   Trained none = run(RematPolicy::none);
   for (RematPolicy p : {RematPolicy::full, RematPolicy::dots_saveable}) expect_same(none, run(p), remat_policy_name(p));
+}
+
+int64_t planned_peak(const nn::LmConfig& cfg, RematOptions r, int64_t limit = 0) {
+  Fixture f(cfg);
+  TrainStepOptions o;
+  o.remat = r;
+  o.compile.memory_limit_bytes = limit;
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, o);
+  return step.executable().memory().peak_bytes;
+}
+
+// A model whose step does not fit a device limit: without remat a clear report names the
+// policies that fit with their peaks; with full remat or auto it trains, bitwise like none.
+TEST(Remat, AStepOverTheLimitFailsWithAReportAndTrainsWithRematOrAuto) {
+  nn::LmConfig cfg = nn::gpt2_config("gpt_remat", 256, 128, 4, 4, 512, 128);
+  const int64_t none = planned_peak(cfg, {}), full = planned_peak(cfg, {RematPolicy::full, {}});
+  ASSERT_LT(full, none);
+  const int64_t limit = (none + full) / 2;
+  try {
+    planned_peak(cfg, {}, limit);
+    FAIL() << "a step over the limit compiled";
+  } catch (const UserError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("over the memory limit of " + std::to_string(limit)), std::string::npos) << m;
+    EXPECT_NE(m.find("remat full: " + std::to_string(full) + " bytes (fits)"), std::string::npos) << m;
+    EXPECT_NE(m.find("RematPolicy::automatic"), std::string::npos) << m;
+  }
+  EXPECT_EQ(planned_peak(cfg, {RematPolicy::full, {}}, limit), full);
+  // auto: the least recompute that fits a budget halfway between none and full, so some but not
+  // every layer is rematerialized.
+  const int64_t chosen = planned_peak(cfg, {RematPolicy::automatic, {}, -1, limit});
+  EXPECT_LE(chosen, limit);
+  EXPECT_GT(chosen, full);
+  Fixture f(cfg);
+  TrainStepOptions o;
+  o.remat = {RematPolicy::automatic, {}, -1, limit};
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, o);
+  TrainState s = step.init(0);
+  Trained a;
+  for (int i = 0; i < 2; ++i) a.metrics.push_back(step(s, f.batch(i)));
+  a.params = s.params;
+  expect_same(train(cfg, RematPolicy::none), a, "auto");
+  try {
+    planned_peak(cfg, {RematPolicy::automatic, {}, -1, 1 << 20});
+    FAIL() << "a 1 MiB budget fitted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("no policy fits the budget"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Remat, PoliciesParseAndNamesNeedNames) {

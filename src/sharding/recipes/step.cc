@@ -14,6 +14,8 @@
 #include "parallax/nn.h"
 #include "parallax/ops.h"
 #include "parallax/parallel.h"
+#include "runtime/program.h"
+#include "sharding/groups.h"
 #include "sharding/recipes/step.h"
 
 namespace px {
@@ -155,9 +157,29 @@ DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& o
     r.plan = plan_sharding(*fwd, paths, mesh, strategy, sharding);
     fwd.reset();
   }
-  r.program = remat_step(trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "ShardedTrainStep",
-                                          options.skip_nonfinite),
-                         options.remat);
+  r.program = trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "ShardedTrainStep",
+                               options.skip_nonfinite);
+  if (options.remat.policy != RematPolicy::automatic) {
+    r.program = remat_step(std::move(r.program), options.remat);
+  } else if (strategy == ShardingStrategy::AUTO) {
+    throw UserError("[ShardedTrainStep] remat policy 'auto' with AUTO sharding is not available yet: give a policy "
+                    "(full, dots_saveable, ...) and AUTO plans around it");
+  } else {
+    // The per-device peak of each candidate, from the same decision, partition and buffer plan.
+    std::vector<PartitionSpec> specs = state_specs_for(r.plan, slots, param_types);
+    auto peak_of = [&](const StepProgram& p) {
+      ShardingDecision d = decide_train_step(p, r.plan, specs, batch_types, bucket_bytes_for(r.plan, sharding));
+      SpmdProgram local = partition(*p.graph, d, p.categories);
+      CompileOptions c = options.compile;
+      c.value_categories = local.local_categories;
+      c.memory_limit_bytes = 0;
+      return plan_program(*local.local, c, collective_groups(mesh)).report.peak_bytes;
+    };
+    r.program = remat_automatic(std::move(r.program),
+                                options.remat.budget_bytes > 0 ? options.remat.budget_bytes
+                                                               : options.compile.memory_limit_bytes,
+                                peak_of);
+  }
   if (strategy == ShardingStrategy::AUTO) {
     AutoPlan a = solve_train_step(*fwd, r.program, slots, param_types, batch_types, mesh, sharding, options.compile);
     if (!a.fits) throw UserError(a.why);
