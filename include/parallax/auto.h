@@ -132,6 +132,7 @@ struct StepSetup {
   DType compute_dtype = DType::f32;
   ShardingOptions sharding;
   double clip_norm = 0;
+  RematOptions remat;  // the step is planned and costed rematerialized (not RematPolicy::automatic)
 };
 
 struct RecipeCost {

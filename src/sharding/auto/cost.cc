@@ -240,6 +240,7 @@ std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg_in, const Mesh& mes
   std::vector<TensorType> batch_types{{DType::i32, {setup.batch, seq}}, {DType::i32, {setup.batch, seq}}};
   TrainStepOptions to;
   to.clip_norm = setup.clip_norm;
+  to.remat = setup.remat;
   to.compile.compute_dtype = setup.compute_dtype;
 
   std::vector<RecipeCost> out;

@@ -71,8 +71,8 @@ AutoPlan plan_auto(const nn::LmConfig& cfg_in, const Mesh& mesh_in, const Cluste
     TrainStep::LossFn loss = [&](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); };
     forwards.push_back(nn::trace_with_params(
         model.store(), [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{loss(b)}; }, batch_types));
-    auto program = std::make_shared<const StepProgram>(trace_train_step(
-        model.store(), *opt, loss, batch_types, setup.clip_norm, "plan_auto", false));
+    auto program = std::make_shared<const StepProgram>(remat_step(
+        trace_train_step(model.store(), *opt, loss, batch_types, setup.clip_norm, "plan_auto", false), setup.remat));
     std::vector<TensorType> types = model.store().types();
     return model_of(program, opt->state_slots(types), types, batch_types, cluster, setup.sharding, compile);
   };
