@@ -207,6 +207,9 @@ struct RunOptions {
   bool progress = true;            // a progress line on stderr when it is a terminal
   std::ostream* out = nullptr;     // plain log lines also go here (nullptr: stdout)
   const std::atomic<bool>* stop = nullptr;  // set (e.g. by SIGINT): checkpoint and return early
+  // train: resume from this committed checkpoint instead of the latest (e.g. the latest is
+  // damaged); newer checkpoints are set aside (renamed to checkpoint_N.discarded), not deleted.
+  std::optional<int64_t> restore_step;
 };
 
 struct TrainResult {

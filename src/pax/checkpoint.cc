@@ -1,6 +1,7 @@
 #include "pax/checkpoint.h"
 
 #include <algorithm>
+#include <filesystem>
 
 namespace px::pax {
 
@@ -28,6 +29,21 @@ void Checkpoints::save(int64_t step, const StepRunner& runner, const std::string
   mgr_.save_async(c);
 }
 
+std::vector<std::string> Checkpoints::set_aside_after(int64_t step) {
+  mgr_.wait();
+  std::vector<std::string> moved;
+  for (int64_t s : steps())
+    if (s > step) {
+      std::string to = path(s) + ".discarded";
+      for (int k = 1; std::filesystem::exists(to); ++k) to = path(s) + ".discarded." + std::to_string(k);
+      std::error_code ec;
+      std::filesystem::rename(path(s), to, ec);
+      if (ec) throw Error("[pax] cannot set aside '" + path(s) + "' as '" + to + "': " + ec.message());
+      moved.push_back(to);
+    }
+  return moved;
+}
+
 std::string Checkpoints::restore(int64_t step, StepRunner& runner) const {
   try {
     RestoreOptions ro;
@@ -36,8 +52,14 @@ std::string Checkpoints::restore(int64_t step, StepRunner& runner) const {
     runner.restore(c);
     return c.data_state_json == "null" ? std::string() : c.data_state_json;
   } catch (const Error& e) {
-    throw Error("[pax] cannot restore '" + path(step) + "' (a different model or optimizer, or a damaged file; "
-                "delete that folder to resume from the one before): " + e.what());
+    std::optional<int64_t> before;
+    for (int64_t s : steps())
+      if (s < step) before = s;
+    throw Error("[pax] cannot restore '" + path(step) + "' (a different model or optimizer, or a damaged file; " +
+                (before ? "pass --restore_step=" + std::to_string(*before) +
+                              " to resume from the one before, which sets the newer ones aside"
+                        : std::string("no earlier checkpoint to resume from")) +
+                "): " + e.what());
   }
 }
 

@@ -28,6 +28,9 @@ class Checkpoints {
   // naming the folder, the array and the chunk at fault.
   std::string restore(int64_t step, StepRunner& runner) const;
   std::string path(int64_t step) const;
+  // Renames the committed checkpoints newer than `step` to checkpoint_N.discarded (no longer
+  // listed, nothing deleted); returns their new paths.
+  std::vector<std::string> set_aside_after(int64_t step);
   // The params of the checkpoint at `step` (the latest when empty; set to the one read), checked
   // against the model's paths and types; for eval, decode and export, without optimizer state.
   std::vector<Array> params(std::optional<int64_t>& step, const nn::TransformerLm& model) const;

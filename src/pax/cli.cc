@@ -89,6 +89,10 @@ int cli_main(int argc, char** argv) {
                    ".toml file (docs/auto-sharding.md); \"\" to skip")
       ->capture_default_str();
   add_common(train, o, true);
+  int64_t restore_step = -1;
+  train->add_option("--restore_step", restore_step,
+                    "resume from this committed checkpoint instead of the latest (newer ones are set aside as "
+                    "checkpoint_N.discarded, not deleted)");
   add_common(eval, o, true);
   add_common(decode, o, true);
   add_common(exp, o, true);
@@ -169,6 +173,7 @@ int cli_main(int argc, char** argv) {
     px::pax::RunOptions ro{.job_dir = o.job_dir, .devices = o.devices};
     if (train->parsed()) {
       ro.stop = &g_stop;
+      if (restore_step >= 0) ro.restore_step = restore_step;
       std::signal(SIGINT, on_sigint);
       px::pax::TrainResult r = px::pax::train(c, ro);
       return r.interrupted ? 130 : 0;

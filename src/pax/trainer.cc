@@ -239,11 +239,22 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
   const std::string config_json = nlohmann::json{{"experiment", c.name}, {"config_toml", to_toml(c)}}.dump();
   int64_t start = 0;
   std::string origin = "from scratch";
-  if (auto last = ckpt.latest()) {
+  std::string set_aside;  // newer checkpoints moved away by --restore_step
+  if (opts.restore_step) {
+    std::vector<int64_t> all = ckpt.steps();
+    if (std::find(all.begin(), all.end(), *opts.restore_step) == all.end()) {
+      std::string list;
+      for (int64_t s : all) list += (list.empty() ? "" : ", ") + std::to_string(s);
+      throw Error("[pax] --restore_step=" + std::to_string(*opts.restore_step) + ": no committed checkpoint at that "
+                  "step in " + dir + "/checkpoints; the committed steps are " + (list.empty() ? "(none)" : list));
+    }
+    for (const std::string& p : ckpt.set_aside_after(*opts.restore_step)) set_aside += (set_aside.empty() ? "" : ", ") + p;
+  }
+  if (auto last = opts.restore_step ? opts.restore_step : ckpt.latest()) {
     std::string ds = ckpt.restore(*last, *runner);
     if (!ds.empty()) data->restore(ds);
     start = runner->step_count();
-    origin = "resumed at step " + std::to_string(start);
+    origin = "resumed at step " + std::to_string(start) + (set_aside.empty() ? "" : " (set aside: " + set_aside + ")");
   } else if (!c.train.init_from_hf.empty()) {
     // lm_config already checked the sizes; the loader checks every tensor against them (the same
     // config gives the same params in the same order).

@@ -284,6 +284,43 @@ TEST(PaxCli, UserErrorsExitWithCode2AndOneLine) {
   EXPECT_NE(plan.out.find("per device: params"), std::string::npos);
 }
 
+// A damaged latest checkpoint: train stops with an error that offers --restore_step; resuming
+// from the checkpoint before sets the damaged one aside and ends with the losses of a run that
+// never broke.
+TEST(PaxCli, RestoreStepResumesFromTheCheckpointBeforeADamagedOne) {
+  const std::string steps = " --set train.steps=8 --set train.checkpoint_interval=4 --set train.summary_interval=1"
+                            " --set train.eval_interval=0";
+  const std::string ref = job("restore_ref"), d = job("restore");
+  ASSERT_EQ(pax("train" + kSmall + steps + " --job_log_dir=" + ref).rc, 0);
+  ASSERT_EQ(pax("train" + kSmall + steps + " --job_log_dir=" + d).rc, 0);
+  const std::string damaged = d + "/checkpoints/checkpoint_00000008";
+  const std::string chunk = damaged + "/blocks.0.mlp.fc.w/c/0/0";
+  ASSERT_TRUE(fs::exists(chunk));
+  {
+    std::fstream f(chunk, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(12);
+    f.write("\x5a\x5a\x5a\x5a", 4);
+  }
+  Result r = pax("train" + kSmall + steps + " --set train.steps=12 --job_log_dir=" + d);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--restore_step=4"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("blocks.0.mlp.fc.w"), std::string::npos) << r.out;  // the array at fault
+
+  Result bad = pax("train" + kSmall + steps + " --restore_step=3 --job_log_dir=" + d);
+  EXPECT_EQ(bad.rc, 2) << bad.out;
+  EXPECT_NE(bad.out.find("the committed steps are 4, 8"), std::string::npos) << bad.out;
+
+  Result ok = pax("train" + kSmall + steps + " --restore_step=4 --job_log_dir=" + d);
+  ASSERT_EQ(ok.rc, 0) << ok.out;
+  EXPECT_NE(ok.out.find("resumed at step 4 (set aside: " + damaged + ".discarded)"), std::string::npos) << ok.out;
+  EXPECT_TRUE(fs::exists(damaged + ".discarded/blocks.0.mlp.fc.w"));  // set aside, not deleted
+  EXPECT_TRUE(fs::exists(damaged + "/COMMITTED"));                    // and written again, whole
+  auto a = metrics(ref, "train"), b = metrics(d, "train");
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(b[i]["loss"], a[i]["loss"]) << "step " << a[i]["step"];
+}
+
 TEST(PaxCli, InterruptedRunContinuesWithTheSameLosses) {
   // A model big enough that the 37 steps after the third summary take a while: Ctrl-C lands in
   // the middle of the run, not after it (retried if a loaded machine still let the run finish).
