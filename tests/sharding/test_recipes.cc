@@ -178,16 +178,6 @@ TEST(Recipes, FsdpGathersParamsAndReduceScattersGradients) {
   EXPECT_LE(ar, replicated + 64) << step.collectives_table();
 }
 
-TEST(Recipes, JitDoesNotTakeAuto) {
-  try {
-    jit([](const std::vector<Tensor>& p, const std::vector<Tensor>& a) { return std::vector<Tensor>{a[0]}; },
-        ShardingStrategy::AUTO, {}, {}, {TensorType{DType::f32, {4}}}, Mesh::cpu({{"data", 2}}));
-    FAIL() << "jit took AUTO";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("AUTO plans training steps"), std::string::npos) << e.what();
-  }
-}
-
 TEST(Recipes, ManualRulesOverrideAnyStrategy) {
   Fixture f(gpt_micro());
   Mesh mesh = Mesh::cpu({{"data", 2}, {"model", 4}});
@@ -266,10 +256,15 @@ TEST(Recipes, JitShardsAPlainFunctionWhoseFirstArgumentIsTheParams) {
         {w1.type(), w2.type(), x.type()});
     want = Executable::compile(*g)->run({w1, w2, x});
   }
-  for (ShardingStrategy s :
-       {ShardingStrategy::DDP, ShardingStrategy::FSDP, ShardingStrategy::TP, ShardingStrategy::FSDP_TP}) {
-    auto f = jit(mlp, s, {w1.type(), w2.type()}, {"fc1", "fc2"}, {x.type()}, Mesh::cpu({{"data", 2}, {"model", 4}}),
-                 {.fsdp_min_bytes = 0});
+  for (ShardingStrategy s : {ShardingStrategy::DDP, ShardingStrategy::FSDP, ShardingStrategy::TP,
+                             ShardingStrategy::FSDP_TP, ShardingStrategy::AUTO}) {
+    ShardingOptions o{.fsdp_min_bytes = 0};
+    o.auto_cluster = "h100x8";
+    auto f = jit(mlp, s, {w1.type(), w2.type()}, {"fc1", "fc2"}, {x.type()}, Mesh::cpu({{"data", 2}, {"model", 4}}), o);
+    if (s == ShardingStrategy::AUTO) {
+      EXPECT_EQ(f->plan().strategy, ShardingStrategy::AUTO);
+      EXPECT_NE(f->plan().explanation.find("why: "), std::string::npos) << f->plan().explanation;
+    }
     if (s == ShardingStrategy::TP) {
       EXPECT_EQ(f->plan().params[0].spec, (PartitionSpec{none, "model"}));
       EXPECT_EQ(f->plan().params[1].spec, (PartitionSpec{"model", none}));

@@ -256,7 +256,7 @@ class Search {
     std::vector<int64_t> out(units_.size(), 0);
     for (size_t i = 0; i < plan.params.size(); ++i) {
       int u = unit_of(pattern_of(plan.params[i].path));
-      if (u >= 0) out[u] += plan.params[i].bytes_per_device * (2 + p_.full.state_copies[i]);
+      if (u >= 0) out[u] += plan.params[i].bytes_per_device * (1 + p_.full.grads + p_.full.state_copies[i]);
     }
     return out;
   }
@@ -388,7 +388,7 @@ Search::Scored Search::search_layout(const Layout& l, std::vector<std::vector<Ch
         double s = 0;
         ShardingPlan plan = plan_for(m, l, cands, base);
         for (size_t i = 0; i < plan.params.size(); ++i)
-          s += static_cast<double>(plan.params[i].bytes_per_device) * (2 + m.state_copies[i]);
+          s += static_cast<double>(plan.params[i].bytes_per_device) * (1 + m.grads + m.state_copies[i]);
         return s;
       };
       double o2 = static_cast<double>(b.cost.memory.peak_bytes) - state_of(p_.two_layers);
@@ -516,7 +516,7 @@ AutoPlan Search::run() {
       if (unit_of(pattern_of(pp.path)) != static_cast<int>(u)) continue;
       ++au.params;
       auto i = static_cast<size_t>(&pp - out.plan.params.data());
-      au.state_bytes_per_device += pp.bytes_per_device * (2 + p_.full.state_copies[i]);
+      au.state_bytes_per_device += pp.bytes_per_device * (1 + p_.full.grads + p_.full.state_copies[i]);
       for (const auto& d : pp.spec.dims())
         for (const auto& a : d.axes) {
           if (std::find(out.plan.batch_axes.begin(), out.plan.batch_axes.end(), a) != out.plan.batch_axes.end())
@@ -551,7 +551,7 @@ AutoPlan Search::run() {
         gib(static_cast<double>(p_.memory_limit)), p_.mesh.size(), [&] {
           double s = 0;
           for (size_t i = 0; i < p_.full.types.size(); ++i)
-            s += static_cast<double>(p_.full.types[i].nbytes()) * (2 + p_.full.state_copies[i]);
+            s += static_cast<double>(p_.full.types[i].nbytes()) * (1 + p_.full.grads + p_.full.state_copies[i]);
           return gib(s / static_cast<double>(p_.mesh.size()));
         }());
   } else if (!best_recipe) {

@@ -16,6 +16,7 @@ struct Model {
   std::vector<std::string> paths;
   std::vector<TensorType> types;
   std::vector<int> state_copies;  // per param: optimizer-state slots laid out like it
+  int grads = 1;                  // gradient copies per param (0: a forward-only function)
   // Decides, partitions and costs the step under `plan`; throws px::Error when the plan does not
   // apply (e.g. a batch that does not divide over the plan's batch axes).
   std::function<StepCost(const ShardingPlan&)> cost;

@@ -16,6 +16,7 @@
 #include "parallax/parallel.h"
 #include "runtime/program.h"
 #include "sharding/groups.h"
+#include "sharding/auto/solver.h"
 #include "sharding/recipes/step.h"
 
 namespace px {
@@ -68,6 +69,12 @@ std::vector<Tensor> gathered_params(const std::vector<Tensor>& params, const Sha
 }
 
 int64_t local_bytes(const TensorType& t) { return numel(t.shape) * dtype_size(t.dtype); }
+
+int64_t axes_size(const Mesh& mesh, const std::vector<std::string>& axes) {
+  int64_t n = 1;
+  for (const auto& a : axes) n *= mesh.axis_size(a);
+  return n;
+}
 
 // DDP buckets: replicated gradients of one dtype, in param order, up to bucket_bytes each.
 std::vector<std::vector<int>> gradient_buckets(const StepProgram& p, const ShardingPlan& plan, int64_t bucket_bytes) {
@@ -369,9 +376,6 @@ ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std
   if (param_paths.size() != param_types.size())
     throw Error("[jit] " + std::to_string(param_paths.size()) + " param paths for " +
                 std::to_string(param_types.size()) + " params");
-  if (strategy == ShardingStrategy::AUTO)
-    throw Error("[jit] AUTO plans training steps (ShardedTrainStep, pax); for a plain function use DDP, FSDP, TP, "
-                "FSDP_TP or MANUAL");
   const size_t np = param_types.size();
   std::vector<TensorType> types = param_types;
   types.insert(types.end(), arg_types.begin(), arg_types.end());
@@ -387,19 +391,52 @@ ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std
         return fn(p, a);
       },
       types, names);
-  plan_ = plan_sharding(*plain, param_paths, mesh, strategy, options);
-  graph_ = trace(
-      [&](const std::vector<Tensor>& in) {
-        auto [p, a] = split(in);
-        return fn(gathered_params(p, plan_), a);
-      },
-      types, names);
-  std::vector<Sharding> shardings;
-  for (const auto& p : plan_.params) shardings.emplace_back(mesh, p.spec);
-  for (size_t i = 0; i < arg_types.size(); ++i)
-    shardings.emplace_back(mesh, batch_spec(arg_types[i], mesh, plan_.batch_axes, i, /*training=*/false));
-  exe_ = ShardedExecutable::compile(partition(*graph_, mesh, shardings), {}, options.device_parallelism,
-                                    options.communicator);
+  // The program of a plan: params gathered over the batch axes where stored split, the arguments'
+  // leading dim over the batch axes.
+  auto program_of = [&](const ShardingPlan& plan, bool quiet) {
+    auto g = trace(
+        [&](const std::vector<Tensor>& in) {
+          auto [p, a] = split(in);
+          return fn(gathered_params(p, plan), a);
+        },
+        types, names);
+    std::vector<Sharding> shardings;
+    for (const auto& p : plan.params) shardings.emplace_back(mesh, p.spec);
+    for (size_t i = 0; i < arg_types.size(); ++i)
+      shardings.emplace_back(mesh, quiet && arg_types[i].rank() > 0 &&
+                                           arg_types[i].shape[0] % axes_size(mesh, plan.batch_axes) != 0
+                                       ? PartitionSpec()
+                                       : batch_spec(arg_types[i], mesh, plan.batch_axes, i, /*training=*/false));
+    SpmdProgram prog = partition(*g, mesh, shardings);
+    return std::make_pair(std::move(g), std::move(prog));
+  };
+  if (strategy == ShardingStrategy::AUTO) {
+    Cluster cluster = load_cluster(options.auto_cluster);
+    autoshard::Problem pr;
+    pr.forward = plain.get();
+    pr.mesh = cluster.apply(mesh);
+    pr.full.paths = param_paths;
+    pr.full.types = param_types;
+    pr.full.state_copies.assign(np, 0);
+    pr.full.grads = 0;
+    pr.full.cost = [&](const ShardingPlan& plan) {
+      ShardingPlan p = plan;
+      p.mesh = mesh;
+      return cost_program(program_of(p, true).second, cluster);
+    };
+    pr.memory_limit = options.auto_memory_limit_bytes > 0 ? options.auto_memory_limit_bytes
+                                                          : cluster.device_on(pr.mesh).memory_bytes;
+    pr.options = options;
+    AutoPlan a = autoshard::solve(pr);
+    if (!a.fits) throw UserError(a.why);
+    plan_ = std::move(a.plan);
+    plan_.mesh = mesh;
+  } else {
+    plan_ = plan_sharding(*plain, param_paths, mesh, strategy, options);
+  }
+  auto [g, prog] = program_of(plan_, false);
+  graph_ = std::move(g);
+  exe_ = ShardedExecutable::compile(std::move(prog), {}, options.device_parallelism, options.communicator);
 }
 
 ShardedFunction::~ShardedFunction() = default;
