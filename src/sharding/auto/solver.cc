@@ -11,12 +11,14 @@
 #include "sharding/auto/solver.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <coin/CbcModel.hpp>
 #include <coin/CoinPackedMatrix.hpp>
@@ -289,7 +291,7 @@ class Search {
   std::map<std::string, int> unit_of_pattern_;
   std::vector<Unit> units_;
   std::vector<Layout> layouts_;
-  int evaluations_ = 0;
+  std::atomic<int> evaluations_{0};
   bool timed_out_ = false;
 };
 
@@ -399,6 +401,7 @@ Search::Scored Search::search_layout(const Layout& l, std::vector<std::vector<Ch
     }
     // The effect of each choice, one unit at a time.
     std::vector<std::vector<double>> time(nu), mem(nu);
+    std::vector<std::pair<int, int>> tasks;  // (unit, choice) to cost
     for (int u = 0; u < nu; ++u) {
       time[u].assign(cands[u].size(), 0.0);
       mem[u].assign(cands[u].size(), 0.0);
@@ -406,16 +409,30 @@ Search::Scored Search::search_layout(const Layout& l, std::vector<std::vector<Ch
         std::vector<int> a = base;
         a[u] = static_cast<int>(c);
         mem[u][c] = static_cast<double>(state_bytes(plan_for(p_.full, l, cands, a))[u]);
-        if (static_cast<int>(c) == base[u]) continue;
+        if (static_cast<int>(c) != base[u]) tasks.push_back({u, static_cast<int>(c)});
+      }
+    }
+    // The costs are independent: spread them over the cores (each writes its own slot).
+    std::atomic<size_t> next{0};
+    auto worker = [&] {
+      for (size_t k; (k = next++) < tasks.size();) {
+        auto [u, c] = tasks[k];
         if (out_of_time()) {
           time[u][c] = std::numeric_limits<double>::infinity();
           continue;
         }
+        std::vector<int> a = base;
+        a[u] = c;
         Scored s = score(probe, l, cands, a);
         time[u][c] = s.ok ? (s.cost.step_s - b.cost.step_s) * (units_[u].layered ? layer_scale : 1.0)
                           : std::numeric_limits<double>::infinity();
       }
-    }
+    };
+    std::vector<std::thread> pool;
+    const unsigned threads = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), 8));
+    for (unsigned t = 1; t < threads && t < tasks.size(); ++t) pool.emplace_back(worker);
+    worker();
+    for (auto& t : pool) t.join();
     double budget = static_cast<double>(p_.memory_limit) - other - budget_cut;
     std::vector<int> a = solve_ilp(time, mem, budget, base);
     if (a.empty()) {
