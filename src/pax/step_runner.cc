@@ -1,5 +1,6 @@
 #include "pax/step_runner.h"
 
+#include "ir/primitive.h"
 #include "optim/checkpoint.h"
 #include "parallax/nn/pretrained.h"
 #include "pax/model.h"
@@ -92,6 +93,12 @@ class ShardedRunner : public StepRunner {
   }
   Checkpoint snapshot() const override { return snapshot_of(state_, names_); }
   const ShardingPlan* plan() const override { return &step_.plan(); }
+  std::vector<int> device_ids() const override {
+    const Mesh& m = step_.executable().program().mesh;
+    std::vector<int> ids;
+    for (int p : step_.executable().positions()) ids.push_back(m.device_ids()[p]);
+    return ids;
+  }
   std::map<std::string, Sharding> shardings() const override {
     std::map<std::string, Sharding> out;
     for (size_t i = 0; i < names_.size(); ++i) out[names_[i]] = step_.executable().in_sharding(static_cast<int>(i));
@@ -123,6 +130,20 @@ class ShardedRunner : public StepRunner {
 std::unique_ptr<StepRunner> make_step_runner(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh) {
   if (mesh.size() > 1) return std::make_unique<ShardedRunner>(c, model, mesh);
   return std::make_unique<SingleRunner>(c, model);
+}
+
+double model_flops_per_step(const ExperimentConfig& c, nn::TransformerLm& model) {
+  StepProgram p = trace_train_step(model.store(), *make_optimizer(c), loss_fn(model), batch_types(c), 0, "pax");
+  const Graph& g = *p.graph;
+  double flops = 0;
+  for (int i = 0; i < p.backward_end; ++i) {
+    const Node& n = g.nodes()[i];
+    std::vector<TensorType> ins, outs;
+    for (int v : n.inputs) ins.push_back(g.type(v));
+    for (int v : n.outputs) outs.push_back(g.type(v));
+    flops += cost_of(*n.prim, ins, outs, n.attrs).matmul_flops;
+  }
+  return flops;
 }
 
 ShardingPlan auto_plan(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh,

@@ -33,10 +33,16 @@ class StepRunner {
   virtual void restore(const Checkpoint& c) = 0;
   // The sharding plan the step runs (null on one device).
   virtual const ShardingPlan* plan() const { return nullptr; }
+  // The devices this process runs the step on (their memory counters: px::memory_stats).
+  virtual std::vector<int> device_ids() const { return {0}; }
 };
 
 // Compiles the step for `model` on `mesh` and initializes params from train.seed.
 std::unique_ptr<StepRunner> make_step_runner(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh);
+
+// The matmul FLOPs of one step (forward and backward, the whole global batch) of the traced step
+// without remat: the model FLOPs that MFU counts.
+double model_flops_per_step(const ExperimentConfig& c, nn::TransformerLm& model);
 
 // sharding.strategy=auto: the plan the sharded step would solve for, costed on `cluster` ("":
 // sharding.cluster), with its explanation; on one device, everything replicated.

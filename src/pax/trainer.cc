@@ -13,7 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "parallax/auto.h"
 #include "parallax/io.h"
+#include "parallax/memory.h"
 #include "parallax/nn/pretrained.h"
 #include "parallax/ops.h"
 #include "parallax/pax.h"
@@ -291,6 +293,17 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
   };
 
   const int64_t tokens_per_step = c.data.batch * c.model.seq_len;
+  // MFU: the model's matmul FLOPs per step against the matmul peak of every device of the run on
+  // sharding.cluster (its devices' rate at the model's dtype; virtual CPU devices share the host's).
+  const double model_flops = model_flops_per_step(c, model);
+  const Cluster cluster = load_cluster(c.sharding.cluster);
+  const double peak_flops = cluster.device_on(mesh).matmul_flops(c.model.dtype == "bf16" ? DType::bf16 : DType::f32) *
+                            static_cast<double>(mesh.size());
+  auto peak_memory = [&] {
+    int64_t most = 0;
+    for (int d : runner->device_ids()) most = std::max(most, memory_stats(Placement{d}).peak_bytes_in_use);
+    return most;
+  };
   const double t_start = now_s();
   double t_window = t_start, t_first = t_start;
   int64_t window_steps = 0;
@@ -320,10 +333,13 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
                       {"grad_norm_clipped", c.optimizer.clip_norm > 0 ? std::min<double>(m.grad_norm, c.optimizer.clip_norm)
                                                                      : m.grad_norm},
                       {"steps_per_sec", sps},
-                      {"tokens_per_sec", sps * tokens_per_step}});
+                      {"tokens_per_sec", sps * tokens_per_step},
+                      {"mfu", model_flops * sps / peak_flops},
+                      {"peak_memory_bytes_per_device", static_cast<double>(peak_memory())}});
       report.line("train step " + std::to_string(step) + "  loss " + fmt("%.4f", m.loss) + "  mean " +
                   fmt("%.4f", loss_sum / window_steps) + "  lr " + fmt("%.3g", m.lr) + "  grad_norm " +
-                  fmt("%.3g", m.grad_norm) + "  " + fmt("%.0f", sps * tokens_per_step) + " tokens/s  ETA " +
+                  fmt("%.3g", m.grad_norm) + "  " + fmt("%.0f", sps * tokens_per_step) + " tokens/s  MFU " +
+                  fmt("%.1f", 100 * model_flops * sps / peak_flops) + "%  ETA " +
                   hms((c.train.steps - step) / rate));
       t_window = t, window_steps = 0, loss_sum = 0;
     }
