@@ -24,7 +24,7 @@ const char* kUsage =
     "            [--batch=N] [--seq=N] [--dtype=f32|bf16] [--optimizer=adamw|sgd|adafactor]\n"
     "            [--recipes=DDP,FSDP,TP,FSDP_TP] [--data_axis=data] [--model_axis=model] [--layers=N]\n"
     "            [--recalibrate] [--no_auto | --auto_only] [--explain] [--time_limit=S] [--memory_limit_gib=G]\n"
-    "            [--remat=none|full|dots_saveable|...]\n"
+    "            [--remat=none|full|dots_saveable|...] [--activation_rule=TAG=P(...)]\n"
     "       plan --matrix [--time_limit=S]   (the AutoSharding table: models x meshes x GPU presets)\n"
     "  models: tiny, bench-gpt, 1b, 16b, llama8b, or a preset of px::nn::lm_config (gpt2_small, ...);\n"
     "  --layers overrides the model's number of layers\n"
@@ -198,7 +198,8 @@ int main(int argc, char** argv) {
     else if (i + 1 < argc) value = argv[++i];
     else usage_error("--" + key + " needs a value");
     static const char* known[] = {"model", "mesh", "cluster", "batch", "seq", "dtype", "optimizer", "recipes",
-                                  "data_axis", "model_axis", "layers", "time_limit", "memory_limit_gib", "remat"};
+                                  "data_axis", "model_axis", "layers", "time_limit", "memory_limit_gib", "remat",
+                                  "activation_rule"};
     if (std::find(std::begin(known), std::end(known), key) == std::end(known)) usage_error("unknown flag --" + key);
     flags[key] = value;
   }
@@ -231,6 +232,12 @@ int main(int argc, char** argv) {
     if (flags.count("data_axis")) setup.sharding.data_axis = flags["data_axis"];
     if (flags.count("model_axis")) setup.sharding.model_axis = flags["model_axis"];
     if (flags.count("remat")) setup.remat.policy = px::parse_remat_policy(flags["remat"]);
+    if (flags.count("activation_rule")) {
+      const std::string& r = flags["activation_rule"];
+      size_t eq = r.find('=');
+      if (eq == std::string::npos) usage_error("--activation_rule must be TAG=P(...), e.g. layer_input=P('data','model')");
+      setup.sharding.activation_rules.push_back({r.substr(0, eq), px::PartitionSpec::parse(r.substr(eq + 1))});
+    }
     if (flags.count("time_limit")) setup.sharding.auto_time_limit_s = std::atof(flags["time_limit"].c_str());
     if (flags.count("memory_limit_gib"))
       setup.sharding.auto_memory_limit_bytes =

@@ -38,6 +38,10 @@ struct ShardingOptions {
   std::string model_axis = "model";  // tensor-parallel axis
   int64_t fsdp_min_bytes = 4096;     // FSDP keeps params smaller than this replicated
   std::vector<PathRule> rules;       // overrides, first match wins
+  // Layouts required of values tagged with px::tag (first matching name wins), e.g.
+  // {"layer_input", P(("data"), "model", None)}: the activations between TransformerLm blocks split
+  // over the sequence on the model axis (sequence parallelism). Training steps only.
+  std::vector<PathRule> activation_rules;
   // Replicated gradients are all-reduced in buckets of up to this many bytes (one collective per
   // bucket, in param order); 0: one all-reduce per gradient. -1 (default): 25 MiB buckets when a
   // batch axis runs over a link with a latency of 10 us or more (across processes), none in one
@@ -70,6 +74,7 @@ struct ShardingPlan {
   ShardingStrategy strategy = ShardingStrategy::DDP;
   std::vector<ParamPlacement> params;   // in the store's order
   std::vector<std::string> batch_axes;  // the batch's leading dim is split over these
+  std::vector<PathRule> activations;    // layouts required of tagged values (activation_rules, or AUTO's)
   std::string explanation;              // AUTO: px::AutoPlan::explain() of the plan
   double predicted_step_s = 0;          // AUTO: the cost model's step time for it
   std::string table() const;            // one row per param and a total line

@@ -178,6 +178,36 @@ TEST(Recipes, FsdpGathersParamsAndReduceScattersGradients) {
   EXPECT_LE(ar, replicated + 64) << step.collectives_table();
 }
 
+// Sequence parallelism: the activations between blocks split over the sequence on the model axis
+// (TP then reduce-scatters and all-gathers them instead of all-reducing); training is unchanged.
+TEST(Recipes, SequenceParallelActivationRulesTrainLikeOneDevice) {
+  for (const nn::LmConfig& cfg : {gpt_micro(), llama_micro()}) {
+    ShardingOptions o;
+    o.activation_rules = {{"layer_input", PartitionSpec{"data", "model", none}}};
+    ShardingPlan plan = check_sharded(run_reference(cfg, 2), Mesh::cpu({{"data", 2}, {"model", 2}}),
+                                      ShardingStrategy::TP, o);
+    ASSERT_EQ(plan.activations.size(), 1u);
+    Fixture f(cfg);
+    ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}, {"model", 2}}),
+                          ShardingStrategy::TP, o);
+    EXPECT_GT(step.executable().program().collectives.size(), 0u);
+    bool scatter = false;
+    for (const auto& c : step.executable().program().collectives) scatter = scatter || c.kind == "reduce_scatter";
+    EXPECT_TRUE(scatter) << step.executable().program().summary().substr(0, 4000);
+  }
+  // A spec that does not fit the tagged value is named.
+  Fixture f(gpt_micro());
+  ShardingOptions bad;
+  bad.activation_rules = {{"layer_input", PartitionSpec{none, none, none, "model"}}};
+  try {
+    ShardedTrainStep s(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}, {"model", 2}}),
+                       ShardingStrategy::TP, bad);
+    FAIL() << "a rank-4 spec fit a rank-3 value";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tagged value 'layer_input'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Recipes, ManualRulesOverrideAnyStrategy) {
   Fixture f(gpt_micro());
   Mesh mesh = Mesh::cpu({{"data", 2}, {"model", 4}});

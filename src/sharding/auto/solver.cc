@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "ir/primitive.h"
 #include "sharding/recipes/tp.h"
 
 namespace px::autoshard {
@@ -56,7 +57,8 @@ std::string pattern_of(const std::string& path) {
 struct Unit {
   std::vector<std::string> patterns;
   bool layered = false;
-  bool has_tp = false;  // some param has a Megatron role
+  bool has_tp = false;      // some param has a Megatron role
+  bool sequence = false;    // no params: the activations between blocks, split over the sequence or not
 };
 
 struct Layout {
@@ -148,6 +150,17 @@ class Search {
     }
     for (auto& [pat, u] : unit_of_pattern_) u = renumber[u];
     units_ = std::move(kept);
+    // Sequence parallelism: the values between blocks (tagged layer_input) split over the sequence
+    // on the tensor-parallel axis, a decision without params.
+    for (const Node& n : p.forward->nodes())
+      if (n.prim->name == "tag" && n.attrs.s("name") == "layer_input" && p.forward->type(n.outputs[0]).rank() == 3) {
+        Unit s;
+        s.sequence = true;
+        s.layered = true;
+        s.patterns = {"layer boundaries: sequence split over the tensor-parallel axis"};
+        units_.push_back(s);
+        break;
+      }
     // Layouts: the whole mesh splits the batch, or one axis is the tensor-parallel axis.
     std::vector<std::string> axes = p.mesh.axis_names();
     layouts_.push_back({"", axes});
@@ -172,6 +185,10 @@ class Search {
   double seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
 
   std::vector<Choice> choices(const Layout& l, int u) const {
+    if (units_[u].sequence) {
+      if (l.model_axis.empty()) return {Choice{}};
+      return {Choice{}, Choice{true, {}}};
+    }
     std::vector<std::vector<std::string>> storages{{}};
     if (!l.batch_axes.empty()) storages.push_back(l.batch_axes);
     if (l.batch_axes.size() > 1)
@@ -250,6 +267,13 @@ class Search {
       pp.bytes_per_device = numel(Sharding(p_.mesh, pp.spec).local_shape(pp.type.shape)) * dtype_size(pp.type.dtype);
       plan.params.push_back(std::move(pp));
     }
+    plan.activations = p_.options.activation_rules;  // the user's first: the first match wins
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (units_[u].sequence && cands[u][a[u]].tp) {
+        std::vector<PartitionSpec::Dim> dims{PartitionSpec::Dim(l.batch_axes), PartitionSpec::Dim(l.model_axis),
+                                             PartitionSpec::Dim(none)};
+        plan.activations.push_back({"layer_input", PartitionSpec(std::move(dims))});
+      }
     return plan;
   }
 
@@ -528,6 +552,13 @@ AutoPlan Search::run() {
   for (size_t u = 0; u < units_.size(); ++u) {
     AutoUnit au;
     for (size_t k = 0; k < units_[u].patterns.size(); ++k) au.name += (k ? ", " : "") + units_[u].patterns[k];
+    if (units_[u].sequence) {
+      au.tensor_parallel = std::any_of(out.plan.activations.begin() + p_.options.activation_rules.size(),
+                                       out.plan.activations.end(),
+                                       [](const PathRule& r) { return r.pattern == "layer_input"; });
+      out.units.push_back(std::move(au));
+      continue;
+    }
     std::set<std::string> storage;
     for (const auto& pp : out.plan.params) {
       if (unit_of(pattern_of(pp.path)) != static_cast<int>(u)) continue;

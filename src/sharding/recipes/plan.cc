@@ -255,6 +255,7 @@ ShardingPlan plan_sharding(const Graph& forward, const std::vector<std::string>&
   plan.strategy = strategy;
   for (const auto& ax : mesh.axes())
     if (ax.name != opt.model_axis) plan.batch_axes.push_back(ax.name);
+  plan.activations = opt.activation_rules;
   const bool wants_data =
       strategy == ShardingStrategy::DDP || strategy == ShardingStrategy::FSDP || strategy == ShardingStrategy::FSDP_TP;
   const bool tp = strategy == ShardingStrategy::TP || strategy == ShardingStrategy::FSDP_TP;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/exclusive.h"
+#include "ir/primitive.h"
 #include "core/log.h"
 #include "distributed/communicator.h"
 #include "optim/checkpoint.h"
@@ -128,6 +129,19 @@ ShardingDecision decide_train_step(const StepProgram& p, const ShardingPlan& pla
     // (FSDP), shared by the norm and the update.
     d.constraints.push_back({p.grads[i], plan.params[i].spec, -1, -1, false});
   }
+  // Tagged forward values with a required layout (e.g. sequence parallelism between blocks).
+  if (!plan.activations.empty())
+    for (int n = 0; n < p.forward_end; ++n) {
+      const Node& node = g.nodes()[n];
+      if (node.prim->name != "tag") continue;
+      const std::string& name = node.attrs.s("name");
+      for (const auto& r : plan.activations)
+        if (glob_match(r.pattern, name)) {
+          Sharding(mesh, r.spec).validate(g.type(node.outputs[0]), "tagged value '" + name + "' (rule '" + r.pattern + "')");
+          d.constraints.push_back({node.outputs[0], r.spec, -1, -1, false});
+          break;
+        }
+    }
   d.buckets = gradient_buckets(p, plan, bucket_bytes);
   return d;
 }
