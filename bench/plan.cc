@@ -20,12 +20,12 @@ namespace {
 using px::bench::Json;
 
 const char* kUsage =
-    "usage: plan --model=NAME --mesh=AXIS:N[,AXIS:N...] [--cluster=cpu|h100x8|h200x8|FILE.toml]\n"
+    "usage: plan --model=NAME --mesh=AXIS:N[,AXIS:N...] [--cluster=cpu|h100x8|h200x8|tpuv4|FILE.toml]\n"
     "            [--batch=N] [--seq=N] [--dtype=f32|bf16] [--optimizer=adamw|sgd|adafactor]\n"
     "            [--recipes=DDP,FSDP,TP,FSDP_TP] [--data_axis=data] [--model_axis=model] [--layers=N]\n"
     "            [--recalibrate] [--no_auto | --auto_only] [--explain] [--time_limit=S] [--memory_limit_gib=G]\n"
     "            [--remat=none|full|dots_saveable|...] [--activation_rule=TAG=P(...)]\n"
-    "       plan --matrix [--time_limit=S]   (the AutoSharding table: models x meshes x GPU presets)\n"
+    "       plan --matrix [--time_limit=S]   (the AutoSharding table: models x meshes x presets)\n"
     "  models: tiny, bench-gpt, 1b, 16b, llama8b, or a preset of px::nn::lm_config (gpt2_small, ...);\n"
     "  --layers overrides the model's number of layers\n"
     "  batch: global sequences per step (default: the number of devices); seq: default min(1024, the model's)\n"
@@ -103,7 +103,7 @@ px::ShardingStrategy parse_strategy(const std::string& s) {
   usage_error("unknown recipe '" + s + "' (recipes: DDP, FSDP, TP, FSDP_TP)");
 }
 
-// The AutoSharding table: models x meshes x GPU cluster presets, plus 16B on 32 devices of 16 GiB.
+// The AutoSharding table: models x meshes x cluster presets, plus 16B on 32 devices of 16 GiB.
 // One JSON line per row: AUTO's predicted step time beside the fastest recipe that fits.
 int run_matrix(double time_limit) {
   struct MeshRow {
@@ -120,7 +120,7 @@ int run_matrix(double time_limit) {
   std::vector<Row> rows;
   for (const char* model : {"tiny", "bench-gpt", "1b", "16b", "llama8b"})
     for (const MeshRow& m : meshes)
-      for (const char* cluster : {"h100x8", "h200x8"}) rows.push_back({model, m.name, m.text, cluster});
+      for (const char* cluster : {"h100x8", "h200x8", "tpuv4"}) rows.push_back({model, m.name, m.text, cluster});
   rows.push_back({"16b", "16x2", "data:16,model:2", "h100x8", 16.0});
   int better = 0, comparable = 0;
   for (const Row& r : rows) {

@@ -68,7 +68,8 @@ struct Cluster {
 };
 
 // "cpu": this machine's virtual CPU devices (calibrated once, cached; see cpu_cluster);
-// "h100x8", "h200x8": 8-GPU nodes (NVLink inside, InfiniBand across); throws naming the presets.
+// "h100x8", "h200x8": 8-GPU nodes (NVLink inside, InfiniBand across); "tpuv4": a TPU-v4-like
+// pod of 4096 chips on one interconnect; throws naming the presets.
 Cluster cluster_preset(const std::string& name);
 std::vector<std::string> cluster_preset_names();
 // A preset name, or a path to a TOML file (ending in .toml; see docs/auto-sharding.md).

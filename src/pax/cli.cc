@@ -85,7 +85,7 @@ int cli_main(int argc, char** argv) {
   add_common(plan, o, false);
   std::string plan_cluster = "cpu";
   plan->add_option("--cluster", plan_cluster,
-                   "predict the step time and peak memory on: cpu (this machine, calibrated once), h100x8, h200x8, or a "
+                   "predict the step time and peak memory on: cpu (this machine, calibrated once), h100x8, h200x8, tpuv4, or a "
                    ".toml file (docs/auto-sharding.md); \"\" to skip")
       ->capture_default_str();
   add_common(train, o, true);

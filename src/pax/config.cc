@@ -143,7 +143,7 @@ const std::vector<Field>& table() {
       list_field("sharding.rules", &E::sharding, &ShardingConfig::rules,
                  "overrides 'glob=P(...)', first match wins"),
       str_field("sharding.cluster", &E::sharding, &ShardingConfig::cluster,
-                "auto: the cluster plans are costed for (cpu, h100x8, h200x8 or a .toml file)"),
+                "auto: the cluster plans are costed for (cpu, h100x8, h200x8, tpuv4 or a .toml file)"),
       enum_field("memory.remat", &E::memory, &MemoryConfig::remat,
                  {"none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable", "auto"},
                  "rematerialization policy (docs/memory.md)"),

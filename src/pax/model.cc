@@ -218,7 +218,7 @@ std::string PlanReport::text() const {
        << human_bytes(device_memory_bytes) << (peak_bytes_per_device <= device_memory_bytes ? " (fits)" : " (DOES NOT FIT)")
        << "\n";
   } else {
-    os << "predicted step time: " << (cost_note.empty() ? "pass --cluster (cpu, h100x8, h200x8 or a .toml file)" : cost_note)
+    os << "predicted step time: " << (cost_note.empty() ? "pass --cluster (cpu, h100x8, h200x8, tpuv4 or a .toml file)" : cost_note)
        << "\n";
   }
   return os.str();

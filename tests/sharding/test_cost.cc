@@ -86,6 +86,12 @@ TEST(Cost, GpuPresetsPutInnerAxesOnNvlinkAndOuterOnInfiniband) {
   Mesh wide = h.apply(Mesh::parse("data:16,model:16", DeviceSet{"cpu", 256}));  // a model group spans 2 nodes
   EXPECT_EQ(wide.axes()[1].link.bandwidth_bytes_per_s, h.inter_node.bandwidth_bytes_per_s);
   EXPECT_THROW_MSG(cluster_preset("tpu"), "h100x8");
+  // The TPU-v4-like pod: every axis of a 1024-chip mesh on the interconnect, 32 GiB per chip.
+  Cluster t = cluster_preset("tpuv4");
+  EXPECT_EQ(t.device.memory_bytes, int64_t{32} << 30);
+  Mesh pod = t.apply(Mesh::parse("data:16,fsdp:16,model:4", DeviceSet{"cpu", 1024}));
+  for (const auto& a : pod.axes()) EXPECT_EQ(a.link.bandwidth_bytes_per_s, t.intra_node.bandwidth_bytes_per_s);
+  EXPECT_EQ(cluster_from_toml(t.to_toml()).intra_node.bandwidth_bytes_per_s, t.intra_node.bandwidth_bytes_per_s);
 }
 
 TEST(Cost, ClusterTomlRoundTripsAndNamesTheAxisLinks) {

@@ -146,14 +146,39 @@ Cluster hopper_node(const std::string& name, double hbm_bytes_per_s, int64_t hbm
   return c;
 }
 
+// A TPU-v4-like pod: 4096 chips on one 3-D inter-chip interconnect (ICI). Figures from Google
+// Cloud's TPU v4 documentation: 275 TFLOPS bf16 per chip, 32 GiB HBM2 at 1200 GBps, 4096 chips
+// per pod, all-reduce bandwidth 1.1 PB/s per pod. A mesh axis is taken to run along one torus
+// dimension: 1.1 PB/s / 4096 chips / 3 dimensions, about 90 GB/s per chip and axis. Assumptions
+// (not in the documentation): f32 matmuls at a quarter of the bf16 rate (several bf16 passes),
+// the vector unit at 5% of the matrix peak, 2 us per ring step and per fused kernel, and between
+// pods a data-center network of 6.25 GB/s per chip with 10 us steps.
+Cluster tpu_v4_pod() {
+  Cluster c;
+  c.name = "tpuv4";
+  c.device.matmul_flops_bf16 = 275e12 * kMatmulEff;
+  c.device.matmul_flops_f32 = c.device.matmul_flops_bf16 / 4;
+  c.device.vector_flops = 275e12 * 0.05;
+  c.device.memory_bandwidth = 1200e9 * kHbmEff;
+  c.device.memory_bytes = int64_t{32} << 30;
+  c.device.launch_s = 2e-6;
+  c.devices_per_node = 4096;
+  c.intra_node = {1.1e15 / 4096 / 3 * kNvlinkEff, 2e-6};
+  c.inter_node = {6.25e9 * kIbEff, 10e-6};
+  c.overlap_collectives = true;
+  c.source = "Google Cloud TPU v4 documentation (pod), derated to sustained rates";
+  return c;
+}
+
 }  // namespace
 
-std::vector<std::string> cluster_preset_names() { return {"cpu", "h100x8", "h200x8"}; }
+std::vector<std::string> cluster_preset_names() { return {"cpu", "h100x8", "h200x8", "tpuv4"}; }
 
 Cluster cluster_preset(const std::string& name) {
   if (name == "cpu") return cpu_cluster();
   if (name == "h100x8") return hopper_node("h100x8", 3.35e12, int64_t{80} * 1000 * 1000 * 1000);
   if (name == "h200x8") return hopper_node("h200x8", 4.8e12, int64_t{141} * 1000 * 1000 * 1000);
+  if (name == "tpuv4") return tpu_v4_pod();
   std::string known;
   for (const auto& n : cluster_preset_names()) known += (known.empty() ? "" : ", ") + n;
   throw Error("[cluster] unknown cluster preset '" + name + "'; the presets are " + known +
