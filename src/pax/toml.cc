@@ -85,15 +85,19 @@ std::string to_toml(const ExperimentConfig& c) {
   return os.str();
 }
 
-void apply_toml_file(ExperimentConfig& c, const std::string& path) {
-  toml::table root;
+// The file's table; a syntax error names the file and the line.
+static toml::table parse_toml_file(const std::string& path) {
   try {
-    root = toml::parse_file(path);
+    return toml::parse_file(path);
   } catch (const toml::parse_error& e) {
     std::ostringstream os;
     os << "[pax] " << path << ": " << e.description() << " at line " << e.source().begin.line;
     throw Error(os.str());
   }
+}
+
+void apply_toml_file(ExperimentConfig& c, const std::string& path) {
+  toml::table root = parse_toml_file(path);
   for (auto&& [k, node] : root) {
     std::string key(k.str());
     if (key == "experiment") continue;
@@ -125,14 +129,7 @@ ExperimentConfig from_toml_file(const std::string& path, const ExperimentConfig*
   if (base) {
     c = *base;
   } else {
-    toml::table root;
-    try {
-      root = toml::parse_file(path);
-    } catch (const toml::parse_error& e) {
-      std::ostringstream os;
-      os << "[pax] " << path << ": " << e.description() << " at line " << e.source().begin.line;
-      throw Error(os.str());
-    }
+    toml::table root = parse_toml_file(path);
     auto name = root["experiment"].value<std::string>();
     if (!name || name->empty())
       throw Error("[pax] " + path + " names no experiment: add experiment = \"<name>\" or pass --exp");
