@@ -284,6 +284,37 @@ TEST(PaxCli, UserErrorsExitWithCode2AndOneLine) {
   EXPECT_NE(plan.out.find("per device: params"), std::string::npos);
 }
 
+// Saved on {data:4, model:2} with FSDP_TP, resumed on {data:8} with DDP, on {model:2} with TP and on
+// one device: each restores the step-4 checkpoint onto its own shardings, trains one more step and
+// evaluates; the losses agree with the run that never moved (to the rounding of another mesh's
+// reduction order).
+TEST(PaxCli, ResumesOnAnotherMeshAndStrategy) {
+  const std::string steps = " --set train.summary_interval=1 --set train.eval_interval=0"
+                            " --set train.checkpoint_interval=4 --set model.n_heads=2 --set data.batch=8";
+  const std::string src = job("mesh_src");
+  Result r = pax("train" + kSmall + steps + " --set train.steps=4 --devices=cpu:8 --set sharding.mesh=data:4,model:2"
+                 " --set sharding.strategy=fsdp_tp --job_log_dir=" + src);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto resume = [&](const std::string& name, const std::string& where) {
+    const std::string d = job("mesh_" + name);
+    fs::copy(src, d, fs::copy_options::recursive);
+    Result x = pax("train" + kSmall + steps + " --set train.steps=5" + where + " --job_log_dir=" + d);
+    EXPECT_EQ(x.rc, 0) << name << ": " << x.out;
+    EXPECT_NE(x.out.find("resumed at step 4"), std::string::npos) << name << ": " << x.out;
+    return std::make_pair(metrics(d, "train").back()["loss"].get<double>(),
+                          metrics(d, "eval_test").back()["loss"].get<double>());
+  };
+  auto same = resume("same", " --devices=cpu:8 --set sharding.mesh=data:4,model:2 --set sharding.strategy=fsdp_tp");
+  for (auto [name, where] : std::vector<std::pair<std::string, std::string>>{
+           {"ddp", " --devices=cpu:8 --set sharding.mesh=data:8 --set sharding.strategy=ddp"},
+           {"tp", " --devices=cpu:2 --set sharding.mesh=model:2 --set sharding.strategy=tp"},
+           {"one", " --devices=cpu:1 --set sharding.mesh="}}) {
+    auto got = resume(name, where);
+    EXPECT_NEAR(got.first, same.first, 1e-5 * std::abs(same.first)) << name;
+    EXPECT_NEAR(got.second, same.second, 1e-5 * std::abs(same.second)) << name;
+  }
+}
+
 // A damaged latest checkpoint: train stops with an error that offers --restore_step; resuming
 // from the checkpoint before sets the damaged one aside and ends with the losses of a run that
 // never broke.
