@@ -43,8 +43,9 @@ struct ProcessWorld {
 const ProcessWorld& process_world();
 
 // A collective over every process of `comm`'s world: each passes `text` (a config, a version, a
-// mesh); throws px::Error on every process when the texts differ, naming `what`, the first rank
-// whose text differs from rank 0's, and the first differing line of both.
-void check_same_on_every_process(Communicator& comm, const std::string& what, const std::string& text);
+// mesh) and its rank; throws px::Error on every process when the texts differ, naming `what`, the
+// first rank whose text differs from that of the process holding mesh position 0, and the first
+// differing line of both.
+void check_same_on_every_process(Communicator& comm, int rank, const std::string& what, const std::string& text);
 
 }  // namespace px

@@ -112,7 +112,7 @@ const ProcessWorld& process_world() {
   return *world;
 }
 
-void check_same_on_every_process(Communicator& comm, const std::string& what, const std::string& text) {
+void check_same_on_every_process(Communicator& comm, int rank, const std::string& what, const std::string& text) {
   const int64_t world = comm.world_size();
   const size_t nlocal = comm.local_positions().size();
   DeviceGroups all(1);
@@ -126,10 +126,11 @@ void check_same_on_every_process(Communicator& comm, const std::string& what, co
     outs.push_back(&longest[i]);
   }
   comm.all_reduce(ins, outs, 1, DType::i32, ReduceOp::max, all);
-  const int64_t words = 1 + (static_cast<int64_t>(longest[0]) + 3) / 4;
+  const int64_t words = 2 + (static_cast<int64_t>(longest[0]) + 3) / 4;  // rank, length, text
   std::vector<int32_t> block(static_cast<size_t>(words), 0);
-  block[0] = static_cast<int32_t>(text.size());
-  std::memcpy(block.data() + 1, text.data(), text.size());
+  block[0] = rank;
+  block[1] = static_cast<int32_t>(text.size());
+  std::memcpy(block.data() + 2, text.data(), text.size());
   std::vector<std::vector<int32_t>> got(nlocal, std::vector<int32_t>(static_cast<size_t>(words * world)));
   ins.assign(nlocal, block.data());
   outs.clear();
@@ -137,16 +138,17 @@ void check_same_on_every_process(Communicator& comm, const std::string& what, co
   comm.all_gather(ins, outs, words, DType::i32, all);
   auto text_of = [&](int64_t p) {
     const int32_t* b = got[0].data() + p * words;
-    return std::string(reinterpret_cast<const char*>(b + 1), static_cast<size_t>(b[0]));
+    return std::string(reinterpret_cast<const char*>(b + 2), static_cast<size_t>(b[1]));
   };
+  auto rank_of = [&](int64_t p) { return got[0][static_cast<size_t>(p * words)]; };
   const std::string first = text_of(0);
   for (int64_t p = 1; p < world; ++p) {
     std::string other = text_of(p);
     if (other != first)
       throw Error(fmt::format(
-          "[distributed] the processes run with different {}: the process of mesh position {} differs from rank 0's "
-          "(mesh position 0): {}; launch every process with the same program, configuration and devices",
-          what, p, first_difference(first, other)));
+          "[distributed] the processes run with different {}: rank {} differs from rank {}: {}; launch every "
+          "process with the same program, configuration and devices",
+          what, rank_of(p), rank_of(0), first_difference(first, other)));
   }
 }
 

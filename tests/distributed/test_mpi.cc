@@ -194,13 +194,13 @@ TEST(MpiRanks, ProcessWorldSpansEveryProcessDevices) {
   Mesh mesh = Mesh::create({{"data", -1}}, w.devices);
   EXPECT_EQ(mesh.local_positions(w.rank), (std::vector<int>{2 * w.rank, 2 * w.rank + 1}));
   // The same text everywhere passes; a different one fails on every rank, naming the difference.
-  check_same_on_every_process(*w.communicator, "configs", "model: gpt\nsteps: 10\n");
+  check_same_on_every_process(*w.communicator, w.rank, "configs", "model: gpt\nsteps: 10\n");
   std::string err = testing::error_of([&] {
-    check_same_on_every_process(*w.communicator, "configs", w.rank == 0 ? "model: gpt\nsteps: 10\n" : "model: gpt\nsteps: 12\n");
+    check_same_on_every_process(*w.communicator, w.rank, "configs", w.rank == 0 ? "model: gpt\nsteps: 10\n" : "model: gpt\nsteps: 12\n");
   });
   EXPECT_TRUE(has(err, "different configs")) << err;
   EXPECT_TRUE(has(err, "'steps: 12' against 'steps: 10'")) << err;
-  EXPECT_TRUE(has(err, "mesh position 2")) << err;
+  EXPECT_TRUE(has(err, "rank 1 differs from rank 0")) << err;
 }
 
 // ---- training over 2 processes equals 1 process -------------------------------------------------
