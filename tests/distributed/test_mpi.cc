@@ -1,8 +1,9 @@
 // The MPI communicator and training over several real processes.
 //
 // MpiRanks.* run only under mpirun: ctest runs them as the test distributed_mpi_2_ranks
-// (mpirun -np 2 with PX_DEVICES=cpu:2 per process: a mesh of 4 devices over 2 processes); run
-// alone, they skip. MpiLaunch.* start mpirun themselves (a rank that stops or dies; ranks that
+// (mpirun -np 2 with PX_DEVICES=cpu:2 per process: a mesh of 4 devices over 2 processes), and the
+// training ones also as distributed_mpi_4x2 and distributed_mpi_8x1 (8 devices as 4 processes of
+// 2, and 8 of 1); run alone, they skip. MpiLaunch.* start mpirun themselves (a rank that stops or dies; ranks that
 // disagree) and skip when mpirun is missing; MpiFault.* are the programs they launch.
 #include <gtest/gtest.h>
 
@@ -206,10 +207,9 @@ TEST(MpiRanks, ProcessWorldSpansEveryProcessDevices) {
 // ---- training over 2 processes equals 1 process -------------------------------------------------
 
 void check_training(const std::vector<std::pair<std::string, int64_t>>& axes, ShardingStrategy strategy,
-                    bool save = false) {
+                    bool save = false, const nn::LmConfig& cfg = recipe_check::gpt_micro()) {
   using namespace recipe_check;
   const ProcessWorld& w = process_world();
-  const nn::LmConfig cfg = gpt_micro();
   const int steps = 2;
   Mesh single = Mesh::create(axes, DeviceSet{"cpu", w.devices.count, 1});
   Mesh split = Mesh::create(axes, w.devices);
@@ -243,8 +243,8 @@ void check_training(const std::vector<std::pair<std::string, int64_t>>& axes, Sh
     EXPECT_EQ(m.grad_norm, want[i].grad_norm) << what << " rank " << w.rank << " step " << i;
   }
   if (w.rank == 0)
-    std::printf("%s step: %.1f ms over 2 processes, %.1f ms in one process (%s)\n", what.c_str(), split_time * 1e3,
-                ref_time * 1e3, single.to_string().c_str());
+    std::printf("%s %s step: %.1f ms over %d processes, %.1f ms in one process (%s)\n", cfg.name.c_str(),
+                what.c_str(), split_time * 1e3, w.size, ref_time * 1e3, single.to_string().c_str());
   std::vector<Array> got = step.gather_params(s);
   ASSERT_EQ(got.size(), want_params.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].to_f32(), want_params[i].to_f32()) << what << " param " << i;
@@ -277,11 +277,19 @@ TEST(MpiRanks, FsdpOverTwoProcessesEqualsOneProcessBitwise) {
 }
 TEST(MpiRanks, TpAcrossProcessesEqualsOneProcessBitwise) {
   REQUIRE_MPIRUN();
-  check_training({{"model", -1}}, ShardingStrategy::TP);
+  // The model axis (at most 4: the model's heads) spans processes.
+  if (process_world().devices.count <= 4)
+    check_training({{"model", -1}}, ShardingStrategy::TP);
+  else
+    check_training({{"data", -1}, {"model", 4}}, ShardingStrategy::TP);
+}
+TEST(MpiRanks, LlamaFsdpTpOverProcessesEqualsOneProcessBitwise) {
+  REQUIRE_MPIRUN();
+  check_training({{"data", -1}, {"model", 2}}, ShardingStrategy::FSDP_TP, false, recipe_check::llama_micro());
 }
 TEST(MpiRanks, FsdpTpOverTwoProcessesEqualsOneProcessBitwise) {
   REQUIRE_MPIRUN();
-  check_training({{"data", 2}, {"model", 2}}, ShardingStrategy::FSDP_TP);
+  check_training({{"data", -1}, {"model", 2}}, ShardingStrategy::FSDP_TP);
 }
 
 // ---- faults and bad launches: mpirun started from the test ---------------------------------------
