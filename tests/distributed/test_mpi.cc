@@ -206,27 +206,21 @@ TEST(MpiRanks, ProcessWorldSpansEveryProcessDevices) {
 
 // ---- training over 2 processes equals 1 process -------------------------------------------------
 
+// The step over the processes first (every rank), then, on rank 0 alone, the same step in this
+// one process over all the devices: losses, gradient norms and the gathered params must be equal.
+// (Every rank's losses and gathered params are the same collective results; rank 0 checks them,
+// so that 8 ranks do not each run the 8-device reference.)
 void check_training(const std::vector<std::pair<std::string, int64_t>>& axes, ShardingStrategy strategy,
                     bool save = false, const nn::LmConfig& cfg = recipe_check::gpt_micro()) {
   using namespace recipe_check;
+  using clock = std::chrono::steady_clock;
   const ProcessWorld& w = process_world();
   const int steps = 2;
   Mesh single = Mesh::create(axes, DeviceSet{"cpu", w.devices.count, 1});
   Mesh split = Mesh::create(axes, w.devices);
   ShardingOptions sopt;
   sopt.device_parallelism = DeviceParallelism::over_devices;
-  Fixture f(cfg);
-  ShardedTrainStep ref(f.model.store(), opt(), f.loss, f.batch_types, single, strategy, sopt);
-  ShardedTrainState rs = ref.init(0);
-  std::vector<StepMetrics> want;
-  using clock = std::chrono::steady_clock;
   double ref_time = 0, split_time = 0;  // the last step (the first compiles)
-  for (int i = 0; i < steps; ++i) {
-    auto t0 = clock::now();
-    want.push_back(ref(rs, f.batch(i)));
-    ref_time = std::chrono::duration<double>(clock::now() - t0).count();
-  }
-  std::vector<Array> want_params = ref.gather_params(rs);
 
   Fixture pf(cfg);
   ShardingOptions o = sopt;
@@ -235,36 +229,50 @@ void check_training(const std::vector<std::pair<std::string, int64_t>>& axes, Sh
   ASSERT_EQ(step.process(), w.rank);
   ShardedTrainState s = step.init(0);
   const std::string what = std::string(strategy_name(strategy)) + " on " + split.to_string();
+  std::vector<StepMetrics> got_metrics;
   for (int i = 0; i < steps; ++i) {
     auto t0 = clock::now();
-    StepMetrics m = step(s, pf.batch(i));
+    got_metrics.push_back(step(s, pf.batch(i)));
     split_time = std::chrono::duration<double>(clock::now() - t0).count();
-    EXPECT_EQ(m.loss, want[i].loss) << what << " rank " << w.rank << " step " << i;
-    EXPECT_EQ(m.grad_norm, want[i].grad_norm) << what << " rank " << w.rank << " step " << i;
   }
-  if (w.rank == 0)
-    std::printf("%s %s step: %.1f ms over %d processes, %.1f ms in one process (%s)\n", cfg.name.c_str(),
-                what.c_str(), split_time * 1e3, w.size, ref_time * 1e3, single.to_string().c_str());
   std::vector<Array> got = step.gather_params(s);
+  if (save) {
+    // Every process writes its own shards of one checkpoint (rank 0 commits) and reads them back.
+    const char* job = std::getenv("PMIX_NAMESPACE");  // the same on every rank of this job
+    const std::string dir =
+        (std::filesystem::temp_directory_path() / ("px_mpi_ckpt_" + std::string(job ? job : "0"))).string();
+    if (w.rank == 0) {
+      std::filesystem::remove_all(dir);
+      std::filesystem::create_directories(dir);
+    }
+    w.communicator->barrier();
+    step.save(dir + "/state.safetensors", s);
+    ShardedTrainState l = step.load(dir + "/state.safetensors");
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      ASSERT_EQ(l.params[i].shards().size(), s.params[i].shards().size());
+      for (size_t j = 0; j < s.params[i].shards().size(); ++j)
+        EXPECT_EQ(l.params[i].shards()[j].to_f32(), s.params[i].shards()[j].to_f32()) << "param " << i;
+    }
+    w.communicator->barrier();
+    if (w.rank == 0) std::filesystem::remove_all(dir);
+  }
+  if (w.rank != 0) return;
+
+  Fixture f(cfg);
+  ShardedTrainStep ref(f.model.store(), opt(), f.loss, f.batch_types, single, strategy, sopt);
+  ShardedTrainState rs = ref.init(0);
+  for (int i = 0; i < steps; ++i) {
+    auto t0 = clock::now();
+    StepMetrics want = ref(rs, f.batch(i));
+    ref_time = std::chrono::duration<double>(clock::now() - t0).count();
+    EXPECT_EQ(got_metrics[i].loss, want.loss) << what << " step " << i;
+    EXPECT_EQ(got_metrics[i].grad_norm, want.grad_norm) << what << " step " << i;
+  }
+  std::vector<Array> want_params = ref.gather_params(rs);
   ASSERT_EQ(got.size(), want_params.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].to_f32(), want_params[i].to_f32()) << what << " param " << i;
-  if (!save) return;
-  // Every process writes its own shards of one checkpoint (rank 0 commits) and reads them back.
-  const std::string dir = (std::filesystem::temp_directory_path() / "px_mpi_ckpt").string();
-  if (w.rank == 0) {
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-  }
-  w.communicator->barrier();
-  step.save(dir + "/state.safetensors", s);
-  ShardedTrainState l = step.load(dir + "/state.safetensors");
-  for (size_t i = 0; i < s.params.size(); ++i) {
-    ASSERT_EQ(l.params[i].shards().size(), s.params[i].shards().size());
-    for (size_t j = 0; j < s.params[i].shards().size(); ++j)
-      EXPECT_EQ(l.params[i].shards()[j].to_f32(), s.params[i].shards()[j].to_f32()) << "param " << i;
-  }
-  w.communicator->barrier();
-  if (w.rank == 0) std::filesystem::remove_all(dir);
+  std::printf("%s %s step: %.1f ms over %d processes, %.1f ms in one process (%s)\n", cfg.name.c_str(), what.c_str(),
+              split_time * 1e3, w.size, ref_time * 1e3, single.to_string().c_str());
 }
 
 TEST(MpiRanks, DdpOverTwoProcessesEqualsOneProcessBitwise) {
