@@ -105,10 +105,50 @@ std::string describe_groups(const Call& c) {
   return "groups " + s + " (mesh positions)";
 }
 
+// Receive space for a remote position's input; reused across calls (see ScratchPool).
+struct Scratch {
+  std::unique_ptr<std::byte[]> data;
+  int64_t capacity = 0;
+};
+
+// Receive buffers kept for the next calls, so that a step's collectives do not fault in fresh
+// pages every time; at most kPoolBytes are kept.
+class ScratchPool {
+ public:
+  static constexpr int64_t kPoolBytes = int64_t{512} << 20;
+  Scratch take(int64_t bytes) {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      // The smallest kept buffer that fits.
+      size_t best = free_.size();
+      for (size_t i = 0; i < free_.size(); ++i)
+        if (free_[i].capacity >= bytes && (best == free_.size() || free_[i].capacity < free_[best].capacity)) best = i;
+      if (best < free_.size()) {
+        Scratch s = std::move(free_[best]);
+        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+        kept_ -= s.capacity;
+        return s;
+      }
+    }
+    return {std::unique_ptr<std::byte[]>(new std::byte[static_cast<size_t>(std::max<int64_t>(bytes, 1))]), bytes};
+  }
+  void give(Scratch s) {
+    std::lock_guard<std::mutex> l(m_);
+    if (!s.data || kept_ + s.capacity > kPoolBytes) return;  // freed
+    kept_ += s.capacity;
+    free_.push_back(std::move(s));
+  }
+
+ private:
+  std::mutex m_;
+  std::vector<Scratch> free_;
+  int64_t kept_ = 0;
+};
+
 // A started crossing call: the progress thread fills `remote` and sets `done` (or `error`).
 struct Job {
   Call call;
-  std::map<int, std::unique_ptr<std::byte[]>> remote;  // remote position -> its (needed parts of) input
+  std::map<int, Scratch> remote;  // remote position -> its (needed parts of) input
   std::mutex m;
   std::condition_variable cv;
   bool done = false;
@@ -281,10 +321,11 @@ class MpiCommunicator final : public Communicator {
     }
     if (!job.error.empty()) throw Error(job.error);
     if (!job.call.barrier) compute(job.call, &job.remote);
+    for (auto& [pos, buf] : job.remote) pool_.give(std::move(buf));
   }
 
   // This process's outputs from its inputs and the received ones, with the in-process operations.
-  void compute(const Call& c, const std::map<int, std::unique_ptr<std::byte[]>>* remote) {
+  void compute(const Call& c, const std::map<int, Scratch>* remote) {
     if (c.barrier) return;
     collective_math::PositionBuffers b;
     b.in.assign(proc_.size(), nullptr);
@@ -295,7 +336,7 @@ class MpiCommunicator final : public Communicator {
       b.out[mine[i]] = static_cast<std::byte*>(c.outs[i]);
     }
     if (remote)
-      for (const auto& [pos, buf] : *remote) b.in[pos] = buf.get();
+      for (const auto& [pos, buf] : *remote) b.in[pos] = buf.data.get();
     switch (c.kind) {
       case CollectiveKind::all_reduce:
         return collective_math::all_reduce(b, c.count, c.t, c.op, c.groups);
@@ -369,9 +410,9 @@ class MpiCommunicator final : public Communicator {
         continue;
       }
       for (const Range& r : wanted(c, proc_, rank_, q)) {
-        auto& buf = job.remote[r.position];
-        if (!buf) buf.reset(new std::byte[static_cast<size_t>(std::max<int64_t>(bytes, 1))]);
-        post(true, q, buf.get() + r.offset, r.bytes);
+        Scratch& buf = job.remote[r.position];
+        if (!buf.data) buf = pool_.take(bytes);
+        post(true, q, buf.data.get() + r.offset, r.bytes);
       }
       for (const Range& r : wanted(c, proc_, q, rank_)) {
         const int li = local_index(r.position);
@@ -434,7 +475,7 @@ class MpiCommunicator final : public Communicator {
         rank_, op, c.seq, c.count, dtype_name(c.t), describe_groups(c), options_.timeout_s, who,
         silent.empty() ? "received nothing" : "sent nothing");
     // The pending requests may still touch these buffers: keep them alive for the rest of the run.
-    for (auto& [pos, buf] : job.remote) buf.release();
+    for (auto& [pos, buf] : job.remote) buf.data.release();
     {
       std::lock_guard<std::mutex> l(m_);
       if (why_.empty()) why_ = why;
@@ -451,6 +492,7 @@ class MpiCommunicator final : public Communicator {
   int64_t tag_ub_ = 32767;
   int64_t seq_ = 0;  // crossing calls made (the caller's thread)
 
+  ScratchPool pool_;
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;

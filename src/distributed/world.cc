@@ -14,6 +14,10 @@
 #include "distributed/mpi.h"
 #include "parallax/distributed.h"
 
+#ifndef PX_VERSION
+#define PX_VERSION "unknown"
+#endif
+
 namespace px {
 namespace {
 
@@ -99,6 +103,9 @@ void init_world(ProcessWorld& w) {
   for (size_t p = 0; p < process_of.size(); ++p) process_of[p] = static_cast<int>(static_cast<int64_t>(p) / n);
   g_communicator = make_mpi_communicator(process_of, w.hosts, {e.collective_timeout_s}).release();
   w.communicator = g_communicator;
+  // The same library version and compiler everywhere (a stale copy on one machine fails here).
+  check_same_on_every_process(*g_communicator, w.rank, "program versions",
+                              "parallax " PX_VERSION " compiled by " __VERSION__ "\n");
 }
 
 }  // namespace
