@@ -17,7 +17,7 @@
 // communicator that nothing else uses. A peer that sends nothing for `timeout_s` (dead, stopped,
 // or making a different call) fails the call with a px::Error naming the operation, its groups,
 // and the missing rank and host; the communicator is then broken: every later call fails at once,
-// and mpi_world()'s exit handler aborts the job instead of waiting in MPI_Finalize.
+// and process_world()'s exit handler aborts the job instead of waiting in MPI_Finalize.
 #pragma once
 
 #include <memory>
@@ -32,7 +32,9 @@ struct MpiCommunicatorOptions {
   double timeout_s = 60;  // PX_COLLECTIVE_TIMEOUT_S
 };
 
-// Needs MPI initialized with at least MPI_THREAD_SERIALIZED (mpi_world() does it). The rank of
+// One per process (its progress thread is the only one calling MPI after initialization), called
+// from one thread at a time, like every communicator. Needs MPI initialized with at least
+// MPI_THREAD_SERIALIZED (process_world() does it). The rank of
 // this process is its process index: process_of_position[p] is the MPI rank holding mesh position
 // p; every rank must hold at least one. `hosts[r]` names rank r in errors (may be empty).
 std::unique_ptr<Communicator> make_mpi_communicator(const std::vector<int>& process_of_position,

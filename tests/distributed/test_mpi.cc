@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "core/env.h"
 #include "distributed/communicator.h"
@@ -298,6 +299,38 @@ TEST(MpiRanks, LlamaFsdpTpOverProcessesEqualsOneProcessBitwise) {
 TEST(MpiRanks, FsdpTpOverTwoProcessesEqualsOneProcessBitwise) {
   REQUIRE_MPIRUN();
   check_training({{"data", -1}, {"model", 2}}, ShardingStrategy::FSDP_TP);
+}
+
+// ---- the launcher's variables and the timeout (no MPI needed) ----------------------------------
+
+EnvConfig env_of(const std::map<std::string, std::string>& vars) {
+  return parse_env([&](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST(MpiEnv, LaunchersAndTimeoutAreRead) {
+  EnvConfig none = env_of({});
+  EXPECT_EQ(none.launch_size, 0);
+  EXPECT_EQ(none.launcher, "");
+  EXPECT_EQ(none.collective_timeout_s, 60);
+  EnvConfig m = env_of({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+  EXPECT_EQ(m.launch_rank, 1);
+  EXPECT_EQ(m.launch_size, 4);
+  EXPECT_EQ(m.launcher, "mpirun");
+  // Slurm's variables count inside a job step (srun) only, not in the batch script's shell.
+  EXPECT_EQ(env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}}).launch_size, 0);
+  EnvConfig sr = env_of({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "8"}, {"SLURM_STEP_ID", "0"}});
+  EXPECT_EQ(sr.launch_rank, 3);
+  EXPECT_EQ(sr.launcher, "srun");
+  EXPECT_EQ(env_of({{"OMPI_COMM_WORLD_RANK", "4"}, {"OMPI_COMM_WORLD_SIZE", "4"}}).launch_size, 0);  // not a rank
+  EXPECT_EQ(env_of({{"PX_COLLECTIVE_TIMEOUT_S", "2.5"}}).collective_timeout_s, 2.5);
+  for (const char* bad : {"0", "-1", "x", "10s"}) {
+    std::string err = testing::error_of([&] { env_of({{"PX_COLLECTIVE_TIMEOUT_S", bad}}); });
+    EXPECT_EQ(err, std::string("[env] PX_COLLECTIVE_TIMEOUT_S='") + bad +
+                       "' is not a timeout; use a number of seconds > 0, e.g. 60");
+  }
 }
 
 // ---- faults and bad launches: mpirun started from the test ---------------------------------------
