@@ -63,17 +63,17 @@ Timed measure(px::ShardedTrainStep& step, const std::vector<px::Array>& batch, i
 int main(int argc, char** argv) {
   std::string strategies = "ddp,fsdp";
   int single_threads = 0;
-  px::bench::GptArgs a = px::bench::parse_gpt_args(
-      argc, argv, "mpi_step", {.steps = 5, .warmup = 2, .d = 256, .layers = 2, .seq = 128}, false,
-      [&](const std::string& k, const std::string& v) {
-        if (k == "--strategies")
-          strategies = v;
-        else if (k == "--single_threads")
-          single_threads = std::atoi(v.c_str());
-        else
-          return false;
-        return true;
-      });
+  px::bench::GptArgs a =
+      px::bench::parse_gpt_args(argc, argv, "mpi_step", {.steps = 5, .warmup = 2, .d = 256, .layers = 2, .seq = 128},
+                                false, [&](const std::string& k, const std::string& v) {
+                                  if (k == "--strategies")
+                                    strategies = v;
+                                  else if (k == "--single_threads")
+                                    single_threads = std::atoi(v.c_str());
+                                  else
+                                    return false;
+                                  return true;
+                                });
   try {
     const px::ProcessWorld& w = px::process_world();
     if (!w.communicator || w.size < 2)
@@ -85,9 +85,9 @@ int main(int argc, char** argv) {
     auto opt = px::optim::adamw({.lr = 3e-4});
     const std::vector<px::Array> batch = px::bench::gpt_batch(a);
     const int threads = omp_get_max_threads();
-    std::string json = "{\"bench\": \"mpi_step\", \"processes\": " + std::to_string(w.size) +
-                       ", \"devices\": \"" + w.devices.to_string() + "\", \"threads_per_process\": " +
-                       std::to_string(threads) + ", \"params\": " + std::to_string(model.store().param_count());
+    std::string json = "{\"bench\": \"mpi_step\", \"processes\": " + std::to_string(w.size) + ", \"devices\": \"" +
+                       w.devices.to_string() + "\", \"threads_per_process\": " + std::to_string(threads) +
+                       ", \"params\": " + std::to_string(model.store().param_count());
     for (size_t pos = 0; pos <= strategies.size();) {
       const size_t end = std::min(strategies.find(',', pos), strategies.size());
       const std::string name = strategies.substr(pos, end - pos);

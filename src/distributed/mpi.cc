@@ -100,7 +100,8 @@ std::string describe_groups(const Call& c) {
     if (c.pairs.size() > 4) s += fmt::format(", ... ({} pairs)", c.pairs.size());
     return "pairs " + s + " (mesh positions)";
   }
-  for (size_t i = 0; i < c.groups.size() && i < 4; ++i) s += fmt::format("{}{{{}}}", i ? ", " : "", fmt::join(c.groups[i], ", "));
+  for (size_t i = 0; i < c.groups.size() && i < 4; ++i)
+    s += fmt::format("{}{{{}}}", i ? ", " : "", fmt::join(c.groups[i], ", "));
   if (c.groups.size() > 4) s += fmt::format(", ... ({} groups)", c.groups.size());
   return "groups " + s + " (mesh positions)";
 }
@@ -157,8 +158,8 @@ struct Job {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(std::vector<int> proc, int rank, int nprocs, std::vector<std::string> hosts,
-                  MpiCommunicatorOptions o, std::vector<int> local)
+  MpiCommunicator(std::vector<int> proc, int rank, int nprocs, std::vector<std::string> hosts, MpiCommunicatorOptions o,
+                  std::vector<int> local)
       : Communicator(std::move(local), static_cast<int64_t>(proc.size())),
         proc_(std::move(proc)),
         rank_(rank),
@@ -208,8 +209,8 @@ class MpiCommunicator final : public Communicator {
     record_call(CollectiveKind::all_gather, count, t, groups);
     return h;
   }
-  CollectiveHandle start_reduce_scatter(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
-                                        ReduceOp op, const DeviceGroups& groups) override {
+  CollectiveHandle start_reduce_scatter(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, ReduceOp op,
+                                        const DeviceGroups& groups) override {
     check_call(CollectiveKind::reduce_scatter, ins, outs, count, groups);
     CollectiveHandle h = launch(make(CollectiveKind::reduce_scatter, ins, outs, count, t, op, 0, groups));
     record_call(CollectiveKind::reduce_scatter, count, t, groups);
@@ -395,7 +396,8 @@ class MpiCommunicator final : public Communicator {
         MPI_Request r;
         int rc = recv ? MPI_Irecv(p + off, n, MPI_BYTE, q, tag, comm_, &r)
                       : MPI_Isend(p + off, n, MPI_BYTE, q, tag, comm_, &r);
-        if (rc != MPI_SUCCESS) throw Error(fmt::format("[mpi] posting a message to rank {} failed (MPI error {})", q, rc));
+        if (rc != MPI_SUCCESS)
+          throw Error(fmt::format("[mpi] posting a message to rank {} failed (MPI error {})", q, rc));
         reqs.push_back(r);
         peer.push_back(q);
         is_recv.push_back(recv);
@@ -426,8 +428,8 @@ class MpiCommunicator final : public Communicator {
                 const std::vector<char>& is_recv) {
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
-    const auto deadline = start + std::chrono::duration_cast<clock::duration>(
-                                      std::chrono::duration<double>(options_.timeout_s));
+    const auto deadline =
+        start + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(options_.timeout_s));
     std::vector<int> done(reqs.size());
     size_t left = reqs.size();
     int idle = 0;
@@ -513,8 +515,9 @@ std::unique_ptr<Communicator> make_mpi_communicator(const std::vector<int>& proc
   int provided = 0;
   MPI_Query_thread(&provided);
   if (provided < MPI_THREAD_SERIALIZED)
-    throw Error("[mpi] MPI was initialized without thread support; initialize it with MPI_Init_thread and "
-                "MPI_THREAD_SERIALIZED or more (px::process_world() does)");
+    throw Error(
+        "[mpi] MPI was initialized without thread support; initialize it with MPI_Init_thread and "
+        "MPI_THREAD_SERIALIZED or more (px::process_world() does)");
   if (!(options.timeout_s > 0))
     throw Error(fmt::format("[mpi] timeout_s is {}; give a positive number of seconds", options.timeout_s));
   int rank = 0, size = 1;

@@ -34,8 +34,8 @@ bool has(const std::string& text, const std::string& part) { return text.find(pa
 
 bool fault_program() { return std::getenv("PX_TEST_MPI_FAULT") != nullptr; }
 
-#define REQUIRE_MPIRUN()                                                                                     \
-  if (env().launch_size == 0 || fault_program())                                                             \
+#define REQUIRE_MPIRUN()                                                                            \
+  if (env().launch_size == 0 || fault_program())                                                    \
   GTEST_SKIP() << "runs only under mpirun (ctest runs it as distributed_mpi_2_ranks: mpirun -np 2 " \
                   "--oversubscribe with PX_DEVICES=cpu:2)"
 
@@ -56,8 +56,8 @@ std::vector<std::byte> input_of(int p, int64_t count, DType t, uint32_t salt) {
 
 // Runs one collective on `comm` over the given positions' buffers (blocking or started + waited).
 void run_case(Communicator& comm, const Case& c, const std::vector<int>& positions,
-              std::vector<std::vector<std::byte>>& in, std::vector<std::vector<std::byte>>& out, int64_t count,
-              DType t, const DeviceGroups& groups, bool start, bool in_place) {
+              std::vector<std::vector<std::byte>>& in, std::vector<std::vector<std::byte>>& out, int64_t count, DType t,
+              const DeviceGroups& groups, bool start, bool in_place) {
   Buffers ins;
   MutBuffers outs;
   for (int p : positions) {
@@ -108,15 +108,14 @@ TEST(MpiRanks, EveryCollectiveAndDtypeEqualsInProcessOnUnevenGroups) {
   for (int p = 0; p < world; ++p) all[p] = p;
   comm.reset_stats();
   const std::vector<DeviceGroups> layouts = {
-      {{0, 1, 2, 3}},        // everyone
-      {{0, 2}, {1, 3}},      // across the processes
-      {{3, 0, 1}, {2}},      // uneven, out of order, one group inside a process
-      {{0, 1}, {2, 3}},      // inside the processes: no message
+      {{0, 1, 2, 3}},    // everyone
+      {{0, 2}, {1, 3}},  // across the processes
+      {{3, 0, 1}, {2}},  // uneven, out of order, one group inside a process
+      {{0, 1}, {2, 3}},  // inside the processes: no message
   };
-  const std::vector<Case> cases = {{"all_reduce"},     {"all_reduce", ReduceOp::max},
-                                    {"all_gather"},     {"reduce_scatter"},
-                                    {"all_to_all"},     {"permute"},
-                                    {"broadcast"}};
+  const std::vector<Case> cases = {
+      {"all_reduce"}, {"all_reduce", ReduceOp::max}, {"all_gather"}, {"reduce_scatter"}, {"all_to_all"}, {"permute"},
+      {"broadcast"}};
   uint32_t salt = 1;
   for (DType t : {DType::f32, DType::bf16, DType::f16, DType::i32})
     for (const DeviceGroups& groups : layouts)
@@ -126,8 +125,8 @@ TEST(MpiRanks, EveryCollectiveAndDtypeEqualsInProcessOnUnevenGroups) {
           if (variant == 2 && !in_place) continue;
           const int64_t count = (variant == 1 && t == DType::f32) ? 12 * 5000 : 12 * 25;
           const int64_t es = dtype_size(t);
-          std::vector<std::vector<std::byte>> in(world), out(world, std::vector<std::byte>(count * world * es,
-                                                                                            std::byte{0xAB}));
+          std::vector<std::vector<std::byte>> in(world),
+              out(world, std::vector<std::byte>(count * world * es, std::byte{0xAB}));
           for (int p = 0; p < world; ++p) in[p] = input_of(p, count, t, ++salt);
           auto ref_in = in;
           auto ref_out = out;
@@ -180,10 +179,10 @@ TEST(MpiRanks, StartedCollectivesOverlapCompute) {
   EXPECT_FALSE(h.pending());
   EXPECT_EQ(out[1][count - 1], 4.0f);
   if (process_world().rank == 0)
-    std::printf("all_reduce of %lld MiB f32 over 2 processes x 2 devices: %.2f ms (%.2f GB/s of payload); "
-                "started, computed %.2f ms, then waited %.2f ms\n",
-                static_cast<long long>(count * 4 >> 20), alone * 1e3, count * 4 / alone / 1e9, 2 * alone * 1e3,
-                waited * 1e3);
+    std::printf(
+        "all_reduce of %lld MiB f32 over 2 processes x 2 devices: %.2f ms (%.2f GB/s of payload); "
+        "started, computed %.2f ms, then waited %.2f ms\n",
+        static_cast<long long>(count * 4 >> 20), alone * 1e3, count * 4 / alone / 1e9, 2 * alone * 1e3, waited * 1e3);
 }
 
 TEST(MpiRanks, ProcessWorldSpansEveryProcessDevices) {
@@ -198,7 +197,8 @@ TEST(MpiRanks, ProcessWorldSpansEveryProcessDevices) {
   // The same text everywhere passes; a different one fails on every rank, naming the difference.
   check_same_on_every_process(*w.communicator, w.rank, "configs", "model: gpt\nsteps: 10\n");
   std::string err = testing::error_of([&] {
-    check_same_on_every_process(*w.communicator, w.rank, "configs", w.rank == 0 ? "model: gpt\nsteps: 10\n" : "model: gpt\nsteps: 12\n");
+    check_same_on_every_process(*w.communicator, w.rank, "configs",
+                                w.rank == 0 ? "model: gpt\nsteps: 10\n" : "model: gpt\nsteps: 12\n");
   });
   EXPECT_TRUE(has(err, "different configs")) << err;
   EXPECT_TRUE(has(err, "'steps: 12' against 'steps: 10'")) << err;
@@ -351,7 +351,8 @@ struct Launch {
 // mpirun -np 2 <this test binary> --gtest_filter=<filter>, with the given environment.
 Launch launch(const std::string& filter, const std::string& env_vars) {
   const std::string cmd = env_vars + " OMP_NUM_THREADS=1 " + mpirun_path() +
-                          " -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader " +
+                          " -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader"
+                          " --mca btl_vader_single_copy_mechanism none " +
                           "/proc/" + std::to_string(::getpid()) + "/exe --gtest_filter=" + filter + " 2>&1";
   Launch l;
   auto t0 = std::chrono::steady_clock::now();
@@ -364,8 +365,8 @@ Launch launch(const std::string& filter, const std::string& env_vars) {
   return l;
 }
 
-#define REQUIRE_LAUNCHER()                                                                                 \
-  if (env().launch_size != 0) GTEST_SKIP() << "starts mpirun itself; not run under mpirun";                \
+#define REQUIRE_LAUNCHER()                                                                  \
+  if (env().launch_size != 0) GTEST_SKIP() << "starts mpirun itself; not run under mpirun"; \
   if (mpirun_path().empty()) GTEST_SKIP() << "mpirun (openmpi-bin) is not installed: no multi-process test"
 
 // Rank 1 stops (SIGSTOP) before an all-reduce: rank 0 fails with the timeout error naming rank 1,
@@ -418,8 +419,9 @@ TEST(MpiFault, StopOrDie) {
   std::vector<float> x(1000, 1.0f), y(1000);
   comm.all_reduce({x.data()}, {y.data()}, 1000, DType::f32, ReduceOp::sum, {{0, 1}});
   if (w.rank == 1) ::raise(m == "stop" ? SIGSTOP : SIGKILL);
-  std::string err = testing::error_of(
-      [&] { comm.all_reduce({x.data()}, {y.data()}, 1000, DType::f32, ReduceOp::sum, {{0, 1}}); });
+  std::string err = testing::error_of([&] {
+    comm.all_reduce({x.data()}, {y.data()}, 1000, DType::f32, ReduceOp::sum, {{0, 1}});
+  });
   std::printf("rank %d error: %s\n", w.rank, err.c_str());
   std::fflush(stdout);
   // A later call fails at once with the same error.

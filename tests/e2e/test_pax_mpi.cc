@@ -8,10 +8,10 @@
 
 #include <chrono>
 #include <cstdio>
-#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 namespace fs = std::filesystem;
 
@@ -44,17 +44,18 @@ std::string mpirun() {
 // pax train on 2 processes (PX_DEVICES=cpu:1 each) or on one process with cpu:2; `extra` is more
 // arguments (a shell word list, evaluated per rank).
 std::string pax_args(const std::string& dir, const std::string& extra) {
-  return
-      " train --exp=copy.TransformerLmTiny --set model.d_model=32 --set model.d_ff=64 --set model.n_layers=1"
-      " --set model.seq_len=16 --set data.batch=4 --set data.copy_eval_batches=2 --set schedule.warmup_steps=2"
-      " --set train.summary_interval=1 --set train.eval_interval=3 --set train.checkpoint_interval=3"
-      " --set sharding.mesh=data:2 --set sharding.strategy=fsdp --job_log_dir=" +
-      dir + " " + extra;
+  return " train --exp=copy.TransformerLmTiny --set model.d_model=32 --set model.d_ff=64 --set model.n_layers=1"
+         " --set model.seq_len=16 --set data.batch=4 --set data.copy_eval_batches=2 --set schedule.warmup_steps=2"
+         " --set train.summary_interval=1 --set train.eval_interval=3 --set train.checkpoint_interval=3"
+         " --set sharding.mesh=data:2 --set sharding.strategy=fsdp --job_log_dir=" +
+         dir + " " + extra;
 }
 
 std::string mpirun_command(const std::string& args, const std::string& env = "") {
   return "PX_DEVICES=cpu:1 OMP_NUM_THREADS=1 PX_COLLECTIVE_TIMEOUT_S=60 " + env + " " + mpirun() +
-         " -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader sh -c 'exec " + PX_PAX_BIN + args + "'";
+         " -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader --mca btl_vader_single_copy_mechanism none"
+         " sh -c 'exec " +
+         PX_PAX_BIN + args + "'";
 }
 
 Result train(bool two_processes, const std::string& dir, const std::string& extra) {
