@@ -8,7 +8,7 @@ set -euo pipefail
 # loader: libdnnl-dev only recommends them), fmt. Checkpoints: zstd. Text data and tokenizers: PCRE2, ICU, SentencePiece, JSON, zlib, and the
 # GCIDE dictionary (pax's default corpus). Tests: GoogleTest, python3-venv (the interop tests'
 # venv). Fuzzing: clang with libFuzzer (libclang-rt-dev) and its OpenMP. AUTO sharding's solver:
-# CBC. Optional: benchmark, ccache.
+# CBC. Several processes and machines: Open MPI. Optional: benchmark, ccache.
 PACKAGES=(
   g++ cmake ninja-build git
   libdnnl-dev ocl-icd-opencl-dev opencl-headers
@@ -21,6 +21,7 @@ PACKAGES=(
   libbenchmark-dev ccache
   libcli11-dev libtomlplusplus-dev libcairo2-dev
   coinor-libcbc-dev
+  libopenmpi-dev openmpi-bin
 )
 
 missing=()

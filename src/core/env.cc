@@ -80,6 +80,36 @@ EnvConfig parse_env(const std::function<const char*(const char*)>& get_raw) {
       c.devices_error = e.what();
     }
   }
+  if (const char* v = get("PX_COLLECTIVE_TIMEOUT_S")) {
+    char* end = nullptr;
+    double t = std::strtod(v, &end);
+    if (*end != '\0' || !(t > 0) || t > 1e6)
+      throw Error(std::string("[env] PX_COLLECTIVE_TIMEOUT_S='") + v +
+                  "' is not a timeout; use a number of seconds > 0, e.g. 60");
+    c.collective_timeout_s = t;
+  }
+  // The launcher's rank and size (first match wins); a malformed value is not ours to reject.
+  auto as_int = [](const char* v) {
+    char* end = nullptr;
+    long n = v ? std::strtol(v, &end, 10) : -1;
+    return (v && *end == '\0' && n >= 0 && n < (1 << 24)) ? static_cast<int>(n) : -1;
+  };
+  struct Source {
+    const char* rank;
+    const char* size;
+    const char* name;
+  };
+  for (Source src : {Source{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun"},
+                     Source{"PMIX_RANK", "OMPI_UNIVERSE_SIZE", "pmix"}, Source{"SLURM_PROCID", "SLURM_NTASKS", "srun"}}) {
+    if (std::string(src.name) == "srun" && !get("SLURM_STEP_ID")) continue;  // sbatch's shell is no rank
+    int r = as_int(get(src.rank)), n = as_int(get(src.size));
+    if (r >= 0 && n > r) {
+      c.launch_rank = r;
+      c.launch_size = n;
+      c.launcher = src.name;
+      break;
+    }
+  }
   return c;
 }
 
@@ -97,7 +127,11 @@ const std::vector<EnvVariable>& env_variables() {
       {"PX_PROFILE", "1 times every kernel; Executable::profile_report() prints the totals"},
       {"PX_DEVICES",
        "devices meshes are made on by default (Mesh::create, Mesh::parse): cpu (default, one device) or "
-       "cpu:N for N virtual CPU devices in this process, e.g. cpu:8"},
+       "cpu:N for N virtual CPU devices in this process, e.g. cpu:8 (under mpirun or srun: each process's "
+       "own devices; the global mesh spans every process's)"},
+      {"PX_COLLECTIVE_TIMEOUT_S",
+       "seconds a collective across processes waits for a peer before failing with an error that names the "
+       "missing rank (default 60)"},
   };
   return vars;
 }

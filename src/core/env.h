@@ -25,6 +25,15 @@ struct EnvConfig {
   // A malformed PX_DEVICES is reported only where devices are used (default_devices()), so that
   // plain compiles, which need no devices, still work: this holds the error, "" when valid.
   std::string devices_error;
+  // PX_COLLECTIVE_TIMEOUT_S: how long a collective across processes waits for a peer before it
+  // fails naming the missing rank (default 60 s).
+  double collective_timeout_s = 60;
+  // Set by a launcher, not by the user: this process's rank and the job's process count, from
+  // Open MPI's mpirun (OMPI_COMM_WORLD_RANK / _SIZE), PMIx (PMIX_RANK) or Slurm's srun
+  // (SLURM_PROCID / SLURM_NTASKS, with SLURM_STEP_ID: inside a job step). -1 / 0 when not launched.
+  int launch_rank = -1;
+  int launch_size = 0;
+  std::string launcher;  // "mpirun", "pmix", "srun" or ""
 };
 
 // Parsed on first use; a malformed value throws px::Error naming the variable and what it accepts

@@ -79,60 +79,82 @@ void Communicator::account(CollectiveKind k, const DeviceGroups& groups, int64_t
     }
 }
 
+void Communicator::check_call(CollectiveKind k, const Buffers& ins, const MutBuffers& outs, int64_t count,
+                              const DeviceGroups& groups) const {
+  const char* op = collective_name(k);
+  check_buffers(op, ins.size(), outs.size(), local_.size());
+  if (k != CollectiveKind::reduce_scatter && k != CollectiveKind::all_to_all) return;
+  int64_t n = groups.empty() ? 1 : static_cast<int64_t>(groups[0].size());
+  if (count % n)
+    throw Error(std::string("[") + op + "] " + std::to_string(count) + " elements do not split over " +
+                std::to_string(n) + " devices");
+}
+
+void Communicator::record_call(CollectiveKind k, int64_t count, DType t, const DeviceGroups& groups,
+                               const std::vector<std::pair<int, int>>& pairs) {
+  const int64_t n = groups.empty() ? 1 : static_cast<int64_t>(groups[0].size());
+  const int64_t bytes = count * dtype_size(t);
+  switch (k) {
+    case CollectiveKind::all_reduce:
+      return account(k, groups, bytes, 2 * (n - 1), n);
+    case CollectiveKind::all_gather:
+      return account(k, groups, n * bytes, n - 1, n);
+    case CollectiveKind::reduce_scatter:
+    case CollectiveKind::all_to_all:
+      return account(k, groups, bytes, n - 1, n);
+    case CollectiveKind::permute:
+      for (auto [src, dst] : pairs)
+        if (src != dst) account(k, {{src}}, bytes, 1, 1);
+      return;
+    case CollectiveKind::broadcast:
+      // Receivers count the bytes they receive; roots count what they send once.
+      for (const auto& g : groups)
+        for (size_t r = 0; r < g.size(); ++r)
+          if (g.size() > 1) account(k, {{g[r]}}, bytes, 1, 1);
+      return;
+  }
+}
+
 void Communicator::all_reduce(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, ReduceOp op,
                               const DeviceGroups& groups) {
-  check_buffers("all_reduce", ins.size(), outs.size(), local_.size());
+  check_call(CollectiveKind::all_reduce, ins, outs, count, groups);
   do_all_reduce(ins, outs, count, t, op, groups);
-  int64_t n = groups.empty() ? 1 : static_cast<int64_t>(groups[0].size());
-  account(CollectiveKind::all_reduce, groups, count * dtype_size(t), 2 * (n - 1), n);
+  record_call(CollectiveKind::all_reduce, count, t, groups);
 }
 
 void Communicator::all_gather(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
                               const DeviceGroups& groups) {
-  check_buffers("all_gather", ins.size(), outs.size(), local_.size());
+  check_call(CollectiveKind::all_gather, ins, outs, count, groups);
   do_all_gather(ins, outs, count, t, groups);
-  int64_t n = groups.empty() ? 1 : static_cast<int64_t>(groups[0].size());
-  account(CollectiveKind::all_gather, groups, n * count * dtype_size(t), n - 1, n);
+  record_call(CollectiveKind::all_gather, count, t, groups);
 }
 
 void Communicator::reduce_scatter(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, ReduceOp op,
                                   const DeviceGroups& groups) {
-  check_buffers("reduce_scatter", ins.size(), outs.size(), local_.size());
-  int64_t n = groups.empty() ? 1 : static_cast<int64_t>(groups[0].size());
-  if (count % n)
-    throw Error("[reduce_scatter] " + std::to_string(count) + " elements do not split over " + std::to_string(n) +
-                " devices");
+  check_call(CollectiveKind::reduce_scatter, ins, outs, count, groups);
   do_reduce_scatter(ins, outs, count, t, op, groups);
-  account(CollectiveKind::reduce_scatter, groups, count * dtype_size(t), n - 1, n);
+  record_call(CollectiveKind::reduce_scatter, count, t, groups);
 }
 
 void Communicator::all_to_all(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
                               const DeviceGroups& groups) {
-  check_buffers("all_to_all", ins.size(), outs.size(), local_.size());
-  int64_t n = groups.empty() ? 1 : static_cast<int64_t>(groups[0].size());
-  if (count % n)
-    throw Error("[all_to_all] " + std::to_string(count) + " elements do not split over " + std::to_string(n) +
-                " devices");
+  check_call(CollectiveKind::all_to_all, ins, outs, count, groups);
   do_all_to_all(ins, outs, count, t, groups);
-  account(CollectiveKind::all_to_all, groups, count * dtype_size(t), n - 1, n);
+  record_call(CollectiveKind::all_to_all, count, t, groups);
 }
 
 void Communicator::permute(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
                            const std::vector<std::pair<int, int>>& pairs) {
-  check_buffers("permute", ins.size(), outs.size(), local_.size());
+  check_call(CollectiveKind::permute, ins, outs, count, {});
   do_permute(ins, outs, count, t, pairs);
-  for (auto [src, dst] : pairs)
-    if (src != dst) account(CollectiveKind::permute, {{src}}, count * dtype_size(t), 1, 1);
+  record_call(CollectiveKind::permute, count, t, {}, pairs);
 }
 
 void Communicator::broadcast(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, int root,
                              const DeviceGroups& groups) {
-  check_buffers("broadcast", ins.size(), outs.size(), local_.size());
+  check_call(CollectiveKind::broadcast, ins, outs, count, groups);
   do_broadcast(ins, outs, count, t, root, groups);
-  // Receivers count the bytes they receive; roots count what they send once.
-  for (const auto& g : groups)
-    for (size_t r = 0; r < g.size(); ++r)
-      if (g.size() > 1) account(CollectiveKind::broadcast, {{g[r]}}, count * dtype_size(t), 1, 1);
+  record_call(CollectiveKind::broadcast, count, t, groups);
 }
 
 }  // namespace px

@@ -119,6 +119,12 @@ class Communicator {
   virtual void do_broadcast(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, int root,
                             const DeviceGroups& groups) = 0;
   int local_index(int position) const { return position < static_cast<int>(index_.size()) ? index_[position] : -1; }
+  // What the blocking forms do around do_*, for implementations that override the start_* forms:
+  // check the buffers and sizes (throws px::Error), and count the call's bytes in stats().
+  void check_call(CollectiveKind k, const Buffers& ins, const MutBuffers& outs, int64_t count,
+                  const DeviceGroups& groups) const;
+  void record_call(CollectiveKind k, int64_t count, DType t, const DeviceGroups& groups,
+                   const std::vector<std::pair<int, int>>& pairs = {});
 
  private:
   void account(CollectiveKind k, const DeviceGroups& groups, int64_t payload, int64_t wire_num, int64_t wire_den);

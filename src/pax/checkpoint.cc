@@ -3,12 +3,20 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "distributed/communicator.h"
+#include "pax/model.h"
+
 namespace px::pax {
 
 namespace {
 CheckpointOptions options(int64_t keep) {
   CheckpointOptions o;
   o.keep_last = static_cast<int>(keep);
+  // Several processes: each writes its own shards; process 0 commits between the barriers.
+  if (const ProcessWorld* w = launched_world(); w && w->size > 1) {
+    o.processes.index = w->rank;
+    o.processes.barrier = [comm = w->communicator](const std::string&) { comm->barrier(); };
+  }
   return o;
 }
 }  // namespace
@@ -26,6 +34,13 @@ void Checkpoints::save(int64_t step, const StepRunner& runner, const std::string
   if (c.step != step) throw InternalError("[pax] checkpoint of step " + std::to_string(step) + " holds step " + std::to_string(c.step));
   c.config_json = config_json;
   c.data_state_json = data_state.empty() ? "null" : data_state;
+  // Over several processes the save's barriers are collectives: they must run on this thread, in
+  // step with the others' (an asynchronous save would meet them from a background thread).
+  if (const ProcessWorld* w = launched_world(); w && w->size > 1) {
+    mgr_.save(c);
+    w->communicator->barrier();  // committed by process 0 before anyone goes on
+    return;
+  }
   mgr_.save_async(c);
 }
 
@@ -48,6 +63,7 @@ std::string Checkpoints::restore(int64_t step, StepRunner& runner) const {
   try {
     RestoreOptions ro;
     ro.shardings = runner.shardings();
+    if (const ProcessWorld* w = launched_world()) ro.process = w->rank;
     Checkpoint c = mgr_.restore(step, ro);
     runner.restore(c);
     return c.data_state_json == "null" ? std::string() : c.data_state_json;

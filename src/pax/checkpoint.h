@@ -2,7 +2,8 @@
 // and optimizer-state tensor a Zarr v3 array chunked by its shards, zstd + crc32c, metadata with
 // the step, the resolved config and the data position; committed atomically; include
 // parallax/checkpoint.h). Saves are asynchronous: the state is copied and training goes on while
-// a background thread writes; the newest `keep` are kept.
+// a background thread writes; the newest `keep` are kept. Under mpirun (several processes) every
+// process writes its own shards synchronously, between the barriers of a multi-process save.
 #pragma once
 
 #include <cstdint>

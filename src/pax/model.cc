@@ -8,6 +8,7 @@
 
 #include "parallax/auto.h"
 
+#include "core/env.h"
 #include "parallax/nn/pretrained.h"
 #include "pax/step_runner.h"
 
@@ -100,7 +101,20 @@ std::vector<TensorType> batch_types(const ExperimentConfig& c) {
   return {{DType::i32, s}, {DType::i32, s}, {DType::f32, s}};
 }
 
+const ProcessWorld* launched_world() {
+  if (env().launch_size == 0) return nullptr;
+  return &process_world();
+}
+
 DeviceSet resolve_devices(const ExperimentConfig& c, const std::string& text, bool for_planning) {
+  if (!for_planning)
+    if (const ProcessWorld* w = launched_world()) {
+      if (!text.empty() && parse_devices(text) != default_devices())
+        throw Error("[pax] --devices " + text + " under " + w->launcher + ": each process's devices come from " +
+                    "PX_DEVICES (here " + default_devices().to_string() + "); drop --devices, or export PX_DEVICES=" +
+                    text + " to every process");
+      return w->devices;
+    }
   if (!text.empty()) return parse_devices(text);
   if (for_planning && !c.sharding.mesh.empty() && c.sharding.mesh.find("-1") == std::string::npos) {
     // Planning needs no real devices: as many virtual ones as the mesh names.

@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "parallax/distributed.h"
 #include "parallax/nn.h"
 #include "parallax/optim.h"
 #include "parallax/parallel.h"
@@ -15,7 +16,11 @@ optim::Schedule make_schedule(const ExperimentConfig& c);
 optim::OptimizerPtr make_optimizer(const ExperimentConfig& c);
 // The batch the step takes: tokens i32[B, S], targets i32[B, S], weights f32[B, S].
 std::vector<TensorType> batch_types(const ExperimentConfig& c);
+// This process's place in a job launched by mpirun or srun (docs/distributed.md); nullptr when
+// pax runs as one process. Rank 0 alone writes the job dir's logs, metrics and summaries.
+const ProcessWorld* launched_world();
 // The devices: `text` ("cpu:N"), else PX_DEVICES, else (planning) as many as the mesh names.
+// Under mpirun / srun (not planning): every process's devices (PX_DEVICES each).
 DeviceSet resolve_devices(const ExperimentConfig& c, const std::string& text, bool for_planning);
 // The config's mesh on those devices; an empty mesh is one device ("data:1").
 Mesh make_mesh(const ExperimentConfig& c, const DeviceSet& devices);

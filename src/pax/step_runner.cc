@@ -77,13 +77,21 @@ class SingleRunner : public StepRunner {
 };
 
 class ShardedRunner : public StepRunner {
+  // A mesh over several processes (pax under mpirun) runs on the job's communicator.
+  static ShardingOptions options(const ExperimentConfig& c, const Mesh& mesh) {
+    ShardingOptions o = sharding_options(c);
+    if (mesh.num_processes() > 1) o.communicator = process_world().communicator;
+    return o;
+  }
+
  public:
   ShardedRunner(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh)
       : step_(model.store(), make_optimizer(c), loss_fn(model), batch_types(c), mesh, strategy_of(c),
-              sharding_options(c), step_options(c)),
+              options(c, mesh), step_options(c)),
         state_(step_.init(c.train.seed)),
         names_(state_names(model, *make_optimizer(c))) {}
   StepMetrics step(const std::vector<Array>& batch) override { return step_(state_, batch); }
+  // A collective over several processes: every process calls it.
   std::vector<Array> params() const override { return step_.gather_params(state_); }
   int64_t step_count() const override { return state_.step; }
   void init_from_pretrained(const std::string& dir) override {

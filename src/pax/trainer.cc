@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "distributed/communicator.h"
 #include "parallax/auto.h"
 #include "parallax/io.h"
 #include "parallax/memory.h"
@@ -46,7 +47,7 @@ void prepare_job_dir(const std::string& dir) {
     if (ec) throw Error("[pax] cannot create the job dir '" + dir + sub + "': " + ec.message() +
                         "; pass a writable --job_log_dir");
   }
-  const std::string probe = dir + "/logs/.write_test";
+  const std::string probe = dir + "/logs/.write_test." + std::to_string(::getpid());  // one per process
   std::ofstream f(probe);
   if (!f) throw Error("[pax] the job dir '" + dir + "' is not writable; pass a writable --job_log_dir");
   f.close();
@@ -122,11 +123,13 @@ int64_t eval_batch_count(const ExperimentConfig& c, const DataSource& data, std:
   return c.train.eval_batches;
 }
 
-// The run's outputs: logs, metrics.jsonl, event files and plots.
+// The run's outputs: logs, metrics.jsonl, event files and plots. Over several processes only
+// rank 0's reporter is `enabled`; the others' write and print nothing.
 class Reporter {
  public:
-  Reporter(const ExperimentConfig& c, const RunOptions& o, int64_t restored_step)
-      : dir_(o.job_dir), out_(o.out ? *o.out : std::cout) {
+  Reporter(const ExperimentConfig& c, const RunOptions& o, int64_t restored_step, bool enabled)
+      : dir_(o.job_dir), out_(o.out ? *o.out : std::cout), enabled_(enabled) {
+    if (!enabled_) return;
     // Lines past the checkpoint we resume from belong to a run that is being redone: drop them,
     // so that metrics.jsonl reads like one uninterrupted run.
     std::vector<std::string> keep;
@@ -158,6 +161,7 @@ class Reporter {
   }
 
   void line(const std::string& s) {
+    if (!enabled_) return;
     if (tty_) std::cerr << "\r\033[K";
     out_ << s << "\n" << std::flush;
     log_ << s << "\n" << std::flush;
@@ -170,6 +174,7 @@ class Reporter {
   }
 
   void scalars(const std::string& split, int64_t step, const std::map<std::string, double>& v) {
+    if (!enabled_) return;
     const double t = now_s();
     (split == "train" ? *train_ : *eval_).scalars(step, v, t);
     (split == "train" ? *train_ : *eval_).flush();
@@ -208,7 +213,7 @@ class Reporter {
   std::ostream& out_;
   std::ofstream metrics_, log_;
   std::unique_ptr<EventWriter> train_, eval_;
-  bool tty_ = false, plot_warned_ = false;
+  bool enabled_ = true, tty_ = false, plot_warned_ = false;
   std::vector<double> tx_, tloss_, tpx_, tpplx_, ex_, eloss_, epx_, epplx_;
 };
 
@@ -226,16 +231,27 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
   prepare_job_dir(opts.job_dir);
   const std::string dir = opts.job_dir;
   Mesh mesh = make_mesh(c, resolve_devices(c, opts.devices, /*for_planning=*/false));
-  std::unique_ptr<DataSource> data = make_data_source(c, dir);
-  write_file(dir + "/config.toml", to_toml(c));
+  // Under mpirun / srun: every process trains on the same config and mesh (checked), rank 0 alone
+  // prepares the data first (tokenizer and caches in the job dir) and writes the outputs.
+  const ProcessWorld* world = launched_world();
+  Communicator* comm = world && world->size > 1 ? world->communicator : nullptr;
+  const bool primary = !world || world->rank == 0;
+  if (comm) check_same_on_every_process(*comm, world->rank, "configs", to_toml(c) + "\nmesh = " + mesh.to_string() + "\n");
+  std::unique_ptr<DataSource> data;
+  if (primary) data = make_data_source(c, dir);
+  if (comm) comm->barrier();
+  if (!primary) data = make_data_source(c, dir);
+  if (primary) write_file(dir + "/config.toml", to_toml(c));
 
   nn::TransformerLm model(lm_config(c));
   std::unique_ptr<StepRunner> runner = make_step_runner(c, model, mesh);
   // The plan the step runs (AUTO solved it once, there), else the recipe's.
   ShardingPlan splan = runner->plan() ? *runner->plan() : sharding_plan(c, model, mesh);
   PlanReport rep = plan_report(c, model, splan);
-  write_file(dir + "/plan.txt", rep.text());
-  write_file(dir + "/model_params.txt", model_params_text(splan));
+  if (primary) {
+    write_file(dir + "/plan.txt", rep.text());
+    write_file(dir + "/model_params.txt", model_params_text(splan));
+  }
 
   Checkpoints ckpt(dir, c.train.checkpoint_keep);
   const std::string config_json = nlohmann::json{{"experiment", c.name}, {"config_toml", to_toml(c)}}.dump();
@@ -250,7 +266,9 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
       throw Error("[pax] --restore_step=" + std::to_string(*opts.restore_step) + ": no committed checkpoint at that "
                   "step in " + dir + "/checkpoints; the committed steps are " + (list.empty() ? "(none)" : list));
     }
-    for (const std::string& p : ckpt.set_aside_after(*opts.restore_step)) set_aside += (set_aside.empty() ? "" : ", ") + p;
+    if (primary)  // one process renames; the others wait for it
+      for (const std::string& p : ckpt.set_aside_after(*opts.restore_step)) set_aside += (set_aside.empty() ? "" : ", ") + p;
+    if (comm) comm->barrier();
   }
   if (auto last = opts.restore_step ? opts.restore_step : ckpt.latest()) {
     std::string ds = ckpt.restore(*last, *runner);
@@ -263,9 +281,10 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
     runner->init_from_pretrained(c.train.init_from_hf);
     origin = "from " + c.train.init_from_hf;
   }
-  Reporter report(c, opts, start);
+  Reporter report(c, opts, start, primary);
   Evaluator evaluator(c, model);
-  const int64_t n_eval = eval_batch_count(c, *data, std::cout);
+  std::ostringstream quiet;
+  const int64_t n_eval = eval_batch_count(c, *data, primary ? std::cout : quiet);
 
   TrainResult result;
   result.first_step = result.last_step = start;
@@ -344,7 +363,17 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
       t_window = t, window_steps = 0, loss_sum = 0;
     }
     const bool last = step == c.train.steps;
-    const bool stop = opts.stop && opts.stop->load();
+    bool stop = opts.stop && opts.stop->load();
+    if (comm) {  // every process stops at the same step (a Ctrl-C may reach them at different ones)
+      std::vector<int32_t> mine(comm->local_positions().size(), stop ? 1 : 0), any(mine.size());
+      Buffers ins;
+      MutBuffers outs;
+      for (size_t i = 0; i < mine.size(); ++i) ins.push_back(&mine[i]), outs.push_back(&any[i]);
+      DeviceGroups all(1);
+      for (int64_t p = 0; p < comm->world_size(); ++p) all[0].push_back(static_cast<int>(p));
+      comm->all_reduce(ins, outs, 1, DType::i32, ReduceOp::max, all);
+      stop = any[0] != 0;
+    }
     if (last || (c.train.eval_interval > 0 && step % c.train.eval_interval == 0)) do_eval(step);
     if (last || stop || (c.train.checkpoint_interval > 0 && step % c.train.checkpoint_interval == 0))
       do_checkpoint(step);

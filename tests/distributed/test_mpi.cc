@@ -1,0 +1,434 @@
+// The MPI communicator and training over several real processes.
+//
+// MpiRanks.* run only under mpirun: ctest runs them as the test distributed_mpi_2_ranks
+// (mpirun -np 2 with PX_DEVICES=cpu:2 per process: a mesh of 4 devices over 2 processes), and the
+// training ones also as distributed_mpi_4x2 and distributed_mpi_8x1 (8 devices as 4 processes of
+// 2, and 8 of 1); run alone, they skip. MpiLaunch.* start mpirun themselves (a rank that stops or dies; ranks that
+// disagree) and skip when mpirun is missing; MpiFault.* are the programs they launch.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "core/env.h"
+#include "distributed/communicator.h"
+#include "parallax/checkpoint.h"
+#include "parallax/distributed.h"
+#include "parallax/ops.h"
+#include "parallax/parallel.h"
+#include "sharding/recipe_check.h"
+#include "testing.h"
+
+namespace px {
+namespace {
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+bool fault_program() { return std::getenv("PX_TEST_MPI_FAULT") != nullptr; }
+
+#define REQUIRE_MPIRUN()                                                                            \
+  if (env().launch_size == 0 || fault_program())                                                    \
+  GTEST_SKIP() << "runs only under mpirun (ctest runs it as distributed_mpi_2_ranks: mpirun -np 2 " \
+                  "--oversubscribe with PX_DEVICES=cpu:2)"
+
+// ---- collectives against the in-process communicator ------------------------------------------
+
+struct Case {
+  std::string kind;
+  ReduceOp op = ReduceOp::sum;
+};
+
+// The bytes of position p's input: the same on every process.
+std::vector<std::byte> input_of(int p, int64_t count, DType t, uint32_t salt) {
+  Array a = t == DType::i32 ? testing::random_array({count}, t, 7 * p + salt, -50, 50)
+                            : testing::random_array({count}, t, 7 * p + salt);
+  const auto* b = static_cast<const std::byte*>(a.raw());
+  return std::vector<std::byte>(b, b + a.nbytes());
+}
+
+// Runs one collective on `comm` over the given positions' buffers (blocking or started + waited).
+void run_case(Communicator& comm, const Case& c, const std::vector<int>& positions,
+              std::vector<std::vector<std::byte>>& in, std::vector<std::vector<std::byte>>& out, int64_t count, DType t,
+              const DeviceGroups& groups, bool start, bool in_place) {
+  Buffers ins;
+  MutBuffers outs;
+  for (int p : positions) {
+    ins.push_back(in[p].data());
+    outs.push_back(in_place ? in[p].data() : out[p].data());
+  }
+  const std::vector<std::pair<int, int>> pairs = {{0, 2}, {2, 1}, {1, 3}, {3, 0}};
+  if (c.kind == "all_reduce") {
+    if (start)
+      comm.start_all_reduce(ins, outs, count, t, c.op, groups).wait();
+    else
+      comm.all_reduce(ins, outs, count, t, c.op, groups);
+  } else if (c.kind == "all_gather") {
+    if (start)
+      comm.start_all_gather(ins, outs, count, t, groups).wait();
+    else
+      comm.all_gather(ins, outs, count, t, groups);
+  } else if (c.kind == "reduce_scatter") {
+    if (start)
+      comm.start_reduce_scatter(ins, outs, count, t, c.op, groups).wait();
+    else
+      comm.reduce_scatter(ins, outs, count, t, c.op, groups);
+  } else if (c.kind == "all_to_all") {
+    if (start)
+      comm.start_all_to_all(ins, outs, count, t, groups).wait();
+    else
+      comm.all_to_all(ins, outs, count, t, groups);
+  } else if (c.kind == "permute") {
+    if (start)
+      comm.start_permute(ins, outs, count, t, pairs).wait();
+    else
+      comm.permute(ins, outs, count, t, pairs);
+  } else {
+    comm.broadcast(ins, outs, count, t, 0, groups);  // root: each group's first member
+  }
+}
+
+TEST(MpiRanks, EveryCollectiveAndDtypeEqualsInProcessOnUnevenGroups) {
+  REQUIRE_MPIRUN();
+  const ProcessWorld& w = process_world();
+  ASSERT_NE(w.communicator, nullptr);
+  Communicator& comm = *w.communicator;
+  const int world = static_cast<int>(comm.world_size());
+  ASSERT_EQ(world, 4) << "the test expects 2 processes with PX_DEVICES=cpu:2";
+  EXPECT_EQ(comm.local_positions(), (std::vector<int>{2 * w.rank, 2 * w.rank + 1}));
+  auto inproc = make_inproc_communicator(world);
+  std::vector<int> all(world);
+  for (int p = 0; p < world; ++p) all[p] = p;
+  comm.reset_stats();
+  const std::vector<DeviceGroups> layouts = {
+      {{0, 1, 2, 3}},    // everyone
+      {{0, 2}, {1, 3}},  // across the processes
+      {{3, 0, 1}, {2}},  // uneven, out of order, one group inside a process
+      {{0, 1}, {2, 3}},  // inside the processes: no message
+  };
+  const std::vector<Case> cases = {
+      {"all_reduce"}, {"all_reduce", ReduceOp::max}, {"all_gather"}, {"reduce_scatter"}, {"all_to_all"}, {"permute"},
+      {"broadcast"}};
+  uint32_t salt = 1;
+  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::i32})
+    for (const DeviceGroups& groups : layouts)
+      for (const Case& c : cases)
+        for (int variant = 0; variant < 3; ++variant) {
+          const bool start = variant == 1, in_place = variant == 2 && c.kind == "all_reduce";
+          if (variant == 2 && !in_place) continue;
+          const int64_t count = (variant == 1 && t == DType::f32) ? 12 * 5000 : 12 * 25;
+          const int64_t es = dtype_size(t);
+          std::vector<std::vector<std::byte>> in(world),
+              out(world, std::vector<std::byte>(count * world * es, std::byte{0xAB}));
+          for (int p = 0; p < world; ++p) in[p] = input_of(p, count, t, ++salt);
+          auto ref_in = in;
+          auto ref_out = out;
+          run_case(*inproc, c, all, ref_in, ref_out, count, t, groups, false, in_place);
+          run_case(comm, c, comm.local_positions(), in, out, count, t, groups, start, in_place);
+          for (int p : comm.local_positions()) {
+            const bool same = in_place ? in[p] == ref_in[p] : out[p] == ref_out[p];
+            EXPECT_TRUE(same) << c.kind << " " << dtype_name(t) << (start ? " started" : "")
+                              << (in_place ? " in place" : "") << " groups #" << (&groups - layouts.data())
+                              << " position " << p;
+          }
+        }
+  // The byte counters are those of the in-process communicator for this process's positions.
+  for (int p : comm.local_positions())
+    for (int k = 0; k < kNumCollectiveKinds; ++k) {
+      auto kind = static_cast<CollectiveKind>(k);
+      EXPECT_EQ(comm.stats().at(p, kind).calls, inproc->stats().at(p, kind).calls) << collective_name(kind);
+      EXPECT_EQ(comm.stats().at(p, kind).wire_bytes, inproc->stats().at(p, kind).wire_bytes) << collective_name(kind);
+      EXPECT_EQ(comm.stats().at(p, kind).payload_bytes, inproc->stats().at(p, kind).payload_bytes);
+    }
+  comm.barrier();
+}
+
+// A started all-reduce runs while this process computes: started, compute, then wait.
+TEST(MpiRanks, StartedCollectivesOverlapCompute) {
+  REQUIRE_MPIRUN();
+  Communicator& comm = *process_world().communicator;
+  const int64_t count = 1 << 20;
+  std::vector<std::vector<float>> in(2, std::vector<float>(count, 1.0f)), out(2, std::vector<float>(count));
+  Buffers ins{in[0].data(), in[1].data()};
+  MutBuffers outs{out[0].data(), out[1].data()};
+  double alone = 1e9;
+  for (int rep = 0; rep < 4; ++rep) {  // the best of 4: the first pays for page faults
+    comm.barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    comm.all_reduce(ins, outs, count, DType::f32, ReduceOp::sum, {{0, 1, 2, 3}});
+    alone = std::min(alone, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  // Started, then 2x its time of compute on this thread, then waited: the wait is short when the
+  // progress thread moved the bytes meanwhile.
+  comm.barrier();
+  auto t1 = std::chrono::steady_clock::now();
+  CollectiveHandle h = comm.start_all_reduce(ins, outs, count, DType::f32, ReduceOp::sum, {{0, 1, 2, 3}});
+  EXPECT_TRUE(h.pending());
+  volatile double sink = 0;
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count() < 2 * alone) sink = sink + 1;
+  auto t2 = std::chrono::steady_clock::now();
+  h.wait();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count();
+  EXPECT_FALSE(h.pending());
+  EXPECT_EQ(out[1][count - 1], 4.0f);
+  if (process_world().rank == 0)
+    std::printf(
+        "all_reduce of %lld MiB f32 over 2 processes x 2 devices: %.2f ms (%.2f GB/s of payload); "
+        "started, computed %.2f ms, then waited %.2f ms\n",
+        static_cast<long long>(count * 4 >> 20), alone * 1e3, count * 4 / alone / 1e9, 2 * alone * 1e3, waited * 1e3);
+}
+
+TEST(MpiRanks, ProcessWorldSpansEveryProcessDevices) {
+  REQUIRE_MPIRUN();
+  const ProcessWorld& w = process_world();
+  EXPECT_EQ(w.size, 2);
+  EXPECT_EQ(w.devices, (DeviceSet{"cpu", 4, 2}));
+  EXPECT_EQ(w.hosts.size(), 2u);
+  EXPECT_EQ(w.launcher, "mpirun");
+  Mesh mesh = Mesh::create({{"data", -1}}, w.devices);
+  EXPECT_EQ(mesh.local_positions(w.rank), (std::vector<int>{2 * w.rank, 2 * w.rank + 1}));
+  // The same text everywhere passes; a different one fails on every rank, naming the difference.
+  check_same_on_every_process(*w.communicator, w.rank, "configs", "model: gpt\nsteps: 10\n");
+  std::string err = testing::error_of([&] {
+    check_same_on_every_process(*w.communicator, w.rank, "configs",
+                                w.rank == 0 ? "model: gpt\nsteps: 10\n" : "model: gpt\nsteps: 12\n");
+  });
+  EXPECT_TRUE(has(err, "different configs")) << err;
+  EXPECT_TRUE(has(err, "'steps: 12' against 'steps: 10'")) << err;
+  EXPECT_TRUE(has(err, "rank 1 differs from rank 0")) << err;
+}
+
+// ---- training over 2 processes equals 1 process -------------------------------------------------
+
+// The step over the processes first (every rank), then, on rank 0 alone, the same step in this
+// one process over all the devices: losses, gradient norms and the gathered params must be equal.
+// (Every rank's losses and gathered params are the same collective results; rank 0 checks them,
+// so that 8 ranks do not each run the 8-device reference.)
+void check_training(const std::vector<std::pair<std::string, int64_t>>& axes, ShardingStrategy strategy,
+                    bool save = false, const nn::LmConfig& cfg = recipe_check::gpt_micro()) {
+  using namespace recipe_check;
+  using clock = std::chrono::steady_clock;
+  const ProcessWorld& w = process_world();
+  const int steps = 2;
+  Mesh single = Mesh::create(axes, DeviceSet{"cpu", w.devices.count, 1});
+  Mesh split = Mesh::create(axes, w.devices);
+  ShardingOptions sopt;
+  sopt.device_parallelism = DeviceParallelism::over_devices;
+  double ref_time = 0, split_time = 0;  // the last step (the first compiles)
+
+  Fixture pf(cfg);
+  ShardingOptions o = sopt;
+  o.communicator = w.communicator;
+  ShardedTrainStep step(pf.model.store(), opt(), pf.loss, pf.batch_types, split, strategy, o);
+  ASSERT_EQ(step.process(), w.rank);
+  ShardedTrainState s = step.init(0);
+  const std::string what = std::string(strategy_name(strategy)) + " on " + split.to_string();
+  std::vector<StepMetrics> got_metrics;
+  for (int i = 0; i < steps; ++i) {
+    auto t0 = clock::now();
+    got_metrics.push_back(step(s, pf.batch(i)));
+    split_time = std::chrono::duration<double>(clock::now() - t0).count();
+  }
+  std::vector<Array> got = step.gather_params(s);
+  if (save) {
+    // Every process writes its own shards of one checkpoint (rank 0 commits) and reads them back.
+    const char* job = std::getenv("PMIX_NAMESPACE");  // the same on every rank of this job
+    const std::string dir =
+        (std::filesystem::temp_directory_path() / ("px_mpi_ckpt_" + std::string(job ? job : "0"))).string();
+    if (w.rank == 0) {
+      std::filesystem::remove_all(dir);
+      std::filesystem::create_directories(dir);
+    }
+    w.communicator->barrier();
+    step.save(dir + "/state.safetensors", s);
+    ShardedTrainState l = step.load(dir + "/state.safetensors");
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      ASSERT_EQ(l.params[i].shards().size(), s.params[i].shards().size());
+      for (size_t j = 0; j < s.params[i].shards().size(); ++j)
+        EXPECT_EQ(l.params[i].shards()[j].to_f32(), s.params[i].shards()[j].to_f32()) << "param " << i;
+    }
+    w.communicator->barrier();
+    if (w.rank == 0) std::filesystem::remove_all(dir);
+  }
+  if (w.rank != 0) return;
+
+  Fixture f(cfg);
+  ShardedTrainStep ref(f.model.store(), opt(), f.loss, f.batch_types, single, strategy, sopt);
+  ShardedTrainState rs = ref.init(0);
+  for (int i = 0; i < steps; ++i) {
+    auto t0 = clock::now();
+    StepMetrics want = ref(rs, f.batch(i));
+    ref_time = std::chrono::duration<double>(clock::now() - t0).count();
+    EXPECT_EQ(got_metrics[i].loss, want.loss) << what << " step " << i;
+    EXPECT_EQ(got_metrics[i].grad_norm, want.grad_norm) << what << " step " << i;
+  }
+  std::vector<Array> want_params = ref.gather_params(rs);
+  ASSERT_EQ(got.size(), want_params.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].to_f32(), want_params[i].to_f32()) << what << " param " << i;
+  std::printf("%s %s step: %.1f ms over %d processes, %.1f ms in one process (%s)\n", cfg.name.c_str(), what.c_str(),
+              split_time * 1e3, w.size, ref_time * 1e3, single.to_string().c_str());
+}
+
+TEST(MpiRanks, DdpOverTwoProcessesEqualsOneProcessBitwise) {
+  REQUIRE_MPIRUN();
+  check_training({{"data", -1}}, ShardingStrategy::DDP, /*save=*/true);
+}
+TEST(MpiRanks, FsdpOverTwoProcessesEqualsOneProcessBitwise) {
+  REQUIRE_MPIRUN();
+  check_training({{"data", -1}}, ShardingStrategy::FSDP);
+}
+TEST(MpiRanks, TpAcrossProcessesEqualsOneProcessBitwise) {
+  REQUIRE_MPIRUN();
+  // The model axis (at most 4: the model's heads) spans processes.
+  if (process_world().devices.count <= 4)
+    check_training({{"model", -1}}, ShardingStrategy::TP);
+  else
+    check_training({{"data", -1}, {"model", 4}}, ShardingStrategy::TP);
+}
+TEST(MpiRanks, LlamaFsdpTpOverProcessesEqualsOneProcessBitwise) {
+  REQUIRE_MPIRUN();
+  check_training({{"data", -1}, {"model", 2}}, ShardingStrategy::FSDP_TP, false, recipe_check::llama_micro());
+}
+TEST(MpiRanks, FsdpTpOverTwoProcessesEqualsOneProcessBitwise) {
+  REQUIRE_MPIRUN();
+  check_training({{"data", -1}, {"model", 2}}, ShardingStrategy::FSDP_TP);
+}
+
+// ---- the launcher's variables and the timeout (no MPI needed) ----------------------------------
+
+EnvConfig env_of(const std::map<std::string, std::string>& vars) {
+  return parse_env([&](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST(MpiEnv, LaunchersAndTimeoutAreRead) {
+  EnvConfig none = env_of({});
+  EXPECT_EQ(none.launch_size, 0);
+  EXPECT_EQ(none.launcher, "");
+  EXPECT_EQ(none.collective_timeout_s, 60);
+  EnvConfig m = env_of({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+  EXPECT_EQ(m.launch_rank, 1);
+  EXPECT_EQ(m.launch_size, 4);
+  EXPECT_EQ(m.launcher, "mpirun");
+  // Slurm's variables count inside a job step (srun) only, not in the batch script's shell.
+  EXPECT_EQ(env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}}).launch_size, 0);
+  EnvConfig sr = env_of({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "8"}, {"SLURM_STEP_ID", "0"}});
+  EXPECT_EQ(sr.launch_rank, 3);
+  EXPECT_EQ(sr.launcher, "srun");
+  EXPECT_EQ(env_of({{"OMPI_COMM_WORLD_RANK", "4"}, {"OMPI_COMM_WORLD_SIZE", "4"}}).launch_size, 0);  // not a rank
+  EXPECT_EQ(env_of({{"PX_COLLECTIVE_TIMEOUT_S", "2.5"}}).collective_timeout_s, 2.5);
+  for (const char* bad : {"0", "-1", "x", "10s"}) {
+    std::string err = testing::error_of([&] { env_of({{"PX_COLLECTIVE_TIMEOUT_S", bad}}); });
+    EXPECT_EQ(err, std::string("[env] PX_COLLECTIVE_TIMEOUT_S='") + bad +
+                       "' is not a timeout; use a number of seconds > 0, e.g. 60");
+  }
+}
+
+// ---- faults and bad launches: mpirun started from the test ---------------------------------------
+
+std::string mpirun_path() {
+#ifdef PX_MPIEXEC
+  if (std::filesystem::exists(PX_MPIEXEC)) return PX_MPIEXEC;
+#endif
+  return "";
+}
+
+struct Launch {
+  int status = -1;
+  double seconds = 0;
+  std::string output;
+};
+
+// mpirun -np 2 <this test binary> --gtest_filter=<filter>, with the given environment.
+Launch launch(const std::string& filter, const std::string& env_vars) {
+  const std::string cmd = env_vars + " OMP_NUM_THREADS=1 " + mpirun_path() +
+                          " -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader"
+                          " --mca btl_vader_single_copy_mechanism none " +
+                          "/proc/" + std::to_string(::getpid()) + "/exe --gtest_filter=" + filter + " 2>&1";
+  Launch l;
+  auto t0 = std::chrono::steady_clock::now();
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (!f) return l;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), f)) l.output.append(buf, n);
+  l.status = ::pclose(f);
+  l.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return l;
+}
+
+#define REQUIRE_LAUNCHER()                                                                  \
+  if (env().launch_size != 0) GTEST_SKIP() << "starts mpirun itself; not run under mpirun"; \
+  if (mpirun_path().empty()) GTEST_SKIP() << "mpirun (openmpi-bin) is not installed: no multi-process test"
+
+// Rank 1 stops (SIGSTOP) before an all-reduce: rank 0 fails with the timeout error naming rank 1,
+// and the job ends (non-zero) well within the timeout plus start-up.
+TEST(MpiLaunch, AStoppedRankFailsTheOthersWithinTheTimeout) {
+  REQUIRE_LAUNCHER();
+  Launch l = launch("MpiFault.StopOrDie", "PX_TEST_MPI_FAULT=stop PX_DEVICES=cpu:1 PX_COLLECTIVE_TIMEOUT_S=2");
+  EXPECT_NE(l.status, 0) << l.output;
+  EXPECT_LT(l.seconds, 20) << l.output;
+  EXPECT_TRUE(has(l.output, "[mpi] rank 0: all_reduce #")) << l.output;
+  EXPECT_TRUE(has(l.output, "timed out after 2 s: rank 1 (host ")) << l.output;
+  EXPECT_TRUE(has(l.output, "sent nothing")) << l.output;
+}
+
+// Rank 1 dies (SIGKILL) mid-run: the job ends with rank 1 named, within seconds.
+TEST(MpiLaunch, AKilledRankEndsTheJobNamingIt) {
+  REQUIRE_LAUNCHER();
+  Launch l = launch("MpiFault.StopOrDie", "PX_TEST_MPI_FAULT=kill PX_DEVICES=cpu:1 PX_COLLECTIVE_TIMEOUT_S=10");
+  EXPECT_NE(l.status, 0) << l.output;
+  EXPECT_LT(l.seconds, 20) << l.output;
+  EXPECT_TRUE(has(l.output, "rank 1")) << l.output;
+}
+
+// Processes launched with different device counts fail at start, naming both.
+TEST(MpiLaunch, DifferentDeviceCountsFailAtStart) {
+  REQUIRE_LAUNCHER();
+  Launch l = launch("MpiFault.StopOrDie", "PX_TEST_MPI_FAULT=devices");
+  EXPECT_NE(l.status, 0) << l.output;
+  EXPECT_TRUE(has(l.output, "rank 1 (host ")) << l.output;
+  EXPECT_TRUE(has(l.output, "PX_DEVICES=cpu:2) but rank 0")) << l.output;
+}
+
+// The program the launch tests run on each rank.
+TEST(MpiFault, StopOrDie) {
+  const char* mode = std::getenv("PX_TEST_MPI_FAULT");
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  // Before anything reads the environment (env() is read once): rank 1 asks for more devices.
+  if (mode && rank && std::string(mode) == "devices") ::setenv("PX_DEVICES", *rank == '1' ? "cpu:2" : "cpu:1", 1);
+  if (!mode || env().launch_size == 0) GTEST_SKIP() << "run by the MpiLaunch tests under mpirun";
+  const std::string m = mode;
+  if (m == "devices") {
+    // Rank 1 has cpu:2, rank 0 cpu:1: process_world() must refuse on both.
+    std::string err = testing::error_of([] { process_world(); });
+    std::printf("rank error: %s\n", err.c_str());
+    std::fflush(stdout);
+    std::_Exit(err.empty() ? 0 : 3);
+  }
+  const ProcessWorld& w = process_world();
+  Communicator& comm = *w.communicator;
+  std::vector<float> x(1000, 1.0f), y(1000);
+  comm.all_reduce({x.data()}, {y.data()}, 1000, DType::f32, ReduceOp::sum, {{0, 1}});
+  if (w.rank == 1) ::raise(m == "stop" ? SIGSTOP : SIGKILL);
+  std::string err = testing::error_of([&] {
+    comm.all_reduce({x.data()}, {y.data()}, 1000, DType::f32, ReduceOp::sum, {{0, 1}});
+  });
+  std::printf("rank %d error: %s\n", w.rank, err.c_str());
+  std::fflush(stdout);
+  // A later call fails at once with the same error.
+  std::string again = testing::error_of([&] { comm.barrier(); });
+  EXPECT_EQ(again, err);
+  std::exit(err.empty() ? 0 : 2);  // the exit handler aborts the job (rank 1 is stopped)
+}
+
+}  // namespace
+}  // namespace px

@@ -1,0 +1,209 @@
+// pax train under mpirun: 2 processes of 1 device each train exactly like one process of 2 devices,
+// rank 0 alone prints and writes the job dir's outputs, every process writes its checkpoint shards,
+// the same command resumes, and processes launched with different configs stop with the difference.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int rc = -1;
+  std::string out;
+};
+
+Result run(const std::string& cmd) {
+  Result r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string mpirun() {
+#ifdef PX_MPIEXEC
+  if (fs::exists(PX_MPIEXEC)) return PX_MPIEXEC;
+#endif
+  return "";
+}
+
+// pax train on 2 processes (PX_DEVICES=cpu:1 each) or on one process with cpu:2; `extra` is more
+// arguments (a shell word list, evaluated per rank).
+std::string pax_args(const std::string& dir, const std::string& extra) {
+  return " train --exp=copy.TransformerLmTiny --set model.d_model=32 --set model.d_ff=64 --set model.n_layers=1"
+         " --set model.seq_len=16 --set data.batch=4 --set data.copy_eval_batches=2 --set schedule.warmup_steps=2"
+         " --set train.summary_interval=1 --set train.eval_interval=3 --set train.checkpoint_interval=3"
+         " --set sharding.mesh=data:2 --set sharding.strategy=fsdp --job_log_dir=" +
+         dir + " " + extra;
+}
+
+std::string mpirun_command(const std::string& args, const std::string& env = "") {
+  return "PX_DEVICES=cpu:1 OMP_NUM_THREADS=1 PX_COLLECTIVE_TIMEOUT_S=60 " + env + " " + mpirun() +
+         " -np 2 --oversubscribe --allow-run-as-root --mca btl self,vader --mca btl_vader_single_copy_mechanism none"
+         " sh -c 'exec " +
+         PX_PAX_BIN + args + "'";
+}
+
+Result train(bool two_processes, const std::string& dir, const std::string& extra) {
+  const std::string args = pax_args(dir, extra);
+  if (!two_processes) return run("OMP_NUM_THREADS=1 " + std::string(PX_PAX_BIN) + args + " --devices cpu:2");
+  return run(mpirun_command(args));
+}
+
+// (split, step, loss) of every line of metrics.jsonl.
+std::vector<std::string> losses(const std::string& dir) {
+  std::vector<std::string> v;
+  std::ifstream f(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    v.push_back(j["split"].get<std::string>() + " " + std::to_string(j["step"].get<int64_t>()) + " " +
+                nlohmann::json(j["loss"].get<double>()).dump());
+  }
+  return v;
+}
+
+size_t count(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+std::string job(const std::string& name) {
+  std::string d = ::testing::TempDir() + "/pax_mpi_" + std::to_string(::getpid()) + "_" + name;
+  fs::remove_all(d);
+  return d;
+}
+
+TEST(PaxMpi, TwoProcessesTrainAndResumeLikeOne) {
+  if (mpirun().empty()) GTEST_SKIP() << "mpirun (openmpi-bin) is not installed";
+  const std::string one = job("one"), two = job("two");
+  Result a = train(false, one, "--set train.steps=6");
+  ASSERT_EQ(a.rc, 0) << a.out;
+  Result b = train(true, two, "--set train.steps=6");
+  ASSERT_EQ(b.rc, 0) << b.out;
+  EXPECT_EQ(count(b.out, "pax train copy.TransformerLmTiny"), 1u) << "rank 0 alone prints:\n" << b.out;
+  EXPECT_NE(b.out.find("on cpu:2 over 2 processes"), std::string::npos) << b.out;
+  EXPECT_EQ(losses(two), losses(one));  // bitwise: the same reduction order
+  EXPECT_EQ(losses(two).size(), 8u);    // 6 train + 2 eval lines, written once
+  EXPECT_TRUE(fs::exists(two + "/checkpoints/checkpoint_00000006/COMMITTED"));
+  // The same command with more steps resumes from the last checkpoint, as one process does.
+  a = train(false, one, "--set train.steps=8");
+  b = train(true, two, "--set train.steps=8");
+  ASSERT_EQ(b.rc, 0) << b.out;
+  EXPECT_NE(b.out.find("resumed at step 6"), std::string::npos) << b.out;
+  EXPECT_EQ(losses(two), losses(one));
+  fs::remove_all(one);
+  fs::remove_all(two);
+}
+
+TEST(PaxMpi, ProcessesWithDifferentConfigsStopNamingTheDifference) {
+  if (mpirun().empty()) GTEST_SKIP() << "mpirun (openmpi-bin) is not installed";
+  const std::string d = job("differ");
+  Result r = train(true, d, "--set train.steps=$((10 + OMPI_COMM_WORLD_RANK))");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("different configs: rank 1 differs from rank 0: 'steps = 11' against 'steps = 10'"),
+            std::string::npos)
+      << r.out;
+  fs::remove_all(d);
+}
+
+// The pid of rank `rank` of the job whose processes carry PX_TEST_TAG=tag, or -1.
+pid_t find_rank(const std::string& tag, int rank) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "environ");
+    std::string env((std::istreambuf_iterator<char>(f)), {});
+    if (env.find(std::string("PX_TEST_TAG=") + tag + '\0') != std::string::npos &&
+        env.find("OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + '\0') != std::string::npos) {
+      std::ifstream c(e.path() / "comm");
+      std::string comm;
+      std::getline(c, comm);
+      if (comm == "pax") return static_cast<pid_t>(std::stoi(name));
+    }
+  }
+  return -1;
+}
+
+// A long run on 2 processes; once it has committed a checkpoint, rank 1 gets `sig`. The job must
+// end non-zero naming rank 1 within the collective timeout (3 s) plus slack; the same command with
+// a reachable train.steps then resumes from the last checkpoint and matches one process bitwise.
+void fault_and_resume(int sig, const std::string& name) {
+  const std::string two = job(name), one = job(name + "_one"), tag = std::to_string(::getpid()) + name;
+  // A schedule that does not depend on train.steps: the resumed run's lr is the interrupted one's.
+  const std::string sched = " --set schedule.kind=linear_warmup";
+  const std::string cmd = mpirun_command(pax_args(two, "--set train.steps=100000" + sched),
+                                         "PX_TEST_TAG=" + tag + " PX_COLLECTIVE_TIMEOUT_S=3");
+  const std::string log = two + ".log";
+  const pid_t shell = ::fork();
+  ASSERT_GE(shell, 0);
+  if (shell == 0) {
+    ::execl("/bin/sh", "sh", "-c", (cmd + " > " + log + " 2>&1").c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
+  pid_t victim = -1;
+  while (clock::now() - t0 < std::chrono::seconds(60)) {
+    if (fs::exists(two + "/checkpoints/checkpoint_00000006/COMMITTED") && (victim = find_rank(tag, 1)) > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GT(victim, 0) << "no checkpoint or no rank 1 within 60 s";
+  ::kill(victim, sig);
+  auto t_kill = clock::now();
+  int status = 0;
+  ::waitpid(shell, &status, 0);
+  const double seconds = std::chrono::duration<double>(clock::now() - t_kill).count();
+  std::ifstream lf(log);
+  std::string out((std::istreambuf_iterator<char>(lf)), {});
+  EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_LT(seconds, 30) << out;
+  EXPECT_NE(out.find("rank 1"), std::string::npos) << out;
+  if (sig == SIGSTOP) EXPECT_NE(out.find("timed out after 3 s: rank 1 (host "), std::string::npos) << out;
+
+  // Resume: the same command (with a train.steps it reaches) continues from the last checkpoint.
+  std::vector<int64_t> steps;
+  for (const auto& e : fs::directory_iterator(two + "/checkpoints")) {
+    const std::string n = e.path().filename();
+    if (n.rfind("checkpoint_", 0) == 0 && fs::exists(e.path() / "COMMITTED")) steps.push_back(std::stoll(n.substr(11)));
+  }
+  ASSERT_FALSE(steps.empty());
+  const int64_t last = *std::max_element(steps.begin(), steps.end());
+  const std::string target = "--set train.steps=" + std::to_string(last + 2) + sched;
+  Result b = train(true, two, target);
+  ASSERT_EQ(b.rc, 0) << b.out;
+  EXPECT_NE(b.out.find("resumed at step " + std::to_string(last)), std::string::npos) << b.out;
+  Result a = train(false, one, target);
+  ASSERT_EQ(a.rc, 0) << a.out;
+  EXPECT_EQ(losses(two), losses(one));
+  fs::remove_all(one);
+  fs::remove_all(two);
+  fs::remove(log);
+}
+
+TEST(PaxMpi, AStoppedRankEndsTheJobNamingItAndTheSameCommandResumes) {
+  if (mpirun().empty()) GTEST_SKIP() << "mpirun (openmpi-bin) is not installed";
+  fault_and_resume(SIGSTOP, "stopped");
+}
+
+TEST(PaxMpi, AKilledRankEndsTheJobNamingItAndTheSameCommandResumes) {
+  if (mpirun().empty()) GTEST_SKIP() << "mpirun (openmpi-bin) is not installed";
+  fault_and_resume(SIGKILL, "killed");
+}
+
+}  // namespace
