@@ -181,6 +181,8 @@ void check_two_processes(ShardingStrategy strategy) {
   Mesh split = single.with_processes(2);
   ShardingOptions sopt;
   sopt.device_parallelism = DeviceParallelism::over_devices;  // the same kernels' threading in both runs
+  sopt.auto_cluster = "h100x8";   // AUTO: each process solves for the same cluster, so the same plan
+  sopt.auto_time_limit_s = 120;
 
   Fixture f(cfg);
   ShardedTrainStep ref(f.model.store(), opt(), f.loss, f.batch_types, single, strategy, sopt);
@@ -249,6 +251,7 @@ void check_two_processes(ShardingStrategy strategy) {
 
 TEST(Processes, DdpOverTwoProcessesEqualsOneProcessBitwise) { check_two_processes(ShardingStrategy::DDP); }
 TEST(Processes, FsdpOverTwoProcessesEqualsOneProcessBitwise) { check_two_processes(ShardingStrategy::FSDP); }
+TEST(Processes, AutoOverTwoProcessesEqualsOneProcessBitwise) { check_two_processes(ShardingStrategy::AUTO); }
 
 // A sharded checkpoint written by two processes (each its own chunks) and read back by each for
 // its own positions, or whole onto one device.
