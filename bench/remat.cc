@@ -1,7 +1,8 @@
 // Remat policies on a 12-layer bench-gpt-width model at seq 1024 (one device, f32, AdamW): per
 // policy the planned peak and activation peak, the measured peak, the recomputed FLOPs against
 // the step's, and the step time against `none` (targets: full at most 35% slower, dots_saveable
-// at most 10%). One JSON line per policy.
+// at most 10%); last, auto with a budget halfway between the planned peaks of none and full. One
+// JSON line per policy.
 //
 //   build/bench/remat [--layers 12] [--seq 1024] [--batch 1] [--steps 3] [--warmup 1] [--d 512] ...
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "gpt_common.h"
 #include "ir/primitive.h"
+#include "runtime/program.h"
 #include "parallax/memory.h"
 #include "parallax/nn.h"
 #include "parallax/train.h"
@@ -46,13 +48,32 @@ int main(int argc, char** argv) {
         graph_flops(*px::trace_train_step(model.store(), *opt, loss_fn, {seq, seq}, 0).graph);
 
     double none_s = 0;
+    int64_t none_peak = 0, full_peak = 0;
     for (px::RematPolicy p : {px::RematPolicy::none, px::RematPolicy::dots_saveable,
                               px::RematPolicy::dots_with_no_batch_dims_saveable, px::RematPolicy::full,
-                              px::RematPolicy::nothing_saveable}) {
+                              px::RematPolicy::nothing_saveable, px::RematPolicy::automatic}) {
+      // auto: a budget halfway between the planned peaks of none and full.
+      px::RematOptions ro{p, {}, -1, p == px::RematPolicy::automatic ? (none_peak + full_peak) / 2 : 0};
       double recomputed = 0;
-      px::remat_step(px::trace_train_step(model.store(), *opt, loss_fn, {seq, seq}, 0), {p, {}}, &recomputed);
+      std::string chosen_text = px::remat_policy_name(p);
+      if (p == px::RematPolicy::automatic) {
+        // What auto settles on, planned by the same buffer planner the step uses.
+        px::RematOptions chosen;
+        auto peak_of = [](const px::StepProgram& sp) {
+          px::CompileOptions c;
+          c.value_categories = sp.categories;
+          return px::plan_program(*sp.graph, c, nullptr).report.peak_bytes;
+        };
+        px::remat_automatic(px::trace_train_step(model.store(), *opt, loss_fn, {seq, seq}, 0), ro.budget_bytes,
+                            peak_of, &chosen);
+        px::remat_step(px::trace_train_step(model.store(), *opt, loss_fn, {seq, seq}, 0), chosen, &recomputed);
+        chosen_text = std::string("auto: ") + px::remat_policy_name(chosen.policy) +
+                      (chosen.layers >= 0 ? " on the first " + std::to_string(chosen.layers) + " layers" : "");
+      } else {
+        px::remat_step(px::trace_train_step(model.store(), *opt, loss_fn, {seq, seq}, 0), ro, &recomputed);
+      }
       px::TrainStepOptions o;
-      o.remat = {p, {}};
+      o.remat = ro;
       px::TrainStep step(model.store(), opt, loss_fn, {seq, seq}, o);
       px::TrainState s = step.init(0);
       for (int i = 0; i < a.warmup; ++i) step(s, batch);
@@ -69,12 +90,14 @@ int main(int argc, char** argv) {
       const double t = times[times.size() / 2];
       if (p == px::RematPolicy::none) none_s = t;
       const px::MemoryReport m = step.executable().memory();
+      if (p == px::RematPolicy::none) none_peak = m.peak_bytes;
+      if (p == px::RematPolicy::full) full_peak = m.peak_bytes;
       std::printf(
-          "{\"bench\": \"remat\", \"policy\": \"%s\", \"layers\": %lld, \"seq\": %lld, \"batch\": %lld, "
+          "{\"bench\": \"remat\", \"policy\": \"%s\", \"budget_bytes\": %lld, \"layers\": %lld, \"seq\": %lld, \"batch\": %lld, "
           "\"planned_peak_bytes\": %lld, \"planned_activation_bytes\": %lld, \"measured_peak_bytes\": %lld, "
           "\"recomputed_flops\": %.4g, \"step_flops\": %.4g, \"recompute_overhead\": %.3f, \"step_s\": %.3f, "
           "\"time_overhead\": %.3f, \"loss\": %.6f}\n",
-          px::remat_policy_name(p), static_cast<long long>(a.layers), static_cast<long long>(a.seq),
+          chosen_text.c_str(), static_cast<long long>(ro.budget_bytes), static_cast<long long>(a.layers), static_cast<long long>(a.seq),
           static_cast<long long>(a.batch), static_cast<long long>(m.peak_bytes),
           static_cast<long long>(m.arena_max_by_category[static_cast<int>(px::MemoryCategory::activations)]),
           static_cast<long long>(px::memory_stats(dev).peak_bytes_in_use), recomputed, step_flops,
