@@ -88,7 +88,8 @@ struct ShardingConfig {
 
 struct MemoryConfig {
   std::string remat = "none";    // none | full | dots_saveable | dots_with_no_batch_dims_saveable |
-                                 // nothing_saveable | auto (not available yet)
+                                 // nothing_saveable | auto (needs budget_bytes)
+  int64_t budget_bytes = 0;      // remat=auto: the planned per-device peak to fit, in bytes
   std::string offload = "none";  // none | params | optimizer_state | params_and_optimizer_state (not available yet)
 };
 

@@ -147,6 +147,8 @@ const std::vector<Field>& table() {
       enum_field("memory.remat", &E::memory, &MemoryConfig::remat,
                  {"none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable", "auto"},
                  "rematerialization policy (docs/memory.md)"),
+      int_field("memory.budget_bytes", &E::memory, &MemoryConfig::budget_bytes, 0, kBig,
+                "remat=auto: the planned per-device peak to fit, in bytes"),
       enum_field("memory.offload", &E::memory, &MemoryConfig::offload,
                  {"none", "params", "optimizer_state", "params_and_optimizer_state"}, "host offload"),
       int_field("train.steps", &E::train, &TrainConfig::steps, 1, kBig, "training steps"),
@@ -439,9 +441,12 @@ void validate(const ExperimentConfig& c) {
 
 void check_runnable(const ExperimentConfig& c) {
   validate(c);
-  if (c.memory.remat == "auto")
-    throw Error("[pax] memory.remat=auto is not available yet (the budgeted policy has not landed); use none, full, "
-                "dots_saveable, dots_with_no_batch_dims_saveable or nothing_saveable");
+  if (c.memory.remat == "auto" && c.memory.budget_bytes <= 0)
+    throw Error("[pax] memory.remat=auto needs memory.budget_bytes: the planned per-device peak to fit, in bytes "
+                "(e.g. --set memory.budget_bytes=8000000000); or name a policy: full, dots_saveable, ...");
+  if (c.memory.remat == "auto" && c.sharding.strategy == "auto")
+    throw Error("[pax] memory.remat=auto with sharding.strategy=auto is not available yet: name a remat policy "
+                "(full, dots_saveable, ...) and AUTO plans around it");
   if (c.memory.offload != "none")
     throw Error("[pax] memory.offload=" + c.memory.offload +
                 " is not available yet (offloading has not landed); set memory.offload=none");

@@ -41,6 +41,7 @@ TrainStepOptions step_options(const ExperimentConfig& c) {
   TrainStepOptions o;
   o.clip_norm = c.optimizer.clip_norm;
   o.remat.policy = parse_remat_policy(c.memory.remat);
+  o.remat.budget_bytes = c.memory.budget_bytes;
   return o;
 }
 

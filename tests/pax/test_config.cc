@@ -72,7 +72,9 @@ TEST(PaxConfig, RelationsAndUnavailableFeaturesAreChecked) {
   EXPECT_EQ(error_of([&] { check_runnable(c); }), "<no error>");  // remat has landed
   set_field(c, "memory.remat", "auto");
   EXPECT_EQ(error_of([&] { validate(c); }), "<no error>");  // plannable
-  EXPECT_NE(error_of([&] { check_runnable(c); }).find("memory.remat=auto is not available yet"), std::string::npos);
+  EXPECT_NE(error_of([&] { check_runnable(c); }).find("memory.remat=auto needs memory.budget_bytes"), std::string::npos);
+  set_field(c, "memory.budget_bytes", "100000000");
+  EXPECT_EQ(error_of([&] { check_runnable(c); }), "<no error>");
   c = tiny();
   set_field(c, "memory.offload", "params");
   EXPECT_NE(error_of([&] { check_runnable(c); }).find("not available yet"), std::string::npos);
