@@ -197,30 +197,26 @@ class MpiCommunicator final : public Communicator {
 
   CollectiveHandle start_all_reduce(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, ReduceOp op,
                                     const DeviceGroups& groups) override {
-    check_call(CollectiveKind::all_reduce, ins, outs, count, groups);
-    CollectiveHandle h = launch(make(CollectiveKind::all_reduce, ins, outs, count, t, op, 0, groups));
-    record_call(CollectiveKind::all_reduce, count, t, groups);
-    return h;
+    return start(CollectiveKind::all_reduce, ins, outs, count, t, op, groups);
   }
   CollectiveHandle start_all_gather(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
                                     const DeviceGroups& groups) override {
-    check_call(CollectiveKind::all_gather, ins, outs, count, groups);
-    CollectiveHandle h = launch(make(CollectiveKind::all_gather, ins, outs, count, t, ReduceOp::sum, 0, groups));
-    record_call(CollectiveKind::all_gather, count, t, groups);
-    return h;
+    return start(CollectiveKind::all_gather, ins, outs, count, t, ReduceOp::sum, groups);
   }
   CollectiveHandle start_reduce_scatter(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, ReduceOp op,
                                         const DeviceGroups& groups) override {
-    check_call(CollectiveKind::reduce_scatter, ins, outs, count, groups);
-    CollectiveHandle h = launch(make(CollectiveKind::reduce_scatter, ins, outs, count, t, op, 0, groups));
-    record_call(CollectiveKind::reduce_scatter, count, t, groups);
-    return h;
+    return start(CollectiveKind::reduce_scatter, ins, outs, count, t, op, groups);
   }
   CollectiveHandle start_all_to_all(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
                                     const DeviceGroups& groups) override {
-    check_call(CollectiveKind::all_to_all, ins, outs, count, groups);
-    CollectiveHandle h = launch(make(CollectiveKind::all_to_all, ins, outs, count, t, ReduceOp::sum, 0, groups));
-    record_call(CollectiveKind::all_to_all, count, t, groups);
+    return start(CollectiveKind::all_to_all, ins, outs, count, t, ReduceOp::sum, groups);
+  }
+  // The grouped kinds: checked, queued, counted.
+  CollectiveHandle start(CollectiveKind kind, const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
+                         ReduceOp op, const DeviceGroups& groups) {
+    check_call(kind, ins, outs, count, groups);
+    CollectiveHandle h = launch(make(kind, ins, outs, count, t, op, 0, groups));
+    record_call(kind, count, t, groups);
     return h;
   }
   CollectiveHandle start_permute(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t,
