@@ -106,6 +106,7 @@ class Array {
   std::vector<int32_t> to_i32() const;  // i32 and bool only
   Array astype(DType d) const;
   Array clone() const;
+  Array to(const Placement& p) const;  // a copy at p (another device or memory kind); *this when already there
   Array reshape(const Shape& s) const;  // shares the buffer
   // True when no other Array shares this buffer (so writing into it is invisible elsewhere).
   bool sole_owner() const { return data_.use_count() <= 1; }

@@ -14,6 +14,7 @@ namespace px {
 // `pinned_host`: host memory that devices copy to and from (offloaded weights and state).
 enum class MemoryKind : uint8_t { device, pinned_host };
 const char* memory_kind_name(MemoryKind k);
+MemoryKind parse_memory_kind(const std::string& name);  // "device" or "pinned_host"; throws naming both
 
 // A device (global id, as in Mesh::device_ids) and a memory kind on it.
 struct Placement {

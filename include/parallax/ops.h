@@ -150,4 +150,10 @@ Tensor dropout(const Tensor& key, const Tensor& x, double rate);               /
 // ---- sharding hint (no-op until a mesh is in play) --------------------------------------
 Tensor tag(const Tensor& x, const std::string& name);  // names a value (remat policies, dumps)
 
+// ---- memory kinds ------------------------------------------------------------------------
+// A copy of x in the given memory kind (device or pinned_host), made by the backend's copy stream.
+// Fetches (to device) with the same `group` form one prefetch group (a layer's params): the
+// schedule starts them together, CompileOptions::prefetch_depth groups ahead of their first use.
+Tensor to_memory(const Tensor& x, MemoryKind kind, const std::string& group = "");
+
 }  // namespace px

@@ -90,7 +90,8 @@ struct MemoryConfig {
   std::string remat = "none";    // none | full | dots_saveable | dots_with_no_batch_dims_saveable |
                                  // nothing_saveable | auto (needs budget_bytes)
   int64_t budget_bytes = 0;      // remat=auto: the planned per-device peak to fit, in bytes
-  std::string offload = "none";  // none | params | optimizer_state | params_and_optimizer_state (not available yet)
+  std::string offload = "none";  // none | params | optimizer_state | params_and_optimizer_state
+  int64_t prefetch_depth = 1;    // offload: layers of params fetched ahead of the one computing
 };
 
 struct TrainConfig {

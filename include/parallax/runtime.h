@@ -30,6 +30,10 @@ struct MemoryReport {
   // The most arena bytes of each category live at once over the run (at whatever step), e.g. how
   // many gathered weights an FSDP step holds at a time.
   std::array<int64_t, kNumMemoryCategories> arena_max_by_category{};
+  // pinned_host memory (offload), not counted above: inputs, outputs and the host arena.
+  int64_t host_input_bytes = 0, host_output_bytes = 0, host_arena_bytes = 0;
+  int64_t host_peak_bytes() const { return host_input_bytes + host_output_bytes + host_arena_bytes; }
+  int64_t transfer_bytes = 0;  // bytes moved between memory kinds per run
   std::string to_string() const;  // one line per category
 };
 
@@ -44,8 +48,15 @@ struct CompileOptions {
   // Collectives that gather (all_gather) start when the one `collective_lookahead` places before
   // them is first used; see runtime/schedule.h.
   int collective_lookahead = 1;
+  // Fetches to device memory (transfer nodes, px::to_memory) start when the prefetch group
+  // `prefetch_depth` groups before theirs is first used: 0 = just before their own first use.
+  int prefetch_depth = 1;
   // Optional: what each value of the graph holds (size = number of values), for memory().
   std::vector<MemoryCategory> value_categories;
+  // Optional: the memory kind of each value (size = number of values; see offload_step). Graph
+  // inputs and outputs in pinned_host are read from and written to caller arrays placed there
+  // (input_kind / output_kind); other values get their own arena per kind. Default: device.
+  std::vector<MemoryKind> value_kinds;
 };
 
 class Executable {
@@ -53,7 +64,8 @@ class Executable {
   static std::unique_ptr<Executable> compile(const Graph& g, const CompileOptions& opt = {});
   ~Executable();
 
-  // Checks the inputs against the graph's input types and returns new output arrays.
+  // Checks the inputs against the graph's input types and returns new output arrays. An input in
+  // another memory kind than input_kind(i) is copied there for the call (run_into rejects it).
   std::vector<Array> run(const std::vector<Array>& inputs);
   // Writes into caller-owned outputs of the right types; steps write their results straight into
   // them. An output may be one of the inputs' arrays (an in-place update such as w -= lr * g):
@@ -65,6 +77,8 @@ class Executable {
   void run_into(const std::vector<Array>& inputs, std::vector<Array>& outputs);
 
   int64_t peak_bytes() const;    // working memory: the arena size of the buffer plan
+  MemoryKind input_kind(int i) const;   // where input i must be placed (Array::placement().kind)
+  MemoryKind output_kind(int o) const;
   MemoryReport memory() const;   // per device: inputs, outputs and arena, split by category
   int64_t output_bytes() const;  // bytes of the outputs (in the caller's arrays, not the arena)
   int num_steps() const;       // kernels launched per run

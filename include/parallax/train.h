@@ -47,9 +47,20 @@ struct RematOptions {
   int64_t budget_bytes = 0;        // automatic: the per-device peak to fit (0: the compile limit)
 };
 
+// Offload: what lives in pinned_host memory between steps instead of device memory (see
+// offload_step and docs/memory.md). An offloaded param is fetched to device memory before its
+// uses (again for the backward pass) and freed after them; fetches start `prefetch_depth` layers
+// ahead and run on the backend's copy stream, overlapped with compute.
+struct OffloadOptions {
+  std::vector<std::string> params;  // globs of param paths ("*": all); each must match a param
+  bool optimizer_state = false;     // keep the optimizer state on the host and run the update there
+  int prefetch_depth = 1;           // layers fetched ahead of the one computing (0: fetch at first use)
+};
+
 struct TrainStepOptions {
   double clip_norm = 0.0;  // > 0: clip gradients to this global norm; 0: no clipping
   RematOptions remat;      // recompute forward values in the backward pass instead of keeping them
+  OffloadOptions offload;  // keep params and optimizer state in pinned_host memory
   // When the loss or the gradient norm is NaN or infinite, keep params and optimizer state as they
   // were (the step is counted in TrainState::skipped, not in TrainState::step).
   bool skip_nonfinite = false;
@@ -123,6 +134,9 @@ struct StepProgram {
   int forward_end = 0;             // nodes [0, forward_end) compute the loss
   int backward_end = 0;            // nodes [forward_end, backward_end) the gradients; then clip and update
   std::vector<MemoryCategory> categories;  // per value: params, optimizer state, gradients, activations, ...
+  std::vector<MemoryKind> input_kinds;     // per graph input, where it lives (empty: all device)
+  std::vector<MemoryKind> kinds;           // per value, where it is computed (empty: all device)
+  StepProgram clone() const;               // a deep copy (the passes take programs by value)
 };
 
 // Traces the whole step into one program. `who` names the caller in errors. With skip_nonfinite,
@@ -143,6 +157,13 @@ StepProgram remat_step(StepProgram p, const RematOptions& options, double* recom
 // `chosen` (optional) receives the policy it settled on.
 StepProgram remat_automatic(StepProgram p, int64_t budget, const std::function<int64_t(const StepProgram&)>& peak_of,
                             RematOptions* chosen = nullptr);
+
+// The offload pass: inputs chosen by `options` live in pinned_host memory; every device use of one
+// reads a copy fetched by a `transfer` node (px::to_memory) just before (one fetch per cluster of
+// nearby uses, so forward and backward fetch separately), and values crossing to the other memory
+// kind are transferred. With optimizer_state, the clipping and update nodes run on the host and
+// read the gradients transferred there. Results are bitwise those without offload.
+StepProgram offload_step(StepProgram p, const OffloadOptions& options);
 
 // A forward-only program over the params (e.g. logits for evaluation or decoding).
 class ForwardFn {

@@ -253,6 +253,13 @@ Array Array::clone() const {
   return a;
 }
 
+Array Array::to(const Placement& p) const {
+  if (p == where_) return *this;
+  Array a(dtype(), shape(), p);
+  if (nbytes()) std::memcpy(a.raw(), raw(), static_cast<size_t>(nbytes()));
+  return a;
+}
+
 Array Array::reshape(const Shape& s) const {
   if (px::numel(s) != numel())
     throw UserError("[Array::reshape] cannot reshape " + type_str(type_) + " to " + shape_str(s));

@@ -32,6 +32,12 @@ Counter& counter(const Placement& p) {
 
 const char* memory_kind_name(MemoryKind k) { return k == MemoryKind::device ? "device" : "pinned_host"; }
 
+MemoryKind parse_memory_kind(const std::string& name) {
+  if (name == "device") return MemoryKind::device;
+  if (name == "pinned_host") return MemoryKind::pinned_host;
+  throw UserError("[memory] unknown memory kind '" + name + "'; the kinds are device and pinned_host");
+}
+
 std::string Placement::to_string() const { return "cpu:" + std::to_string(device) + "/" + memory_kind_name(kind); }
 
 MemoryStats memory_stats(const Placement& p) {

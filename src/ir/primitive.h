@@ -181,5 +181,6 @@ void register_matmul_primitives();
 void register_nn_primitives();
 void register_index_primitives();
 void register_rng_primitives();
+void register_memory_primitives();  // transfer (src/memory/offload.cc)
 
 }  // namespace px

@@ -47,21 +47,23 @@ int count_layers(const Graph& g, int forward_end) {
   return n;
 }
 
-StepProgram copy_of(const StepProgram& p) {
+}  // namespace
+
+StepProgram StepProgram::clone() const {
   StepProgram c;
-  c.graph = p.graph->clone();
-  c.n_params = p.n_params;
-  c.n_state = p.n_state;
-  c.n_batch = p.n_batch;
-  c.paths = p.paths;
-  c.grads = p.grads;
-  c.forward_end = p.forward_end;
-  c.backward_end = p.backward_end;
-  c.categories = p.categories;
+  c.graph = graph->clone();
+  c.n_params = n_params;
+  c.n_state = n_state;
+  c.n_batch = n_batch;
+  c.paths = paths;
+  c.grads = grads;
+  c.forward_end = forward_end;
+  c.backward_end = backward_end;
+  c.categories = categories;
+  c.input_kinds = input_kinds;
+  c.kinds = kinds;
   return c;
 }
-
-}  // namespace
 
 StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_flops) {
   if (recomputed_flops) *recomputed_flops = 0;
@@ -184,7 +186,7 @@ StepProgram remat_automatic(StepProgram p, int64_t budget, const std::function<i
   if (budget <= 0)
     throw UserError("[remat] policy 'auto' needs a budget: set RematOptions::budget_bytes or "
                     "CompileOptions::memory_limit_bytes (bytes per device)");
-  auto with = [&](RematOptions o) { return remat_step(copy_of(p), o); };
+  auto with = [&](RematOptions o) { return remat_step(p.clone(), o); };
   const int layers = count_layers(*p.graph, p.forward_end);
   // Full remat of the first k layers: the peak falls as k grows; the least k that fits.
   auto fits_with = [&](int k) { return peak_of(with({RematPolicy::full, {}, k, 0})) <= budget; };

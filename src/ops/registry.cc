@@ -30,6 +30,7 @@ void ensure_registered() {
     register_nn_primitives();
     register_index_primitives();
     register_rng_primitives();
+    register_memory_primitives();
   });
 }
 }  // namespace

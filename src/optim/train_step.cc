@@ -109,55 +109,67 @@ TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss
   n_params_ = static_cast<size_t>(store_.size());
   n_state_ = opt_->state_slots(store_.types()).size();
   skip_nonfinite_ = options.skip_nonfinite;
-  StepProgram program =
-      trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm, "TrainStep", options.skip_nonfinite);
+  const int64_t limit = options.compile.memory_limit_bytes;
+  auto traced = [&] {
+    return trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm, "TrainStep",
+                            options.skip_nonfinite);
+  };
+  // The buffer planner that plans the step measures each candidate (remat and offload applied).
+  auto compile_options = [&](const StepProgram& p, const OffloadOptions& o) {
+    CompileOptions c = options.compile;
+    if (c.value_categories.empty()) c.value_categories = p.categories;
+    c.value_kinds = p.kinds;
+    c.prefetch_depth = o.prefetch_depth;
+    return c;
+  };
+  auto peak_with = [&](const StepProgram& rematted, const OffloadOptions& o) {
+    StepProgram q = offload_step(rematted.clone(), o);
+    CompileOptions c = compile_options(q, o);
+    c.memory_limit_bytes = 0;
+    return plan_program(*q.graph, c, nullptr).report.peak_bytes;
+  };
+  StepProgram program = traced();
   if (options.remat.policy == RematPolicy::automatic) {
-    // The planner that plans the step's buffers measures each candidate.
-    auto peak_of = [&](const StepProgram& p) {
-      CompileOptions c = options.compile;
-      c.value_categories = p.categories;
-      c.memory_limit_bytes = 0;
-      return plan_program(*p.graph, c, nullptr).report.peak_bytes;
-    };
-    program = remat_automatic(std::move(program),
-                              options.remat.budget_bytes > 0 ? options.remat.budget_bytes
-                                                             : options.compile.memory_limit_bytes,
+    auto peak_of = [&](const StepProgram& p) { return peak_with(p, options.offload); };
+    program = remat_automatic(std::move(program), options.remat.budget_bytes > 0 ? options.remat.budget_bytes : limit,
                               peak_of);
   } else {
     program = remat_step(std::move(program), options.remat);
-    if (options.compile.memory_limit_bytes > 0) {
-      // Over the limit: say which remat policies would fit, each with its planned peak.
-      CompileOptions c = options.compile;
-      c.memory_limit_bytes = 0;
-      auto peak_of = [&](const StepProgram& p) {
-        c.value_categories = p.categories;
-        return plan_program(*p.graph, c, nullptr).report.peak_bytes;
-      };
-      const int64_t peak = peak_of(program);
-      if (peak > options.compile.memory_limit_bytes) {
-        std::string alternatives;
-        for (RematPolicy p : {RematPolicy::dots_saveable, RematPolicy::full, RematPolicy::nothing_saveable}) {
-          if (p == options.remat.policy) continue;
-          const int64_t q = peak_of(remat_step(trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm,
-                                                                "TrainStep", options.skip_nonfinite),
-                                               {p, {}}));
-          alternatives += fmt::format("\n  remat {}: {} bytes{}", remat_policy_name(p), q,
-                                      q <= options.compile.memory_limit_bytes ? " (fits)" : "");
-        }
-        throw UserError(fmt::format(
-            "[TrainStep] the step needs {} bytes per device with remat {}, over the memory limit of {} bytes. "
-            "Planned peaks with other remat policies:{}\nSet TrainStepOptions::remat (RematPolicy::automatic picks "
-            "the least recompute that fits), shrink the batch, or shard the step over more devices "
-            "(ShardedTrainStep with FSDP)",
-            peak, remat_policy_name(options.remat.policy), options.compile.memory_limit_bytes, alternatives));
+    const int64_t peak = limit > 0 ? peak_with(program, options.offload) : 0;
+    if (peak > limit) {
+      // Over the limit: say which settings would fit, each with its planned peak.
+      std::string alternatives;
+      for (RematPolicy p : {RematPolicy::dots_saveable, RematPolicy::full, RematPolicy::nothing_saveable}) {
+        if (p == options.remat.policy) continue;
+        const int64_t q = peak_with(remat_step(traced(), {p, {}}), options.offload);
+        alternatives += fmt::format("\n  remat {}: {} bytes{}", remat_policy_name(p), q, q <= limit ? " (fits)" : "");
       }
+      OffloadOptions all = options.offload;
+      all.params = {"*"};
+      all.optimizer_state = true;
+      const int64_t q = peak_with(program, all);
+      alternatives += fmt::format("\n  offload params and optimizer state: {} bytes{}", q, q <= limit ? " (fits)" : "");
+      const int64_t both = peak_with(remat_step(traced(), {RematPolicy::full, {}}), all);
+      alternatives +=
+          fmt::format("\n  remat full and offload both: {} bytes{}", both, both <= limit ? " (fits)" : "");
+      throw UserError(fmt::format(
+          "[TrainStep] the step needs {} bytes per device with remat {}{}, over the memory limit of {} bytes. "
+          "Planned peaks with other settings:{}\nSet TrainStepOptions::remat (RematPolicy::automatic picks "
+          "the least recompute that fits) or TrainStepOptions::offload, shrink the batch, or shard the step over "
+          "more devices (ShardedTrainStep with FSDP)",
+          peak, remat_policy_name(options.remat.policy),
+          options.offload.params.empty() && !options.offload.optimizer_state ? "" : " and the offload set", limit,
+          alternatives));
     }
   }
+  program = offload_step(std::move(program), options.offload);
   graph_ = std::move(program.graph);
-  CompileOptions copt = options.compile;
-  if (copt.value_categories.empty()) copt.value_categories = std::move(program.categories);
+  CompileOptions copt = compile_options(program, options.offload);
   exe_ = Executable::compile(*graph_, copt);
-  for (int v : exe_->graph().outputs()) outputs_.emplace_back(exe_->graph().type(v).dtype, exe_->graph().type(v).shape);
+  for (size_t o = 0; o < exe_->graph().outputs().size(); ++o) {
+    const TensorType& t = exe_->graph().type(exe_->graph().outputs()[o]);
+    outputs_.emplace_back(t.dtype, t.shape, Placement{0, exe_->output_kind(static_cast<int>(o))});
+  }
   inputs_.resize(graph_->inputs().size());
   inputs_.back() = Array(DType::i32, {});
 }
@@ -190,13 +202,18 @@ StepMetrics TrainStep::operator()(TrainState& state, const std::vector<Array>& b
       throw Error("[TrainStep] batch array " + std::to_string(i) + " has type " + type_str(batch[i].type()) +
                   ", the step was traced for " + type_str(batch_types_[i]));
   size_t k = 0;
-  for (auto& p : state.params) inputs_[k++] = p;
-  for (auto& s : state.opt_state) inputs_[k++] = s;
+  // Params and state live where the step keeps them (offload: pinned_host); moved there once.
+  for (auto* group : {&state.params, &state.opt_state})
+    for (auto& a : *group) {
+      const MemoryKind want = exe_->input_kind(static_cast<int>(k));
+      if (a.placement().kind != want) a = a.to({a.placement().device, want});
+      inputs_[k++] = a;
+    }
   for (auto& b : batch) inputs_[k++] = b;
   inputs_[k].data<int32_t>()[0] = detail::traced_step(state.step, "TrainStep");
   // Reuse last step's buffers unless the caller kept a handle to them (a copied TrainState).
   for (auto& o : outputs_)
-    if (!o.sole_owner()) o = Array(o.dtype(), o.shape());
+    if (!o.sole_owner()) o = Array(o.dtype(), o.shape(), o.placement());
   exe_->run_into(inputs_, outputs_);
 
   StepMetrics m = detail::step_metrics(outputs_[0].to_f32()[0], outputs_[1].to_f32()[0], outputs_[2].to_f32()[0],

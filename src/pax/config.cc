@@ -150,7 +150,10 @@ const std::vector<Field>& table() {
       int_field("memory.budget_bytes", &E::memory, &MemoryConfig::budget_bytes, 0, kBig,
                 "remat=auto: the planned per-device peak to fit, in bytes"),
       enum_field("memory.offload", &E::memory, &MemoryConfig::offload,
-                 {"none", "params", "optimizer_state", "params_and_optimizer_state"}, "host offload"),
+                 {"none", "params", "optimizer_state", "params_and_optimizer_state"},
+                 "keep these in pinned_host memory between steps (docs/memory.md)"),
+      int_field("memory.prefetch_depth", &E::memory, &MemoryConfig::prefetch_depth, 0, 64,
+                "offload: layers of params fetched ahead of the one computing"),
       int_field("train.steps", &E::train, &TrainConfig::steps, 1, kBig, "training steps"),
       int_field("train.eval_interval", &E::train, &TrainConfig::eval_interval, 0, kBig,
                 "evaluate every N steps (0: at the end only)"),
@@ -447,9 +450,6 @@ void check_runnable(const ExperimentConfig& c) {
   if (c.memory.remat == "auto" && c.sharding.strategy == "auto")
     throw Error("[pax] memory.remat=auto with sharding.strategy=auto is not available yet: name a remat policy "
                 "(full, dots_saveable, ...) and AUTO plans around it");
-  if (c.memory.offload != "none")
-    throw Error("[pax] memory.offload=" + c.memory.offload +
-                " is not available yet (offloading has not landed); set memory.offload=none");
 }
 
 }  // namespace px::pax

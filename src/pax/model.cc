@@ -291,9 +291,8 @@ std::string describe(const ExperimentConfig& c) {
   PlanReport r = plan(c);
   os << "parameters: " << r.param_count << "\n\nsharding plan (mesh " << r.mesh << ", " << r.strategy << "):\n"
      << r.table << (r.table.empty() || r.table.back() == '\n' ? "" : "\n");
-  if (c.memory.remat == "auto" || c.memory.offload != "none")
-    os << "note: memory.remat=" << c.memory.remat << " and memory.offload=" << c.memory.offload
-       << " are recorded but not all available yet; training needs remat other than auto and offload none\n";
+  if (c.memory.remat == "auto" && c.sharding.strategy == "auto")
+    os << "note: memory.remat=auto with sharding.strategy=auto is not available yet; name a remat policy\n";
   return os.str();
 }
 

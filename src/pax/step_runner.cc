@@ -42,6 +42,9 @@ TrainStepOptions step_options(const ExperimentConfig& c) {
   o.clip_norm = c.optimizer.clip_norm;
   o.remat.policy = parse_remat_policy(c.memory.remat);
   o.remat.budget_bytes = c.memory.budget_bytes;
+  if (c.memory.offload == "params" || c.memory.offload == "params_and_optimizer_state") o.offload.params = {"*"};
+  o.offload.optimizer_state = c.memory.offload == "optimizer_state" || c.memory.offload == "params_and_optimizer_state";
+  o.offload.prefetch_depth = static_cast<int>(c.memory.prefetch_depth);
   return o;
 }
 

@@ -17,7 +17,7 @@
 #include <map>
 #include <sstream>
 
-#include "backend/cpu/kernel.h"
+#include "backend/backend.h"
 #include "core/dump.h"
 #include "core/exclusive.h"
 #include "core/env.h"
@@ -55,6 +55,10 @@ std::string MemoryReport::to_string() const {
   for (int c = 0; c < kNumMemoryCategories; ++c)
     os << "  " << memory_category_name(static_cast<MemoryCategory>(c)) << ": " << by_category[c]
        << " bytes at the peak (arena at most " << arena_max_by_category[c] << " at once)\n";
+  if (host_peak_bytes() > 0 || transfer_bytes > 0)
+    os << "pinned_host " << host_peak_bytes() << " bytes (inputs " << host_input_bytes << ", outputs "
+       << host_output_bytes << ", arena " << host_arena_bytes << "); " << transfer_bytes
+       << " bytes transferred between memory kinds per run\n";
   return os.str();
 }
 
@@ -62,7 +66,7 @@ namespace {
 
 // One schedule unit as one device runs it.
 struct Step {
-  cpu::Kernel kernel;  // empty for views and collective events
+  Kernel kernel;  // empty for views and collective events
   std::vector<const void*> in_ptrs;
   std::vector<void*> out_ptrs;
 };
@@ -82,8 +86,11 @@ struct Executable::Impl {
   std::vector<int> root;  // value -> the value whose storage it shares (reshapes are views)
   // Buffers of the plan: ids [0, values) are values (by root), then collective packing scratch.
   std::vector<int64_t> buffer_bytes;
-  BufferPlan plan;
+  BufferPlan plan;       // device memory
+  BufferPlan host_plan;  // pinned_host memory (offload); empty when nothing lives there
   std::vector<MemoryCategory> buffer_category;
+  std::vector<MemoryKind> buffer_kind;
+  std::vector<MemoryKind> input_kind, output_kind;
   // Collectives: the op, and per unit the collective it starts or waits (-1 for compute).
   std::vector<CollectiveOp> colls;
   std::vector<int> coll_of_unit;
@@ -118,6 +125,7 @@ struct Executable::Impl {
   struct Device {
     int id = 0;
     std::byte* arena = nullptr;
+    std::byte* host_arena = nullptr;
     std::vector<Step> steps;
     std::vector<std::byte*> spill;  // per home, allocated on the first run that needs it
     std::vector<char> spilled;      // per home, this run
@@ -125,6 +133,7 @@ struct Executable::Impl {
   };
   std::vector<Device> devices;
   Communicator* comm = nullptr;
+  Backend* backend = &cpu_backend();
   bool over_devices = false;
   int threads = 1;
   std::vector<CollectiveHandle> handles;  // per collective, between its start and its wait
@@ -133,9 +142,20 @@ struct Executable::Impl {
   std::atomic<bool> running{false};  // one call at a time: run patches pointers in place
 
   ~Impl() {
+    wait_pending();  // a run that threw may have left copies in flight into the arenas
     for (Device& d : devices) {
-      free_bytes({d.id}, d.arena, plan.peak_bytes);
-      for (size_t h = 0; h < d.spill.size(); ++h) free_bytes({d.id}, d.spill[h], homes[h].nbytes);
+      backend->free({d.id}, d.arena, plan.peak_bytes);
+      backend->free({d.id, MemoryKind::pinned_host}, d.host_arena, host_plan.peak_bytes);
+      for (size_t h = 0; h < d.spill.size(); ++h)
+        backend->free({d.id, output_kind[homes[h].pos]}, d.spill[h], homes[h].nbytes);
+    }
+  }
+  void wait_pending() {
+    for (CollectiveHandle& h : handles) {
+      try {
+        h.wait();
+      } catch (...) {
+      }
     }
   }
 
@@ -188,17 +208,41 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
   const Graph& g = *impl->graph;
   const auto& nodes = g.nodes();
   const size_t nv = g.values().size();
+  // Per value of src, its value in g (-1: dropped).
+  auto final_of = [&](size_t v) {
+    int p = prepared ? to_prepared[v] : static_cast<int>(v);
+    if (p < 0) return -1;
+    return opt.optimize ? (to_cse[p] >= 0 ? to_dce[to_cse[p]] : -1) : p;
+  };
+  for (size_t given : {opt.value_categories.size(), opt.value_kinds.size()})
+    if (given && given != src.values().size())
+      throw Error("[compile] value_categories and value_kinds need one entry per value of the graph (" +
+                  std::to_string(src.values().size()) + "), got " + std::to_string(given));
+  // Memory kinds: as given, else a transfer's target, else host when every operand is on the host.
+  std::vector<signed char> given_kind(nv, -1);
+  for (size_t v = 0; v < opt.value_kinds.size(); ++v)
+    if (int w = final_of(v); w >= 0) given_kind[w] = static_cast<signed char>(opt.value_kinds[v]);
+  impl->buffer_kind.assign(nv, MemoryKind::device);
+  std::vector<MemoryKind>& kind = impl->buffer_kind;
+  for (int v : g.inputs())
+    if (given_kind[v] >= 0) kind[v] = static_cast<MemoryKind>(given_kind[v]);
+  for (const Node& n : nodes) {
+    MemoryKind k = MemoryKind::device;
+    if (n.prim->name == "transfer") {
+      k = parse_memory_kind(n.attrs.s("to"));
+    } else if (!n.inputs.empty()) {
+      bool host = true;
+      for (int v : n.inputs) host = host && kind[v] == MemoryKind::pinned_host;
+      if (host) k = MemoryKind::pinned_host;
+    }
+    for (int v : n.outputs) kind[v] = n.prim->name != "transfer" && given_kind[v] >= 0 ? static_cast<MemoryKind>(given_kind[v]) : k;
+  }
+  for (int v : g.inputs()) impl->input_kind.push_back(kind[v]);
+  for (int v : g.outputs()) impl->output_kind.push_back(kind[v]);
   std::vector<MemoryCategory> category(nv, MemoryCategory::temporaries);
   if (!opt.value_categories.empty()) {
-    if (opt.value_categories.size() != src.values().size())
-      throw Error("[compile] value_categories has " + std::to_string(opt.value_categories.size()) +
-                  " entries for a graph of " + std::to_string(src.values().size()) + " values");
-    for (size_t v = 0; v < src.values().size(); ++v) {
-      int p = prepared ? to_prepared[v] : static_cast<int>(v);
-      if (p < 0) continue;
-      int w = opt.optimize ? (to_cse[p] >= 0 ? to_dce[to_cse[p]] : -1) : p;
-      if (w >= 0) category[w] = opt.value_categories[v];
-    }
+    for (size_t v = 0; v < src.values().size(); ++v)
+      if (int w = final_of(v); w >= 0) category[w] = opt.value_categories[v];
   } else {
     for (int v : g.inputs()) category[v] = MemoryCategory::activations;
   }
@@ -209,6 +253,7 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
   ScheduleOptions so;
   so.fuse_elementwise = opt.fuse_elementwise;
   so.collective_lookahead = opt.collective_lookahead;
+  so.prefetch_depth = opt.prefetch_depth;
   impl->units = make_schedule(g, so);
   dump_pass("schedule", [&] {
     std::ostringstream os;
@@ -244,7 +289,20 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
     if (unit.kind != Unit::Kind::collective_start && unit.kind != Unit::Kind::collective_wait) continue;
     int node = unit.nodes[0];
     auto it = coll_of_node.find(node);
-    if (it == coll_of_node.end()) {
+    if (it == coll_of_node.end() && nodes[node].prim->name == "transfer") {
+      // A copy between memory kinds, run by the backend's copy stream; its result is categorized
+      // as what it copies.
+      CollectiveOp c;
+      c.kind = "transfer";
+      c.dtype = g.type(nodes[node].inputs[0]).dtype;
+      c.in_shape = c.out_shape = g.type(nodes[node].inputs[0]).shape;
+      impl->colls.push_back(std::move(c));
+      it = coll_of_node.emplace(node, static_cast<int>(impl->colls.size()) - 1).first;
+      scratch_of.emplace_back();
+      int in = nodes[node].inputs[0], out = nodes[node].outputs[0];
+      if (category[out] == MemoryCategory::temporaries) impl->buffer_category[out] = category[in];
+      impl->report.transfer_bytes += g.type(in).nbytes();
+    } else if (it == coll_of_node.end()) {
       if (!groups)
         throw Error("[compile] the program has the collective '" + nodes[node].prim->name + "' (%" +
                     std::to_string(nodes[node].outputs[0]) +
@@ -258,6 +316,7 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
         scratch.push_back(static_cast<int>(impl->buffer_bytes.size()));
         impl->buffer_bytes.push_back(elems * dtype_size(c.dtype));
         impl->buffer_category.push_back(MemoryCategory::collective_buffers);
+        impl->buffer_kind.push_back(MemoryKind::device);
       }
       scratch_of.push_back(scratch);
       for (int v : nodes[node].outputs)
@@ -314,17 +373,33 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
   }
   std::vector<int> live_to_end;
   for (int v : g.outputs()) live_to_end.push_back(root[v]);
-  impl->plan = plan_buffers(impl->buffer_bytes, pst, external, live_to_end);
+  // One arena per memory kind: each plan sees the other kind's buffers as external.
+  const std::vector<MemoryKind>& bkind = impl->buffer_kind;
+  bool any_host = false;
+  std::vector<char> ext_device = external, ext_host = external;
+  for (size_t b = 0; b < bkind.size(); ++b) {
+    const bool host = bkind[b < nv ? root[b] : b] == MemoryKind::pinned_host;
+    (host ? ext_device : ext_host)[b] = 1;
+    any_host = any_host || (host && !external[b]);
+  }
+  impl->plan = plan_buffers(impl->buffer_bytes, pst, ext_device, live_to_end);
+  if (any_host) impl->host_plan = plan_buffers(impl->buffer_bytes, pst, ext_host, live_to_end);
+  else impl->host_plan.offset.assign(impl->buffer_bytes.size(), -1);
 
   // The memory report: caller arrays by their category, and the arena's buffers live at the peak.
   MemoryReport& rep = impl->report;
-  rep.input_bytes = impl->input_bytes;
-  rep.output_bytes = impl->output_bytes;
+  for (int v : g.inputs())
+    (kind[v] == MemoryKind::device ? rep.input_bytes : rep.host_input_bytes) += g.type(v).nbytes();
+  for (int v : g.outputs())
+    (kind[v] == MemoryKind::device ? rep.output_bytes : rep.host_output_bytes) += g.type(v).nbytes();
   rep.arena_bytes = impl->plan.peak_bytes;
+  rep.host_arena_bytes = impl->host_plan.peak_bytes;
   rep.arena_live_bytes = impl->plan.peak_live_bytes;
   rep.peak_bytes = rep.input_bytes + rep.output_bytes + rep.arena_bytes;
-  for (int v : g.inputs()) rep.by_category[static_cast<int>(category[v])] += g.type(v).nbytes();
-  for (int v : g.outputs()) rep.by_category[static_cast<int>(category[v])] += g.type(v).nbytes();
+  for (int v : g.inputs())
+    if (kind[v] == MemoryKind::device) rep.by_category[static_cast<int>(category[v])] += g.type(v).nbytes();
+  for (int v : g.outputs())
+    if (kind[v] == MemoryKind::device) rep.by_category[static_cast<int>(category[v])] += g.type(v).nbytes();
   for (int b : impl->plan.live_at_peak)
     rep.by_category[static_cast<int>(impl->buffer_category[b])] += aligned_size(impl->buffer_bytes[b]);
   {
@@ -394,11 +469,12 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
   apply_thread_settings();
   if (setup.device_ids.empty()) throw Error("[compile] internal: no devices to compile for");
   std::unique_ptr<Impl> impl = plan_impl(src, opt, setup.groups);
-  if (!impl->colls.empty() && !setup.comm)
+  bool has_collectives = false;
+  for (const CollectiveOp& c : impl->colls) has_collectives = has_collectives || c.kind != "transfer";
+  if (has_collectives && !setup.comm)
     throw Error("[compile] the program has collectives but no communicator to run them: compile it for a mesh "
                 "with px::ShardedExecutable, not px::Executable");
   const Graph& g = *impl->graph;
-  const auto& nodes = g.nodes();
   const size_t nv = g.values().size();
   const std::vector<int>& root = impl->root;
   const std::vector<std::vector<int>>& scratch_of = impl->scratch_of;
@@ -416,7 +492,14 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
   impl->input_is_output.assign(g.inputs().size(), 0);
   for (int v : g.outputs())
     if (input_index[v] >= 0) impl->input_is_output[input_index[v]] = 1;
-  std::vector<std::vector<int64_t>> in_off(impl->units.size()), out_off(impl->units.size());  // -1: patched
+  // Arena offsets per operand and result; -1: patched at every run. Host-arena offsets are stored
+  // as -2 - offset.
+  std::vector<std::vector<int64_t>> in_off(impl->units.size()), out_off(impl->units.size());
+  auto offset_of = [&](int b) -> int64_t {
+    if (external[b]) return -1;
+    if (impl->plan.offset[b] >= 0) return impl->plan.offset[b];
+    return impl->host_plan.offset[b] >= 0 ? -2 - impl->host_plan.offset[b] : -1;
+  };
   for (size_t s = 0; s < impl->units.size(); ++s) {
     const Unit& unit = impl->units[s];
     const int si = static_cast<int>(s);
@@ -429,7 +512,7 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
       } else if (home_of[r] >= 0) {
         impl->homes[home_of[r]].refs.push_back({si, ki, false});
       }
-      in_off[s].push_back(external[r] ? -1 : impl->plan.offset[r]);
+      in_off[s].push_back(offset_of(r));
     }
     std::vector<int> outs = unit.out_values;
     if (impl->coll_of_unit[s] >= 0 && unit.kind == Unit::Kind::collective_start)
@@ -440,7 +523,7 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
         impl->homes[home_of[v]].refs.push_back({si, static_cast<int>(k), true});
         if (impl->homes[home_of[v]].producer_step < 0) impl->homes[home_of[v]].producer_step = si;
       }
-      out_off[s].push_back(external[v] ? -1 : impl->plan.offset[v]);
+      out_off[s].push_back(offset_of(v));
     }
   }
 
@@ -450,14 +533,17 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
     throw Error("[compile] internal: " + std::to_string(setup.device_ids.size()) + " devices but the communicator has " +
                 std::to_string(setup.comm->local_positions().size()) + " local participants");
   impl->comm = setup.comm;
-  impl->threads = cpu::num_threads();
+  impl->threads = impl->backend->num_threads();
   impl->over_devices = setup.over_devices && setup.device_ids.size() > 1;
   for (size_t d = 0; d < setup.device_ids.size(); ++d) {
     // Held by impl from the start: its destructor frees the arena if a kernel lookup below throws.
     impl->devices.emplace_back();
     Impl::Device& dev = impl->devices.back();
     dev.id = setup.device_ids[d];
-    dev.arena = static_cast<std::byte*>(allocate_bytes({dev.id}, impl->plan.peak_bytes));
+    dev.arena = static_cast<std::byte*>(impl->backend->allocate({dev.id}, impl->plan.peak_bytes));
+    if (impl->host_plan.peak_bytes > 0)
+      dev.host_arena = static_cast<std::byte*>(
+          impl->backend->allocate({dev.id, MemoryKind::pinned_host}, impl->host_plan.peak_bytes));
     dev.spill.assign(impl->homes.size(), nullptr);
     dev.spilled.assign(impl->homes.size(), 0);
     dev.ranges.reserve(g.inputs().size() + g.outputs().size());
@@ -466,20 +552,14 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
       Step st;
       if (d > 0 && !impl->over_devices) {
         st.kernel = impl->devices[0].steps[s].kernel;
-      } else if (unit.kind == Unit::Kind::fused) {
-        cpu::FusedGroup grp{unit.nodes, unit.in_values, unit.out_values};
-        st.kernel = cpu::make_fused_kernel(g, grp);
-      } else if (unit.kind == Unit::Kind::kernel) {
-        const Node& n = nodes[unit.nodes[0]];
-        const cpu::KernelFactory* f = cpu::find_kernel(n.prim->name);
-        if (!f) throw Error("[compile] no CPU kernel for primitive '" + n.prim->name + "'");
-        std::vector<TensorType> in_t, out_t;
-        for (int v : n.inputs) in_t.push_back(g.type(v));
-        for (int v : n.outputs) out_t.push_back(g.type(v));
-        st.kernel = (*f)(cpu::KernelSpec{in_t, out_t, n.attrs});
+      } else if (unit.kind == Unit::Kind::fused || unit.kind == Unit::Kind::kernel) {
+        st.kernel = impl->backend->make_kernel(g, unit);
       }
-      for (int64_t off : in_off[s]) st.in_ptrs.push_back(off < 0 ? nullptr : dev.arena + off);
-      for (int64_t off : out_off[s]) st.out_ptrs.push_back(off < 0 ? nullptr : dev.arena + off);
+      auto ptr = [&](int64_t off) -> std::byte* {
+        return off >= 0 ? dev.arena + off : off <= -2 ? dev.host_arena + (-2 - off) : nullptr;
+      };
+      for (int64_t off : in_off[s]) st.in_ptrs.push_back(ptr(off));
+      for (int64_t off : out_off[s]) st.out_ptrs.push_back(ptr(off));
       dev.steps.push_back(std::move(st));
     }
   }
@@ -503,6 +583,11 @@ void Executable::Impl::check_args(const std::vector<Array>& inputs, const std::v
                   " but the graph was traced with " + type_str(want));
     if (!inputs[i].defined())
       throw Error("[run] input " + std::to_string(i) + name() + " is an empty px::Array (no data)");
+    if (inputs[i].placement().kind != input_kind[i])
+      throw Error("[run] input " + std::to_string(i) + name() + " is in " +
+                  memory_kind_name(inputs[i].placement().kind) + " memory but the program reads it from " +
+                  memory_kind_name(input_kind[i]) + " memory (Executable::input_kind): copy it there, e.g. "
+                  "px::Array(dtype, shape, {device, px::MemoryKind::" + memory_kind_name(input_kind[i]) + "})");
   }
   if (outputs.size() != output_values.size())
     throw Error("[run] expected " + std::to_string(output_values.size()) + " output arrays, got " +
@@ -512,6 +597,10 @@ void Executable::Impl::check_args(const std::vector<Array>& inputs, const std::v
     if (outputs[o].type() != g.type(v) || !outputs[o].defined())
       throw Error("[run] output array " + std::to_string(o) + " has type " + type_str(outputs[o].type()) +
                   (outputs[o].defined() ? "" : " and no data") + ", expected " + type_str(g.type(v)));
+    if (outputs[o].placement().kind != output_kind[o])
+      throw Error("[run] output array " + std::to_string(o) + " is in " + memory_kind_name(outputs[o].placement().kind) +
+                  " memory but the program writes it to " + memory_kind_name(output_kind[o]) +
+                  " memory (Executable::output_kind)");
     for (size_t p = 0; p < o; ++p)
       if (outputs[p].nbytes() > 0 && outputs[p].raw() == outputs[o].raw())
         throw Error("[run] output arrays " + std::to_string(p) + " and " + std::to_string(o) +
@@ -563,7 +652,7 @@ void Executable::Impl::bind(Device& dev, const std::vector<Array>& inputs, std::
     void* dst = outputs[homes[h].pos].raw();
     if (dev.spilled[h]) {
       if (!dev.spill[h])  // first run with this aliasing: allocate once, reuse afterwards
-        dev.spill[h] = static_cast<std::byte*>(allocate_bytes({dev.id}, homes[h].nbytes));
+        dev.spill[h] = static_cast<std::byte*>(backend->allocate({dev.id, output_kind[homes[h].pos]}, homes[h].nbytes));
       dst = dev.spill[h];
     }
     patch(homes[h].refs, dst);
@@ -600,6 +689,13 @@ void Executable::Impl::run_collective(int u) {
     return;
   }
   const size_t D = devices.size();
+  if (colls[c].kind == "transfer") {
+    std::vector<CopyJob> jobs;
+    const int64_t bytes = numel(colls[c].in_shape) * dtype_size(colls[c].dtype);
+    for (size_t d = 0; d < D; ++d) jobs.push_back({devices[d].steps[u].out_ptrs[0], devices[d].steps[u].in_ptrs[0], bytes});
+    handles[c] = backend->copy(std::move(jobs));
+    return;
+  }
   Buffers ins(D);
   MutBuffers outs(D), s_in(D), s_out(D);
   const CollectiveOp& op = colls[c];
@@ -656,10 +752,17 @@ void Executable::Impl::run_block(const Block& b) {
 }
 
 
-std::vector<Array> Executable::run(const std::vector<Array>& inputs) {
+std::vector<Array> Executable::run(const std::vector<Array>& in) {
+  // Inputs in another memory kind (e.g. params a training step keeps offloaded) are copied to the
+  // kind the program reads, for this call.
+  std::vector<Array> inputs = in;
+  for (size_t i = 0; i < inputs.size() && i < impl_->input_kind.size(); ++i)
+    if (inputs[i].defined() && inputs[i].placement().kind != impl_->input_kind[i])
+      inputs[i] = inputs[i].to({inputs[i].placement().device, impl_->input_kind[i]});
   std::vector<Array> outs;
   for (int v : impl_->output_values)
-    outs.emplace_back(impl_->graph->type(v).dtype, impl_->graph->type(v).shape, Placement{impl_->devices[0].id});
+    outs.emplace_back(impl_->graph->type(v).dtype, impl_->graph->type(v).shape,
+                      Placement{impl_->devices[0].id, impl_->output_kind[outs.size()]});
   run_into(inputs, outs);
   return outs;
 }
@@ -672,6 +775,7 @@ void Executable::run_into(const std::vector<Array>& inputs, std::vector<Array>& 
   ExclusiveCall call(im.running, "executable");
   im.check_args(inputs, outputs);
   im.bind(im.devices[0], inputs, outputs);
+  im.wait_pending();
   apply_thread_settings();
   for (const Impl::Block& b : im.blocks) im.run_block(b);
   if (!im.step_seconds.empty()) ++im.profiled_runs;
@@ -688,6 +792,7 @@ void Executable::run_on_devices(const std::vector<std::vector<Array>>& inputs,
     im.check_args(inputs[d], outputs[d]);
     im.bind(im.devices[d], inputs[d], outputs[d]);
   }
+  im.wait_pending();
   apply_thread_settings();
   for (const Impl::Block& b : im.blocks) im.run_block(b);
   if (!im.step_seconds.empty()) ++im.profiled_runs;
@@ -695,6 +800,8 @@ void Executable::run_on_devices(const std::vector<std::vector<Array>>& inputs,
 }
 
 int64_t Executable::peak_bytes() const { return impl_->plan.peak_bytes; }
+MemoryKind Executable::input_kind(int i) const { return impl_->input_kind.at(i); }
+MemoryKind Executable::output_kind(int o) const { return impl_->output_kind.at(o); }
 MemoryReport Executable::memory() const { return impl_->report; }
 int64_t Executable::output_bytes() const { return impl_->output_bytes; }
 int Executable::num_steps() const {
@@ -743,6 +850,7 @@ std::string Executable::summary() const {
     for (int v : u.out_values) {
       os << " %" << v;
       if (im.plan.offset[v] >= 0) os << "@" << im.plan.offset[v];
+      else if (im.host_plan.offset[v] >= 0) os << "@host:" << im.host_plan.offset[v];
       else os << "@out";
     }
     if (u.kind == Unit::Kind::collective_wait)

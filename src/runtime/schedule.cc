@@ -11,6 +11,9 @@ namespace px {
 
 namespace {
 
+bool is_transfer(const Node& n) { return n.prim->name == "transfer"; }
+bool is_fetch(const Node& n) { return is_transfer(n) && n.attrs.s("to") == "device"; }
+
 bool is_broadcast(const Node& n) { return n.prim->name == "broadcast_in_dim" && n.outputs.size() == 1; }
 bool is_reshape(const Node& n) { return n.prim->name == "reshape" && n.inputs.size() == 1 && n.outputs.size() == 1; }
 
@@ -63,7 +66,7 @@ std::vector<Group> form_groups(const Graph& g, bool fuse_on, std::vector<int>& g
       for (auto& [cnt, ou] : open_by_count) is_open = is_open || ou == u;
       if (is_open && std::find(reads.begin(), reads.end(), u) == reads.end()) reads.push_back(u);
     }
-    const bool coll = n.prim->spmd.collective;
+    const bool coll = is_async_primitive(*n.prim);
     int64_t count = n.outputs.empty() ? -1 : g.type(n.outputs[0]).numel();
     auto cand = open_by_count.find(count);
     int join = (cand != open_by_count.end() && groups[cand->second].nodes.size() < kMaxGroup) ? cand->second : -1;
@@ -95,6 +98,7 @@ std::vector<Group> form_groups(const Graph& g, bool fuse_on, std::vector<int>& g
 }  // namespace
 
 bool is_collective_primitive(const std::string& p) { return get_primitive(p).spmd.collective; }
+bool is_async_primitive(const Primitive& p) { return p.spmd.collective || p.name == "transfer"; }
 
 std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
   const auto& nodes = g.nodes();
@@ -156,7 +160,8 @@ std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
   };
   std::vector<Placed> placed;
   std::vector<int> wait_of_value(g.values().size(), -1);  // collective result -> its wait position
-  std::vector<int> late;                                  // indices into placed, all-gathers
+  std::vector<int> late;                                  // indices into placed: all-gathers and fetches
+  std::vector<int> chained;  // fetches read by a collective: they run just before it starts
   std::vector<int> first_use_of(colls.size());
   for (size_t c = 0; c < colls.size(); ++c) {
     const Node& n = nodes[groups[colls[c]].nodes[0]];
@@ -176,9 +181,11 @@ std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
     first_use = std::max(first_use, ready);
     const TensorType &in_t = g.type(n.inputs[0]), &out_t = g.type(n.outputs[0]);
     Placed p{groups[colls[c]].nodes[0], ready, ready};
-    if (feeds_collective) {
+    if (feeds_collective && is_fetch(n)) {
+      chained.push_back(static_cast<int>(placed.size()));  // placed after its collective, below
+    } else if (feeds_collective) {
       p.start = p.wait = ready;
-    } else if (out_t.nbytes() > in_t.nbytes()) {
+    } else if (is_fetch(n) || (!is_transfer(n) && out_t.nbytes() > in_t.nbytes())) {
       p.start = p.wait = first_use;  // refined below with the lookahead
       late.push_back(static_cast<int>(placed.size()));
     } else {
@@ -188,9 +195,18 @@ std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
     for (int v : n.outputs) wait_of_value[v] = p.wait;
     placed.push_back(p);
   }
-  // Lookahead over the all-gathers in order of first use.
+  // Lookahead over the all-gathers and fetches in order of first use, counted in slots: each
+  // all-gather is a slot, and so is each run of fetches of one prefetch group (a layer's params).
   std::stable_sort(late.begin(), late.end(), [&](int a, int b) { return first_use_of[a] < first_use_of[b]; });
-  const int L = std::max(opt.collective_lookahead, 0);
+  std::vector<int> slot(late.size()), slot_first_use;
+  for (size_t j = 0; j < late.size(); ++j) {
+    const Node& n = nodes[placed[late[j]].node];
+    const Node* prev = j ? &nodes[placed[late[j - 1]].node] : nullptr;
+    bool same = prev && is_fetch(n) && is_fetch(*prev) && n.attrs.has("group") && prev->attrs.has("group") &&
+                n.attrs.s("group") == prev->attrs.s("group");
+    if (!same) slot_first_use.push_back(first_use_of[late[j]]);
+    slot[j] = static_cast<int>(slot_first_use.size()) - 1;
+  }
   for (size_t j = 0; j < late.size(); ++j) {
     Placed& p = placed[late[j]];
     int ready = 0;
@@ -198,8 +214,21 @@ std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
       int pr = g.values()[v].producer;
       if (pr >= 0) ready = std::max(ready, pos_of_node[pr] >= 0 ? pos_of_node[pr] + 1 : wait_of_value[v]);
     }
-    int start = j >= static_cast<size_t>(L) ? first_use_of[late[j - L]] : ready;
+    const int L = std::max(is_fetch(nodes[p.node]) ? opt.prefetch_depth : opt.collective_lookahead, 0);
+    int start = slot[j] >= L ? slot_first_use[slot[j] - L] : ready;
     p.start = std::clamp(start, ready, p.wait);
+  }
+  // A fetch read by a collective (an FSDP shard kept on the host) completes just before the
+  // collective starts, or before its first compute use if that comes first.
+  std::vector<int> placed_of_node(nodes.size(), -1);
+  for (size_t c = 0; c < placed.size(); ++c) placed_of_node[placed[c].node] = static_cast<int>(c);
+  for (int c : chained) {
+    Placed& p = placed[c];
+    int at = first_use_of[c];
+    for (int v : nodes[p.node].outputs)
+      for (int user : users[v])
+        if (placed_of_node[user] >= 0) at = std::min(at, placed[placed_of_node[user]].start);
+    p.start = p.wait = std::max(at, p.start);
   }
 
   // Merge: at each position, collective events in graph order (start before wait).

@@ -18,6 +18,9 @@ struct ScheduleOptions {
   // first used: 0 = just before its own first use; 1 = one gather in flight ahead (FSDP: the next
   // layer's weights arrive while this layer computes).
   int collective_lookahead = 1;
+  // Fetches to device memory (transfer nodes) start when the fetches `prefetch_depth` prefetch
+  // groups (layers) before theirs are first used; transfers to the host start when ready.
+  int prefetch_depth = 1;
   // A reduction is waited at most this many compute units after it starts (or at its first use).
   int overlap_units = 2;
 };
@@ -34,6 +37,8 @@ struct Unit {
 
 // True for the primitives that run through a Communicator rather than as kernels.
 bool is_collective_primitive(const std::string& prim);
+// Collectives and transfers between memory kinds: scheduled as a start and a wait.
+bool is_async_primitive(const Primitive& p);
 
 // Orders the graph's nodes into units. Compute units keep the graph's order (a fused group runs at
 // its last member); collective starts and waits are placed among them as described above.

@@ -147,12 +147,14 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
     const std::vector<Array>& have = outs[o].shards();
     bool reuse = outs[o].sharding() == s && outs[o].process() == m.process &&
                  static_cast<int64_t>(have.size()) == m.devices;
-    for (size_t d = 0; reuse && d < have.size(); ++d) reuse = have[d].type() == g.type(v) && have[d].sole_owner();
+    const MemoryKind kind = m.exe->output_kind(static_cast<int>(o));
+    for (size_t d = 0; reuse && d < have.size(); ++d)
+      reuse = have[d].type() == g.type(v) && have[d].sole_owner() && have[d].placement().kind == kind;
     if (!reuse) {
       std::vector<Array> shards;
       for (int64_t d = 0; d < m.devices; ++d)
         shards.push_back(
-            Array(g.type(v).dtype, g.type(v).shape, Placement{m.prog.mesh.device_ids()[m.positions[d]]}));
+            Array(g.type(v).dtype, g.type(v).shape, Placement{m.prog.mesh.device_ids()[m.positions[d]], kind}));
       TensorType global = g.type(v);
       for (int d = 0; d < static_cast<int>(global.shape.size()); ++d) global.shape[d] *= s.num_shards(d);
       outs[o] = ShardedArray(global, s, std::move(shards), m.process);
@@ -161,7 +163,12 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
   for (int64_t d = 0; d < m.devices; ++d) {
     auto& in = m.ins[d];
     in.clear();
-    for (size_t i = 0; i < nin; ++i) in.push_back(inputs[i].shards()[d]);
+    for (size_t i = 0; i < nin; ++i) {
+      // A shard in the wrong memory kind is copied for this run (a step keeps its state in place).
+      const Array& sh = inputs[i].shards()[d];
+      const MemoryKind want = m.exe->input_kind(static_cast<int>(i));
+      in.push_back(sh.placement().kind == want ? sh : sh.to({sh.placement().device, want}));
+    }
     in.push_back(m.coords[d]);
     auto& out = m.outs[d];
     out.clear();

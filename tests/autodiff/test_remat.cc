@@ -2,7 +2,6 @@
 // the memory the backward pass keeps shrinks as the policy saves less.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -25,16 +24,6 @@ RematOptions options(RematPolicy p) {
   return o;
 }
 
-bool bitwise_equal(const Array& a, const Array& b) {
-  return a.type() == b.type() && std::memcmp(a.raw(), b.raw(), static_cast<size_t>(a.nbytes())) == 0;
-}
-
-struct Trained {
-  std::vector<StepMetrics> metrics;
-  std::vector<Array> params;
-  MemoryReport memory;
-};
-
 Trained train(const nn::LmConfig& cfg, RematPolicy policy, int steps = 2) {  // with Fixture's batch of 8
   Fixture f(cfg);
   TrainStepOptions o;
@@ -46,15 +35,6 @@ Trained train(const nn::LmConfig& cfg, RematPolicy policy, int steps = 2) {  // 
   r.params = s.params;
   r.memory = step.executable().memory();
   return r;
-}
-
-void expect_same(const Trained& a, const Trained& b, const std::string& what) {
-  ASSERT_EQ(a.metrics.size(), b.metrics.size());
-  for (size_t i = 0; i < a.metrics.size(); ++i) {
-    EXPECT_EQ(a.metrics[i].loss, b.metrics[i].loss) << what << " step " << i;
-    EXPECT_EQ(a.metrics[i].grad_norm, b.metrics[i].grad_norm) << what << " step " << i;
-  }
-  for (size_t i = 0; i < a.params.size(); ++i) EXPECT_TRUE(bitwise_equal(a.params[i], b.params[i])) << what << " param " << i;
 }
 
 int64_t activations(const MemoryReport& m) { return m.arena_max_by_category[static_cast<int>(MemoryCategory::activations)]; }

@@ -273,9 +273,12 @@ TEST(PaxCli, UserErrorsExitWithCode2AndOneLine) {
   r = pax("train" + kSmall + " --set train.steps=4 --set memory.remat=auto --set memory.budget_bytes=1000000000"
           " --devices=cpu:2 --set sharding.mesh=data:2 --set sharding.strategy=fsdp --job_log_dir=" + job("remat_auto"));
   EXPECT_EQ(r.rc, 0) << r.out;  // a budget the step fits: remat auto on a sharded run trains
-  r = pax("train --exp=copy.TransformerLmTiny --set memory.offload=params --job_log_dir=" + job("offload"));
+  r = pax("train" + kSmall + " --set train.steps=4 --set memory.offload=params_and_optimizer_state"
+          " --set memory.prefetch_depth=2 --job_log_dir=" + job("offload"));
+  EXPECT_EQ(r.rc, 0) << r.out;  // offload has landed
+  r = pax("train --exp=copy.TransformerLmTiny --set memory.offload=disk --job_log_dir=" + job("offload_bad"));
   EXPECT_EQ(r.rc, 2);
-  EXPECT_NE(r.out.find("not available yet"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("memory.offload"), std::string::npos) << r.out;
 
   r = pax("decode --exp=copy.TransformerLmTiny --job_log_dir=" + job("decode_no_prompt"));
   EXPECT_EQ(r.rc, 2);

@@ -77,7 +77,9 @@ TEST(PaxConfig, RelationsAndUnavailableFeaturesAreChecked) {
   EXPECT_EQ(error_of([&] { check_runnable(c); }), "<no error>");
   c = tiny();
   set_field(c, "memory.offload", "params");
-  EXPECT_NE(error_of([&] { check_runnable(c); }).find("not available yet"), std::string::npos);
+  EXPECT_EQ(error_of([&] { check_runnable(c); }), "<no error>");  // offload has landed
+  EXPECT_NE(error_of([&] { set_field(c, "memory.prefetch_depth", "-1"); }).find("memory.prefetch_depth"),
+            std::string::npos);
   c = tiny();
   set_field(c, "sharding.strategy", "auto");
   EXPECT_EQ(error_of([&] { check_runnable(c); }), "<no error>");  // AUTO has landed

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -105,6 +106,34 @@ inline ShardingPlan check_sharded(const Reference& ref, const Mesh& mesh, Shardi
 inline void check_equivalent(const nn::LmConfig& cfg, const Mesh& mesh, ShardingStrategy strategy,
                              ShardingOptions sopt = {}) {
   check_sharded(run_reference(cfg, 3), mesh, strategy, std::move(sopt));
+}
+
+// What a few training steps left, for the memory tests (remat, offload) that compare settings
+// bitwise with the plain step.
+struct Trained {
+  std::vector<StepMetrics> metrics;
+  std::vector<Array> params, opt_state;
+  MemoryReport memory;
+  std::string schedule;  // Executable::summary()
+};
+
+inline bool bitwise_equal(const Array& a, const Array& b) {
+  return a.type() == b.type() && std::memcmp(a.raw(), b.raw(), static_cast<size_t>(a.nbytes())) == 0;
+}
+
+// Losses, gradient norms, params and (when both have it) optimizer state bitwise equal.
+inline void expect_same(const Trained& a, const Trained& b, const std::string& what) {
+  ASSERT_EQ(a.metrics.size(), b.metrics.size()) << what;
+  for (size_t i = 0; i < a.metrics.size(); ++i) {
+    EXPECT_EQ(a.metrics[i].loss, b.metrics[i].loss) << what << " step " << i;
+    EXPECT_EQ(a.metrics[i].grad_norm, b.metrics[i].grad_norm) << what << " step " << i;
+  }
+  ASSERT_EQ(a.params.size(), b.params.size()) << what;
+  for (size_t i = 0; i < a.params.size(); ++i) EXPECT_TRUE(bitwise_equal(a.params[i], b.params[i])) << what << " param " << i;
+  if (a.opt_state.empty() || b.opt_state.empty()) return;
+  ASSERT_EQ(a.opt_state.size(), b.opt_state.size()) << what;
+  for (size_t i = 0; i < a.opt_state.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(a.opt_state[i], b.opt_state[i])) << what << " state " << i;
 }
 
 }  // namespace px::recipe_check

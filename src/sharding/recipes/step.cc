@@ -163,6 +163,25 @@ int64_t bucket_bytes_for(const ShardingPlan& plan, const ShardingOptions& shardi
   return latency >= 10e-6 ? int64_t{25} << 20 : 0;
 }
 
+// The offload pass on the partitioned local program (params and state are its first inputs, as
+// in the traced step); sets the compile options that go with it.
+static void offload_local(SpmdProgram& local, const StepProgram& global, const OffloadOptions& o, CompileOptions& c) {
+  if (o.params.empty() && !o.optimizer_state) return;
+  StepProgram lp;
+  lp.graph = std::move(local.local);
+  lp.n_params = global.n_params;
+  lp.n_state = global.n_state;
+  lp.n_batch = global.n_batch;
+  lp.paths = global.paths;
+  lp.categories = local.local_categories;
+  lp = offload_step(std::move(lp), o);
+  local.local = std::move(lp.graph);
+  local.local_categories = lp.categories;
+  c.value_categories = lp.categories;
+  c.value_kinds = lp.kinds;
+  c.prefetch_depth = o.prefetch_depth;
+}
+
 DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                                 const std::vector<TensorType>& batch_types, const Mesh& mesh,
                                 ShardingStrategy strategy, const ShardingOptions& sharding,
@@ -192,6 +211,7 @@ DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& o
       ShardingDecision d = decide_train_step(p, r.plan, specs, batch_types, bucket_bytes_for(r.plan, sharding));
       SpmdProgram local = partition(*p.graph, d, p.categories);
       CompileOptions c = options.compile;
+      offload_local(local, p, options.offload, c);
       c.value_categories = local.local_categories;
       c.memory_limit_bytes = 0;
       return plan_program(*local.local, c, collective_groups(mesh)).report.peak_bytes;
@@ -223,8 +243,10 @@ ShardedTrainStep::ShardedTrainStep(nn::ParamStore& store, optim::OptimizerPtr op
   n_state_ = d.program.n_state;
   skip_nonfinite_ = options.skip_nonfinite;
   graph_ = std::move(d.program.graph);
-  exe_ = ShardedExecutable::compile(partition(*graph_, d.decision, d.program.categories), options.compile,
-                                    sharding.device_parallelism, sharding.communicator);
+  SpmdProgram local = partition(*graph_, d.decision, d.program.categories);
+  CompileOptions copt = options.compile;
+  offload_local(local, d.program, options.offload, copt);
+  exe_ = ShardedExecutable::compile(std::move(local), copt, sharding.device_parallelism, sharding.communicator);
 }
 
 ShardedTrainStep::~ShardedTrainStep() = default;
@@ -285,6 +307,14 @@ StepMetrics ShardedTrainStep::operator()(ShardedTrainState& state, const std::ve
   if (batch.size() != batch_types_.size())
     throw Error("[ShardedTrainStep] expected " + std::to_string(batch_types_.size()) + " batch arrays, got " +
                 std::to_string(batch.size()));
+  // Params and state live where the step keeps them (offload: pinned_host); moved there once.
+  size_t k = 0;
+  for (auto* group : {&state.params, &state.opt_state})
+    for (ShardedArray& a : *group) {
+      const MemoryKind want = exe_->executable().input_kind(static_cast<int>(k++));
+      for (Array& sh : a.mutable_shards())
+        if (sh.placement().kind != want) sh = sh.to({sh.placement().device, want});
+    }
   std::vector<ShardedArray> in;
   in.reserve(n_params_ + n_state_ + batch.size() + 1);
   for (auto& p : state.params) in.push_back(p);

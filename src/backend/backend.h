@@ -1,0 +1,49 @@
+// The backend interface: what the runtime needs from a kind of device, behind one small class.
+// The executable allocates its arenas, gets its kernels and moves bytes between memory kinds only
+// through a Backend; the CPU backend (src/backend/cpu/backend.cc) is the first implementation.
+// A CUDA backend adds cudaMalloc/cudaMallocHost, cuBLASLt/cuDNN kernels and cudaMemcpyAsync on a
+// copy stream behind the same calls.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "distributed/communicator.h"
+#include "parallax/memory.h"
+#include "runtime/schedule.h"
+
+namespace px {
+
+// A prepared kernel: runs one compute unit on raw operand and result buffers.
+using Kernel = std::function<void(const void* const* in, void* const* out)>;
+
+// Completion of asynchronous work (a copy, a collective): wait() blocks until it is done.
+using Event = CollectiveHandle;
+
+// One copy between memory kinds (or within one).
+struct CopyJob {
+  void* dst;
+  const void* src;
+  int64_t bytes;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // Memory of a placement (device memory or pinned host memory of a device), counted per placement
+  // (px::memory_stats); throws px::Error when out of memory or over the placement's capacity.
+  virtual void* allocate(const Placement& p, int64_t bytes) = 0;
+  virtual void free(const Placement& p, void* ptr, int64_t bytes) = 0;
+  // The kernel of one compute unit of a schedule (one node, or a fused elementwise group); throws
+  // naming the primitive when the backend has none.
+  virtual Kernel make_kernel(const Graph& g, const Unit& unit) = 0;
+  // Starts the copies on the backend's copy stream, in order; the event completes when all have.
+  virtual Event copy(std::vector<CopyJob> jobs) = 0;
+  virtual int num_threads() const = 0;  // compute threads one device's kernels use
+};
+
+Backend& cpu_backend();
+
+}  // namespace px

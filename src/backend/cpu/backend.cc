@@ -1,0 +1,123 @@
+// The CPU backend: counted host allocations per placement (device memory is a pool of host memory
+// with its own accounting and capacity), the kernel registry, and a copy stream: one thread that
+// runs copies between memory kinds in order while the compute threads go on.
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "backend/backend.h"
+#include "backend/cpu/kernel.h"
+#include "ir/primitive.h"
+
+namespace px {
+
+namespace {
+
+class CopyStream {
+ public:
+  ~CopyStream() {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  Event submit(std::vector<CopyJob> jobs) {
+    int64_t bytes = 0;
+    for (const CopyJob& j : jobs) bytes += j.bytes;
+    // Small copies cost less than a hand-off to the copy thread: done at once.
+    if (bytes < kInlineBytes) {
+      run(jobs);
+      return Event();
+    }
+    auto batch = std::make_shared<Batch>();
+    batch->jobs = std::move(jobs);
+    {
+      std::lock_guard<std::mutex> l(m_);
+      if (!worker_.joinable()) worker_ = std::thread([this] { loop(); });
+      queue_.push_back(batch);
+    }
+    cv_.notify_one();
+    return Event([batch] {
+      std::unique_lock<std::mutex> l(batch->m);
+      batch->cv.wait(l, [&] { return batch->done; });
+    });
+  }
+
+ private:
+  static constexpr int64_t kInlineBytes = 256 << 10;
+  struct Batch {
+    std::vector<CopyJob> jobs;
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+  };
+
+  static void run(const std::vector<CopyJob>& jobs) {
+    for (const CopyJob& j : jobs)
+      if (j.bytes > 0 && j.dst != j.src) std::memcpy(j.dst, j.src, static_cast<size_t>(j.bytes));
+  }
+
+  void loop() {
+    for (;;) {
+      std::shared_ptr<Batch> b;
+      {
+        std::unique_lock<std::mutex> l(m_);
+        cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        b = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      run(b->jobs);
+      {
+        std::lock_guard<std::mutex> l(b->m);
+        b->done = true;
+      }
+      b->cv.notify_all();
+    }
+  }
+
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Batch>> queue_;
+  std::thread worker_;
+  bool stop_ = false;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  void* allocate(const Placement& p, int64_t bytes) override { return allocate_bytes(p, bytes); }
+  void free(const Placement& p, void* ptr, int64_t bytes) override { free_bytes(p, ptr, bytes); }
+
+  Kernel make_kernel(const Graph& g, const Unit& unit) override {
+    if (unit.kind == Unit::Kind::fused) return cpu::make_fused_kernel(g, {unit.nodes, unit.in_values, unit.out_values});
+    const Node& n = g.nodes()[unit.nodes.at(0)];
+    const cpu::KernelFactory* f = cpu::find_kernel(n.prim->name);
+    if (!f) throw Error("[compile] no CPU kernel for primitive '" + n.prim->name + "'");
+    std::vector<TensorType> in_t, out_t;
+    for (int v : n.inputs) in_t.push_back(g.type(v));
+    for (int v : n.outputs) out_t.push_back(g.type(v));
+    return (*f)(cpu::KernelSpec{in_t, out_t, n.attrs});
+  }
+
+  Event copy(std::vector<CopyJob> jobs) override { return stream_.submit(std::move(jobs)); }
+  int num_threads() const override { return cpu::num_threads(); }
+
+ private:
+  CopyStream stream_;
+};
+
+}  // namespace
+
+Backend& cpu_backend() {
+  static CpuBackend b;
+  return b;
+}
+
+}  // namespace px

@@ -1,0 +1,210 @@
+// The offload pass over a traced training step: chosen params (and the optimizer state) live in
+// pinned_host memory between steps; every device use of one reads a copy that a `transfer` node
+// fetched into device memory shortly before, and values computed on the other side come back the
+// same way. The schedule starts fetches ahead of use (the prefetch depth, counted in layers) and the
+// runtime runs transfers on the backend's copy stream, so they overlap compute.
+#include <fmt/format.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ir/primitive.h"
+#include "parallax/train.h"
+
+namespace px {
+
+void register_memory_primitives() {
+  Primitive t;
+  t.name = "transfer";
+  t.infer = [](const std::vector<TensorType>& in, const Attrs& attrs) {
+    if (in.size() != 1) throw Error("[transfer] takes one operand, got " + std::to_string(in.size()));
+    parse_memory_kind(attrs.s("to"));
+    return std::vector<TensorType>{in[0]};
+  };
+  // The cotangent goes back to where the operand lives; on one memory it is the same value.
+  t.vjp = [](const VjpArgs& a) { return std::vector<Tensor>{a.cotangents[0]}; };
+  t.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
+    return elementwise_rule(in, out);
+  };
+  t.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
+    Cost c;
+    c.bytes_read = c.bytes_written = static_cast<double>(in[0].nbytes());
+    return c;
+  };
+  t.no_cse = true;  // two fetches of one param (forward and backward) must stay two
+  t.spmd.linear = kLinearJointly;
+  t.tp.view = TpTraits::View::same_dims;
+  register_primitive(std::move(t));
+}
+
+Tensor to_memory(const Tensor& x, MemoryKind kind, const std::string& group) {
+  Attrs a{{"to", std::string(memory_kind_name(kind))}};
+  if (!group.empty()) a.set("group", group);
+  return emit1("transfer", {x}, std::move(a));
+}
+
+namespace {
+
+// The layer a param belongs to, for prefetching by layer: its path up to the first numeric
+// component ("blocks.3.attn.wq" -> "blocks.3"); a param outside numbered blocks is its own group.
+std::string layer_of(const std::string& path) {
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t dot = path.find('.', start);
+    std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (!part.empty() && part.find_first_not_of("0123456789") == std::string::npos)
+      return path.substr(0, dot == std::string::npos ? path.size() : dot);
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return path;
+}
+
+// Uses of one fetched copy: consumers further apart than this (in nodes of the traced step) fetch
+// again, so that the copy is freed in between (a layer's params between its forward and backward).
+constexpr int kFetchReuseNodes = 24;
+
+// Per node: 0 forward (computes the loss), 1 backward (computes a gradient), 2 clipping and update.
+// Read from the graph (so that it holds for a partitioned local program too), else from the
+// traced program's node ranges.
+std::vector<char> phases(const StepProgram& p) {
+  const Graph& g = *p.graph;
+  const auto& nodes = g.nodes();
+  std::vector<char> phase(nodes.size(), 2);
+  auto mark = [&](std::vector<char> needed, char ph) {
+    for (int i = static_cast<int>(nodes.size()) - 1; i >= 0; --i) {
+      bool need = false;
+      for (int v : nodes[i].outputs) need = need || needed[v];
+      if (!need) continue;
+      if (phase[i] == 2) phase[i] = ph;
+      for (int v : nodes[i].inputs) needed[v] = 1;
+    }
+  };
+  std::vector<char> loss(g.values().size(), 0), grads(g.values().size(), 0);
+  bool any_grad = false;
+  loss[g.outputs().at(0)] = 1;
+  for (size_t v = 0; v < p.categories.size() && v < grads.size(); ++v)
+    if (p.categories[v] == MemoryCategory::gradients) grads[v] = 1, any_grad = true;
+  if (!any_grad) {
+    if (p.forward_end == 0 && p.backward_end == 0)
+      throw InternalError("[offload] the program marks neither its gradients nor its forward and backward nodes");
+    for (size_t i = 0; i < nodes.size(); ++i)
+      phase[i] = static_cast<int>(i) < p.forward_end ? 0 : static_cast<int>(i) < p.backward_end ? 1 : 2;
+    return phase;
+  }
+  mark(loss, 0);
+  mark(grads, 1);
+  return phase;
+}
+
+}  // namespace
+
+StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
+  const Graph& g = *p.graph;
+  const size_t n_in = g.inputs().size();
+  if (o.prefetch_depth < 0)
+    throw UserError(fmt::format("[offload] prefetch_depth must be >= 0 (layers fetched ahead), got {}", o.prefetch_depth));
+  std::vector<MemoryKind> in_kind(n_in, MemoryKind::device);
+  bool any = false;
+  for (size_t i = 0; i < p.n_params; ++i)
+    for (const std::string& pat : o.params)
+      if (glob_match(pat, p.paths[i])) {
+        in_kind[i] = MemoryKind::pinned_host;
+        any = true;
+      }
+  for (const std::string& pat : o.params) {
+    bool hit = false;
+    for (size_t i = 0; i < p.n_params && !hit; ++i) hit = glob_match(pat, p.paths[i]);
+    if (!hit)
+      throw UserError(fmt::format("[offload] the pattern '{}' matches no param; params are named like '{}'", pat,
+                                  p.paths.empty() ? std::string("?") : p.paths.front()));
+  }
+  if (o.optimizer_state)
+    for (size_t i = p.n_params; i < p.n_params + p.n_state; ++i) in_kind[i] = MemoryKind::pinned_host;
+  any = any || (o.optimizer_state && p.n_state > 0);
+  p.input_kinds = in_kind;
+  if (!any) return p;
+
+  const std::vector<Node>& nodes = g.nodes();
+  std::vector<ValueInfo> values = g.values();
+  std::vector<MemoryKind> kind(values.size(), MemoryKind::device);
+  for (size_t i = 0; i < n_in; ++i) kind[g.inputs()[i]] = in_kind[i];
+  // The group (layer) of every value that is a param, for the fetches' prefetch groups.
+  std::vector<std::string> group_of(values.size());
+  for (size_t i = 0; i < p.n_params; ++i) group_of[g.inputs()[i]] = layer_of(p.paths[i]);
+  for (size_t i = p.n_params; i < p.n_params + p.n_state; ++i) group_of[g.inputs()[i]] = g.input_names()[i];
+
+  std::vector<Node> out;
+  out.reserve(nodes.size() * 2);
+  auto add_transfer = [&](int v, MemoryKind to, const std::string& group) {
+    Node t;
+    t.prim = &get_primitive("transfer");
+    t.attrs.set("to", std::string(memory_kind_name(to)));
+    if (!group.empty()) t.attrs.set("group", group);
+    t.inputs = {v};
+    const int nv = static_cast<int>(values.size());
+    values.push_back({values[v].type, -1, 0});
+    kind.push_back(to);
+    group_of.push_back(group_of[v]);
+    p.categories.push_back(p.categories[v] == MemoryCategory::params || p.categories[v] == MemoryCategory::optimizer_state
+                               ? p.categories[v]
+                               : MemoryCategory::temporaries);
+    t.outputs = {nv};
+    out.push_back(std::move(t));
+    return nv;
+  };
+  // Per value: its current copy on the other memory kind and the last node that read it.
+  struct Copy {
+    int value = -1, last_use = -1;
+  };
+  std::vector<Copy> fetched(values.size()), returned(values.size());
+  int forward_end = p.forward_end, backward_end = p.backward_end;
+  const bool host_update = o.optimizer_state;
+  const std::vector<char> phase = phases(p);
+  for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
+    Node n = nodes[i];
+    const MemoryKind where = host_update && phase[i] == 2 ? MemoryKind::pinned_host : MemoryKind::device;
+    const size_t before = out.size();
+    for (int& v : n.inputs) {
+      if (kind[v] == where) continue;
+      if (where == MemoryKind::device) {
+        Copy& c = fetched[v];
+        if (c.value < 0 || i - c.last_use > kFetchReuseNodes) c.value = add_transfer(v, MemoryKind::device, group_of[v]);
+        c.last_use = i;
+        v = c.value;
+      } else {
+        Copy& c = returned[v];
+        if (c.value < 0) c.value = add_transfer(v, MemoryKind::pinned_host, "");
+        v = c.value;
+      }
+    }
+    for (int v : n.outputs) kind[v] = where;
+    const int added = static_cast<int>(out.size() - before);
+    if (i < p.forward_end) forward_end += added;
+    if (i < p.backward_end) backward_end += added;
+    out.push_back(std::move(n));
+  }
+  // New params and state go back where the old ones live (in place, between steps).
+  std::vector<int> outputs = g.outputs();
+  for (size_t k = 3; k < outputs.size(); ++k) {
+    const MemoryKind want = in_kind[k - 3];
+    int& v = outputs[k];
+    if (kind[v] != want) v = add_transfer(v, want, "");
+  }
+  for (size_t i = 0; i < out.size(); ++i)
+    for (size_t k = 0; k < out[i].outputs.size(); ++k) {
+      values[out[i].outputs[k]].producer = static_cast<int>(i);
+      values[out[i].outputs[k]].output_index = static_cast<int>(k);
+    }
+  auto result = std::make_unique<Graph>();
+  result->reset_ids(std::move(out), std::move(values), g.inputs(), g.input_names(), outputs);
+  result->verify();
+  p.graph = std::move(result);
+  p.forward_end = forward_end;
+  p.backward_end = backward_end;
+  p.kinds = std::move(kind);
+  return p;
+}
+
+}  // namespace px
