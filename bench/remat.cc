@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
     int64_t none_peak = 0, full_peak = 0;
     for (px::RematPolicy p : {px::RematPolicy::none, px::RematPolicy::dots_saveable,
                               px::RematPolicy::dots_with_no_batch_dims_saveable, px::RematPolicy::full,
-                              px::RematPolicy::nothing_saveable, px::RematPolicy::automatic}) {
+                              px::RematPolicy::nothing_saveable, px::RematPolicy::offload,
+                              px::RematPolicy::automatic}) {
       // auto: a budget halfway between the planned peaks of none and full.
       px::RematOptions ro{p, {}, -1, p == px::RematPolicy::automatic ? (none_peak + full_peak) / 2 : 0};
       double recomputed = 0;
@@ -96,12 +97,12 @@ int main(int argc, char** argv) {
           "{\"bench\": \"remat\", \"policy\": \"%s\", \"budget_bytes\": %lld, \"layers\": %lld, \"seq\": %lld, \"batch\": %lld, "
           "\"planned_peak_bytes\": %lld, \"planned_activation_bytes\": %lld, \"measured_peak_bytes\": %lld, "
           "\"recomputed_flops\": %.4g, \"step_flops\": %.4g, \"recompute_overhead\": %.3f, \"step_s\": %.3f, "
-          "\"time_overhead\": %.3f, \"loss\": %.6f}\n",
+          "\"time_overhead\": %.3f, \"host_bytes\": %lld, \"loss\": %.6f}\n",
           chosen_text.c_str(), static_cast<long long>(ro.budget_bytes), static_cast<long long>(a.layers), static_cast<long long>(a.seq),
           static_cast<long long>(a.batch), static_cast<long long>(m.peak_bytes),
           static_cast<long long>(m.arena_max_by_category[static_cast<int>(px::MemoryCategory::activations)]),
           static_cast<long long>(px::memory_stats(dev).peak_bytes_in_use), recomputed, step_flops,
-          recomputed / step_flops, t, t / none_s - 1.0, loss);
+          recomputed / step_flops, t, t / none_s - 1.0, static_cast<long long>(m.host_peak_bytes()), loss);
       std::fflush(stdout);
     }
   } catch (const px::Error& e) {

@@ -32,6 +32,9 @@ enum class RematPolicy {
   dots_saveable,     // in each layer save matmul (dot_general) outputs and the layer input
   dots_with_no_batch_dims_saveable,  // only matmuls without batch dims (weights, not attention scores)
   names,             // in each layer save the values tagged with one of RematOptions::names
+  // dots_saveable, with the saved values and the layer inputs kept in pinned_host memory: sent
+  // there in the forward pass, fetched back (a layer ahead) for the backward pass
+  offload,
   // The least recompute whose planned per-device peak fits RematOptions::budget_bytes (else
   // CompileOptions::memory_limit_bytes): full remat of the fewest layers, else nothing_saveable;
   // chosen by the buffer planner itself.
@@ -39,6 +42,16 @@ enum class RematPolicy {
 };
 const char* remat_policy_name(RematPolicy p);
 RematPolicy parse_remat_policy(const std::string& name);  // throws naming the policies
+
+// A function of tensors, e.g. one block of a model.
+using TensorFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+// Wraps fn so that, in a traced training step, the forward values it computes follow `policy`
+// (saved for the backward pass or recomputed there), whatever the step's RematOptions say; `names`
+// for RematPolicy::names. Not RematPolicy::automatic (it needs the whole step's budget).
+TensorFn remat(TensorFn fn, RematPolicy policy, std::vector<std::string> names = {});
+// A stack of blocks run in order (each block's results are the next one's operands), each block
+// rematerialized by `policy` on its own.
+TensorFn remat_model(std::vector<TensorFn> blocks, RematPolicy policy);
 
 struct RematOptions {
   RematPolicy policy = RematPolicy::none;

@@ -164,6 +164,11 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
   const std::vector<char> phase = phases(p);
   for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
     Node n = nodes[i];
+    if (n.prim->name == "transfer") {  // already placed (remat offload of saved residuals)
+      kind[n.outputs[0]] = parse_memory_kind(n.attrs.s("to"));
+      out.push_back(std::move(n));
+      continue;
+    }
     const MemoryKind where = host_update && phase[i] == 2 ? MemoryKind::pinned_host : MemoryKind::device;
     const size_t before = out.size();
     for (int& v : n.inputs) {

@@ -1,5 +1,6 @@
 // The remat pass over a traced training step: the backward pass reads only the forward values
 // the policy saves and recomputes the others from them, just before their first use there.
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,8 @@ const char* remat_policy_name(RematPolicy p) {
       return "dots_with_no_batch_dims_saveable";
     case RematPolicy::names:
       return "names";
+    case RematPolicy::offload:
+      return "offload";
     case RematPolicy::automatic:
       return "auto";
   }
@@ -30,16 +33,115 @@ const char* remat_policy_name(RematPolicy p) {
 
 RematPolicy parse_remat_policy(const std::string& name) {
   for (RematPolicy p : {RematPolicy::none, RematPolicy::full, RematPolicy::nothing_saveable, RematPolicy::dots_saveable,
-                        RematPolicy::dots_with_no_batch_dims_saveable, RematPolicy::names, RematPolicy::automatic})
+                        RematPolicy::dots_with_no_batch_dims_saveable, RematPolicy::names, RematPolicy::offload,
+                        RematPolicy::automatic})
     if (name == remat_policy_name(p)) return p;
   throw UserError("[remat] unknown policy '" + name +
                   "'; the policies are none, full, nothing_saveable, dots_saveable, "
-                  "dots_with_no_batch_dims_saveable, names, auto");
+                  "dots_with_no_batch_dims_saveable, names, offload, auto");
 }
 
 namespace {
 
 bool is_tag(const Node& n, const char* name) { return n.prim->name == "tag" && n.attrs.s("name") == name; }
+bool is_boundary(const Node& n) {
+  return is_tag(n, "layer_input") || is_tag(n, "layers_end") || is_tag(n, "remat_begin") || is_tag(n, "remat_end");
+}
+
+// Whether a policy saves the result of forward node n for the backward pass.
+bool policy_saves(RematPolicy policy, const std::vector<std::string>& names, const Node& n) {
+  switch (policy) {
+    case RematPolicy::none:
+      return true;
+    case RematPolicy::dots_saveable:
+    case RematPolicy::offload:
+      return n.prim->name == "dot_general";
+    case RematPolicy::dots_with_no_batch_dims_saveable:
+      return n.prim->name == "dot_general" && n.attrs.ints("lhs_batch").empty();
+    case RematPolicy::names:
+      if (n.prim->name != "tag") return false;
+      for (const auto& pattern : names)
+        if (glob_match(pattern, n.attrs.s("name"))) return true;
+      return false;
+    default:
+      return false;
+  }
+}
+
+std::vector<std::string> split_names(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t start = 0; start < s.size();) {
+    size_t comma = s.find(',', start);
+    if (comma == std::string::npos) comma = s.size();
+    if (comma > start) out.push_back(s.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
+}
+
+// A function wrapped by px::remat: its policy, and its nodes (between its begin and end tags).
+struct Region {
+  RematPolicy policy;
+  std::vector<std::string> names;
+};
+
+// Saved forward values read by the backward pass that `offload` keeps in pinned_host memory: each
+// gets a transfer to the host right after its producer and a fetch before its backward readers
+// (one per cluster of nearby readers), prefetched by layer.
+StepProgram offload_residuals(StepProgram p, const std::vector<int>& host, const std::vector<int>& group_of) {
+  const Graph& g = *p.graph;
+  const std::vector<Node>& nodes = g.nodes();
+  std::vector<ValueInfo> values = g.values();
+  std::vector<int> to_host(values.size(), -1), fetched(values.size(), -1), last_use(values.size(), -1);
+  std::vector<char> offloaded(values.size(), 0);
+  for (int v : host) offloaded[v] = 1;
+  std::vector<Node> out;
+  int forward_end = p.forward_end, backward_end = p.backward_end;
+  auto transfer = [&](int v, MemoryKind to, const std::string& group) {
+    Node t;
+    t.prim = &get_primitive("transfer");
+    t.attrs.set("to", std::string(memory_kind_name(to)));
+    if (!group.empty()) t.attrs.set("group", group);
+    t.inputs = {v};
+    const int id = static_cast<int>(values.size());
+    t.outputs = {id};
+    values.push_back({values[v].type, -1, 0});
+    out.push_back(std::move(t));
+    return id;
+  };
+  for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
+    Node n = nodes[i];
+    const size_t before = out.size();
+    if (i >= p.forward_end)
+      for (int& v : n.inputs) {
+        if (!offloaded[v]) continue;
+        if (fetched[v] < 0 || i - last_use[v] > 24)
+          fetched[v] = transfer(to_host[v], MemoryKind::device, "residuals." + std::to_string(group_of[v]));
+        last_use[v] = i;
+        v = fetched[v];
+      }
+    out.push_back(n);
+    if (i < p.forward_end)
+      for (int v : n.outputs)
+        if (offloaded[v]) to_host[v] = transfer(v, MemoryKind::pinned_host, "");
+    const int added = static_cast<int>(out.size() - before) - 1;
+    if (i < p.forward_end) forward_end += added;
+    if (i < p.backward_end) backward_end += added;
+  }
+  for (size_t i = 0; i < out.size(); ++i)
+    for (size_t k = 0; k < out[i].outputs.size(); ++k) {
+      values[out[i].outputs[k]].producer = static_cast<int>(i);
+      values[out[i].outputs[k]].output_index = static_cast<int>(k);
+    }
+  auto result = std::make_unique<Graph>();
+  result->reset_ids(std::move(out), std::move(values), g.inputs(), g.input_names(), g.outputs());
+  result->verify();
+  p.categories.resize(result->values().size(), MemoryCategory::activations);
+  p.graph = std::move(result);
+  p.forward_end = forward_end;
+  p.backward_end = backward_end;
+  return p;
+}
 
 int count_layers(const Graph& g, int forward_end) {
   int n = 0;
@@ -67,7 +169,6 @@ StepProgram StepProgram::clone() const {
 
 StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_flops) {
   if (recomputed_flops) *recomputed_flops = 0;
-  if (o.policy == RematPolicy::none || o.layers == 0) return p;
   if (o.policy == RematPolicy::automatic)
     throw UserError("[remat] policy 'auto' needs a budget: use TrainStep or ShardedTrainStep with "
                     "RematOptions::budget_bytes or CompileOptions::memory_limit_bytes");
@@ -76,6 +177,33 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
   const Graph& g = *p.graph;
   const std::vector<Node>& nodes = g.nodes();
   const int F = p.forward_end;
+
+  // Functions wrapped by px::remat: their nodes follow their policy, whatever the step's.
+  std::vector<Region> regions;
+  std::vector<int> region_of(F, -1);
+  {
+    std::vector<int64_t> open_ids;
+    std::vector<int> open;
+    for (int i = 0; i < F; ++i) {
+      const Node& n = nodes[i];
+      if (is_tag(n, "remat_begin")) {
+        const int64_t id = n.attrs.i("region");
+        if (open_ids.empty() || open_ids.back() != id) {
+          open_ids.push_back(id);
+          open.push_back(static_cast<int>(regions.size()));
+          regions.push_back({parse_remat_policy(n.attrs.s("policy")), split_names(n.attrs.s("names"))});
+        }
+      } else if (is_tag(n, "remat_end")) {
+        if (!open_ids.empty() && open_ids.back() == n.attrs.i("region")) {
+          open_ids.pop_back();
+          open.pop_back();
+        }
+      } else if (!open.empty()) {
+        region_of[i] = open.back();
+      }
+    }
+  }
+  if ((o.policy == RematPolicy::none || o.layers == 0) && regions.empty()) return p;
 
   // The layer of each forward node (-1: outside the layers); the boundary tags belong to none.
   std::vector<int> layer(F, -1);
@@ -97,26 +225,31 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
 
   std::vector<char> is_output(g.values().size(), 0);
   for (int v : g.outputs()) is_output[v] = 1;
+  // The policy that governs forward node i (none: everything saved).
+  auto policy_of = [&](int i) {
+    if (region_of[i] >= 0) return regions[region_of[i]].policy;
+    if (layer[i] == -2) return RematPolicy::none;
+    if (layer[i] < 0) return o.policy == RematPolicy::nothing_saveable ? o.policy : RematPolicy::none;
+    return o.policy;
+  };
   auto saved = [&](int v) {
     const int i = g.values()[v].producer;
     if (i < 0 || i >= F || is_output[v]) return true;
     const Node& n = nodes[i];
-    if (is_tag(n, "layer_input") || is_tag(n, "layers_end")) return true;
-    if (layer[i] == -2) return true;
-    if (layer[i] < 0) return o.policy != RematPolicy::nothing_saveable;
-    switch (o.policy) {
-      case RematPolicy::dots_saveable:
-        return n.prim->name == "dot_general";
-      case RematPolicy::dots_with_no_batch_dims_saveable:
-        return n.prim->name == "dot_general" && n.attrs.ints("lhs_batch").empty();
-      case RematPolicy::names:
-        if (n.prim->name != "tag") return false;
-        for (const auto& pattern : o.names)
-          if (glob_match(pattern, n.attrs.s("name"))) return true;
-        return false;
-      default:
-        return false;
+    if (is_boundary(n)) return true;
+    return policy_saves(policy_of(i), region_of[i] >= 0 ? regions[region_of[i]].names : o.names, n);
+  };
+  // `offload`: the values it saves, and the layer inputs its layers start from, go to the host.
+  auto offloaded = [&](int v) {
+    const int i = g.values()[v].producer;
+    if (i < 0 || i >= F || is_output[v]) return false;
+    const Node& n = nodes[i];
+    if (is_tag(n, "layer_input")) {
+      for (int j = i + 1; j < F; ++j)
+        if (!is_boundary(nodes[j])) return policy_of(j) == RematPolicy::offload;
+      return false;
     }
+    return policy_of(i) == RematPolicy::offload && saved(v) && !is_boundary(n);
   };
 
   std::vector<Node> out(nodes.begin(), nodes.begin() + F);
@@ -166,6 +299,18 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
     if (i < p.backward_end) backward_end += static_cast<int>(out.size() - before);
     out.push_back(std::move(b));
   }
+  // Saved values the backward pass (or its recomputed copies) reads that `offload` keeps on the
+  // host, grouped by layer for prefetching.
+  std::vector<int> host, group_of(values.size(), 0);
+  std::vector<char> read_back(values.size(), 0);
+  for (size_t i = F; i < out.size(); ++i)
+    for (int v : out[i].inputs) read_back[v] = 1;
+  for (int v = 0; v < static_cast<int>(g.values().size()); ++v)
+    if (read_back[v] && offloaded(v)) {
+      host.push_back(v);
+      const int i = g.values()[v].producer;
+      group_of[v] = region_of[i] >= 0 ? 100000 + region_of[i] : is_boundary(nodes[i]) && i + 1 < F ? layer[i + 1] : layer[i];
+    }
   for (size_t i = 0; i < out.size(); ++i)
     for (size_t k = 0; k < out[i].outputs.size(); ++k) {
       values[out[i].outputs[k]].producer = static_cast<int>(i);
@@ -178,7 +323,42 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
   p.graph = std::move(result);
   p.backward_end = backward_end;
   if (recomputed_flops) *recomputed_flops = flops;
+  if (!host.empty()) p = offload_residuals(std::move(p), host, group_of);
   return p;
+}
+
+TensorFn remat(TensorFn fn, RematPolicy policy, std::vector<std::string> names) {
+  if (!fn) throw UserError("[remat] no function given");
+  if (policy == RematPolicy::automatic)
+    throw UserError("[remat] px::remat takes a fixed policy; 'auto' needs the whole step's budget: use "
+                    "TrainStepOptions::remat with RematPolicy::automatic");
+  if (policy == RematPolicy::names && names.empty())
+    throw UserError("[remat] policy 'names' needs the px::tag names of the values to save");
+  std::string joined;
+  for (const std::string& n : names) joined += (joined.empty() ? "" : ",") + n;
+  return [fn = std::move(fn), policy, joined](const std::vector<Tensor>& in) {
+    static std::atomic<int64_t> next_region{0};
+    const int64_t id = next_region++;
+    auto mark = [&](const Tensor& x, const char* what) {
+      return emit1("tag", {x},
+                   {{"name", std::string(what)}, {"region", id}, {"policy", std::string(remat_policy_name(policy))},
+                    {"names", joined}});
+    };
+    std::vector<Tensor> args;
+    for (const Tensor& x : in) args.push_back(mark(x, "remat_begin"));
+    std::vector<Tensor> out = fn(args);
+    for (Tensor& y : out) y = mark(y, "remat_end");
+    return out;
+  };
+}
+
+TensorFn remat_model(std::vector<TensorFn> blocks, RematPolicy policy) {
+  for (TensorFn& b : blocks) b = remat(std::move(b), policy);
+  return [blocks = std::move(blocks)](const std::vector<Tensor>& in) {
+    std::vector<Tensor> x = in;
+    for (const TensorFn& b : blocks) x = b(x);
+    return x;
+  };
 }
 
 StepProgram remat_automatic(StepProgram p, int64_t budget, const std::function<int64_t(const StepProgram&)>& peak_of,

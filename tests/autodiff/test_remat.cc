@@ -16,7 +16,8 @@ namespace {
 using namespace recipe_check;
 
 const RematPolicy kPolicies[] = {RematPolicy::full, RematPolicy::nothing_saveable, RematPolicy::dots_saveable,
-                                 RematPolicy::dots_with_no_batch_dims_saveable, RematPolicy::names};
+                                 RematPolicy::dots_with_no_batch_dims_saveable, RematPolicy::names,
+                                 RematPolicy::offload};
 
 RematOptions options(RematPolicy p) {
   RematOptions o{p, {}};
@@ -54,6 +55,11 @@ TEST(Remat, KeepsLessForTheBackwardPassAsThePolicySavesLess) {
   const int64_t nothing = train(cfg, RematPolicy::nothing_saveable, 1).memory.peak_bytes;
   EXPECT_LT(dots, none);
   EXPECT_LT(full, dots);
+  // offload saves what dots_saveable saves, in pinned_host memory: fewer activations on the device.
+  const Trained dots_t = train(cfg, RematPolicy::dots_saveable, 1), off = train(cfg, RematPolicy::offload, 1);
+  EXPECT_LT(activations(off.memory), activations(dots_t.memory));
+  EXPECT_GT(off.memory.host_arena_bytes, 0);
+  EXPECT_GT(off.memory.transfer_bytes, 0);
   EXPECT_LE(nothing, full);
 }
 
@@ -72,7 +78,8 @@ TEST(Remat, FsdpOnFourDevicesWithRematEqualsFsdpWithout) {
     return r;
   };
   Trained none = run(RematPolicy::none);
-  for (RematPolicy p : {RematPolicy::full, RematPolicy::dots_saveable}) expect_same(none, run(p), remat_policy_name(p));
+  for (RematPolicy p : {RematPolicy::full, RematPolicy::dots_saveable, RematPolicy::offload})
+    expect_same(none, run(p), remat_policy_name(p));
 }
 
 int64_t planned_peak(const nn::LmConfig& cfg, RematOptions r, int64_t limit = 0) {
@@ -121,6 +128,69 @@ TEST(Remat, AStepOverTheLimitFailsWithAReportAndTrainsWithRematOrAuto) {
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("no policy fits the budget"), std::string::npos) << e.what();
   }
+}
+
+// A model of our own: blocks of two Linear layers with a GELU between, wrapped by px::remat.
+struct Mlp {
+  nn::Scope root;
+  std::vector<nn::Linear> layers;
+  explicit Mlp(int blocks) {
+    for (int i = 0; i < 2 * blocks; ++i) layers.emplace_back(root.sub("l").sub(i), i == 0 ? 8 : 64, 64);
+  }
+  std::vector<TensorFn> blocks() {
+    std::vector<TensorFn> out;
+    for (size_t i = 0; i < layers.size(); i += 2)
+      out.push_back([this, i](const std::vector<Tensor>& x) {
+        return std::vector<Tensor>{layers[i + 1](gelu(layers[i](x[0])))};
+      });
+    return out;
+  }
+};
+
+TEST(Remat, RematWrapsAnyFunctionAndRematModelEachBlockOfAStack) {
+  const std::vector<TensorType> types = {{DType::f32, {64, 8}}, {DType::i32, {64}}};
+  const std::vector<Array> batch = {testing::random_array({64, 8}, DType::f32, 5),
+                                    random_tokens({64}, 64, 6)};
+  // wrap: how the stack runs; step_policy: the step's own RematOptions.
+  auto run = [&](const std::function<TensorFn(std::vector<TensorFn>)>& wrap, RematPolicy step_policy) {
+    Mlp m(4);
+    TensorFn stack = wrap(m.blocks());
+    TrainStepOptions o;
+    o.remat.policy = step_policy;
+    TrainStep step(m.root.store(), opt(), [&](const std::vector<Tensor>& b) {
+      return cross_entropy_loss(stack({b[0]})[0], b[1]);
+    }, types, o);
+    TrainState s = step.init(0);
+    Trained r;
+    for (int i = 0; i < 2; ++i) r.metrics.push_back(step(s, batch));
+    r.params = s.params;
+    r.memory = step.executable().memory();
+    return r;
+  };
+  auto plain = [](std::vector<TensorFn> blocks) {
+    return TensorFn([blocks](const std::vector<Tensor>& in) {
+      std::vector<Tensor> x = in;
+      for (const TensorFn& b : blocks) x = b(x);
+      return x;
+    });
+  };
+  const Trained none = run(plain, RematPolicy::none);
+  const Trained full = run([](std::vector<TensorFn> b) { return remat_model(std::move(b), RematPolicy::full); },
+                           RematPolicy::none);
+  expect_same(none, full, "remat_model full");
+  EXPECT_LT(activations(full.memory), activations(none.memory));
+  // A wrapped function keeps its own policy under the step's: none inside, full outside.
+  const Trained inner_none = run(
+      [](std::vector<TensorFn> b) { return remat_model(std::move(b), RematPolicy::none); }, RematPolicy::full);
+  expect_same(none, inner_none, "remat_model none under a full step");
+  EXPECT_GT(activations(inner_none.memory), activations(full.memory));
+  // px::remat around the whole stack, with dots_saveable.
+  const Trained dots = run([&](std::vector<TensorFn> b) { return remat(plain(std::move(b)), RematPolicy::dots_saveable); },
+                           RematPolicy::none);
+  expect_same(none, dots, "remat dots_saveable");
+  EXPECT_LT(activations(dots.memory), activations(none.memory));
+  EXPECT_THROW(remat(plain({}), RematPolicy::automatic), UserError);
+  EXPECT_THROW(remat(plain({}), RematPolicy::names), UserError);
 }
 
 TEST(Remat, PoliciesParseAndNamesNeedNames) {
