@@ -34,8 +34,15 @@ struct MemoryStats {
 MemoryStats memory_stats(const Placement& p);
 void reset_peak_memory(const Placement& p);  // the high-water mark becomes the bytes in use
 
+// The capacity of a placement (bytes; 0, the default: unlimited). On the CPU backend device memory
+// is a pool of host memory: with a capacity it behaves like a device of that size. Allocations
+// past it throw px::UserError; compiled programs take it as their memory limit
+// (CompileOptions::memory_limit_bytes, host_memory_limit_bytes) and fail at compile time with a report.
+void set_memory_capacity(const Placement& p, int64_t bytes);
+int64_t memory_capacity(const Placement& p);
+
 // Allocates `bytes` (64-byte aligned, at least 64) at `p`, counted; throws px::Error when out of
-// memory. Freed with free_bytes(p, ptr, bytes).
+// memory or over the placement's capacity. Freed with free_bytes(p, ptr, bytes).
 void* allocate_bytes(const Placement& p, int64_t bytes);
 void free_bytes(const Placement& p, void* ptr, int64_t bytes);
 

@@ -40,7 +40,10 @@ struct MemoryReport {
 struct CompileOptions {
   bool fuse_elementwise = true;  // chain elementwise ops into single tiled passes
   bool optimize = true;          // run CSE and DCE first
-  int64_t memory_limit_bytes = 0;  // 0 = none; above it compile() throws with a report
+  // Per device: the planned peak in device memory above this (0: the device's capacity, if set with
+  // px::set_memory_capacity) makes compile() throw with a report; likewise pinned_host memory.
+  int64_t memory_limit_bytes = 0;
+  int64_t host_memory_limit_bytes = 0;
   // Mixed precision: bf16 or f16 runs every f32 matmul on 16-bit operands with f32 results
   // (see px::autocast in passes.h); f32 changes nothing.
   DType compute_dtype = DType::f32;

@@ -16,7 +16,7 @@ namespace px {
 namespace {
 
 struct Counter {
-  std::atomic<int64_t> in_use{0}, peak{0}, count{0};
+  std::atomic<int64_t> in_use{0}, peak{0}, count{0}, capacity{0};
 };
 
 // Counters for devices 0..kMaxDevices-1 and both kinds; larger ids share the last slot.
@@ -50,12 +50,27 @@ void reset_peak_memory(const Placement& p) {
   c.peak.store(c.in_use.load());
 }
 
+void set_memory_capacity(const Placement& p, int64_t bytes) {
+  if (bytes < 0)
+    throw UserError("[memory] the capacity of " + p.to_string() + " must be >= 0 bytes (0: unlimited), got " +
+                    std::to_string(bytes));
+  counter(p).capacity.store(bytes);
+}
+
+int64_t memory_capacity(const Placement& p) { return counter(p).capacity.load(); }
+
 void* allocate_bytes(const Placement& p, int64_t bytes) {
+  Counter& c = counter(p);
+  const int64_t cap = c.capacity.load();
+  if (cap > 0 && c.in_use.load() + bytes > cap)
+    throw UserError("[memory] out of memory on " + p.to_string() + ": allocating " + std::to_string(bytes) +
+                    " bytes with " + std::to_string(c.in_use.load()) + " in use exceeds its capacity of " +
+                    std::to_string(cap) + " bytes; compiled steps plan within the capacity and say what would fit "
+                    "(remat, offload, more devices)");
   size_t rounded = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
   void* ptr = std::aligned_alloc(64, rounded);
   if (!ptr)
     throw Error("[memory] out of memory allocating " + std::to_string(bytes) + " bytes on " + p.to_string());
-  Counter& c = counter(p);
   int64_t now = c.in_use.fetch_add(bytes) + bytes;
   int64_t peak = c.peak.load();
   while (now > peak && !c.peak.compare_exchange_weak(peak, now)) {

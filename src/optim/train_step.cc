@@ -109,7 +109,8 @@ TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss
   n_params_ = static_cast<size_t>(store_.size());
   n_state_ = opt_->state_slots(store_.types()).size();
   skip_nonfinite_ = options.skip_nonfinite;
-  const int64_t limit = options.compile.memory_limit_bytes;
+  const int64_t capacity = memory_capacity({0, MemoryKind::device});
+  const int64_t limit = options.compile.memory_limit_bytes > 0 ? options.compile.memory_limit_bytes : capacity;
   auto traced = [&] {
     return trace_train_step(store_, *opt_, loss_fn, batch_types_, options.clip_norm, "TrainStep",
                             options.skip_nonfinite);

@@ -419,6 +419,11 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
       }
   }
 
+  if (opt.host_memory_limit_bytes > 0 && rep.host_peak_bytes() > opt.host_memory_limit_bytes)
+    throw UserError("[compile] the program needs " + std::to_string(rep.host_peak_bytes()) +
+                    " bytes of pinned_host memory per device, over the limit of " +
+                    std::to_string(opt.host_memory_limit_bytes) + " bytes:\n" + rep.to_string() +
+                    "Offload less (OffloadOptions), raise the limit, or shard the program over more devices.");
   if (opt.memory_limit_bytes > 0 && rep.peak_bytes > opt.memory_limit_bytes) {
     std::ostringstream os;
     os << "[compile] the program needs " << rep.peak_bytes << " bytes per device, over the limit of "
@@ -445,7 +450,7 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
     }
     os << "Raise the limit, shrink the batch, rematerialize activations (TrainStepOptions::remat) or shard the "
           "program over more devices.";
-    throw Error(os.str());
+    throw UserError(os.str());
   }
   return impl;
 }
@@ -468,7 +473,15 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
   using Impl = Executable::Impl;
   apply_thread_settings();
   if (setup.device_ids.empty()) throw Error("[compile] internal: no devices to compile for");
-  std::unique_ptr<Impl> impl = plan_impl(src, opt, setup.groups);
+  // Devices with a capacity limit what the plan may use.
+  CompileOptions limited = opt;
+  for (int id : setup.device_ids)
+    for (auto [kind, limit] : {std::pair{MemoryKind::device, &limited.memory_limit_bytes},
+                               std::pair{MemoryKind::pinned_host, &limited.host_memory_limit_bytes}}) {
+      const int64_t cap = memory_capacity({id, kind});
+      if (cap > 0 && (*limit == 0 || cap < *limit)) *limit = cap;
+    }
+  std::unique_ptr<Impl> impl = plan_impl(src, limited, setup.groups);
   bool has_collectives = false;
   for (const CollectiveOp& c : impl->colls) has_collectives = has_collectives || c.kind != "transfer";
   if (has_collectives && !setup.comm)

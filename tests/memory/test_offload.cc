@@ -148,6 +148,40 @@ TEST(Offload, AStepOverTheDeviceLimitTrainsWithOffloadAndFailsWithTheReportWitho
   expect_same(train(cfg, {}), a, "offload under the limit");
 }
 
+// Device 0 with a capacity, as a GPU has: the step that does not fit fails at compile time with the
+// report (not at run time); offloaded, it trains within the capacity, and allocations past it throw.
+TEST(Offload, ADeviceWithACapacityTrainsTheStepThatFitsIt) {
+  const nn::LmConfig cfg = nn::gpt2_config("gpt_offload", 512, 128, 4, 4, 512, 16);
+  const int64_t none = train(cfg, {}, RematPolicy::none, 1).memory.peak_bytes;
+  const int64_t off = train(cfg, offload({"*"}, true), RematPolicy::none, 1).memory.peak_bytes;
+  const Placement dev{0};
+  struct Reset {
+    Placement p;
+    ~Reset() { set_memory_capacity(p, 0); }
+  } reset{dev};
+  Fixture f(cfg);
+  const int64_t capacity = memory_stats(dev).bytes_in_use + (none + off) / 2;
+  set_memory_capacity(dev, capacity);
+  reset_peak_memory(dev);
+  EXPECT_EQ(memory_capacity(dev), capacity);
+  try {
+    TrainStep step(f.model.store(), opt(), f.loss, f.batch_types);
+    FAIL() << "a step over the device's capacity compiled";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("offload params and optimizer state: " + std::to_string(off) + " bytes (fits)"),
+              std::string::npos)
+        << e.what();
+  }
+  TrainStepOptions o;
+  o.offload = offload({"*"}, true);
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, o);
+  TrainState s = step.init(0);
+  step(s, f.batch(0));
+  EXPECT_LE(memory_stats(dev).peak_bytes_in_use, capacity);
+  EXPECT_THROW(Array(DType::f32, {capacity / 4}, dev), UserError);
+  EXPECT_THROW(set_memory_capacity(dev, -1), UserError);
+}
+
 TEST(Offload, FsdpOnFourDevicesWithOffloadEqualsFsdpWithout) {
   const nn::LmConfig cfg = gpt_micro();
   auto run = [&](const OffloadOptions& off) {
