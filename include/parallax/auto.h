@@ -33,6 +33,8 @@ struct DeviceSpec {
   double memory_bandwidth = 0;   // bytes/s between the device's memory and its cores
   int64_t memory_bytes = 0;      // capacity
   double launch_s = 0;           // fixed cost of one kernel (launch, dispatch)
+  // bytes/s between device memory and pinned host memory (offload transfers; 0: memory_bandwidth)
+  double host_link_bandwidth = 0;
   double matmul_flops(DType operands) const;  // bf16/f16: the bf16 rate, else f32
   // One kernel on the roofline: max(matmul / matmul rate + (flops - matmul) / vector rate,
   // bytes / memory_bandwidth) + launch_s. The cost model times every kernel with it; a solver
@@ -104,6 +106,7 @@ double collective_seconds(CollectiveKind k, int64_t n, int64_t payload, const Li
 struct StepCost {
   double compute_s = 0;  // kernels: per unit of the schedule, max(FLOPs / rate, bytes / bandwidth) + launch
   double comm_s = 0;     // collectives, summed (alpha-beta)
+  double transfer_s = 0; // transfers between memory kinds (offload), summed, on their own copy engine
   double step_s = 0;     // the schedule played with collectives overlapping compute where allowed
   double flops = 0, matmul_flops = 0, memory_bytes_moved = 0;  // per device
   int64_t kernels = 0;
@@ -134,6 +137,7 @@ struct StepSetup {
   ShardingOptions sharding;
   double clip_norm = 0;
   RematOptions remat;  // the step is planned and costed rematerialized (not RematPolicy::automatic)
+  OffloadOptions offload;  // and with these params and optimizer state in pinned_host memory
 };
 
 struct RecipeCost {

@@ -256,6 +256,9 @@ PlanReport plan(const ExperimentConfig& c, const std::string& devices, const std
   setup.compute_dtype = c.model.dtype == "bf16" ? DType::bf16 : DType::f32;
   setup.sharding = sharding_options(c);
   setup.clip_norm = c.optimizer.clip_norm;
+  const TrainStepOptions o = step_options(c);
+  if (o.remat.policy != RematPolicy::automatic) setup.remat = o.remat;
+  setup.offload = o.offload;
   std::vector<RecipeCost> costs = cost_recipes(lm_config(c), cl.apply(mesh), cl, setup, {strategy_of(c)});
   if (costs.empty() || !costs[0].applies) {
     r.cost_note = "not predicted: " + (costs.empty() ? std::string("no cost") : costs[0].reason);

@@ -7,6 +7,18 @@
 #include "sharding/recipes/step.h"
 
 namespace px::pax {
+
+TrainStepOptions step_options(const ExperimentConfig& c) {
+  TrainStepOptions o;
+  o.clip_norm = c.optimizer.clip_norm;
+  o.remat.policy = parse_remat_policy(c.memory.remat);
+  o.remat.budget_bytes = c.memory.budget_bytes;
+  if (c.memory.offload == "params" || c.memory.offload == "params_and_optimizer_state") o.offload.params = {"*"};
+  o.offload.optimizer_state = c.memory.offload == "optimizer_state" || c.memory.offload == "params_and_optimizer_state";
+  o.offload.prefetch_depth = static_cast<int>(c.memory.prefetch_depth);
+  return o;
+}
+
 namespace {
 
 TrainStep::LossFn loss_fn(nn::TransformerLm& model) {
@@ -37,16 +49,6 @@ Checkpoint snapshot_of(const State& state, const std::vector<std::string>& names
   return c;
 }
 
-TrainStepOptions step_options(const ExperimentConfig& c) {
-  TrainStepOptions o;
-  o.clip_norm = c.optimizer.clip_norm;
-  o.remat.policy = parse_remat_policy(c.memory.remat);
-  o.remat.budget_bytes = c.memory.budget_bytes;
-  if (c.memory.offload == "params" || c.memory.offload == "params_and_optimizer_state") o.offload.params = {"*"};
-  o.offload.optimizer_state = c.memory.offload == "optimizer_state" || c.memory.offload == "params_and_optimizer_state";
-  o.offload.prefetch_depth = static_cast<int>(c.memory.prefetch_depth);
-  return o;
-}
 
 class SingleRunner : public StepRunner {
  public:

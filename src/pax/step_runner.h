@@ -38,6 +38,9 @@ class StepRunner {
 };
 
 // Compiles the step for `model` on `mesh` and initializes params from train.seed.
+// The training step's options from the config: clipping, remat, offload.
+TrainStepOptions step_options(const ExperimentConfig& c);
+
 std::unique_ptr<StepRunner> make_step_runner(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh);
 
 // The matmul FLOPs of one step (forward and backward, the whole global batch) of the traced step

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../sharding/recipe_check.h"
+#include "parallax/auto.h"
 #include "parallax/nn.h"
 #include "parallax/parallel.h"
 #include "parallax/train.h"
@@ -206,6 +207,34 @@ TEST(Offload, FsdpOnFourDevicesWithOffloadEqualsFsdpWithout) {
   EXPECT_LT(both.memory.peak_bytes, none.memory.peak_bytes);
   EXPECT_GT(both.memory.host_input_bytes, 0);
   expect_same(none, run(offload({"*"}, false, 0)), "FSDP with params offloaded, no prefetch");
+}
+
+// The cost model and AUTO plan the offloaded step: less device memory, the transfers timed on the
+// host link (PCIe on an H100 node).
+TEST(Offload, TheCostModelAndAutoCountOffload) {
+  const nn::LmConfig cfg = gpt_micro();
+  const Cluster cl = load_cluster("h100x8");
+  const Mesh mesh = Mesh::cpu({{"data", 4}});
+  StepSetup setup;
+  setup.batch = 8;
+  setup.seq = cfg.max_seq_len;
+  const StepCost base = cost_recipes(cfg, cl.apply(mesh), cl, setup, {ShardingStrategy::FSDP}).at(0).cost;
+  setup.offload = offload({"*"}, true);
+  const StepCost off = cost_recipes(cfg, cl.apply(mesh), cl, setup, {ShardingStrategy::FSDP}).at(0).cost;
+  EXPECT_LT(off.memory.peak_bytes, base.memory.peak_bytes);
+  EXPECT_GT(off.memory.host_peak_bytes(), 0);
+  EXPECT_EQ(base.transfer_s, 0);
+  EXPECT_NEAR(off.transfer_s, off.memory.transfer_bytes / cl.device.host_link_bandwidth, 1e-12);
+
+  Fixture f(cfg);
+  TrainStepOptions o;
+  o.offload = offload({"*"}, true);
+  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, mesh, ShardingStrategy::AUTO,
+                        {.auto_cluster = "h100x8"}, o);
+  ShardedTrainState s = step.init(0);
+  EXPECT_TRUE(std::isfinite(step(s, f.batch(0)).loss));
+  EXPECT_EQ(s.params[0].shards()[0].placement().kind, MemoryKind::pinned_host);
+  EXPECT_GT(step.executable().memory().host_input_bytes, 0);
 }
 
 TEST(Offload, BadOptionsAndMisplacedArraysGetClearErrors) {

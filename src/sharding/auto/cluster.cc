@@ -98,7 +98,8 @@ std::string Cluster::to_toml() const {
                                  {"vector_flops", device.vector_flops},
                                  {"memory_bandwidth", device.memory_bandwidth},
                                  {"memory_bytes", device.memory_bytes},
-                                 {"launch_s", device.launch_s}});
+                                 {"launch_s", device.launch_s},
+                                 {"host_link_bandwidth", device.host_link_bandwidth}});
   t.insert("intra_node", link_table(intra_node));
   t.insert("inter_node", link_table(inter_node));
   if (!axis_links.empty()) {
@@ -127,7 +128,7 @@ constexpr double kMatmulEff = 0.70, kHbmEff = 0.85, kNvlinkEff = 0.80, kIbEff = 
 // 4.8 TB/s. Between nodes: one NVIDIA ConnectX-7 NDR InfiniBand adapter of 400 Gb/s (50 GB/s each
 // way) per GPU, as in the DGX H100 / DGX H200 system datasheets. Latencies (not on datasheets):
 // about 3 us per ring step over NVLink and 6 us over InfiniBand, typical of NCCL; a kernel launch
-// 4 us.
+// 4 us. Host memory (offload) over PCIe Gen5 x16: 64 GB/s each way.
 Cluster hopper_node(const std::string& name, double hbm_bytes_per_s, int64_t hbm_bytes) {
   Cluster c;
   c.name = name;
@@ -137,6 +138,7 @@ Cluster hopper_node(const std::string& name, double hbm_bytes_per_s, int64_t hbm
   c.device.memory_bandwidth = hbm_bytes_per_s * kHbmEff;
   c.device.memory_bytes = hbm_bytes;
   c.device.launch_s = 4e-6;
+  c.device.host_link_bandwidth = 64e9 * kHbmEff;
   c.devices_per_node = 8;
   c.intra_node = {450e9 * kNvlinkEff, 3e-6};
   c.inter_node = {50e9 * kIbEff, 6e-6};
@@ -283,7 +285,7 @@ Cluster cluster_from_toml(const std::string& text, const std::string& where) {
   if (!dev) r.fail("the [device] section is missing; add [device] with matmul_flops_f32, memory_bandwidth and "
                    "memory_bytes (see docs/auto-sharding.md)");
   r.check_keys(*dev, "device", {"matmul_flops_f32", "matmul_flops_bf16", "vector_flops", "memory_bandwidth",
-                                "memory_bytes", "launch_s"});
+                                "memory_bytes", "launch_s", "host_link_bandwidth"});
   c.device.matmul_flops_f32 = r.required(*dev, "device", "matmul_flops_f32", "67e12");
   c.device.matmul_flops_bf16 = r.number(*dev, "device", "matmul_flops_bf16", "989e12").value_or(c.device.matmul_flops_f32);
   c.device.vector_flops = r.number(*dev, "device", "vector_flops", "67e12").value_or(c.device.matmul_flops_f32);
@@ -292,6 +294,7 @@ Cluster cluster_from_toml(const std::string& text, const std::string& where) {
   if (mem > 9.2e18) r.fail("device.memory_bytes is too large: " + std::to_string(mem));
   c.device.memory_bytes = static_cast<int64_t>(mem);
   c.device.launch_s = r.number(*dev, "device", "launch_s", "4e-6", true).value_or(0.0);
+  c.device.host_link_bandwidth = r.number(*dev, "device", "host_link_bandwidth", "64e9", true).value_or(0.0);
 
   const toml::table* intra = r.table(root, "intra_node");
   if (!intra) r.fail("the [intra_node] section is missing; add it with bandwidth_bytes_per_s and latency_s");

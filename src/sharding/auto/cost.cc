@@ -13,6 +13,7 @@
 #include "sharding/groups.h"
 #include "sharding/prims.h"
 #include "sharding/recipes/step.h"
+#include "sharding/recipes/step.h"
 
 namespace px {
 
@@ -172,6 +173,12 @@ StepCost cost_program(const SpmdProgram& program, const Cluster& cluster, const 
   for (size_t c = 0; c < plan.collectives.size(); ++c) {
     const CollectiveOp& op = plan.collectives[c];
     const Node& n = g.nodes()[node_of[c]];
+    if (op.kind == "transfer") {  // offload: a copy between device and pinned host memory
+      const double bw = dev.host_link_bandwidth > 0 ? dev.host_link_bandwidth : dev.memory_bandwidth;
+      coll_s[c] = static_cast<double>(numel(op.in_shape) * dtype_size(op.dtype)) / bw;
+      out.transfer_s += coll_s[c];
+      continue;
+    }
     const CollectiveKind k = kind_of(op.kind);
     const int64_t es = dtype_size(op.dtype);
     const int64_t count = numel(op.in_shape);
@@ -200,7 +207,7 @@ StepCost cost_program(const SpmdProgram& program, const Cluster& cluster, const 
 
   // The schedule played: compute in order; a collective runs from its start (on its own engine
   // when the cluster overlaps them, one at a time) and compute waits for it at its wait unit.
-  double t = 0, comm_free = 0;
+  double t = 0, comm_free = 0, copy_free = 0;
   std::vector<double> done(plan.collectives.size(), 0);
   for (size_t u = 0; u < plan.units.size(); ++u) {
     const Unit& unit = plan.units[u];
@@ -209,6 +216,8 @@ StepCost cost_program(const SpmdProgram& program, const Cluster& cluster, const 
       double s = unit_seconds(g, unit, dev, out);
       out.compute_s += s;
       t += s;
+    } else if (unit.kind == Unit::Kind::collective_start && plan.collectives[c].kind == "transfer") {
+      done[c] = copy_free = std::max(t, copy_free) + coll_s[c];  // the copy engine, one copy at a time
     } else if (unit.kind == Unit::Kind::collective_start) {
       if (cluster.overlap_collectives) {
         double start = std::max(t, comm_free);
@@ -221,7 +230,7 @@ StepCost cost_program(const SpmdProgram& program, const Cluster& cluster, const 
       t = std::max(t, done[c]);
     }
   }
-  out.step_s = std::max(t, comm_free);
+  out.step_s = std::max({t, comm_free, copy_free});
   return out;
 }
 
@@ -241,6 +250,7 @@ std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg_in, const Mesh& mes
   TrainStepOptions to;
   to.clip_norm = setup.clip_norm;
   to.remat = setup.remat;
+  to.offload = setup.offload;
   to.compile.compute_dtype = setup.compute_dtype;
 
   std::vector<RecipeCost> out;
@@ -251,7 +261,9 @@ std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg_in, const Mesh& mes
     try {
       DecidedStep d = decide_sharded_step(model.store(), *opt, loss, batch_types, mesh, s, setup.sharding, to);
       SpmdProgram prog = partition(*d.program.graph, d.decision, d.program.categories);
-      rc.cost = cost_program(prog, cluster, to.compile);
+      CompileOptions c = to.compile;
+      offload_local(prog, d.program, to.offload, c);
+      rc.cost = cost_program(prog, cluster, c);
       rc.param_bytes_per_device = d.plan.param_bytes_per_device();
       rc.applies = true;
     } catch (const Error& e) {

@@ -17,7 +17,8 @@ int64_t memory_limit_of(const ShardingOptions& s, const Cluster& c, const Mesh& 
 // A traced step as the search sees it. `program` must outlive the model.
 autoshard::Model model_of(std::shared_ptr<const StepProgram> program, const std::vector<optim::StateSlot>& slots,
                           const std::vector<TensorType>& param_types, const std::vector<TensorType>& batch_types,
-                          const Cluster& cluster, const ShardingOptions& sharding, const CompileOptions& compile) {
+                          const Cluster& cluster, const ShardingOptions& sharding, const CompileOptions& compile,
+                          const OffloadOptions& offload) {
   autoshard::Model m;
   m.paths = program->paths;
   m.types = param_types;
@@ -27,7 +28,10 @@ autoshard::Model model_of(std::shared_ptr<const StepProgram> program, const std:
   m.cost = [=](const ShardingPlan& plan) {
     std::vector<PartitionSpec> specs = state_specs_for(plan, slots, param_types);
     ShardingDecision d = decide_train_step(*program, plan, specs, batch_types, bucket_bytes_for(plan, sharding));
-    return cost_program(partition(*program->graph, d, program->categories), cluster, compile);
+    SpmdProgram local = partition(*program->graph, d, program->categories);
+    CompileOptions c = compile;
+    offload_local(local, *program, offload, c);
+    return cost_program(local, cluster, c);
   };
   return m;
 }
@@ -36,14 +40,15 @@ autoshard::Model model_of(std::shared_ptr<const StepProgram> program, const std:
 
 AutoPlan solve_train_step(const Graph& forward, const StepProgram& program, const std::vector<optim::StateSlot>& slots,
                           const std::vector<TensorType>& param_types, const std::vector<TensorType>& batch_types,
-                          const Mesh& mesh, const ShardingOptions& sharding, const CompileOptions& compile) {
+                          const Mesh& mesh, const ShardingOptions& sharding, const CompileOptions& compile,
+                          const OffloadOptions& offload) {
   Cluster cluster = load_cluster(sharding.auto_cluster);
   autoshard::Problem p;
   p.forward = &forward;
   p.mesh = cluster.apply(mesh);
   // The search only reads the program: a non-owning pointer is enough while it runs.
   std::shared_ptr<const StepProgram> prog(&program, [](const StepProgram*) {});
-  p.full = model_of(prog, slots, param_types, batch_types, cluster, sharding, compile);
+  p.full = model_of(prog, slots, param_types, batch_types, cluster, sharding, compile, offload);
   p.memory_limit = memory_limit_of(sharding, cluster, p.mesh);
   p.options = sharding;
   AutoPlan a = autoshard::solve(p);
@@ -74,7 +79,8 @@ AutoPlan plan_auto(const nn::LmConfig& cfg_in, const Mesh& mesh_in, const Cluste
     auto program = std::make_shared<const StepProgram>(remat_step(
         trace_train_step(model.store(), *opt, loss, batch_types, setup.clip_norm, "plan_auto", false), setup.remat));
     std::vector<TensorType> types = model.store().types();
-    return model_of(program, opt->state_slots(types), types, batch_types, cluster, setup.sharding, compile);
+    return model_of(program, opt->state_slots(types), types, batch_types, cluster, setup.sharding, compile,
+                    setup.offload);
   };
 
   autoshard::Problem p;

@@ -165,7 +165,7 @@ int64_t bucket_bytes_for(const ShardingPlan& plan, const ShardingOptions& shardi
 
 // The offload pass on the partitioned local program (params and state are its first inputs, as
 // in the traced step); sets the compile options that go with it.
-static void offload_local(SpmdProgram& local, const StepProgram& global, const OffloadOptions& o, CompileOptions& c) {
+void offload_local(SpmdProgram& local, const StepProgram& global, const OffloadOptions& o, CompileOptions& c) {
   if (o.params.empty() && !o.optimizer_state) return;
   StepProgram lp;
   lp.graph = std::move(local.local);
@@ -222,7 +222,8 @@ DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& o
                                 peak_of);
   }
   if (strategy == ShardingStrategy::AUTO) {
-    AutoPlan a = solve_train_step(*fwd, r.program, slots, param_types, batch_types, mesh, sharding, options.compile);
+    AutoPlan a = solve_train_step(*fwd, r.program, slots, param_types, batch_types, mesh, sharding, options.compile,
+                                  options.offload);
     if (!a.fits) throw UserError(a.why);
     r.plan = std::move(a.plan);
   }

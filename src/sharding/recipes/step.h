@@ -33,11 +33,16 @@ std::vector<PartitionSpec> state_specs_for(const ShardingPlan& plan, const std::
 // ShardingOptions::bucket_bytes, or its default from the links of the plan's batch axes.
 int64_t bucket_bytes_for(const ShardingPlan& plan, const ShardingOptions& sharding);
 
+// The offload pass (offload_step) on the partitioned local program of a traced step; sets the
+// compile options that go with it (value kinds, categories, prefetch depth). Nothing when `o` offloads nothing.
+void offload_local(SpmdProgram& local, const StepProgram& global, const OffloadOptions& o, CompileOptions& c);
+
 // AUTO for a traced training step (src/sharding/auto/solver.cc): `forward` is the loss traced
 // over the params (params first), `program` the whole step. The cluster is
 // sharding.auto_cluster; the plan is costed on cluster.apply(mesh).
 AutoPlan solve_train_step(const Graph& forward, const StepProgram& program, const std::vector<optim::StateSlot>& slots,
                           const std::vector<TensorType>& param_types, const std::vector<TensorType>& batch_types,
-                          const Mesh& mesh, const ShardingOptions& sharding, const CompileOptions& compile);
+                          const Mesh& mesh, const ShardingOptions& sharding, const CompileOptions& compile,
+                          const OffloadOptions& offload = {});
 
 }  // namespace px
