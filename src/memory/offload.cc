@@ -169,7 +169,13 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
       out.push_back(std::move(n));
       continue;
     }
-    const MemoryKind where = host_update && phase[i] == 2 ? MemoryKind::pinned_host : MemoryKind::device;
+    // The update runs on the host with the optimizer state there; else only its nodes that read an
+    // offloaded param (new = old - step) do, so a param is not fetched for its update and its new
+    // value is computed where it lives.
+    bool reads_host = false;
+    for (int v : n.inputs) reads_host = reads_host || kind[v] == MemoryKind::pinned_host;
+    const MemoryKind where =
+        phase[i] == 2 && (host_update || reads_host) ? MemoryKind::pinned_host : MemoryKind::device;
     const size_t before = out.size();
     for (int& v : n.inputs) {
       if (kind[v] == where) continue;

@@ -123,11 +123,14 @@ TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss
     c.prefetch_depth = o.prefetch_depth;
     return c;
   };
-  auto peak_with = [&](const StepProgram& rematted, const OffloadOptions& o) {
+  auto report_with = [&](const StepProgram& rematted, const OffloadOptions& o) {
     StepProgram q = offload_step(rematted.clone(), o);
     CompileOptions c = compile_options(q, o);
-    c.memory_limit_bytes = 0;
-    return plan_program(*q.graph, c, nullptr).report.peak_bytes;
+    c.memory_limit_bytes = c.host_memory_limit_bytes = 0;
+    return plan_program(*q.graph, c, nullptr).report;
+  };
+  auto peak_with = [&](const StepProgram& rematted, const OffloadOptions& o) {
+    return report_with(rematted, o).peak_bytes;
   };
   StepProgram program = traced();
   if (options.remat.policy == RematPolicy::automatic) {
@@ -136,7 +139,8 @@ TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss
                               peak_of);
   } else {
     program = remat_step(std::move(program), options.remat);
-    const int64_t peak = limit > 0 ? peak_with(program, options.offload) : 0;
+    const MemoryReport planned = limit > 0 ? report_with(program, options.offload) : MemoryReport{};
+    const int64_t peak = planned.peak_bytes;
     if (peak > limit) {
       // Over the limit: say which settings would fit, each with its planned peak.
       std::string alternatives;
@@ -153,14 +157,23 @@ TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss
       const int64_t both = peak_with(remat_step(traced(), {RematPolicy::full, {}}), all);
       alternatives +=
           fmt::format("\n  remat full and offload both: {} bytes{}", both, both <= limit ? " (fits)" : "");
+      // FSDP over n devices splits params, gradients and optimizer state n ways (an estimate from
+      // the split above: activations stay as they are, collective buffers are left out).
+      auto at_peak = [&](MemoryCategory c) { return planned.by_category[static_cast<int>(c)]; };
+      const int64_t state = at_peak(MemoryCategory::params) + at_peak(MemoryCategory::gradients) +
+                            at_peak(MemoryCategory::optimizer_state);
+      for (int n : {2, 4, 8}) {
+        const int64_t est = peak - state + state / n;
+        alternatives += fmt::format("\n  FSDP over {} devices: about {} bytes{}", n, est, est <= limit ? " (fits)" : "");
+      }
       throw UserError(fmt::format(
           "[TrainStep] the step needs {} bytes per device with remat {}{}, over the memory limit of {} bytes. "
-          "Planned peaks with other settings:{}\nSet TrainStepOptions::remat (RematPolicy::automatic picks "
+          "At the peak:\n{}Planned peaks with other settings:{}\nSet TrainStepOptions::remat (RematPolicy::automatic picks "
           "the least recompute that fits) or TrainStepOptions::offload, shrink the batch, or shard the step over "
           "more devices (ShardedTrainStep with FSDP)",
           peak, remat_policy_name(options.remat.policy),
           options.offload.params.empty() && !options.offload.optimizer_state ? "" : " and the offload set", limit,
-          alternatives));
+          planned.to_string(), alternatives));
     }
   }
   program = offload_step(std::move(program), options.offload);

@@ -109,13 +109,15 @@ TEST(Offload, KeepsAtMostPrefetchDepthPlusOneLayersOfParamsOnTheDevice) {
   for (auto& [k, v] : layer_bytes) largest = std::max(largest, v);
   const int64_t none = category(train(cfg, {}, RematPolicy::none, 1).memory, MemoryCategory::params);
   EXPECT_EQ(none, 0);  // params are inputs then, not arena buffers
-  for (int depth : {0, 1, 2}) {
-    Trained t = train(cfg, offload({"*"}, true, depth), RematPolicy::none, 1);
-    const int64_t fetched = category(t.memory, MemoryCategory::params);
-    EXPECT_GT(fetched, 0) << depth;
-    EXPECT_LE(fetched, (depth + 1) * largest) << "prefetch depth " << depth << "\n" << t.schedule;
-    EXPECT_LT(fetched, all / 2) << depth;
-  }
+  for (bool state : {true, false})  // the update on the host, or on the device
+    for (int depth : {0, 1, 2}) {
+      Trained t = train(cfg, offload({"*"}, state, depth), RematPolicy::none, 1);
+      const int64_t fetched = category(t.memory, MemoryCategory::params);
+      EXPECT_GT(fetched, 0) << depth;
+      EXPECT_LE(fetched, (depth + 1) * largest) << "prefetch depth " << depth << " state " << state << "\n"
+                                                << t.schedule;
+      EXPECT_LT(fetched, all / 2) << depth;
+    }
 }
 
 // A model whose step does not fit a device limit: without offload the report names offload (with
