@@ -150,10 +150,13 @@ struct Executable::Impl {
         backend->free({d.id, output_kind[homes[h].pos]}, d.spill[h], homes[h].nbytes);
     }
   }
+  // Copies still in flight write into the arenas: wait for them (a collective left pending by a
+  // failed run is not waited: its peers may be gone).
   void wait_pending() {
-    for (CollectiveHandle& h : handles) {
+    for (size_t c = 0; c < handles.size() && c < colls.size(); ++c) {
+      if (colls[c].kind != "transfer" || !handles[c].pending()) continue;
       try {
-        h.wait();
+        handles[c].wait();
       } catch (...) {
       }
     }
