@@ -7,6 +7,7 @@
 #include <map>
 
 #include "checkpoint/fs.h"
+#include "io/json_number.h"
 #include "checkpoint/layout.h"
 
 #ifndef PX_VERSION
@@ -168,11 +169,12 @@ CheckpointInfo parse_metadata(const std::string& text, const std::string& where)
   try {
     if (j.value("format", "") != "parallax.checkpoint")
       throw Error(where + ": not a parallax checkpoint's metadata (no \"format\": \"parallax.checkpoint\")");
-    if (j.at("format_version").get<int>() > kFormatVersion)
-      throw Error(where + ": format_version " + std::to_string(j.at("format_version").get<int>()) +
+    const int64_t version = json_int(j.at("format_version"), where + ": format_version");
+    if (version > kFormatVersion)
+      throw Error(where + ": format_version " + std::to_string(version) +
                   " is newer than this library reads (" + std::to_string(kFormatVersion) + "); upgrade parallax");
     CheckpointInfo info;
-    info.step = j.at("step").get<int64_t>();
+    info.step = json_int(j.at("step"), where + ": step");
     info.library_version = j.at("library_version").get<std::string>();
     info.config_json = j.at("config").dump();
     info.data_state_json = j.at("data_state").dump();
@@ -182,8 +184,8 @@ CheckpointInfo parse_metadata(const std::string& text, const std::string& where)
       ai.name = a.at("name").get<std::string>();
       ai.group = a.at("group").get<std::string>();
       ai.type.dtype = dtype_from_name(a.at("dtype").get<std::string>());
-      ai.type.shape = a.at("shape").get<Shape>();
-      ai.chunk_shape = a.at("chunk_shape").get<Shape>();
+      ai.type.shape = json_shape(a.at("shape"), where + ": shape");
+      ai.chunk_shape = json_shape(a.at("chunk_shape"), where + ": chunk_shape");
       ai.mesh = a.at("mesh").get<std::string>();
       ai.sharding = a.at("sharding").get<std::string>();
       info.arrays.push_back(std::move(ai));

@@ -1,6 +1,7 @@
 // Zarr v3 metadata (zarr.json) for checkpoint arrays and groups, and the default chunk keys.
 #include <nlohmann/json.hpp>
 
+#include "io/json_number.h"
 #include "io/zarr.h"
 
 namespace px::zarr {
@@ -61,17 +62,18 @@ ArrayMeta parse_array_metadata(const std::string& text, const std::string& where
     fail(std::string("not valid JSON (truncated?): ") + e.what());
   }
   try {
-    if (!j.is_object() || j.value("zarr_format", 0) != 3 || j.value("node_type", "") != "array")
+    if (!j.is_object() || !j.contains("zarr_format") || j.at("zarr_format") != 3 || !j.contains("node_type") ||
+        j.at("node_type") != "array")
       fail("not a Zarr v3 array (zarr_format 3, node_type array)");
     ArrayMeta m;
     std::string attr_dtype = j.at("attributes").at("parallax").at("dtype").get<std::string>();
     m.type.dtype = attr_dtype == "bfloat16" ? DType::bf16 : dtype_from_name(attr_dtype);
     if (j.at("data_type").get<std::string>() != data_type_name(m.type.dtype))
       fail("data_type '" + j.at("data_type").get<std::string>() + "' does not store " + attr_dtype);
-    m.type.shape = j.at("shape").get<Shape>();
+    m.type.shape = json_shape(j.at("shape"), where + ": shape");
     const json& grid = j.at("chunk_grid");
     if (grid.at("name") != "regular") fail("only the regular chunk grid is supported");
-    m.chunk_shape = grid.at("configuration").at("chunk_shape").get<Shape>();
+    m.chunk_shape = json_shape(grid.at("configuration").at("chunk_shape"), where + ": chunk_shape");
     if (m.chunk_shape.size() != m.type.shape.size()) fail("chunk_shape and shape differ in rank");
     for (int64_t c : m.chunk_shape)
       if (c < 1) fail("chunk_shape entries must be >= 1");
@@ -84,7 +86,10 @@ ArrayMeta parse_array_metadata(const std::string& text, const std::string& where
       fail("codecs must be bytes, zstd, crc32c (as parallax writes them), got " + codecs.dump());
     if (codecs[0].contains("configuration") && codecs[0]["configuration"].value("endian", "little") != "little")
       fail("only little-endian chunks are supported");
-    m.zstd_level = codecs[1].at("configuration").value("level", 0);
+    const json& zconf = codecs[1].at("configuration");
+    const int64_t level = zconf.contains("level") ? json_int(zconf.at("level"), where + ": zstd level") : 0;
+    if (level < -(1 << 17) || level > 22) fail("zstd level must be at most 22, got " + std::to_string(level));
+    m.zstd_level = static_cast<int>(level);
     m.attributes_json = j.at("attributes").dump();
     return m;
   } catch (const json::exception& e) {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #if __has_include("parallax/text_data.h")
+#include "io/json_number.h"
 #include "parallax/text.h"
 #include "parallax/text_data.h"
 #define PX_PAX_HAVE_TEXT_DATA 1
@@ -29,7 +30,7 @@ class CopySource : public DataSource {
   std::string state() const override { return nlohmann::json{{"kind", "copy_task"}, {"next", next_}}.dump(); }
   void restore(const std::string& s) override {
     try {
-      next_ = nlohmann::json::parse(s).at("next").get<int64_t>();
+      next_ = json_int(nlohmann::json::parse(s).at("next"), "next");
     } catch (const std::exception& e) {
       throw Error("[pax] checkpoint data state '" + s + "' is not a copy_task position: " + e.what());
     }

@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <fstream>
 #include <limits>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "io/json_number.h"
 #include "parallax/core.h"
 #include "parallax/text.h"
 
@@ -223,8 +225,11 @@ BpeTokenizer::BpeTokenizer(const json& j, const std::string& file) : file_(file)
   ignore_merges_ = model.value("ignore_merges", false);
   int32_t max_id = -1;
   for (auto& [tok, id] : model.at("vocab").items()) {
-    vocab_[tok] = id.get<int32_t>();
-    max_id = std::max(max_id, id.get<int32_t>());
+    const int64_t i = json_int(id, file + ": the vocab id of '" + tok + "'");
+    if (i < 0 || i > std::numeric_limits<int32_t>::max())
+      throw Error(file + ": the vocab id of '" + tok + "' is out of range: " + std::to_string(i));
+    vocab_[tok] = static_cast<int32_t>(i);
+    max_id = std::max(max_id, static_cast<int32_t>(i));
   }
   int rank = 0;
   for (auto& m : model.at("merges")) {

@@ -329,6 +329,33 @@ TEST_F(CheckpointTest, CorruptedOrTruncatedChunksGiveClearErrors) {
   for (auto& [name, want] : s1.full) EXPECT_TRUE(same_bits(r.full(name), want)) << name;
 }
 
+// Found by the fuzzer: numbers that are not integers (1e300) where shapes, steps and versions are
+// read got a cast with undefined behaviour; now each is an error naming the field.
+TEST_F(CheckpointTest, NonIntegerNumbersInMetadataAreErrors) {
+  CheckpointManager m(path("ckpt"));
+  State s = make_state(1);
+  m.save(s.ckpt);
+  const std::string meta = m.path(1) + "/metadata.json", good = testing::read_bytes(meta);
+  auto with = [&](const std::string& file, const std::string& from, const std::string& to) {
+    std::string text = testing::read_bytes(file);
+    size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    testing::write_bytes(file, text.replace(at, from.size(), to));
+  };
+  with(meta, "\"shape\": [", "\"shape\": [1e300, ");
+  std::string err = error_of([&] { m.restore(1); });
+  EXPECT_NE(err.find("shape must be an integer, got 1e+300"), std::string::npos) << err;
+  testing::write_bytes(meta, good);
+  with(meta, "\"step\": 1", "\"step\": 18446744073709551615");
+  err = error_of([&] { m.restore(1); });
+  EXPECT_NE(err.find("step is too large"), std::string::npos) << err;
+  testing::write_bytes(meta, good);
+  const std::string zmeta = m.path(1) + "/w.i32/zarr.json";
+  with(zmeta, "\"shape\": [", "\"shape\": [-2.5, ");
+  err = error_of([&] { m.restore(1); });
+  EXPECT_NE(err.find("shape must be an integer, got -2.5"), std::string::npos) << err;
+}
+
 TEST_F(CheckpointTest, RestoreRejectsUnknownNamesAndUnfitShardings) {
   CheckpointManager m(path("ckpt"));
   State s = make_state(1);
