@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ir/primitive.h"
+#include "memory/rewrite.h"
 #include "parallax/train.h"
 
 namespace px {
@@ -38,6 +39,37 @@ void register_memory_primitives() {
   register_primitive(std::move(t));
 }
 
+namespace memory_pass {
+
+int add_transfer(std::vector<Node>& nodes, std::vector<ValueInfo>& values, int v, MemoryKind to,
+                 const std::string& group) {
+  Node t;
+  t.prim = &get_primitive("transfer");
+  t.attrs.set("to", std::string(memory_kind_name(to)));
+  if (!group.empty()) t.attrs.set("group", group);
+  t.inputs = {v};
+  const int id = static_cast<int>(values.size());
+  t.outputs = {id};
+  values.push_back({values[v].type, -1, 0});
+  nodes.push_back(std::move(t));
+  return id;
+}
+
+std::unique_ptr<Graph> rebuilt(std::vector<Node> nodes, std::vector<ValueInfo> values, const Graph& like,
+                               std::vector<int> outputs) {
+  for (size_t i = 0; i < nodes.size(); ++i)
+    for (size_t k = 0; k < nodes[i].outputs.size(); ++k) {
+      values[nodes[i].outputs[k]].producer = static_cast<int>(i);
+      values[nodes[i].outputs[k]].output_index = static_cast<int>(k);
+    }
+  auto g = std::make_unique<Graph>();
+  g->reset_ids(std::move(nodes), std::move(values), like.inputs(), like.input_names(), std::move(outputs));
+  g->verify();
+  return g;
+}
+
+}  // namespace memory_pass
+
 Tensor to_memory(const Tensor& x, MemoryKind kind, const std::string& group) {
   Attrs a{{"to", std::string(memory_kind_name(kind))}};
   if (!group.empty()) a.set("group", group);
@@ -61,9 +93,6 @@ std::string layer_of(const std::string& path) {
   return path;
 }
 
-// Uses of one fetched copy: consumers further apart than this (in nodes of the traced step) fetch
-// again, so that the copy is freed in between (a layer's params between its forward and backward).
-constexpr int kFetchReuseNodes = 24;
 
 // Per node: 0 forward (computes the loss), 1 backward (computes a gradient), 2 clipping and update.
 // Read from the graph (so that it holds for a partitioned local program too), else from the
@@ -138,20 +167,12 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
   std::vector<Node> out;
   out.reserve(nodes.size() * 2);
   auto add_transfer = [&](int v, MemoryKind to, const std::string& group) {
-    Node t;
-    t.prim = &get_primitive("transfer");
-    t.attrs.set("to", std::string(memory_kind_name(to)));
-    if (!group.empty()) t.attrs.set("group", group);
-    t.inputs = {v};
-    const int nv = static_cast<int>(values.size());
-    values.push_back({values[v].type, -1, 0});
+    const int nv = memory_pass::add_transfer(out, values, v, to, group);
     kind.push_back(to);
     group_of.push_back(group_of[v]);
     p.categories.push_back(p.categories[v] == MemoryCategory::params || p.categories[v] == MemoryCategory::optimizer_state
                                ? p.categories[v]
                                : MemoryCategory::temporaries);
-    t.outputs = {nv};
-    out.push_back(std::move(t));
     return nv;
   };
   // Per value: its current copy on the other memory kind and the last node that read it.
@@ -181,7 +202,7 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
       if (kind[v] == where) continue;
       if (where == MemoryKind::device) {
         Copy& c = fetched[v];
-        if (c.value < 0 || i - c.last_use > kFetchReuseNodes) c.value = add_transfer(v, MemoryKind::device, group_of[v]);
+        if (c.value < 0 || i - c.last_use > memory_pass::kFetchReuseNodes) c.value = add_transfer(v, MemoryKind::device, group_of[v]);
         c.last_use = i;
         v = c.value;
       } else {
@@ -203,15 +224,7 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
     int& v = outputs[k];
     if (kind[v] != want) v = add_transfer(v, want, "");
   }
-  for (size_t i = 0; i < out.size(); ++i)
-    for (size_t k = 0; k < out[i].outputs.size(); ++k) {
-      values[out[i].outputs[k]].producer = static_cast<int>(i);
-      values[out[i].outputs[k]].output_index = static_cast<int>(k);
-    }
-  auto result = std::make_unique<Graph>();
-  result->reset_ids(std::move(out), std::move(values), g.inputs(), g.input_names(), outputs);
-  result->verify();
-  p.graph = std::move(result);
+  p.graph = memory_pass::rebuilt(std::move(out), std::move(values), g, std::move(outputs));
   p.forward_end = forward_end;
   p.backward_end = backward_end;
   p.kinds = std::move(kind);

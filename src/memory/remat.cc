@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ir/primitive.h"
+#include "memory/rewrite.h"
 #include "parallax/train.h"
 
 namespace px {
@@ -98,16 +99,7 @@ StepProgram offload_residuals(StepProgram p, const std::vector<int>& host, const
   std::vector<Node> out;
   int forward_end = p.forward_end, backward_end = p.backward_end;
   auto transfer = [&](int v, MemoryKind to, const std::string& group) {
-    Node t;
-    t.prim = &get_primitive("transfer");
-    t.attrs.set("to", std::string(memory_kind_name(to)));
-    if (!group.empty()) t.attrs.set("group", group);
-    t.inputs = {v};
-    const int id = static_cast<int>(values.size());
-    t.outputs = {id};
-    values.push_back({values[v].type, -1, 0});
-    out.push_back(std::move(t));
-    return id;
+    return memory_pass::add_transfer(out, values, v, to, group);
   };
   for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
     Node n = nodes[i];
@@ -115,7 +107,7 @@ StepProgram offload_residuals(StepProgram p, const std::vector<int>& host, const
     if (i >= p.forward_end)
       for (int& v : n.inputs) {
         if (!offloaded[v]) continue;
-        if (fetched[v] < 0 || i - last_use[v] > 24)
+        if (fetched[v] < 0 || i - last_use[v] > memory_pass::kFetchReuseNodes)
           fetched[v] = transfer(to_host[v], MemoryKind::device, "residuals." + std::to_string(group_of[v]));
         last_use[v] = i;
         v = fetched[v];
@@ -128,16 +120,8 @@ StepProgram offload_residuals(StepProgram p, const std::vector<int>& host, const
     if (i < p.forward_end) forward_end += added;
     if (i < p.backward_end) backward_end += added;
   }
-  for (size_t i = 0; i < out.size(); ++i)
-    for (size_t k = 0; k < out[i].outputs.size(); ++k) {
-      values[out[i].outputs[k]].producer = static_cast<int>(i);
-      values[out[i].outputs[k]].output_index = static_cast<int>(k);
-    }
-  auto result = std::make_unique<Graph>();
-  result->reset_ids(std::move(out), std::move(values), g.inputs(), g.input_names(), g.outputs());
-  result->verify();
-  p.categories.resize(result->values().size(), MemoryCategory::activations);
-  p.graph = std::move(result);
+  p.graph = memory_pass::rebuilt(std::move(out), std::move(values), g, g.outputs());
+  p.categories.resize(p.graph->values().size(), MemoryCategory::activations);
   p.forward_end = forward_end;
   p.backward_end = backward_end;
   return p;
@@ -311,16 +295,8 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
       const int i = g.values()[v].producer;
       group_of[v] = region_of[i] >= 0 ? 100000 + region_of[i] : is_boundary(nodes[i]) && i + 1 < F ? layer[i + 1] : layer[i];
     }
-  for (size_t i = 0; i < out.size(); ++i)
-    for (size_t k = 0; k < out[i].outputs.size(); ++k) {
-      values[out[i].outputs[k]].producer = static_cast<int>(i);
-      values[out[i].outputs[k]].output_index = static_cast<int>(k);
-    }
-  auto result = std::make_unique<Graph>();
-  result->reset_ids(std::move(out), std::move(values), g.inputs(), g.input_names(), g.outputs());
-  result->verify();
-  p.categories.resize(result->values().size(), MemoryCategory::activations);
-  p.graph = std::move(result);
+  p.graph = memory_pass::rebuilt(std::move(out), std::move(values), g, g.outputs());
+  p.categories.resize(p.graph->values().size(), MemoryCategory::activations);
   p.backward_end = backward_end;
   if (recomputed_flops) *recomputed_flops = flops;
   if (!host.empty()) p = offload_residuals(std::move(p), host, group_of);
