@@ -34,7 +34,14 @@ struct MemoryReport {
   int64_t host_input_bytes = 0, host_output_bytes = 0, host_arena_bytes = 0;
   int64_t host_peak_bytes() const { return host_input_bytes + host_output_bytes + host_arena_bytes; }
   int64_t transfer_bytes = 0;  // bytes moved between memory kinds per run
-  std::string to_string() const;  // one line per category
+  // Device memory at the peak by category and layer (CompileOptions::value_layers), largest first.
+  struct Use {
+    MemoryCategory category;
+    std::string layer;  // "" when no layer is known
+    int64_t bytes = 0;
+  };
+  std::vector<Use> largest;
+  std::string to_string() const;  // one line per category, then the largest users by layer
 };
 
 struct CompileOptions {
@@ -60,6 +67,9 @@ struct CompileOptions {
   // inputs and outputs in pinned_host are read from and written to caller arrays placed there
   // (input_kind / output_kind); other values get their own arena per kind. Default: device.
   std::vector<MemoryKind> value_kinds;
+  // Optional: the layer each value belongs to (size = number of values), for MemoryReport::largest
+  // and the over-limit error; TrainStep fills it from param paths ("blocks.3").
+  std::vector<std::string> value_layers;
 };
 
 class Executable {

@@ -76,59 +76,6 @@ Tensor to_memory(const Tensor& x, MemoryKind kind, const std::string& group) {
   return emit1("transfer", {x}, std::move(a));
 }
 
-namespace {
-
-// The layer a param belongs to, for prefetching by layer: its path up to the first numeric
-// component ("blocks.3.attn.wq" -> "blocks.3"); a param outside numbered blocks is its own group.
-std::string layer_of(const std::string& path) {
-  size_t start = 0;
-  while (start <= path.size()) {
-    size_t dot = path.find('.', start);
-    std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    if (!part.empty() && part.find_first_not_of("0123456789") == std::string::npos)
-      return path.substr(0, dot == std::string::npos ? path.size() : dot);
-    if (dot == std::string::npos) break;
-    start = dot + 1;
-  }
-  return path;
-}
-
-
-// Per node: 0 forward (computes the loss), 1 backward (computes a gradient), 2 clipping and update.
-// Read from the graph (so that it holds for a partitioned local program too), else from the
-// traced program's node ranges.
-std::vector<char> phases(const StepProgram& p) {
-  const Graph& g = *p.graph;
-  const auto& nodes = g.nodes();
-  std::vector<char> phase(nodes.size(), 2);
-  auto mark = [&](std::vector<char> needed, char ph) {
-    for (int i = static_cast<int>(nodes.size()) - 1; i >= 0; --i) {
-      bool need = false;
-      for (int v : nodes[i].outputs) need = need || needed[v];
-      if (!need) continue;
-      if (phase[i] == 2) phase[i] = ph;
-      for (int v : nodes[i].inputs) needed[v] = 1;
-    }
-  };
-  std::vector<char> loss(g.values().size(), 0), grads(g.values().size(), 0);
-  bool any_grad = false;
-  loss[g.outputs().at(0)] = 1;
-  for (size_t v = 0; v < p.categories.size() && v < grads.size(); ++v)
-    if (p.categories[v] == MemoryCategory::gradients) grads[v] = 1, any_grad = true;
-  if (!any_grad) {
-    if (p.forward_end == 0 && p.backward_end == 0)
-      throw InternalError("[offload] the program marks neither its gradients nor its forward and backward nodes");
-    for (size_t i = 0; i < nodes.size(); ++i)
-      phase[i] = static_cast<int>(i) < p.forward_end ? 0 : static_cast<int>(i) < p.backward_end ? 1 : 2;
-    return phase;
-  }
-  mark(loss, 0);
-  mark(grads, 1);
-  return phase;
-}
-
-}  // namespace
-
 StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
   const Graph& g = *p.graph;
   const size_t n_in = g.inputs().size();
@@ -161,7 +108,7 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
   for (size_t i = 0; i < n_in; ++i) kind[g.inputs()[i]] = in_kind[i];
   // The group (layer) of every value that is a param, for the fetches' prefetch groups.
   std::vector<std::string> group_of(values.size());
-  for (size_t i = 0; i < p.n_params; ++i) group_of[g.inputs()[i]] = layer_of(p.paths[i]);
+  for (size_t i = 0; i < p.n_params; ++i) group_of[g.inputs()[i]] = memory_pass::layer_of(p.paths[i]);
   for (size_t i = p.n_params; i < p.n_params + p.n_state; ++i) group_of[g.inputs()[i]] = g.input_names()[i];
 
   std::vector<Node> out;
@@ -182,7 +129,7 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
   std::vector<Copy> fetched(values.size()), returned(values.size());
   int forward_end = p.forward_end, backward_end = p.backward_end;
   const bool host_update = o.optimizer_state;
-  const std::vector<char> phase = phases(p);
+  const std::vector<char> phase = memory_pass::phases(p);
   for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
     Node n = nodes[i];
     if (n.prim->name == "transfer") {  // already placed (remat offload of saved residuals)

@@ -1,4 +1,5 @@
-// Shared by the memory passes (remat, offload), which rebuild a traced step node by node.
+// Shared by the memory passes (remat, offload), which rebuild a traced step node by node, and by
+// the training step's memory report.
 #pragma once
 
 #include <memory>
@@ -6,6 +7,10 @@
 #include <vector>
 
 #include "parallax/graph.h"
+
+namespace px {
+struct StepProgram;
+}
 
 namespace px::memory_pass {
 
@@ -21,5 +26,18 @@ int add_transfer(std::vector<Node>& nodes, std::vector<ValueInfo>& values, int v
 // The graph of `nodes` over `values` (producers renumbered) with the inputs of `like`; verified.
 std::unique_ptr<Graph> rebuilt(std::vector<Node> nodes, std::vector<ValueInfo> values, const Graph& like,
                                std::vector<int> outputs);
+
+// The layer a param belongs to: its path up to the first numeric component ("blocks.3.attn.wq" ->
+// "blocks.3"); outside numbered blocks, its module ("final_norm.scale" -> "final_norm").
+std::string layer_of(const std::string& path);
+
+// Per node: 0 forward (computes the loss), 1 backward (computes a gradient), 2 clipping and update.
+// Read from the graph (so that it holds for a partitioned local program too), else from the
+// traced program's node ranges.
+std::vector<char> phases(const StepProgram& p);
+
+// Per value: the layer it belongs to (see layer_of; "" for the batch and what depends on no
+// param), for the memory report (CompileOptions::value_layers).
+std::vector<std::string> value_layers(const StepProgram& p);
 
 }  // namespace px::memory_pass

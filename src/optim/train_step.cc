@@ -7,6 +7,7 @@
 
 #include "core/dump.h"
 #include "core/exclusive.h"
+#include "memory/rewrite.h"
 #include "optim/checkpoint.h"
 #include "parallax/autodiff.h"
 #include "parallax/io.h"
@@ -119,6 +120,7 @@ TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss
   auto compile_options = [&](const StepProgram& p, const OffloadOptions& o) {
     CompileOptions c = options.compile;
     if (c.value_categories.empty()) c.value_categories = p.categories;
+    if (c.value_layers.empty()) c.value_layers = memory_pass::value_layers(p);
     c.value_kinds = p.kinds;
     c.prefetch_depth = o.prefetch_depth;
     return c;
@@ -177,8 +179,8 @@ TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss
     }
   }
   program = offload_step(std::move(program), options.offload);
-  graph_ = std::move(program.graph);
   CompileOptions copt = compile_options(program, options.offload);
+  graph_ = std::move(program.graph);
   exe_ = Executable::compile(*graph_, copt);
   for (size_t o = 0; o < exe_->graph().outputs().size(); ++o) {
     const TensorType& t = exe_->graph().type(exe_->graph().outputs()[o]);

@@ -59,6 +59,15 @@ std::string MemoryReport::to_string() const {
     os << "pinned_host " << host_peak_bytes() << " bytes (inputs " << host_input_bytes << ", outputs "
        << host_output_bytes << ", arena " << host_arena_bytes << "); " << transfer_bytes
        << " bytes transferred between memory kinds per run\n";
+  bool layers = false;
+  for (const Use& u : largest) layers = layers || !u.layer.empty();
+  if (layers) {
+    os << "largest at the peak, by category and layer:\n";
+    for (size_t i = 0; i < largest.size() && i < 8; ++i)
+      os << "  " << memory_category_name(largest[i].category) << " "
+         << (largest[i].layer.empty() ? std::string("(no layer)") : largest[i].layer) << ": " << largest[i].bytes
+         << " bytes\n";
+  }
   return os.str();
 }
 
@@ -217,9 +226,9 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
     if (p < 0) return -1;
     return opt.optimize ? (to_cse[p] >= 0 ? to_dce[to_cse[p]] : -1) : p;
   };
-  for (size_t given : {opt.value_categories.size(), opt.value_kinds.size()})
+  for (size_t given : {opt.value_categories.size(), opt.value_kinds.size(), opt.value_layers.size()})
     if (given && given != src.values().size())
-      throw Error("[compile] value_categories and value_kinds need one entry per value of the graph (" +
+      throw Error("[compile] value_categories, value_kinds and value_layers need one entry per value of the graph (" +
                   std::to_string(src.values().size()) + "), got " + std::to_string(given));
   // Memory kinds: as given, else a transfer's target, else host when every operand is on the host.
   std::vector<signed char> given_kind(nv, -1);
@@ -251,6 +260,9 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
   }
   for (int v : g.outputs())
     if (opt.value_categories.empty()) category[v] = MemoryCategory::activations;
+  std::vector<std::string> layer(nv);
+  for (size_t v = 0; v < opt.value_layers.size(); ++v)
+    if (int w = final_of(v); w >= 0) layer[w] = opt.value_layers[v];
 
   if (opt.optimize) dump_pass("optimize", [&] { return g.to_string(); });
   ScheduleOptions so;
@@ -406,6 +418,19 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
   for (int b : impl->plan.live_at_peak)
     rep.by_category[static_cast<int>(impl->buffer_category[b])] += aligned_size(impl->buffer_bytes[b]);
   {
+    // The same bytes by category and layer (collective scratch has no layer).
+    std::map<std::pair<int, std::string>, int64_t> use;
+    for (auto* io : {&g.inputs(), &g.outputs()})
+      for (int v : *io)
+        if (kind[v] == MemoryKind::device) use[{static_cast<int>(category[v]), layer[v]}] += g.type(v).nbytes();
+    for (int b : impl->plan.live_at_peak)
+      use[{static_cast<int>(impl->buffer_category[b]), b < static_cast<int>(nv) ? layer[b] : std::string()}] +=
+          aligned_size(impl->buffer_bytes[b]);
+    for (auto& [key, bytes] : use) rep.largest.push_back({static_cast<MemoryCategory>(key.first), key.second, bytes});
+    std::stable_sort(rep.largest.begin(), rep.largest.end(),
+                     [](const MemoryReport::Use& a, const MemoryReport::Use& b) { return a.bytes > b.bytes; });
+  }
+  {
     // Sweep the buffers' lifetimes for the most bytes of each category live at once.
     std::vector<std::array<int64_t, kNumMemoryCategories>> delta(impl->units.size() + 1);
     for (size_t b = 0; b < impl->buffer_bytes.size(); ++b) {
@@ -439,7 +464,8 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
       if (b < static_cast<int>(nv)) {
         int p = g.values()[b].producer;
         os << "  %" << b << " " << type_str(g.type(b)) << " " << impl->buffer_bytes[b] << " bytes from "
-           << (p >= 0 ? nodes[p].prim->name : std::string("input")) << "\n";
+           << (p >= 0 ? nodes[p].prim->name : std::string("input"))
+           << (layer[b].empty() ? std::string() : " in " + layer[b]) << "\n";
       } else {
         os << "  collective scratch " << impl->buffer_bytes[b] << " bytes\n";
       }

@@ -2,6 +2,7 @@
 // the memory the backward pass keeps shrinks as the policy saves less.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,42 @@ int64_t planned_peak(const nn::LmConfig& cfg, RematOptions r, int64_t limit = 0)
   return step.executable().memory().peak_bytes;
 }
 
+// The report splits the bytes at the peak by category and layer: the parts add up to each
+// category's total, every block's params are there whole, and every block holds activations at the
+// peak (the start of the backward pass) without remat, far fewer with full remat.
+TEST(Remat, TheMemoryReportNamesTheLargestUsersByLayer) {
+  nn::LmConfig cfg = nn::gpt2_config("gpt_remat", 256, 128, 4, 4, 512, 128);
+  const MemoryReport none = train(cfg, RematPolicy::none, 1).memory;
+  const MemoryReport full = train(cfg, RematPolicy::full, 1).memory;
+  auto use = [](const MemoryReport& r, MemoryCategory c, const std::string& layer) {
+    int64_t bytes = 0;
+    for (const MemoryReport::Use& u : r.largest)
+      if (u.category == c && u.layer == layer) bytes += u.bytes;
+    return bytes;
+  };
+  std::array<int64_t, kNumMemoryCategories> sum{};
+  for (const MemoryReport::Use& u : none.largest) sum[static_cast<int>(u.category)] += u.bytes;
+  EXPECT_EQ(sum, none.by_category);
+  for (size_t i = 1; i < none.largest.size(); ++i) EXPECT_GE(none.largest[i - 1].bytes, none.largest[i].bytes);
+  Fixture f(cfg);
+  int64_t block0 = 0;
+  for (const nn::Param& p : f.model.params())
+    if (p.path().rfind("blocks.0.", 0) == 0) block0 += p.type().nbytes();
+  EXPECT_EQ(use(none, MemoryCategory::params, "blocks.0"), 2 * block0);  // the params and the new params
+  EXPECT_EQ(use(none, MemoryCategory::params, "final_norm"), 4 * cfg.d_model * 4);  // scale and bias
+  // Full remat's peak is in the backward pass of block 0, whose activations are recomputed there;
+  // the other blocks keep only their inputs.
+  for (int b = 0; b < cfg.n_layers; ++b) {
+    const std::string layer = "blocks." + std::to_string(b);
+    EXPECT_GT(use(none, MemoryCategory::activations, layer), 0) << layer;
+    if (b > 0)
+      EXPECT_LT(4 * use(full, MemoryCategory::activations, layer), use(none, MemoryCategory::activations, layer))
+          << layer;
+  }
+  EXPECT_NE(none.to_string().find("largest at the peak, by category and layer:\n"), std::string::npos)
+      << none.to_string();
+}
+
 // A model whose step does not fit a device limit: without remat a clear report names the
 // policies that fit with their peaks; with full remat or auto it trains, bitwise like none.
 TEST(Remat, AStepOverTheLimitFailsWithAReportAndTrainsWithRematOrAuto) {
@@ -106,6 +143,7 @@ TEST(Remat, AStepOverTheLimitFailsWithAReportAndTrainsWithRematOrAuto) {
     EXPECT_NE(m.find("over the memory limit of " + std::to_string(limit)), std::string::npos) << m;
     EXPECT_NE(m.find("remat full: " + std::to_string(full) + " bytes (fits)"), std::string::npos) << m;
     EXPECT_NE(m.find("RematPolicy::automatic"), std::string::npos) << m;
+    EXPECT_NE(m.find("largest at the peak, by category and layer:\n  activations blocks."), std::string::npos) << m;
   }
   EXPECT_EQ(planned_peak(cfg, {RematPolicy::full, {}}, limit), full);
   // auto: the least recompute that fits a budget halfway between none and full, so some but not

@@ -7,8 +7,9 @@
 #include <fmt/format.h>
 
 #include "core/exclusive.h"
-#include "ir/primitive.h"
 #include "core/log.h"
+#include "ir/primitive.h"
+#include "memory/rewrite.h"
 #include "distributed/communicator.h"
 #include "optim/checkpoint.h"
 #include "parallax/autodiff.h"
@@ -164,9 +165,9 @@ int64_t bucket_bytes_for(const ShardingPlan& plan, const ShardingOptions& shardi
 }
 
 // The offload pass on the partitioned local program (params and state are its first inputs, as
-// in the traced step); sets the compile options that go with it.
+// in the traced step); sets the compile options that go with it, and each value's layer for the
+// memory report.
 void offload_local(SpmdProgram& local, const StepProgram& global, const OffloadOptions& o, CompileOptions& c) {
-  if (o.params.empty() && !o.optimizer_state) return;
   StepProgram lp;
   lp.graph = std::move(local.local);
   lp.n_params = global.n_params;
@@ -174,12 +175,15 @@ void offload_local(SpmdProgram& local, const StepProgram& global, const OffloadO
   lp.n_batch = global.n_batch;
   lp.paths = global.paths;
   lp.categories = local.local_categories;
-  lp = offload_step(std::move(lp), o);
+  if (!o.params.empty() || o.optimizer_state) {
+    lp = offload_step(std::move(lp), o);
+    c.value_kinds = lp.kinds;
+    c.prefetch_depth = o.prefetch_depth;
+  }
+  c.value_layers = memory_pass::value_layers(lp);
   local.local = std::move(lp.graph);
   local.local_categories = lp.categories;
   c.value_categories = lp.categories;
-  c.value_kinds = lp.kinds;
-  c.prefetch_depth = o.prefetch_depth;
 }
 
 DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
