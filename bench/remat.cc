@@ -1,13 +1,15 @@
 // Remat policies on a 12-layer bench-gpt-width model at seq 1024 (one device, f32, AdamW): per
 // policy the planned peak and activation peak, the measured peak, the recomputed FLOPs against
 // the step's, and the step time against `none` (targets: full at most 35% slower, dots_saveable
-// at most 10%); last, auto with a budget halfway between the planned peaks of none and full. One
-// JSON line per policy.
+// at most 10%); last, auto with a budget halfway between the planned peaks of none and full. The
+// timed steps of all policies are interleaved. One JSON line per policy.
 //
 //   build/bench/remat [--layers 12] [--seq 1024] [--batch 1] [--steps 3] [--warmup 1] [--d 512] ...
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "gpt_common.h"
@@ -47,16 +49,30 @@ int main(int argc, char** argv) {
     const double step_flops =
         graph_flops(*px::trace_train_step(model.store(), *opt, loss_fn, {seq, seq}, 0).graph);
 
-    double none_s = 0;
+    // Memory first, one policy at a time (auto's budget needs the peaks of none and full); the steps
+    // stay alive, and then their timed steps are interleaved, one of each policy per round, so that
+    // the machine's drift falls on all of them alike.
+    struct Run {
+      px::RematOptions ro;
+      std::string name;
+      double recomputed = 0;
+      std::unique_ptr<px::TrainStep> step;
+      px::TrainState state;
+      px::MemoryReport m;
+      int64_t measured = 0;
+      std::vector<double> times;
+      float loss = 0;
+    };
+    std::vector<Run> runs;
     int64_t none_peak = 0, full_peak = 0;
     for (px::RematPolicy p : {px::RematPolicy::none, px::RematPolicy::dots_saveable,
                               px::RematPolicy::dots_with_no_batch_dims_saveable, px::RematPolicy::full,
                               px::RematPolicy::nothing_saveable, px::RematPolicy::offload,
                               px::RematPolicy::automatic}) {
+      Run r;
       // auto: a budget halfway between the planned peaks of none and full.
-      px::RematOptions ro{p, {}, -1, p == px::RematPolicy::automatic ? (none_peak + full_peak) / 2 : 0};
-      double recomputed = 0;
-      std::string chosen_text = px::remat_policy_name(p);
+      r.ro = {p, {}, -1, p == px::RematPolicy::automatic ? (none_peak + full_peak) / 2 : 0};
+      r.name = px::remat_policy_name(p);
       if (p == px::RematPolicy::automatic) {
         // What auto settles on, planned by the same buffer planner the step uses.
         px::RematOptions chosen;
@@ -65,44 +81,52 @@ int main(int argc, char** argv) {
           c.value_categories = sp.categories;
           return px::plan_program(*sp.graph, c, nullptr).report.peak_bytes;
         };
-        px::remat_automatic(px::trace_train_step(model.store(), *opt, loss_fn, {seq, seq}, 0), ro.budget_bytes,
+        px::remat_automatic(px::trace_train_step(model.store(), *opt, loss_fn, {seq, seq}, 0), r.ro.budget_bytes,
                             peak_of, &chosen);
-        px::remat_step(px::trace_train_step(model.store(), *opt, loss_fn, {seq, seq}, 0), chosen, &recomputed);
-        chosen_text = std::string("auto: ") + px::remat_policy_name(chosen.policy) +
-                      (chosen.layers >= 0 ? " on the first " + std::to_string(chosen.layers) + " layers" : "");
+        px::remat_step(px::trace_train_step(model.store(), *opt, loss_fn, {seq, seq}, 0), chosen, &r.recomputed);
+        r.name = std::string("auto: ") + px::remat_policy_name(chosen.policy) +
+                 (chosen.layers >= 0 ? " on the first " + std::to_string(chosen.layers) + " layers" : "");
       } else {
-        px::remat_step(px::trace_train_step(model.store(), *opt, loss_fn, {seq, seq}, 0), ro, &recomputed);
+        px::remat_step(px::trace_train_step(model.store(), *opt, loss_fn, {seq, seq}, 0), r.ro, &r.recomputed);
       }
       px::TrainStepOptions o;
-      o.remat = ro;
-      px::TrainStep step(model.store(), opt, loss_fn, {seq, seq}, o);
-      px::TrainState s = step.init(0);
-      for (int i = 0; i < a.warmup; ++i) step(s, batch);
+      o.remat = r.ro;
+      r.step = std::make_unique<px::TrainStep>(model.store(), opt, loss_fn, std::vector<px::TensorType>{seq, seq}, o);
+      r.state = r.step->init(0);
+      r.m = r.step->executable().memory();
       px::Placement dev{0};
+      // The high-water mark above what the other policies' steps hold (this one's arena, outputs and
+      // state are allocated already).
+      const int64_t base = px::memory_stats(dev).bytes_in_use - r.m.peak_bytes;
       px::reset_peak_memory(dev);
-      std::vector<double> times;
-      float loss = 0;
-      for (int i = 0; i < a.steps; ++i) {
+      for (int i = 0; i < std::max(a.warmup, 1); ++i) r.loss = (*r.step)(r.state, batch).loss;
+      r.measured = px::memory_stats(dev).peak_bytes_in_use - base;
+      if (p == px::RematPolicy::none) none_peak = r.m.peak_bytes;
+      if (p == px::RematPolicy::full) full_peak = r.m.peak_bytes;
+      runs.push_back(std::move(r));
+    }
+    for (int i = 0; i < a.steps; ++i)
+      for (Run& r : runs) {
         auto t0 = std::chrono::steady_clock::now();
-        loss = step(s, batch).loss;
-        times.push_back(seconds_since(t0));
+        r.loss = (*r.step)(r.state, batch).loss;
+        r.times.push_back(seconds_since(t0));
       }
-      std::sort(times.begin(), times.end());
-      const double t = times[times.size() / 2];
-      if (p == px::RematPolicy::none) none_s = t;
-      const px::MemoryReport m = step.executable().memory();
-      if (p == px::RematPolicy::none) none_peak = m.peak_bytes;
-      if (p == px::RematPolicy::full) full_peak = m.peak_bytes;
+    double none_s = 0;
+    for (Run& r : runs) {
+      std::sort(r.times.begin(), r.times.end());
+      const double t = r.times[r.times.size() / 2];
+      if (r.ro.policy == px::RematPolicy::none) none_s = t;
+      const px::MemoryReport& m = r.m;
       std::printf(
           "{\"bench\": \"remat\", \"policy\": \"%s\", \"budget_bytes\": %lld, \"layers\": %lld, \"seq\": %lld, \"batch\": %lld, "
           "\"planned_peak_bytes\": %lld, \"planned_activation_bytes\": %lld, \"measured_peak_bytes\": %lld, "
           "\"recomputed_flops\": %.4g, \"step_flops\": %.4g, \"recompute_overhead\": %.3f, \"step_s\": %.3f, "
           "\"time_overhead\": %.3f, \"host_bytes\": %lld, \"loss\": %.6f}\n",
-          chosen_text.c_str(), static_cast<long long>(ro.budget_bytes), static_cast<long long>(a.layers), static_cast<long long>(a.seq),
-          static_cast<long long>(a.batch), static_cast<long long>(m.peak_bytes),
+          r.name.c_str(), static_cast<long long>(r.ro.budget_bytes), static_cast<long long>(a.layers),
+          static_cast<long long>(a.seq), static_cast<long long>(a.batch), static_cast<long long>(m.peak_bytes),
           static_cast<long long>(m.arena_max_by_category[static_cast<int>(px::MemoryCategory::activations)]),
-          static_cast<long long>(px::memory_stats(dev).peak_bytes_in_use), recomputed, step_flops,
-          recomputed / step_flops, t, t / none_s - 1.0, static_cast<long long>(m.host_peak_bytes()), loss);
+          static_cast<long long>(r.measured), r.recomputed, step_flops, r.recomputed / step_flops, t, t / none_s - 1.0,
+          static_cast<long long>(m.host_peak_bytes()), r.loss);
       std::fflush(stdout);
     }
   } catch (const px::Error& e) {

@@ -29,8 +29,8 @@ enum class RematPolicy {
   none,              // save everything the backward pass reads
   full,              // in each layer save only its input; recompute the rest of the layer
   nothing_saveable,  // full, and outside the layers too (embedding, head and loss recomputed)
-  dots_saveable,     // in each layer save matmul (dot_general) outputs and the layer input
-  dots_with_no_batch_dims_saveable,  // only matmuls without batch dims (weights, not attention scores)
+  dots_saveable,     // in each layer save contraction outputs (dot_general, fused attention) and the input
+  dots_with_no_batch_dims_saveable,  // only matmuls without batch dims (weights, not attention)
   names,             // in each layer save the values tagged with one of RematOptions::names
   // dots_saveable, with the saved values and the layer inputs kept in pinned_host memory: sent
   // there in the forward pass, fetched back (a layer ahead) for the backward pass

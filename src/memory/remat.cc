@@ -56,7 +56,8 @@ bool policy_saves(RematPolicy policy, const std::vector<std::string>& names, con
       return true;
     case RematPolicy::dots_saveable:
     case RematPolicy::offload:
-      return n.prim->name == "dot_general";
+      // Contractions: matmuls and the fused attention (its output; scores are never materialized).
+      return n.prim->name == "dot_general" || n.prim->name == "attention";
     case RematPolicy::dots_with_no_batch_dims_saveable:
       return n.prim->name == "dot_general" && n.attrs.ints("lhs_batch").empty();
     case RematPolicy::names:
