@@ -1,6 +1,9 @@
 // Sustained matmul GFLOP/s of this machine through oneDNN (the peak the cost model divides by)
-// and through Parallax's own px::matmul, measured in the same run.
+// and through Parallax's own px::matmul, measured in the same run. The bench-gpt shapes run in the
+// three layouts of a linear layer's step: nn (y = x w), nt (dx = dy w^T), tn (dw = x^T dy), through
+// oneDNN's matmul primitive, its sgemm (f32) and px::matmul.
 //   ./bench/gemm_bench [--quick] [--min_time=0.3]
+#include <oneapi/dnnl/dnnl.h>
 #include <dnnl.hpp>
 
 #include "bench_util.h"
@@ -8,21 +11,26 @@
 
 namespace {
 
-using px::bench::Json;
 using dnnl::memory;
+using px::bench::Json;
 
 struct GemmShape {
   int64_t m, k, n;
   const char* label;
 };
 
+// Which operand is stored transposed: nn, nt (B as [n,k]) or tn (A as [k,m]).
+enum class Layout { nn, nt, tn };
+const char* layout_name(Layout l) { return l == Layout::nn ? "nn" : l == Layout::nt ? "nt" : "tn"; }
+
 // C[m,n] = A[m,k] @ B[k,n] in oneDNN, all row-major; returns seconds per call, or -1 with
 // `why` set when oneDNN has no implementation for the dtype on this CPU.
-double time_onednn(const GemmShape& s, memory::data_type dt, double min_time, std::string& impl, std::string& why) {
+double time_onednn(const GemmShape& s, Layout l, memory::data_type dt, double min_time, std::string& impl,
+                   std::string& why) {
   static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   static dnnl::stream strm(eng);
-  memory::desc a_md({s.m, s.k}, dt, memory::format_tag::ab);
-  memory::desc b_md({s.k, s.n}, dt, memory::format_tag::ab);
+  memory::desc a_md({s.m, s.k}, dt, l == Layout::tn ? memory::dims{1, s.m} : memory::dims{s.k, 1});
+  memory::desc b_md({s.k, s.n}, dt, l == Layout::nt ? memory::dims{1, s.k} : memory::dims{s.n, 1});
   memory::desc c_md({s.m, s.n}, dt, memory::format_tag::ab);
   dnnl::matmul::primitive_desc pd;
   try {
@@ -47,10 +55,30 @@ double time_onednn(const GemmShape& s, memory::data_type dt, double min_time, st
       min_time);
 }
 
-double time_parallax(const GemmShape& s, px::DType dt, double min_time) {
+double time_sgemm(const GemmShape& s, Layout l, double min_time) {
+  px::Array a = px::bench::random_array({s.m, s.k}, px::DType::f32, 1),
+            b = px::bench::random_array({s.k, s.n}, px::DType::f32, 2);
+  std::vector<float> c(static_cast<size_t>(s.m * s.n));
+  const char ta = l == Layout::tn ? 'T' : 'N', tb = l == Layout::nt ? 'T' : 'N';
+  return px::bench::time_it(
+      [&] {
+        dnnl_sgemm(ta, tb, s.m, s.n, s.k, 1.f, a.data<float>(), ta == 'N' ? s.k : s.m, b.data<float>(),
+                   tb == 'N' ? s.n : s.k, 0.f, c.data(), s.n);
+      },
+      min_time);
+}
+
+double time_parallax(const GemmShape& s, Layout l, px::DType dt, double min_time) {
+  // The transposed operand is stored transposed and read through a transpose, which the matmul
+  // absorbs into its layout.
   auto c = px::bench::compile_fn(
-      [](const std::vector<px::Tensor>& in) { return std::vector<px::Tensor>{px::matmul(in[0], in[1])}; },
-      {px::bench::random_array({s.m, s.k}, dt, 1), px::bench::random_array({s.k, s.n}, dt, 2)});
+      [l](const std::vector<px::Tensor>& in) {
+        px::Tensor a = l == Layout::tn ? px::transpose(in[0], {1, 0}) : in[0];
+        px::Tensor b = l == Layout::nt ? px::transpose(in[1], {1, 0}) : in[1];
+        return std::vector<px::Tensor>{px::matmul(a, b)};
+      },
+      {px::bench::random_array(l == Layout::tn ? px::Shape{s.k, s.m} : px::Shape{s.m, s.k}, dt, 1),
+       px::bench::random_array(l == Layout::nt ? px::Shape{s.n, s.k} : px::Shape{s.k, s.n}, dt, 2)});
   return px::bench::time_it([&] { c.run(); }, min_time);
 }
 
@@ -61,9 +89,9 @@ int main(int argc, char** argv) {
   // Square sizes, then the matmuls of one bench-gpt layer (8 x 256 = 2048 tokens, d 512, d_ff 2048,
   // vocab 8192): qkv, attention output, ffn up, ffn down, logits.
   std::vector<GemmShape> shapes = {
-      {512, 512, 512, "square"},          {1024, 1024, 1024, "square"},   {2048, 2048, 2048, "square"},
-      {2048, 512, 1536, "gpt_qkv"},       {2048, 512, 512, "gpt_attn_out"}, {2048, 512, 2048, "gpt_ffn_up"},
-      {2048, 2048, 512, "gpt_ffn_down"},  {2048, 512, 8192, "gpt_logits"},
+      {512, 512, 512, "square"},         {1024, 1024, 1024, "square"},     {2048, 2048, 2048, "square"},
+      {2048, 512, 1536, "gpt_qkv"},      {2048, 512, 512, "gpt_attn_out"}, {2048, 512, 2048, "gpt_ffn_up"},
+      {2048, 2048, 512, "gpt_ffn_down"}, {2048, 512, 8192, "gpt_logits"},
   };
   if (flags.quick) shapes = {{512, 512, 512, "square"}, {2048, 512, 2048, "gpt_ffn_up"}};
 
@@ -74,40 +102,65 @@ int main(int argc, char** argv) {
   Peak peak[2];
   const memory::data_type dts[2] = {memory::data_type::f32, memory::data_type::bf16};
   const px::DType pdts[2] = {px::DType::f32, px::DType::bf16};
-  for (const GemmShape& s : shapes) {
-    double flops = 2.0 * s.m * s.k * s.n;
-    std::string shape = std::to_string(s.m) + "x" + std::to_string(s.k) + "x" + std::to_string(s.n);
-    double onednn_f32 = 0;  // this shape's f32 figure, the reference when oneDNN lacks bf16
-    for (int d = 0; d < 2; ++d) {
-      std::string impl, why;
-      double t = time_onednn(s, dts[d], flags.min_time, impl, why);
-      double onednn_gflops = t > 0 ? flops / t / 1e9 : 0;
-      if (d == 0) onednn_f32 = onednn_gflops;
-      Json j;
-      j.s("bench", "gemm").s("impl", "onednn").s("dtype", px::dtype_name(pdts[d])).s("shape", shape).s("label", s.label);
-      if (t > 0) {
-        j.n("ms", t * 1e3).n("gflops", onednn_gflops).s("kernel", impl);
-        if (onednn_gflops > peak[d].gflops) peak[d] = {onednn_gflops, shape};
-      } else {
-        j.b("supported", false).s("why", why);
-      }
-      j.i("threads", px::bench::threads()).print();
+  for (const GemmShape& s : shapes)
+    for (Layout l : {Layout::nn, Layout::nt, Layout::tn}) {
+      if (l != Layout::nn && std::string(s.label) == "square") continue;
+      double flops = 2.0 * s.m * s.k * s.n;
+      std::string shape = std::to_string(s.m) + "x" + std::to_string(s.k) + "x" + std::to_string(s.n);
+      const char* layout = layout_name(l);
+      double onednn_f32 = 0;  // this shape's f32 figure, the reference when oneDNN lacks bf16
+      for (int d = 0; d < 2; ++d) {
+        std::string impl, why;
+        double t = time_onednn(s, l, dts[d], flags.min_time, impl, why);
+        double onednn_gflops = t > 0 ? flops / t / 1e9 : 0;
+        if (d == 0) onednn_f32 = onednn_gflops;
+        if (d == 0) {
+          const double ts = time_sgemm(s, l, flags.min_time);
+          Json g;
+          g.s("bench", "gemm").s("impl", "onednn_sgemm").s("dtype", "f32").s("shape", shape).s("label", s.label);
+          g.s("layout", layout)
+              .n("ms", ts * 1e3)
+              .n("gflops", flops / ts / 1e9)
+              .i("threads", px::bench::threads())
+              .print();
+        }
+        Json j;
+        j.s("bench", "gemm")
+            .s("impl", "onednn")
+            .s("dtype", px::dtype_name(pdts[d]))
+            .s("shape", shape)
+            .s("label", s.label);
+        j.s("layout", layout);
+        if (t > 0) {
+          j.n("ms", t * 1e3).n("gflops", onednn_gflops).s("kernel", impl);
+          if (onednn_gflops > peak[d].gflops) peak[d] = {onednn_gflops, shape};
+        } else {
+          j.b("supported", false).s("why", why);
+        }
+        j.i("threads", px::bench::threads()).print();
 
-      double tp = time_parallax(s, pdts[d], flags.min_time);
-      Json p;
-      p.s("bench", "gemm").s("impl", "parallax").s("dtype", px::dtype_name(pdts[d])).s("shape", shape).s("label", s.label);
-      p.n("ms", tp * 1e3).n("gflops", flops / tp / 1e9);
-      // Parallax over oneDNN at the same dtype, or over oneDNN f32 when oneDNN lacks the dtype.
-      double ref = t > 0 ? onednn_gflops : onednn_f32;
-      if (ref > 0) p.n("vs_onednn", flops / tp / 1e9 / ref);
-      p.print();
+        double tp = time_parallax(s, l, pdts[d], flags.min_time);
+        Json p;
+        p.s("bench", "gemm")
+            .s("impl", "parallax")
+            .s("dtype", px::dtype_name(pdts[d]))
+            .s("shape", shape)
+            .s("label", s.label);
+        p.s("layout", layout);
+        p.n("ms", tp * 1e3).n("gflops", flops / tp / 1e9);
+        // Parallax over oneDNN at the same dtype, or over oneDNN f32 when oneDNN lacks the dtype.
+        double ref = t > 0 ? onednn_gflops : onednn_f32;
+        if (ref > 0) p.n("vs_onednn", flops / tp / 1e9 / ref);
+        p.print();
+      }
     }
-  }
   for (int d = 0; d < 2; ++d) {
     Json j;
     j.s("bench", "gemm_peak").s("dtype", px::dtype_name(pdts[d]));
-    if (peak[d].gflops > 0) j.n("gflops", peak[d].gflops).s("shape", peak[d].shape);
-    else j.raw("gflops", "null").s("why", "oneDNN has no matmul for this dtype on this CPU; it runs through f32");
+    if (peak[d].gflops > 0)
+      j.n("gflops", peak[d].gflops).s("shape", peak[d].shape);
+    else
+      j.raw("gflops", "null").s("why", "oneDNN has no matmul for this dtype on this CPU; it runs through f32");
     j.i("threads", px::bench::threads()).print();
   }
   return 0;

@@ -1,10 +1,11 @@
 // bench-gpt (DESIGN.md section 10): one full training step (forward, backward, AdamW) of the
-// GPT-2 style model, in f32 and in bf16 mixed precision, with the machine's measured f32 GEMM
-// peak from the same run. Prints one JSON object per result.
+// GPT-2 style model, in f32 and in bf16 mixed precision, against the machine's limits measured in
+// the same run (bench/peak.h): the FMA-loop peak, the best oneDNN sgemm rate on large squares and
+// on the step's own matmul shapes. Prints one JSON object per result.
 //
 //   build/bench/gpt_step [--dtype f32|bf16|both] [--steps 5] [--warmup 2] [--layers 6] [--batch 8] ...
-#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <chrono>
 #include <cstdio>
@@ -15,6 +16,7 @@
 
 #include "gpt_common.h"
 #include "parallax/parallax.h"
+#include "peak.h"
 
 using px::bench::seconds_since;
 
@@ -35,7 +37,12 @@ double gemm_peak_gflops() {
   return best;
 }
 
-void run(const px::bench::GptArgs& a, px::DType compute, double peak) {
+struct Limits {
+  double gemm_gflops = 0, gemm_step_gflops = 0;
+  px::bench::FmaPeak fma;
+};
+
+void run(const px::bench::GptArgs& a, px::DType compute, const Limits& lim) {
   px::nn::LmConfig cfg = a.config();
   cfg.compute_dtype = compute;
   px::nn::TransformerLm model(cfg);
@@ -56,12 +63,19 @@ void run(const px::bench::GptArgs& a, px::DType compute, double peak) {
   double tokens = static_cast<double>(a.batch * a.seq);
   double flops = (6 * n + 12.0 * a.layers * a.d * a.seq) * tokens;
   double gflops = flops / dt / 1e9;
+  // bf16 runs against the bf16 FMA peak where the CPU has one, else against f32's.
+  const double fma = compute == px::DType::bf16 && lim.fma.bf16_gflops > 0 ? lim.fma.bf16_gflops : lim.fma.f32_gflops;
   std::printf(
       "{\"bench\": \"gpt_step\", \"dtype\": \"%s\", \"threads\": %d, \"params\": %.0f, \"step_s\": %.4f, "
-      "\"tokens_per_s\": %.1f, \"gflops\": %.1f, \"gemm_peak_gflops\": %.1f, \"fraction_of_peak\": %.3f, "
-      "\"peak_bytes\": %lld, \"kernels\": %d, \"compile_s\": %.2f, \"loss\": %.4f}\n",
-      compute == px::DType::f32 ? "f32" : "bf16", omp_get_max_threads(), n, dt, tokens / dt, gflops, peak,
-      gflops / peak, static_cast<long long>(step.peak_bytes()), step.executable().num_steps(), compile_s, loss);
+      "\"tokens_per_s\": %.1f, \"gflops\": %.1f, \"fma_peak_gflops\": %.1f, \"fraction_of_fma_peak\": %.3f, "
+      "\"isa\": \"%s\", \"gemm_peak_gflops\": %.1f, \"fraction_of_peak\": %.3f, \"gemm_step_shapes_gflops\": %.1f, "
+      "\"fraction_of_gemm_step_shapes\": %s, \"peak_bytes\": %lld, \"kernels\": %d, \"compile_s\": %.2f, "
+      "\"loss\": %.4f}\n",
+      compute == px::DType::f32 ? "f32" : "bf16", omp_get_max_threads(), n, dt, tokens / dt, gflops, fma, gflops / fma,
+      lim.fma.isa.c_str(), lim.gemm_gflops, gflops / lim.gemm_gflops, lim.gemm_step_gflops,
+      // The shapes are timed in f32 (sgemm): a bf16 step has no fraction of them.
+      compute == px::DType::f32 ? std::to_string(gflops / lim.gemm_step_gflops).c_str() : "null",
+      static_cast<long long>(step.peak_bytes()), step.executable().num_steps(), compile_s, loss);
   std::fflush(stdout);
   if (std::getenv("PX_PROFILE")) std::fprintf(stderr, "%s", step.executable().profile_report(25).c_str());
 }
@@ -70,10 +84,13 @@ void run(const px::bench::GptArgs& a, px::DType compute, double peak) {
 
 int main(int argc, char** argv) {
   px::bench::GptArgs a = px::bench::parse_gpt_args(argc, argv, "gpt_step", {}, true);
-  double peak = gemm_peak_gflops();
+  Limits lim;
+  lim.fma = px::bench::fma_peak();
+  lim.gemm_gflops = gemm_peak_gflops();
+  lim.gemm_step_gflops = px::bench::gemm_step_shapes_gflops(a.batch * a.seq, a.d, a.ff, a.vocab);
   try {
-    if (a.dtype != "bf16") run(a, px::DType::f32, peak);
-    if (a.dtype != "f32") run(a, px::DType::bf16, peak);
+    if (a.dtype != "bf16") run(a, px::DType::f32, lim);
+    if (a.dtype != "f32") run(a, px::DType::bf16, lim);
   } catch (const px::Error& e) {
     std::fprintf(stderr, "gpt_step: %s\n", e.what());
     return 1;

@@ -4,8 +4,10 @@
 # The peer runs from ../shared/peers/gpt_torch.py with a PyTorch installed by pip in a virtual
 # environment outside the repo (it is a benchmark peer, not a dependency):
 #   python3 -m venv ~/venv-torch && ~/venv-torch/bin/pip install torch
-# PyTorch's bf16 autocast on CPUs without native bf16 takes minutes per step, so there its bf16
-# run uses one timed step (CPUs with AVX512-BF16 or AMX get the same 5 steps as f32).
+# It prints the machine's FMA-loop peak and the sgemm rate on the step's shapes (bench/peak.h),
+# our tokens/s and fraction of the FMA peak, PyTorch eager and torch.compile tokens/s, and the
+# ratios. PyTorch's bf16 autocast on CPUs without native bf16 takes minutes per step, so there its
+# bf16 run is one eager step (CPUs with AVX512-BF16 or AMX get 5 steps, eager and compiled).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -15,20 +17,34 @@ THREADS=${THREADS:-2}
 export OMP_NUM_THREADS=$THREADS PX_NUM_THREADS=$THREADS
 
 ours=$("$BUILD"/bench/gpt_step --dtype both --steps 5 --warmup 2)
-torch_f32=$("$PY" "$PEER" --threads "$THREADS" --dtype f32 --steps 5 --warmup 2)
-if grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then BF16_STEPS=5; BF16_WARMUP=2; else BF16_STEPS=1; BF16_WARMUP=1; fi
-torch_bf16=$("$PY" "$PEER" --threads "$THREADS" --dtype bf16 --steps "$BF16_STEPS" --warmup "$BF16_WARMUP")
+# PyTorch eager and compiled (torch.compile: PyTorch at its fastest), per dtype.
+peer() { "$PY" "$PEER" --threads "$THREADS" "$@"; }
+torch_f32=$(peer --dtype f32 --steps 5 --warmup 2)
+torch_f32_c=$(peer --dtype f32 --steps 5 --warmup 2 --compile 1)
+if grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+  torch_bf16=$(peer --dtype bf16 --steps 5 --warmup 2)
+  torch_bf16_c=$(peer --dtype bf16 --steps 5 --warmup 2 --compile 1)
+else
+  echo "this CPU has no native bf16 (AVX512-BF16 or AMX): PyTorch's bf16 gets one eager step, no compiled run" >&2
+  torch_bf16=$(peer --dtype bf16 --steps 1 --warmup 1)
+  torch_bf16_c=""
+fi
 echo "$ours"
-echo "$torch_f32"
-echo "$torch_bf16"
-python3 - "$ours" "$torch_f32" "$torch_bf16" <<'PYEOF'
+printf '%s\n' "$torch_f32" "$torch_f32_c" "$torch_bf16" "$torch_bf16_c" | grep -v '^$'
+python3 - "$ours" "$torch_f32" "$torch_f32_c" "$torch_bf16" "$torch_bf16_c" <<'PYEOF'
 import json, sys
 ours = [json.loads(l) for l in sys.argv[1].splitlines() if l.strip()]
-peer = {d["dtype"]: d for d in (json.loads(sys.argv[2]), json.loads(sys.argv[3]))}
+eager = {d["dtype"]: d for d in (json.loads(sys.argv[2]), json.loads(sys.argv[4]))}
+compiled = {d["dtype"]: d for d in (json.loads(a) for a in (sys.argv[3], sys.argv[5]) if a.strip())}
 for o in ours:
-    p = peer[o["dtype"]]
-    print(json.dumps({"bench": "gpt_vs_torch", "dtype": o["dtype"], "threads": o["threads"],
-                      "tokens_per_s": o["tokens_per_s"], "torch_tokens_per_s": p["tokens_per_s"],
-                      "speedup_vs_torch": round(o["tokens_per_s"] / p["tokens_per_s"], 3),
+    e, c = eager[o["dtype"]], compiled.get(o["dtype"])
+    print(json.dumps({"bench": "gpt_vs_torch", "dtype": o["dtype"], "threads": o["threads"], "isa": o["isa"],
+                      "fma_peak_gflops": o["fma_peak_gflops"],
+                      "gemm_step_shapes_gflops": o["gemm_step_shapes_gflops"],
+                      "tokens_per_s": o["tokens_per_s"], "fraction_of_fma_peak": o["fraction_of_fma_peak"],
+                      "torch_eager_tokens_per_s": e["tokens_per_s"],
+                      "torch_compile_tokens_per_s": c["tokens_per_s"] if c else None,
+                      "speedup_vs_torch_eager": round(o["tokens_per_s"] / e["tokens_per_s"], 3),
+                      "speedup_vs_torch_compile": round(o["tokens_per_s"] / c["tokens_per_s"], 3) if c else None,
                       "fraction_of_gemm_peak": o["fraction_of_peak"], "peak_bytes": o["peak_bytes"]}))
 PYEOF

@@ -11,7 +11,7 @@ BUILD=${PX_FUZZ_BUILD_DIR:-build-fuzz}
 WORK=${PX_FUZZ_WORK:-$BUILD/work}
 SECONDS_EACH=${PX_FUZZ_SECONDS:-30}
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(safetensors checkpoint partition_spec mesh env zarr)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(safetensors checkpoint partition_spec mesh env zarr toml)
 
 if [ ! -f "$BUILD/build.ninja" ]; then
   cmake -S fuzz -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null

@@ -85,8 +85,10 @@ std::vector<std::string> value_layers(const StepProgram& p) {
     int deepest = -1, shallowest = INT_MAX, shallowest_grad = INT_MAX;
     for (int v : nodes[i].inputs) {
       if (rank[v] < 0) continue;
-      if (backward[v]) shallowest_grad = std::min(shallowest_grad, rank[v]);
-      else deepest = std::max(deepest, rank[v]);
+      if (backward[v])
+        shallowest_grad = std::min(shallowest_grad, rank[v]);
+      else
+        deepest = std::max(deepest, rank[v]);
       shallowest = std::min(shallowest, rank[v]);
     }
     int r = deepest;

@@ -11,8 +11,6 @@
 #include <sstream>
 
 #include "parallax/pax.h"
-#include "parallax/sharding.h"
-#include "pax/model.h"
 
 namespace px::pax {
 namespace {
@@ -413,43 +411,6 @@ void apply_override(ExperimentConfig& c, const std::string& assignment) {
   if (eq == std::string::npos || eq == 0)
     throw Error("[pax] --set '" + assignment + "' is not path=value, e.g. --set train.steps=100");
   set_field(c, trim(assignment.substr(0, eq)), assignment.substr(eq + 1));
-}
-
-void validate(const ExperimentConfig& c) {
-  for (const Field& f : table()) check_value(f.info, f.get(c));
-  const ModelConfig& m = c.model;
-  if (m.d_model % m.n_heads != 0)
-    throw Error("[pax] model.d_model=" + std::to_string(m.d_model) + " is not divisible by model.n_heads=" +
-                std::to_string(m.n_heads));
-  if (m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads != 0)
-    throw Error("[pax] model.n_heads=" + std::to_string(m.n_heads) + " is not divisible by model.n_kv_heads=" +
-                std::to_string(m.n_kv_heads));
-  try {
-    make_schedule(c);  // the schedule checks its own relations (warmup < total, ...)
-  } catch (const Error& e) {
-    throw Error("[pax] schedule.kind=" + c.schedule.kind + ": " + e.what() +
-                "; lower schedule.warmup_steps or raise train.steps (or schedule.total_steps)");
-  }
-  for (const std::string& r : c.sharding.rules) {
-    size_t eq = r.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw Error("[pax] sharding.rules: '" + r + "' is not glob=P(...), e.g. blocks.*.mlp.fc.w=P(None, 'model')");
-    try {
-      PartitionSpec::parse(trim(r.substr(eq + 1)));
-    } catch (const Error& e) {
-      throw Error("[pax] sharding.rules: '" + r + "': " + e.what());
-    }
-  }
-}
-
-void check_runnable(const ExperimentConfig& c) {
-  validate(c);
-  if (c.memory.remat == "auto" && c.memory.budget_bytes <= 0)
-    throw Error("[pax] memory.remat=auto needs memory.budget_bytes: the planned per-device peak to fit, in bytes "
-                "(e.g. --set memory.budget_bytes=8000000000); or name a policy: full, dots_saveable, ...");
-  if (c.memory.remat == "auto" && c.sharding.strategy == "auto")
-    throw Error("[pax] memory.remat=auto with sharding.strategy=auto is not available yet: name a remat policy "
-                "(full, dots_saveable, ...) and AUTO plans around it");
 }
 
 }  // namespace px::pax

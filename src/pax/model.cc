@@ -73,18 +73,6 @@ nn::LmConfig lm_config(const ExperimentConfig& c) {
   return cfg;
 }
 
-optim::Schedule make_schedule(const ExperimentConfig& c) {
-  const ScheduleConfig& s = c.schedule;
-  const double lr = c.optimizer.lr;
-  if (s.kind == "linear_warmup") return optim::linear_warmup(lr, s.warmup_steps);
-  if (s.kind == "warmup_cosine")
-    return optim::warmup_cosine(lr, s.warmup_steps, s.total_steps > 0 ? s.total_steps : c.train.steps, s.min_fraction);
-  if (s.kind == "warmup_exponential")
-    return optim::warmup_exponential(lr, s.warmup_steps, s.decay_steps, s.decay_rate, s.min_fraction);
-  if (s.kind == "rsqrt") return optim::rsqrt(lr, s.warmup_steps);
-  return optim::constant(lr);
-}
-
 optim::OptimizerPtr make_optimizer(const ExperimentConfig& c) {
   const OptimizerConfig& o = c.optimizer;
   optim::Schedule lr = make_schedule(c);

@@ -118,6 +118,22 @@ TEST(PaxConfig, TomlRejectsUnknownKeysAndWrongTypes) {
   EXPECT_NE(error_of([&] { from_toml_file(path + ".missing"); }).find("cannot read config file"), std::string::npos);
 }
 
+// Non-ASCII characters are fine in strings and comments, and an error naming the line elsewhere
+// (toml++ 3.3 has undefined behaviour on them there; the fuzzer found it).
+TEST(PaxConfig, TomlNonAsciiOutsideStringsIsAnErrorNamingTheLine) {
+  const std::string path = ::testing::TempDir() + "/pax_utf8.toml";
+  std::ofstream(path) << "experiment = 'copy.TransformerLmTiny' # d\xc3\xa9j\xc3\xa0 vu\n[data]\ncache_dir = \"caf\xc3\xa9\"\n"
+                      << "[tokenizer]\nmodel = '''\xc3\xa7" "a'''\n";
+  const ExperimentConfig c = from_toml_file(path);
+  EXPECT_EQ(c.data.cache_dir, "caf\xc3\xa9");
+  EXPECT_EQ(c.tokenizer.model, "\xc3\xa7" "a");
+  std::ofstream(path) << "experiment = 'copy.TransformerLmTiny'\n[train]\nsteps \xc3\xa7= 3\n";
+  const std::string m = error_of([&] { from_toml_file(path); });
+  EXPECT_NE(m.find("line 3: a non-ASCII character outside a quoted string or comment"), std::string::npos) << m;
+  std::ofstream(path) << std::string("rstta.ineps \xc3\xa7la\0\0&1\n", 19);  // the fuzzer's input
+  EXPECT_NE(error_of([&] { from_toml_file(path); }).find("line 1: a non-ASCII character"), std::string::npos);
+}
+
 TEST(PaxRegistry, ExperimentsDeriveByOverridingFields) {
   register_experiment("test.Derived", "copy tiny with one layer", [] {
     ExperimentConfig c = experiment("copy.TransformerLmTiny");
