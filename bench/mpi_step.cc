@@ -4,14 +4,19 @@
 //
 //   PX_DEVICES=cpu:1 OMP_NUM_THREADS=1 mpirun -np 2 --oversubscribe --allow-run-as-root \
 //       --mca btl self,vader build/bench/mpi_step [--steps 5] [--warmup 2] [--layers 2] [--d 256] ...
-//       [--strategies ddp,fsdp] [--single_threads N]
+//       [--strategies ddp,fsdp] [--single_threads N] [--timeline DIR]
 // The one-process run happens on rank 0 while the others wait, with --single_threads OpenMP
-// threads (default: OMP threads x P, the same cores as the P processes together).
+// threads (default: OMP threads x P, the same cores as the P processes together). --timeline
+// profiles the P-process steps (every kernel timed: a little slower) and writes each rank's last
+// step as a Chrome trace, DIR/<strategy>_rank<r>.json, with the share of the collectives' time
+// hidden behind compute in the JSON.
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +35,7 @@ struct Timed {
   double step_s = 0;
   float loss = 0;
   int64_t calls = 0, bytes = 0;  // per device and step
+  px::Timeline timeline;         // the last step, when profiled
 };
 
 // The median step of `steps` after `warmup`, and the collectives of one device per step.
@@ -55,13 +61,15 @@ Timed measure(px::ShardedTrainStep& step, const std::vector<px::Array>& batch, i
   }
   t.calls /= std::max(steps, 1);
   t.bytes /= std::max(steps, 1);
+  if (step.executable().executable().profile_report().rfind("profiling is off", 0) != 0)
+    t.timeline = step.executable().executable().timeline();
   return t;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string strategies = "ddp,fsdp";
+  std::string strategies = "ddp,fsdp", timeline_dir;
   int single_threads = 0;
   px::bench::GptArgs a =
       px::bench::parse_gpt_args(argc, argv, "mpi_step", {.steps = 5, .warmup = 2, .d = 256, .layers = 2, .seq = 128},
@@ -70,6 +78,8 @@ int main(int argc, char** argv) {
                                     strategies = v;
                                   else if (k == "--single_threads")
                                     single_threads = std::atoi(v.c_str());
+                                  else if (k == "--timeline")
+                                    timeline_dir = v;
                                   else
                                     return false;
                                   return true;
@@ -106,9 +116,21 @@ int main(int argc, char** argv) {
       w.communicator->barrier();
       px::ShardingOptions o;
       o.communicator = w.communicator;
+      px::TrainStepOptions to;
+      to.compile.profile = !timeline_dir.empty();
       px::Mesh m = px::Mesh::create({{"data", -1}}, w.devices);
-      px::ShardedTrainStep step(model.store(), opt, loss_fn, {seq, seq}, m, strategy, o);
+      px::ShardedTrainStep step(model.store(), opt, loss_fn, {seq, seq}, m, strategy, o, to);
       Timed many = measure(step, batch, a.warmup, a.steps);
+      if (!timeline_dir.empty()) {
+        std::filesystem::create_directories(timeline_dir);
+        const std::string path = timeline_dir + "/" + name + "_rank" + std::to_string(w.rank) + ".json";
+        std::ofstream(path) << many.timeline.chrome_trace();
+        const px::Timeline& t = many.timeline;
+        json += ", \"" + name + "_timeline\": {\"trace\": \"" + path + "\", \"collectives\": " +
+                std::to_string(t.in_flight.size()) + ", \"in_flight_s\": " + std::to_string(t.in_flight_s) +
+                ", \"exposed_s\": " + std::to_string(t.exposed_s) + ", \"overlap\": " + std::to_string(t.overlap()) +
+                ", \"step_s\": " + std::to_string(t.run_s) + "}";
+      }
       char buf[512];
       std::snprintf(buf, sizeof buf,
                     ", \"%s\": {\"processes_step_s\": %.4f, \"one_process_step_s\": %.4f, \"ratio\": %.3f, "

@@ -44,6 +44,28 @@ struct MemoryReport {
   std::string to_string() const;  // one line per category, then the largest users by layer
 };
 
+// One profiled run, unit by unit (Executable::timeline). The device's thread runs kernels and the
+// start and wait of each collective or transfer; between its start and the end of its wait a
+// collective is in flight, and the part of that the device spent in its start and wait was not
+// hidden behind compute (exposed).
+struct Timeline {
+  struct Span {
+    std::string name;  // the kernel (fused groups by their op list), "all_reduce.start", ...
+    double begin_s = 0, end_s = 0;  // since the run began
+    int64_t bytes = 0;              // collectives and transfers: payload per device
+  };
+  std::vector<Span> device;     // what the device's thread ran, in order
+  std::vector<Span> in_flight;  // each collective or transfer, from its start to the end of its wait
+  double run_s = 0;
+  double in_flight_s = 0;  // sum over in_flight
+  double exposed_s = 0;    // time the device spent starting and waiting for them
+  // The share of the collectives' time hidden behind compute (0 without collectives).
+  double overlap() const { return in_flight_s > 0 ? 1.0 - exposed_s / in_flight_s : 0.0; }
+  // Chrome trace event JSON (chrome://tracing, ui.perfetto.dev): the device on one track, what is
+  // in flight on another.
+  std::string chrome_trace() const;
+};
+
 struct CompileOptions {
   bool fuse_elementwise = true;  // chain elementwise ops into single tiled passes
   bool optimize = true;          // run CSE and DCE first
@@ -54,7 +76,7 @@ struct CompileOptions {
   // Mixed precision: bf16 or f16 runs every f32 matmul on 16-bit operands with f32 results
   // (see px::autocast in passes.h); f32 changes nothing.
   DType compute_dtype = DType::f32;
-  bool profile = false;  // time every kernel (also PX_PROFILE=1); see Executable::profile_report
+  bool profile = false;  // time every kernel (also PX_PROFILE=1); see profile_report and timeline
   // Collectives that gather (all_gather) start when the one `collective_lookahead` places before
   // them is first used; see runtime/schedule.h.
   int collective_lookahead = 1;
@@ -99,6 +121,8 @@ class Executable {
   std::string summary() const;  // human-readable schedule and memory plan
   // Time per run spent in each kind of kernel, largest first (needs CompileOptions::profile).
   std::string profile_report(int top = 20) const;
+  // The last run as a timeline (needs CompileOptions::profile or PX_PROFILE=1; throws otherwise).
+  Timeline timeline() const;
   const Graph& graph() const;   // the optimized graph that was compiled
   int num_devices() const;
 

@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <toml++/toml.h>
 
 #include "parallax/pax.h"
@@ -94,13 +95,18 @@ namespace {
 // rejected here first, naming the line (found by fuzz/fuzz_toml.cc).
 void check_non_ascii(const std::string& text, const std::string& path) {
   size_t line = 1;
+  char prev = '\n';  // the last character that is not a space or tab
   for (size_t i = 0; i < text.size(); ++i) {
     const char ch = text[i];
+    if (ch != ' ' && ch != '\t' && ch != '"' && ch != '\'') prev = ch;
     if (ch == '\n') {
       ++line;
     } else if (ch == '#') {  // a comment, to the end of the line
       while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
-    } else if (ch == '"' || ch == '\'') {
+    } else if ((ch == '"' || ch == '\'') && std::string_view("\n=[,{.").find(prev) != std::string_view::npos) {
+      // A string where TOML allows one: a key (at the start of a line, in a dotted key, a table
+      // header or an inline table) or a value (after '=', in an array).
+      prev = ch;
       // A string: basic ("...", escapes) or literal ('...'), single-line or multi-line (three quotes).
       const bool multi = text.compare(i, 3, std::string(3, ch)) == 0;
       const std::string close = multi ? std::string(3, ch) : std::string(1, ch);

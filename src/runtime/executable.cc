@@ -148,6 +148,16 @@ struct Executable::Impl {
   std::vector<CollectiveHandle> handles;  // per collective, between its start and its wait
   std::vector<double> step_seconds;       // per unit, summed over runs; empty unless profiling
   int profiled_runs = 0;
+  // The last profiled run's timeline: per unit, when it began and ended (seconds since the run
+  // started; -1 before the first run).
+  std::vector<double> unit_begin, unit_end;
+  std::chrono::steady_clock::time_point run_start;
+  void begin_run() {
+    if (!step_seconds.empty()) run_start = std::chrono::steady_clock::now();
+  }
+  double since_start() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+  }
   std::atomic<bool> running{false};  // one call at a time: run patches pointers in place
 
   ~Impl() {
@@ -606,7 +616,11 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
     }
   }
   for (const Unit& u : impl->units) impl->fused_groups += u.kind == Unit::Kind::fused;
-  if (opt.profile || env().profile) impl->step_seconds.assign(impl->units.size(), 0.0);
+  if (opt.profile || env().profile) {
+    impl->step_seconds.assign(impl->units.size(), 0.0);
+    impl->unit_begin.assign(impl->units.size(), -1.0);
+    impl->unit_end.assign(impl->units.size(), -1.0);
+  }
   auto exe = make_executable(std::move(impl));
   PX_LOG(debug) << "compiled " << exe->graph().nodes().size() << " nodes\n" << exe->summary();
   dump_pass("buffer_plan", [&] { return exe->memory().to_string() + exe->summary(); });
@@ -754,7 +768,15 @@ void Executable::Impl::run_collective(int u) {
 
 void Executable::Impl::run_block(const Block& b) {
   if (b.collective) {
+    if (step_seconds.empty()) {
+      run_collective(b.begin);
+      return;
+    }
+    // Timed like a kernel: a start is the time to issue, a wait the time the device stood still.
+    unit_begin[b.begin] = since_start();
     run_collective(b.begin);
+    unit_end[b.begin] = since_start();
+    step_seconds[b.begin] += unit_end[b.begin] - unit_begin[b.begin];
     return;
   }
   auto run_units = [&](Device& dev, int begin, int end) {
@@ -787,9 +809,10 @@ void Executable::Impl::run_block(const Block& b) {
     return;
   }
   for (int s = b.begin; s < b.end; ++s) {
-    auto t0 = std::chrono::steady_clock::now();
+    unit_begin[s] = since_start();
     run_all(s, s + 1);
-    step_seconds[s] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    unit_end[s] = since_start();
+    step_seconds[s] += unit_end[s] - unit_begin[s];
   }
 }
 
@@ -819,6 +842,7 @@ void Executable::run_into(const std::vector<Array>& inputs, std::vector<Array>& 
   im.bind(im.devices[0], inputs, outputs);
   im.wait_pending();
   apply_thread_settings();
+  im.begin_run();
   for (const Impl::Block& b : im.blocks) im.run_block(b);
   if (!im.step_seconds.empty()) ++im.profiled_runs;
   im.finish(inputs, outputs, im.devices[0]);
@@ -836,6 +860,7 @@ void Executable::run_on_devices(const std::vector<std::vector<Array>>& inputs,
   }
   im.wait_pending();
   apply_thread_settings();
+  im.begin_run();
   for (const Impl::Block& b : im.blocks) im.run_block(b);
   if (!im.step_seconds.empty()) ++im.profiled_runs;
   for (size_t d = 0; d < im.devices.size(); ++d) im.finish(inputs[d], outputs[d], im.devices[d]);
@@ -873,9 +898,61 @@ std::string Executable::profile_report(int top) const {
   std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second.first > b.second.first; });
   std::ostringstream os;
   os << "profile: " << im.profiled_runs << " runs, " << total * 1e3 << " ms per run in kernels and collectives\n";
+  if (!im.colls.empty()) {
+    const Timeline t = timeline();
+    os << "  last run: " << t.in_flight.size() << " collectives and transfers in flight for " << t.in_flight_s * 1e3
+       << " ms, " << t.exposed_s * 1e3 << " ms of it on the device's thread (starting or waiting): "
+       << 100.0 * t.overlap() << "% overlapped with compute\n";
+  }
   for (size_t i = 0; i < rows.size() && static_cast<int>(i) < top; ++i)
     os << "  " << rows[i].second.first * 1e3 << " ms  " << 100.0 * rows[i].second.first / total << "%  x"
        << rows[i].second.second << "  " << rows[i].first.substr(0, 100) << "\n";
+  return os.str();
+}
+
+Timeline Executable::timeline() const {
+  const Impl& im = *impl_;
+  if (im.step_seconds.empty())
+    throw UserError("[timeline] profiling is off: compile with CompileOptions::profile or set PX_PROFILE=1");
+  if (im.profiled_runs == 0) throw UserError("[timeline] no run profiled yet: run the executable first");
+  Timeline t;
+  std::vector<int> started(im.colls.size(), -1);
+  for (size_t u = 0; u < im.units.size(); ++u) {
+    if (im.unit_begin[u] < 0) continue;  // views run nothing
+    const int c = im.coll_of_unit[u];
+    const int64_t bytes = c >= 0 ? numel(im.colls[c].in_shape) * dtype_size(im.colls[c].dtype) : 0;
+    t.device.push_back({im.units[u].label, im.unit_begin[u], im.unit_end[u], bytes});
+    t.run_s = std::max(t.run_s, im.unit_end[u]);
+    if (c < 0) continue;
+    t.exposed_s += im.unit_end[u] - im.unit_begin[u];
+    if (im.units[u].kind == Unit::Kind::collective_start) {
+      started[c] = static_cast<int>(u);
+    } else if (started[c] >= 0) {
+      const std::string& kind = im.colls[c].kind;
+      t.in_flight.push_back({kind, im.unit_begin[started[c]], im.unit_end[u], bytes});
+      t.in_flight_s += im.unit_end[u] - im.unit_begin[started[c]];
+    }
+  }
+  return t;
+}
+
+std::string Timeline::chrome_trace() const {
+  // Names are kernel labels and collective kinds: letters, digits, braces, commas and dots.
+  std::ostringstream os;
+  os << "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"run_s\": " << run_s << ", \"in_flight_s\": " << in_flight_s
+     << ", \"exposed_s\": " << exposed_s << ", \"overlap\": " << overlap() << "}, \"traceEvents\": [\n";
+  os << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": 0, \"args\": {\"name\": \"device\"}},\n";
+  os << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": 1, \"args\": {\"name\": \"in flight\"}}";
+  for (int track = 0; track < 2; ++track)
+    for (const Span& s : track == 0 ? device : in_flight) {
+      os << ",\n{\"name\": \"";
+      for (char ch : s.name) os << (ch == '"' || ch == '\\' ? '_' : ch);
+      os << "\", \"ph\": \"X\", \"pid\": 0, \"tid\": " << track << ", \"ts\": " << s.begin_s * 1e6
+         << ", \"dur\": " << (s.end_s - s.begin_s) * 1e6;
+      if (s.bytes > 0) os << ", \"args\": {\"bytes\": " << s.bytes << "}";
+      os << "}";
+    }
+  os << "\n]}\n";
   return os.str();
 }
 

@@ -132,6 +132,9 @@ TEST(PaxConfig, TomlNonAsciiOutsideStringsIsAnErrorNamingTheLine) {
   EXPECT_NE(m.find("line 3: a non-ASCII character outside a quoted string or comment"), std::string::npos) << m;
   std::ofstream(path) << std::string("rstta.ineps \xc3\xa7la\0\0&1\n", 19);  // the fuzzer's input
   EXPECT_NE(error_of([&] { from_toml_file(path); }).find("line 1: a non-ASCII character"), std::string::npos);
+  // A quote where no string may start is no string: what follows is outside one.
+  std::ofstream(path) << "lgs = +\"clock\xc9\x89\"\n";
+  EXPECT_NE(error_of([&] { from_toml_file(path); }).find("line 1: a non-ASCII character"), std::string::npos);
 }
 
 TEST(PaxRegistry, ExperimentsDeriveByOverridingFields) {
