@@ -107,7 +107,13 @@ int main(int argc, char** argv) {
       if (l != Layout::nn && std::string(s.label) == "square") continue;
       double flops = 2.0 * s.m * s.k * s.n;
       std::string shape = std::to_string(s.m) + "x" + std::to_string(s.k) + "x" + std::to_string(s.n);
-      const char* layout = layout_name(l);
+      // The fields every measurement of this shape and layout starts with.
+      auto record = [&](const char* impl, const std::string& dtype) {
+        Json r;
+        r.s("bench", "gemm").s("impl", impl).s("dtype", dtype).s("shape", shape).s("label", s.label);
+        r.s("layout", layout_name(l));
+        return r;
+      };
       double onednn_f32 = 0;  // this shape's f32 figure, the reference when oneDNN lacks bf16
       for (int d = 0; d < 2; ++d) {
         std::string impl, why;
@@ -116,21 +122,13 @@ int main(int argc, char** argv) {
         if (d == 0) onednn_f32 = onednn_gflops;
         if (d == 0) {
           const double ts = time_sgemm(s, l, flags.min_time);
-          Json g;
-          g.s("bench", "gemm").s("impl", "onednn_sgemm").s("dtype", "f32").s("shape", shape).s("label", s.label);
-          g.s("layout", layout)
+          record("onednn_sgemm", "f32")
               .n("ms", ts * 1e3)
               .n("gflops", flops / ts / 1e9)
               .i("threads", px::bench::threads())
               .print();
         }
-        Json j;
-        j.s("bench", "gemm")
-            .s("impl", "onednn")
-            .s("dtype", px::dtype_name(pdts[d]))
-            .s("shape", shape)
-            .s("label", s.label);
-        j.s("layout", layout);
+        Json j = record("onednn", px::dtype_name(pdts[d]));
         if (t > 0) {
           j.n("ms", t * 1e3).n("gflops", onednn_gflops).s("kernel", impl);
           if (onednn_gflops > peak[d].gflops) peak[d] = {onednn_gflops, shape};
@@ -140,13 +138,7 @@ int main(int argc, char** argv) {
         j.i("threads", px::bench::threads()).print();
 
         double tp = time_parallax(s, l, pdts[d], flags.min_time);
-        Json p;
-        p.s("bench", "gemm")
-            .s("impl", "parallax")
-            .s("dtype", px::dtype_name(pdts[d]))
-            .s("shape", shape)
-            .s("label", s.label);
-        p.s("layout", layout);
+        Json p = record("parallax", px::dtype_name(pdts[d]));
         p.n("ms", tp * 1e3).n("gflops", flops / tp / 1e9);
         // Parallax over oneDNN at the same dtype, or over oneDNN f32 when oneDNN lacks the dtype.
         double ref = t > 0 ? onednn_gflops : onednn_f32;

@@ -126,8 +126,9 @@ int main(int argc, char** argv) {
         const std::string path = timeline_dir + "/" + name + "_rank" + std::to_string(w.rank) + ".json";
         std::ofstream(path) << many.timeline.chrome_trace();
         const px::Timeline& t = many.timeline;
-        json += ", \"" + name + "_timeline\": {\"trace\": \"" + path + "\", \"collectives\": " +
-                std::to_string(t.in_flight.size()) + ", \"in_flight_s\": " + std::to_string(t.in_flight_s) +
+        json += ", \"" + name + "_timeline\": {\"trace\": \"" + path +
+                "\", \"collectives\": " + std::to_string(t.in_flight.size()) +
+                ", \"in_flight_s\": " + std::to_string(t.in_flight_s) +
                 ", \"exposed_s\": " + std::to_string(t.exposed_s) + ", \"overlap\": " + std::to_string(t.overlap()) +
                 ", \"step_s\": " + std::to_string(t.run_s) + "}";
       }

@@ -2,10 +2,10 @@
 // resolved config read back gives the same experiment.
 #include <fmt/format.h>
 
+#include <toml++/toml.h>
 #include <fstream>
 #include <sstream>
 #include <string_view>
-#include <toml++/toml.h>
 
 #include "parallax/pax.h"
 
@@ -23,13 +23,20 @@ FieldValue from_node(const FieldInfo& f, const toml::node& n, const std::string&
   };
   auto kind = [&]() -> const char* {
     switch (n.type()) {
-      case toml::node_type::string: return "string";
-      case toml::node_type::integer: return "integer";
-      case toml::node_type::floating_point: return "float";
-      case toml::node_type::boolean: return "bool";
-      case toml::node_type::array: return "array";
-      case toml::node_type::table: return "table";
-      default: return "date or time";
+      case toml::node_type::string:
+        return "string";
+      case toml::node_type::integer:
+        return "integer";
+      case toml::node_type::floating_point:
+        return "float";
+      case toml::node_type::boolean:
+        return "bool";
+      case toml::node_type::array:
+        return "array";
+      case toml::node_type::table:
+        return "table";
+      default:
+        return "date or time";
     }
   };
   switch (f.type) {
@@ -71,10 +78,14 @@ std::string to_toml(const ExperimentConfig& c) {
     toml::table& t = *root[sec].as_table();
     FieldValue v = get_field(c, f.path);
     std::string key = key_of(f.path);
-    if (auto* i = std::get_if<int64_t>(&v)) t.insert(key, *i);
-    else if (auto* d = std::get_if<double>(&v)) t.insert(key, *d);
-    else if (auto* b = std::get_if<bool>(&v)) t.insert(key, *b);
-    else if (auto* s = std::get_if<std::string>(&v)) t.insert(key, *s);
+    if (auto* i = std::get_if<int64_t>(&v))
+      t.insert(key, *i);
+    else if (auto* d = std::get_if<double>(&v))
+      t.insert(key, *d);
+    else if (auto* b = std::get_if<bool>(&v))
+      t.insert(key, *b);
+    else if (auto* s = std::get_if<std::string>(&v))
+      t.insert(key, *s);
     else {
       toml::array a;
       for (auto& s : std::get<std::vector<std::string>>(v)) a.push_back(s);
@@ -126,9 +137,10 @@ void check_non_ascii(const std::string& text, const std::string& path) {
       }
       i += close.size() - 1;
     } else if (static_cast<unsigned char>(ch) >= 0x80) {
-      throw Error(fmt::format("[pax] {}: line {}: a non-ASCII character outside a quoted string or comment; TOML "
-                              "allows them only there (quote the key or value)",
-                              path, line));
+      throw Error(
+          fmt::format("[pax] {}: line {}: a non-ASCII character outside a quoted string or comment; TOML "
+                      "allows them only there (quote the key or value)",
+                      path, line));
     }
   }
 }

@@ -25,11 +25,11 @@ void validate(const ExperimentConfig& c) {
   for (const FieldInfo& f : fields()) set_field_value(checked, f.path, get_field(c, f.path));
   const ModelConfig& m = c.model;
   if (m.d_model % m.n_heads != 0)
-    throw Error("[pax] model.d_model=" + std::to_string(m.d_model) + " is not divisible by model.n_heads=" +
-                std::to_string(m.n_heads));
+    throw Error("[pax] model.d_model=" + std::to_string(m.d_model) +
+                " is not divisible by model.n_heads=" + std::to_string(m.n_heads));
   if (m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads != 0)
-    throw Error("[pax] model.n_heads=" + std::to_string(m.n_heads) + " is not divisible by model.n_kv_heads=" +
-                std::to_string(m.n_kv_heads));
+    throw Error("[pax] model.n_heads=" + std::to_string(m.n_heads) +
+                " is not divisible by model.n_kv_heads=" + std::to_string(m.n_kv_heads));
   try {
     make_schedule(c);  // the schedule checks its own relations (warmup < total, ...)
   } catch (const Error& e) {
@@ -54,11 +54,13 @@ void validate(const ExperimentConfig& c) {
 void check_runnable(const ExperimentConfig& c) {
   validate(c);
   if (c.memory.remat == "auto" && c.memory.budget_bytes <= 0)
-    throw Error("[pax] memory.remat=auto needs memory.budget_bytes: the planned per-device peak to fit, in bytes "
-                "(e.g. --set memory.budget_bytes=8000000000); or name a policy: full, dots_saveable, ...");
+    throw Error(
+        "[pax] memory.remat=auto needs memory.budget_bytes: the planned per-device peak to fit, in bytes "
+        "(e.g. --set memory.budget_bytes=8000000000); or name a policy: full, dots_saveable, ...");
   if (c.memory.remat == "auto" && c.sharding.strategy == "auto")
-    throw Error("[pax] memory.remat=auto with sharding.strategy=auto is not available yet: name a remat policy "
-                "(full, dots_saveable, ...) and AUTO plans around it");
+    throw Error(
+        "[pax] memory.remat=auto with sharding.strategy=auto is not available yet: name a remat policy "
+        "(full, dots_saveable, ...) and AUTO plans around it");
 }
 
 }  // namespace px::pax

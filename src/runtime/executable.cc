@@ -19,8 +19,8 @@
 
 #include "backend/backend.h"
 #include "core/dump.h"
-#include "core/exclusive.h"
 #include "core/env.h"
+#include "core/exclusive.h"
 #include "core/log.h"
 #include "ir/primitive.h"
 #include "parallax/passes.h"
@@ -257,7 +257,8 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
       for (int v : n.inputs) host = host && kind[v] == MemoryKind::pinned_host;
       if (host) k = MemoryKind::pinned_host;
     }
-    for (int v : n.outputs) kind[v] = n.prim->name != "transfer" && given_kind[v] >= 0 ? static_cast<MemoryKind>(given_kind[v]) : k;
+    for (int v : n.outputs)
+      kind[v] = n.prim->name != "transfer" && given_kind[v] >= 0 ? static_cast<MemoryKind>(given_kind[v]) : k;
   }
   for (int v : g.inputs()) impl->input_kind.push_back(kind[v]);
   for (int v : g.outputs()) impl->output_kind.push_back(kind[v]);
@@ -345,8 +346,7 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
       }
       scratch_of.push_back(scratch);
       for (int v : nodes[node].outputs)
-        if (category[v] == MemoryCategory::temporaries)
-          impl->buffer_category[v] = MemoryCategory::collective_buffers;
+        if (category[v] == MemoryCategory::temporaries) impl->buffer_category[v] = MemoryCategory::collective_buffers;
     }
     impl->coll_of_unit[u] = it->second;
   }
@@ -391,8 +391,8 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
     int c = impl->coll_of_unit[u];
     if (c >= 0) {
       auto& sc = scratch_of[c];
-      (unit.kind == Unit::Kind::collective_start ? ps.out : ps.in).insert(
-          unit.kind == Unit::Kind::collective_start ? ps.out.end() : ps.in.end(), sc.begin(), sc.end());
+      (unit.kind == Unit::Kind::collective_start ? ps.out : ps.in)
+          .insert(unit.kind == Unit::Kind::collective_start ? ps.out.end() : ps.in.end(), sc.begin(), sc.end());
     }
     pst.push_back(std::move(ps));
   }
@@ -408,8 +408,10 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
     any_host = any_host || (host && !external[b]);
   }
   impl->plan = plan_buffers(impl->buffer_bytes, pst, ext_device, live_to_end);
-  if (any_host) impl->host_plan = plan_buffers(impl->buffer_bytes, pst, ext_host, live_to_end);
-  else impl->host_plan.offset.assign(impl->buffer_bytes.size(), -1);
+  if (any_host)
+    impl->host_plan = plan_buffers(impl->buffer_bytes, pst, ext_host, live_to_end);
+  else
+    impl->host_plan.offset.assign(impl->buffer_bytes.size(), -1);
 
   // The memory report: caller arrays by their category, and the arena's buffers live at the peak.
   MemoryReport& rep = impl->report;
@@ -524,8 +526,9 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
   bool has_collectives = false;
   for (const CollectiveOp& c : impl->colls) has_collectives = has_collectives || c.kind != "transfer";
   if (has_collectives && !setup.comm)
-    throw Error("[compile] the program has collectives but no communicator to run them: compile it for a mesh "
-                "with px::ShardedExecutable, not px::Executable");
+    throw Error(
+        "[compile] the program has collectives but no communicator to run them: compile it for a mesh "
+        "with px::ShardedExecutable, not px::Executable");
   const Graph& g = *impl->graph;
   const size_t nv = g.values().size();
   const std::vector<int>& root = impl->root;
@@ -582,8 +585,9 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
   // Kernels and arenas per device. Kernels hold per-thread scratch, so devices that run at the
   // same time need their own instances; devices run one after the other share them.
   if (setup.comm && setup.comm->local_positions().size() != setup.device_ids.size())
-    throw Error("[compile] internal: " + std::to_string(setup.device_ids.size()) + " devices but the communicator has " +
-                std::to_string(setup.comm->local_positions().size()) + " local participants");
+    throw Error("[compile] internal: " + std::to_string(setup.device_ids.size()) +
+                " devices but the communicator has " + std::to_string(setup.comm->local_positions().size()) +
+                " local participants");
   impl->comm = setup.comm;
   impl->threads = impl->backend->num_threads();
   impl->over_devices = setup.over_devices && setup.device_ids.size() > 1;
@@ -630,7 +634,8 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
 void Executable::Impl::check_args(const std::vector<Array>& inputs, const std::vector<Array>& outputs) const {
   const Graph& g = *graph;
   if (inputs.size() != g.inputs().size())
-    throw Error("[run] expected " + std::to_string(g.inputs().size()) + " inputs, got " + std::to_string(inputs.size()));
+    throw Error("[run] expected " + std::to_string(g.inputs().size()) + " inputs, got " +
+                std::to_string(inputs.size()));
   for (size_t i = 0; i < inputs.size(); ++i) {
     const TensorType& want = g.type(g.inputs()[i]);
     auto name = [&] { return g.input_names()[i].empty() ? std::string() : " ('" + g.input_names()[i] + "')"; };
@@ -642,8 +647,10 @@ void Executable::Impl::check_args(const std::vector<Array>& inputs, const std::v
     if (inputs[i].placement().kind != input_kind[i])
       throw Error("[run] input " + std::to_string(i) + name() + " is in " +
                   memory_kind_name(inputs[i].placement().kind) + " memory but the program reads it from " +
-                  memory_kind_name(input_kind[i]) + " memory (Executable::input_kind): copy it there, e.g. "
-                  "px::Array(dtype, shape, {device, px::MemoryKind::" + memory_kind_name(input_kind[i]) + "})");
+                  memory_kind_name(input_kind[i]) +
+                  " memory (Executable::input_kind): copy it there, e.g. "
+                  "px::Array(dtype, shape, {device, px::MemoryKind::" +
+                  memory_kind_name(input_kind[i]) + "})");
   }
   if (outputs.size() != output_values.size())
     throw Error("[run] expected " + std::to_string(output_values.size()) + " output arrays, got " +
@@ -654,9 +661,9 @@ void Executable::Impl::check_args(const std::vector<Array>& inputs, const std::v
       throw Error("[run] output array " + std::to_string(o) + " has type " + type_str(outputs[o].type()) +
                   (outputs[o].defined() ? "" : " and no data") + ", expected " + type_str(g.type(v)));
     if (outputs[o].placement().kind != output_kind[o])
-      throw Error("[run] output array " + std::to_string(o) + " is in " + memory_kind_name(outputs[o].placement().kind) +
-                  " memory but the program writes it to " + memory_kind_name(output_kind[o]) +
-                  " memory (Executable::output_kind)");
+      throw Error("[run] output array " + std::to_string(o) + " is in " +
+                  memory_kind_name(outputs[o].placement().kind) + " memory but the program writes it to " +
+                  memory_kind_name(output_kind[o]) + " memory (Executable::output_kind)");
     for (size_t p = 0; p < o; ++p)
       if (outputs[p].nbytes() > 0 && outputs[p].raw() == outputs[o].raw())
         throw Error("[run] output arrays " + std::to_string(p) + " and " + std::to_string(o) +
@@ -668,8 +675,10 @@ void Executable::Impl::check_args(const std::vector<Array>& inputs, const std::v
 void Executable::Impl::bind(Device& dev, const std::vector<Array>& inputs, std::vector<Array>& outputs) {
   auto patch = [&](const std::vector<Ref>& refs, void* p) {
     for (const Ref& r : refs) {
-      if (r.out) dev.steps[r.step].out_ptrs[r.k] = p;
-      else dev.steps[r.step].in_ptrs[r.k] = p;
+      if (r.out)
+        dev.steps[r.step].out_ptrs[r.k] = p;
+      else
+        dev.steps[r.step].in_ptrs[r.k] = p;
     }
   };
   for (size_t i = 0; i < inputs.size(); ++i) patch(input_refs[i], const_cast<void*>(inputs[i].raw()));
@@ -699,8 +708,7 @@ void Executable::Impl::bind(Device& dev, const std::vector<Array>& inputs, std::
         int last = other->pos < 0 ? input_last_step[-1 - other->pos] : 0;
         int prod = homes[h].producer_step;
         bool in_place = other->pos < 0 && other->lo == r->lo && other->hi == r->hi &&
-                        (last < prod || (last == prod && units[last].alias_safe)) &&
-                        !input_is_output[-1 - other->pos];
+                        (last < prod || (last == prod && units[last].alias_safe)) && !input_is_output[-1 - other->pos];
         if (!in_place) dev.spilled[h] = 1;
       }
     }
@@ -748,7 +756,8 @@ void Executable::Impl::run_collective(int u) {
   if (colls[c].kind == "transfer") {
     std::vector<CopyJob> jobs;
     const int64_t bytes = numel(colls[c].in_shape) * dtype_size(colls[c].dtype);
-    for (size_t d = 0; d < D; ++d) jobs.push_back({devices[d].steps[u].out_ptrs[0], devices[d].steps[u].in_ptrs[0], bytes});
+    for (size_t d = 0; d < D; ++d)
+      jobs.push_back({devices[d].steps[u].out_ptrs[0], devices[d].steps[u].in_ptrs[0], bytes});
     handles[c] = backend->copy(std::move(jobs));
     return;
   }
@@ -815,7 +824,6 @@ void Executable::Impl::run_block(const Block& b) {
     step_seconds[s] += unit_end[s] - unit_begin[s];
   }
 }
-
 
 std::vector<Array> Executable::run(const std::vector<Array>& in) {
   // Inputs in another memory kind (e.g. params a training step keeps offloaded) are copied to the
@@ -901,8 +909,9 @@ std::string Executable::profile_report(int top) const {
   if (!im.colls.empty()) {
     const Timeline t = timeline();
     os << "  last run: " << t.in_flight.size() << " collectives and transfers in flight for " << t.in_flight_s * 1e3
-       << " ms, " << t.exposed_s * 1e3 << " ms of it on the device's thread (starting or waiting): "
-       << 100.0 * t.overlap() << "% overlapped with compute\n";
+       << " ms, " << t.exposed_s * 1e3
+       << " ms of it on the device's thread (starting or waiting): " << 100.0 * t.overlap()
+       << "% overlapped with compute\n";
   }
   for (size_t i = 0; i < rows.size() && static_cast<int>(i) < top; ++i)
     os << "  " << rows[i].second.first * 1e3 << " ms  " << 100.0 * rows[i].second.first / total << "%  x"
@@ -968,9 +977,12 @@ std::string Executable::summary() const {
     os << "  " << s << ": " << u.label << " ->";
     for (int v : u.out_values) {
       os << " %" << v;
-      if (im.plan.offset[v] >= 0) os << "@" << im.plan.offset[v];
-      else if (im.host_plan.offset[v] >= 0) os << "@host:" << im.host_plan.offset[v];
-      else os << "@out";
+      if (im.plan.offset[v] >= 0)
+        os << "@" << im.plan.offset[v];
+      else if (im.host_plan.offset[v] >= 0)
+        os << "@host:" << im.host_plan.offset[v];
+      else
+        os << "@out";
     }
     if (u.kind == Unit::Kind::collective_wait)
       for (int v : u.in_values) os << " %" << v;

@@ -62,8 +62,8 @@ TEST(Timeline, ShowsEveryCollectiveInFlightAndTheShareOverlappedWithCompute) {
   Fixture f(nn::gpt2_tiny());
   TrainStepOptions o;
   o.compile.profile = true;
-  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}}),
-                        ShardingStrategy::DDP, {}, o);
+  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}}), ShardingStrategy::DDP,
+                        {}, o);
   ShardedTrainState s = step.init(0);
   step(s, f.batch(0));
   const Timeline t = step.executable().executable().timeline();
