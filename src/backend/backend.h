@@ -36,6 +36,10 @@ class Backend {
   // (px::memory_stats); throws px::Error when out of memory or over the placement's capacity.
   virtual void* allocate(const Placement& p, int64_t bytes) = 0;
   virtual void free(const Placement& p, void* ptr, int64_t bytes) = 0;
+  // What the schedule pass may ask: whether elementwise node n can join a fused group, and whether
+  // the backend has a kernel of its own for a primitive.
+  virtual bool can_fuse(const Graph& g, const Node& n) const = 0;
+  virtual bool has_kernel(const std::string& primitive) const = 0;
   // The kernel of one compute unit of a schedule (one node, or a fused elementwise group); throws
   // naming the primitive when the backend has none.
   virtual Kernel make_kernel(const Graph& g, const Unit& unit) = 0;

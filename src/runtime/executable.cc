@@ -277,6 +277,7 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
 
   if (opt.optimize) dump_pass("optimize", [&] { return g.to_string(); });
   ScheduleOptions so;
+  so.backend = impl->backend;
   so.fuse_elementwise = opt.fuse_elementwise;
   so.collective_lookahead = opt.collective_lookahead;
   so.prefetch_depth = opt.prefetch_depth;

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <map>
 
-#include "backend/cpu/kernel.h"
+#include "backend/backend.h"
 #include "core/env.h"
 #include "ir/primitive.h"
 
@@ -17,17 +17,6 @@ bool is_fetch(const Node& n) { return is_transfer(n) && n.attrs.s("to") == "devi
 bool is_broadcast(const Node& n) { return n.prim->name == "broadcast_in_dim" && n.outputs.size() == 1; }
 bool is_reshape(const Node& n) { return n.prim->name == "reshape" && n.inputs.size() == 1 && n.outputs.size() == 1; }
 
-bool fusible(const Graph& g, const Node& n) {
-  if (!n.prim->elementwise || n.outputs.size() != 1) return false;
-  const cpu::EltwiseKernel* ek = cpu::find_eltwise(n.prim->name);
-  if (!ek || !ek->f32) return false;
-  // Integer-only nodes take the exact i32 path, which is not fused.
-  auto int_like = [](DType d) { return d == DType::i32 || d == DType::boolean; };
-  bool all_int = int_like(g.type(n.outputs[0]).dtype);
-  for (int v : n.inputs) all_int = all_int && int_like(g.type(v).dtype);
-  return !(all_int && ek->i32);
-}
-
 struct Group {
   std::vector<int> nodes;
   bool fused = false;
@@ -39,7 +28,7 @@ struct Group {
 // different sizes (forward and backward, bias and row statistics) each fuse. A node that reads an
 // open group without joining it closes that group, which then runs before the node; this keeps
 // "order groups by last member" a valid schedule.
-std::vector<Group> form_groups(const Graph& g, bool fuse_on, std::vector<int>& group_of) {
+std::vector<Group> form_groups(const Graph& g, const Backend& backend, bool fuse_on, std::vector<int>& group_of) {
   const auto& nodes = g.nodes();
   std::vector<Group> groups;
   std::map<int64_t, int> open_by_count;  // element count -> open fused group
@@ -73,9 +62,9 @@ std::vector<Group> form_groups(const Graph& g, bool fuse_on, std::vector<int>& g
     // A broadcast fuses as a strided load of an external operand, never of a value inside its group.
     // A reshape keeps the flat order, so in a group it is only a new name for its operand's tile.
     bool fuse = !coll && fuse_on &&
-                (fusible(g, n) || is_reshape(n) ||
+                (backend.can_fuse(g, n) || is_reshape(n) ||
                  (is_broadcast(n) && std::find(reads.begin(), reads.end(), join) == reads.end()));
-    if (!coll && !fuse_on && fusible(g, n)) fuse = true;  // a single-node loop, never joined
+    if (!coll && !fuse_on && backend.can_fuse(g, n)) fuse = true;  // a single-node loop, never joined
     for (int u : reads)
       if (!(fuse && fuse_on && u == join)) close(u);
     if (fuse && fuse_on && join >= 0 && open_by_count.count(count)) {
@@ -90,7 +79,7 @@ std::vector<Group> form_groups(const Graph& g, bool fuse_on, std::vector<int>& g
   // A lone broadcast or reshape computes nothing: run it with its own kernel (or as a view).
   for (Group& u : groups)
     if (u.fused && u.nodes.size() == 1 && (is_broadcast(nodes[u.nodes[0]]) || is_reshape(nodes[u.nodes[0]])) &&
-        cpu::find_kernel(nodes[u.nodes[0]].prim->name))
+        backend.has_kernel(nodes[u.nodes[0]].prim->name))
       u.fused = false;
   return groups;
 }
@@ -104,7 +93,7 @@ std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
   const auto& nodes = g.nodes();
   const bool fuse_on = opt.fuse_elementwise && !env().disable_fusion;
   std::vector<int> group_of;
-  std::vector<Group> groups = form_groups(g, fuse_on, group_of);
+  std::vector<Group> groups = form_groups(g, opt.backend ? *opt.backend : cpu_backend(), fuse_on, group_of);
   std::vector<std::vector<int>> users(g.values().size());
   for (size_t i = 0; i < nodes.size(); ++i)
     for (int v : nodes[i].inputs) users[v].push_back(static_cast<int>(i));

@@ -12,8 +12,12 @@
 
 namespace px {
 
+class Backend;
+
 struct ScheduleOptions {
   bool fuse_elementwise = true;
+  // Which nodes may fuse and which have kernels of their own: the backend's answer (null: the CPU's).
+  const Backend* backend = nullptr;
   // An all-gather starts when the gather `lookahead` places before it (in order of first use) is
   // first used: 0 = just before its own first use; 1 = one gather in flight ahead (FSDP: the next
   // layer's weights arrive while this layer computes).

@@ -95,6 +95,18 @@ class CpuBackend final : public Backend {
   void* allocate(const Placement& p, int64_t bytes) override { return allocate_bytes(p, bytes); }
   void free(const Placement& p, void* ptr, int64_t bytes) override { free_bytes(p, ptr, bytes); }
 
+  bool can_fuse(const Graph& g, const Node& n) const override {
+    if (!n.prim->elementwise || n.outputs.size() != 1) return false;
+    const cpu::EltwiseKernel* ek = cpu::find_eltwise(n.prim->name);
+    if (!ek || !ek->f32) return false;
+    // Integer-only nodes take the exact i32 path, which is not fused.
+    auto int_like = [](DType d) { return d == DType::i32 || d == DType::boolean; };
+    bool all_int = int_like(g.type(n.outputs[0]).dtype);
+    for (int v : n.inputs) all_int = all_int && int_like(g.type(v).dtype);
+    return !(all_int && ek->i32);
+  }
+  bool has_kernel(const std::string& primitive) const override { return cpu::find_kernel(primitive) != nullptr; }
+
   Kernel make_kernel(const Graph& g, const Unit& unit) override {
     if (unit.kind == Unit::Kind::fused) return cpu::make_fused_kernel(g, {unit.nodes, unit.in_values, unit.out_values});
     const Node& n = g.nodes()[unit.nodes.at(0)];
