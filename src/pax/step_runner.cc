@@ -49,7 +49,6 @@ Checkpoint snapshot_of(const State& state, const std::vector<std::string>& names
   return c;
 }
 
-
 class SingleRunner : public StepRunner {
  public:
   SingleRunner(const ExperimentConfig& c, nn::TransformerLm& model)
@@ -59,11 +58,10 @@ class SingleRunner : public StepRunner {
   StepMetrics step(const std::vector<Array>& batch) override { return step_(state_, batch); }
   std::vector<Array> params() const override { return state_.params; }
   int64_t step_count() const override { return state_.step; }
-  void init_from_pretrained(const std::string& dir) override {
-    state_ = step_.init(nn::load_pretrained(dir).params);
-  }
+  void init_from_pretrained(const std::string& dir) override { state_ = step_.init(nn::load_pretrained(dir).params); }
   Checkpoint snapshot() const override { return snapshot_of(state_, names_); }
   std::map<std::string, Sharding> shardings() const override { return {}; }
+  const Executable& executable() const override { return step_.executable(); }
   void restore(const Checkpoint& c) override {
     TrainState s;
     const size_t np = state_.params.size();
@@ -92,8 +90,8 @@ class ShardedRunner : public StepRunner {
 
  public:
   ShardedRunner(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh)
-      : step_(model.store(), make_optimizer(c), loss_fn(model), batch_types(c), mesh, strategy_of(c),
-              options(c, mesh), step_options(c)),
+      : step_(model.store(), make_optimizer(c), loss_fn(model), batch_types(c), mesh, strategy_of(c), options(c, mesh),
+              step_options(c)),
         state_(step_.init(c.train.seed)),
         names_(state_names(model, *make_optimizer(c))) {}
   StepMetrics step(const std::vector<Array>& batch) override { return step_(state_, batch); }
@@ -107,6 +105,7 @@ class ShardedRunner : public StepRunner {
   }
   Checkpoint snapshot() const override { return snapshot_of(state_, names_); }
   const ShardingPlan* plan() const override { return &step_.plan(); }
+  const Executable& executable() const override { return step_.executable().executable(); }
   std::vector<int> device_ids() const override {
     const Mesh& m = step_.executable().program().mesh;
     std::vector<int> ids;
@@ -125,8 +124,8 @@ class ShardedRunner : public StepRunner {
       const ShardedArray& now = i < np ? state_.params[i] : state_.opt_state[i - np];
       const ShardedArray& a = restored(c, names_[i], now.type());
       if (a.sharding() != now.sharding())
-        throw InternalError("[pax] checkpoint tensor '" + names_[i] + "' was restored onto " + a.sharding().to_string() +
-                            ", the step holds it as " + now.sharding().to_string());
+        throw InternalError("[pax] checkpoint tensor '" + names_[i] + "' was restored onto " +
+                            a.sharding().to_string() + ", the step holds it as " + now.sharding().to_string());
       (i < np ? s.params : s.opt_state).push_back(a);
     }
     s.step = c.step;

@@ -35,6 +35,8 @@ class StepRunner {
   virtual const ShardingPlan* plan() const { return nullptr; }
   // The devices this process runs the step on (their memory counters: px::memory_stats).
   virtual std::vector<int> device_ids() const { return {0}; }
+  // The compiled step (one device's program on a mesh): its profile and timeline under PX_PROFILE=1.
+  virtual const Executable& executable() const = 0;
 };
 
 // Compiles the step for `model` on `mesh` and initializes params from train.seed.

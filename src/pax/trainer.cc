@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/env.h"
 #include "distributed/communicator.h"
 #include "parallax/auto.h"
 #include "parallax/io.h"
@@ -34,9 +35,7 @@ using json = nlohmann::json;
 namespace px::pax {
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 // Creates the job dir and its folders; a dir that cannot be written is a user error.
 void prepare_job_dir(const std::string& dir) {
@@ -44,8 +43,9 @@ void prepare_job_dir(const std::string& dir) {
   std::error_code ec;
   for (const char* sub : {"", "/logs", "/checkpoints", "/summaries/train", "/summaries/eval_test", "/plots"}) {
     fs::create_directories(dir + sub, ec);
-    if (ec) throw Error("[pax] cannot create the job dir '" + dir + sub + "': " + ec.message() +
-                        "; pass a writable --job_log_dir");
+    if (ec)
+      throw Error("[pax] cannot create the job dir '" + dir + sub + "': " + ec.message() +
+                  "; pass a writable --job_log_dir");
   }
   const std::string probe = dir + "/logs/.write_test." + std::to_string(::getpid());  // one per process
   std::ofstream f(probe);
@@ -70,8 +70,10 @@ std::string hms(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
   long t = std::lround(s);
   char buf[32];
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
-  else std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
   return buf;
 }
 
@@ -79,7 +81,8 @@ std::string hms(double s) {
 class Evaluator {
  public:
   Evaluator(const ExperimentConfig& c, nn::TransformerLm& model)
-      : fn_(model.store(), [&model](const std::vector<Tensor>& b) { return sums(model, b); }, batch_types(c),
+      : fn_(
+            model.store(), [&model](const std::vector<Tensor>& b) { return sums(model, b); }, batch_types(c),
             CompileOptions{.compute_dtype = model.config().compute_dtype}) {}
 
   EvalResult run(const std::vector<Array>& params, const DataSource& data, int64_t n) {
@@ -236,7 +239,8 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
   const ProcessWorld* world = launched_world();
   Communicator* comm = world && world->size > 1 ? world->communicator : nullptr;
   const bool primary = !world || world->rank == 0;
-  if (comm) check_same_on_every_process(*comm, world->rank, "configs", to_toml(c) + "\nmesh = " + mesh.to_string() + "\n");
+  if (comm)
+    check_same_on_every_process(*comm, world->rank, "configs", to_toml(c) + "\nmesh = " + mesh.to_string() + "\n");
   std::unique_ptr<DataSource> data;
   if (primary) data = make_data_source(c, dir);
   if (comm) comm->barrier();
@@ -263,11 +267,14 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
     if (std::find(all.begin(), all.end(), *opts.restore_step) == all.end()) {
       std::string list;
       for (int64_t s : all) list += (list.empty() ? "" : ", ") + std::to_string(s);
-      throw Error("[pax] --restore_step=" + std::to_string(*opts.restore_step) + ": no committed checkpoint at that "
-                  "step in " + dir + "/checkpoints; the committed steps are " + (list.empty() ? "(none)" : list));
+      throw Error("[pax] --restore_step=" + std::to_string(*opts.restore_step) +
+                  ": no committed checkpoint at that "
+                  "step in " +
+                  dir + "/checkpoints; the committed steps are " + (list.empty() ? "(none)" : list));
     }
     if (primary)  // one process renames; the others wait for it
-      for (const std::string& p : ckpt.set_aside_after(*opts.restore_step)) set_aside += (set_aside.empty() ? "" : ", ") + p;
+      for (const std::string& p : ckpt.set_aside_after(*opts.restore_step))
+        set_aside += (set_aside.empty() ? "" : ", ") + p;
     if (comm) comm->barrier();
   }
   if (auto last = opts.restore_step ? opts.restore_step : ckpt.latest()) {
@@ -288,9 +295,8 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
 
   TrainResult result;
   result.first_step = result.last_step = start;
-  report.line("pax train " + c.name + ": " + std::to_string(rep.param_count) +
-              " params on " + mesh.to_string() + ", " + c.sharding.strategy + ", " + origin +
-              "; job dir " + dir);
+  report.line("pax train " + c.name + ": " + std::to_string(rep.param_count) + " params on " + mesh.to_string() + ", " +
+              c.sharding.strategy + ", " + origin + "; job dir " + dir);
   if (start >= c.train.steps) {
     report.line("already trained to step " + std::to_string(start) + " (train.steps=" + std::to_string(c.train.steps) +
                 "); raise train.steps to continue");
@@ -299,8 +305,9 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
 
   auto do_eval = [&](int64_t step) {
     EvalResult e = evaluator.run(runner->params(), *data, n_eval);
-    report.scalars("eval_test", step,
-                   {{"loss", e.loss}, {"log_pplx", e.log_pplx}, {"fraction_of_correct_next_step_preds", e.fraction_correct}});
+    report.scalars(
+        "eval_test", step,
+        {{"loss", e.loss}, {"log_pplx", e.log_pplx}, {"fraction_of_correct_next_step_preds", e.fraction_correct}});
     report.line("eval  step " + std::to_string(step) + "  loss " + fmt("%.4f", e.loss) + "  accuracy " +
                 fmt("%.4f", e.fraction_correct) + "  over " + std::to_string(e.batches) + " batches (" +
                 std::to_string(e.tokens) + " tokens)");
@@ -337,8 +344,8 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
     const double t = now_s();
     // The rate leaves out the first step, which pays for first-run allocations.
     if (step == start + 1) t_first = t;
-    const double rate = step > start + 1 ? (step - start - 1) / std::max(t - t_first, 1e-9)
-                                         : 1 / std::max(t - t_start, 1e-9);
+    const double rate =
+        step > start + 1 ? (step - start - 1) / std::max(t - t_first, 1e-9) : 1 / std::max(t - t_start, 1e-9);
     report.progress("step " + std::to_string(step) + "/" + std::to_string(c.train.steps) + "  loss " +
                     fmt("%.4f", m.loss) + "  " + fmt("%.0f", rate * tokens_per_step) + " tokens/s  ETA " +
                     hms((c.train.steps - step) / rate));
@@ -349,8 +356,8 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
                       {"log_pplx", m.loss},
                       {"learning_rate", m.lr},
                       {"grad_norm", m.grad_norm},
-                      {"grad_norm_clipped", c.optimizer.clip_norm > 0 ? std::min<double>(m.grad_norm, c.optimizer.clip_norm)
-                                                                     : m.grad_norm},
+                      {"grad_norm_clipped",
+                       c.optimizer.clip_norm > 0 ? std::min<double>(m.grad_norm, c.optimizer.clip_norm) : m.grad_norm},
                       {"steps_per_sec", sps},
                       {"tokens_per_sec", sps * tokens_per_step},
                       {"mfu", model_flops * sps / peak_flops},
@@ -358,8 +365,7 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
       report.line("train step " + std::to_string(step) + "  loss " + fmt("%.4f", m.loss) + "  mean " +
                   fmt("%.4f", loss_sum / window_steps) + "  lr " + fmt("%.3g", m.lr) + "  grad_norm " +
                   fmt("%.3g", m.grad_norm) + "  " + fmt("%.0f", sps * tokens_per_step) + " tokens/s  MFU " +
-                  fmt("%.1f", 100 * model_flops * sps / peak_flops) + "%  ETA " +
-                  hms((c.train.steps - step) / rate));
+                  fmt("%.1f", 100 * model_flops * sps / peak_flops) + "%  ETA " + hms((c.train.steps - step) / rate));
       t_window = t, window_steps = 0, loss_sum = 0;
     }
     const bool last = step == c.train.steps;
@@ -384,6 +390,14 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
     }
   }
   ckpt.wait();  // the last checkpoint is committed (or its error thrown) before train returns
+  if (env().profile && result.last_step > start) {
+    // PX_PROFILE=1: where the step's time went, and the last step unit by unit (every process its own).
+    const Executable& exe = runner->executable();
+    if (primary) write_file(dir + "/profile.txt", exe.profile_report(40));
+    write_file(dir + (world && world->size > 1 ? "/timeline_rank" + std::to_string(world->rank) + ".json"
+                                               : std::string("/timeline.json")),
+               exe.timeline().chrome_trace());
+  }
   report.end_progress();
   if (!result.interrupted)
     report.line("done: step " + std::to_string(result.last_step) + ", summaries in " + dir + "/summaries, plots in " +
@@ -405,7 +419,8 @@ EvalResult evaluate(const ExperimentConfig& c, const RunOptions& opts, std::opti
   std::ostream& out = opts.out ? *opts.out : std::cout;
   out << note.str();
   EventWriter w(opts.job_dir + "/summaries/eval_test");
-  w.scalars(*step, {{"loss", r.loss}, {"log_pplx", r.log_pplx}, {"fraction_of_correct_next_step_preds", r.fraction_correct}});
+  w.scalars(*step,
+            {{"loss", r.loss}, {"log_pplx", r.log_pplx}, {"fraction_of_correct_next_step_preds", r.fraction_correct}});
   return r;
 }
 

@@ -164,8 +164,10 @@ std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
     bool feeds_collective = false;
     for (int v : n.outputs)
       for (int user : users[v]) {
-        if (pos_of_node[user] >= 0) first_use = std::min(first_use, pos_of_node[user]);
-        else feeds_collective = true;
+        if (pos_of_node[user] >= 0)
+          first_use = std::min(first_use, pos_of_node[user]);
+        else
+          feeds_collective = true;
       }
     first_use = std::max(first_use, ready);
     const TensorType &in_t = g.type(n.inputs[0]), &out_t = g.type(n.outputs[0]);
