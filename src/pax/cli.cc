@@ -19,7 +19,9 @@
 #include <cstdio>
 #include <iostream>
 
+#include "core/env.h"
 #include "parallax/pax.h"
+#include "pax/model.h"
 
 namespace px::pax {
 namespace {
@@ -170,6 +172,10 @@ int cli_main(int argc, char** argv) {
       return 0;
     }
     need_job_dir(o);
+    // Under mpirun or srun, eval, decode and export run on rank 0 alone: they read whole
+    // checkpoints on one device, and the other ranks would only repeat its output and summaries.
+    // Every rank still joins the world (MPI's start-up and shut-down are collective).
+    if (!train->parsed() && px::env().launch_size > 1 && px::pax::launched_world()->rank != 0) return 0;
     px::pax::RunOptions ro{.job_dir = o.job_dir, .devices = o.devices};
     if (train->parsed()) {
       ro.stop = &g_stop;

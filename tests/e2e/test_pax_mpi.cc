@@ -107,6 +107,14 @@ TEST(PaxMpi, TwoProcessesTrainAndResumeLikeOne) {
   ASSERT_EQ(b.rc, 0) << b.out;
   EXPECT_NE(b.out.find("resumed at step 6"), std::string::npos) << b.out;
   EXPECT_EQ(losses(two), losses(one));
+  // pax eval under mpirun: rank 0 alone evaluates and prints, as one process does.
+  const std::string eval = " eval --config " + two + "/config.toml --job_log_dir=" + two;
+  Result e2 = run(mpirun_command(eval));
+  ASSERT_EQ(e2.rc, 0) << e2.out;
+  Result e1 = run("OMP_NUM_THREADS=1 " + std::string(PX_PAX_BIN) + eval);
+  ASSERT_EQ(e1.rc, 0) << e1.out;
+  EXPECT_EQ(count(e2.out, "eval step 8: "), 1u) << e2.out;
+  EXPECT_EQ(e2.out.substr(e2.out.find("eval step 8: ")), e1.out.substr(e1.out.find("eval step 8: ")));
   fs::remove_all(one);
   fs::remove_all(two);
 }
