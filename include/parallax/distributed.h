@@ -48,4 +48,9 @@ const ProcessWorld& process_world();
 // differing line of both.
 void check_same_on_every_process(Communicator& comm, int rank, const std::string& what, const std::string& text);
 
+// A collective over every process of `comm`'s world: returns, on every process, the `text` of the
+// process holding mesh position 0 (what the others pass is not read). For a decision made once
+// and used everywhere, e.g. AUTO's plan (one solve, not one per process that could differ).
+std::string share_from_first_process(Communicator& comm, const std::string& text);
+
 }  // namespace px

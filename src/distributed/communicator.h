@@ -17,6 +17,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -51,6 +52,8 @@ class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual std::string name() const = 0;
+  // How long a call waits for another process before it fails (infinite: it never gives up).
+  virtual double timeout_s() const { return std::numeric_limits<double>::infinity(); }
   const std::vector<int>& local_positions() const { return local_; }
   int64_t world_size() const { return world_; }
 

@@ -187,6 +187,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::string name() const override { return fmt::format("mpi(rank {} of {})", rank_, nprocs_); }
+  double timeout_s() const override { return options_.timeout_s; }
 
   void barrier() override {
     if (nprocs_ == 1) return;

@@ -3,8 +3,10 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <utility>
 
@@ -172,6 +174,36 @@ void check_same_on_every_process(Communicator& comm, int rank, const std::string
           "process with the same program, configuration and devices",
           what, rank_of(p), rank_of(0), first_difference(first, other)));
   }
+}
+
+std::string share_from_first_process(Communicator& comm, const std::string& text) {
+  const std::vector<int>& local = comm.local_positions();
+  const size_t nlocal = local.size();
+  const bool first = std::find(local.begin(), local.end(), 0) != local.end();
+  if (first && text.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+    throw UserError(
+        fmt::format("[distributed] cannot share {} bytes between processes (at most 2^31 - 1)", text.size()));
+  DeviceGroups all(1);
+  for (int p = 0; p < comm.world_size(); ++p) all[0].push_back(p);
+  // The length, then the bytes as i32 words, both broadcast from position 0 (member 0 of the group).
+  std::vector<int32_t> len(nlocal, first ? static_cast<int32_t>(text.size()) : 0), got_len(nlocal);
+  Buffers ins;
+  MutBuffers outs;
+  for (size_t i = 0; i < nlocal; ++i) {
+    ins.push_back(&len[i]);
+    outs.push_back(&got_len[i]);
+  }
+  comm.broadcast(ins, outs, 1, DType::i32, 0, all);
+  const int64_t words = (static_cast<int64_t>(got_len[0]) + 3) / 4;
+  if (words == 0) return {};
+  std::vector<int32_t> mine(static_cast<size_t>(words), 0);
+  if (first) std::memcpy(mine.data(), text.data(), text.size());
+  std::vector<std::vector<int32_t>> got(nlocal, std::vector<int32_t>(static_cast<size_t>(words)));
+  ins.assign(nlocal, mine.data());
+  outs.clear();
+  for (auto& g : got) outs.push_back(g.data());
+  comm.broadcast(ins, outs, words, DType::i32, 0, all);
+  return std::string(reinterpret_cast<const char*>(got[0].data()), static_cast<size_t>(got_len[0]));
 }
 
 }  // namespace px

@@ -221,6 +221,8 @@ void check_training(const std::vector<std::pair<std::string, int64_t>>& axes, Sh
   Mesh split = Mesh::create(axes, w.devices);
   ShardingOptions sopt;
   sopt.device_parallelism = DeviceParallelism::over_devices;
+  // AUTO: a preset cluster, so that the reference solve below finds the plan the first process found.
+  sopt.auto_cluster = "h100x8";
   double ref_time = 0, split_time = 0;  // the last step (the first compiles)
 
   Fixture pf(cfg);
@@ -237,6 +239,10 @@ void check_training(const std::vector<std::pair<std::string, int64_t>>& axes, Sh
     split_time = std::chrono::duration<double>(clock::now() - t0).count();
   }
   std::vector<Array> got = step.gather_params(s);
+  // One plan everywhere (AUTO: solved by the process holding position 0 alone).
+  std::string specs;
+  for (const auto& p : step.plan().params) specs += p.path + " " + p.spec.to_string() + "\n";
+  check_same_on_every_process(*w.communicator, w.rank, "plans", specs + step.plan().explanation);
   if (save) {
     // Every process writes its own shards of one checkpoint (rank 0 commits) and reads them back.
     const char* job = std::getenv("PMIX_NAMESPACE");  // the same on every rank of this job
@@ -261,6 +267,8 @@ void check_training(const std::vector<std::pair<std::string, int64_t>>& axes, Sh
 
   Fixture f(cfg);
   ShardedTrainStep ref(f.model.store(), opt(), f.loss, f.batch_types, single, strategy, sopt);
+  for (size_t i = 0; i < ref.plan().params.size(); ++i)
+    EXPECT_EQ(ref.plan().params[i].spec, step.plan().params[i].spec) << what << " " << ref.plan().params[i].path;
   ShardedTrainState rs = ref.init(0);
   for (int i = 0; i < steps; ++i) {
     auto t0 = clock::now();
@@ -299,6 +307,50 @@ TEST(MpiRanks, LlamaFsdpTpOverProcessesEqualsOneProcessBitwise) {
 TEST(MpiRanks, FsdpTpOverTwoProcessesEqualsOneProcessBitwise) {
   REQUIRE_MPIRUN();
   check_training({{"data", -1}, {"model", 2}}, ShardingStrategy::FSDP_TP);
+}
+
+TEST(MpiRanks, AutoOverProcessesEqualsOneProcessBitwise) {
+  REQUIRE_MPIRUN();
+  check_training({{"data", -1}, {"model", 2}}, ShardingStrategy::AUTO);
+}
+
+// The text of the process holding position 0 reaches every process, whatever the others pass.
+TEST(MpiRanks, SharedTextComesFromTheFirstProcess) {
+  REQUIRE_MPIRUN();
+  const ProcessWorld& w = process_world();
+  std::string big(100001, 'x');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>('a' + (i * 7) % 26);
+  EXPECT_EQ(share_from_first_process(*w.communicator, w.rank == 0 ? "from rank 0" : "rank " + std::to_string(w.rank)),
+            "from rank 0");
+  EXPECT_EQ(share_from_first_process(*w.communicator, w.rank == 0 ? "" : "not empty"), "");
+  EXPECT_EQ(share_from_first_process(*w.communicator, w.rank == 0 ? big : "short"), big);
+}
+
+// jit with AUTO over the processes: only the first process solves (the others are given a cluster
+// that does not exist, which a solve would reject), and the outputs equal the function's own.
+TEST(MpiRanks, JitAutoOverProcessesSolvesOnceAndEqualsOneDevice) {
+  REQUIRE_MPIRUN();
+  const ProcessWorld& w = process_world();
+  Mesh mesh = Mesh::create({{"data", -1}}, w.devices);
+  auto fn = [](const std::vector<Tensor>& params, const std::vector<Tensor>& args) {
+    return std::vector<Tensor>{matmul(gelu(matmul(args[0], params[0])), params[1])};
+  };
+  const int64_t n = w.devices.count;
+  const std::vector<TensorType> pt{{DType::f32, {16, 32}}, {DType::f32, {32, 8}}}, at{{DType::f32, {4 * n, 16}}};
+  Array w1 = testing::random_array({16, 32}, DType::f32, 2), w2 = testing::random_array({32, 8}, DType::f32, 3);
+  Array x = testing::random_array({4 * n, 16}, DType::f32, 4);
+  ShardingOptions o;
+  o.communicator = w.communicator;
+  o.auto_cluster = w.rank == 0 ? "h100x8" : "no-such-cluster";
+  auto f = jit(fn, ShardingStrategy::AUTO, pt, {"w1", "w2"}, at, mesh, o);
+  EXPECT_EQ(f->plan().strategy, ShardingStrategy::AUTO);
+  Array got = (*f)({w1, w2}, {x})[0];
+  auto one = jit(fn, ShardingStrategy::DDP, pt, {"w1", "w2"}, at, Mesh::cpu({{"data", 1}}));
+  EXPECT_TRUE(testing::all_close(got.to_f32(), (*one)({w1, w2}, {x})[0].to_f32(), 1e-5, 1e-5));
+  // A time limit the others could not wait for is refused on every process, before any solve.
+  o.auto_time_limit_s = 1e9;
+  std::string err = testing::error_of([&] { jit(fn, ShardingStrategy::AUTO, pt, {"w1", "w2"}, at, mesh, o); });
+  EXPECT_TRUE(has(err, "PX_COLLECTIVE_TIMEOUT_S")) << err;
 }
 
 // ---- the launcher's variables and the timeout (no MPI needed) ----------------------------------

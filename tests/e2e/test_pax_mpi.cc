@@ -119,6 +119,22 @@ TEST(PaxMpi, TwoProcessesTrainAndResumeLikeOne) {
   fs::remove_all(two);
 }
 
+// AUTO under mpirun: the process holding position 0 solves, the other takes its plan; the run
+// equals the one-process run of the same config (a preset cluster: the same plan in both).
+TEST(PaxMpi, AutoOnTwoProcessesTrainsLikeOne) {
+  if (mpirun().empty()) GTEST_SKIP() << "mpirun (openmpi-bin) is not installed";
+  const std::string one = job("auto_one"), two = job("auto_two");
+  const std::string extra = "--set train.steps=4 --set sharding.strategy=auto --set sharding.cluster=h100x8";
+  Result a = train(false, one, extra);
+  ASSERT_EQ(a.rc, 0) << a.out;
+  Result b = train(true, two, extra);
+  ASSERT_EQ(b.rc, 0) << b.out;
+  EXPECT_EQ(losses(two), losses(one));
+  EXPECT_EQ(losses(two).size(), 6u);  // 4 train + 2 eval lines
+  fs::remove_all(one);
+  fs::remove_all(two);
+}
+
 TEST(PaxMpi, ProcessesWithDifferentConfigsStopNamingTheDifference) {
   if (mpirun().empty()) GTEST_SKIP() << "mpirun (openmpi-bin) is not installed";
   const std::string d = job("differ");

@@ -181,7 +181,7 @@ void check_two_processes(ShardingStrategy strategy) {
   Mesh split = single.with_processes(2);
   ShardingOptions sopt;
   sopt.device_parallelism = DeviceParallelism::over_devices;  // the same kernels' threading in both runs
-  sopt.auto_cluster = "h100x8";   // AUTO: each process solves for the same cluster, so the same plan
+  sopt.auto_cluster = "h100x8";  // AUTO: process 0 solves, process 1 takes its plan
   sopt.auto_time_limit_s = 120;
 
   Fixture f(cfg);

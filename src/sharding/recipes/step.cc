@@ -8,17 +8,17 @@
 
 #include "core/exclusive.h"
 #include "core/log.h"
+#include "distributed/communicator.h"
 #include "ir/primitive.h"
 #include "memory/rewrite.h"
-#include "distributed/communicator.h"
 #include "optim/checkpoint.h"
 #include "parallax/autodiff.h"
 #include "parallax/nn.h"
 #include "parallax/ops.h"
 #include "parallax/parallel.h"
 #include "runtime/program.h"
-#include "sharding/groups.h"
 #include "sharding/auto/solver.h"
+#include "sharding/groups.h"
 #include "sharding/recipes/step.h"
 
 namespace px {
@@ -49,11 +49,11 @@ PartitionSpec batch_spec(const TensorType& t, const Mesh& mesh, const std::vecto
     names += (names.empty() ? "" : ", ") + a;
   }
   if (t.shape[0] % n != 0) {
-    std::string what = fmt::format("{} {} has type {}: its leading dim {} does not divide over the batch axes ({}) "
-                                   "of {} devices",
-                                   training ? "batch array" : "argument", index, type_str(t), t.shape[0], names, n);
-    if (training)
-      throw UserError(fmt::format("[ShardedTrainStep] {}; use a batch that is a multiple of {}", what, n));
+    std::string what = fmt::format(
+        "{} {} has type {}: its leading dim {} does not divide over the batch axes ({}) "
+        "of {} devices",
+        training ? "batch array" : "argument", index, type_str(t), t.shape[0], names, n);
+    if (training) throw UserError(fmt::format("[ShardedTrainStep] {}; use a batch that is a multiple of {}", what, n));
     PX_LOG(warn) << "[jit] " << what << "; it is replicated (every device computes all of it)";
     return {};
   }
@@ -138,7 +138,8 @@ ShardingDecision decide_train_step(const StepProgram& p, const ShardingPlan& pla
       const std::string& name = node.attrs.s("name");
       for (const auto& r : plan.activations)
         if (glob_match(r.pattern, name)) {
-          Sharding(mesh, r.spec).validate(g.type(node.outputs[0]), "tagged value '" + name + "' (rule '" + r.pattern + "')");
+          Sharding(mesh, r.spec)
+              .validate(g.type(node.outputs[0]), "tagged value '" + name + "' (rule '" + r.pattern + "')");
           d.constraints.push_back({node.outputs[0], r.spec, -1, -1, false});
           break;
         }
@@ -146,7 +147,6 @@ ShardingDecision decide_train_step(const StepProgram& p, const ShardingPlan& pla
   d.buckets = gradient_buckets(p, plan, bucket_bytes);
   return d;
 }
-
 
 std::vector<PartitionSpec> state_specs_for(const ShardingPlan& plan, const std::vector<optim::StateSlot>& slots,
                                            const std::vector<TensorType>& param_types) {
@@ -187,9 +187,8 @@ void offload_local(SpmdProgram& local, const StepProgram& global, const OffloadO
 }
 
 DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
-                                const std::vector<TensorType>& batch_types, const Mesh& mesh,
-                                ShardingStrategy strategy, const ShardingOptions& sharding,
-                                const TrainStepOptions& options) {
+                                const std::vector<TensorType>& batch_types, const Mesh& mesh, ShardingStrategy strategy,
+                                const ShardingOptions& sharding, const TrainStepOptions& options) {
   std::vector<std::string> paths = store.paths();
   DecidedStep r;
   // The forward program tells TP which matmul consumes which param.
@@ -201,13 +200,14 @@ DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& o
     r.plan = plan_sharding(*fwd, paths, mesh, strategy, sharding);
     fwd.reset();
   }
-  r.program = trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "ShardedTrainStep",
-                               options.skip_nonfinite);
+  r.program =
+      trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "ShardedTrainStep", options.skip_nonfinite);
   if (options.remat.policy != RematPolicy::automatic) {
     r.program = remat_step(std::move(r.program), options.remat);
   } else if (strategy == ShardingStrategy::AUTO) {
-    throw UserError("[ShardedTrainStep] remat policy 'auto' with AUTO sharding is not available yet: give a policy "
-                    "(full, dots_saveable, ...) and AUTO plans around it");
+    throw UserError(
+        "[ShardedTrainStep] remat policy 'auto' with AUTO sharding is not available yet: give a policy "
+        "(full, dots_saveable, ...) and AUTO plans around it");
   } else {
     // The per-device peak of each candidate, from the same decision, partition and buffer plan.
     std::vector<PartitionSpec> specs = state_specs_for(r.plan, slots, param_types);
@@ -220,17 +220,15 @@ DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& o
       c.memory_limit_bytes = 0;
       return plan_program(*local.local, c, collective_groups(mesh)).report.peak_bytes;
     };
-    r.program = remat_automatic(std::move(r.program),
-                                options.remat.budget_bytes > 0 ? options.remat.budget_bytes
-                                                               : options.compile.memory_limit_bytes,
-                                peak_of);
+    r.program = remat_automatic(
+        std::move(r.program),
+        options.remat.budget_bytes > 0 ? options.remat.budget_bytes : options.compile.memory_limit_bytes, peak_of);
   }
-  if (strategy == ShardingStrategy::AUTO) {
-    AutoPlan a = solve_train_step(*fwd, r.program, slots, param_types, batch_types, mesh, sharding, options.compile,
-                                  options.offload);
-    if (!a.fits) throw UserError(a.why);
-    r.plan = std::move(a.plan);
-  }
+  if (strategy == ShardingStrategy::AUTO)
+    r.plan = solve_auto_once(sharding, mesh, paths, param_types, [&] {
+      return solve_train_step(*fwd, r.program, slots, param_types, batch_types, mesh, sharding, options.compile,
+                              options.offload);
+    });
   r.state_specs = state_specs_for(r.plan, slots, param_types);
   r.decision = decide_train_step(r.program, r.plan, r.state_specs, batch_types, bucket_bytes_for(r.plan, sharding));
   return r;
@@ -282,8 +280,8 @@ void ShardedTrainStep::set_param(ShardedTrainState& s, int i, const Array& full)
                 std::to_string(n_params_) + ")");
   const std::vector<TensorType> types = store_.types();
   if (full.type() != types[i])
-    throw Error("[ShardedTrainStep] set_param: param '" + store_.paths()[i] + "' is " + type_str(types[i]) +
-                ", got " + type_str(full.type()));
+    throw Error("[ShardedTrainStep] set_param: param '" + store_.paths()[i] + "' is " + type_str(types[i]) + ", got " +
+                type_str(full.type()));
   const int proc = exe_->process();
   s.params[i] = shard(full, exe_->in_sharding(i), proc);
   // Its optimizer slots, fresh: the optimizer's state for this param alone, in slot order.
@@ -340,8 +338,10 @@ StepMetrics ShardedTrainStep::operator()(ShardedTrainState& state, const std::ve
                                        out[2].shards()[0].to_f32()[0], skip_nonfinite_);
   for (size_t i = 0; i < n_params_; ++i) std::swap(state.params[i], out[3 + i]);
   for (size_t i = 0; i < n_state_; ++i) std::swap(state.opt_state[i], out[3 + n_params_ + i]);
-  if (m.skipped) ++state.skipped;
-  else ++state.step;
+  if (m.skipped)
+    ++state.skipped;
+  else
+    ++state.step;
   ++steps_run_;
   return m;
 }
@@ -452,34 +452,35 @@ ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std
     std::vector<Sharding> shardings;
     for (const auto& p : plan.params) shardings.emplace_back(mesh, p.spec);
     for (size_t i = 0; i < arg_types.size(); ++i)
-      shardings.emplace_back(mesh, quiet && arg_types[i].rank() > 0 &&
-                                           arg_types[i].shape[0] % axes_size(mesh, plan.batch_axes) != 0
-                                       ? PartitionSpec()
-                                       : batch_spec(arg_types[i], mesh, plan.batch_axes, i, /*training=*/false));
+      shardings.emplace_back(
+          mesh, quiet && arg_types[i].rank() > 0 && arg_types[i].shape[0] % axes_size(mesh, plan.batch_axes) != 0
+                    ? PartitionSpec()
+                    : batch_spec(arg_types[i], mesh, plan.batch_axes, i, /*training=*/false));
     SpmdProgram prog = partition(*g, mesh, shardings);
     return std::make_pair(std::move(g), std::move(prog));
   };
   if (strategy == ShardingStrategy::AUTO) {
-    Cluster cluster = load_cluster(options.auto_cluster);
-    autoshard::Problem pr;
-    pr.forward = plain.get();
-    pr.mesh = cluster.apply(mesh);
-    pr.full.paths = param_paths;
-    pr.full.types = param_types;
-    pr.full.state_copies.assign(np, 0);
-    pr.full.grads = 0;
-    pr.full.cost = [&](const ShardingPlan& plan) {
-      ShardingPlan p = plan;
-      p.mesh = mesh;
-      return cost_program(program_of(p, true).second, cluster);
-    };
-    pr.memory_limit = options.auto_memory_limit_bytes > 0 ? options.auto_memory_limit_bytes
-                                                          : cluster.device_on(pr.mesh).memory_bytes;
-    pr.options = options;
-    AutoPlan a = autoshard::solve(pr);
-    if (!a.fits) throw UserError(a.why);
-    plan_ = std::move(a.plan);
-    plan_.mesh = mesh;
+    plan_ = solve_auto_once(options, mesh, param_paths, param_types, [&] {
+      Cluster cluster = load_cluster(options.auto_cluster);
+      autoshard::Problem pr;
+      pr.forward = plain.get();
+      pr.mesh = cluster.apply(mesh);
+      pr.full.paths = param_paths;
+      pr.full.types = param_types;
+      pr.full.state_copies.assign(np, 0);
+      pr.full.grads = 0;
+      pr.full.cost = [&](const ShardingPlan& plan) {
+        ShardingPlan p = plan;
+        p.mesh = mesh;
+        return cost_program(program_of(p, true).second, cluster);
+      };
+      pr.memory_limit = options.auto_memory_limit_bytes > 0 ? options.auto_memory_limit_bytes
+                                                            : cluster.device_on(pr.mesh).memory_bytes;
+      pr.options = options;
+      AutoPlan a = autoshard::solve(pr);
+      a.plan.mesh = mesh;
+      return a;
+    });
   } else {
     plan_ = plan_sharding(*plain, param_paths, mesh, strategy, options);
   }

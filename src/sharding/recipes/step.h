@@ -3,6 +3,8 @@
 // which partition and plan it without allocating anything).
 #pragma once
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "parallax/auto.h"
@@ -44,5 +46,13 @@ AutoPlan solve_train_step(const Graph& forward, const StepProgram& program, cons
                           const std::vector<TensorType>& param_types, const std::vector<TensorType>& batch_types,
                           const Mesh& mesh, const ShardingOptions& sharding, const CompileOptions& compile,
                           const OffloadOptions& offload = {});
+
+// AUTO's plan for a step on `mesh`, from `solve`. When the mesh spans processes (the communicator
+// holds only some of its positions), the process holding position 0 alone solves and sends its
+// plan to the others (separate solves could differ: a time limit, a calibration per process),
+// which wait for it; a failed solve throws the same error on every process. `paths` and `types`
+// are the params', in the plan's order.
+ShardingPlan solve_auto_once(const ShardingOptions& sharding, const Mesh& mesh, const std::vector<std::string>& paths,
+                             const std::vector<TensorType>& types, const std::function<AutoPlan()>& solve);
 
 }  // namespace px
