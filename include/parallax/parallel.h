@@ -121,6 +121,10 @@ class ShardedTrainStep {
   // the param being set. Every param must be set before the first step.
   ShardedTrainState begin_state() const;
   void set_param(ShardedTrainState& s, int i, const Array& full) const;
+  // The same from a reader of boxes of param i (e.g. nn::load_pretrained_slices): each of this
+  // process's devices reads only its own shard, straight into it, and its optimizer state starts
+  // at zeros (what every optimizer's init_state gives). Nothing holds the whole param.
+  void set_param(ShardedTrainState& s, int i, const BoxReader& read) const;
   // Shards the batch, runs one update in place.
   StepMetrics operator()(ShardedTrainState& state, const std::vector<Array>& batch);
 
@@ -146,6 +150,7 @@ class ShardedTrainStep {
   int process() const { return exe_->process(); }  // whose shards the state holds
 
  private:
+  void check_param(const ShardedTrainState& s, int i, const TensorType& type) const;
   nn::ParamStore& store_;
   optim::OptimizerPtr opt_;
   std::vector<TensorType> batch_types_;

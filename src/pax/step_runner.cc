@@ -100,7 +100,8 @@ class ShardedRunner : public StepRunner {
   int64_t step_count() const override { return state_.step; }
   void init_from_pretrained(const std::string& dir) override {
     ShardedTrainState s = step_.begin_state();
-    nn::load_pretrained(dir, [&](int i, Array p) { step_.set_param(s, i, p); });
+    // Each device reads only its own shard of each tensor (each process only its part).
+    nn::load_pretrained_slices(dir, [&](int i, const BoxReader& read) { step_.set_param(s, i, read); });
     state_ = std::move(s);
   }
   Checkpoint snapshot() const override { return snapshot_of(state_, names_); }

@@ -1,4 +1,5 @@
 // Global arrays: splitting a host array onto the devices of a mesh and reassembling it.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -95,6 +96,40 @@ ShardedArray shard(const Array& full, const Sharding& s, int process) {
     shards.push_back(a);
   }
   return ShardedArray(full.type(), s, std::move(shards), process);
+}
+
+ShardedArray shard(const TensorType& type, const BoxReader& read, const Sharding& s, int process) {
+  s.validate(type, "array");
+  check_process(s.mesh, process, "shard");
+  Shape local = s.local_shape(type.shape);
+  std::vector<int> partial_axes;
+  for (auto& a : s.partial) partial_axes.push_back(s.mesh.axis_index(a));
+  std::vector<Array> shards;
+  std::vector<std::pair<std::vector<int64_t>, size_t>> read_at;  // offsets already read -> shard index
+  for (int p : s.mesh.local_positions(process)) {
+    std::vector<int64_t> c = s.mesh.coords(p);
+    bool holder = true;
+    for (int a : partial_axes) holder = holder && c[a] == 0;
+    Array a(type.dtype, local, Placement{s.mesh.device_ids()[p]});
+    if (!holder) {
+      if (a.nbytes()) std::memset(a.raw(), 0, static_cast<size_t>(a.nbytes()));
+      shards.push_back(a);
+      continue;
+    }
+    std::vector<int64_t> off = s.shard_offsets(type.shape, p);
+    auto same = std::find_if(read_at.begin(), read_at.end(), [&](const auto& r) { return r.first == off; });
+    if (same != read_at.end()) {
+      if (a.nbytes()) std::memcpy(a.raw(), shards[same->second].raw(), static_cast<size_t>(a.nbytes()));
+    } else {
+      read(off, a);
+      if (a.type() != TensorType{type.dtype, local})
+        throw Error("[shard] the reader replaced the shard of position " + std::to_string(p) + " (" +
+                    type_str(TensorType{type.dtype, local}) + ") by " + type_str(a.type()) + "; fill it in place");
+      read_at.emplace_back(std::move(off), shards.size());
+    }
+    shards.push_back(a);
+  }
+  return ShardedArray(type, s, std::move(shards), process);
 }
 
 namespace {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "parallax/nn/transformer.h"
+#include "parallax/sharding.h"
 
 namespace px::nn {
 
@@ -43,6 +44,12 @@ Pretrained load_pretrained(const std::string& dir);
 //   px::ShardedTrainState s = step.begin_state();
 //   px::nn::load_pretrained(dir, [&](int i, px::Array p) { step.set_param(s, i, p); });
 Pretrained load_pretrained(const std::string& dir, const std::function<void(int, Array)>& sink);
+// The same, sliced: `sink(i, read)` gets a reader of boxes of param i (BoxReader, in
+// parallax/sharding.h) that converts only the elements of the box asked for, straight from the
+// mapped file; it is valid during the call. With ShardedTrainStep's set_param(s, i, read) every
+// device reads only its own shard, so over several processes each process reads only its part:
+//   px::nn::load_pretrained_slices(dir, [&](int i, const px::BoxReader& r) { step.set_param(s, i, r); });
+Pretrained load_pretrained_slices(const std::string& dir, const std::function<void(int, const BoxReader&)>& sink);
 
 // Writes config.json and model.safetensors (f32) into `dir` (created if needed) in the layout of
 // `architecture`, or when empty the one the config implies: learned positions -> GPT2LMHeadModel,

@@ -73,41 +73,42 @@ Shape hf_shape_of(const TensorMap& m, const std::vector<const ParamSpec*>& specs
   return logical;
 }
 
-// Copies the logical view of t (transposed when `transpose`) into the outputs, splitting its last
-// axis. Rd converts one element; as a template argument it inlines into the loops.
+// Copies a box of one param out of t into `out`. The param is the columns [c0, c0 + its width) of
+// t's logical view (t transposed when `transpose`; params that share one tensor split its last
+// axis); the box starts at `off` within the param and has out's shape. Rd converts one element;
+// as a template argument it inlines into the loops.
 template <float (*Rd)(const std::byte*, int64_t)>
-void fill_typed(const detail::MappedTensor& t, bool transpose, std::vector<Array*>& outs) {
-  const bool two_d = t.shape.size() == 2;
-  const int64_t hf_rows = two_d ? t.shape[0] : 1, hf_cols = two_d ? t.shape[1] : t.shape[0];
-  const int64_t rows = transpose ? hf_cols : hf_rows;
-  int64_t c0 = 0;
-  for (Array* out : outs) {
-    const int64_t ck = out->shape().back();
-    float* dst = out->data<float>();
-    if (!transpose) {
+void fill_box(const detail::MappedTensor& t, bool transpose, int64_t c0, const std::vector<int64_t>& off, Array& out) {
+  const int64_t hf_cols = t.shape.size() == 2 ? t.shape[1] : t.shape[0];
+  const bool two_d = out.shape().size() == 2;
+  const int64_t rows = two_d ? out.shape()[0] : 1, cols = out.shape().back();
+  const int64_t r0 = two_d ? off[0] : 0, cc = c0 + off.back();
+  float* dst = out.data<float>();
+  if (!transpose) {
 #pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < ck; ++c) dst[r * ck + c] = Rd(t.data, r * hf_cols + c0 + c);
-    } else {
-      // dst[r, c] = T[c0 + c, r]; in tiles so both sides stay in cache.
-      constexpr int64_t kB = 64;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = Rd(t.data, (r0 + r) * hf_cols + cc + c);
+  } else {
+    // dst[r, c] = T[cc + c, r0 + r]; in tiles so both sides stay in cache.
+    constexpr int64_t kB = 64;
 #pragma omp parallel for collapse(2) schedule(static)
-      for (int64_t cb = 0; cb < ck; cb += kB)
-        for (int64_t rb = 0; rb < rows; rb += kB)
-          for (int64_t c = cb; c < std::min(ck, cb + kB); ++c)
-            for (int64_t r = rb; r < std::min(rows, rb + kB); ++r) dst[r * ck + c] = Rd(t.data, (c0 + c) * hf_cols + r);
-    }
-    c0 += ck;
+    for (int64_t cb = 0; cb < cols; cb += kB)
+      for (int64_t rb = 0; rb < rows; rb += kB)
+        for (int64_t c = cb; c < std::min(cols, cb + kB); ++c)
+          for (int64_t r = rb; r < std::min(rows, rb + kB); ++r)
+            dst[r * cols + c] = Rd(t.data, (cc + c) * hf_cols + r0 + r);
   }
 }
 
 void fill_from(const detail::MappedTensor& t, const std::string& file, const std::string& name, bool transpose,
-               std::vector<Array*>& outs) {
+               int64_t c0, const std::vector<int64_t>& off, Array& out) {
+  if (out.dtype() != DType::f32 || out.shape().size() != off.size())
+    throw Error("[load_pretrained] a box of '" + name + "' must be read into an f32 array of the param's rank");
   detail::ElementReader rd = detail::element_reader(t, file, name);
-  if (rd == detail::read_f32) return fill_typed<detail::read_f32>(t, transpose, outs);
-  if (rd == detail::read_bf16) return fill_typed<detail::read_bf16>(t, transpose, outs);
-  if (rd == detail::read_f64) return fill_typed<detail::read_f64>(t, transpose, outs);
-  return fill_typed<detail::read_f16>(t, transpose, outs);
+  if (rd == detail::read_f32) return fill_box<detail::read_f32>(t, transpose, c0, off, out);
+  if (rd == detail::read_bf16) return fill_box<detail::read_bf16>(t, transpose, c0, off, out);
+  if (rd == detail::read_f64) return fill_box<detail::read_f64>(t, transpose, c0, off, out);
+  return fill_box<detail::read_f16>(t, transpose, c0, off, out);
 }
 
 }  // namespace
@@ -138,7 +139,10 @@ namespace {
 // The loader behind both load_pretrained forms. Every check (files, names, shapes, unexpected
 // tensors) runs before any data is read; then each param goes to `sink` as soon as it is filled
 // when one is given, else into out.params.
-Pretrained load(const std::string& dir, const std::function<void(int, Array)>* sink) {
+// Reads the model in `dir`: whole params into Pretrained::params, or each to `sink` as it is read,
+// or, with `slices`, a reader of each param's boxes (nothing read until it is called).
+Pretrained load(const std::string& dir, const std::function<void(int, Array)>* sink,
+                const std::function<void(int, const BoxReader&)>* slices = nullptr) {
   Pretrained out;
   LmConfig cfg = read_pretrained_config(dir, &out.architecture);
   const ArchSpec& arch = arch_named(out.architecture, dir);
@@ -232,19 +236,27 @@ Pretrained load(const std::string& dir, const std::function<void(int, Array)>* s
 
   for (size_t k = 0; k < maps.size(); ++k) {
     const auto& [t, file] = where.at(names[k]);
-    std::vector<Array*> outs;
-    std::vector<int> ids;
+    int64_t c0 = 0;  // the param's first column in the tensor's logical view
     for (auto& p : maps[k].ours) {
-      int i = store.index_of(p);
-      out.params[i] = Array(DType::f32, store.spec(i).type.shape);
-      outs.push_back(&out.params[i]);
-      ids.push_back(i);
+      const int i = store.index_of(p);
+      const Shape& shape = store.spec(i).type.shape;
+      auto read = [&, c0](const std::vector<int64_t>& off, Array& a) {
+        fill_from(*t, file->path(), names[k], maps[k].transpose, c0, off, a);
+      };
+      c0 += shape.back();
+      if (slices) {
+        (*slices)(i, read);
+        continue;
+      }
+      Array a(DType::f32, shape);
+      read(std::vector<int64_t>(shape.size(), 0), a);
+      if (sink)
+        (*sink)(i, std::move(a));
+      else
+        out.params[i] = std::move(a);
     }
-    fill_from(*t, file->path(), names[k], maps[k].transpose, outs);
-    if (sink)
-      for (int i : ids) (*sink)(i, std::exchange(out.params[i], Array()));
   }
-  if (sink) out.params.clear();
+  if (sink || slices) out.params.clear();
   return out;
 }
 
@@ -254,6 +266,10 @@ Pretrained load_pretrained(const std::string& dir) { return load(dir, nullptr); 
 
 Pretrained load_pretrained(const std::string& dir, const std::function<void(int, Array)>& sink) {
   return load(dir, &sink);
+}
+
+Pretrained load_pretrained_slices(const std::string& dir, const std::function<void(int, const BoxReader&)>& sink) {
+  return load(dir, nullptr, &sink);
 }
 
 void save_pretrained(const TransformerLm& model, const std::vector<Array>& params, const std::string& dir,

@@ -1,6 +1,7 @@
 // ShardedTrainStep, ShardedFunction / jit / create_sharded_model: trace once, place by the plan,
 // partition and run through ShardedExecutable.
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <sstream>
 
@@ -273,26 +274,44 @@ ShardedTrainState ShardedTrainStep::begin_state() const {
 }
 
 void ShardedTrainStep::set_param(ShardedTrainState& s, int i, const Array& full) const {
-  if (s.params.size() != n_params_ || s.opt_state.size() != n_state_)
-    throw Error("[ShardedTrainStep] set_param: the state does not belong to this step (make it with begin_state)");
-  if (i < 0 || static_cast<size_t>(i) >= n_params_)
-    throw Error("[ShardedTrainStep] set_param: param index " + std::to_string(i) + " is outside [0, " +
-                std::to_string(n_params_) + ")");
-  const std::vector<TensorType> types = store_.types();
-  if (full.type() != types[i])
-    throw Error("[ShardedTrainStep] set_param: param '" + store_.paths()[i] + "' is " + type_str(types[i]) + ", got " +
-                type_str(full.type()));
+  check_param(s, i, full.type());
   const int proc = exe_->process();
   s.params[i] = shard(full, exe_->in_sharding(i), proc);
   // Its optimizer slots, fresh: the optimizer's state for this param alone, in slot order.
   std::vector<Array> st = opt_->init_state({full});
   size_t k = 0;
-  const std::vector<optim::StateSlot> slots = opt_->state_slots(types);
+  const std::vector<optim::StateSlot> slots = opt_->state_slots(store_.types());
   for (size_t j = 0; j < slots.size(); ++j)
     if (slots[j].param == i) {
       if (k >= st.size()) throw InternalError("[ShardedTrainStep] set_param: optimizer slots do not line up");
       s.opt_state[j] = shard(st[k++], exe_->in_sharding(static_cast<int>(n_params_ + j)), proc);
     }
+}
+
+void ShardedTrainStep::set_param(ShardedTrainState& s, int i, const BoxReader& read) const {
+  const std::vector<TensorType> types = store_.types();
+  check_param(s, i, i >= 0 && static_cast<size_t>(i) < types.size() ? types[i] : TensorType{});
+  const int proc = exe_->process();
+  s.params[i] = shard(types[i], read, exe_->in_sharding(i), proc);
+  auto zeros = [](const std::vector<int64_t>&, Array& out) {
+    if (out.nbytes()) std::memset(out.raw(), 0, static_cast<size_t>(out.nbytes()));
+  };
+  const std::vector<optim::StateSlot> slots = opt_->state_slots(types);
+  for (size_t j = 0; j < slots.size(); ++j)
+    if (slots[j].param == i)
+      s.opt_state[j] = shard(slots[j].type, zeros, exe_->in_sharding(static_cast<int>(n_params_ + j)), proc);
+}
+
+void ShardedTrainStep::check_param(const ShardedTrainState& s, int i, const TensorType& type) const {
+  if (s.params.size() != n_params_ || s.opt_state.size() != n_state_)
+    throw Error("[ShardedTrainStep] set_param: the state does not belong to this step (make it with begin_state)");
+  if (i < 0 || static_cast<size_t>(i) >= n_params_)
+    throw Error("[ShardedTrainStep] set_param: param index " + std::to_string(i) + " is outside [0, " +
+                std::to_string(n_params_) + ")");
+  const TensorType want = store_.types()[i];
+  if (type != want)
+    throw Error("[ShardedTrainStep] set_param: param '" + store_.paths()[i] + "' is " + type_str(want) + ", got " +
+                type_str(type));
 }
 
 const Sharding& ShardedTrainStep::batch_sharding(int i) const {
