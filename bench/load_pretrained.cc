@@ -1,7 +1,8 @@
 // Loading a Hugging Face checkpoint: writes a random Llama-shaped checkpoint (bf16, ~1B params by
 // default, streamed to disk tensor by tensor), then times `cat file > /dev/null` and
 // px::nn::load_pretrained on the same bytes in the same run (both from the page cache after the
-// write). MB/s counts the file's bytes.
+// write), and load_pretrained_slices reading every param as 4 boxes (FSDP on 4 devices). MB/s
+// counts the file's bytes.
 //   ./build/bench/load_pretrained [--quick] [--dir=PATH]   (default dir: /tmp/px_load_bench)
 #include <chrono>
 #include <cstdlib>
@@ -122,6 +123,23 @@ int main(int argc, char** argv) {
     nn::Pretrained p = nn::load_pretrained(dir);
     params = p.model->store().param_count();
   });
+  // Sliced, as into FSDP on 4 devices: each param read as 4 boxes along its first dim, each box
+  // converted straight into its own array (dropped at once: the read is what is timed).
+  const std::vector<TensorType> types = nn::TransformerLm(nn::read_pretrained_config(dir)).store().types();
+  const double sliced_s = seconds_of([&] {
+    nn::load_pretrained_slices(dir, [&](int i, const BoxReader& read) {
+      const Shape& shape = types[static_cast<size_t>(i)].shape;
+      const int64_t n = shape[0] % 4 == 0 ? 4 : 1;
+      Shape box = shape;
+      box[0] /= n;
+      for (int64_t k = 0; k < n; ++k) {
+        std::vector<int64_t> off(shape.size(), 0);
+        off[0] = k * box[0];
+        Array a(DType::f32, box);
+        read(off, a);
+      }
+    });
+  });
   bench::Json()
       .s("bench", "load_pretrained")
       .i("params", params)
@@ -133,6 +151,8 @@ int main(int argc, char** argv) {
       .n("load_s", load_s)
       .n("load_mb_s", mb / load_s)
       .n("load_vs_cat", cat_s / load_s)
+      .n("sliced_load_s", sliced_s)
+      .n("sliced_mb_s", mb / sliced_s)
       .i("threads", bench::threads())
       .print();
   fs::remove_all(dir);
