@@ -130,7 +130,12 @@ ShardingPlan solve_auto_once(const ShardingOptions& sharding, const Mesh& mesh, 
   }
   text = share_from_first_process(*comm, text);
   if (!text.empty() && text[0] == '!') throw UserError(text.substr(1));
-  return plan_from_text(text, mesh, paths, types);
+  try {
+    return plan_from_text(text, mesh, paths, types);
+  } catch (const nlohmann::json::exception& e) {
+    throw InternalError(fmt::format("[AUTO] the plan sent by the process holding mesh position 0 does not read: {}",
+                                    e.what()));
+  }
 }
 
 AutoPlan solve_train_step(const Graph& forward, const StepProgram& program, const std::vector<optim::StateSlot>& slots,
