@@ -73,29 +73,14 @@ const Array& ShardedArray::shard(int position) const {
 int64_t ShardedArray::bytes_per_device() const { return shards_.empty() ? 0 : shards_[0].nbytes(); }
 
 ShardedArray shard(const Array& full, const Sharding& s, int process) {
-  s.validate(full.type(), "array");
-  check_process(s.mesh, process, "shard");
-  Shape local = s.local_shape(full.shape());
-  std::vector<int64_t> zero(full.shape().size(), 0);
-  std::vector<int> partial_axes;
-  for (auto& a : s.partial) partial_axes.push_back(s.mesh.axis_index(a));
-  std::vector<Array> shards;
-  for (int p : s.mesh.local_positions(process)) {
-    // On partial axes only coordinate 0 holds the value; the others hold zeros.
-    std::vector<int64_t> c = s.mesh.coords(p);
-    bool holder = true;
-    for (int a : partial_axes) holder = holder && c[a] == 0;
-    Array a(full.dtype(), local, Placement{s.mesh.device_ids()[p]});
-    if (!holder) {
-      if (a.nbytes()) std::memset(a.raw(), 0, static_cast<size_t>(a.nbytes()));
-      shards.push_back(a);
-      continue;
-    }
-    std::vector<int64_t> off = s.shard_offsets(full.shape(), p);
-    copy_box(full.raw(), full.shape(), off.data(), a.raw(), local, zero.data(), local, dtype_size(full.dtype()));
-    shards.push_back(a);
-  }
-  return ShardedArray(full.type(), s, std::move(shards), process);
+  const std::vector<int64_t> zero(full.shape().size(), 0);
+  return shard(
+      full.type(),
+      [&](const std::vector<int64_t>& off, Array& out) {
+        copy_box(full.raw(), full.shape(), off.data(), out.raw(), out.shape(), zero.data(), out.shape(),
+                 dtype_size(full.dtype()));
+      },
+      s, process);
 }
 
 ShardedArray shard(const TensorType& type, const BoxReader& read, const Sharding& s, int process) {
