@@ -223,6 +223,9 @@ void check_training(const std::vector<std::pair<std::string, int64_t>>& axes, Sh
   sopt.device_parallelism = DeviceParallelism::over_devices;
   // AUTO: a preset cluster, so that the reference solve below finds the plan the first process found.
   sopt.auto_cluster = "h100x8";
+  // ... and time for the whole search: under load (8 processes, or the sanitizer build, on 2 cores)
+  // a 10 s limit can cut it short on one side and not the other. Below PX_COLLECTIVE_TIMEOUT_S (120).
+  sopt.auto_time_limit_s = 100;
   double ref_time = 0, split_time = 0;  // the last step (the first compiles)
 
   Fixture pf(cfg);
