@@ -40,12 +40,11 @@ struct Timed {
 
 // The median step of `steps` after `warmup`, the collectives of one device per step, and (compiled
 // with profiling) the last step's timeline.
-Timed measure(px::ShardedTrainStep& step, const std::vector<px::Array>& batch, int warmup, int steps,
-              bool profiled = false) {
-  px::ShardedTrainState s = step.init(0);
+Timed measure(px::TrainStep& step, const std::vector<px::Array>& batch, int warmup, int steps, bool profiled = false) {
+  px::TrainState s = step.init(0);
   Timed t;
   for (int i = 0; i < warmup; ++i) step(s, batch);
-  step.executable().reset_stats();
+  step.sharded_executable().reset_stats();
   std::vector<double> times;
   for (int i = 0; i < steps; ++i) {
     auto t0 = std::chrono::steady_clock::now();
@@ -54,8 +53,8 @@ Timed measure(px::ShardedTrainStep& step, const std::vector<px::Array>& batch, i
   }
   std::sort(times.begin(), times.end());
   t.step_s = times[times.size() / 2];
-  const px::CollectiveStats& st = step.executable().stats();
-  const int pos = step.executable().positions().at(0);
+  const px::CollectiveStats& st = step.sharded_executable().stats();
+  const int pos = step.sharded_executable().positions().at(0);
   for (int k = 0; k < px::kNumCollectiveKinds; ++k) {
     const auto& e = st.at(pos, static_cast<px::CollectiveKind>(k));
     t.calls += e.calls;
@@ -63,7 +62,7 @@ Timed measure(px::ShardedTrainStep& step, const std::vector<px::Array>& batch, i
   }
   t.calls /= std::max(steps, 1);
   t.bytes /= std::max(steps, 1);
-  if (profiled) t.timeline = step.executable().executable().timeline();
+  if (profiled) t.timeline = step.sharded_executable().executable().timeline();
   return t;
 }
 
@@ -110,17 +109,15 @@ int main(int argc, char** argv) {
       if (w.rank == 0) {
         omp_set_num_threads(single_threads > 0 ? single_threads : threads * w.size);
         px::Mesh m = px::Mesh::create({{"data", -1}}, px::DeviceSet{"cpu", w.devices.count, 1});
-        px::ShardedTrainStep step(model.store(), opt, loss_fn, {seq, seq}, m, strategy);
+        px::TrainStep step(model.store(), opt, loss_fn, {seq, seq}, {.mesh = m, .strategy = strategy});
         one = measure(step, batch, a.warmup, a.steps);
         omp_set_num_threads(threads);
       }
       w.communicator->barrier();
-      px::ShardingOptions o;
-      o.communicator = w.communicator;
-      px::TrainStepOptions to;
+      px::TrainStepOptions to{.mesh = px::Mesh::create({{"data", -1}}, w.devices), .strategy = strategy};
+      to.sharding.communicator = w.communicator;
       to.compile.profile = !timeline_dir.empty();
-      px::Mesh m = px::Mesh::create({{"data", -1}}, w.devices);
-      px::ShardedTrainStep step(model.store(), opt, loss_fn, {seq, seq}, m, strategy, o, to);
+      px::TrainStep step(model.store(), opt, loss_fn, {seq, seq}, to);
       Timed many = measure(step, batch, a.warmup, a.steps, to.compile.profile);
       if (!timeline_dir.empty()) {
         std::filesystem::create_directories(timeline_dir);

@@ -106,8 +106,8 @@ int main(int argc, char** argv) {
     so.device_parallelism = f.parallelism == "within_kernels" ? px::DeviceParallelism::within_kernels
                             : f.parallelism == "over_devices" ? px::DeviceParallelism::over_devices
                                                               : px::DeviceParallelism::automatic;
-    std::vector<std::unique_ptr<px::ShardedTrainStep>> sharded;
-    std::vector<px::ShardedTrainState> st;
+    std::vector<std::unique_ptr<px::TrainStep>> sharded;
+    std::vector<px::TrainState> st;
     for (size_t pos = 0; pos <= f.strategies.size();) {
       size_t end = std::min(f.strategies.find(',', pos), f.strategies.size());
       std::string name = f.strategies.substr(pos, end - pos);
@@ -118,18 +118,20 @@ int main(int argc, char** argv) {
       // high-water mark the last device reaches in a steady-state step.
       int64_t planned = 0, measured = 0;
       {
-        px::ShardedTrainStep alone(model.store(), opt, loss_fn, {seq, seq}, mesh, strategy, so);
-        px::ShardedTrainState sa = alone.init(0);
+        px::TrainStep alone(model.store(), opt, loss_fn, {seq, seq},
+                            {.mesh = mesh, .strategy = strategy, .sharding = so});
+        px::TrainState sa = alone.init(0);
         alone(sa, batch);
         px::Placement last{mesh.device_ids().back()};
         px::reset_peak_memory(last);
         alone(sa, batch);
-        planned = alone.executable().memory().peak_bytes;
+        planned = alone.sharded_executable().memory().peak_bytes;
         measured = px::memory_stats(last).peak_bytes_in_use;
       }
       t0 = std::chrono::steady_clock::now();
-      sharded.push_back(std::make_unique<px::ShardedTrainStep>(
-          model.store(), opt, loss_fn, std::vector<px::TensorType>{seq, seq}, mesh, strategy, so));
+      sharded.push_back(
+          std::make_unique<px::TrainStep>(model.store(), opt, loss_fn, std::vector<px::TensorType>{seq, seq},
+                                          px::TrainStepOptions{.mesh = mesh, .strategy = strategy, .sharding = so}));
       r.push_back({});
       r.back().name = name;
       r.back().peak_planned = planned;
@@ -154,7 +156,7 @@ int main(int argc, char** argv) {
     auto run_one = [&](size_t k) { return k == 0 ? single(s0, batch).loss : (*sharded[k - 1])(st[k - 1], batch).loss; };
     for (int i = 0; i < a.warmup; ++i)
       for (size_t k = 0; k < n; ++k) run_one(k);
-    for (auto& s : sharded) s->executable().reset_stats();
+    for (auto& s : sharded) s->sharded_executable().reset_stats();
     std::vector<std::vector<double>> times(n);
     for (int i = 0; i < a.steps; ++i)
       for (size_t k = 0; k < n; ++k) {
@@ -167,9 +169,9 @@ int main(int argc, char** argv) {
       r[k].step_s = times[k][times[k].size() / 2];
     }
     for (size_t k = 1; k < n; ++k) {
-      const px::ShardedTrainStep& s = *sharded[k - 1];
+      const px::TrainStep& s = *sharded[k - 1];
       if (f.verbose) std::fprintf(stderr, "%s\n%s", s.table().c_str(), s.collectives_table().c_str());
-      const px::CollectiveStats& stats = s.executable().stats();
+      const px::CollectiveStats& stats = s.sharded_executable().stats();
       int64_t calls = 0, bytes = 0;
       for (int c = 0; c < px::kNumCollectiveKinds; ++c) {
         auto e = stats.total(static_cast<px::CollectiveKind>(c));
@@ -179,7 +181,7 @@ int main(int argc, char** argv) {
       const int64_t per = std::max(a.steps, 1) * devices.count;
       r[k].comm = "{\"calls_per_step\": " + std::to_string(calls / per) +
                   ", \"payload_bytes_per_step\": " + std::to_string(bytes / per) +
-                  ", \"collectives\": " + std::to_string(s.executable().program().collectives.size()) + "}";
+                  ", \"collectives\": " + std::to_string(s.sharded_executable().program().collectives.size()) + "}";
     }
     const double tokens = static_cast<double>(a.batch * a.seq);
     std::printf(
@@ -193,11 +195,11 @@ int main(int argc, char** argv) {
           "\"comm\": %s}",
           x.name.c_str(), x.step_s, tokens / x.step_s, x.compile_s, x.loss, x.comm.c_str());
     for (size_t k = 1; k < n; ++k)
-      std::printf(", \"%s_throughput_ratio\": %.3f, \"%s_peak_bytes_per_device\": %lld, "
-                  "\"%s_peak_bytes_per_device_measured\": %lld",
-                  r[k].name.c_str(), r[0].step_s / r[k].step_s, r[k].name.c_str(),
-                  static_cast<long long>(r[k].peak_planned), r[k].name.c_str(),
-                  static_cast<long long>(r[k].peak_measured));
+      std::printf(
+          ", \"%s_throughput_ratio\": %.3f, \"%s_peak_bytes_per_device\": %lld, "
+          "\"%s_peak_bytes_per_device_measured\": %lld",
+          r[k].name.c_str(), r[0].step_s / r[k].step_s, r[k].name.c_str(), static_cast<long long>(r[k].peak_planned),
+          r[k].name.c_str(), static_cast<long long>(r[k].peak_measured));
     std::vector<std::pair<double, std::string>> measured, predicted;
     for (size_t k = 1; k < n; ++k) {
       measured.push_back({r[k].step_s, r[k].name});

@@ -36,12 +36,12 @@ int run(int steps) {
   px::TensorType seq{px::DType::i32, {task.batch, task.seq_len}};
   px::TensorType wts{px::DType::f32, {task.batch, task.seq_len}};
   px::TrainStep step(
-      model.store(), px::optim::adamw({.lr = px::optim::warmup_cosine(3e-3, std::max(1, steps / 10), steps), .weight_decay = 0.01}),
+      model.store(),
+      px::optim::adamw({.lr = px::optim::warmup_cosine(3e-3, std::max(1, steps / 10), steps), .weight_decay = 0.01}),
       [&](const std::vector<px::Tensor>& b) { return px::nn::next_token_loss(model, b[0], b[1], b[2]); },
       {seq, seq, wts}, {.clip_norm = 1.0});
-  std::printf("compiled step: %d kernels, %d fused groups, %.2f MiB working memory\n",
-              step.executable().num_steps(), step.executable().num_fused_groups(),
-              static_cast<double>(step.peak_bytes()) / (1 << 20));
+  std::printf("compiled step: %d kernels, %d fused groups, %.2f MiB working memory\n", step.executable().num_steps(),
+              step.executable().num_fused_groups(), static_cast<double>(step.peak_bytes()) / (1 << 20));
 
   px::TrainState state = step.init(/*seed=*/0);
   for (int i = 0; i < steps; ++i) {
@@ -52,15 +52,17 @@ int run(int steps) {
 
   // Greedy completion of a fresh sequence: feed the prompt, append the argmax, repeat.
   px::TensorType one{px::DType::i32, {1, task.seq_len}};
-  px::ForwardFn logits(model.store(), [&](const std::vector<px::Tensor>& b) {
-    return std::vector<px::Tensor>{model.logits(b[0])};
-  }, {one});
-  px::data::LmBatch test = px::data::copy_task({.batch = 1, .seq_len = task.seq_len, .vocab = task.vocab, .seed = 99}, 0);
+  px::ForwardFn logits(model.store(),
+                       [&](const std::vector<px::Tensor>& b) { return std::vector<px::Tensor>{model.logits(b[0])}; },
+                       {one});
+  px::data::LmBatch test =
+      px::data::copy_task({.batch = 1, .seq_len = task.seq_len, .vocab = task.vocab, .seed = 99}, 0);
   const int64_t n = px::data::copy_task_payload(task);
   std::vector<int32_t> seqv(task.seq_len, px::data::kPadToken);
   for (int64_t p = 0; p <= n; ++p) seqv[p] = test.tokens.data<int32_t>()[p];
+  const std::vector<px::Array> params = step.gather_params(state);  // full arrays
   for (int64_t p = n; p < 2 * n; ++p) {
-    std::vector<float> out = logits(state.params, {px::Array::from_i32(seqv, {1, task.seq_len})})[0].to_f32();
+    std::vector<float> out = logits(params, {px::Array::from_i32(seqv, {1, task.seq_len})})[0].to_f32();
     const float* row = out.data() + p * task.vocab;
     int32_t best = 0;
     for (int32_t v = 1; v < task.vocab; ++v)

@@ -13,8 +13,18 @@
 #include "parallax/autodiff.h"
 #include "parallax/ops.h"
 #include "parallax/runtime.h"
+#include "parallax/train.h"
 
 namespace px::testing {
+
+// A training step's options on a mesh: `rest` with the mesh, the strategy and its options set.
+inline TrainStepOptions on_mesh(Mesh mesh, ShardingStrategy strategy, ShardingOptions sharding = {},
+                                TrainStepOptions rest = {}) {
+  rest.mesh = std::move(mesh);
+  rest.strategy = strategy;
+  rest.sharding = std::move(sharding);
+  return rest;
+}
 
 // The message of the px::Error that f throws, or "<no error>".
 inline std::string error_of(const std::function<void()>& f) {

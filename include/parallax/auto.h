@@ -8,7 +8,7 @@
 //     std::cout << px::strategy_name(r.strategy) << ": " << (r.applies ? r.cost.to_string() : r.reason);
 //   px::AutoPlan a = px::plan_auto(px::nn::bench_gpt(), mesh, c, {.batch = 256});
 //   std::cout << a.explain();                                     // the plan beside the recipes, and why
-// Training with AUTO: ShardedTrainStep(..., px::ShardingStrategy::AUTO, {.auto_cluster = "cpu"}).
+// Training with AUTO: TrainStep(..., {.mesh = mesh, .strategy = px::ShardingStrategy::AUTO}).
 #pragma once
 
 #include <array>
@@ -151,7 +151,7 @@ struct RecipeCost {
 
 // The recipes DDP, FSDP, TP and FSDP_TP costed for a TransformerLm next-token training step from
 // shapes alone (no param is allocated): traced from types, decided and partitioned as
-// ShardedTrainStep would, planned and costed on `mesh` (its links as given: pass
+// TrainStep on a mesh would, planned and costed on `mesh` (its links as given: pass
 // cluster.apply(mesh) for the cluster's). A recipe that does not apply (no model axis, a dim
 // that does not divide) has applies = false and the reason.
 std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg, const Mesh& mesh, const Cluster& cluster,
@@ -188,7 +188,7 @@ struct AutoPlan {
 };
 
 // AUTO for a TransformerLm next-token training step from shapes alone (nothing allocated): the
-// same search ShardedTrainStep runs, with the cluster given here and setup.sharding's limits.
+// same search TrainStep on a mesh runs, with the cluster given here and setup.sharding's limits.
 // Deep models are searched on a copy with fewer layers (identical layers are linked) and the
 // chosen plan is costed on the whole model.
 AutoPlan plan_auto(const nn::LmConfig& cfg, const Mesh& mesh, const Cluster& cluster, const StepSetup& setup = {});

@@ -3,9 +3,9 @@
 //
 //   const px::ProcessWorld& w = px::process_world();   // initializes MPI once when launched
 //   px::Mesh mesh = px::Mesh::create({{"data", -1}}, w.devices);
-//   px::ShardingOptions o;
-//   o.communicator = w.communicator;                   // nullptr in a single process: in-process
-//   // px::ShardedTrainStep step(store, opt, loss, batch_types, mesh, px::ShardingStrategy::DDP, o);
+//   px::TrainStepOptions o{.mesh = mesh, .strategy = px::ShardingStrategy::DDP};
+//   o.sharding.communicator = w.communicator;          // nullptr in a single process: in-process
+//   // px::TrainStep step(store, opt, loss, batch_types, o);
 //   if (w.rank == 0) std::cout << mesh.to_string() << "\n";
 //
 // Each process contributes its own PX_DEVICES (cpu:N, the same N on every process); mesh positions

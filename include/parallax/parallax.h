@@ -20,6 +20,7 @@
 #include "parallax/runtime.h"
 #include "parallax/sharding.h"
 #include "parallax/spmd.h"
+#include "parallax/strategy.h"
 #include "parallax/text.h"
 #include "parallax/text_data.h"
 #include "parallax/train.h"

@@ -1,10 +1,14 @@
 // One training step as one program: forward, loss, backward, clipping and the optimizer update
-// are traced together and compiled once; each call runs the whole step.
+// are traced together and compiled once; each call runs the whole step. On one device, or on
+// every device of a mesh (TrainStepOptions::mesh), split by a recipe or AUTO.
 //
 //   px::nn::TransformerLm model(px::nn::gpt2_tiny());
 //   px::TrainStep step(model.store(), px::optim::adamw({.lr = 3e-3}),
 //                      [&](const std::vector<px::Tensor>& b) { return px::nn::next_token_loss(model, b[0], b[1]); },
-//                      {{px::DType::i32, {8, 128}}, {px::DType::i32, {8, 128}}});
+//                      {{px::DType::i32, {8, 128}}, {px::DType::i32, {8, 128}}},
+//                      {.mesh = px::Mesh::cpu({{"data", 4}, {"model", 2}}),   // leave out: one device
+//                       .strategy = px::ShardingStrategy::FSDP_TP});
+//   std::cout << step.table();                     // per param: shape, spec, bytes per device
 //   px::TrainState state = step.init(/*seed=*/0);
 //   for (int i = 0; i < 100; ++i) std::cout << step(state, {tokens, targets}).loss << "\n";
 #pragma once
@@ -12,12 +16,14 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "parallax/nn/module.h"
 #include "parallax/optim.h"
 #include "parallax/runtime.h"
+#include "parallax/strategy.h"
 
 namespace px {
 
@@ -71,6 +77,12 @@ struct OffloadOptions {
 };
 
 struct TrainStepOptions {
+  // Where the step runs: unset, on one device; set, on every device of the mesh, each param and
+  // the batch split by `strategy` (and `sharding`'s rules and options). Over several processes
+  // (Mesh::with_processes), sharding.communicator is this process's communicator.
+  std::optional<Mesh> mesh;
+  ShardingStrategy strategy = ShardingStrategy::DDP;
+  ShardingOptions sharding;
   double clip_norm = 0.0;  // > 0: clip gradients to this global norm; 0: no clipping
   RematOptions remat;      // recompute forward values in the backward pass instead of keeping them
   OffloadOptions offload;  // keep params and optimizer state in pinned_host memory
@@ -80,11 +92,12 @@ struct TrainStepOptions {
   CompileOptions compile;  // e.g. .compute_dtype = DType::bf16 for mixed precision
 };
 
-// Host-side training state: params (in the store's declaration order), optimizer state, and
-// the number of updates applied so far.
+// The training state: params (in the store's declaration order) and optimizer state, each this
+// process's shards of its array (on one device, one shard holding the whole array: use
+// TrainStep::gather_params or px::gather for full arrays), and the number of updates applied.
 struct TrainState {
-  std::vector<Array> params;
-  std::vector<Array> opt_state;
+  std::vector<ShardedArray> params;
+  std::vector<ShardedArray> opt_state;
   int64_t step = 0;     // updates applied (at most 2^31 - 2: the traced step counter is i32)
   int64_t skipped = 0;  // steps skipped for a non-finite loss or gradient (skip_nonfinite; not saved)
 };
@@ -97,43 +110,70 @@ struct StepMetrics {
   bool skipped = false;  // the update was skipped (not finite and skip_nonfinite set)
 };
 
+namespace detail {
+class OneDeviceStep;
+class MeshStep;
+}  // namespace detail
+
 class TrainStep {
  public:
   // loss_fn runs with the store's params bound and returns a scalar loss from the batch tensors.
   using LossFn = std::function<Tensor(const std::vector<Tensor>& batch)>;
 
+  // Traces, plans (the recipe or AUTO, on a mesh), partitions and compiles the step. Throws
+  // px::Error for a plan that does not apply (an unknown axis, a spec that does not divide) and
+  // px::UserError when the step does not fit the devices' memory (saying what would).
   TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss_fn, std::vector<TensorType> batch_types,
             TrainStepOptions options = {});
   ~TrainStep();
 
-  TrainState init(uint64_t seed) const;              // params from the store's initializers
-  TrainState init(std::vector<Array> params) const;  // given params, fresh optimizer state
-  // Applies one update in place. Checks the batch against the traced types.
+  TrainState init(uint64_t seed) const;                     // params from the store's initializers
+  TrainState init(const std::vector<Array>& params) const;  // full host params, fresh optimizer state
+  // A state built one param at a time (e.g. streamed by nn::load_pretrained): begin_state() has
+  // no arrays yet; set_param splits param i (a full host array, which the caller may drop at
+  // once) and gives it fresh optimizer state. No device ever holds more than its shards plus
+  // the param being set. Every param must be set before the first step.
+  TrainState begin_state() const;
+  void set_param(TrainState& s, int i, const Array& full) const;
+  // The same from a reader of boxes of param i (e.g. nn::load_pretrained_slices): each of this
+  // process's devices reads only its own shard, straight into it, and its optimizer state starts
+  // at zeros (what every optimizer's init_state gives). Nothing holds the whole param.
+  void set_param(TrainState& s, int i, const BoxReader& read) const;
+  // Applies one update in place (the batch is split over the plan's batch axes). Checks the batch
+  // against the traced types.
   StepMetrics operator()(TrainState& state, const std::vector<Array>& batch);
 
+  // Full arrays; over several processes a collective (every process calls it) that all-gathers.
+  std::vector<Array> gather_params(const TrainState& s) const;
+  std::vector<Array> gather_opt_state(const TrainState& s) const;
+
   // Saves params (named by their paths) and optimizer state (named "<path>.<slot>", e.g.
-  // "blocks.0.attn.wq.m") as one safetensors file, with the step count in the metadata.
+  // "blocks.0.attn.wq.m") as one safetensors file of full arrays, with the step count in the
+  // metadata; so a step on any mesh or strategy loads it (split again on load). Over several
+  // processes every process calls save (process 0 writes) and load.
   void save(const std::string& path, const TrainState& state) const;
-  // Loads a file written by save() (or by ShardedTrainStep::save) for the same model and
-  // optimizer; names and types must match.
   TrainState load(const std::string& path) const;
   std::vector<std::string> state_names() const;  // the optimizer-state tensor names
 
-  const Graph& graph() const;            // the traced step before compilation
-  const Executable& executable() const;  // schedule, fusion and buffer plan
-  int64_t peak_bytes() const { return executable().peak_bytes(); }
-  const optim::Optimizer& optimizer() const { return *opt_; }
+  bool on_mesh() const { return mesh_ != nullptr; }  // TrainStepOptions::mesh was set
+  // Each param's spec and bytes per device (on one device: a 1-device mesh, all replicated).
+  const ShardingPlan& plan() const;
+  std::string table() const { return plan().table(); }
+  // Collectives of one step: planned (partitioner, bytes per device) and counted at run time.
+  std::string collectives_table() const;
+  const Graph& graph() const;  // the traced step (on a mesh: before partitioning)
+  const Executable& executable() const;                 // one device (on a mesh: throws)
+  const ShardedExecutable& sharded_executable() const;  // on a mesh (on one device: throws)
+  ShardedExecutable& sharded_executable();
+  int64_t peak_bytes() const;  // the planned peak per device
+  const optim::Optimizer& optimizer() const;
+  const Sharding& batch_sharding(int i) const;  // on a mesh
+  int64_t steps_run() const;
+  int process() const;  // whose shards the state holds (0 on one device)
 
  private:
-  nn::ParamStore& store_;
-  optim::OptimizerPtr opt_;
-  std::vector<TensorType> batch_types_;
-  std::unique_ptr<Graph> graph_;
-  std::unique_ptr<Executable> exe_;
-  std::vector<Array> inputs_, outputs_;  // reused every step: no allocation after the first
-  size_t n_params_ = 0, n_state_ = 0;
-  bool skip_nonfinite_ = false;
-  std::atomic<bool> busy_{false};  // one step at a time: a concurrent call throws
+  std::unique_ptr<detail::OneDeviceStep> one_;
+  std::unique_ptr<detail::MeshStep> mesh_;
 };
 
 // The traced training step and what its parts are: the input of the sharding decision, the
@@ -178,17 +218,30 @@ StepProgram remat_automatic(StepProgram p, int64_t budget, const std::function<i
 // read the gradients transferred there. Results are bitwise those without offload.
 StepProgram offload_step(StepProgram p, const OffloadOptions& options);
 
-// A forward-only program over the params (e.g. logits for evaluation or decoding).
+// A forward-only program over the params (e.g. logits for evaluation or decoding), on one device
+// or, with a mesh, split over it by a recipe the way TrainStep is.
+struct ForwardOptions {
+  std::optional<Mesh> mesh;
+  ShardingStrategy strategy = ShardingStrategy::DDP;
+  ShardingOptions sharding;
+  CompileOptions compile;
+};
+
+class ShardedFunction;
+
 class ForwardFn {
  public:
   using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>& batch)>;
-  ForwardFn(nn::ParamStore& store, Fn fn, std::vector<TensorType> batch_types, CompileOptions options = {});
+  ForwardFn(nn::ParamStore& store, Fn fn, std::vector<TensorType> batch_types, ForwardOptions options = {});
   ~ForwardFn();
+  // Full params and batch in, full outputs out.
   std::vector<Array> operator()(const std::vector<Array>& params, const std::vector<Array>& batch);
-  const Executable& executable() const { return *exe_; }
+  const Executable& executable() const;                 // one device (on a mesh: throws)
+  const ShardedFunction& sharded() const;               // on a mesh (on one device: throws)
 
  private:
   std::unique_ptr<Executable> exe_;
+  std::unique_ptr<ShardedFunction> sharded_;
 };
 
 }  // namespace px

@@ -155,7 +155,7 @@ StepProgram StepProgram::clone() const {
 StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_flops) {
   if (recomputed_flops) *recomputed_flops = 0;
   if (o.policy == RematPolicy::automatic)
-    throw UserError("[remat] policy 'auto' needs a budget: use TrainStep or ShardedTrainStep with "
+    throw UserError("[remat] policy 'auto' needs a budget: use TrainStep with "
                     "RematOptions::budget_bytes or CompileOptions::memory_limit_bytes");
   if (o.policy == RematPolicy::names && o.names.empty())
     throw UserError("[remat] policy 'names' needs RematOptions::names: the px::tag names of the values to save");

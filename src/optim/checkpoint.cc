@@ -46,7 +46,7 @@ StepMetrics step_metrics(float loss, float grad_norm, float lr, bool skip) {
   return m;
 }
 
-TrainState read_checkpoint(const std::string& path, const CheckpointLayout& layout) {
+FullState read_checkpoint(const std::string& path, const CheckpointLayout& layout) {
   SafetensorsFile f = load_safetensors(path);
   // Another optimizer's state could share tensor names (SGD's momentum and nothing else): reject
   // it rather than resume with state that means something else.
@@ -66,7 +66,7 @@ TrainState read_checkpoint(const std::string& path, const CheckpointLayout& layo
                                 path, extra.size(), extra.size() == 1 ? "" : "s",
                                 fmt::join(extra.begin(), extra.begin() + std::min<size_t>(extra.size(), 8), ", "),
                                 extra.size() > 8 ? ", ..." : ""));
-  TrainState s;
+  FullState s;
   for (size_t i = 0; i < layout.names.size(); ++i) {
     const std::string& name = layout.names[i];
     if (!f.contains(name))

@@ -1,6 +1,6 @@
-// The training checkpoint format shared by TrainStep and ShardedTrainStep (internal): one
+// The training checkpoint format of TrainStep (internal), on one device or a mesh: one
 // safetensors file, params named by path, optimizer state "<path>.<slot>", metadata "step" and
-// "optimizer". Both steps write and read full arrays through these, so their files are interchangeable.
+// "optimizer". Every step writes and reads full arrays through these, so any mesh loads what another saved.
 #pragma once
 
 #include <string>
@@ -24,9 +24,16 @@ CheckpointLayout checkpoint_layout(const nn::ParamStore& store, const optim::Opt
 void write_checkpoint(const std::string& path, const CheckpointLayout& layout, const std::vector<Array>& params,
                       const std::vector<Array>& opt_state, int64_t step, const std::string& who);
 
+// A state of full arrays, as a checkpoint holds it.
+struct FullState {
+  std::vector<Array> params;
+  std::vector<Array> opt_state;
+  int64_t step = 0;
+};
+
 // Reads a file written by write_checkpoint: every tensor of the layout must be there with its type,
 // no other tensor may be, and the step must be a non-negative integer the traced step can hold.
-TrainState read_checkpoint(const std::string& path, const CheckpointLayout& layout);
+FullState read_checkpoint(const std::string& path, const CheckpointLayout& layout);
 
 // The traced step input (i32, the count of updates so far) for `step`; throws px::UserError naming
 // `who` when it does not fit (the step computes step + 1, so at most 2^31 - 2).

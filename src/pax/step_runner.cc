@@ -39,111 +39,77 @@ const ShardedArray& restored(const Checkpoint& c, const std::string& name, const
   return a;
 }
 
-// A TrainState or ShardedTrainState as checkpoint entries named by `names` (params, then state).
-template <class State>
-Checkpoint snapshot_of(const State& state, const std::vector<std::string>& names) {
-  Checkpoint c(state.step);
-  const size_t np = state.params.size();
-  for (size_t i = 0; i < np; ++i) c.add(names[i], state.params[i], "params");
-  for (size_t i = 0; i < state.opt_state.size(); ++i) c.add(names[np + i], state.opt_state[i], "opt_state");
-  return c;
+// A mesh over several processes (pax under mpirun) runs on the job's communicator. A mesh of one
+// device runs the one-device step.
+TrainStepOptions options_on(const ExperimentConfig& c, const Mesh& mesh) {
+  TrainStepOptions o = step_options(c);
+  if (mesh.size() == 1) return o;
+  o.mesh = mesh;
+  o.strategy = strategy_of(c);
+  o.sharding = sharding_options(c);
+  if (mesh.num_processes() > 1) o.sharding.communicator = process_world().communicator;
+  return o;
 }
-
-class SingleRunner : public StepRunner {
- public:
-  SingleRunner(const ExperimentConfig& c, nn::TransformerLm& model)
-      : step_(model.store(), make_optimizer(c), loss_fn(model), batch_types(c), step_options(c)),
-        state_(step_.init(c.train.seed)),
-        names_(state_names(model, *make_optimizer(c))) {}
-  StepMetrics step(const std::vector<Array>& batch) override { return step_(state_, batch); }
-  std::vector<Array> params() const override { return state_.params; }
-  int64_t step_count() const override { return state_.step; }
-  void init_from_pretrained(const std::string& dir) override { state_ = step_.init(nn::load_pretrained(dir).params); }
-  Checkpoint snapshot() const override { return snapshot_of(state_, names_); }
-  std::map<std::string, Sharding> shardings() const override { return {}; }
-  const Executable& executable() const override { return step_.executable(); }
-  void restore(const Checkpoint& c) override {
-    TrainState s;
-    const size_t np = state_.params.size();
-    for (size_t i = 0; i < names_.size(); ++i) {
-      const Array& now = i < np ? state_.params[i] : state_.opt_state[i - np];
-      Array a = restored(c, names_[i], now.type()).shard(0);
-      (i < np ? s.params : s.opt_state).push_back(std::move(a));
-    }
-    s.step = c.step;
-    state_ = std::move(s);
-  }
-
- private:
-  TrainStep step_;
-  TrainState state_;
-  std::vector<std::string> names_;
-};
-
-class ShardedRunner : public StepRunner {
-  // A mesh over several processes (pax under mpirun) runs on the job's communicator.
-  static ShardingOptions options(const ExperimentConfig& c, const Mesh& mesh) {
-    ShardingOptions o = sharding_options(c);
-    if (mesh.num_processes() > 1) o.communicator = process_world().communicator;
-    return o;
-  }
-
- public:
-  ShardedRunner(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh)
-      : step_(model.store(), make_optimizer(c), loss_fn(model), batch_types(c), mesh, strategy_of(c), options(c, mesh),
-              step_options(c)),
-        state_(step_.init(c.train.seed)),
-        names_(state_names(model, *make_optimizer(c))) {}
-  StepMetrics step(const std::vector<Array>& batch) override { return step_(state_, batch); }
-  // A collective over several processes: every process calls it.
-  std::vector<Array> params() const override { return step_.gather_params(state_); }
-  int64_t step_count() const override { return state_.step; }
-  void init_from_pretrained(const std::string& dir) override {
-    ShardedTrainState s = step_.begin_state();
-    // Each device reads only its own shard of each tensor (each process only its part).
-    nn::load_pretrained_slices(dir, [&](int i, const BoxReader& read) { step_.set_param(s, i, read); });
-    state_ = std::move(s);
-  }
-  Checkpoint snapshot() const override { return snapshot_of(state_, names_); }
-  const ShardingPlan* plan() const override { return &step_.plan(); }
-  const Executable& executable() const override { return step_.executable().executable(); }
-  std::vector<int> device_ids() const override {
-    const Mesh& m = step_.executable().program().mesh;
-    std::vector<int> ids;
-    for (int p : step_.executable().positions()) ids.push_back(m.device_ids()[p]);
-    return ids;
-  }
-  std::map<std::string, Sharding> shardings() const override {
-    std::map<std::string, Sharding> out;
-    for (size_t i = 0; i < names_.size(); ++i) out[names_[i]] = step_.executable().in_sharding(static_cast<int>(i));
-    return out;
-  }
-  void restore(const Checkpoint& c) override {
-    ShardedTrainState s;
-    const size_t np = state_.params.size();
-    for (size_t i = 0; i < names_.size(); ++i) {
-      const ShardedArray& now = i < np ? state_.params[i] : state_.opt_state[i - np];
-      const ShardedArray& a = restored(c, names_[i], now.type());
-      if (a.sharding() != now.sharding())
-        throw InternalError("[pax] checkpoint tensor '" + names_[i] + "' was restored onto " +
-                            a.sharding().to_string() + ", the step holds it as " + now.sharding().to_string());
-      (i < np ? s.params : s.opt_state).push_back(a);
-    }
-    s.step = c.step;
-    state_ = std::move(s);
-  }
-
- private:
-  ShardedTrainStep step_;
-  ShardedTrainState state_;
-  std::vector<std::string> names_;
-};
 
 }  // namespace
 
+StepRunner::StepRunner(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh)
+    : step_(model.store(), make_optimizer(c), loss_fn(model), batch_types(c), options_on(c, mesh)),
+      state_(step_.init(c.train.seed)),
+      names_(state_names(model, *make_optimizer(c))) {}
+
+void StepRunner::init_from_pretrained(const std::string& dir) {
+  TrainState s = step_.begin_state();
+  nn::load_pretrained_slices(dir, [&](int i, const BoxReader& read) { step_.set_param(s, i, read); });
+  state_ = std::move(s);
+}
+
+Checkpoint StepRunner::snapshot() const {
+  Checkpoint c(state_.step);
+  const size_t np = state_.params.size();
+  for (size_t i = 0; i < np; ++i) c.add(names_[i], state_.params[i], "params");
+  for (size_t i = 0; i < state_.opt_state.size(); ++i) c.add(names_[np + i], state_.opt_state[i], "opt_state");
+  return c;
+}
+
+std::map<std::string, Sharding> StepRunner::shardings() const {
+  std::map<std::string, Sharding> out;
+  if (!step_.on_mesh()) return out;
+  for (size_t i = 0; i < names_.size(); ++i)
+    out[names_[i]] = step_.sharded_executable().in_sharding(static_cast<int>(i));
+  return out;
+}
+
+void StepRunner::restore(const Checkpoint& c) {
+  TrainState s;
+  const size_t np = state_.params.size();
+  for (size_t i = 0; i < names_.size(); ++i) {
+    const ShardedArray& now = i < np ? state_.params[i] : state_.opt_state[i - np];
+    const ShardedArray& a = restored(c, names_[i], now.type());
+    ShardedArray got = step_.on_mesh() ? a : ShardedArray(a.type(), now.sharding(), {a.shard(0)});
+    if (got.sharding() != now.sharding())
+      throw InternalError("[pax] checkpoint tensor '" + names_[i] + "' was restored onto " +
+                          a.sharding().to_string() + ", the step holds it as " + now.sharding().to_string());
+    (i < np ? s.params : s.opt_state).push_back(std::move(got));
+  }
+  s.step = c.step;
+  state_ = std::move(s);
+}
+
+std::vector<int> StepRunner::device_ids() const {
+  if (!step_.on_mesh()) return {0};
+  const Mesh& m = step_.sharded_executable().program().mesh;
+  std::vector<int> ids;
+  for (int p : step_.sharded_executable().positions()) ids.push_back(m.device_ids()[p]);
+  return ids;
+}
+
+const Executable& StepRunner::executable() const {
+  return step_.on_mesh() ? step_.sharded_executable().executable() : step_.executable();
+}
+
 std::unique_ptr<StepRunner> make_step_runner(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh) {
-  if (mesh.size() > 1) return std::make_unique<ShardedRunner>(c, model, mesh);
-  return std::make_unique<SingleRunner>(c, model);
+  return std::make_unique<StepRunner>(c, model, mesh);
 }
 
 double model_flops_per_step(const ExperimentConfig& c, nn::TransformerLm& model) {

@@ -1,5 +1,5 @@
-// The one place pax touches a training step: TrainStep on one device, ShardedTrainStep on a mesh
-// of several (to fold into one type when the library does).
+// The one place pax touches a training step: a TrainStep (on one device, or on the mesh of several)
+// and its state, with the checkpoint entries pax saves and restores.
 #pragma once
 
 #include <map>
@@ -16,27 +16,33 @@ namespace px::pax {
 
 class StepRunner {
  public:
-  virtual ~StepRunner() = default;
-  virtual StepMetrics step(const std::vector<Array>& batch) = 0;
-  virtual std::vector<Array> params() const = 0;  // full host arrays, in the store's order
-  virtual int64_t step_count() const = 0;         // updates applied so far
+  StepRunner(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh);
+  StepMetrics step(const std::vector<Array>& batch) { return step_(state_, batch); }
+  // Full host arrays, in the store's order; over several processes a collective (every process calls it).
+  std::vector<Array> params() const { return step_.gather_params(state_); }
+  int64_t step_count() const { return state_.step; }  // updates applied so far
   // Starts from the params of a Hugging Face model dir with fresh optimizer state. On a mesh each
-  // param is sharded as soon as it is read, so the whole model never sits in memory.
-  virtual void init_from_pretrained(const std::string& dir) = 0;
+  // device reads only its own shard of each tensor, so the whole model never sits in memory.
+  void init_from_pretrained(const std::string& dir);
   // The state as checkpoint entries: params by path (group "params"), optimizer state as
   // "<path>.<slot>" (group "opt_state"), and the step.
-  virtual Checkpoint snapshot() const = 0;
+  Checkpoint snapshot() const;
   // Where restored arrays go: this step's shardings (empty: one device).
-  virtual std::map<std::string, Sharding> shardings() const = 0;
+  std::map<std::string, Sharding> shardings() const;
   // Takes params, optimizer state and step from a restored checkpoint; throws naming a missing or
   // mistyped tensor (a different model or optimizer).
-  virtual void restore(const Checkpoint& c) = 0;
+  void restore(const Checkpoint& c);
   // The sharding plan the step runs (null on one device).
-  virtual const ShardingPlan* plan() const { return nullptr; }
+  const ShardingPlan* plan() const { return step_.on_mesh() ? &step_.plan() : nullptr; }
   // The devices this process runs the step on (their memory counters: px::memory_stats).
-  virtual std::vector<int> device_ids() const { return {0}; }
+  std::vector<int> device_ids() const;
   // The compiled step (one device's program on a mesh): its profile and timeline under PX_PROFILE=1.
-  virtual const Executable& executable() const = 0;
+  const Executable& executable() const;
+
+ private:
+  TrainStep step_;
+  TrainState state_;
+  std::vector<std::string> names_;
 };
 
 // Compiles the step for `model` on `mesh` and initializes params from train.seed.

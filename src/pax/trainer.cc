@@ -83,7 +83,7 @@ class Evaluator {
   Evaluator(const ExperimentConfig& c, nn::TransformerLm& model)
       : fn_(
             model.store(), [&model](const std::vector<Tensor>& b) { return sums(model, b); }, batch_types(c),
-            CompileOptions{.compute_dtype = model.config().compute_dtype}) {}
+            ForwardOptions{.compile = {.compute_dtype = model.config().compute_dtype}}) {}
 
   EvalResult run(const std::vector<Array>& params, const DataSource& data, int64_t n) {
     EvalResult r;

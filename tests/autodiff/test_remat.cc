@@ -16,9 +16,9 @@ namespace {
 
 using namespace recipe_check;
 
-const RematPolicy kPolicies[] = {RematPolicy::full, RematPolicy::nothing_saveable, RematPolicy::dots_saveable,
-                                 RematPolicy::dots_with_no_batch_dims_saveable, RematPolicy::names,
-                                 RematPolicy::offload};
+const RematPolicy kPolicies[] = {RematPolicy::full,          RematPolicy::nothing_saveable,
+                                 RematPolicy::dots_saveable, RematPolicy::dots_with_no_batch_dims_saveable,
+                                 RematPolicy::names,         RematPolicy::offload};
 
 RematOptions options(RematPolicy p) {
   RematOptions o{p, {}};
@@ -34,12 +34,14 @@ Trained train(const nn::LmConfig& cfg, RematPolicy policy, int steps = 2) {  // 
   TrainState s = step.init(0);
   Trained r;
   for (int i = 0; i < steps; ++i) r.metrics.push_back(step(s, f.batch(i)));
-  r.params = s.params;
+  r.params = step.gather_params(s);
   r.memory = step.executable().memory();
   return r;
 }
 
-int64_t activations(const MemoryReport& m) { return m.arena_max_by_category[static_cast<int>(MemoryCategory::activations)]; }
+int64_t activations(const MemoryReport& m) {
+  return m.arena_max_by_category[static_cast<int>(MemoryCategory::activations)];
+}
 
 TEST(Remat, EveryPolicyTrainsBitwiseLikeNoneOnTinyGptAndLlama) {
   for (const nn::LmConfig& cfg : {nn::gpt2_tiny(), nn::llama_tiny()}) {
@@ -70,9 +72,9 @@ TEST(Remat, FsdpOnFourDevicesWithRematEqualsFsdpWithout) {
     Fixture f(cfg);
     TrainStepOptions o;
     o.remat = options(p);
-    ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 4}}),
-                          ShardingStrategy::FSDP, {.fsdp_min_bytes = 1024}, o);
-    ShardedTrainState s = step.init(0);
+    TrainStep step(f.model.store(), opt(), f.loss, f.batch_types,
+                   px::testing::on_mesh(Mesh::cpu({{"data", 4}}), ShardingStrategy::FSDP, {.fsdp_min_bytes = 1024}, o));
+    TrainState s = step.init(0);
     Trained r;
     for (int i = 0; i < 2; ++i) r.metrics.push_back(step(s, f.batch(i)));
     r.params = step.gather_params(s);
@@ -113,7 +115,7 @@ TEST(Remat, TheMemoryReportNamesTheLargestUsersByLayer) {
   int64_t block0 = 0;
   for (const nn::Param& p : f.model.params())
     if (p.path().rfind("blocks.0.", 0) == 0) block0 += p.type().nbytes();
-  EXPECT_EQ(use(none, MemoryCategory::params, "blocks.0"), 2 * block0);  // the params and the new params
+  EXPECT_EQ(use(none, MemoryCategory::params, "blocks.0"), 2 * block0);             // the params and the new params
   EXPECT_EQ(use(none, MemoryCategory::params, "final_norm"), 4 * cfg.d_model * 4);  // scale and bias
   // Full remat's peak is in the backward pass of block 0, whose activations are recomputed there;
   // the other blocks keep only their inputs.
@@ -158,7 +160,7 @@ TEST(Remat, AStepOverTheLimitFailsWithAReportAndTrainsWithRematOrAuto) {
   TrainState s = step.init(0);
   Trained a;
   for (int i = 0; i < 2; ++i) a.metrics.push_back(step(s, f.batch(i)));
-  a.params = s.params;
+  a.params = step.gather_params(s);
   expect_same(train(cfg, RematPolicy::none), a, "auto");
   try {
     planned_peak(cfg, {RematPolicy::automatic, {}, -1, 1 << 20});
@@ -187,21 +189,20 @@ struct Mlp {
 
 TEST(Remat, RematWrapsAnyFunctionAndRematModelEachBlockOfAStack) {
   const std::vector<TensorType> types = {{DType::f32, {64, 8}}, {DType::i32, {64}}};
-  const std::vector<Array> batch = {testing::random_array({64, 8}, DType::f32, 5),
-                                    random_tokens({64}, 64, 6)};
+  const std::vector<Array> batch = {testing::random_array({64, 8}, DType::f32, 5), random_tokens({64}, 64, 6)};
   // wrap: how the stack runs; step_policy: the step's own RematOptions.
   auto run = [&](const std::function<TensorFn(std::vector<TensorFn>)>& wrap, RematPolicy step_policy) {
     Mlp m(4);
     TensorFn stack = wrap(m.blocks());
     TrainStepOptions o;
     o.remat.policy = step_policy;
-    TrainStep step(m.root.store(), opt(), [&](const std::vector<Tensor>& b) {
-      return cross_entropy_loss(stack({b[0]})[0], b[1]);
-    }, types, o);
+    TrainStep step(
+        m.root.store(), opt(), [&](const std::vector<Tensor>& b) { return cross_entropy_loss(stack({b[0]})[0], b[1]); },
+        types, o);
     TrainState s = step.init(0);
     Trained r;
     for (int i = 0; i < 2; ++i) r.metrics.push_back(step(s, batch));
-    r.params = s.params;
+    r.params = step.gather_params(s);
     r.memory = step.executable().memory();
     return r;
   };
@@ -213,18 +214,19 @@ TEST(Remat, RematWrapsAnyFunctionAndRematModelEachBlockOfAStack) {
     });
   };
   const Trained none = run(plain, RematPolicy::none);
-  const Trained full = run([](std::vector<TensorFn> b) { return remat_model(std::move(b), RematPolicy::full); },
-                           RematPolicy::none);
+  const Trained full =
+      run([](std::vector<TensorFn> b) { return remat_model(std::move(b), RematPolicy::full); }, RematPolicy::none);
   expect_same(none, full, "remat_model full");
   EXPECT_LT(activations(full.memory), activations(none.memory));
   // A wrapped function keeps its own policy under the step's: none inside, full outside.
-  const Trained inner_none = run(
-      [](std::vector<TensorFn> b) { return remat_model(std::move(b), RematPolicy::none); }, RematPolicy::full);
+  const Trained inner_none =
+      run([](std::vector<TensorFn> b) { return remat_model(std::move(b), RematPolicy::none); }, RematPolicy::full);
   expect_same(none, inner_none, "remat_model none under a full step");
   EXPECT_GT(activations(inner_none.memory), activations(full.memory));
   // px::remat around the whole stack, with dots_saveable.
-  const Trained dots = run([&](std::vector<TensorFn> b) { return remat(plain(std::move(b)), RematPolicy::dots_saveable); },
-                           RematPolicy::none);
+  const Trained dots =
+      run([&](std::vector<TensorFn> b) { return remat(plain(std::move(b)), RematPolicy::dots_saveable); },
+          RematPolicy::none);
   expect_same(none, dots, "remat dots_saveable");
   EXPECT_LT(activations(dots.memory), activations(none.memory));
   EXPECT_THROW(remat(plain({}), RematPolicy::automatic), UserError);

@@ -231,9 +231,9 @@ void check_training(const std::vector<std::pair<std::string, int64_t>>& axes, Sh
   Fixture pf(cfg);
   ShardingOptions o = sopt;
   o.communicator = w.communicator;
-  ShardedTrainStep step(pf.model.store(), opt(), pf.loss, pf.batch_types, split, strategy, o);
+  TrainStep step(pf.model.store(), opt(), pf.loss, pf.batch_types, px::testing::on_mesh(split, strategy, o));
   ASSERT_EQ(step.process(), w.rank);
-  ShardedTrainState s = step.init(0);
+  TrainState s = step.init(0);
   const std::string what = std::string(strategy_name(strategy)) + " on " + split.to_string();
   std::vector<StepMetrics> got_metrics;
   for (int i = 0; i < steps; ++i) {
@@ -257,7 +257,7 @@ void check_training(const std::vector<std::pair<std::string, int64_t>>& axes, Sh
     }
     w.communicator->barrier();
     step.save(dir + "/state.safetensors", s);
-    ShardedTrainState l = step.load(dir + "/state.safetensors");
+    TrainState l = step.load(dir + "/state.safetensors");
     for (size_t i = 0; i < s.params.size(); ++i) {
       ASSERT_EQ(l.params[i].shards().size(), s.params[i].shards().size());
       for (size_t j = 0; j < s.params[i].shards().size(); ++j)
@@ -269,10 +269,10 @@ void check_training(const std::vector<std::pair<std::string, int64_t>>& axes, Sh
   if (w.rank != 0) return;
 
   Fixture f(cfg);
-  ShardedTrainStep ref(f.model.store(), opt(), f.loss, f.batch_types, single, strategy, sopt);
+  TrainStep ref(f.model.store(), opt(), f.loss, f.batch_types, px::testing::on_mesh(single, strategy, sopt));
   for (size_t i = 0; i < ref.plan().params.size(); ++i)
     EXPECT_EQ(ref.plan().params[i].spec, step.plan().params[i].spec) << what << " " << ref.plan().params[i].path;
-  ShardedTrainState rs = ref.init(0);
+  TrainState rs = ref.init(0);
   for (int i = 0; i < steps; ++i) {
     auto t0 = clock::now();
     StepMetrics want = ref(rs, f.batch(i));

@@ -19,14 +19,15 @@ TEST(Dump, FsdpStepWritesEveryPass) {
   fs::create_directories(dir);
   ::setenv("PX_DUMP", dir.c_str(), 1);
   recipe_check::Fixture f(recipe_check::gpt_micro());
-  ShardedTrainStep step(f.model.store(), recipe_check::opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}}),
-                        ShardingStrategy::FSDP, {.fsdp_min_bytes = 1024});
+  TrainStep step(
+      f.model.store(), recipe_check::opt(), f.loss, f.batch_types,
+      {.mesh = Mesh::cpu({{"data", 2}}), .strategy = ShardingStrategy::FSDP, .sharding = {.fsdp_min_bytes = 1024}});
   std::vector<std::string> files;
   for (auto& e : fs::directory_iterator(dir)) files.push_back(e.path().filename().string());
   std::sort(files.begin(), files.end());
   std::string names;
   for (auto& n : files) names += n + " ";
-  const std::vector<std::string> passes = {"trace_autodiff", "sharding_decision", "annotate", "partition",
+  const std::vector<std::string> passes = {"trace_autodiff", "sharding_decision", "annotate",   "partition",
                                            "optimize",       "schedule",          "buffer_plan"};
   size_t at = 0;
   for (const std::string& p : passes) {

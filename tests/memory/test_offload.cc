@@ -38,8 +38,8 @@ Trained train(const nn::LmConfig& cfg, const OffloadOptions& off, RematPolicy re
   TrainState s = step.init(0);
   Trained r;
   for (int i = 0; i < steps; ++i) r.metrics.push_back(step(s, f.batch(i)));
-  r.params = s.params;
-  r.opt_state = s.opt_state;
+  r.params = step.gather_params(s);
+  r.opt_state = step.gather_opt_state(s);
   r.memory = step.executable().memory();
   r.schedule = step.executable().summary();
   return r;
@@ -68,7 +68,8 @@ TEST(Offload, StateLivesInPinnedHostAndTheScheduleShowsEveryTransfer) {
   step(s, f.batch(0));
   int64_t state_bytes = 0;
   for (const auto* group : {&s.params, &s.opt_state})
-    for (const Array& a : *group) {
+    for (const ShardedArray& sa : *group) {
+      const Array& a = sa.shards().at(0);
       EXPECT_EQ(a.placement().kind, MemoryKind::pinned_host);
       state_bytes += a.nbytes();
     }
@@ -108,7 +109,7 @@ TEST(Offload, KeepsAtMostPrefetchDepthPlusOneLayersOfParamsOnTheDevice) {
   int64_t largest = 0;
   for (auto& [k, v] : layer_bytes) largest = std::max(largest, v);
   const int64_t none = category(train(cfg, {}, RematPolicy::none, 1).memory, MemoryCategory::params);
-  EXPECT_EQ(none, 0);  // params are inputs then, not arena buffers
+  EXPECT_EQ(none, 0);               // params are inputs then, not arena buffers
   for (bool state : {true, false})  // the update on the host, or on the device
     for (int depth : {0, 1, 2}) {
       Trained t = train(cfg, offload({"*"}, state, depth), RematPolicy::none, 1);
@@ -147,7 +148,7 @@ TEST(Offload, AStepOverTheDeviceLimitTrainsWithOffloadAndFailsWithTheReportWitho
   TrainState s = step.init(0);
   Trained a;
   for (int i = 0; i < 2; ++i) a.metrics.push_back(step(s, f.batch(i)));
-  a.params = s.params;
+  a.params = step.gather_params(s);
   expect_same(train(cfg, {}), a, "offload under the limit");
 }
 
@@ -171,8 +172,9 @@ TEST(Offload, ADeviceWithACapacityTrainsTheStepThatFitsIt) {
     TrainStep step(f.model.store(), opt(), f.loss, f.batch_types);
     FAIL() << "a step over the device's capacity compiled";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("offload params and optimizer state: " + std::to_string(off) + " bytes (fits)"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("offload params and optimizer state: " + std::to_string(off) + " bytes (fits)"),
+        std::string::npos)
         << e.what();
   }
   TrainStepOptions o;
@@ -191,14 +193,14 @@ TEST(Offload, FsdpOnFourDevicesWithOffloadEqualsFsdpWithout) {
     Fixture f(cfg);
     TrainStepOptions o;
     o.offload = off;
-    ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 4}}),
-                          ShardingStrategy::FSDP, {.fsdp_min_bytes = 1024}, o);
-    ShardedTrainState s = step.init(0);
+    TrainStep step(f.model.store(), opt(), f.loss, f.batch_types,
+                   px::testing::on_mesh(Mesh::cpu({{"data", 4}}), ShardingStrategy::FSDP, {.fsdp_min_bytes = 1024}, o));
+    TrainState s = step.init(0);
     Trained r;
     for (int i = 0; i < 2; ++i) r.metrics.push_back(step(s, f.batch(i)));
     r.params = step.gather_params(s);
     r.opt_state = step.gather_opt_state(s);
-    r.memory = step.executable().memory();
+    r.memory = step.sharded_executable().memory();
     for (const ShardedArray& p : s.params)
       EXPECT_EQ(p.shards()[0].placement().kind, off.params.empty() ? MemoryKind::device : MemoryKind::pinned_host);
     return r;
@@ -231,12 +233,12 @@ TEST(Offload, TheCostModelAndAutoCountOffload) {
   Fixture f(cfg);
   TrainStepOptions o;
   o.offload = offload({"*"}, true);
-  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, mesh, ShardingStrategy::AUTO,
-                        {.auto_cluster = "h100x8"}, o);
-  ShardedTrainState s = step.init(0);
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types,
+                 px::testing::on_mesh(mesh, ShardingStrategy::AUTO, {.auto_cluster = "h100x8"}, o));
+  TrainState s = step.init(0);
   EXPECT_TRUE(std::isfinite(step(s, f.batch(0)).loss));
   EXPECT_EQ(s.params[0].shards()[0].placement().kind, MemoryKind::pinned_host);
-  EXPECT_GT(step.executable().memory().host_input_bytes, 0);
+  EXPECT_GT(step.sharded_executable().memory().host_input_bytes, 0);
 }
 
 TEST(Offload, BadOptionsAndMisplacedArraysGetClearErrors) {

@@ -83,11 +83,11 @@ TEST(Checkpoint, StepIsParsedStrictlyAndNeverTruncated) {
   std::string p = tmp("step.safetensors");
   std::vector<std::string> names = m.root.store().paths();
   for (std::string bad : {"12abc", "-7", "", " 3", "+3", "2147483647", "99999999999999999999", "0x10"}) {
-    save_safetensors(p, names, s.params, {{"step", bad}, {"optimizer", step.optimizer().name()}});
+    save_safetensors(p, names, step.gather_params(s), {{"step", bad}, {"optimizer", step.optimizer().name()}});
     std::string e = error_of([&] { step.load(p); });
     EXPECT_TRUE(has(e, "metadata 'step'")) << "'" << bad << "': " << e;
   }
-  save_safetensors(p, names, s.params, {{"step", "2147483646"}, {"optimizer", step.optimizer().name()}});
+  save_safetensors(p, names, step.gather_params(s), {{"step", "2147483646"}, {"optimizer", step.optimizer().name()}});
   EXPECT_EQ(step.load(p).step, 2147483646);
   std::filesystem::remove(p);
   EXPECT_EQ(detail::parse_checkpoint_step("0", "f"), 0);
@@ -125,21 +125,21 @@ TEST(NonFinite, SkipNonFiniteKeepsParamsAndStateAndCountsTheSkip) {
   TrainState s = step.init(1);
   step(s, batch());
   std::vector<std::vector<float>> params, state;
-  for (auto& p : s.params) params.push_back(p.to_f32());
-  for (auto& o : s.opt_state) state.push_back(o.to_f32());
+  for (auto& p : step.gather_params(s)) params.push_back(p.to_f32());
+  for (auto& o : step.gather_opt_state(s)) state.push_back(o.to_f32());
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 1e30f}) {
     StepMetrics mt = step(s, batch(bad));
     EXPECT_FALSE(mt.finite) << bad;
     EXPECT_TRUE(mt.skipped) << bad;
-    for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(s.params[i].to_f32(), params[i]) << bad;
-    for (size_t i = 0; i < state.size(); ++i) EXPECT_EQ(s.opt_state[i].to_f32(), state[i]) << bad;
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(step.gather_params(s)[i].to_f32(), params[i]) << bad;
+    for (size_t i = 0; i < state.size(); ++i) EXPECT_EQ(step.gather_opt_state(s)[i].to_f32(), state[i]) << bad;
   }
   EXPECT_EQ(s.step, 1);
   EXPECT_EQ(s.skipped, 3);
   StepMetrics again = step(s, batch());  // training goes on from the last good state
   EXPECT_TRUE(again.finite && !again.skipped);
   EXPECT_EQ(s.step, 2);
-  for (auto& p : s.params)
+  for (auto& p : step.gather_params(s))
     for (float v : p.to_f32()) EXPECT_TRUE(std::isfinite(v));
 }
 
@@ -149,14 +149,14 @@ TEST(NonFinite, OutOfRangeLabelsGiveANonFiniteStep) {
   Model m(1);
   TrainStep step(m.root.store(), optim::sgd({.lr = 0.1}), m.loss(), kBatch, {.skip_nonfinite = true});
   TrainState s = step.init(1);
-  std::vector<float> before = s.params[0].to_f32();
+  std::vector<float> before = step.gather_params(s)[0].to_f32();
   for (int32_t label : {3, -5, 1000}) {
     StepMetrics mt = step(s, batch(1.0f, label));
     EXPECT_TRUE(std::isnan(mt.loss)) << label;
     EXPECT_FALSE(mt.finite);
     EXPECT_TRUE(mt.skipped);
   }
-  EXPECT_EQ(s.params[0].to_f32(), before);
+  EXPECT_EQ(step.gather_params(s)[0].to_f32(), before);
   EXPECT_EQ(s.skipped, 3);
 }
 
@@ -173,7 +173,7 @@ TEST(Concurrency, OneTrainStepFromFourThreadsIsCorrectOrRefused) {
   Model m(2);
   TrainStep step(m.root.store(), optim::adamw({.lr = 1e-2}), m.loss(), kBatch);
   const std::vector<Array> b = batch();
-  const int kSteps = 250;  // 4 x 250 = 1,000 calls
+  const int kSteps = 250;        // 4 x 250 = 1,000 calls
   std::vector<float> reference;  // the loss of step k of a serial run from init(1)
   {
     TrainState s = step.init(1);

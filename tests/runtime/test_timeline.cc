@@ -62,11 +62,11 @@ TEST(Timeline, ShowsEveryCollectiveInFlightAndTheShareOverlappedWithCompute) {
   Fixture f(nn::gpt2_tiny());
   TrainStepOptions o;
   o.compile.profile = true;
-  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}}), ShardingStrategy::DDP,
-                        {}, o);
-  ShardedTrainState s = step.init(0);
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types,
+                 px::testing::on_mesh(Mesh::cpu({{"data", 2}}), ShardingStrategy::DDP, {}, o));
+  TrainState s = step.init(0);
   step(s, f.batch(0));
-  const Timeline t = step.executable().executable().timeline();
+  const Timeline t = step.sharded_executable().executable().timeline();
   expect_ordered(t);
   ASSERT_FALSE(t.in_flight.empty());
   double in_flight = 0;
@@ -85,7 +85,7 @@ TEST(Timeline, ShowsEveryCollectiveInFlightAndTheShareOverlappedWithCompute) {
   size_t on_track_1 = 0;
   for (const auto& e : j["traceEvents"]) on_track_1 += e["ph"] == "X" && e["tid"] == 1;
   EXPECT_EQ(on_track_1, t.in_flight.size());
-  EXPECT_NE(step.executable().executable().profile_report().find("% overlapped with compute"), std::string::npos);
+  EXPECT_NE(step.sharded_executable().executable().profile_report().find("% overlapped with compute"), std::string::npos);
 }
 
 }  // namespace

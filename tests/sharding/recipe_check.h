@@ -65,9 +65,9 @@ inline Reference run_reference(const nn::LmConfig& cfg, int steps = 3) {
   for (int i = 0; i < steps; ++i) {
     r.metrics.push_back(ref(rs, f.batch(i)));
     r.params.emplace_back();
-    for (const Array& a : rs.params) r.params.back().push_back(a.to_f32());
+    for (const Array& a : ref.gather_params(rs)) r.params.back().push_back(a.to_f32());
     r.opt_state.emplace_back();
-    for (const Array& a : rs.opt_state) r.opt_state.back().push_back(a.to_f32());
+    for (const Array& a : ref.gather_opt_state(rs)) r.opt_state.back().push_back(a.to_f32());
   }
   return r;
 }
@@ -81,8 +81,8 @@ inline ShardingPlan check_sharded(const Reference& ref, const Mesh& mesh, Shardi
                                   ShardingOptions sopt = {}, int steps = -1) {
   if (steps < 0) steps = ref.steps();
   Fixture f(ref.cfg);
-  ShardedTrainStep sharded(f.model.store(), opt(), f.loss, f.batch_types, mesh, strategy, sopt);
-  ShardedTrainState ss = sharded.init(0);
+  TrainStep sharded(f.model.store(), opt(), f.loss, f.batch_types, px::testing::on_mesh(mesh, strategy, sopt));
+  TrainState ss = sharded.init(0);
   const std::string what = ref.cfg.name + " " + strategy_name(strategy) + " on " + mesh.to_string();
   for (int i = 0; i < steps; ++i) {
     StepMetrics a = ref.metrics[i], b = sharded(ss, f.batch(i));
@@ -129,7 +129,8 @@ inline void expect_same(const Trained& a, const Trained& b, const std::string& w
     EXPECT_EQ(a.metrics[i].grad_norm, b.metrics[i].grad_norm) << what << " step " << i;
   }
   ASSERT_EQ(a.params.size(), b.params.size()) << what;
-  for (size_t i = 0; i < a.params.size(); ++i) EXPECT_TRUE(bitwise_equal(a.params[i], b.params[i])) << what << " param " << i;
+  for (size_t i = 0; i < a.params.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(a.params[i], b.params[i])) << what << " param " << i;
   if (a.opt_state.empty() || b.opt_state.empty()) return;
   ASSERT_EQ(a.opt_state.size(), b.opt_state.size()) << what;
   for (size_t i = 0; i < a.opt_state.size(); ++i)

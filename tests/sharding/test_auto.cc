@@ -97,8 +97,8 @@ TEST(AutoSharding, UserRulesAreFixed) {
   Fixture f(gpt_micro());
   ShardingOptions o = auto_options("h100x8");
   o.rules = {{"embed.table", PartitionSpec{"model", none}}, {"blocks.*.mlp.fc.w", PartitionSpec()}};
-  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}, {"model", 2}}),
-                        ShardingStrategy::AUTO, o);
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types,
+                 px::testing::on_mesh(Mesh::cpu({{"data", 2}, {"model", 2}}), ShardingStrategy::AUTO, o));
   for (const auto& p : step.plan().params) {
     if (p.path == "embed.table") {
       EXPECT_EQ(p.spec, (PartitionSpec{"model", none}));
@@ -113,8 +113,8 @@ TEST(AutoSharding, NothingFitsSaysByHowMuchAndWhatWouldFit) {
   ShardingOptions o = auto_options("h100x8");
   o.auto_memory_limit_bytes = 4096;
   try {
-    ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}}),
-                          ShardingStrategy::AUTO, o);
+    TrainStep step(f.model.store(), opt(), f.loss, f.batch_types,
+                   px::testing::on_mesh(Mesh::cpu({{"data", 2}}), ShardingStrategy::AUTO, o));
     FAIL() << "a 4 KiB limit fitted";
   } catch (const UserError& e) {
     std::string m = e.what();
@@ -127,8 +127,8 @@ TEST(AutoSharding, NothingFitsSaysByHowMuchAndWhatWouldFit) {
 TEST(AutoSharding, AnUnknownClusterIsNamed) {
   Fixture f(gpt_micro());
   try {
-    ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}}),
-                          ShardingStrategy::AUTO, auto_options("tpu9000"));
+    TrainStep step(f.model.store(), opt(), f.loss, f.batch_types,
+                   px::testing::on_mesh(Mesh::cpu({{"data", 2}}), ShardingStrategy::AUTO, auto_options("tpu9000")));
     FAIL() << "an unknown cluster was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("tpu9000"), std::string::npos) << e.what();

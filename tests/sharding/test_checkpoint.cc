@@ -38,9 +38,11 @@ TEST(ShardedCheckpoint, ResumesOnAnotherMeshStrategyAndUnsharded) {
   const std::string sharded_file = dir + "/px_sharded_ckpt.safetensors",
                     plain_file = dir + "/px_plain_ckpt.safetensors";
 
-  ShardedTrainStep fsdp_tp(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}, {"model", 2}}),
-                           ShardingStrategy::FSDP_TP, {.fsdp_min_bytes = 1024});
-  ShardedTrainState s = fsdp_tp.init(0);
+  TrainStep fsdp_tp(f.model.store(), opt(), f.loss, f.batch_types,
+                    {.mesh = Mesh::cpu({{"data", 2}, {"model", 2}}),
+                     .strategy = ShardingStrategy::FSDP_TP,
+                     .sharding = {.fsdp_min_bytes = 1024}});
+  TrainState s = fsdp_tp.init(0);
   for (int i = 0; i < 2; ++i) fsdp_tp(s, f.batch(i));
   fsdp_tp.save(sharded_file, s);
 
@@ -58,7 +60,7 @@ TEST(ShardedCheckpoint, ResumesOnAnotherMeshStrategyAndUnsharded) {
   original.params = fsdp_tp.gather_params(s);
 
   // The same step resumes bitwise.
-  ShardedTrainState same = fsdp_tp.load(sharded_file);
+  TrainState same = fsdp_tp.load(sharded_file);
   EXPECT_EQ(same.step, 2);
   for (int i = 2; i < 4; ++i) EXPECT_EQ(fsdp_tp(same, f.batch(i)).loss, original.losses[i - 2]);
 
@@ -67,12 +69,13 @@ TEST(ShardedCheckpoint, ResumesOnAnotherMeshStrategyAndUnsharded) {
   EXPECT_EQ(p.step, 2);
   Continued a;
   for (int i = 2; i < 4; ++i) a.losses.push_back(plain(p, f.batch(i)).loss);
-  a.params = p.params;
+  a.params = plain.gather_params(p);
   expect_matches(a, original, "unsharded TrainStep");
 
   // (b) DDP on another mesh: every shard is re-cut on load.
-  ShardedTrainStep ddp(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 4}}), ShardingStrategy::DDP);
-  ShardedTrainState d = ddp.load(sharded_file);
+  TrainStep ddp(f.model.store(), opt(), f.loss, f.batch_types,
+                {.mesh = Mesh::cpu({{"data", 4}}), .strategy = ShardingStrategy::DDP});
+  TrainState d = ddp.load(sharded_file);
   EXPECT_EQ(d.params[0].mesh(), Mesh::cpu({{"data", 4}}));
   EXPECT_TRUE(d.params[0].sharding().is_fully_replicated());
   Continued b;
@@ -82,47 +85,49 @@ TEST(ShardedCheckpoint, ResumesOnAnotherMeshStrategyAndUnsharded) {
 
   // The unsharded step's file loads into the FSDP_TP step exactly, with the FSDP_TP shardings.
   plain.save(plain_file, p);
-  ShardedTrainState back = fsdp_tp.load(plain_file);
+  TrainState back = fsdp_tp.load(plain_file);
   EXPECT_EQ(back.step, 4);
   std::vector<Array> params = fsdp_tp.gather_params(back), state = fsdp_tp.gather_opt_state(back);
-  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].to_f32(), p.params[i].to_f32()) << "param " << i;
-  for (size_t i = 0; i < state.size(); ++i) EXPECT_EQ(state[i].to_f32(), p.opt_state[i].to_f32()) << "state " << i;
+  std::vector<Array> p_params = plain.gather_params(p), p_state = plain.gather_opt_state(p);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].to_f32(), p_params[i].to_f32()) << "param " << i;
+  for (size_t i = 0; i < state.size(); ++i) EXPECT_EQ(state[i].to_f32(), p_state[i].to_f32()) << "state " << i;
   for (size_t i = 0; i < back.params.size(); ++i) EXPECT_EQ(back.params[i].sharding(), s.params[i].sharding());
 }
 
 TEST(ShardedCheckpoint, ErrorsNameTheFileTheTensorAndTheState) {
   const std::string path = ::testing::TempDir() + "/px_sharded_ckpt_errors.safetensors";
   Fixture f(recipe_check::gpt_micro());
-  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}}), ShardingStrategy::DDP);
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types,
+                 {.mesh = Mesh::cpu({{"data", 2}}), .strategy = ShardingStrategy::DDP});
   step.save(path, step.init(0));
 
   // Another model (d_model 32) cannot load it: the first param's type differs.
   Fixture g(nn::gpt2_config("other", 256, 32, 4, 2, 128, 16));
-  ShardedTrainStep other(g.model.store(), opt(), g.loss, g.batch_types, Mesh::cpu({{"data", 2}}),
-                         ShardingStrategy::DDP);
+  TrainStep other(g.model.store(), opt(), g.loss, g.batch_types,
+                  {.mesh = Mesh::cpu({{"data", 2}}), .strategy = ShardingStrategy::DDP});
   std::string e = error_of([&] { other.load(path); });
   EXPECT_NE(e.find(path + ": tensor '" + g.model.store().paths()[0] + "' is f32["), std::string::npos) << e;
   EXPECT_NE(e.find("but this model expects f32["), std::string::npos) << e;
 
   // Nor can this step save the other model's state.
   e = error_of([&] { step.save(path, other.init(0)); });
-  EXPECT_NE(e.find("[ShardedTrainStep::save] the state's tensor '" + g.model.store().paths()[0] + "' is f32["),
+  EXPECT_NE(e.find("[TrainStep::save] the state's tensor '" + g.model.store().paths()[0] + "' is f32["),
             std::string::npos)
       << e;
 
   // Another optimizer's state is rejected by the file's metadata, even where its tensor names
   // would all be there (SGD with momentum keeps a subset of AdamW's slot names).
-  ShardedTrainStep ada(f.model.store(), optim::adafactor({}), f.loss, f.batch_types, Mesh::cpu({{"data", 2}}),
-                       ShardingStrategy::DDP);
+  TrainStep ada(f.model.store(), optim::adafactor({}), f.loss, f.batch_types,
+                {.mesh = Mesh::cpu({{"data", 2}}), .strategy = ShardingStrategy::DDP});
   e = error_of([&] { ada.load(path); });
   EXPECT_NE(e.find("was saved with the optimizer 'adamw' but this step uses 'adafactor'"), std::string::npos) << e;
-  ShardedTrainStep sgd(f.model.store(), optim::sgd({.lr = 0.1}), f.loss, f.batch_types, Mesh::cpu({{"data", 2}}),
-                       ShardingStrategy::DDP);
+  TrainStep sgd(f.model.store(), optim::sgd({.lr = 0.1}), f.loss, f.batch_types,
+                {.mesh = Mesh::cpu({{"data", 2}}), .strategy = ShardingStrategy::DDP});
   e = error_of([&] { sgd.load(path); });
   EXPECT_NE(e.find("but this step uses 'sgd'"), std::string::npos) << e;
 
-  EXPECT_EQ(error_of([&] { step.save(path, ShardedTrainState{}); }),
-            "[ShardedTrainStep::save] the state does not belong to this step (make it with ShardedTrainStep::init)");
+  EXPECT_EQ(error_of([&] { step.save(path, TrainState{}); }),
+            "[TrainStep::save] the state does not belong to this step (make it with TrainStep::init)");
   EXPECT_NE(error_of([&] { step.load(path + ".missing"); }).find(".missing"), std::string::npos);
 }
 

@@ -4,11 +4,11 @@
 // formulas on hand-computed cases; cluster presets, TOML errors and the calibration cache.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <unistd.h>
 
 #include "parallax/auto.h"
 #include "parallax/memory.h"
@@ -134,10 +134,14 @@ TEST(Cost, BadClusterTomlSaysWhichKeyAndHowToFixIt) {
   EXPECT_THROW_MSG(cluster_from_toml("[device]\nmatmul_flops_f32 = 1e12\nmemory_bytes = 8e9\n" + links, "a.toml"),
                    "device.memory_bandwidth is missing; add it under [device], e.g. memory_bandwidth = ");
   EXPECT_THROW_MSG(cluster_from_toml("[device]\nmatmul_flops_f32 = \"fast\"\nmemory_bandwidth = 1e11\n"
-                                     "memory_bytes = 8e9\n" + links, "a.toml"),
+                                     "memory_bytes = 8e9\n" +
+                                         links,
+                                     "a.toml"),
                    "device.matmul_flops_f32 must be a number, e.g. matmul_flops_f32 = 67e12");
   EXPECT_THROW_MSG(cluster_from_toml("[device]\nmatmul_flops_f32 = -1\nmemory_bandwidth = 1e11\n"
-                                     "memory_bytes = 8e9\n" + links, "a.toml"),
+                                     "memory_bytes = 8e9\n" +
+                                         links,
+                                     "a.toml"),
                    "device.matmul_flops_f32 must be positive");
   EXPECT_THROW_MSG(cluster_from_toml(dev, "a.toml"), "the [intra_node] section is missing");
   EXPECT_THROW_MSG(cluster_from_toml("devices_per_node = 8\n" + dev + links, "a.toml"),
@@ -200,8 +204,10 @@ TEST(Cost, CpuCalibrationIsCachedAndRecalibrated) {
   Cluster d = cpu_cluster(/*recalibrate=*/true);
   EXPECT_EQ(read_cluster_file(path).to_toml(), d.to_toml());
 
-  if (old) ::setenv("XDG_CACHE_HOME", saved.c_str(), 1);
-  else ::unsetenv("XDG_CACHE_HOME");
+  if (old)
+    ::setenv("XDG_CACHE_HOME", saved.c_str(), 1);
+  else
+    ::unsetenv("XDG_CACHE_HOME");
   std::filesystem::remove_all(dir);
 }
 
@@ -266,8 +272,9 @@ TEST(Cost, PredictedCollectiveBytesAndPeakEqualTheRuntimeOnCpu8) {
     recipe_check::Fixture f(cfg);
     TrainStepOptions o;
     o.compile.compute_dtype = k.compute;
-    ShardedTrainStep step(f.model.store(), recipe_check::opt(), f.loss, f.batch_types, mesh, k.strategy, {}, o);
-    const MemoryReport mem = step.executable().memory();
+    TrainStep step(f.model.store(), recipe_check::opt(), f.loss, f.batch_types,
+                   px::testing::on_mesh(mesh, k.strategy, {}, o));
+    const MemoryReport mem = step.sharded_executable().memory();
     EXPECT_EQ(pred.memory.peak_bytes, mem.peak_bytes);
     EXPECT_EQ(pred.memory.arena_bytes, mem.arena_bytes);
     EXPECT_EQ(pred.memory.input_bytes, mem.input_bytes);
@@ -278,14 +285,14 @@ TEST(Cost, PredictedCollectiveBytesAndPeakEqualTheRuntimeOnCpu8) {
     EXPECT_GT(pred.memory.by_category[static_cast<int>(MemoryCategory::optimizer_state)], 0);
     EXPECT_EQ(pred.memory.arena_max_by_category, mem.arena_max_by_category);
     // The compiled program costed directly gives the same prediction.
-    StepCost direct = cost_program(step.executable().program(), cluster, o.compile);
+    StepCost direct = cost_program(step.sharded_executable().program(), cluster, o.compile);
     EXPECT_EQ(direct.memory.peak_bytes, mem.peak_bytes);
     EXPECT_DOUBLE_EQ(direct.step_s, pred.step_s);
 
-    ShardedTrainState st = step.init(0);
-    step.executable().reset_stats();
+    TrainState st = step.init(0);
+    step.sharded_executable().reset_stats();
     EXPECT_TRUE(std::isfinite(step(st, f.batch(0)).loss));
-    const CollectiveStats& stats = step.executable().stats();
+    const CollectiveStats& stats = step.sharded_executable().stats();
     int kinds = 0;
     for (int c = 0; c < kNumCollectiveKinds; ++c) {
       const auto kind = static_cast<CollectiveKind>(c);
@@ -307,7 +314,7 @@ TEST(Cost, PredictedCollectiveBytesAndPeakEqualTheRuntimeOnCpu8) {
       // With collectives beside compute the step is shorter, never shorter than either part.
       Cluster overlapped = cluster;
       overlapped.overlap_collectives = true;
-      StepCost o2 = cost_program(step.executable().program(), overlapped);
+      StepCost o2 = cost_program(step.sharded_executable().program(), overlapped);
       EXPECT_LT(o2.step_s, pred.step_s);
       EXPECT_GE(o2.step_s, std::max(o2.compute_s, o2.comm_s) - 1e-15);
     }

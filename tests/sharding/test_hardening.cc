@@ -38,35 +38,35 @@ TEST(ShardedHardening, ABatchThatDoesNotDivideTheDataAxesIsAnError) {
   Model m;
   // DDP over 8 devices with batch 12 used to replicate the batch: 8x the work, silently.
   std::string e = error_of([&] {
-    ShardedTrainStep(m.root.store(), optim::sgd({.lr = 0.1}), m.loss(), batch_types(12), Mesh::cpu({{"data", 8}}),
-                     ShardingStrategy::DDP);
+    TrainStep(m.root.store(), optim::sgd({.lr = 0.1}), m.loss(), batch_types(12),
+              {.mesh = Mesh::cpu({{"data", 8}}), .strategy = ShardingStrategy::DDP});
   });
   EXPECT_TRUE(has(e, "batch array 0") && has(e, "f32[12,4]") && has(e, "multiple of 8")) << e;
-  EXPECT_THROW(ShardedTrainStep(m.root.store(), optim::sgd({.lr = 0.1}), m.loss(), batch_types(6),
-                                Mesh::cpu({{"data", 4}, {"model", 2}}), ShardingStrategy::FSDP),
+  EXPECT_THROW(TrainStep(m.root.store(), optim::sgd({.lr = 0.1}), m.loss(), batch_types(6),
+                         {.mesh = Mesh::cpu({{"data", 4}, {"model", 2}}), .strategy = ShardingStrategy::FSDP}),
                UserError);
-  EXPECT_NO_THROW(ShardedTrainStep(m.root.store(), optim::sgd({.lr = 0.1}), m.loss(), batch_types(16),
-                                   Mesh::cpu({{"data", 8}}), ShardingStrategy::DDP));
+  EXPECT_NO_THROW(TrainStep(m.root.store(), optim::sgd({.lr = 0.1}), m.loss(), batch_types(16),
+                            {.mesh = Mesh::cpu({{"data", 8}}), .strategy = ShardingStrategy::DDP}));
 }
 
 // One sharded step called from 4 threads at once, each with its own state: every call either
 // updates that state as a serial run would or throws the documented error; never a wrong result.
 TEST(ShardedHardening, OneStepFromFourThreadsIsCorrectOrRefused) {
   Model m;
-  ShardedTrainStep step(m.root.store(), optim::adamw({.lr = 1e-2}), m.loss(), batch_types(8),
-                        Mesh::cpu({{"data", 4}}), ShardingStrategy::FSDP);
+  TrainStep step(m.root.store(), optim::adamw({.lr = 1e-2}), m.loss(), batch_types(8),
+                 {.mesh = Mesh::cpu({{"data", 4}}), .strategy = ShardingStrategy::FSDP});
   const std::vector<Array> b = batch(8, 1.0f);
   const int kSteps = 60;
   std::vector<float> reference;
   {
-    ShardedTrainState s = step.init(1);
+    TrainState s = step.init(1);
     for (int k = 0; k < kSteps; ++k) reference.push_back(step(s, b).loss);
   }
   std::atomic<int> wrong{0}, refused{0}, ok{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t)
     threads.emplace_back([&] {
-      ShardedTrainState s = step.init(1);
+      TrainState s = step.init(1);
       for (int i = 0; i < kSteps; ++i) {
         const int64_t k = s.step;
         try {
@@ -85,9 +85,9 @@ TEST(ShardedHardening, OneStepFromFourThreadsIsCorrectOrRefused) {
 
 TEST(ShardedHardening, SkipNonFiniteWorksOnAMesh) {
   Model m;
-  ShardedTrainStep step(m.root.store(), optim::adamw({.lr = 1e-2}), m.loss(), batch_types(8),
-                        Mesh::cpu({{"data", 4}}), ShardingStrategy::FSDP, {}, {.skip_nonfinite = true});
-  ShardedTrainState s = step.init(1);
+  TrainStep step(m.root.store(), optim::adamw({.lr = 1e-2}), m.loss(), batch_types(8),
+                 {.mesh = Mesh::cpu({{"data", 4}}), .strategy = ShardingStrategy::FSDP, .skip_nonfinite = true});
+  TrainState s = step.init(1);
   EXPECT_TRUE(step(s, batch(8, 1.0f)).finite);
   std::vector<Array> params = step.gather_params(s), state = step.gather_opt_state(s);
   StepMetrics mt = step(s, batch(8, std::numeric_limits<float>::quiet_NaN()));

@@ -15,11 +15,11 @@ namespace {
 
 using recipe_check::Fixture;
 
-std::unique_ptr<ShardedTrainStep> make_step(Fixture& f, const Mesh& mesh, ShardingStrategy s, int lookahead = 1) {
+std::unique_ptr<TrainStep> make_step(Fixture& f, const Mesh& mesh, ShardingStrategy s, int lookahead = 1) {
   TrainStepOptions o;
   o.compile.collective_lookahead = lookahead;
-  return std::make_unique<ShardedTrainStep>(f.model.store(), recipe_check::opt(), f.loss, f.batch_types, mesh, s,
-                                            ShardingOptions{}, o);
+  return std::make_unique<TrainStep>(f.model.store(), recipe_check::opt(), f.loss, f.batch_types,
+                                     px::testing::on_mesh(mesh, s, ShardingOptions{}, o));
 }
 
 int64_t sum(const std::array<int64_t, kNumMemoryCategories>& a) {
@@ -37,7 +37,7 @@ TEST(MemoryPlan, FsdpPeakIsAFractionOfDdpAndEqualsTheMeasuredHighWaterMark) {
   Mesh mesh = Mesh::cpu({{"data", 8}});
   auto ddp = make_step(f, mesh, ShardingStrategy::DDP);
   auto fsdp = make_step(f, mesh, ShardingStrategy::FSDP);
-  MemoryReport d = ddp->executable().memory(), s = fsdp->executable().memory();
+  MemoryReport d = ddp->sharded_executable().memory(), s = fsdp->sharded_executable().memory();
   std::cout << "DDP  " << d.to_string() << "FSDP " << s.to_string();
   EXPECT_LE(static_cast<double>(s.peak_bytes), 0.35 * static_cast<double>(d.peak_bytes));
   // The split accounts for every byte in use at the peak.
@@ -50,11 +50,11 @@ TEST(MemoryPlan, FsdpPeakIsAFractionOfDdpAndEqualsTheMeasuredHighWaterMark) {
   EXPECT_EQ(cat(d, MemoryCategory::params), 2 * params);
   EXPECT_EQ(cat(d, MemoryCategory::optimizer_state), 4 * params);
   EXPECT_LE(cat(s, MemoryCategory::params), 2 * params / 8 + (1 << 20));  // small params stay replicated
-  EXPECT_EQ(ddp->executable().peak_bytes(3), d.peak_bytes);
+  EXPECT_EQ(ddp->sharded_executable().peak_bytes(3), d.peak_bytes);
   ddp.reset();  // its arenas are allocated on the devices too
 
   // Run FSDP: the last device holds nothing but its shards, the batch and the arena.
-  ShardedTrainState st = fsdp->init(0);
+  TrainState st = fsdp->init(0);
   auto batch = f.batch(0);
   (*fsdp)(st, batch);  // the first step allocates the outputs that later steps reuse
   Placement last{mesh.device_ids().back()};
@@ -80,16 +80,17 @@ TEST(MemoryPlan, FsdpGathersAreFreedAfterUseAndPrefetchedByTheLookahead) {
   }
   auto one = make_step(f, mesh, ShardingStrategy::FSDP, 1);
   auto eager = make_step(f, mesh, ShardingStrategy::FSDP, 1000);
-  int64_t held = one->executable().memory().arena_max_by_category[static_cast<int>(MemoryCategory::collective_buffers)];
+  int64_t held =
+      one->sharded_executable().memory().arena_max_by_category[static_cast<int>(MemoryCategory::collective_buffers)];
   int64_t held_eager =
-      eager->executable().memory().arena_max_by_category[static_cast<int>(MemoryCategory::collective_buffers)];
+      eager->sharded_executable().memory().arena_max_by_category[static_cast<int>(MemoryCategory::collective_buffers)];
   std::cout << "one layer " << layer << " bytes; gathered at once: lookahead 1 " << held << ", eager " << held_eager
             << "\n";
   EXPECT_GT(held, 0);
   EXPECT_LE(held, 2 * layer);
   EXPECT_GE(held_eager, all_layers);
   // Both give the same step.
-  ShardedTrainState a = one->init(0), b = eager->init(0);
+  TrainState a = one->init(0), b = eager->init(0);
   auto batch = f.batch(0);
   EXPECT_EQ((*one)(a, batch).loss, (*eager)(b, batch).loss);
 }
@@ -101,14 +102,16 @@ TEST(MemoryPlan, FsdpGathersMoveTheComputeDtype) {
   Mesh mesh = Mesh::cpu({{"data", 4}});
   TrainStepOptions o;
   o.compile.compute_dtype = DType::bf16;
-  ShardedTrainStep step(f.model.store(), recipe_check::opt(), f.loss, f.batch_types, mesh, ShardingStrategy::FSDP,
-                        ShardingOptions{}, o);
+  TrainStep step(f.model.store(), recipe_check::opt(), f.loss, f.batch_types,
+                 px::testing::on_mesh(mesh, ShardingStrategy::FSDP, ShardingOptions{}, o));
   int bf16 = 0, f32 = 0, weights = 0;
-  const Graph& local = step.executable().executable().graph();
+  const Graph& local = step.sharded_executable().executable().graph();
   for (const Node& n : local.nodes()) {
     if (n.prim->name != "all_gather") continue;
-    if (local.type(n.outputs[0]).dtype == DType::bf16) ++bf16;
-    else ++f32;
+    if (local.type(n.outputs[0]).dtype == DType::bf16)
+      ++bf16;
+    else
+      ++f32;
   }
   const std::vector<std::string> paths = f.model.store().paths();
   const std::vector<TensorType> types = f.model.store().types();
@@ -116,7 +119,7 @@ TEST(MemoryPlan, FsdpGathersMoveTheComputeDtype) {
     if (paths[i].rfind("blocks.", 0) == 0 && types[i].rank() == 2) ++weights;
   std::cout << bf16 << " bf16 gathers, " << f32 << " f32 gathers, " << weights << " block weights\n";
   EXPECT_GE(bf16, 2 * weights);  // each weight gathered for the forward and again for the backward pass
-  ShardedTrainState st = step.init(0);
+  TrainState st = step.init(0);
   EXPECT_TRUE(std::isfinite(step(st, f.batch(0)).loss));
 }
 
@@ -126,9 +129,9 @@ TEST(MemoryPlan, DdpStepIsOneScheduleWithCollectivesAsNodes) {
   Fixture f(nn::gpt2_config("gpt_6", 512, 64, 4, 6, 256, 16));
   Mesh mesh = Mesh::cpu({{"data", 4}});
   auto ddp = make_step(f, mesh, ShardingStrategy::DDP);
-  const Executable& exe = ddp->executable().executable();
+  const Executable& exe = ddp->sharded_executable().executable();
   EXPECT_EQ(exe.num_devices(), 4);
-  EXPECT_GT(ddp->executable().program().collectives.size(), 6u);
+  EXPECT_GT(ddp->sharded_executable().program().collectives.size(), 6u);
   std::string sum = exe.summary();
   EXPECT_NE(sum.find("all_reduce.start"), std::string::npos);
   EXPECT_NE(sum.find("all_reduce.wait"), std::string::npos);

@@ -12,6 +12,7 @@
 #include "parallax/nn.h"
 #include "parallax/nn/pretrained.h"
 #include "parallax/parallel.h"
+#include "testing.h"
 
 namespace px {
 namespace {
@@ -30,10 +31,10 @@ TEST(PretrainedLoad, StreamedIntoFsdpNoDeviceHoldsTheWholeModel) {
   ShardingOptions so;
   so.fsdp_min_bytes = 0;
   Mesh mesh = Mesh::cpu({{"data", 4}});
-  ShardedTrainStep step(
+  TrainStep step(
       model.store(), optim::sgd({.lr = 0.1}),
-      [&](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); }, batch, mesh,
-      ShardingStrategy::FSDP, so);
+      [&](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); }, batch,
+      px::testing::on_mesh(mesh, ShardingStrategy::FSDP, so));
 
   auto growth = [&](const std::function<void()>& fn) {
     std::vector<int64_t> base;
@@ -43,11 +44,12 @@ TEST(PretrainedLoad, StreamedIntoFsdpNoDeviceHoldsTheWholeModel) {
     }
     fn();
     std::vector<int64_t> out;
-    for (size_t k = 0; k < base.size(); ++k) out.push_back(memory_stats({mesh.device_ids()[k]}).peak_bytes_in_use - base[k]);
+    for (size_t k = 0; k < base.size(); ++k)
+      out.push_back(memory_stats({mesh.device_ids()[k]}).peak_bytes_in_use - base[k]);
     return out;
   };
 
-  ShardedTrainState streamed;
+  TrainState streamed;
   std::vector<int64_t> g = growth([&] {
     streamed = step.begin_state();
     nn::load_pretrained(dir.str(), [&](int i, Array p) { step.set_param(streamed, i, p); });
@@ -61,7 +63,7 @@ TEST(PretrainedLoad, StreamedIntoFsdpNoDeviceHoldsTheWholeModel) {
     EXPECT_LT(g[k], model_bytes / 2);  // and never the whole model
   }
   // Loading whole and then sharding holds the full model on device 0: the check can tell.
-  ShardedTrainState whole;
+  TrainState whole;
   std::vector<int64_t> g_whole = growth([&] { whole = step.init(nn::load_pretrained(dir.str()).params); });
   EXPECT_GE(g_whole[0], model_bytes);
 
@@ -75,7 +77,7 @@ TEST(PretrainedLoad, StreamedIntoFsdpNoDeviceHoldsTheWholeModel) {
   EXPECT_EQ(first_loss, step(whole, {x, x}).loss);
 
   // Sliced: every device reads its own box straight into its shard; no param is ever whole.
-  ShardedTrainState sliced;
+  TrainState sliced;
   int64_t elements_read = 0;
   std::vector<int64_t> g_sliced = growth([&] {
     sliced = step.begin_state();
@@ -93,7 +95,7 @@ TEST(PretrainedLoad, StreamedIntoFsdpNoDeviceHoldsTheWholeModel) {
   EXPECT_EQ(step(sliced, {x, x}).loss, first_loss);
 
   // A state with a param never set is an error at the step, naming it.
-  ShardedTrainState partial = step.begin_state();
+  TrainState partial = step.begin_state();
   EXPECT_THROW(step(partial, {x, x}), Error);
   EXPECT_THROW(step.set_param(partial, 999, a[0]), Error);
   EXPECT_THROW(step.set_param(partial, 1, a[0]), Error);  // wrong shape for param 1
@@ -124,9 +126,9 @@ TEST(PretrainedLoad, SlicedOverTwoProcessesEachReadsItsPart) {
   auto loss_of = [&](nn::TransformerLm& m) {
     return [&m](const std::vector<Tensor>& b) { return nn::next_token_loss(m, b[0], b[1]); };
   };
-  ShardedTrainStep ref(ref_model.store(), optim::adamw({}), loss_of(ref_model), batch, single,
-                       ShardingStrategy::FSDP_TP, so);
-  ShardedTrainState rs = ref.init(nn::load_pretrained(dir.str()).params);
+  TrainStep ref(ref_model.store(), optim::adamw({}), loss_of(ref_model), batch,
+                px::testing::on_mesh(single, ShardingStrategy::FSDP_TP, so));
+  TrainState rs = ref.init(nn::load_pretrained(dir.str()).params);
   std::vector<Array> want = ref.gather_params(rs);
   const float want_loss = ref(rs, {x, x}).loss;
 
@@ -138,8 +140,9 @@ TEST(PretrainedLoad, SlicedOverTwoProcessesEachReadsItsPart) {
     nn::TransformerLm m(nn::read_pretrained_config(dir.str()));
     ShardingOptions o = so;
     o.communicator = &comm;
-    ShardedTrainStep step(m.store(), optim::adamw({}), loss_of(m), batch, split, ShardingStrategy::FSDP_TP, o);
-    ShardedTrainState s = step.begin_state();
+    TrainStep step(m.store(), optim::adamw({}), loss_of(m), batch,
+                   px::testing::on_mesh(split, ShardingStrategy::FSDP_TP, o));
+    TrainState s = step.begin_state();
     nn::load_pretrained_slices(dir.str(), [&](int i, const BoxReader& r) {
       step.set_param(s, i, [&](const std::vector<int64_t>& off, Array& out) {
         read[p] += numel(out.shape());

@@ -181,12 +181,12 @@ void check_two_processes(ShardingStrategy strategy) {
   Mesh split = single.with_processes(2);
   ShardingOptions sopt;
   sopt.device_parallelism = DeviceParallelism::over_devices;  // the same kernels' threading in both runs
-  sopt.auto_cluster = "h100x8";  // AUTO: process 0 solves, process 1 takes its plan
+  sopt.auto_cluster = "h100x8";                               // AUTO: process 0 solves, process 1 takes its plan
   sopt.auto_time_limit_s = 120;
 
   Fixture f(cfg);
-  ShardedTrainStep ref(f.model.store(), opt(), f.loss, f.batch_types, single, strategy, sopt);
-  ShardedTrainState rs = ref.init(0);
+  TrainStep ref(f.model.store(), opt(), f.loss, f.batch_types, px::testing::on_mesh(single, strategy, sopt));
+  TrainState rs = ref.init(0);
   std::vector<StepMetrics> want;
   for (int i = 0; i < steps; ++i) want.push_back(ref(rs, f.batch(i)));
   std::vector<Array> want_params = ref.gather_params(rs), want_state = ref.gather_opt_state(rs);
@@ -206,9 +206,9 @@ void check_two_processes(ShardingStrategy strategy) {
     Fixture pf(cfg);
     ShardingOptions o = sopt;
     o.communicator = &comm;
-    ShardedTrainStep step(pf.model.store(), opt(), pf.loss, pf.batch_types, split, strategy, o);
+    TrainStep step(pf.model.store(), opt(), pf.loss, pf.batch_types, px::testing::on_mesh(split, strategy, o));
     EXPECT_EQ(step.process(), p);
-    ShardedTrainState s = step.init(0);
+    TrainState s = step.init(0);
     for (int i = 0; i < steps; ++i) got[p].metrics.push_back(step(s, pf.batch(i)));
     for (const ShardedArray& a : s.params) {
       got[p].param_positions.push_back(a.positions());
@@ -219,7 +219,7 @@ void check_two_processes(ShardingStrategy strategy) {
     got[p].state = step.gather_opt_state(s);
     // Every process saves (process 0 writes the file) and loads its own shards back.
     step.save(dir + "/state.safetensors", s);
-    ShardedTrainState l = step.load(dir + "/state.safetensors");
+    TrainState l = step.load(dir + "/state.safetensors");
     bool same = l.step == s.step;
     for (size_t i = 0; i < s.params.size(); ++i)
       same = same && l.params[i].process() == p && local_values(l.params[i]) == local_values(s.params[i]);
@@ -291,8 +291,9 @@ TEST(Processes, TrainStepOnAMultiProcessMeshNeedsACommunicator) {
   using namespace recipe_check;
   Fixture f(gpt_micro());
   Mesh split = Mesh::cpu({{"data", 4}}).with_processes(2);
-  std::string err = error_of(
-      [&] { ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, split, ShardingStrategy::DDP); });
+  std::string err = error_of([&] {
+    TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, {.mesh = split, .strategy = ShardingStrategy::DDP});
+  });
   EXPECT_TRUE(has(err, "ShardingOptions::communicator")) << err;
 }
 

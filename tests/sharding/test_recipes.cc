@@ -28,11 +28,11 @@ TEST(Recipes, GptTpIsVocabParallelWithoutGathers) {
   const Mesh mesh = Mesh::cpu({{"data", 2}, {"model", 4}});
   check_equivalent(gpt_micro(), mesh, ShardingStrategy::TP);
   Fixture f(gpt_micro());
-  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, mesh, ShardingStrategy::TP);
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, {.mesh = mesh, .strategy = ShardingStrategy::TP});
   int gathers = 0;
-  for (const CollectiveRecord& c : step.executable().program().collectives)
+  for (const CollectiveRecord& c : step.sharded_executable().program().collectives)
     gathers += c.kind == "all_gather" || c.kind == "all_to_all";
-  EXPECT_EQ(gathers, 0) << step.executable().program().summary();
+  EXPECT_EQ(gathers, 0) << step.sharded_executable().program().summary();
 }
 TEST(Recipes, LlamaDdpTpFsdpTp) {
   check_equivalent(llama_micro(), Mesh::cpu({{"data", 2}, {"fsdp", 2}, {"model", 2}}), ShardingStrategy::DDP);
@@ -71,9 +71,10 @@ TEST(Recipes, TpDerivesMegatronSplitsFromTheGraph) {
 
 TEST(Recipes, FsdpOverEightHoldsAnEighthOfEachLargeParamAndItsAdamState) {
   Fixture f(gpt_micro());
-  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 8}}), ShardingStrategy::FSDP,
-                        {.fsdp_min_bytes = 1024});
-  ShardedTrainState s = step.init(0);
+  TrainStep step(
+      f.model.store(), opt(), f.loss, f.batch_types,
+      {.mesh = Mesh::cpu({{"data", 8}}), .strategy = ShardingStrategy::FSDP, .sharding = {.fsdp_min_bytes = 1024}});
+  TrainState s = step.init(0);
   auto slots = opt()->state_slots(f.model.store().types());
   int large = 0;
   for (size_t i = 0; i < s.params.size(); ++i) {
@@ -92,15 +93,16 @@ TEST(Recipes, FsdpOverEightHoldsAnEighthOfEachLargeParamAndItsAdamState) {
   // The state stays sharded after a step.
   step(s, f.batch(0));
   for (size_t i = 0; i < s.params.size(); ++i)
-    EXPECT_EQ(s.params[i].sharding(), step.executable().in_sharding(static_cast<int>(i)));
+    EXPECT_EQ(s.params[i].sharding(), step.sharded_executable().in_sharding(static_cast<int>(i)));
 }
 
 // Any recipe: each param and each optimizer slot of the param's shape holds 1 / (product of the
 // sizes of the axes its spec splits over) of its bytes on every device.
 void check_memory(const nn::LmConfig& cfg, const Mesh& mesh, ShardingStrategy strategy) {
   Fixture f(cfg);
-  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, mesh, strategy, {.fsdp_min_bytes = 1024});
-  ShardedTrainState s = step.init(0);
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types,
+                 {.mesh = mesh, .strategy = strategy, .sharding = {.fsdp_min_bytes = 1024}});
+  TrainState s = step.init(0);
   auto fraction = [&](const PartitionSpec& spec) {
     int64_t n = 1;
     for (const auto& a : spec.used_axes()) n *= mesh.axis_size(a);
@@ -131,12 +133,13 @@ int64_t grad_bytes(const nn::ParamStore& store) { return store.param_bytes(); }
 TEST(Recipes, DdpAllReducesExactlyTheGradientBytesOncePerStep) {
   for (int64_t bucket : {int64_t{0}, int64_t{100000}, int64_t{25} << 20}) {
     Fixture f(gpt_micro());
-    ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 8}}),
-                          ShardingStrategy::DDP, {.bucket_bytes = bucket});
-    ShardedTrainState s = step.init(0);
-    step.executable().reset_stats();
+    TrainStep step(
+        f.model.store(), opt(), f.loss, f.batch_types,
+        {.mesh = Mesh::cpu({{"data", 8}}), .strategy = ShardingStrategy::DDP, .sharding = {.bucket_bytes = bucket}});
+    TrainState s = step.init(0);
+    step.sharded_executable().reset_stats();
     for (int i = 0; i < 2; ++i) step(s, f.batch(i));
-    const CollectiveStats& st = step.executable().stats();
+    const CollectiveStats& st = step.sharded_executable().stats();
     auto ar = st.total(CollectiveKind::all_reduce);
     // Every gradient once, plus two f32 scalars of the loss (its sum and its token count).
     EXPECT_EQ(ar.payload_bytes, 2 * 8 * (grad_bytes(f.model.store()) + 8)) << step.collectives_table();
@@ -153,17 +156,18 @@ TEST(Recipes, DdpAllReducesExactlyTheGradientBytesOncePerStep) {
 
 TEST(Recipes, FsdpGathersParamsAndReduceScattersGradients) {
   Fixture f(gpt_micro());
-  ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 8}}), ShardingStrategy::FSDP,
-                        {.fsdp_min_bytes = 1024});
-  ShardedTrainState s = step.init(0);
-  step.executable().reset_stats();
+  TrainStep step(
+      f.model.store(), opt(), f.loss, f.batch_types,
+      {.mesh = Mesh::cpu({{"data", 8}}), .strategy = ShardingStrategy::FSDP, .sharding = {.fsdp_min_bytes = 1024}});
+  TrainState s = step.init(0);
+  step.sharded_executable().reset_stats();
   step(s, f.batch(0));
   int64_t sharded = 0, replicated = 0, lookup_only = 0;
   for (const auto& p : step.plan().params) {
     (p.spec.is_replicated() ? replicated : sharded) += p.type.nbytes();
     if (p.path == "pos_embed.table" && !p.spec.is_replicated()) lookup_only += p.type.nbytes();
   }
-  const CollectiveStats& st = step.executable().stats();
+  const CollectiveStats& st = step.sharded_executable().stats();
   // ZeRO-3: each sharded param gathered for the forward pass and again for the backward pass
   // (payload = the gathered param), except the position table, which only a lookup reads (its
   // gradient is a scatter of the cotangents); each gradient reduce-scattered once (payload = the
@@ -184,24 +188,25 @@ TEST(Recipes, SequenceParallelActivationRulesTrainLikeOneDevice) {
   for (const nn::LmConfig& cfg : {gpt_micro(), llama_micro()}) {
     ShardingOptions o;
     o.activation_rules = {{"layer_input", PartitionSpec{"data", "model", none}}};
-    ShardingPlan plan = check_sharded(run_reference(cfg, 2), Mesh::cpu({{"data", 2}, {"model", 2}}),
-                                      ShardingStrategy::TP, o);
+    ShardingPlan plan =
+        check_sharded(run_reference(cfg, 2), Mesh::cpu({{"data", 2}, {"model", 2}}), ShardingStrategy::TP, o);
     ASSERT_EQ(plan.activations.size(), 1u);
     Fixture f(cfg);
-    ShardedTrainStep step(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}, {"model", 2}}),
-                          ShardingStrategy::TP, o);
-    EXPECT_GT(step.executable().program().collectives.size(), 0u);
+    TrainStep step(f.model.store(), opt(), f.loss, f.batch_types,
+                   px::testing::on_mesh(Mesh::cpu({{"data", 2}, {"model", 2}}), ShardingStrategy::TP, o));
+    EXPECT_GT(step.sharded_executable().program().collectives.size(), 0u);
     bool scatter = false;
-    for (const auto& c : step.executable().program().collectives) scatter = scatter || c.kind == "reduce_scatter";
-    EXPECT_TRUE(scatter) << step.executable().program().summary().substr(0, 4000);
+    for (const auto& c : step.sharded_executable().program().collectives)
+      scatter = scatter || c.kind == "reduce_scatter";
+    EXPECT_TRUE(scatter) << step.sharded_executable().program().summary().substr(0, 4000);
   }
   // A spec that does not fit the tagged value is named.
   Fixture f(gpt_micro());
   ShardingOptions bad;
   bad.activation_rules = {{"layer_input", PartitionSpec{none, none, none, "model"}}};
   try {
-    ShardedTrainStep s(f.model.store(), opt(), f.loss, f.batch_types, Mesh::cpu({{"data", 2}, {"model", 2}}),
-                       ShardingStrategy::TP, bad);
+    TrainStep s(f.model.store(), opt(), f.loss, f.batch_types,
+                px::testing::on_mesh(Mesh::cpu({{"data", 2}, {"model", 2}}), ShardingStrategy::TP, bad));
     FAIL() << "a rank-4 spec fit a rank-3 value";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("tagged value 'layer_input'"), std::string::npos) << e.what();
@@ -213,7 +218,8 @@ TEST(Recipes, ManualRulesOverrideAnyStrategy) {
   Mesh mesh = Mesh::cpu({{"data", 2}, {"model", 4}});
   ShardingOptions o;
   o.rules = {{"*.mlp.fc.w", PartitionSpec{none, "model"}}, {"*.mlp.proj.w", PartitionSpec{"model", none}}};
-  ShardedTrainStep manual(f.model.store(), opt(), f.loss, f.batch_types, mesh, ShardingStrategy::MANUAL, o);
+  TrainStep manual(f.model.store(), opt(), f.loss, f.batch_types,
+                   px::testing::on_mesh(mesh, ShardingStrategy::MANUAL, o));
   int hits = 0;
   for (const auto& p : manual.plan().params) {
     if (ends_with(p.path, "mlp.fc.w")) {
@@ -304,18 +310,20 @@ TEST(Recipes, JitShardsAPlainFunctionWhoseFirstArgumentIsTheParams) {
   }
 }
 
-TEST(Recipes, CreateShardedModelGivesTheUnshardedLogits) {
+TEST(Recipes, ForwardFnOnAMeshGivesTheOneDeviceLogits) {
   Fixture f(llama_micro());
   TensorType tok = f.batch_types[0];
   auto fn = [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{f.model.logits(b[0])}; };
   std::vector<Array> params = f.model.init(0), batch = {f.batch(0)[0]};
   std::vector<Array> want = ForwardFn(f.model.store(), fn, {tok})(params, batch);
-  auto sharded = create_sharded_model(f.model.store(), fn, {tok}, Mesh::cpu({{"data", 2}, {"model", 4}}),
-                                      ShardingStrategy::FSDP_TP, {.fsdp_min_bytes = 1024});
-  std::vector<Array> got = (*sharded)(params, batch);
+  ForwardFn sharded(f.model.store(), fn, {tok},
+                    {.mesh = Mesh::cpu({{"data", 2}, {"model", 4}}),
+                     .strategy = ShardingStrategy::FSDP_TP,
+                     .sharding = {.fsdp_min_bytes = 1024}});
+  std::vector<Array> got = sharded(params, batch);
   EXPECT_TRUE(testing::all_close(got[0].to_f32(), want[0].to_f32(), 1e-5, 1e-4));
   // The head is vocab-parallel: its logits come out split over 'model' on the last dim.
-  EXPECT_EQ(sharded->executable().out_sharding(0).spec[2], std::vector<std::string>{"model"});
+  EXPECT_EQ(sharded.sharded().executable().out_sharding(0).spec[2], std::vector<std::string>{"model"});
 }
 
 TEST(Recipes, GlobMatch) {

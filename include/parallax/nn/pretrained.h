@@ -39,14 +39,14 @@ LmConfig read_pretrained_config(const std::string& dir, std::string* architectur
 Pretrained load_pretrained(const std::string& dir);
 // The same, streamed: `sink(i, param)` receives each param (index in model->store() order, a full
 // f32 host array) as soon as it is read, and Pretrained::params stays empty. Every check runs
-// before the first param is read. With ShardedTrainStep::set_param the caller shards each param
+// before the first param is read. With TrainStep::set_param the caller shards each param
 // and drops it, so the whole model is never in memory at once:
-//   px::ShardedTrainState s = step.begin_state();
+//   px::TrainState s = step.begin_state();
 //   px::nn::load_pretrained(dir, [&](int i, px::Array p) { step.set_param(s, i, p); });
 Pretrained load_pretrained(const std::string& dir, const std::function<void(int, Array)>& sink);
 // The same, sliced: `sink(i, read)` gets a reader of boxes of param i (BoxReader, in
 // parallax/sharding.h) that converts only the elements of the box asked for, straight from the
-// mapped file; it is valid during the call. With ShardedTrainStep's set_param(s, i, read) every
+// mapped file; it is valid during the call. With TrainStep's set_param(s, i, read) every
 // device reads only its own shard, so over several processes each process reads only its part:
 //   px::nn::load_pretrained_slices(dir, [&](int i, const px::BoxReader& r) { step.set_param(s, i, r); });
 Pretrained load_pretrained_slices(const std::string& dir, const std::function<void(int, const BoxReader&)>& sink);

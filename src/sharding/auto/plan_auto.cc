@@ -1,4 +1,4 @@
-// The two ways into the AUTO search: a traced training step (ShardedTrainStep) and a
+// The two ways into the AUTO search: a traced training step (TrainStep on a mesh) and a
 // TransformerLm config from shapes alone (px::plan_auto, bench/plan, pax plan); and one solve for
 // a mesh over several processes.
 #include <memory>

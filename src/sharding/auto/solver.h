@@ -1,5 +1,5 @@
 // The AUTO search over a training step, independent of how the step is traced: the caller gives
-// functions that cost a plan. Used by ShardedTrainStep (one traced step) and by px::plan_auto
+// functions that cost a plan. Used by TrainStep on a mesh (one traced step) and by px::plan_auto
 // (a TransformerLm from shapes, searched on fewer layers).
 #pragma once
 

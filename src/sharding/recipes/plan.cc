@@ -248,7 +248,7 @@ ShardingPlan plan_sharding(const Graph& forward, const std::vector<std::string>&
     throw Error("[sharding] the traced program has " + std::to_string(forward.inputs().size()) + " inputs but " +
                 std::to_string(np) + " params were named");
   if (strategy == ShardingStrategy::AUTO)
-    throw Error("[sharding] AUTO plans a whole training step (ShardedTrainStep, px::plan_auto), not a forward "
+    throw Error("[sharding] AUTO plans a whole training step (TrainStep on a mesh, px::plan_auto), not a forward "
                 "program alone; use DDP, FSDP, TP, FSDP_TP or MANUAL here");
   ShardingPlan plan;
   plan.mesh = mesh;

@@ -1,5 +1,5 @@
-// ShardedTrainStep, ShardedFunction / jit / create_sharded_model: trace once, place by the plan,
-// partition and run through ShardedExecutable.
+// The recipes' decision for a training step (decide_train_step, decide_sharded_step) and
+// ShardedFunction / jit: trace once, place by the plan, partition and run through ShardedExecutable.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -54,7 +54,7 @@ PartitionSpec batch_spec(const TensorType& t, const Mesh& mesh, const std::vecto
         "{} {} has type {}: its leading dim {} does not divide over the batch axes ({}) "
         "of {} devices",
         training ? "batch array" : "argument", index, type_str(t), t.shape[0], names, n);
-    if (training) throw UserError(fmt::format("[ShardedTrainStep] {}; use a batch that is a multiple of {}", what, n));
+    if (training) throw UserError(fmt::format("[TrainStep] {}; use a batch that is a multiple of {}", what, n));
     PX_LOG(warn) << "[jit] " << what << "; it is replicated (every device computes all of it)";
     return {};
   }
@@ -70,8 +70,6 @@ std::vector<Tensor> gathered_params(const std::vector<Tensor>& params, const Sha
   }
   return out;
 }
-
-int64_t local_bytes(const TensorType& t) { return numel(t.shape) * dtype_size(t.dtype); }
 
 int64_t axes_size(const Mesh& mesh, const std::vector<std::string>& axes) {
   int64_t n = 1;
@@ -202,12 +200,12 @@ DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& o
     fwd.reset();
   }
   r.program =
-      trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "ShardedTrainStep", options.skip_nonfinite);
+      trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "TrainStep", options.skip_nonfinite);
   if (options.remat.policy != RematPolicy::automatic) {
     r.program = remat_step(std::move(r.program), options.remat);
   } else if (strategy == ShardingStrategy::AUTO) {
     throw UserError(
-        "[ShardedTrainStep] remat policy 'auto' with AUTO sharding is not available yet: give a policy "
+        "[TrainStep] remat policy 'auto' with AUTO sharding is not available yet: give a policy "
         "(full, dots_saveable, ...) and AUTO plans around it");
   } else {
     // The per-device peak of each candidate, from the same decision, partition and buffer plan.
@@ -235,210 +233,9 @@ DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& o
   return r;
 }
 
-ShardedTrainStep::ShardedTrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss_fn,
-                                   std::vector<TensorType> batch_types, Mesh mesh, ShardingStrategy strategy,
-                                   ShardingOptions sharding, TrainStepOptions options)
-    : store_(store), opt_(std::move(opt)), batch_types_(std::move(batch_types)), mesh_(std::move(mesh)) {
-  if (!opt_) throw Error("[ShardedTrainStep] no optimizer given");
-  DecidedStep d = decide_sharded_step(store_, *opt_, loss_fn, batch_types_, mesh_, strategy, sharding, options);
-  plan_ = std::move(d.plan);
-  state_specs_ = std::move(d.state_specs);
-  n_params_ = d.program.n_params;
-  n_state_ = d.program.n_state;
-  skip_nonfinite_ = options.skip_nonfinite;
-  graph_ = std::move(d.program.graph);
-  SpmdProgram local = partition(*graph_, d.decision, d.program.categories);
-  CompileOptions copt = options.compile;
-  offload_local(local, d.program, options.offload, copt);
-  exe_ = ShardedExecutable::compile(std::move(local), copt, sharding.device_parallelism, sharding.communicator);
-}
-
-ShardedTrainStep::~ShardedTrainStep() = default;
-
-ShardedTrainState ShardedTrainStep::init(uint64_t seed) const { return init(store_.init(seed)); }
-
-ShardedTrainState ShardedTrainStep::init(const std::vector<Array>& params) const {
-  if (params.size() != n_params_)
-    throw Error("[ShardedTrainStep] got " + std::to_string(params.size()) + " params, the model has " +
-                std::to_string(n_params_));
-  ShardedTrainState s = begin_state();
-  for (size_t i = 0; i < n_params_; ++i) set_param(s, static_cast<int>(i), params[i]);
-  return s;
-}
-
-ShardedTrainState ShardedTrainStep::begin_state() const {
-  ShardedTrainState s;
-  s.params.resize(n_params_);
-  s.opt_state.resize(n_state_);
-  return s;
-}
-
-void ShardedTrainStep::set_param(ShardedTrainState& s, int i, const Array& full) const {
-  check_param(s, i, full.type());
-  const int proc = exe_->process();
-  s.params[i] = shard(full, exe_->in_sharding(i), proc);
-  // Its optimizer slots, fresh: the optimizer's state for this param alone, in slot order.
-  std::vector<Array> st = opt_->init_state({full});
-  size_t k = 0;
-  const std::vector<optim::StateSlot> slots = opt_->state_slots(store_.types());
-  for (size_t j = 0; j < slots.size(); ++j)
-    if (slots[j].param == i) {
-      if (k >= st.size()) throw InternalError("[ShardedTrainStep] set_param: optimizer slots do not line up");
-      s.opt_state[j] = shard(st[k++], exe_->in_sharding(static_cast<int>(n_params_ + j)), proc);
-    }
-}
-
-void ShardedTrainStep::set_param(ShardedTrainState& s, int i, const BoxReader& read) const {
-  const std::vector<TensorType> types = store_.types();
-  check_param(s, i, i >= 0 && static_cast<size_t>(i) < types.size() ? types[i] : TensorType{});
-  const int proc = exe_->process();
-  s.params[i] = shard(types[i], read, exe_->in_sharding(i), proc);
-  auto zeros = [](const std::vector<int64_t>&, Array& out) {
-    if (out.nbytes()) std::memset(out.raw(), 0, static_cast<size_t>(out.nbytes()));
-  };
-  const std::vector<optim::StateSlot> slots = opt_->state_slots(types);
-  for (size_t j = 0; j < slots.size(); ++j)
-    if (slots[j].param == i)
-      s.opt_state[j] = shard(slots[j].type, zeros, exe_->in_sharding(static_cast<int>(n_params_ + j)), proc);
-}
-
-void ShardedTrainStep::check_param(const ShardedTrainState& s, int i, const TensorType& type) const {
-  if (s.params.size() != n_params_ || s.opt_state.size() != n_state_)
-    throw Error("[ShardedTrainStep] set_param: the state does not belong to this step (make it with begin_state)");
-  if (i < 0 || static_cast<size_t>(i) >= n_params_)
-    throw Error("[ShardedTrainStep] set_param: param index " + std::to_string(i) + " is outside [0, " +
-                std::to_string(n_params_) + ")");
-  const TensorType want = store_.types()[i];
-  if (type != want)
-    throw Error("[ShardedTrainStep] set_param: param '" + store_.paths()[i] + "' is " + type_str(want) + ", got " +
-                type_str(type));
-}
-
-const Sharding& ShardedTrainStep::batch_sharding(int i) const {
-  return exe_->in_sharding(static_cast<int>(n_params_ + n_state_) + i);
-}
-
-StepMetrics ShardedTrainStep::operator()(ShardedTrainState& state, const std::vector<Array>& batch) {
-  ExclusiveCall call(busy_, "training step");  // out_ is reused by every call
-  if (state.params.size() != n_params_ || state.opt_state.size() != n_state_)
-    throw Error("[ShardedTrainStep] the state does not belong to this step (make it with ShardedTrainStep::init)");
-  for (size_t i = 0; i < n_params_; ++i)
-    if (state.params[i].shards().empty())
-      throw Error("[ShardedTrainStep] param '" + store_.paths()[i] +
-                  "' was never set: give every param with set_param (or make the state with init)");
-  if (batch.size() != batch_types_.size())
-    throw Error("[ShardedTrainStep] expected " + std::to_string(batch_types_.size()) + " batch arrays, got " +
-                std::to_string(batch.size()));
-  // Params and state live where the step keeps them (offload: pinned_host); moved there once.
-  size_t k = 0;
-  for (auto* group : {&state.params, &state.opt_state})
-    for (ShardedArray& a : *group) {
-      const MemoryKind want = exe_->executable().input_kind(static_cast<int>(k++));
-      for (Array& sh : a.mutable_shards())
-        if (sh.placement().kind != want) sh = sh.to({sh.placement().device, want});
-    }
-  std::vector<ShardedArray> in;
-  in.reserve(n_params_ + n_state_ + batch.size() + 1);
-  for (auto& p : state.params) in.push_back(p);
-  for (auto& s : state.opt_state) in.push_back(s);
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (batch[i].type() != batch_types_[i])
-      throw Error("[ShardedTrainStep] batch array " + std::to_string(i) + " has type " + type_str(batch[i].type()) +
-                  ", the step was traced for " + type_str(batch_types_[i]));
-    in.push_back(shard(batch[i], batch_sharding(static_cast<int>(i)), exe_->process()));
-  }
-  Array step = Array::from_i32({detail::traced_step(state.step, "ShardedTrainStep")}, {});
-  in.push_back(shard(step, exe_->in_sharding(static_cast<int>(in.size())), exe_->process()));
-  // Double buffering: outputs land in the buffers of the state before last, then swap in.
-  std::vector<ShardedArray>& out = out_;
-  exe_->run_into(in, out);
-  // The metrics are replicated: any local shard holds them.
-  StepMetrics m = detail::step_metrics(out[0].shards()[0].to_f32()[0], out[1].shards()[0].to_f32()[0],
-                                       out[2].shards()[0].to_f32()[0], skip_nonfinite_);
-  for (size_t i = 0; i < n_params_; ++i) std::swap(state.params[i], out[3 + i]);
-  for (size_t i = 0; i < n_state_; ++i) std::swap(state.opt_state[i], out[3 + n_params_ + i]);
-  if (m.skipped)
-    ++state.skipped;
-  else
-    ++state.step;
-  ++steps_run_;
-  return m;
-}
-
-std::vector<Array> ShardedTrainStep::gather_params(const ShardedTrainState& s) const {
-  std::vector<Array> out;
-  for (const auto& p : s.params) out.push_back(gather(p, exe_->communicator()));
-  return out;
-}
-
-std::vector<Array> ShardedTrainStep::gather_opt_state(const ShardedTrainState& s) const {
-  std::vector<Array> out;
-  for (const auto& p : s.opt_state) out.push_back(gather(p, exe_->communicator()));
-  return out;
-}
-
-void ShardedTrainStep::save(const std::string& path, const ShardedTrainState& state) const {
-  // write_checkpoint rejects a state of another step (counts or types) with the caller's name.
-  // Over several processes the gathers are collectives; process 0 writes, and nobody returns
-  // before the file is there (a load right after sees it).
-  std::vector<Array> params = gather_params(state), opt_state = gather_opt_state(state);
-  if (exe_->process() == 0)
-    detail::write_checkpoint(path, detail::checkpoint_layout(store_, *opt_), params, opt_state, state.step,
-                             "ShardedTrainStep");
-  if (mesh_.num_processes() > 1) exe_->communicator().barrier();
-}
-
-ShardedTrainState ShardedTrainStep::load(const std::string& path) const {
-  TrainState full = detail::read_checkpoint(path, detail::checkpoint_layout(store_, *opt_));
-  ShardedTrainState s;
-  // Each full array is dropped once sharded, so the full and the sharded state never both exist whole.
-  for (size_t i = 0; i < n_params_; ++i) {
-    s.params.push_back(shard(full.params[i], exe_->in_sharding(static_cast<int>(i)), exe_->process()));
-    full.params[i] = Array();
-  }
-  for (size_t i = 0; i < n_state_; ++i) {
-    s.opt_state.push_back(
-        shard(full.opt_state[i], exe_->in_sharding(static_cast<int>(n_params_ + i)), exe_->process()));
-    full.opt_state[i] = Array();
-  }
-  s.step = full.step;
-  return s;
-}
-
-std::string ShardedTrainStep::collectives_table() const {
-  std::ostringstream os;
-  struct Row {
-    int64_t count = 0, bytes = 0;
-  };
-  std::map<std::string, Row> planned;
-  for (const CollectiveRecord& c : exe_->program().collectives) {
-    if (c.kind == "local_slice") continue;
-    std::string key = c.kind;
-    for (size_t i = 0; i < c.axes.size(); ++i) key += (i ? "," : " over ") + c.axes[i];
-    Row& r = planned[key];
-    ++r.count;
-    r.bytes += local_bytes(c.kind == "all_gather" ? c.result : c.operand);
-  }
-  os << "planned collectives per step (payload bytes per device):\n";
-  for (const auto& [k, r] : planned) os << "  " << k << ": " << r.count << " calls, " << r.bytes << " bytes\n";
-  const CollectiveStats& st = exe_->stats();
-  const int64_t steps = std::max<int64_t>(steps_run_, 1);
-  const int64_t devices = std::max<int64_t>(static_cast<int64_t>(exe_->positions().size()), 1);
-  os << "counted at run time, per step and device (over " << steps_run_ << " steps):\n";
-  for (int k = 0; k < kNumCollectiveKinds; ++k) {
-    CollectiveStats::Entry e =
-        st.per_device.empty() ? CollectiveStats::Entry{} : st.total(static_cast<CollectiveKind>(k));
-    if (e.calls == 0) continue;
-    os << "  " << collective_name(static_cast<CollectiveKind>(k)) << ": " << e.calls / (steps * devices)
-       << " calls, payload " << e.payload_bytes / (steps * devices) << " bytes, wire "
-       << e.wire_bytes / (steps * devices) << " bytes\n";
-  }
-  return os.str();
-}
-
 ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std::vector<std::string> param_paths,
                                  std::vector<TensorType> arg_types, Mesh mesh, ShardingStrategy strategy,
-                                 ShardingOptions options) {
+                                 ShardingOptions options, CompileOptions compile) {
   if (param_paths.empty())
     for (size_t i = 0; i < param_types.size(); ++i) param_paths.push_back("param." + std::to_string(i));
   if (param_paths.size() != param_types.size())
@@ -505,7 +302,7 @@ ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std
   }
   auto [g, prog] = program_of(plan_, false);
   graph_ = std::move(g);
-  exe_ = ShardedExecutable::compile(std::move(prog), {}, options.device_parallelism, options.communicator);
+  exe_ = ShardedExecutable::compile(std::move(prog), compile, options.device_parallelism, options.communicator);
 }
 
 ShardedFunction::~ShardedFunction() = default;
@@ -522,18 +319,6 @@ std::unique_ptr<ShardedFunction> jit(ShardedFunction::Fn fn, ShardingStrategy st
                                      const std::vector<TensorType>& arg_types, const Mesh& mesh,
                                      const ShardingOptions& options) {
   return std::make_unique<ShardedFunction>(std::move(fn), param_types, param_paths, arg_types, mesh, strategy, options);
-}
-
-std::unique_ptr<ShardedFunction> create_sharded_model(
-    nn::ParamStore& store, const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& model_fn,
-    const std::vector<TensorType>& sample_types, const Mesh& mesh, ShardingStrategy strategy,
-    const ShardingOptions& options) {
-  nn::ParamStore* s = &store;
-  auto fn = [s, model_fn](const std::vector<Tensor>& params, const std::vector<Tensor>& args) {
-    nn::ParamBinding b = s->bind(params);
-    return model_fn(args);
-  };
-  return jit(fn, strategy, store.types(), store.paths(), sample_types, mesh, options);
 }
 
 }  // namespace px

@@ -1,4 +1,4 @@
-// The sharding decision of a training step under a recipe or AUTO, shared by ShardedTrainStep
+// The sharding decision of a training step under a recipe or AUTO, shared by TrainStep on a mesh
 // (which partitions, compiles and runs it) and the cost model and solver (src/sharding/auto/,
 // which partition and plan it without allocating anything).
 #pragma once
@@ -22,7 +22,7 @@ struct DecidedStep {
 // Traces the step from the store's param types (no param is allocated), plans the recipe
 // (throws px::Error when it does not apply: an unknown axis, a spec that does not divide) or
 // solves AUTO (throws px::UserError when no plan fits the devices' memory) and decides the step:
-// what ShardedTrainStep's constructor does before partitioning.
+// what TrainStep's constructor does on a mesh before partitioning.
 DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                                 const std::vector<TensorType>& batch_types, const Mesh& mesh,
                                 ShardingStrategy strategy, const ShardingOptions& sharding,

@@ -1,4 +1,5 @@
-#include "parallax/train.h"
+// The traced training step (trace_train_step) and TrainStep on one device.
+#include "train/steps.h"
 
 #include <fmt/format.h>
 
@@ -103,10 +104,11 @@ StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
   return p;
 }
 
-TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss_fn,
-                     std::vector<TensorType> batch_types, TrainStepOptions options)
-    : store_(store), opt_(std::move(opt)), batch_types_(std::move(batch_types)) {
-  if (!opt_) throw Error("[TrainStep] no optimizer given");
+namespace detail {
+
+OneDeviceStep::OneDeviceStep(nn::ParamStore& store, optim::OptimizerPtr opt, TrainStep::LossFn loss_fn,
+                             std::vector<TensorType> batch_types, const TrainStepOptions& options)
+    : store_(store), opt_(std::move(opt)), batch_types_(std::move(batch_types)), replicated_(Sharding::replicated(Mesh())) {
   n_params_ = static_cast<size_t>(store_.size());
   n_state_ = opt_->state_slots(store_.types()).size();
   skip_nonfinite_ = options.skip_nonfinite;
@@ -172,7 +174,7 @@ TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss
           "[TrainStep] the step needs {} bytes per device with remat {}{}, over the memory limit of {} bytes. "
           "At the peak:\n{}Planned peaks with other settings:{}\nSet TrainStepOptions::remat (RematPolicy::automatic picks "
           "the least recompute that fits) or TrainStepOptions::offload, shrink the batch, or shard the step over "
-          "more devices (ShardedTrainStep with FSDP)",
+          "more devices (TrainStepOptions::mesh with FSDP)",
           peak, remat_policy_name(options.remat.policy),
           options.offload.params.empty() && !options.offload.optimizer_state ? "" : " and the offload set", limit,
           planned.to_string(), alternatives));
@@ -188,28 +190,18 @@ TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss
   }
   inputs_.resize(graph_->inputs().size());
   inputs_.back() = Array(DType::i32, {});
+  // Seen as a mesh: one device, every param replicated.
+  plan_.strategy = ShardingStrategy::DDP;
+  const std::vector<std::string> paths = store_.paths();
+  const std::vector<TensorType> types = store_.types();
+  for (size_t i = 0; i < paths.size(); ++i)
+    plan_.params.push_back({paths[i], types[i], PartitionSpec(), numel(types[i].shape) * dtype_size(types[i].dtype),
+                            "one device"});
 }
 
-TrainStep::~TrainStep() = default;
-
-TrainState TrainStep::init(uint64_t seed) const { return init(store_.init(seed)); }
-
-TrainState TrainStep::init(std::vector<Array> params) const {
-  if (params.size() != n_params_)
-    throw Error("[TrainStep] got " + std::to_string(params.size()) + " params, the model has " +
-                std::to_string(n_params_));
-  TrainState s;
-  s.opt_state = opt_->init_state(params);
-  s.params = std::move(params);
-  return s;
-}
-
-StepMetrics TrainStep::operator()(TrainState& state, const std::vector<Array>& batch) {
+StepMetrics OneDeviceStep::run(std::vector<Array>& params, std::vector<Array>& opt_state, int64_t& step,
+                               int64_t& skipped, const std::vector<Array>& batch) {
   ExclusiveCall call(busy_, "training step");  // inputs_ and outputs_ are reused by every call
-  if (state.params.size() != n_params_ || state.opt_state.size() != n_state_)
-    throw Error("[TrainStep] the state holds " + std::to_string(state.params.size()) + " params and " +
-                std::to_string(state.opt_state.size()) + " optimizer tensors; expected " + std::to_string(n_params_) +
-                " and " + std::to_string(n_state_) + " (make it with TrainStep::init)");
   if (batch.size() != batch_types_.size())
     throw Error("[TrainStep] expected " + std::to_string(batch_types_.size()) + " batch arrays, got " +
                 std::to_string(batch.size()));
@@ -219,90 +211,31 @@ StepMetrics TrainStep::operator()(TrainState& state, const std::vector<Array>& b
                   ", the step was traced for " + type_str(batch_types_[i]));
   size_t k = 0;
   // Params and state live where the step keeps them (offload: pinned_host); moved there once.
-  for (auto* group : {&state.params, &state.opt_state})
+  for (auto* group : {&params, &opt_state})
     for (auto& a : *group) {
       const MemoryKind want = exe_->input_kind(static_cast<int>(k));
       if (a.placement().kind != want) a = a.to({a.placement().device, want});
       inputs_[k++] = a;
     }
   for (auto& b : batch) inputs_[k++] = b;
-  inputs_[k].data<int32_t>()[0] = detail::traced_step(state.step, "TrainStep");
+  inputs_[k].data<int32_t>()[0] = traced_step(step, "TrainStep");
   // Reuse last step's buffers unless the caller kept a handle to them (a copied TrainState).
   for (auto& o : outputs_)
     if (!o.sole_owner()) o = Array(o.dtype(), o.shape(), o.placement());
   exe_->run_into(inputs_, outputs_);
 
-  StepMetrics m = detail::step_metrics(outputs_[0].to_f32()[0], outputs_[1].to_f32()[0], outputs_[2].to_f32()[0],
+  StepMetrics m = step_metrics(outputs_[0].to_f32()[0], outputs_[1].to_f32()[0], outputs_[2].to_f32()[0],
                                        skip_nonfinite_);
   // Double buffering: the new values become the state, the old buffers take the next outputs.
-  for (size_t i = 0; i < n_params_; ++i) std::swap(state.params[i], outputs_[3 + i]);
-  for (size_t i = 0; i < n_state_; ++i) std::swap(state.opt_state[i], outputs_[3 + n_params_ + i]);
-  if (m.skipped) ++state.skipped;
-  else ++state.step;
+  for (size_t i = 0; i < n_params_; ++i) std::swap(params[i], outputs_[3 + i]);
+  for (size_t i = 0; i < n_state_; ++i) std::swap(opt_state[i], outputs_[3 + n_params_ + i]);
+  if (m.skipped) ++skipped;
+  else ++step;
+  ++steps_run_;
   for (size_t i = 0; i < inputs_.size() - 1; ++i) inputs_[i] = Array();
   return m;
 }
 
-namespace detail {
-
-CheckpointLayout checkpoint_layout(const nn::ParamStore& store, const optim::Optimizer& opt) {
-  CheckpointLayout l;
-  l.names = store.paths();
-  l.types = store.types();
-  l.n_params = l.names.size();
-  l.optimizer = opt.name();
-  std::vector<std::string> paths = l.names;
-  for (const optim::StateSlot& s : opt.state_slots(store.types())) {
-    l.names.push_back(paths[s.param] + "." + s.name);
-    l.types.push_back(s.type);
-  }
-  return l;
-}
-
-void write_checkpoint(const std::string& path, const CheckpointLayout& layout, const std::vector<Array>& params,
-                      const std::vector<Array>& opt_state, int64_t step, const std::string& who) {
-  if (params.size() != layout.n_params || params.size() + opt_state.size() != layout.names.size())
-    throw Error("[" + who + "::save] the state does not belong to this step (make it with " + who + "::init)");
-  std::vector<Array> arrays = params;
-  arrays.insert(arrays.end(), opt_state.begin(), opt_state.end());
-  for (size_t i = 0; i < arrays.size(); ++i)
-    if (arrays[i].type() != layout.types[i])
-      throw Error("[" + who + "::save] the state's tensor '" + layout.names[i] + "' is " + type_str(arrays[i].type()) +
-                  " but this step has " + type_str(layout.types[i]) +
-                  "; the state does not belong to this step (make it with " + who + "::init)");
-  save_safetensors(path, layout.names, arrays, {{"step", std::to_string(step)}, {"optimizer", layout.optimizer}});
-}
-
 }  // namespace detail
-
-std::vector<std::string> TrainStep::state_names() const {
-  detail::CheckpointLayout l = detail::checkpoint_layout(store_, *opt_);
-  return std::vector<std::string>(l.names.begin() + l.n_params, l.names.end());
-}
-
-void TrainStep::save(const std::string& path, const TrainState& state) const {
-  detail::write_checkpoint(path, detail::checkpoint_layout(store_, *opt_), state.params, state.opt_state, state.step,
-                           "TrainStep");
-}
-
-TrainState TrainStep::load(const std::string& path) const {
-  return detail::read_checkpoint(path, detail::checkpoint_layout(store_, *opt_));
-}
-
-const Graph& TrainStep::graph() const { return *graph_; }
-const Executable& TrainStep::executable() const { return *exe_; }
-
-ForwardFn::ForwardFn(nn::ParamStore& store, Fn fn, std::vector<TensorType> batch_types, CompileOptions options) {
-  auto g = nn::trace_with_params(store, fn, batch_types);
-  exe_ = Executable::compile(*g, options);
-}
-
-ForwardFn::~ForwardFn() = default;
-
-std::vector<Array> ForwardFn::operator()(const std::vector<Array>& params, const std::vector<Array>& batch) {
-  std::vector<Array> in = params;
-  in.insert(in.end(), batch.begin(), batch.end());
-  return exe_->run(in);
-}
 
 }  // namespace px
