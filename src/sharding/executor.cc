@@ -2,6 +2,9 @@
 // process, i.e. the communicator's local positions of the mesh (one schedule with collectives as
 // its nodes, one buffer plan, an arena per device), run in lockstep through the injected
 // communicator (the in-process one over every position by default).
+#include <map>
+#include <memory>
+#include <mutex>
 #include <sstream>
 
 #include "backend/cpu/kernel.h"
@@ -17,10 +20,24 @@
 namespace px {
 
 std::function<CollectiveGroups(const Node&)> collective_groups(const Mesh& mesh) {
-  return [mesh](const Node& n) {
+  // A program has many collectives over few distinct axis sets: each set's groups are built once
+  // (on a mesh of a thousand devices, building them for every node dominated AUTO's planning).
+  struct Cache {
+    std::mutex mu;
+    std::map<std::vector<int>, std::shared_ptr<const std::vector<std::vector<int>>>> groups;
+  };
+  auto cache = std::make_shared<Cache>();
+  return [mesh, cache](const Node& n) {
     CollectiveGroups cg;
     std::vector<int> axes = spmd::axis_ids(mesh, split_axes(n.attrs.s("axes")));
-    cg.groups = mesh.groups(axes);
+    std::shared_ptr<const std::vector<std::vector<int>>> groups;
+    {
+      std::lock_guard<std::mutex> lock(cache->mu);
+      auto& slot = cache->groups[axes];
+      if (!slot) slot = std::make_shared<const std::vector<std::vector<int>>>(mesh.groups(axes));
+      groups = slot;
+    }
+    cg.groups = *groups;
     if (n.prim->name == "collective_permute") {
       const auto& p = n.attrs.ints("pairs");
       for (const auto& grp : cg.groups)

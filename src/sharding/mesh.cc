@@ -101,25 +101,26 @@ int64_t Mesh::index_in_group(int position, const std::vector<int>& axes) const {
 }
 
 std::vector<std::vector<int>> Mesh::groups(const std::vector<int>& axes) const {
-  // Key each position by its coordinates outside `axes`; groups come out in order of first member.
+  // A position's group is numbered by its coordinates outside `axes` (row-major), which is also
+  // the order of the groups' first members; its place in the group by its coordinates on `axes`.
   std::vector<char> in_group(axes_.size(), 0);
-  for (int a : axes) in_group.at(a) = 1;
-  int64_t gsize = group_size(axes);
-  std::vector<std::vector<int>> out;
-  std::vector<int> group_of_key;
-  std::vector<int64_t> keys;
+  for (int a : axes) {
+    if (in_group.at(a)) throw Error("[mesh] groups: axis '" + axes_[a].name + "' given twice");
+    in_group[a] = 1;
+  }
+  const int64_t gsize = group_size(axes);
+  std::vector<std::vector<int>> out(static_cast<size_t>(size() / gsize), std::vector<int>(gsize, -1));
+  std::vector<int64_t> c(axes_.size(), 0);  // the coordinates of p, counted up row-major
   for (int p = 0; p < size(); ++p) {
-    std::vector<int64_t> c = coords(p);
-    int64_t key = 0;
+    int64_t key = 0, k = 0;
     for (int i = 0; i < rank(); ++i)
       if (!in_group[i]) key = key * axes_[i].size + c[i];
-    size_t g = 0;
-    while (g < keys.size() && keys[g] != key) ++g;
-    if (g == keys.size()) {
-      keys.push_back(key);
-      out.emplace_back(static_cast<size_t>(gsize), -1);
+    for (int a : axes) k = k * axes_[a].size + c[a];
+    out[static_cast<size_t>(key)][static_cast<size_t>(k)] = p;
+    for (int i = rank() - 1; i >= 0; --i) {
+      if (++c[i] < axes_[i].size) break;
+      c[i] = 0;
     }
-    out[g][static_cast<size_t>(index_in_group(p, axes))] = p;
   }
   return out;
 }
