@@ -31,13 +31,13 @@ ShardingDecision decide_train_step(const StepProgram& program, const ShardingPla
                                    const std::vector<PartitionSpec>& state_specs,
                                    const std::vector<TensorType>& batch_types, int64_t bucket_bytes);
 
-// A plain function sharded by a recipe: its first argument is the params (as one list).
+// A plain function sharded by a recipe or AUTO over `on.mesh` (which must be set): its first
+// argument is the params (as one list).
 class ShardedFunction {
  public:
   using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>& params, const std::vector<Tensor>& args)>;
   ShardedFunction(Fn fn, std::vector<TensorType> param_types, std::vector<std::string> param_paths,
-                  std::vector<TensorType> arg_types, Mesh mesh, ShardingStrategy strategy,
-                  ShardingOptions options = {}, CompileOptions compile = {});
+                  std::vector<TensorType> arg_types, const ForwardOptions& on);
   ~ShardedFunction();
   // Full host arrays in, full outputs out (sharded, run, gathered).
   std::vector<Array> operator()(const std::vector<Array>& params, const std::vector<Array>& args);

@@ -37,7 +37,7 @@ enum class RematPolicy {
   nothing_saveable,  // full, and outside the layers too (embedding, head and loss recomputed)
   dots_saveable,     // in each layer save contraction outputs (dot_general, fused attention) and the input
   dots_with_no_batch_dims_saveable,  // only matmuls without batch dims (weights, not attention)
-  names,             // in each layer save the values tagged with one of RematOptions::names
+  names,                             // in each layer save the values tagged with one of RematOptions::names
   // dots_saveable, with the saved values and the layer inputs kept in pinned_host memory: sent
   // there in the forward pass, fetched back (a layer ahead) for the backward pass
   offload,
@@ -161,7 +161,7 @@ class TrainStep {
   std::string table() const { return plan().table(); }
   // Collectives of one step: planned (partitioner, bytes per device) and counted at run time.
   std::string collectives_table() const;
-  const Graph& graph() const;  // the traced step (on a mesh: before partitioning)
+  const Graph& graph() const;                           // the traced step (on a mesh: before partitioning)
   const Executable& executable() const;                 // one device (on a mesh: throws)
   const ShardedExecutable& sharded_executable() const;  // on a mesh (on one device: throws)
   ShardedExecutable& sharded_executable();
@@ -182,10 +182,10 @@ struct StepProgram {
   std::unique_ptr<Graph> graph;  // inputs: params, optimizer state ("<path>.<slot>"), batch, step (i32)
                                  // outputs: loss, gradient norm, learning rate, new params, new state
   size_t n_params = 0, n_state = 0, n_batch = 0;
-  std::vector<std::string> paths;  // per param
-  std::vector<int> grads;          // per param: the value of its gradient (before clipping)
-  int forward_end = 0;             // nodes [0, forward_end) compute the loss
-  int backward_end = 0;            // nodes [forward_end, backward_end) the gradients; then clip and update
+  std::vector<std::string> paths;          // per param
+  std::vector<int> grads;                  // per param: the value of its gradient (before clipping)
+  int forward_end = 0;                     // nodes [0, forward_end) compute the loss
+  int backward_end = 0;                    // nodes [forward_end, backward_end) the gradients; then clip and update
   std::vector<MemoryCategory> categories;  // per value: params, optimizer state, gradients, activations, ...
   std::vector<MemoryKind> input_kinds;     // per graph input, where it lives (empty: all device)
   std::vector<MemoryKind> kinds;           // per value, where it is computed (empty: all device)
@@ -236,8 +236,8 @@ class ForwardFn {
   ~ForwardFn();
   // Full params and batch in, full outputs out.
   std::vector<Array> operator()(const std::vector<Array>& params, const std::vector<Array>& batch);
-  const Executable& executable() const;                 // one device (on a mesh: throws)
-  const ShardedFunction& sharded() const;               // on a mesh (on one device: throws)
+  const Executable& executable() const;    // one device (on a mesh: throws)
+  const ShardedFunction& sharded() const;  // on a mesh (on one device: throws)
 
  private:
   std::unique_ptr<Executable> exe_;

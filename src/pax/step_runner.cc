@@ -88,8 +88,8 @@ void StepRunner::restore(const Checkpoint& c) {
     const ShardedArray& a = restored(c, names_[i], now.type());
     ShardedArray got = step_.on_mesh() ? a : ShardedArray(a.type(), now.sharding(), {a.shard(0)});
     if (got.sharding() != now.sharding())
-      throw InternalError("[pax] checkpoint tensor '" + names_[i] + "' was restored onto " +
-                          a.sharding().to_string() + ", the step holds it as " + now.sharding().to_string());
+      throw InternalError("[pax] checkpoint tensor '" + names_[i] + "' was restored onto " + a.sharding().to_string() +
+                          ", the step holds it as " + now.sharding().to_string());
     (i < np ? s.params : s.opt_state).push_back(std::move(got));
   }
   s.step = c.step;

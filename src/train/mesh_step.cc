@@ -118,7 +118,7 @@ StepMetrics MeshStep::operator()(TrainState& state, const std::vector<Array>& ba
   exe_->run_into(in, out);
   // The metrics are replicated: any local shard holds them.
   StepMetrics m = step_metrics(out[0].shards()[0].to_f32()[0], out[1].shards()[0].to_f32()[0],
-                                       out[2].shards()[0].to_f32()[0], skip_nonfinite_);
+                               out[2].shards()[0].to_f32()[0], skip_nonfinite_);
   for (size_t i = 0; i < n_params_; ++i) std::swap(state.params[i], out[3 + i]);
   for (size_t i = 0; i < n_state_; ++i) std::swap(state.opt_state[i], out[3 + n_params_ + i]);
   if (m.skipped)
@@ -147,8 +147,7 @@ void MeshStep::save(const std::string& path, const TrainState& state) const {
   // before the file is there (a load right after sees it).
   std::vector<Array> params = gather_params(state), opt_state = gather_opt_state(state);
   if (exe_->process() == 0)
-    write_checkpoint(path, checkpoint_layout(store_, *opt_), params, opt_state, state.step,
-                             "TrainStep");
+    write_checkpoint(path, checkpoint_layout(store_, *opt_), params, opt_state, state.step, "TrainStep");
   if (mesh_.num_processes() > 1) exe_->communicator().barrier();
 }
 

@@ -21,7 +21,8 @@ StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
                              const std::vector<TensorType>& batch_types, double clip_norm, const std::string& who,
                              bool skip_nonfinite) {
   if (!(clip_norm >= 0.0) || !std::isfinite(clip_norm))
-    throw UserError(fmt::format("[{}] clip_norm must be a finite number >= 0 (0: no clipping), got {}", who, clip_norm));
+    throw UserError(
+        fmt::format("[{}] clip_norm must be a finite number >= 0 (0: no clipping), got {}", who, clip_norm));
   std::vector<TensorType> param_types = store.types();
   std::vector<optim::StateSlot> slots = opt.state_slots(param_types);
   StepProgram p;
@@ -90,16 +91,16 @@ StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
     if (i < p.forward_end)
       for (int v : g.nodes()[i].outputs) p.categories[v] = MemoryCategory::activations;
   for (size_t i = 0; i < g.inputs().size(); ++i)
-    p.categories[g.inputs()[i]] = i < n_params ? MemoryCategory::params
+    p.categories[g.inputs()[i]] = i < n_params             ? MemoryCategory::params
                                   : i < n_params + n_state ? MemoryCategory::optimizer_state
-                                  : MemoryCategory::activations;
+                                                           : MemoryCategory::activations;
   for (int v : p.grads) p.categories[v] = MemoryCategory::gradients;
   for (size_t o = 3; o < g.outputs().size(); ++o)
     p.categories[g.outputs()[o]] = o < 3 + n_params ? MemoryCategory::params : MemoryCategory::optimizer_state;
   dump_pass("trace_autodiff", [&] {
     return "# forward: nodes [0, " + std::to_string(p.forward_end) + "), backward: [" + std::to_string(p.forward_end) +
-           ", " + std::to_string(p.backward_end) + "), clipping and update: [" + std::to_string(p.backward_end) +
-           ", " + std::to_string(g.nodes().size()) + ")\n" + g.to_string();
+           ", " + std::to_string(p.backward_end) + "), clipping and update: [" + std::to_string(p.backward_end) + ", " +
+           std::to_string(g.nodes().size()) + ")\n" + g.to_string();
   });
   return p;
 }
@@ -108,7 +109,10 @@ namespace detail {
 
 OneDeviceStep::OneDeviceStep(nn::ParamStore& store, optim::OptimizerPtr opt, TrainStep::LossFn loss_fn,
                              std::vector<TensorType> batch_types, const TrainStepOptions& options)
-    : store_(store), opt_(std::move(opt)), batch_types_(std::move(batch_types)), replicated_(Sharding::replicated(Mesh())) {
+    : store_(store),
+      opt_(std::move(opt)),
+      batch_types_(std::move(batch_types)),
+      replicated_(Sharding::replicated(Mesh())) {
   n_params_ = static_cast<size_t>(store_.size());
   n_state_ = opt_->state_slots(store_.types()).size();
   skip_nonfinite_ = options.skip_nonfinite;
@@ -159,8 +163,7 @@ OneDeviceStep::OneDeviceStep(nn::ParamStore& store, optim::OptimizerPtr opt, Tra
       const int64_t q = peak_with(program, all);
       alternatives += fmt::format("\n  offload params and optimizer state: {} bytes{}", q, q <= limit ? " (fits)" : "");
       const int64_t both = peak_with(remat_step(traced(), {RematPolicy::full, {}}), all);
-      alternatives +=
-          fmt::format("\n  remat full and offload both: {} bytes{}", both, both <= limit ? " (fits)" : "");
+      alternatives += fmt::format("\n  remat full and offload both: {} bytes{}", both, both <= limit ? " (fits)" : "");
       // FSDP over n devices splits params, gradients and optimizer state n ways (an estimate from
       // the split above: activations stay as they are, collective buffers are left out).
       auto at_peak = [&](MemoryCategory c) { return planned.by_category[static_cast<int>(c)]; };
@@ -168,11 +171,13 @@ OneDeviceStep::OneDeviceStep(nn::ParamStore& store, optim::OptimizerPtr opt, Tra
                             at_peak(MemoryCategory::optimizer_state);
       for (int n : {2, 4, 8}) {
         const int64_t est = peak - state + state / n;
-        alternatives += fmt::format("\n  FSDP over {} devices: about {} bytes{}", n, est, est <= limit ? " (fits)" : "");
+        alternatives +=
+            fmt::format("\n  FSDP over {} devices: about {} bytes{}", n, est, est <= limit ? " (fits)" : "");
       }
       throw UserError(fmt::format(
           "[TrainStep] the step needs {} bytes per device with remat {}{}, over the memory limit of {} bytes. "
-          "At the peak:\n{}Planned peaks with other settings:{}\nSet TrainStepOptions::remat (RematPolicy::automatic picks "
+          "At the peak:\n{}Planned peaks with other settings:{}\nSet TrainStepOptions::remat (RematPolicy::automatic "
+          "picks "
           "the least recompute that fits) or TrainStepOptions::offload, shrink the batch, or shard the step over "
           "more devices (TrainStepOptions::mesh with FSDP)",
           peak, remat_policy_name(options.remat.policy),
@@ -195,8 +200,8 @@ OneDeviceStep::OneDeviceStep(nn::ParamStore& store, optim::OptimizerPtr opt, Tra
   const std::vector<std::string> paths = store_.paths();
   const std::vector<TensorType> types = store_.types();
   for (size_t i = 0; i < paths.size(); ++i)
-    plan_.params.push_back({paths[i], types[i], PartitionSpec(), numel(types[i].shape) * dtype_size(types[i].dtype),
-                            "one device"});
+    plan_.params.push_back(
+        {paths[i], types[i], PartitionSpec(), numel(types[i].shape) * dtype_size(types[i].dtype), "one device"});
 }
 
 StepMetrics OneDeviceStep::run(std::vector<Array>& params, std::vector<Array>& opt_state, int64_t& step,
@@ -224,13 +229,15 @@ StepMetrics OneDeviceStep::run(std::vector<Array>& params, std::vector<Array>& o
     if (!o.sole_owner()) o = Array(o.dtype(), o.shape(), o.placement());
   exe_->run_into(inputs_, outputs_);
 
-  StepMetrics m = step_metrics(outputs_[0].to_f32()[0], outputs_[1].to_f32()[0], outputs_[2].to_f32()[0],
-                                       skip_nonfinite_);
+  StepMetrics m =
+      step_metrics(outputs_[0].to_f32()[0], outputs_[1].to_f32()[0], outputs_[2].to_f32()[0], skip_nonfinite_);
   // Double buffering: the new values become the state, the old buffers take the next outputs.
   for (size_t i = 0; i < n_params_; ++i) std::swap(params[i], outputs_[3 + i]);
   for (size_t i = 0; i < n_state_; ++i) std::swap(opt_state[i], outputs_[3 + n_params_ + i]);
-  if (m.skipped) ++skipped;
-  else ++step;
+  if (m.skipped)
+    ++skipped;
+  else
+    ++step;
   ++steps_run_;
   for (size_t i = 0; i < inputs_.size() - 1; ++i) inputs_[i] = Array();
   return m;

@@ -45,9 +45,7 @@ void write_checkpoint(const std::string& path, const CheckpointLayout& layout, c
 namespace {
 
 // On one device each param is one shard holding the whole array.
-ShardedArray whole(const Array& a, const Sharding& replicated) {
-  return ShardedArray(a.type(), replicated, {a});
-}
+ShardedArray whole(const Array& a, const Sharding& replicated) { return ShardedArray(a.type(), replicated, {a}); }
 
 }  // namespace
 
@@ -55,8 +53,8 @@ TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss
                      std::vector<TensorType> batch_types, TrainStepOptions options) {
   if (!opt) throw Error("[TrainStep] no optimizer given");
   if (options.mesh)
-    mesh_ = std::make_unique<detail::MeshStep>(store, std::move(opt), std::move(loss_fn), std::move(batch_types),
-                                               options);
+    mesh_ =
+        std::make_unique<detail::MeshStep>(store, std::move(opt), std::move(loss_fn), std::move(batch_types), options);
   else
     one_ = std::make_unique<detail::OneDeviceStep>(store, std::move(opt), std::move(loss_fn), std::move(batch_types),
                                                    options);
@@ -64,9 +62,7 @@ TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss
 
 TrainStep::~TrainStep() = default;
 
-TrainState TrainStep::init(uint64_t seed) const {
-  return init((one_ ? one_->store() : mesh_->store()).init(seed));
-}
+TrainState TrainStep::init(uint64_t seed) const { return init((one_ ? one_->store() : mesh_->store()).init(seed)); }
 
 TrainState TrainStep::init(const std::vector<Array>& params) const {
   const size_t n = (one_ ? one_->store() : mesh_->store()).size();
@@ -126,8 +122,8 @@ void TrainStep::set_param(TrainState& s, int i, const Array& full) const {
 void TrainStep::set_param(TrainState& s, int i, const BoxReader& read) const {
   if (mesh_) return mesh_->set_param(s, i, read);
   const std::vector<TensorType> types = one_->store().types();
-  check_one_device_param(s, i, i >= 0 && static_cast<size_t>(i) < types.size() ? types[i] : TensorType{},
-                         one_->store(), one_->n_state());
+  check_one_device_param(s, i, i >= 0 && static_cast<size_t>(i) < types.size() ? types[i] : TensorType{}, one_->store(),
+                         one_->n_state());
   Array full(types[i].dtype, types[i].shape);
   read(std::vector<int64_t>(types[i].rank(), 0), full);
   set_param(s, i, full);
@@ -215,8 +211,7 @@ std::string TrainStep::collectives_table() const {
 const Graph& TrainStep::graph() const { return mesh_ ? mesh_->graph() : one_->graph(); }
 
 const Executable& TrainStep::executable() const {
-  if (!one_)
-    throw Error("[TrainStep] executable(): this step runs on a mesh; its program is sharded_executable()");
+  if (!one_) throw Error("[TrainStep] executable(): this step runs on a mesh; its program is sharded_executable()");
   return one_->executable();
 }
 
@@ -239,9 +234,7 @@ int64_t TrainStep::peak_bytes() const {
 
 const optim::Optimizer& TrainStep::optimizer() const { return one_ ? one_->optimizer() : mesh_->optimizer(); }
 
-const Sharding& TrainStep::batch_sharding(int i) const {
-  return mesh_ ? mesh_->batch_sharding(i) : one_->replicated();
-}
+const Sharding& TrainStep::batch_sharding(int i) const { return mesh_ ? mesh_->batch_sharding(i) : one_->replicated(); }
 
 int64_t TrainStep::steps_run() const { return mesh_ ? mesh_->steps_run() : one_->steps_run(); }
 
@@ -260,8 +253,7 @@ ForwardFn::ForwardFn(nn::ParamStore& store, Fn fn, std::vector<TensorType> batch
     nn::ParamBinding b = s->bind(params);
     return fn(args);
   };
-  sharded_ = std::make_unique<ShardedFunction>(bound, store.types(), store.paths(), std::move(batch_types),
-                                               *options.mesh, options.strategy, options.sharding, options.compile);
+  sharded_ = std::make_unique<ShardedFunction>(bound, store.types(), store.paths(), std::move(batch_types), options);
 }
 
 ForwardFn::~ForwardFn() = default;

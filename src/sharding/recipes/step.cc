@@ -234,8 +234,12 @@ DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& o
 }
 
 ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std::vector<std::string> param_paths,
-                                 std::vector<TensorType> arg_types, Mesh mesh, ShardingStrategy strategy,
-                                 ShardingOptions options, CompileOptions compile) {
+                                 std::vector<TensorType> arg_types, const ForwardOptions& on) {
+  if (!on.mesh)
+    throw Error("[jit] no mesh given: set ForwardOptions::mesh (a plain function on one device is px::trace)");
+  const Mesh mesh = *on.mesh;
+  const ShardingStrategy strategy = on.strategy;
+  const ShardingOptions& options = on.sharding;
   if (param_paths.empty())
     for (size_t i = 0; i < param_types.size(); ++i) param_paths.push_back("param." + std::to_string(i));
   if (param_paths.size() != param_types.size())
@@ -302,7 +306,7 @@ ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std
   }
   auto [g, prog] = program_of(plan_, false);
   graph_ = std::move(g);
-  exe_ = ShardedExecutable::compile(std::move(prog), compile, options.device_parallelism, options.communicator);
+  exe_ = ShardedExecutable::compile(std::move(prog), on.compile, options.device_parallelism, options.communicator);
 }
 
 ShardedFunction::~ShardedFunction() = default;
@@ -318,7 +322,8 @@ std::unique_ptr<ShardedFunction> jit(ShardedFunction::Fn fn, ShardingStrategy st
                                      const std::vector<std::string>& param_paths,
                                      const std::vector<TensorType>& arg_types, const Mesh& mesh,
                                      const ShardingOptions& options) {
-  return std::make_unique<ShardedFunction>(std::move(fn), param_types, param_paths, arg_types, mesh, strategy, options);
+  return std::make_unique<ShardedFunction>(std::move(fn), param_types, param_paths, arg_types,
+                                           ForwardOptions{.mesh = mesh, .strategy = strategy, .sharding = options});
 }
 
 }  // namespace px
