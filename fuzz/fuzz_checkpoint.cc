@@ -19,7 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   layout.optimizer = "sgd";
   px::fuzz::MemFile f(data, size);
   try {
-    px::TrainState s = px::detail::read_checkpoint(f.path(), layout);
+    px::detail::FullState s = px::detail::read_checkpoint(f.path(), layout);
     if (s.params.size() != 2 || s.opt_state.size() != 2 || s.step < 0) std::abort();
     for (size_t i = 0; i < 4; ++i)
       if ((i < 2 ? s.params[i] : s.opt_state[i - 2]).type() != layout.types[i]) std::abort();
