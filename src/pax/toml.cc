@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "io/toml_guard.h"
 #include "parallax/pax.h"
 
 namespace px::pax {
@@ -95,57 +96,12 @@ std::string to_toml(const ExperimentConfig& c) {
   std::ostringstream os;
   os << "# pax experiment config: `pax train --config <this file> --job_log_dir=DIR` reproduces it\n";
   if (!c.summary.empty()) os << "# " << c.summary << "\n";
-  os << root << "\n";
+  // Non-ASCII characters as escapes: the file reads back whatever they are (io/toml_guard.h).
+  os << toml::toml_formatter(root, toml::toml_formatter::default_flags & ~toml::format_flags::allow_unicode_strings)
+     << "\n";
   return os.str();
 }
 
-namespace {
-
-// TOML allows non-ASCII characters only in quoted strings and comments. toml++ 3.3 (Debian 12) has
-// undefined behaviour (an unreachable branch) when it meets one elsewhere, so such a file is
-// rejected here first, naming the line (found by fuzz/fuzz_toml.cc).
-void check_non_ascii(const std::string& text, const std::string& path) {
-  size_t line = 1;
-  char prev = '\n';  // the last character that is not a space or tab
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char ch = text[i];
-    if (ch != ' ' && ch != '\t' && ch != '"' && ch != '\'') prev = ch;
-    if (ch == '\n') {
-      ++line;
-    } else if (ch == '#') {  // a comment, to the end of the line
-      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
-    } else if ((ch == '"' || ch == '\'') && std::string_view("\n=[,{.").find(prev) != std::string_view::npos) {
-      // A string where TOML allows one: a key (at the start of a line, in a dotted key, a table
-      // header or an inline table) or a value (after '=', in an array).
-      prev = ch;
-      // A string: basic ("...", escapes) or literal ('...'), single-line or multi-line (three quotes).
-      const bool multi = text.compare(i, 3, std::string(3, ch)) == 0;
-      const std::string close = multi ? std::string(3, ch) : std::string(1, ch);
-      i += close.size();
-      while (i < text.size() && text.compare(i, close.size(), close) != 0) {
-        if (ch == '"' && text[i] == '\\' && i + 1 < text.size()) ++i;  // to the escaped character
-        if (text[i] == '\n') {
-          if (!multi) break;  // an unterminated string: toml++ reports it
-          ++line;
-        }
-        ++i;
-      }
-      if (i < text.size() && text[i] == '\n') ++line;
-      if (multi) {
-        // A closing run may carry up to two more quotes that belong to the string.
-        while (i + close.size() < text.size() && text[i + close.size()] == ch) ++i;
-      }
-      i += close.size() - 1;
-    } else if (static_cast<unsigned char>(ch) >= 0x80) {
-      throw Error(
-          fmt::format("[pax] {}: line {}: a non-ASCII character outside a quoted string or comment; TOML "
-                      "allows them only there (quote the key or value)",
-                      path, line));
-    }
-  }
-}
-
-}  // namespace
 
 // The file's table; a syntax error names the file and the line.
 static toml::table parse_toml_file(const std::string& path) {
@@ -154,7 +110,7 @@ static toml::table parse_toml_file(const std::string& path) {
   std::ostringstream buf;
   buf << in.rdbuf();
   const std::string text = buf.str();
-  check_non_ascii(text, path);
+  check_toml_text(text, path);
   try {
     return toml::parse(text, path);
   } catch (const toml::parse_error& e) {

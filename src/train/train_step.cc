@@ -1,8 +1,6 @@
 // px::TrainStep: one type for one device and for a mesh. It holds the way it runs (steps.h) and
 // gives both the same state (each param as this process's shards) and the same calls.
-#include <fmt/format.h>
-
-#include <cstring>
+#include <algorithm>
 
 #include "optim/checkpoint.h"
 #include "parallax/io.h"

@@ -18,14 +18,14 @@ ExperimentConfig tiny() { return experiment("copy.TransformerLmTiny"); }
 
 TEST(PaxConfig, EveryTypeIsAcceptedBySetField) {
   ExperimentConfig c = tiny();
-  set_field(c, "train.steps", "42");                 // int
-  set_field(c, "model.d_model", "1e2");              // an integral float is an int
-  set_field(c, "optimizer.lr", "2.5e-4");            // float
-  set_field(c, "tokenizer.model", "/x/spm.model");   // string
-  set_field(c, "model.tied_embedding", "false");     // bool
-  set_field(c, "optimizer.name", "sgd");             // enum
-  set_field(c, "data.paths", "a.txt, b/,'c,d.txt'"); // list (quotes keep commas)
-  set_field(c, "sharding.mesh", "data:4,model:2");   // mesh
+  set_field(c, "train.steps", "42");                  // int
+  set_field(c, "model.d_model", "1e2");               // an integral float is an int
+  set_field(c, "optimizer.lr", "2.5e-4");             // float
+  set_field(c, "tokenizer.model", "/x/spm.model");    // string
+  set_field(c, "model.tied_embedding", "false");      // bool
+  set_field(c, "optimizer.name", "sgd");              // enum
+  set_field(c, "data.paths", "a.txt, b/,'c,d.txt'");  // list (quotes keep commas)
+  set_field(c, "sharding.mesh", "data:4,model:2");    // mesh
   EXPECT_EQ(c.train.steps, 42);
   EXPECT_EQ(c.model.d_model, 100);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 2.5e-4);
@@ -48,8 +48,7 @@ TEST(PaxConfig, BadValuesNameTheFieldAndWhatIsAllowed) {
   EXPECT_NE(error_of([&] { set_field(c, "optimizer.lr", "fast"); }).find("optimizer.lr='fast' is not a float"),
             std::string::npos);
   EXPECT_NE(error_of([&] { set_field(c, "optimizer.lr", "-1"); }).find("a float in [0, 10]"), std::string::npos);
-  EXPECT_NE(error_of([&] { set_field(c, "model.tied_embedding", "maybe"); }).find("true or false"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { set_field(c, "model.tied_embedding", "maybe"); }).find("true or false"), std::string::npos);
   EXPECT_NE(error_of([&] { set_field(c, "optimizer.name", "lion"); }).find("one of adamw, adam, sgd, adafactor"),
             std::string::npos);
   EXPECT_NE(error_of([&] { set_field(c, "data.paths", "[a,"); }).find("data.paths"), std::string::npos);
@@ -72,7 +71,8 @@ TEST(PaxConfig, RelationsAndUnavailableFeaturesAreChecked) {
   EXPECT_EQ(error_of([&] { check_runnable(c); }), "<no error>");  // remat has landed
   set_field(c, "memory.remat", "auto");
   EXPECT_EQ(error_of([&] { validate(c); }), "<no error>");  // plannable
-  EXPECT_NE(error_of([&] { check_runnable(c); }).find("memory.remat=auto needs memory.budget_bytes"), std::string::npos);
+  EXPECT_NE(error_of([&] { check_runnable(c); }).find("memory.remat=auto needs memory.budget_bytes"),
+            std::string::npos);
   set_field(c, "memory.budget_bytes", "100000000");
   EXPECT_EQ(error_of([&] { check_runnable(c); }), "<no error>");
   c = tiny();
@@ -122,11 +122,15 @@ TEST(PaxConfig, TomlRejectsUnknownKeysAndWrongTypes) {
 // (toml++ 3.3 has undefined behaviour on them there; the fuzzer found it).
 TEST(PaxConfig, TomlNonAsciiOutsideStringsIsAnErrorNamingTheLine) {
   const std::string path = ::testing::TempDir() + "/pax_utf8.toml";
-  std::ofstream(path) << "experiment = 'copy.TransformerLmTiny' # d\xc3\xa9j\xc3\xa0 vu\n[data]\ncache_dir = \"caf\xc3\xa9\"\n"
-                      << "[tokenizer]\nmodel = '''\xc3\xa7" "a'''\n";
+  std::ofstream(path)
+      << "experiment = 'copy.TransformerLmTiny' # d\xc3\xa9j\xc3\xa0 vu\n[data]\ncache_dir = \"caf\xc3\xa9\"\n"
+      << "[tokenizer]\nmodel = '''\xc3\xa7"
+         "a'''\n";
   const ExperimentConfig c = from_toml_file(path);
   EXPECT_EQ(c.data.cache_dir, "caf\xc3\xa9");
-  EXPECT_EQ(c.tokenizer.model, "\xc3\xa7" "a");
+  EXPECT_EQ(c.tokenizer.model,
+            "\xc3\xa7"
+            "a");
   std::ofstream(path) << "experiment = 'copy.TransformerLmTiny'\n[train]\nsteps \xc3\xa7= 3\n";
   const std::string m = error_of([&] { from_toml_file(path); });
   EXPECT_NE(m.find("line 3: a non-ASCII character outside a quoted string or comment"), std::string::npos) << m;
@@ -135,6 +139,29 @@ TEST(PaxConfig, TomlNonAsciiOutsideStringsIsAnErrorNamingTheLine) {
   // A quote where no string may start is no string: what follows is outside one.
   std::ofstream(path) << "lgs = +\"clock\xc9\x89\"\n";
   EXPECT_NE(error_of([&] { from_toml_file(path); }).find("line 1: a non-ASCII character"), std::string::npos);
+  // An unquoted value runs up to a terminator, brackets and quotes included (the fuzzer's l=+["λ).
+  std::ofstream(path) << "l=+[\"\xce\xbb\n";
+  EXPECT_NE(error_of([&] { from_toml_file(path); }).find("line 1: a non-ASCII character"), std::string::npos);
+  // toml++ tests what follows a backslash in a multi-line string for whitespace.
+  std::ofstream(path) << "experiment = 'copy.TransformerLmTiny'\n[data]\ncache_dir = \"\"\"x\\\n\xce\xbby\"\"\"\n";
+  EXPECT_NE(error_of([&] { from_toml_file(path); }).find("line 3: a non-ASCII character after a backslash"),
+            std::string::npos)
+      << error_of([&] { from_toml_file(path); });
+  // Strings in arrays and inline tables, quoted keys in headers: read as data.
+  std::ofstream(path) << "experiment = 'copy.TransformerLmTiny'\n[sharding]\nrules = [\"x\xce\xbb=P()\", 'y']\n";
+  EXPECT_EQ(error_of([&] { from_toml_file(path); }).find("non-ASCII"), std::string::npos)
+      << error_of([&] { from_toml_file(path); });
+}
+
+// The written config escapes non-ASCII characters, so it reads back whatever they are.
+TEST(PaxConfig, WrittenConfigEscapesNonAsciiAndReadsBack) {
+  const std::string path = ::testing::TempDir() + "/pax_utf8_back.toml";
+  ExperimentConfig c = experiment("copy.TransformerLmTiny");
+  c.data.cache_dir = "/data/\xce\xbb\xd0\x96\xc3\xa9";
+  const std::string text = to_toml(c);
+  for (char ch : text) EXPECT_LT(static_cast<unsigned char>(ch), 0x80u) << text;
+  std::ofstream(path) << text;
+  EXPECT_EQ(from_toml_file(path).data.cache_dir, c.data.cache_dir);
 }
 
 TEST(PaxRegistry, ExperimentsDeriveByOverridingFields) {
@@ -148,8 +175,9 @@ TEST(PaxRegistry, ExperimentsDeriveByOverridingFields) {
   EXPECT_EQ(d.summary, "copy tiny with one layer");
   EXPECT_EQ(d.model.n_layers, 1);
   EXPECT_EQ(d.model.d_model, tiny().model.d_model);
-  EXPECT_NE(error_of([] { register_experiment("test.Derived", "", [] { return ExperimentConfig(); }); })
-                .find("already registered"),
+  EXPECT_NE(error_of([] {
+              register_experiment("test.Derived", "", [] { return ExperimentConfig(); });
+            }).find("already registered"),
             std::string::npos);
   EXPECT_EQ(error_of([] { experiment("no.Such"); }), "[pax] unknown experiment 'no.Such'; see 'pax list'");
   bool listed = false;

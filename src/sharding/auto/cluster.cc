@@ -18,6 +18,7 @@
 #include "backend/cpu/kernel.h"
 #include "distributed/communicator.h"
 #include "ir/primitive.h"
+#include "io/toml_guard.h"
 #include "parallax/auto.h"
 #include "parallax/ops.h"
 
@@ -263,6 +264,7 @@ struct TomlReader {
 Cluster cluster_from_toml(const std::string& text, const std::string& where) {
   TomlReader r{where};
   toml::table root;
+  check_toml_text(text, where);
   try {
     root = toml::parse(text, where);
   } catch (const toml::parse_error& e) {
