@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallax/nn.h"
@@ -18,11 +19,27 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // bench-gpt (DESIGN.md section 10) unless overridden: --steps --warmup --vocab --d --heads
 // --layers --ff --seq --batch, and --dtype f32|bf16|both where the benchmark takes it.
+// --flavour llama gives the Llama flavour of equal size (RMSNorm, SwiGLU, rotary positions, untied
+// head, no biases, --kv_heads 2; SwiGLU's d_ff 1536 = 2/3 of 4d rounded up to a multiple of 256,
+// so that its three matrices hold about what GELU's two of 2048 do).
 struct GptArgs {
   std::string dtype = "both";
+  std::string flavour = "gpt2";  // gpt2 | llama
   int steps = 5, warmup = 2;
-  int64_t vocab = 8192, d = 512, heads = 8, layers = 6, ff = 2048, seq = 256, batch = 8;
-  nn::LmConfig config() const { return nn::gpt2_config("bench-gpt", vocab, d, heads, layers, ff, seq); }
+  int64_t vocab = 8192, d = 512, heads = 8, kv_heads = 2, layers = 6, ff = 0, seq = 256, batch = 8;
+  int64_t d_ff() const { return ff > 0 ? ff : flavour == "llama" ? 1536 : 2048; }
+  nn::LmConfig config() const {
+    if (flavour == "llama") return nn::llama_config("bench-llama", vocab, d, heads, kv_heads, layers, d_ff(), seq);
+    return nn::gpt2_config("bench-gpt", vocab, d, heads, layers, d_ff(), seq);
+  }
+  // (in, out) of the matmuls of one block and the head, for the GEMM rate on the step's shapes.
+  std::vector<std::pair<int64_t, int64_t>> linears() const {
+    if (flavour == "llama") {
+      const int64_t kv = kv_heads * (d / heads);
+      return {{d, d}, {d, kv}, {d, kv}, {d, d}, {d, d_ff()}, {d, d_ff()}, {d_ff(), d}, {d, vocab}};
+    }
+    return {{d, 3 * d}, {d, d}, {d, d_ff()}, {d_ff(), d}, {d, vocab}};
+  }
 };
 
 // `extra` takes a benchmark's own flags: it returns false for a flag it does not know.
@@ -41,6 +58,10 @@ inline GptArgs parse_gpt_args(int argc, char** argv, const char* prog, GptArgs a
     int64_t n = std::atoll(v.c_str());
     if (k == "--dtype" && takes_dtype)
       a.dtype = v;
+    else if (k == "--flavour")
+      a.flavour = v;
+    else if (k == "--kv_heads")
+      a.kv_heads = n;
     else if (k == "--steps")
       a.steps = static_cast<int>(n);
     else if (k == "--warmup")
@@ -63,6 +84,7 @@ inline GptArgs parse_gpt_args(int argc, char** argv, const char* prog, GptArgs a
       fail("unknown flag " + k);
   }
   if (a.dtype != "f32" && a.dtype != "bf16" && a.dtype != "both") fail("--dtype must be f32, bf16 or both");
+  if (a.flavour != "gpt2" && a.flavour != "llama") fail("--flavour must be gpt2 or llama");
   return a;
 }
 

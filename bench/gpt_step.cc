@@ -1,9 +1,10 @@
 // bench-gpt (DESIGN.md section 10): one full training step (forward, backward, AdamW) of the
-// GPT-2 style model, in f32 and in bf16 mixed precision, against the machine's limits measured in
-// the same run (bench/peak.h): the FMA-loop peak, the best oneDNN sgemm rate on large squares and
-// on the step's own matmul shapes. Prints one JSON object per result.
+// GPT-2 style model (or, with --flavour llama, the Llama flavour of equal size), in f32 and in bf16 mixed precision,
+// against the machine's limits measured in the same run (bench/peak.h): the FMA-loop peak, the best oneDNN sgemm rate
+// on large squares and on the step's own matmul shapes. Prints one JSON object per result.
 //
-//   build/bench/gpt_step [--dtype f32|bf16|both] [--steps 5] [--warmup 2] [--layers 6] [--batch 8] ...
+//   build/bench/gpt_step [--flavour gpt2|llama] [--dtype f32|bf16|both] [--steps 5] [--warmup 2] [--layers 6] [--batch
+//   8] ...
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
@@ -61,18 +62,22 @@ void run(const px::bench::GptArgs& a, px::DType compute, const Limits& lim) {
   double dt = seconds_since(t0) / a.steps;
   double n = static_cast<double>(model.store().param_count());
   double tokens = static_cast<double>(a.batch * a.seq);
-  double flops = (6 * n + 12.0 * a.layers * a.d * a.seq) * tokens;
+  // An untied input embedding is a gather, not a matmul: its params do no FLOPs (a tied one is
+  // also the head, so it counts).
+  const double matmul_n = n - (cfg.tied_embedding ? 0.0 : static_cast<double>(a.vocab * a.d));
+  double flops = (6 * matmul_n + 12.0 * a.layers * a.d * a.seq) * tokens;
   double gflops = flops / dt / 1e9;
   // bf16 runs against the bf16 FMA peak where the CPU has one, else against f32's.
   const double fma = compute == px::DType::bf16 && lim.fma.bf16_gflops > 0 ? lim.fma.bf16_gflops : lim.fma.f32_gflops;
   std::printf(
-      "{\"bench\": \"gpt_step\", \"dtype\": \"%s\", \"threads\": %d, \"params\": %.0f, \"step_s\": %.4f, "
+      "{\"bench\": \"gpt_step\", \"flavour\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"params\": %.0f, "
+      "\"step_s\": %.4f, "
       "\"tokens_per_s\": %.1f, \"gflops\": %.1f, \"fma_peak_gflops\": %.1f, \"fraction_of_fma_peak\": %.3f, "
       "\"isa\": \"%s\", \"gemm_peak_gflops\": %.1f, \"fraction_of_peak\": %.3f, \"gemm_step_shapes_gflops\": %.1f, "
       "\"fraction_of_gemm_step_shapes\": %s, \"peak_bytes\": %lld, \"kernels\": %d, \"compile_s\": %.2f, "
       "\"loss\": %.4f}\n",
-      compute == px::DType::f32 ? "f32" : "bf16", omp_get_max_threads(), n, dt, tokens / dt, gflops, fma, gflops / fma,
-      lim.fma.isa.c_str(), lim.gemm_gflops, gflops / lim.gemm_gflops, lim.gemm_step_gflops,
+      a.flavour.c_str(), compute == px::DType::f32 ? "f32" : "bf16", omp_get_max_threads(), n, dt, tokens / dt, gflops,
+      fma, gflops / fma, lim.fma.isa.c_str(), lim.gemm_gflops, gflops / lim.gemm_gflops, lim.gemm_step_gflops,
       // The shapes are timed in f32 (sgemm): a bf16 step has no fraction of them.
       compute == px::DType::f32 ? std::to_string(gflops / lim.gemm_step_gflops).c_str() : "null",
       static_cast<long long>(step.peak_bytes()), step.executable().num_steps(), compile_s, loss);
@@ -87,7 +92,7 @@ int main(int argc, char** argv) {
   Limits lim;
   lim.fma = px::bench::fma_peak();
   lim.gemm_gflops = gemm_peak_gflops();
-  lim.gemm_step_gflops = px::bench::gemm_step_shapes_gflops(a.batch * a.seq, a.d, a.ff, a.vocab);
+  lim.gemm_step_gflops = px::bench::gemm_step_shapes_gflops(a.batch * a.seq, a.linears());
   try {
     if (a.dtype != "bf16") run(a, px::DType::f32, lim);
     if (a.dtype != "f32") run(a, px::DType::bf16, lim);

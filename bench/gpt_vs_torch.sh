@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # bench-gpt against the PyTorch peer in one run, same workload and thread count, and the ratios.
 #   bash bench/gpt_vs_torch.sh [build dir] [python with torch]
-# The peer runs from ../shared/peers/gpt_torch.py with a PyTorch installed by pip in a virtual
+#   FLAVOUR=llama bash bench/gpt_vs_torch.sh ...   # the Llama flavour of equal size
+# The GPT peer runs from ../shared/peers/gpt_torch.py, the Llama one from bench/peers/llama_torch.py
+# (the same model in PyTorch: RMSNorm, rotary, GQA through scaled_dot_product_attention, SwiGLU), with a PyTorch installed by pip in a virtual
 # environment outside the repo (it is a benchmark peer, not a dependency):
 #   python3 -m venv ~/venv-torch && ~/venv-torch/bin/pip install torch
 # It prints the machine's FMA-loop peak and the sgemm rate on the step's shapes (bench/peak.h),
@@ -12,11 +14,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 PY=${2:-python3}
-PEER=../shared/peers/gpt_torch.py
+FLAVOUR=${FLAVOUR:-gpt2}
+case "$FLAVOUR" in
+  gpt2) PEER=../shared/peers/gpt_torch.py ;;
+  llama) PEER=bench/peers/llama_torch.py ;;
+  *) echo "FLAVOUR must be gpt2 or llama, not '$FLAVOUR'" >&2; exit 2 ;;
+esac
 THREADS=${THREADS:-2}
 export OMP_NUM_THREADS=$THREADS PX_NUM_THREADS=$THREADS
 
-ours=$("$BUILD"/bench/gpt_step --dtype both --steps 5 --warmup 2)
+ours=$("$BUILD"/bench/gpt_step --flavour "$FLAVOUR" --dtype both --steps 5 --warmup 2)
 # PyTorch eager and compiled (torch.compile: PyTorch at its fastest), per dtype.
 peer() { "$PY" "$PEER" --threads "$THREADS" "$@"; }
 torch_f32=$(peer --dtype f32 --steps 5 --warmup 2)
@@ -38,7 +45,7 @@ eager = {d["dtype"]: d for d in (json.loads(sys.argv[2]), json.loads(sys.argv[4]
 compiled = {d["dtype"]: d for d in (json.loads(a) for a in (sys.argv[3], sys.argv[5]) if a.strip())}
 for o in ours:
     e, c = eager[o["dtype"]], compiled.get(o["dtype"])
-    print(json.dumps({"bench": "gpt_vs_torch", "dtype": o["dtype"], "threads": o["threads"], "isa": o["isa"],
+    print(json.dumps({"bench": "gpt_vs_torch", "flavour": o["flavour"], "dtype": o["dtype"], "threads": o["threads"], "isa": o["isa"],
                       "fma_peak_gflops": o["fma_peak_gflops"],
                       "gemm_step_shapes_gflops": o["gemm_step_shapes_gflops"],
                       "tokens_per_s": o["tokens_per_s"], "fraction_of_fma_peak": o["fraction_of_fma_peak"],

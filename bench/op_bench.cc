@@ -68,6 +68,8 @@ int main(int argc, char** argv) {
       {"add_bias", [](auto& x) { return std::vector<Tensor>{x[0] + x[1]}; }, {rnd({T, 4 * D}, 1), rnd({4 * D}, 2)}},
       {"exp", [](auto& x) { return std::vector<Tensor>{px::exp(x[0])}; }, {rnd({T, D}, 1)}},
       {"gelu", [](auto& x) { return std::vector<Tensor>{px::gelu(x[0])}; }, {rnd({T, 4 * D}, 1)}},
+      {"bias_gelu", [](auto& x) { return std::vector<Tensor>{px::gelu(x[0] + x[1])}; },
+       {rnd({B, S, 4 * D}, 1), rnd({4 * D}, 2)}},
       {"sum_last", [](auto& x) { return std::vector<Tensor>{px::sum(x[0], {-1})}; }, {rnd({T, D}, 1)}},
       {"sum_first", [](auto& x) { return std::vector<Tensor>{px::sum(x[0], {0})}; }, {rnd({T, D}, 1)}},
       {"max_last", [](auto& x) { return std::vector<Tensor>{px::max(x[0], {-1})}; }, {rnd({T, V}, 1)}},

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace px::bench {
@@ -109,14 +110,16 @@ inline FmaPeak fma_peak(int threads = omp_get_max_threads()) {
   return p;
 }
 
-// The oneDNN sgemm rate on the matmuls of one bench-gpt layer and the head (forward, and the two
-// backward products of each: input and weight gradients), T tokens: total FLOPs over total time,
-// the best of 3 rounds. The ceiling the step's matmuls could reach through this library.
-inline double gemm_step_shapes_gflops(int64_t tokens, int64_t d, int64_t ff, int64_t vocab) {
+// The oneDNN sgemm rate on the matmuls of one layer and the head, given as (in, out) per linear
+// (forward, and the two backward products of each: input and weight gradients), T tokens: total
+// FLOPs over total time, the best of 3 rounds. The ceiling the step's matmuls could reach through
+// this library.
+inline double gemm_step_shapes_gflops(int64_t tokens, const std::vector<std::pair<int64_t, int64_t>>& shapes) {
   struct Linear {
     int64_t in, out;
   };
-  const std::vector<Linear> linears = {{d, 3 * d}, {d, d}, {d, ff}, {ff, d}, {d, vocab}};
+  std::vector<Linear> linears;
+  for (const auto& [in, out] : shapes) linears.push_back({in, out});
   std::vector<float> a, b, c;
   auto gemm = [&](char ta, char tb, int64_t m, int64_t n, int64_t k) {
     a.assign(static_cast<size_t>(m * k), 0.5f);
