@@ -18,10 +18,12 @@
 
 namespace px::bench {
 
-// Flags: --min_time=SECONDS (time spent per measurement, default 0.3), --quick (fewer sizes).
+// Flags: --min_time=SECONDS (time spent per measurement, default 0.3), --quick (fewer sizes),
+// --only=NAME (op_bench: that case alone, to profile or dump it; the others ignore it).
 struct Flags {
   double min_time = 0.3;
   bool quick = false;
+  std::string only;
 };
 inline Flags parse_flags(int argc, char** argv) {
   Flags f;
@@ -31,8 +33,10 @@ inline Flags parse_flags(int argc, char** argv) {
       f.min_time = std::stod(a.substr(11));
     } else if (a == "--quick") {
       f.quick = true;
+    } else if (a.rfind("--only=", 0) == 0) {
+      f.only = a.substr(7);
     } else {
-      std::fprintf(stderr, "unknown flag %s (flags: --min_time=SECONDS --quick)\n", a.c_str());
+      std::fprintf(stderr, "unknown flag %s (flags: --min_time=SECONDS --quick --only=NAME)\n", a.c_str());
       std::exit(2);
     }
   }

@@ -115,6 +115,13 @@ int main(int argc, char** argv) {
                    {rnd({4 << 20}, 1), rnd({4 << 20}, 2), rnd({4 << 20}, 3),
                     px::bench::random_array({4 << 20}, DType::f32, 4, 0.0f, 1.0f), px::Array::from_i32({3}, {})}});
   if (flags.quick) cases = {cases[0], cases[7], cases[8]};
+  if (!flags.only.empty()) {
+    std::erase_if(cases, [&](const Case& c) { return c.op != flags.only; });
+    if (cases.empty()) {
+      std::fprintf(stderr, "op_bench: no case named '%s'\n", flags.only.c_str());
+      return 2;
+    }
+  }
 
   // Main-memory bandwidth (64 MiB, beyond the caches), for reference.
   const int64_t big = 64 << 20;
