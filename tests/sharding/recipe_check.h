@@ -31,9 +31,9 @@ struct Fixture {
   nn::TransformerLm model;
   std::vector<TensorType> batch_types;
   TrainStep::LossFn loss;
-  explicit Fixture(const nn::LmConfig& cfg)
+  explicit Fixture(const nn::LmConfig& cfg, int64_t batch = 8)
       : model(cfg),
-        batch_types{{DType::i32, {8, cfg.max_seq_len}}, {DType::i32, {8, cfg.max_seq_len}}},
+        batch_types{{DType::i32, {batch, cfg.max_seq_len}}, {DType::i32, {batch, cfg.max_seq_len}}},
         loss([this](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); }) {}
   std::vector<Array> batch(int i) const {
     return {random_tokens(batch_types[0].shape, model.config().vocab_size, 10 + 2 * i),
@@ -50,17 +50,18 @@ inline optim::OptimizerPtr opt() { return optim::adamw({.lr = 1e-2, .eps = 1e-5,
 // f32), computed once so that one reference serves many meshes and strategies.
 struct Reference {
   nn::LmConfig cfg;
+  int64_t batch = 8;  // sequences per step
   std::vector<StepMetrics> metrics;
   std::vector<std::vector<std::vector<float>>> params, opt_state;  // [step][param or slot]
   std::vector<std::string> paths;
   int steps() const { return static_cast<int>(metrics.size()); }
 };
 
-inline Reference run_reference(const nn::LmConfig& cfg, int steps = 3) {
-  Fixture f(cfg);
+inline Reference run_reference(const nn::LmConfig& cfg, int steps = 3, int64_t batch = 8) {
+  Fixture f(cfg, batch);
   TrainStep ref(f.model.store(), opt(), f.loss, f.batch_types);
   TrainState rs = ref.init(0);
-  Reference r{.cfg = cfg};
+  Reference r{.cfg = cfg, .batch = batch};
   r.paths = f.model.store().paths();
   for (int i = 0; i < steps; ++i) {
     r.metrics.push_back(ref(rs, f.batch(i)));
@@ -80,7 +81,7 @@ inline Reference run_reference(const nn::LmConfig& cfg, int steps = 3) {
 inline ShardingPlan check_sharded(const Reference& ref, const Mesh& mesh, ShardingStrategy strategy,
                                   ShardingOptions sopt = {}, int steps = -1) {
   if (steps < 0) steps = ref.steps();
-  Fixture f(ref.cfg);
+  Fixture f(ref.cfg, ref.batch);
   TrainStep sharded(f.model.store(), opt(), f.loss, f.batch_types, px::testing::on_mesh(mesh, strategy, sopt));
   TrainState ss = sharded.init(0);
   const std::string what = ref.cfg.name + " " + strategy_name(strategy) + " on " + mesh.to_string();

@@ -57,6 +57,24 @@ TEST(AutoSharding, MicroModelsOnThreeAxesTrainLikeOneDevice) {
   check_auto(run_reference(llama_micro(), 3), Mesh::cpu({{"data", 2}, {"model", 4}}), "h100x8");
 }
 
+// One sequence per step cannot be split over any axis: the only plans split the model, its
+// tensor-parallel dims over both axes at once (4-way), or keep it whole on every device. The
+// Llama's two KV heads split 4-way leave half a head per device: the partitioner reshards there.
+TEST(AutoSharding, TensorParallelOverTwoAxesTrainsLikeOneDevice) {
+  for (const nn::LmConfig& cfg : {gpt_micro(), llama_micro()}) {
+    Reference ref = run_reference(cfg, 3, /*batch=*/1);
+    ShardingPlan plan = check_sharded(ref, Mesh::cpu({{"data", 2}, {"model", 2}}), ShardingStrategy::AUTO,
+                                      auto_options("cpu"));
+    EXPECT_TRUE(plan.batch_axes.empty());
+    int over_both = 0;
+    for (const auto& p : plan.params)
+      for (const auto& d : p.spec.dims()) over_both += d.axes == std::vector<std::string>{"data", "model"};
+    EXPECT_GE(over_both, 1) << plan.table() << plan.explanation;
+    EXPECT_NE(plan.explanation.find("tensor parallel over 'data', 'model'"), std::string::npos) << plan.explanation;
+    EXPECT_NE(plan.explanation.find("no recipe applies on this mesh"), std::string::npos) << plan.explanation;
+  }
+}
+
 TEST(AutoSharding, ThePlanIsDeterministic) {
   Cluster c = cluster_preset("h100x8");
   Mesh mesh = c.apply(Mesh::cpu({{"data", 4}, {"model", 2}}));

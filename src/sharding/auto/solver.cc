@@ -61,14 +61,20 @@ struct Unit {
   bool sequence = false;    // no params: the activations between blocks, split over the sequence or not
 };
 
+std::string axes_text(const std::vector<std::string>& axes) {
+  std::string s;
+  for (size_t i = 0; i < axes.size(); ++i) s += (i ? ", '" : "'") + axes[i] + "'";
+  return s;
+}
+
 struct Layout {
-  std::string model_axis;  // empty: no tensor parallelism
+  // Empty: no tensor parallelism. Several: the tensor-parallel dims are split over all of them
+  // (in mesh order), as one group of their product's size.
+  std::vector<std::string> model_axes;
   std::vector<std::string> batch_axes;
   std::string describe() const {
-    std::string s = "batch over ";
-    if (batch_axes.empty()) s += "nothing";
-    for (size_t i = 0; i < batch_axes.size(); ++i) s += (i ? ", '" : "'") + batch_axes[i] + "'";
-    s += model_axis.empty() ? "; no tensor parallelism" : "; tensor parallel over '" + model_axis + "'";
+    std::string s = "batch over " + (batch_axes.empty() ? std::string("nothing") : axes_text(batch_axes));
+    s += model_axes.empty() ? "; no tensor parallelism" : "; tensor parallel over " + axes_text(model_axes);
     return s;
   }
 };
@@ -82,12 +88,6 @@ int64_t axes_size(const Mesh& m, const std::vector<std::string>& axes) {
   int64_t n = 1;
   for (const auto& a : axes) n *= m.axis_size(a);
   return n;
-}
-
-std::string axes_text(const std::vector<std::string>& axes) {
-  std::string s;
-  for (size_t i = 0; i < axes.size(); ++i) s += (i ? ", '" : "'") + axes[i] + "'";
-  return s;
 }
 
 std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / double(int64_t{1} << 30)); }
@@ -161,15 +161,26 @@ class Search {
         units_.push_back(s);
         break;
       }
-    // Layouts: the whole mesh splits the batch, or one axis is the tensor-parallel axis.
+    // Layouts: the whole mesh splits the batch, or some axes are tensor-parallel (one axis, then
+    // several: a dim split over all of them) and the others split the batch. A layout of several
+    // tensor-parallel axes is searched only where some unit's Megatron dims divide over them; the
+    // one-axis layouts come first, so that a time limit cuts the larger group first.
     std::vector<std::string> axes = p.mesh.axis_names();
-    layouts_.push_back({"", axes});
-    for (const auto& m : axes) {
-      Layout l{m, {}};
-      for (const auto& a : axes)
-        if (a != m) l.batch_axes.push_back(a);
-      layouts_.push_back(l);
+    layouts_.push_back({{}, axes});
+    const int na = static_cast<int>(axes.size());
+    std::vector<Layout> several;
+    for (int mask = 1; mask < (1 << na); ++mask) {
+      Layout l;
+      for (int k = 0; k < na; ++k) (mask >> k & 1 ? l.model_axes : l.batch_axes).push_back(axes[k]);
+      if (l.model_axes.size() == 1) {
+        layouts_.push_back(std::move(l));
+        continue;
+      }
+      bool divides = false;
+      for (size_t u = 0; u < units_.size(); ++u) divides = divides || (units_[u].has_tp && tp_divides(l, static_cast<int>(u)));
+      if (divides) several.push_back(std::move(l));
     }
+    layouts_.insert(layouts_.end(), several.begin(), several.end());
   }
 
   AutoPlan run();
@@ -186,7 +197,7 @@ class Search {
 
   std::vector<Choice> choices(const Layout& l, int u) const {
     if (units_[u].sequence) {
-      if (l.model_axis.empty()) return {Choice{}};
+      if (l.model_axes.empty()) return {Choice{}};
       return {Choice{}, Choice{true, {}}};
     }
     std::vector<std::vector<std::string>> storages{{}};
@@ -195,14 +206,14 @@ class Search {
       for (const auto& a : l.batch_axes) storages.push_back({a});
     std::vector<Choice> out;
     for (bool tp : {false, true}) {
-      if (tp && (l.model_axis.empty() || !units_[u].has_tp || !tp_divides(l, u))) continue;
+      if (tp && (l.model_axes.empty() || !units_[u].has_tp || !tp_divides(l, u))) continue;
       for (const auto& s : storages) out.push_back({tp, s});
     }
     return out;
   }
 
   bool tp_divides(const Layout& l, int u) const {
-    const int64_t n = p_.mesh.axis_size(l.model_axis);
+    const int64_t n = axes_size(p_.mesh, l.model_axes);
     for (size_t i = 0; i < p_.full.paths.size(); ++i) {
       std::string pat = pattern_of(p_.full.paths[i]);
       if (unit_of(pat) != u) continue;
@@ -225,7 +236,7 @@ class Search {
     std::string why;
     if (c.tp && role.kind != TpRole::none) {
       tp_dim = role.dim;
-      dims[tp_dim] = PartitionSpec::Dim(l.model_axis);
+      dims[tp_dim] = PartitionSpec::Dim(l.model_axes);
       why = role.note;
     }
     if (!c.storage.empty()) {
@@ -270,7 +281,7 @@ class Search {
     plan.activations = p_.options.activation_rules;  // the user's first: the first match wins
     for (size_t u = 0; u < units_.size(); ++u)
       if (units_[u].sequence && cands[u][a[u]].tp) {
-        std::vector<PartitionSpec::Dim> dims{PartitionSpec::Dim(l.batch_axes), PartitionSpec::Dim(l.model_axis),
+        std::vector<PartitionSpec::Dim> dims{PartitionSpec::Dim(l.batch_axes), PartitionSpec::Dim(l.model_axes),
                                              PartitionSpec::Dim(none)};
         plan.activations.push_back({"layer_input", PartitionSpec(std::move(dims))});
       }
@@ -509,7 +520,7 @@ AutoPlan Search::run() {
       rc.cost.memory_capacity = p_.memory_limit;
       Layout l;
       l.batch_axes = plan.batch_axes;
-      if (s == ShardingStrategy::TP || s == ShardingStrategy::FSDP_TP) l.model_axis = o.model_axis;
+      if (s == ShardingStrategy::TP || s == ShardingStrategy::FSDP_TP) l.model_axes = {o.model_axis};
       options.push_back({strategy_name(s), std::move(plan), rc.cost, l.describe(), {}, {}, -1});
     } catch (const Error& e) {
       rc.reason = e.what();
@@ -581,7 +592,7 @@ AutoPlan Search::run() {
       std::none_of(out.units.begin(), out.units.end(), [](const AutoUnit& u) { return u.tensor_parallel; }))
     out.layout = "batch over " + (out.plan.batch_axes.empty() ? std::string("nothing")
                                                               : axes_text(out.plan.batch_axes)) +
-                 "; '" + layouts_[win->layout_index].model_axis + "' unused (its devices repeat the same work)";
+                 "; " + axes_text(layouts_[win->layout_index].model_axes) + " unused (their devices repeat the same work)";
   // Why.
   const RecipeCost* best_recipe = nullptr;
   for (const auto& r : out.recipes)
@@ -603,7 +614,9 @@ AutoPlan Search::run() {
           return gib(s / static_cast<double>(p_.mesh.size()));
         }());
   } else if (!best_recipe) {
-    out.why = "no recipe fits in memory; the solver's plan does (" + gib(out.cost.memory.peak_bytes) + " of " +
+    const bool any_applies = std::any_of(out.recipes.begin(), out.recipes.end(), [](const RecipeCost& r) { return r.applies; });
+    out.why = std::string(any_applies ? "no recipe fits in memory" : "no recipe applies on this mesh (see above)") +
+              "; the solver's plan does (" + gib(out.cost.memory.peak_bytes) + " of " +
               gib(static_cast<double>(p_.memory_limit)) + " per device)";
   } else if (out.from != "solver") {
     out.why = fmt::format("the {} recipe is the fastest plan found ({:.4g} s/step); the solver found nothing faster",
