@@ -592,7 +592,9 @@ AutoPlan Search::run() {
       std::none_of(out.units.begin(), out.units.end(), [](const AutoUnit& u) { return u.tensor_parallel; }))
     out.layout = "batch over " + (out.plan.batch_axes.empty() ? std::string("nothing")
                                                               : axes_text(out.plan.batch_axes)) +
-                 "; " + axes_text(layouts_[win->layout_index].model_axes) + " unused (their devices repeat the same work)";
+                 "; " + axes_text(layouts_[win->layout_index].model_axes) +
+                 (layouts_[win->layout_index].model_axes.size() == 1 ? " unused (its devices repeat the same work)"
+                                                                    : " unused (their devices repeat the same work)");
   // Why.
   const RecipeCost* best_recipe = nullptr;
   for (const auto& r : out.recipes)
