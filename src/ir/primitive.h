@@ -146,6 +146,13 @@ struct Primitive {
   CostFn cost;            // null: default_cost (bytes of operands and results, 1 flop/elem)
   bool elementwise = false;  // same-shaped operands and result, fusible into elementwise loops
   bool no_cse = false;       // e.g. ops with side effects
+  // Its kernel reads element i of every operand before it writes element i of any result, so a
+  // result may take an operand's buffer (an update written over the state it reads).
+  bool in_place = false;
+  // Null: none. The same results, to the bit, from finer primitives (written with public ops),
+  // for passes that place the parts of one op apart (offload: the part of an update that reads
+  // an offloaded param runs on the host, the rest where its operands live).
+  std::function<std::vector<Tensor>(const std::vector<Tensor>&, const Attrs&)> decompose;
   SpmdTraits spmd{};         // default: partial results never combined, not linear, no offsets
   TpTraits tp{};             // default: the TP analysis passes through it but never sees a param through it
 };
@@ -179,6 +186,7 @@ void register_shape_primitives();
 void register_reduce_primitives();
 void register_matmul_primitives();
 void register_nn_primitives();
+void register_optim_primitives();
 void register_index_primitives();
 void register_rng_primitives();
 void register_memory_primitives();  // transfer (src/memory/offload.cc)

@@ -5,6 +5,8 @@
 // runtime runs transfers on the backend's copy stream, so they overlap compute.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -76,9 +78,49 @@ Tensor to_memory(const Tensor& x, MemoryKind kind, const std::string& group) {
   return emit1("transfer", {x}, std::move(a));
 }
 
-StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
+namespace {
+
+// The step traced again with every node `which` selects replaced by its primitive's
+// decomposition; categories, gradients and node ranges follow the values and nodes.
+StepProgram decompose_nodes(StepProgram p, const std::function<bool(const Node&)>& which) {
   const Graph& g = *p.graph;
-  const size_t n_in = g.inputs().size();
+  if (std::none_of(g.nodes().begin(), g.nodes().end(), which)) return p;
+  auto out = std::make_unique<Graph>();
+  TraceScope scope(out.get());
+  std::vector<Tensor> env(g.values().size());
+  for (size_t i = 0; i < g.inputs().size(); ++i)
+    env[g.inputs()[i]] = out->input(g.type(g.inputs()[i]), g.input_names()[i]);
+  std::vector<int> start(g.nodes().size() + 1);
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
+    start[i] = static_cast<int>(out->nodes().size());
+    std::vector<Tensor> ins;
+    for (int v : n.inputs) ins.push_back(env[v]);
+    const bool lower = which(n);
+    std::vector<Tensor> res = lower ? n.prim->decompose(ins, n.attrs) : out->emit(*n.prim, ins, n.attrs);
+    if (!lower && !n.name.empty()) out->mutable_nodes().back().name = n.name;
+    for (size_t k = 0; k < res.size(); ++k) env[n.outputs[k]] = res[k];
+  }
+  start[g.nodes().size()] = static_cast<int>(out->nodes().size());
+  std::vector<Tensor> outs;
+  for (int v : g.outputs()) outs.push_back(env[v]);
+  out->set_outputs(outs);
+  out->verify();
+  std::vector<MemoryCategory> cat(out->values().size(), MemoryCategory::temporaries);
+  for (size_t v = 0; v < env.size() && v < p.categories.size(); ++v)
+    if (env[v].defined()) cat[env[v].id()] = p.categories[v];
+  p.categories = std::move(cat);
+  for (int& v : p.grads) v = env[v].id();
+  p.forward_end = start[p.forward_end];
+  p.backward_end = start[p.backward_end];
+  p.graph = std::move(out);
+  return p;
+}
+
+}  // namespace
+
+StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
+  const size_t n_in = p.graph->inputs().size();
   if (o.prefetch_depth < 0)
     throw UserError(fmt::format("[offload] prefetch_depth must be >= 0 (layers fetched ahead), got {}", o.prefetch_depth));
   std::vector<MemoryKind> in_kind(n_in, MemoryKind::device);
@@ -101,6 +143,19 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
   any = any || (o.optimizer_state && p.n_state > 0);
   p.input_kinds = in_kind;
   if (!any) return p;
+  // With the optimizer state on the device, an update that reads an offloaded param is split into
+  // its elementwise parts: the ones that read the param (new = old - step) run on the host, the
+  // moments stay on the device, and one array (the step) crosses instead of the gradient and both
+  // moments there and back.
+  if (!o.optimizer_state) {
+    std::vector<char> offloaded(p.graph->values().size(), 0);
+    for (size_t i = 0; i < p.n_params; ++i) offloaded[p.graph->inputs()[i]] = in_kind[i] == MemoryKind::pinned_host;
+    p = decompose_nodes(std::move(p), [offloaded](const Node& n) {
+      return n.prim->decompose &&
+             std::any_of(n.inputs.begin(), n.inputs.end(), [&](int v) { return offloaded[v] != 0; });
+    });
+  }
+  const Graph& g = *p.graph;
 
   const std::vector<Node>& nodes = g.nodes();
   std::vector<ValueInfo> values = g.values();

@@ -28,6 +28,7 @@ void ensure_registered() {
     register_reduce_primitives();
     register_matmul_primitives();
     register_nn_primitives();
+    register_optim_primitives();
     register_index_primitives();
     register_rng_primitives();
     register_memory_primitives();

@@ -1,6 +1,7 @@
 // The Optimizer base (argument checks, state init), parameter filters, SGD and AdamW.
 #include <cmath>
 
+#include "ir/primitive.h"
 #include "optim/common.h"
 
 namespace px::optim {
@@ -190,17 +191,23 @@ class AdamW : public Optimizer {
     // Bias corrections folded into two scalars: lr / (1 - b1^t) and 1 / sqrt(1 - b2^t).
     Tensor step_size = u.lr / (o_.beta1 > 0 ? detail::one_minus_pow(o_.beta1, t) : scalar(1.0));
     Tensor inv_sqrt_bc2 = o_.beta2 > 0 ? px::rsqrt(detail::one_minus_pow(o_.beta2, t)) : scalar(1.0);
+    // One adamw_update per param (src/ops/optim.cc): a single pass over p, g, m and v computing
+    //   m' = m b1 + g (1 - b1),  v' = v b2 + g^2 (1 - b2),
+    //   p' = p - m' step_size / (sqrt(v') inv_sqrt_bc2 + eps) - p lr weight_decay   (in f32).
+    auto f32_scalar = [](const Tensor& x) { return to_f32(x.rank() == 0 ? x : reshape(x, {})); };
+    step_size = f32_scalar(step_size);
+    inv_sqrt_bc2 = f32_scalar(inv_sqrt_bc2);
+    Tensor decay = f32_scalar(u.lr * o_.weight_decay);
     for (size_t i = 0; i < params.size(); ++i) {
-      Tensor p = to_f32(params[i]);
-      Tensor g = to_f32(grads[i]);
-      Tensor m = state[2 * i] * o_.beta1 + g * (1.0 - o_.beta1);
-      Tensor v = state[2 * i + 1] * o_.beta2 + square(g) * (1.0 - o_.beta2);
-      u.state.push_back(m);
-      u.state.push_back(v);
-      Tensor np = p - m * step_size / (sqrt(v) * inv_sqrt_bc2 + o_.eps);
-      if (detail::decays(o_.weight_decay, o_.decay_mask, static_cast<int>(i), paths, params[i].type()))
-        np = np - p * (u.lr * o_.weight_decay);
-      u.params.push_back(to_dtype(np, params[i].dtype()));
+      const bool decays =
+          detail::decays(o_.weight_decay, o_.decay_mask, static_cast<int>(i), paths, params[i].type());
+      std::vector<Tensor> in{params[i], grads[i], state[2 * i], state[2 * i + 1], step_size, inv_sqrt_bc2};
+      if (decays) in.push_back(decay);
+      std::vector<Tensor> r = emit("adamw_update", in,
+                                   {{"beta1", o_.beta1}, {"beta2", o_.beta2}, {"eps", o_.eps}, {"decay", int64_t{decays}}});
+      u.params.push_back(r[0]);
+      u.state.push_back(r[1]);
+      u.state.push_back(r[2]);
     }
     return u;
   }

@@ -136,6 +136,7 @@ std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
       unit.in_values = n.inputs;
       unit.out_values = n.outputs;
       unit.label = n.prim->name;
+      unit.alias_safe = n.prim->in_place;
     }
     for (int ni : unit.nodes) pos_of_node[ni] = static_cast<int>(compute.size());
     compute.push_back(std::move(unit));

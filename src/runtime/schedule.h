@@ -36,7 +36,7 @@ struct Unit {
   std::vector<int> in_values;  // operands read from outside the unit
   std::vector<int> out_values; // results written (fused: only those read outside the group)
   std::string label;
-  bool alias_safe = false;  // a result may share its buffer with an operand (tile-wise kernels)
+  bool alias_safe = false;  // a result may share its buffer with an operand (fused loops, in_place primitives)
 };
 
 // True for the primitives that run through a Communicator rather than as kernels.

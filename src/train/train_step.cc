@@ -67,14 +67,7 @@ TrainState TrainStep::init(const std::vector<Array>& params) const {
   if (params.size() != n)
     throw Error("[TrainStep] got " + std::to_string(params.size()) + " params, the model has " + std::to_string(n));
   TrainState s = begin_state();
-  if (one_) {
-    // The optimizer's state for all params at once (its slots in its own order).
-    std::vector<Array> st = one_->optimizer().init_state(params);
-    for (size_t i = 0; i < params.size(); ++i) s.params[i] = whole(params[i], one_->replicated());
-    for (size_t j = 0; j < st.size(); ++j) s.opt_state[j] = whole(st[j], one_->replicated());
-    return s;
-  }
-  for (size_t i = 0; i < n; ++i) mesh_->set_param(s, static_cast<int>(i), params[i]);
+  for (size_t i = 0; i < n; ++i) set_param(s, static_cast<int>(i), params[i]);
   return s;
 }
 
@@ -106,14 +99,20 @@ void check_one_device_param(const TrainState& s, int i, const TensorType& type, 
 void TrainStep::set_param(TrainState& s, int i, const Array& full) const {
   if (mesh_) return mesh_->set_param(s, i, full);
   check_one_device_param(s, i, full.type(), one_->store(), one_->n_state());
-  s.params[i] = whole(full, one_->replicated());
+  // The param and its optimizer state go where the step keeps them (offload: pinned_host) now, one
+  // param at a time, so that a model whose state only fits offloaded can be initialized.
+  auto placed = [&](const Array& a, size_t input) {
+    return whole(a.to({a.placement().device, one_->executable().input_kind(static_cast<int>(input))}),
+                 one_->replicated());
+  };
+  s.params[i] = placed(full, static_cast<size_t>(i));
   std::vector<Array> st = one_->optimizer().init_state({full});
   size_t k = 0;
   const std::vector<optim::StateSlot> slots = one_->optimizer().state_slots(one_->store().types());
   for (size_t j = 0; j < slots.size(); ++j)
     if (slots[j].param == i) {
       if (k >= st.size()) throw InternalError("[TrainStep] set_param: optimizer slots do not line up");
-      s.opt_state[j] = whole(st[k++], one_->replicated());
+      s.opt_state[j] = placed(st[k++], one_->n_params() + j);
     }
 }
 

@@ -92,6 +92,29 @@ TEST(Offload, StateLivesInPinnedHostAndTheScheduleShowsEveryTransfer) {
   EXPECT_NE(m.to_string().find("pinned_host"), std::string::npos);
 }
 
+// Params offloaded, optimizer state on the device: the update is split so that only its last part
+// (new = old - step) runs on the host. Per param about four copies cross per step (fetched for the
+// forward and the backward pass, the tied embedding at both ends of the model, the step sent
+// back); the gradient and both moments there and back would make it seven.
+TEST(Offload, ParamsAloneMoveOneStepPerParamToTheHost) {
+  const nn::LmConfig cfg = gpt_micro();
+  Fixture f(cfg);
+  TrainStepOptions o;
+  o.offload = offload({"*"}, false);
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, o);
+  TrainState s = step.init(0);
+  step(s, f.batch(0));
+  int64_t param_bytes = 0;
+  for (const ShardedArray& sa : s.params) {
+    EXPECT_EQ(sa.shards().at(0).placement().kind, MemoryKind::pinned_host);
+    param_bytes += sa.shards().at(0).nbytes();
+  }
+  for (const ShardedArray& sa : s.opt_state) EXPECT_EQ(sa.shards().at(0).placement().kind, MemoryKind::device);
+  const MemoryReport m = step.executable().memory();
+  EXPECT_GT(m.transfer_bytes, param_bytes);
+  EXPECT_LE(m.transfer_bytes, 4 * param_bytes) << step.executable().summary();
+}
+
 // The params fetched into device memory at once: at most (prefetch depth + 1) layers, where a
 // layer is one block's params or one param outside the blocks (the embedding table, the final norm).
 TEST(Offload, KeepsAtMostPrefetchDepthPlusOneLayersOfParamsOnTheDevice) {

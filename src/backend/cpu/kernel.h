@@ -55,6 +55,7 @@ void register_shape_kernels();
 void register_reduce_kernels();
 void register_matmul_kernels();
 void register_nn_kernels();
+void register_optim_kernels();
 void register_index_kernels();
 void register_rng_kernels();
 

@@ -68,6 +68,7 @@ void register_all_kernels() {
     register_reduce_kernels();
     register_matmul_kernels();
     register_nn_kernels();
+    register_optim_kernels();
     register_index_kernels();
     register_rng_kernels();
   });
