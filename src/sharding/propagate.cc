@@ -49,7 +49,7 @@ Propagation propagate(const Graph& g, const Mesh& mesh, const std::vector<Spec>&
     s.validate(g.type(v),
                "sharding_constraint on %" + std::to_string(v) + (n.name.empty() ? "" : " ('" + n.name + "')"));
     cur[v] = to_spec(s, g.type(v).rank());
-    fixed[v] = 1;
+    fixed[v] = n.attrs.has("reads") ? kFixedForReaders : 1;
   }
   for (size_t o = 0; o < outputs.size() && o < g.outputs().size(); ++o) {
     int v = g.outputs()[o];

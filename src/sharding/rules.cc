@@ -79,7 +79,7 @@ FactorAxes assign_factors(const Graph& g, const Node& n, const NodeRule& r, cons
   struct Source {
     int value;
     const std::vector<int>* factors;
-    bool fixed_result;
+    int rank;  // 0 first: a fixed result; 1: an operand laid out for its readers; 2: the rest
     int64_t bytes;
     int order;
   };
@@ -87,11 +87,11 @@ FactorAxes assign_factors(const Graph& g, const Node& n, const NodeRule& r, cons
   int order = 0;
   for (size_t j = 0; j < n.outputs.size(); ++j) {
     int v = n.outputs[j];
-    src.push_back({v, &rule.results[j], fixed[v] != 0, g.type(v).nbytes(), order++});
+    src.push_back({v, &rule.results[j], fixed[v] != 0 ? 0 : 2, g.type(v).nbytes(), order++});
   }
   for (size_t i = 0; i < n.inputs.size(); ++i) {
     int v = n.inputs[i];
-    src.push_back({v, &rule.operands[i], false, g.type(v).nbytes(), order++});
+    src.push_back({v, &rule.operands[i], fixed[v] == kFixedForReaders ? 1 : 2, g.type(v).nbytes(), order++});
   }
   for (const Source& s : src)
     for (size_t d = 0; d < s.factors->size(); ++d) {
@@ -99,7 +99,7 @@ FactorAxes assign_factors(const Graph& g, const Node& n, const NodeRule& r, cons
       if (f >= 0) dims_of[f].push_back(g.type(s.value).shape[d]);
     }
   std::stable_sort(src.begin(), src.end(), [](const Source& a, const Source& b) {
-    if (a.fixed_result != b.fixed_result) return a.fixed_result;
+    if (a.rank != b.rank) return a.rank < b.rank;
     return a.bytes > b.bytes;
   });
   std::vector<char> used(static_cast<size_t>(mesh.rank()), 0);

@@ -195,10 +195,25 @@ TEST(Recipes, SequenceParallelActivationRulesTrainLikeOneDevice) {
     TrainStep step(f.model.store(), opt(), f.loss, f.batch_types,
                    px::testing::on_mesh(Mesh::cpu({{"data", 2}, {"model", 2}}), ShardingStrategy::TP, o));
     EXPECT_GT(step.sharded_executable().program().collectives.size(), 0u);
-    bool scatter = false;
+    // Megatron's pattern: over 'model', activations are gathered over the sequence before the
+    // column-parallel matmuls and the row-parallel sums reduce-scattered onto it; no weight is
+    // gathered in their place and nothing is moved with all-to-alls.
+    int gathers = 0, scatters = 0;
+    for (const auto& c : step.sharded_executable().program().collectives) {
+      EXPECT_NE(c.kind, "all_to_all") << c.to_string() << " " << c.reason;
+      if (c.axes != std::vector<std::string>{"model"} || c.operand.rank() != 3) continue;
+      if (c.kind == "all_gather" || c.kind == "reduce_scatter") EXPECT_EQ(c.dim, 1) << c.to_string();
+      gathers += c.kind == "all_gather";
+      scatters += c.kind == "reduce_scatter";
+    }
+    EXPECT_GE(gathers, 2 * cfg.n_layers) << step.sharded_executable().program().summary().substr(0, 4000);
+    EXPECT_GE(scatters, 2 * cfg.n_layers) << step.sharded_executable().program().summary().substr(0, 4000);
     for (const auto& c : step.sharded_executable().program().collectives)
-      scatter = scatter || c.kind == "reduce_scatter";
-    EXPECT_TRUE(scatter) << step.sharded_executable().program().summary().substr(0, 4000);
+      if (c.kind == "all_gather" && c.axes == std::vector<std::string>{"model"})
+        for (const auto& pp : plan.params)
+          EXPECT_FALSE(c.reason.find("needs %" + std::to_string(&pp - plan.params.data()) + " as") !=
+                           std::string::npos && !pp.spec.is_replicated())
+              << "a tensor-parallel weight gathered: " << c.to_string() << " " << c.reason;
   }
   // A spec that does not fit the tagged value is named.
   Fixture f(gpt_micro());

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -99,6 +101,98 @@ std::vector<std::vector<int>> gradient_buckets(const StepProgram& p, const Shard
   return buckets;
 }
 
+// Sequence parallelism as Megatron runs it. Where a rule splits the tagged activations over an
+// axis that also splits weights (the sequence over 'model'), a matmul between such a weight, split
+// on a dim it does not contract, and an activation must see the activation whole over that axis:
+// left to propagation, the larger activation would keep its sequence split and the weight would be
+// gathered instead (a ZeRO-style gather of every tensor-parallel weight, and all-to-alls around
+// it). So the activation is read gathered over the sequence (an all-gather; its gradient a
+// reduce-scatter), once for the forward pass and once for the backward pass, as the weight
+// gradient reads it too. The other side follows by propagation: the row-parallel output's partial
+// sums are reduce-scattered onto the split sequence.
+void sequence_parallel_gathers(const StepProgram& p, const ShardingPlan& plan,
+                               const std::vector<std::pair<const PathRule*, int>>& matched,
+                               std::vector<ValueConstraint>& out) {
+  std::vector<std::string> sp_axes;  // axes of the rules that do not split the batch
+  std::optional<PartitionSpec> whole;  // the first rule's layout with those axes left out
+  int rank = 0;                        // of the value it applies to
+  for (const auto& [r, r_rank] : matched) {
+    std::vector<PartitionSpec::Dim> dims;
+    for (const auto& dim : r->spec.dims()) {
+      std::vector<std::string> keep;
+      for (const auto& a : dim.axes)
+        if (std::find(plan.batch_axes.begin(), plan.batch_axes.end(), a) != plan.batch_axes.end()) keep.push_back(a);
+        else if (std::find(sp_axes.begin(), sp_axes.end(), a) == sp_axes.end()) sp_axes.push_back(a);
+      dims.emplace_back(std::move(keep));
+    }
+    if (!whole) {
+      whole = PartitionSpec(std::move(dims));
+      rank = r_rank;
+    }
+  }
+  if (sp_axes.empty()) return;
+  const Graph& g = *p.graph;
+  std::map<int, int> param_of;  // graph value -> param index
+  for (size_t i = 0; i < plan.params.size(); ++i) param_of[g.inputs()[i]] = static_cast<int>(i);
+  auto on_sp_axis = [&](const PartitionSpec::Dim& dim) {  // splits over an SP axis
+    return std::any_of(dim.axes.begin(), dim.axes.end(), [&](const std::string& a) {
+      return std::find(sp_axes.begin(), sp_axes.end(), a) != sp_axes.end();
+    });
+  };
+  // An embedding lookup from a table split over the vocabulary on such an axis: its rows come
+  // whole over the sequence (each device the rows of its part of the vocabulary, summed), and its
+  // gradient reads the output gradient gathered over the sequence, so that each device adds into
+  // its own rows instead of into a whole table that is then reduce-scattered.
+  std::set<int> lookup_indices;
+  for (int n = 0; n < p.forward_end; ++n) {
+    const Node& node = g.nodes()[n];
+    if (node.prim->name != "take" || node.inputs.size() != 2) continue;
+    auto it = param_of.find(node.inputs[0]);
+    if (it == param_of.end() || !on_sp_axis(plan.params[it->second].spec[0]) ||
+        g.type(node.outputs[0]).rank() != rank)
+      continue;
+    out.push_back({node.outputs[0], *whole, -1, -1, false});
+    lookup_indices.insert(node.inputs[1]);
+  }
+  for (int n = p.forward_end; n < p.backward_end; ++n) {
+    const Node& node = g.nodes()[n];
+    if (node.prim->name == "scatter_add" && node.inputs.size() == 2 && lookup_indices.count(node.inputs[0]) &&
+        g.type(node.inputs[1]).rank() == rank)
+      out.push_back({node.inputs[1], *whole, n, n + 1, false});
+  }
+  std::set<std::pair<int, bool>> done;  // (activation, in the backward pass)
+  for (int n = 0; n < p.backward_end; ++n) {
+    const Node& node = g.nodes()[n];
+    if (node.prim->name != "dot_general" || node.inputs.size() != 2) continue;
+    for (int side = 0; side < 2; ++side) {
+      auto it = param_of.find(node.inputs[side]);
+      int act = node.inputs[1 - side];
+      if (it == param_of.end() || param_of.count(act) || g.type(act).rank() != rank) continue;
+      const PartitionSpec& ps = plan.params[it->second].spec;
+      if (!std::any_of(ps.dims().begin(), ps.dims().end(), on_sp_axis)) continue;
+      // The activation's contracted dims split as the weight's (a row-parallel input stays split
+      // over its features, a column-parallel one whole); the rest as between the blocks, less the
+      // sequence split.
+      std::vector<PartitionSpec::Dim> dims = whole->dims();
+      dims.resize(static_cast<size_t>(rank));
+      const auto& pc = node.attrs.ints(side == 0 ? "lhs_contract" : "rhs_contract");
+      const auto& ac = node.attrs.ints(side == 0 ? "rhs_contract" : "lhs_contract");
+      for (size_t k = 0; k < pc.size() && k < ac.size(); ++k) {
+        std::vector<std::string> axes;
+        for (const auto& a : ps[static_cast<int>(pc[k])])
+          if (std::find(sp_axes.begin(), sp_axes.end(), a) != sp_axes.end()) axes.push_back(a);
+        dims[static_cast<size_t>(ac[k])] = PartitionSpec::Dim(std::move(axes));
+      }
+      PartitionSpec read(std::move(dims));
+      for (bool backward : {false, true}) {
+        if (backward < (n >= p.forward_end) || !done.insert({act, backward}).second) continue;
+        if (backward) out.push_back({act, read, p.forward_end, p.backward_end, true});
+        else out.push_back({act, read, 0, p.forward_end, false});
+      }
+    }
+  }
+}
+
 }  // namespace
 
 ShardingDecision decide_train_step(const StepProgram& p, const ShardingPlan& plan,
@@ -130,6 +224,7 @@ ShardingDecision decide_train_step(const StepProgram& p, const ShardingPlan& pla
     d.constraints.push_back({p.grads[i], plan.params[i].spec, -1, -1, false});
   }
   // Tagged forward values with a required layout (e.g. sequence parallelism between blocks).
+  std::vector<std::pair<const PathRule*, int>> matched;  // rule, the tagged value's rank
   if (!plan.activations.empty())
     for (int n = 0; n < p.forward_end; ++n) {
       const Node& node = g.nodes()[n];
@@ -140,9 +235,11 @@ ShardingDecision decide_train_step(const StepProgram& p, const ShardingPlan& pla
           Sharding(mesh, r.spec)
               .validate(g.type(node.outputs[0]), "tagged value '" + name + "' (rule '" + r.pattern + "')");
           d.constraints.push_back({node.outputs[0], r.spec, -1, -1, false});
+          matched.emplace_back(&r, g.type(node.outputs[0]).rank());
           break;
         }
     }
+  sequence_parallel_gathers(p, plan, matched, d.constraints);
   d.buckets = gradient_buckets(p, plan, bucket_bytes);
   return d;
 }
