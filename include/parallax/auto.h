@@ -51,7 +51,8 @@ struct Cluster {
   Link intra_node, inter_node;
   // Links named per mesh axis (TOML [axis.<name>]); they win over the node topology.
   std::map<std::string, Link> axis_links;
-  // Virtual CPU devices share the host: each of N devices gets 1/N of the rates and the memory.
+  // Virtual CPU devices share the host: each of N devices gets 1/N of the rates, the memory and
+  // (in apply()) the links' bandwidth, as their collectives copy through the same memory at once.
   bool devices_share_host = false;
   // Collectives run beside compute (a DMA / NIC engine): a start only queues them, and compute
   // waits only at the wait. false: they run on the compute cores at their start, in turn.
@@ -87,9 +88,9 @@ Cluster calibrate_cpu();
 // (same host name, cores and threads), else measured and written there. `recalibrate` (or
 // PX_RECALIBRATE=1) measures again.
 Cluster cpu_cluster(bool recalibrate = false);
-// $XDG_CACHE_HOME/parallax/cpu_cluster.toml, else ~/.cache/parallax/cpu_cluster.toml
-// (cpu_cluster-sanitized.toml, cpu_cluster-debug.toml for sanitized and unoptimized builds,
-// which measure a slower machine).
+// $XDG_CACHE_HOME/parallax/cpu_cluster-<T>threads.toml, else under ~/.cache/parallax, one file
+// per thread count T (cpu_cluster-<T>threads-sanitized.toml, -debug.toml for sanitized and
+// unoptimized builds, which measure a slower machine).
 std::string cluster_cache_path();
 
 // The alpha-beta model of one collective over a group of n devices whose bytes cross `link`.

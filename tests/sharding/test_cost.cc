@@ -165,7 +165,7 @@ TEST(Cost, CpuCalibrationIsCachedAndRecalibrated) {
   ::setenv("XDG_CACHE_HOME", dir.c_str(), 1);
   ::unsetenv("PX_RECALIBRATE");
   const std::string path = cluster_cache_path();
-  // cpu_cluster.toml; sanitized and debug builds keep their own (cpu_cluster-sanitized.toml, ...).
+  // cpu_cluster-<threads>threads.toml; sanitized and debug builds keep their own (...-sanitized.toml).
   const std::string stem = (dir / "parallax" / "cpu_cluster").string();
   EXPECT_EQ(path.rfind(stem, 0), 0u) << path;
   EXPECT_EQ(path.substr(path.size() - 5), ".toml") << path;

@@ -48,7 +48,11 @@ Link Cluster::axis_link(const Mesh& mesh, int axis) const {
 
 Mesh Cluster::apply(const Mesh& mesh) const {
   std::vector<MeshAxis> axes = mesh.axes();
-  for (int k = 0; k < mesh.rank(); ++k) axes[k].link = axis_link(mesh, k);
+  for (int k = 0; k < mesh.rank(); ++k) {
+    axes[k].link = axis_link(mesh, k);
+    // Virtual devices' collectives are copies through the host's memory, all devices' at once.
+    if (devices_share_host && mesh.size() > 1) axes[k].link.bandwidth_bytes_per_s /= static_cast<double>(mesh.size());
+  }
   return Mesh(axes, mesh.device_ids(), mesh.platform());
 }
 
@@ -466,7 +470,11 @@ std::string cluster_cache_path() {
   if (xdg && *xdg) base = xdg;
   else if (const char* home = std::getenv("HOME"); home && *home) base = std::filesystem::path(home) / ".cache";
   else base = std::filesystem::temp_directory_path();
-  return (base / "parallax" / (std::string("cpu_cluster") + kBuildFlavour + ".toml")).string();
+  // One file per thread count: processes run with other counts (an mpirun test with one thread
+  // each) measure other rates, and must not overwrite each other's.
+  return (base / "parallax" /
+          ("cpu_cluster-" + std::to_string(cpu::num_threads()) + "threads" + kBuildFlavour + ".toml"))
+      .string();
 }
 
 Cluster cpu_cluster(bool recalibrate) {
