@@ -146,6 +146,7 @@ int run_matrix(double time_limit) {
     j.i("batch", setup.batch).i("seq", setup.seq);
     j.n("auto_step_s", a.cost.step_s).b("auto_fits", a.fits).i("auto_peak_bytes", a.cost.memory.peak_bytes);
     j.raw("auto_from", json_str(a.from)).raw("auto_layout", json_str(a.layout));
+    j.b("auto_sequence_parallel", !a.plan.activations.empty());  // the sequence split between blocks
     if (best) j.raw("best_recipe", json_str(px::strategy_name(best->strategy))).n("best_recipe_step_s", best->cost.step_s);
     else j.raw("best_recipe", "null").raw("best_recipe_step_s", "null");
     j.n("speedup", best ? best->cost.step_s / a.cost.step_s : 0.0);
