@@ -21,6 +21,7 @@
 #include "io/toml_guard.h"
 #include "parallax/auto.h"
 #include "parallax/ops.h"
+#include "parallax/parallel.h"
 
 namespace px {
 
@@ -433,16 +434,23 @@ Cluster calibrate_cpu() {
   c.device.memory_bytes = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : int64_t{8} << 30;
 
   // The link between virtual devices: in-process copies. Bandwidth = bytes copied per second;
-  // latency from a one-float all-reduce over two devices (2 ring steps).
+  // latency from what a small all-reduce over two devices adds to a sharded program as the
+  // runtime runs it (the devices' threads meet at every collective): a chain of kAllReduces
+  // one-row all-reduces, less the same program without them, per ring step (2 per all-reduce).
   c.intra_node.bandwidth_bytes_per_s = static_cast<double>(bytes) / copy_s;
   {
-    auto comm = make_inproc_communicator(2);
-    float x[2] = {1, 2}, y[2] = {0, 0};
-    Buffers ins{&x[0], &x[1]};
-    MutBuffers outs{&y[0], &y[1]};
-    DeviceGroups groups{{0, 1}};
-    c.intra_node.latency_s =
-        time_calls([&] { comm->all_reduce(ins, outs, 1, DType::f32, ReduceOp::sum, groups); }, 0.02) / 2;
+    constexpr int kAllReduces = 64;
+    auto chain_s = [](int k) {
+      auto fn = [k](const std::vector<Tensor>&, const std::vector<Tensor>& a) {
+        Tensor y = a[0];
+        for (int i = 0; i < k; ++i) y = add(y, broadcast_to(sum(y, {0}, true), y.shape()));  // all-reduce
+        return std::vector<Tensor>{sum(y, {0})};
+      };
+      auto f = jit(fn, ShardingStrategy::DDP, {}, {}, {{DType::f32, {2, 16}}}, Mesh::cpu({{"data", 2}}));
+      std::vector<Array> args{Array::from_f32(std::vector<float>(32, 0.f), {2, 16})};
+      return time_calls([&] { (*f)({}, args); }, 0.03);
+    };
+    c.intra_node.latency_s = std::max(0.0, chain_s(kAllReduces) - chain_s(0)) / (2.0 * kAllReduces);
   }
   c.inter_node = c.intra_node;
   c.source = "calibrated on " + host_fingerprint();
