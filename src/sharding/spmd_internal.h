@@ -34,8 +34,9 @@ constexpr char kFixedForReaders = 2;
 
 // Picks mesh axes for the rule's factors from the specs known for the node's operands and
 // results (unknown: nullopt). Sources are taken by priority: `fixed` results first, then operands
-// laid out for this reader (kFixedForReaders), then the largest values, so that big operands keep their layout (the rule's late factors after all the
-// others); an axis serves one factor only, and every dim a factor labels must divide by its axes.
+// laid out for this reader (kFixedForReaders), then the largest values, so that big operands keep
+// their layout (the rule's late factors after all the others); an axis serves one factor only,
+// and every dim a factor labels must divide by its axes.
 FactorAxes assign_factors(const Graph& g, const Node& n, const NodeRule& r, const Mesh& mesh,
                           const std::vector<std::optional<Spec>>& specs, const std::vector<char>& fixed);
 

@@ -16,7 +16,6 @@
 #include <thread>
 
 #include "backend/cpu/kernel.h"
-#include "distributed/communicator.h"
 #include "ir/primitive.h"
 #include "io/toml_guard.h"
 #include "parallax/auto.h"

@@ -437,12 +437,11 @@ Search::Scored Search::search_layout(const Layout& l, std::vector<std::vector<Ch
     // The effect of each choice, one unit at a time. Memory: the exact params, gradients and
     // state per device; for the unit without params (the activations between blocks) the change
     // of the measured peak, as the activations it splits are its whole effect.
-    std::vector<std::vector<double>> time(nu), mem(nu), peak(nu);
+    std::vector<std::vector<double>> time(nu), mem(nu);
     std::vector<std::pair<int, int>> tasks;  // (unit, choice) to cost
     for (int u = 0; u < nu; ++u) {
       time[u].assign(cands[u].size(), 0.0);
       mem[u].assign(cands[u].size(), 0.0);
-      peak[u].assign(cands[u].size(), 0.0);
       for (size_t c = 0; c < cands[u].size(); ++c) {
         std::vector<int> a = base;
         a[u] = static_cast<int>(c);
@@ -465,7 +464,7 @@ Search::Scored Search::search_layout(const Layout& l, std::vector<std::vector<Ch
         const double scale = units_[u].layered ? layer_scale : 1.0;
         time[u][c] = s.ok ? (s.cost.step_s - b.cost.step_s) * scale : std::numeric_limits<double>::infinity();
         if (s.ok && units_[u].sequence)
-          peak[u][c] = static_cast<double>(s.cost.memory.peak_bytes - b.cost.memory.peak_bytes) * scale;
+          mem[u][c] += static_cast<double>(s.cost.memory.peak_bytes - b.cost.memory.peak_bytes) * scale;
       }
     };
     std::vector<std::thread> pool;
@@ -473,8 +472,6 @@ Search::Scored Search::search_layout(const Layout& l, std::vector<std::vector<Ch
     for (unsigned t = 1; t < threads && t < tasks.size(); ++t) pool.emplace_back(worker);
     worker();
     for (auto& t : pool) t.join();
-    for (int u = 0; u < nu; ++u)
-      for (size_t c = 0; c < cands[u].size(); ++c) mem[u][c] += peak[u][c];
     double budget = static_cast<double>(p_.memory_limit) - other - budget_cut;
     std::vector<int> a = solve_ilp(time, mem, budget, base);
     if (a.empty()) {

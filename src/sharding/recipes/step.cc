@@ -2,6 +2,7 @@
 // ShardedFunction / jit: trace once, place by the plan, partition and run through ShardedExecutable.
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -134,11 +135,8 @@ void sequence_parallel_gathers(const StepProgram& p, const ShardingPlan& plan,
   const Graph& g = *p.graph;
   std::map<int, int> param_of;  // graph value -> param index
   for (size_t i = 0; i < plan.params.size(); ++i) param_of[g.inputs()[i]] = static_cast<int>(i);
-  auto on_sp_axis = [&](const PartitionSpec::Dim& dim) {  // splits over an SP axis
-    return std::any_of(dim.axes.begin(), dim.axes.end(), [&](const std::string& a) {
-      return std::find(sp_axes.begin(), sp_axes.end(), a) != sp_axes.end();
-    });
-  };
+  auto is_sp = [&](const std::string& a) { return std::find(sp_axes.begin(), sp_axes.end(), a) != sp_axes.end(); };
+  auto on_sp_axis = [&](const PartitionSpec::Dim& dim) { return std::any_of(dim.axes.begin(), dim.axes.end(), is_sp); };
   // An embedding lookup from a table split over the vocabulary on such an axis: its rows come
   // whole over the sequence (each device the rows of its part of the vocabulary, summed), and its
   // gradient reads the output gradient gathered over the sequence, so that each device adds into
@@ -178,9 +176,9 @@ void sequence_parallel_gathers(const StepProgram& p, const ShardingPlan& plan,
       const auto& pc = node.attrs.ints(side == 0 ? "lhs_contract" : "rhs_contract");
       const auto& ac = node.attrs.ints(side == 0 ? "rhs_contract" : "lhs_contract");
       for (size_t k = 0; k < pc.size() && k < ac.size(); ++k) {
+        const std::vector<std::string>& split = ps[static_cast<int>(pc[k])];
         std::vector<std::string> axes;
-        for (const auto& a : ps[static_cast<int>(pc[k])])
-          if (std::find(sp_axes.begin(), sp_axes.end(), a) != sp_axes.end()) axes.push_back(a);
+        std::copy_if(split.begin(), split.end(), std::back_inserter(axes), is_sp);
         dims[static_cast<size_t>(ac[k])] = PartitionSpec::Dim(std::move(axes));
       }
       PartitionSpec read(std::move(dims));
