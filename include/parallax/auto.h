@@ -42,6 +42,16 @@ struct DeviceSpec {
   double kernel_seconds(double flops, double matmul, DType operands, double bytes) const;
 };
 
+// Virtual devices' collectives are not rings: the in-process communicator copies and adds the
+// buffers of every device at once through the host's memory, on the compute cores. Per kind, the
+// payload bytes per second per device with two devices, measured (calibrate_cpu). With N devices
+// on the host and a group of n, a collective takes its ring steps' latency plus payload * N / 2 /
+// rate, reduce_scatter times (n + 2) / 2n (each device reads its payload and writes a 1/n share).
+struct InProcessRates {
+  double all_reduce = 0, all_gather = 0, reduce_scatter = 0, all_to_all = 0;  // bytes/s; 0: unknown
+  bool known() const { return all_reduce > 0 && all_gather > 0 && reduce_scatter > 0 && all_to_all > 0; }
+};
+
 // The machines a mesh runs on: one kind of device, grouped in nodes of devices_per_node linked by
 // intra_node (NVLink, in-process copies), nodes linked by inter_node (InfiniBand).
 struct Cluster {
@@ -54,6 +64,9 @@ struct Cluster {
   // Virtual CPU devices share the host: each of N devices gets 1/N of the rates, the memory and
   // (in apply()) the links' bandwidth, as their collectives copy through the same memory at once.
   bool devices_share_host = false;
+  // With devices_share_host: what the in-process communicator's collectives move (see
+  // InProcessRates); all zero: the links' ring model.
+  InProcessRates in_process;
   // Collectives run beside compute (a DMA / NIC engine): a start only queues them, and compute
   // waits only at the wait. false: they run on the compute cores at their start, in turn.
   bool overlap_collectives = true;
@@ -102,6 +115,10 @@ std::string cluster_cache_path();
 // 2 ceil(log2 n) steps + 2 * payload / bandwidth (small payloads over many devices).
 int64_t collective_wire_bytes(CollectiveKind k, int64_t n, int64_t payload);
 double collective_seconds(CollectiveKind k, int64_t n, int64_t payload, const Link& link);
+// The same collective over virtual devices, `devices` of them on the host (see InProcessRates):
+// the ring steps' latency plus payload * devices / 2 / rate (reduce_scatter: times (n + 2) / 2n).
+double in_process_collective_seconds(CollectiveKind k, int64_t n, int64_t devices, int64_t payload, const Link& link,
+                                     const InProcessRates& rates);
 
 // The predicted cost of one step on one device (every device runs the same local program).
 struct StepCost {

@@ -155,6 +155,7 @@ class ShardedExecutable {
   const SpmdProgram& program() const;
   const CollectiveStats& stats() const;  // accumulated over runs, for this process's positions
   void reset_stats();
+  int64_t runs_counted() const;  // the runs stats() holds: since compile or the last reset_stats
   // The one program every device runs: its schedule (kernels and collectives) and buffer plan.
   const Executable& executable() const;
   MemoryReport memory() const;             // per device, known before the first run

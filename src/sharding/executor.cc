@@ -58,6 +58,7 @@ struct ShardedExecutable::Impl {
   std::vector<Array> coords;  // per local device
   std::vector<std::vector<Array>> ins, outs;  // per device, reused between runs
   std::atomic<bool> running{false};           // one run at a time (ins / outs are reused)
+  int64_t runs_counted = 0;                    // runs since the stats were reset
 };
 
 ShardedExecutable::ShardedExecutable(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -192,6 +193,7 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
     for (size_t o = 0; o < outs.size(); ++o) out.push_back(outs[o].shards()[d]);
   }
   m.exe->run_on_devices(m.ins, m.outs);
+  ++m.runs_counted;
   // Let go of the caller's arrays, so that it is their sole owner again and the next run may
   // write into them.
   for (int64_t d = 0; d < m.devices; ++d) {
@@ -216,7 +218,11 @@ int ShardedExecutable::process() const { return impl_->process; }
 const std::vector<int>& ShardedExecutable::positions() const { return impl_->positions; }
 Communicator& ShardedExecutable::communicator() const { return *impl_->comm; }
 const CollectiveStats& ShardedExecutable::stats() const { return impl_->comm->stats(); }
-void ShardedExecutable::reset_stats() { impl_->comm->reset_stats(); }
+void ShardedExecutable::reset_stats() {
+  impl_->comm->reset_stats();
+  impl_->runs_counted = 0;
+}
+int64_t ShardedExecutable::runs_counted() const { return impl_->runs_counted; }
 const Executable& ShardedExecutable::executable() const { return *impl_->exe; }
 MemoryReport ShardedExecutable::memory() const { return impl_->exe->memory(); }
 int64_t ShardedExecutable::peak_bytes(int position) const {

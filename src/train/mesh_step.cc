@@ -186,9 +186,9 @@ std::string MeshStep::collectives_table() const {
   os << "planned collectives per step (payload bytes per device):\n";
   for (const auto& [k, r] : planned) os << "  " << k << ": " << r.count << " calls, " << r.bytes << " bytes\n";
   const CollectiveStats& st = exe_->stats();
-  const int64_t steps = std::max<int64_t>(steps_run_, 1);
+  const int64_t steps = std::max<int64_t>(exe_->runs_counted(), 1);
   const int64_t devices = std::max<int64_t>(static_cast<int64_t>(exe_->positions().size()), 1);
-  os << "counted at run time, per step and device (over " << steps_run_ << " steps):\n";
+  os << "counted at run time, per step and device (over " << exe_->runs_counted() << " steps):\n";
   for (int k = 0; k < kNumCollectiveKinds; ++k) {
     CollectiveStats::Entry e =
         st.per_device.empty() ? CollectiveStats::Entry{} : st.total(static_cast<CollectiveKind>(k));

@@ -73,6 +73,58 @@ TEST(Cost, AlphaBetaOnHandComputedCases) {
   EXPECT_EQ(collective_wire_bytes(CollectiveKind::all_reduce, 3, 100), 133);
 }
 
+// Virtual devices: a collective is copies through the host's memory by every device at once, at
+// the measured rate of its kind per device of two; latency per ring step as before.
+TEST(Cost, InProcessCollectivesAreCopiesThroughTheSharedHost) {
+  const Link l{1e9, 1e-6};
+  InProcessRates r;
+  EXPECT_FALSE(r.known());
+  EXPECT_THROW_MSG(in_process_collective_seconds(CollectiveKind::all_reduce, 2, 2, 1000, l, r), "calibrate");
+  r = {.all_reduce = 4e9, .all_gather = 2e9, .reduce_scatter = 8e9, .all_to_all = 1e9};
+  ASSERT_TRUE(r.known());
+  const int64_t P = 8000000;
+  // Two devices: the rate as measured.
+  EXPECT_DOUBLE_EQ(in_process_collective_seconds(CollectiveKind::all_reduce, 2, 2, P, l, r), 2e-6 + P / 4e9);
+  EXPECT_DOUBLE_EQ(in_process_collective_seconds(CollectiveKind::all_gather, 2, 2, P, l, r), 1e-6 + P / 2e9);
+  EXPECT_DOUBLE_EQ(in_process_collective_seconds(CollectiveKind::reduce_scatter, 2, 2, P, l, r), 1e-6 + P / 8e9);
+  EXPECT_DOUBLE_EQ(in_process_collective_seconds(CollectiveKind::all_to_all, 2, 2, P, l, r), 1e-6 + P / 1e9);
+  // Eight devices on the host share its memory: 4x the time of two, whatever the group (an
+  // all-reduce reads and writes each device's payload once, not 2(n-1)/n of it as a ring).
+  EXPECT_DOUBLE_EQ(in_process_collective_seconds(CollectiveKind::all_reduce, 8, 8, P, l, r), 14e-6 + 4.0 * P / 4e9);
+  EXPECT_DOUBLE_EQ(in_process_collective_seconds(CollectiveKind::all_gather, 2, 8, P, l, r), 1e-6 + 4.0 * P / 2e9);
+  // A reduce-scatter reads the payload and writes 1/n of it: (n + 2) / 2n of two devices' traffic.
+  EXPECT_DOUBLE_EQ(in_process_collective_seconds(CollectiveKind::reduce_scatter, 8, 8, P, l, r),
+                   7e-6 + 10.0 / 16.0 * 4.0 * P / 8e9);
+  EXPECT_DOUBLE_EQ(in_process_collective_seconds(CollectiveKind::permute, 2, 4, P, l, r), 1e-6 + 2.0 * P / 1e9);
+  EXPECT_EQ(in_process_collective_seconds(CollectiveKind::all_gather, 1, 8, P, l, r), 0);
+
+  // The cost model takes them for a cluster whose devices share the host: DDP over 8 devices is
+  // all-reduces over all 8, FSDP all-gathers and reduce-scatters over 8.
+  Cluster c = test_cluster();
+  c.in_process = r;
+  const Mesh mesh = c.apply(Mesh::cpu({{"data", 8}}));
+  StepSetup setup;
+  setup.batch = 8;
+  setup.seq = 16;
+  auto rc = cost_recipes(recipe_check::gpt_micro(), mesh, c, setup, {ShardingStrategy::DDP, ShardingStrategy::FSDP});
+  ASSERT_TRUE(rc[0].applies && rc[1].applies);
+  auto expect = [&](const StepCost& cost, CollectiveKind k, double steps, double traffic, double rate) {
+    const StepCost::Comm& e = cost.collectives[static_cast<int>(k)];
+    SCOPED_TRACE(collective_name(k));
+    ASSERT_GT(e.calls, 0);
+    EXPECT_NEAR(e.seconds, e.calls * steps * c.intra_node.latency_s + e.payload_bytes * traffic * 4.0 / rate,
+                1e-9 * e.seconds);
+  };
+  expect(rc[0].cost, CollectiveKind::all_reduce, 14, 1, r.all_reduce);
+  expect(rc[1].cost, CollectiveKind::all_gather, 7, 1, r.all_gather);
+  expect(rc[1].cost, CollectiveKind::reduce_scatter, 7, 10.0 / 16.0, r.reduce_scatter);
+  // Without the rates (a file that has none): the links' ring model, as for real links.
+  c.in_process = {};
+  auto ring = cost_recipes(recipe_check::gpt_micro(), mesh, c, setup, {ShardingStrategy::DDP});
+  const StepCost::Comm& ar = ring[0].cost.collectives[static_cast<int>(CollectiveKind::all_reduce)];
+  EXPECT_NE(ar.seconds, rc[0].cost.collectives[static_cast<int>(CollectiveKind::all_reduce)].seconds);
+}
+
 TEST(Cost, GpuPresetsPutInnerAxesOnNvlinkAndOuterOnInfiniband) {
   Cluster h = cluster_preset("h100x8");
   EXPECT_EQ(h.devices_per_node, 8);
@@ -123,6 +175,13 @@ latency_s = 0
   EXPECT_EQ(back.to_toml(), c.to_toml());
   EXPECT_EQ(back.axis_links.at("pipe").bandwidth_bytes_per_s, 5e9);
   EXPECT_EQ(back.inter_node.latency_s, 1e-5);
+
+  // Virtual devices with measured in-process collectives.
+  Cluster v = test_cluster();
+  v.in_process = {.all_reduce = 7e9, .all_gather = 8.5e9, .reduce_scatter = 1.1e10, .all_to_all = 6.5e9};
+  Cluster vb = cluster_from_toml(v.to_toml(), "round trip");
+  EXPECT_EQ(vb.to_toml(), v.to_toml());
+  EXPECT_EQ(vb.in_process.reduce_scatter, 1.1e10);
 }
 
 TEST(Cost, BadClusterTomlSaysWhichKeyAndHowToFixIt) {
@@ -153,6 +212,11 @@ TEST(Cost, BadClusterTomlSaysWhichKeyAndHowToFixIt) {
                    "devices_per_node must be an integer, e.g. devices_per_node = 8");
   EXPECT_THROW_MSG(read_cluster_file("/nonexistent/c.toml"), "cannot read the cluster file '/nonexistent/c.toml'");
   EXPECT_THROW_MSG(load_cluster("h300x8"), "unknown cluster preset 'h300x8'");
+  const std::string rates = "[in_process]\nall_reduce = 7e9\nall_gather = 8e9\nreduce_scatter = 1e10\n";
+  EXPECT_THROW_MSG(cluster_from_toml("devices_share_host = true\n" + dev + links + rates, "a.toml"),
+                   "in_process.all_to_all is missing; add it under [in_process], e.g. all_to_all = ");
+  EXPECT_THROW_MSG(cluster_from_toml(dev + links + rates + "all_to_all = 6e9\n", "a.toml"),
+                   "but devices_share_host is false; set devices_share_host = true or remove [in_process]");
 }
 
 // The calibration is measured once, cached under $XDG_CACHE_HOME/parallax, read back unchanged,
@@ -177,6 +241,7 @@ TEST(Cost, CpuCalibrationIsCachedAndRecalibrated) {
   EXPECT_GT(a.device.matmul_flops_f32, 1e8);
   EXPECT_GT(a.device.memory_bandwidth, 1e8);
   EXPECT_GT(a.intra_node.latency_s, 0);
+  EXPECT_TRUE(a.in_process.known());
   EXPECT_NE(a.source.find("calibrated on"), std::string::npos);
   Cluster b = cpu_cluster();  // from the file: the same figures
   EXPECT_EQ(b.to_toml(), a.to_toml());
@@ -203,6 +268,16 @@ TEST(Cost, CpuCalibrationIsCachedAndRecalibrated) {
   EXPECT_EQ(read_cluster_file(path).source, a.source);
   Cluster d = cpu_cluster(/*recalibrate=*/true);
   EXPECT_EQ(read_cluster_file(path).to_toml(), d.to_toml());
+  // A cache from before the in-process collectives were measured is measured again.
+  {
+    Cluster old_cache = d;
+    old_cache.in_process = {};
+    std::ofstream out(path);
+    out << old_cache.to_toml();
+  }
+  EXPECT_FALSE(read_cluster_file(path).in_process.known());
+  EXPECT_TRUE(cpu_cluster().in_process.known());
+  EXPECT_TRUE(read_cluster_file(path).in_process.known());
 
   if (old)
     ::setenv("XDG_CACHE_HOME", saved.c_str(), 1);

@@ -1,5 +1,6 @@
 // Cluster descriptions: presets, TOML files, and this machine's virtual CPU devices calibrated
 // by a short measurement and cached.
+#include <omp.h>
 #include <unistd.h>
 
 #include <toml++/toml.h>
@@ -16,6 +17,7 @@
 #include <thread>
 
 #include "backend/cpu/kernel.h"
+#include "distributed/communicator.h"
 #include "ir/primitive.h"
 #include "io/toml_guard.h"
 #include "parallax/auto.h"
@@ -79,6 +81,10 @@ std::string Cluster::to_string() const {
     os << " of " << devices_per_node << ", " << inter_node.bandwidth_bytes_per_s / 1e9 << " GB/s "
        << inter_node.latency_s * 1e6 << " us across";
   if (devices_share_host) os << " (virtual devices share the host)";
+  if (in_process.known())
+    os << "; in-process all_reduce " << in_process.all_reduce / 1e9 << ", all_gather " << in_process.all_gather / 1e9
+       << ", reduce_scatter " << in_process.reduce_scatter / 1e9 << ", all_to_all " << in_process.all_to_all / 1e9
+       << " GB/s per device of two";
   if (!source.empty()) os << " [" << source << "]";
   return os.str();
 }
@@ -107,6 +113,11 @@ std::string Cluster::to_toml() const {
                                  {"host_link_bandwidth", device.host_link_bandwidth}});
   t.insert("intra_node", link_table(intra_node));
   t.insert("inter_node", link_table(inter_node));
+  if (in_process.known())
+    t.insert("in_process", toml::table{{"all_reduce", in_process.all_reduce},
+                                       {"all_gather", in_process.all_gather},
+                                       {"reduce_scatter", in_process.reduce_scatter},
+                                       {"all_to_all", in_process.all_to_all}});
   if (!axis_links.empty()) {
     toml::table axes;
     for (const auto& [n, l] : axis_links) axes.insert(n, link_table(l));
@@ -278,7 +289,7 @@ Cluster cluster_from_toml(const std::string& text, const std::string& where) {
     r.fail(os.str());
   }
   r.check_keys(root, "", {"name", "source", "devices_per_node", "devices_share_host",
-                          "overlap_collectives", "device", "intra_node", "inter_node", "axis"});
+                          "overlap_collectives", "device", "intra_node", "inter_node", "in_process", "axis"});
   Cluster c;
   c.name = r.exact<std::string>(root, "name", "a string", "\"my_cluster\"").value_or("custom");
   c.source = r.exact<std::string>(root, "source", "a string", "\"measured with nccl-tests\"").value_or(where);
@@ -311,6 +322,16 @@ Cluster cluster_from_toml(const std::string& text, const std::string& where) {
            " but the [inter_node] section is missing; add it with bandwidth_bytes_per_s and latency_s, or set "
            "devices_per_node = 0 for one node");
   else c.inter_node = c.intra_node;
+  if (const toml::table* ip = r.table(root, "in_process")) {
+    r.check_keys(*ip, "in_process", {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"});
+    c.in_process.all_reduce = r.required(*ip, "in_process", "all_reduce", "5e9");
+    c.in_process.all_gather = r.required(*ip, "in_process", "all_gather", "4e9");
+    c.in_process.reduce_scatter = r.required(*ip, "in_process", "reduce_scatter", "5e9");
+    c.in_process.all_to_all = r.required(*ip, "in_process", "all_to_all", "4e9");
+    if (!c.devices_share_host)
+      r.fail("[in_process] describes virtual devices that share one host, but devices_share_host is false; set "
+             "devices_share_host = true or remove [in_process]");
+  }
   if (const toml::table* axes = r.table(root, "axis")) {
     for (const auto& [k, v] : *axes) {
       std::string name(k.str());
@@ -370,6 +391,48 @@ double matmul_rate(int64_t n, DType compute, double budget) {
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / s;
 }
 
+// Each kind of collective as the in-process communicator runs it over two virtual devices (the
+// runtime calls it between kernels; it spreads the copies over the threads), on 2 MiB per device
+// (a layer's weight) in buffers out of the cache; reductions read inputs just written, as
+// gradients are. Payload bytes per second per device, the median call of 3 rounds over the buffers.
+InProcessRates measure_in_process_collectives() {
+  std::unique_ptr<Communicator> comm = make_inproc_communicator(2);
+  const DeviceGroups pair{{0, 1}};
+  constexpr int64_t kCount = int64_t{1} << 19;  // f32 elements of payload per device
+  constexpr int kSets = 16;                     // 16 x 8 MiB of buffers: more than a last-level cache
+  std::vector<std::vector<float>> mem(kSets * 4, std::vector<float>(static_cast<size_t>(kCount), 1.f));
+  auto rate = [&](bool fresh_inputs, auto&& call) {
+    std::vector<double> t;
+    for (int round = 0; round < 3 * kSets; ++round) {
+      float* b[4];
+      for (int i = 0; i < 4; ++i) b[i] = mem[static_cast<size_t>(4 * (round % kSets) + i)].data();
+      if (fresh_inputs) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < 2 * kCount; ++i) b[i / kCount][i % kCount] = static_cast<float>(i % 7);
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      call(b);
+      t.push_back(seconds_since(t0));
+    }
+    std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
+    return static_cast<double>(kCount) * 4.0 / t[t.size() / 2];
+  };
+  InProcessRates r;
+  r.all_reduce = rate(true, [&](float** b) {
+    comm->all_reduce({b[0], b[1]}, {b[2], b[3]}, kCount, DType::f32, ReduceOp::sum, pair);
+  });
+  r.all_gather = rate(false, [&](float** b) {
+    comm->all_gather({b[0], b[1]}, {b[2], b[3]}, kCount / 2, DType::f32, pair);
+  });
+  r.reduce_scatter = rate(true, [&](float** b) {
+    comm->reduce_scatter({b[0], b[1]}, {b[2], b[3]}, kCount, DType::f32, ReduceOp::sum, pair);
+  });
+  r.all_to_all = rate(false, [&](float** b) {
+    comm->all_to_all({b[0], b[1]}, {b[2], b[3]}, kCount, DType::f32, pair);
+  });
+  return r;
+}
+
 std::string host_fingerprint() {
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
@@ -389,10 +452,21 @@ Cluster calibrate_cpu() {
   c.device.matmul_flops_f32 = matmul_rate(512, DType::f32, 0.12);
   c.device.matmul_flops_bf16 = matmul_rate(512, DType::bf16, 0.12);
 
-  // Streaming bandwidth: read + written bytes per second of a 32 MiB copy.
-  const size_t bytes = size_t{32} << 20;
+  // Streaming bandwidth: read + written bytes per second of a 64 MiB copy by all threads (each a
+  // slice), as the host's devices stream at once.
+  const size_t bytes = size_t{64} << 20;
   std::vector<char> a(bytes, 1), b(bytes, 2);
-  double copy_s = time_calls([&] { std::memcpy(b.data(), a.data(), bytes); a[0] = b[1]; }, 0.08);
+  double copy_s = time_calls(
+      [&] {
+#pragma omp parallel
+        {
+          const size_t n = static_cast<size_t>(omp_get_num_threads()), t = static_cast<size_t>(omp_get_thread_num());
+          const size_t lo = bytes / n * t, hi = t + 1 == n ? bytes : bytes / n * (t + 1);
+          std::memcpy(b.data() + lo, a.data() + lo, hi - lo);
+        }
+        a[0] = b[1];
+      },
+      0.08);
   c.device.memory_bandwidth = 2.0 * static_cast<double>(bytes) / copy_s;
 
   // Elementwise arithmetic: a fused chain of transcendental and arithmetic ops over 32K floats
@@ -452,6 +526,7 @@ Cluster calibrate_cpu() {
     c.intra_node.latency_s = std::max(0.0, chain_s(kAllReduces) - chain_s(0)) / (2.0 * kAllReduces);
   }
   c.inter_node = c.intra_node;
+  c.in_process = measure_in_process_collectives();
   c.source = "calibrated on " + host_fingerprint();
   return c;
 }
@@ -492,7 +567,8 @@ Cluster cpu_cluster(bool recalibrate) {
   if (!recalibrate && std::filesystem::exists(path)) {
     try {
       Cluster c = read_cluster_file(path);
-      if (c.source == fp) return c;  // measured on another host or thread count: measure again
+      // Measured on another host or thread count, or before the in-process collectives were: measure again.
+      if (c.source == fp && c.in_process.known()) return c;
     } catch (const Error&) {
       // an unreadable cache is measured again and overwritten
     }

@@ -64,6 +64,35 @@ double collective_seconds(CollectiveKind k, int64_t n, int64_t payload, const Li
   return std::min(ring, tree);
 }
 
+double in_process_collective_seconds(CollectiveKind k, int64_t n, int64_t devices, int64_t payload,
+                                     const Link& link, const InProcessRates& rates) {
+  if (n <= 1 && k != CollectiveKind::permute) return 0;
+  if (!rates.known()) throw Error("[cost] in-process collective rates unknown; calibrate (px::calibrate_cpu)");
+  const double nn = static_cast<double>(n), p = static_cast<double>(payload);
+  const double share = static_cast<double>(std::max<int64_t>(devices, 2)) / 2.0;  // rates are per device of two
+  double rate = rates.all_to_all, traffic = 1, steps = nn - 1;
+  switch (k) {
+    case CollectiveKind::all_reduce:
+      rate = rates.all_reduce;
+      steps = 2 * (nn - 1);
+      break;
+    case CollectiveKind::all_gather:
+      rate = rates.all_gather;
+      break;
+    case CollectiveKind::reduce_scatter:
+      rate = rates.reduce_scatter;
+      traffic = (nn + 2) / (2 * nn);
+      break;
+    case CollectiveKind::all_to_all:
+      break;
+    case CollectiveKind::permute:
+    case CollectiveKind::broadcast:
+      steps = 1;
+      break;
+  }
+  return steps * link.latency_s + p * traffic * share / rate;
+}
+
 std::string StepCost::to_string() const {
   std::ostringstream os;
   os << "step " << step_s * 1e3 << " ms (compute " << compute_s * 1e3 << " ms, collectives " << comm_s * 1e3
@@ -170,6 +199,12 @@ StepCost cost_program(const SpmdProgram& program, const Cluster& cluster, const 
   std::vector<int> node_of(plan.collectives.size(), -1);
   for (size_t u = 0; u < plan.units.size(); ++u)
     if (plan.collective_of_unit[u] >= 0) node_of[plan.collective_of_unit[u]] = plan.units[u].nodes[0];
+  // Virtual devices with measured in-process collectives: those; else the ring over the links.
+  const bool in_process = cluster.devices_share_host && cluster.in_process.known();
+  auto seconds = [&](CollectiveKind k, int64_t n, int64_t payload, const Link& link) {
+    return in_process ? in_process_collective_seconds(k, n, D, payload, link, cluster.in_process)
+                      : collective_seconds(k, n, payload, link);
+  };
   for (size_t c = 0; c < plan.collectives.size(); ++c) {
     const CollectiveOp& op = plan.collectives[c];
     const Node& n = g.nodes()[node_of[c]];
@@ -193,13 +228,12 @@ StepCost cost_program(const SpmdProgram& program, const Cluster& cluster, const 
       e.calls += most;
       e.payload_bytes += most * payload;
       e.wire_bytes += most * payload;
-      coll_s[c] = static_cast<double>(most) *
-                  collective_seconds(k, 2, payload, group_link(mesh, split_axes(n.attrs.s("axes"))));
+      coll_s[c] = static_cast<double>(most) * seconds(k, 2, payload, group_link(mesh, split_axes(n.attrs.s("axes"))));
     } else {
       e.calls += 1;
       e.payload_bytes += payload;
       e.wire_bytes += collective_wire_bytes(k, op.n, payload);
-      coll_s[c] = collective_seconds(k, op.n, payload, group_link(mesh, split_axes(n.attrs.s("axes"))));
+      coll_s[c] = seconds(k, op.n, payload, group_link(mesh, split_axes(n.attrs.s("axes"))));
     }
     e.seconds += coll_s[c];
     out.comm_s += coll_s[c];
