@@ -45,8 +45,9 @@ struct DeviceSpec {
 // Virtual devices' collectives are not rings: the in-process communicator copies and adds the
 // buffers of every device at once through the host's memory, on the compute cores. Per kind, the
 // payload bytes per second per device with two devices, measured (calibrate_cpu). With N devices
-// on the host and a group of n, a collective takes its ring steps' latency plus payload * N / 2 /
-// rate, reduce_scatter times (n + 2) / 2n (each device reads its payload and writes a 1/n share).
+// on the host and a group of n, a collective takes (n - 1) link latencies (permute: one) plus
+// payload * N / 2 / rate, reduce_scatter times (n + 2) / 2n (each device reads its payload and
+// writes a 1/n share).
 struct InProcessRates {
   double all_reduce = 0, all_gather = 0, reduce_scatter = 0, all_to_all = 0;  // bytes/s; 0: unknown
   bool known() const { return all_reduce > 0 && all_gather > 0 && reduce_scatter > 0 && all_to_all > 0; }
@@ -116,7 +117,7 @@ std::string cluster_cache_path();
 int64_t collective_wire_bytes(CollectiveKind k, int64_t n, int64_t payload);
 double collective_seconds(CollectiveKind k, int64_t n, int64_t payload, const Link& link);
 // The same collective over virtual devices, `devices` of them on the host (see InProcessRates):
-// the ring steps' latency plus payload * devices / 2 / rate (reduce_scatter: times (n + 2) / 2n).
+// (n - 1) latencies plus payload * devices / 2 / rate (reduce_scatter: times (n + 2) / 2n).
 double in_process_collective_seconds(CollectiveKind k, int64_t n, int64_t devices, int64_t payload, const Link& link,
                                      const InProcessRates& rates);
 

@@ -507,23 +507,28 @@ Cluster calibrate_cpu() {
   c.device.memory_bytes = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : int64_t{8} << 30;
 
   // The link between virtual devices: in-process copies. Bandwidth = bytes copied per second;
-  // latency from what a small all-reduce over two devices adds to a sharded program as the
-  // runtime runs it (the devices' threads meet at every collective): a chain of kAllReduces
-  // one-row all-reduces, less the same program without them, per ring step (2 per all-reduce).
+  // latency from what small collectives over two devices add to a sharded program as the runtime
+  // runs it (the devices' threads meet at every collective): a chain of kLinks one-row
+  // reductions, less the same program without them, per collective the partitioner emitted for
+  // them (the in-process model charges n - 1 latencies per collective over n devices).
   c.intra_node.bandwidth_bytes_per_s = static_cast<double>(bytes) / copy_s;
   {
-    constexpr int kAllReduces = 64;
-    auto chain_s = [](int k) {
+    constexpr int kLinks = 64;
+    auto chain = [](int k) {
       auto fn = [k](const std::vector<Tensor>&, const std::vector<Tensor>& a) {
         Tensor y = a[0];
-        for (int i = 0; i < k; ++i) y = add(y, broadcast_to(sum(y, {0}, true), y.shape()));  // all-reduce
+        for (int i = 0; i < k; ++i) y = add(y, broadcast_to(sum(y, {0}, true), y.shape()));
         return std::vector<Tensor>{sum(y, {0})};
       };
       auto f = jit(fn, ShardingStrategy::DDP, {}, {}, {{DType::f32, {2, 16}}}, Mesh::cpu({{"data", 2}}));
+      double steps = 0;  // collectives over the two devices
+      for (const CollectiveRecord& r : f->executable().program().collectives) steps += r.kind != "local_slice";
       std::vector<Array> args{Array::from_f32(std::vector<float>(32, 0.f), {2, 16})};
-      return time_calls([&] { (*f)({}, args); }, 0.03);
+      return std::pair{time_calls([&] { (*f)({}, args); }, 0.03), steps};
     };
-    c.intra_node.latency_s = std::max(0.0, chain_s(kAllReduces) - chain_s(0)) / (2.0 * kAllReduces);
+    const auto [with_s, with_steps] = chain(kLinks);
+    const auto [without_s, without_steps] = chain(0);
+    c.intra_node.latency_s = std::max(0.0, with_s - without_s) / std::max(1.0, with_steps - without_steps);
   }
   c.inter_node = c.intra_node;
   c.in_process = measure_in_process_collectives();

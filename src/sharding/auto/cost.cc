@@ -72,9 +72,8 @@ double in_process_collective_seconds(CollectiveKind k, int64_t n, int64_t device
   const double share = static_cast<double>(std::max<int64_t>(devices, 2)) / 2.0;  // rates are per device of two
   double rate = rates.all_to_all, traffic = 1, steps = nn - 1;
   switch (k) {
-    case CollectiveKind::all_reduce:
+    case CollectiveKind::all_reduce:  // one pass over the group's buffers, not a ring's two
       rate = rates.all_reduce;
-      steps = 2 * (nn - 1);
       break;
     case CollectiveKind::all_gather:
       rate = rates.all_gather;
