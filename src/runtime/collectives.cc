@@ -43,27 +43,31 @@ CollectiveHandle start_collective(Communicator& comm, const CollectiveOp& c, con
     if (!c.scratch_in) return comm.start_all_gather(ins, outs, count, c.dtype, groups);
     // Gather whole blocks into scratch [n, in_shape], then interleave them along `dim`.
     comm.start_all_gather(ins, scratch_in, count, c.dtype, groups).wait();
-    std::vector<int64_t> zero(c.in_shape.size(), 0), off(c.in_shape.size(), 0);
-    for (size_t d = 0; d < D; ++d)
-      for (int64_t k = 0; k < c.n; ++k) {
-        off[c.dim] = k * c.in_shape[c.dim];
-        copy_box(static_cast<const std::byte*>(scratch_in[d]) + k * count * es, c.in_shape, zero.data(), outs[d],
-                 c.out_shape, off.data(), c.in_shape, es);
-      }
+    const int64_t jobs = static_cast<int64_t>(D) * c.n;
+#pragma omp parallel for schedule(static) if (jobs > 1 && count * es * jobs > (int64_t{1} << 18))
+    for (int64_t j = 0; j < jobs; ++j) {
+      const size_t d = static_cast<size_t>(j / c.n);
+      const int64_t k = j % c.n;
+      std::vector<int64_t> zero(c.in_shape.size(), 0), off(c.in_shape.size(), 0);
+      off[c.dim] = k * c.in_shape[c.dim];
+      copy_box(static_cast<const std::byte*>(scratch_in[d]) + k * count * es, c.in_shape, zero.data(), outs[d],
+               c.out_shape, off.data(), c.in_shape, es);
+    }
     return CollectiveHandle();
   }
   if (c.kind == "reduce_scatter") {
     if (!c.scratch_in) return comm.start_reduce_scatter(ins, outs, count, c.dtype, c.op, groups);
-    Buffers packed(D);
-    std::vector<int64_t> zero(c.in_shape.size(), 0), off(c.in_shape.size(), 0);
+    Buffers packed(scratch_in.begin(), scratch_in.end());
     const int64_t block = numel(c.out_shape);
-    for (size_t d = 0; d < D; ++d) {
-      for (int64_t k = 0; k < c.n; ++k) {
-        off[c.dim] = k * c.out_shape[c.dim];
-        copy_box(ins[d], c.in_shape, off.data(), static_cast<std::byte*>(scratch_in[d]) + k * block * es, c.out_shape,
-                 zero.data(), c.out_shape, es);
-      }
-      packed[d] = scratch_in[d];
+    const int64_t jobs = static_cast<int64_t>(D) * c.n;
+#pragma omp parallel for schedule(static) if (jobs > 1 && count * es * static_cast<int64_t>(D) > (int64_t{1} << 18))
+    for (int64_t j = 0; j < jobs; ++j) {
+      const size_t d = static_cast<size_t>(j / c.n);
+      const int64_t k = j % c.n;
+      std::vector<int64_t> zero(c.in_shape.size(), 0), off(c.in_shape.size(), 0);
+      off[c.dim] = k * c.out_shape[c.dim];
+      copy_box(ins[d], c.in_shape, off.data(), static_cast<std::byte*>(scratch_in[d]) + k * block * es, c.out_shape,
+               zero.data(), c.out_shape, es);
     }
     return comm.start_reduce_scatter(packed, outs, count, c.dtype, c.op, groups);
   }

@@ -234,6 +234,9 @@ StepCost cost_program(const SpmdProgram& program, const Cluster& cluster, const 
       e.wire_bytes += collective_wire_bytes(k, op.n, payload);
       coll_s[c] = seconds(k, op.n, payload, group_link(mesh, split_axes(n.attrs.s("axes"))));
     }
+    // A gather or scatter over a dim that is not leading packs its blocks (runtime/collectives.cc):
+    // a copy through the device's memory beside the exchange.
+    coll_s[c] += 2.0 * static_cast<double>((op.scratch_in + op.scratch_out) * es) / dev.memory_bandwidth;
     e.seconds += coll_s[c];
     out.comm_s += coll_s[c];
   }

@@ -241,9 +241,11 @@ class Search {
     }
     if (!c.storage.empty()) {
       const int64_t n = axes_size(p_.mesh, c.storage);
+      // The first dim that divides: shards of a leading dim are contiguous, gathered and
+      // scattered without packing.
       int best = -1;
-      for (int d = 0; d < t.rank(); ++d)
-        if (d != tp_dim && t.shape[d] % n == 0 && (best < 0 || t.shape[d] > t.shape[best])) best = d;
+      for (int d = 0; d < t.rank() && best < 0; ++d)
+        if (d != tp_dim && t.shape[d] % n == 0) best = d;
       if (best >= 0) {
         dims[best] = PartitionSpec::Dim(c.storage);
         why += (why.empty() ? "" : " + ") + fmt::format("stored split over {} (dim {})", axes_text(c.storage), best);

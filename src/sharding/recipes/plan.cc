@@ -298,12 +298,11 @@ ShardingPlan plan_sharding(const Graph& forward, const std::vector<std::string>&
       if (pp.type.nbytes() < opt.fsdp_min_bytes) {
         pp.reason += pp.reason == "replicated" ? " (below fsdp_min_bytes)" : "";
       } else {
+        // The first dim that divides (not tensor-parallel): shards of a leading dim are
+        // contiguous, so their gathers and reduce-scatters need no packing.
         int best = -1;
-        for (int d = 0; d < rank; ++d) {
-          if (d == tp_dim) continue;
-          if (pp.type.shape[d] % data_size != 0) continue;
-          if (best < 0 || pp.type.shape[d] > pp.type.shape[best]) best = d;
-        }
+        for (int d = 0; d < rank && best < 0; ++d)
+          if (d != tp_dim && pp.type.shape[d] % data_size == 0) best = d;
         if (best >= 0) {
           pp.spec = with_dim(rank, best, plan.batch_axes, pp.spec);
           pp.reason = (tp_dim >= 0 ? pp.reason + " + " : std::string()) + "fsdp dim " + std::to_string(best);
