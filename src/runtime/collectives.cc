@@ -30,6 +30,19 @@ CollectiveOp make_collective_op(const Graph& g, const Node& n, CollectiveGroups 
   return c;
 }
 
+namespace {
+
+// copy(d, k) for every device d of `devices` and block k of `n`: the packing around a collective
+// over a dim that is not leading, spread over the threads when it moves enough bytes.
+template <typename Copy>
+void for_each_block(size_t devices, int64_t n, int64_t bytes, Copy&& copy) {
+  const int64_t jobs = static_cast<int64_t>(devices) * n;
+#pragma omp parallel for schedule(static) if (jobs > 1 && bytes > (int64_t{1} << 18))
+  for (int64_t j = 0; j < jobs; ++j) copy(static_cast<size_t>(j / n), j % n);
+}
+
+}  // namespace
+
 CollectiveHandle start_collective(Communicator& comm, const CollectiveOp& c, const Buffers& ins,
                                   const MutBuffers& outs, const MutBuffers& scratch_in,
                                   const MutBuffers& scratch_out) {
@@ -43,59 +56,45 @@ CollectiveHandle start_collective(Communicator& comm, const CollectiveOp& c, con
     if (!c.scratch_in) return comm.start_all_gather(ins, outs, count, c.dtype, groups);
     // Gather whole blocks into scratch [n, in_shape], then interleave them along `dim`.
     comm.start_all_gather(ins, scratch_in, count, c.dtype, groups).wait();
-    const int64_t jobs = static_cast<int64_t>(D) * c.n;
-#pragma omp parallel for schedule(static) if (jobs > 1 && count * es * jobs > (int64_t{1} << 18))
-    for (int64_t j = 0; j < jobs; ++j) {
-      const size_t d = static_cast<size_t>(j / c.n);
-      const int64_t k = j % c.n;
+    for_each_block(D, c.n, count * es * c.n * static_cast<int64_t>(D), [&](size_t d, int64_t k) {
       std::vector<int64_t> zero(c.in_shape.size(), 0), off(c.in_shape.size(), 0);
       off[c.dim] = k * c.in_shape[c.dim];
       copy_box(static_cast<const std::byte*>(scratch_in[d]) + k * count * es, c.in_shape, zero.data(), outs[d],
                c.out_shape, off.data(), c.in_shape, es);
-    }
+    });
     return CollectiveHandle();
   }
   if (c.kind == "reduce_scatter") {
     if (!c.scratch_in) return comm.start_reduce_scatter(ins, outs, count, c.dtype, c.op, groups);
     Buffers packed(scratch_in.begin(), scratch_in.end());
     const int64_t block = numel(c.out_shape);
-    const int64_t jobs = static_cast<int64_t>(D) * c.n;
-#pragma omp parallel for schedule(static) if (jobs > 1 && count * es * static_cast<int64_t>(D) > (int64_t{1} << 18))
-    for (int64_t j = 0; j < jobs; ++j) {
-      const size_t d = static_cast<size_t>(j / c.n);
-      const int64_t k = j % c.n;
+    for_each_block(D, c.n, count * es * static_cast<int64_t>(D), [&](size_t d, int64_t k) {
       std::vector<int64_t> zero(c.in_shape.size(), 0), off(c.in_shape.size(), 0);
       off[c.dim] = k * c.out_shape[c.dim];
       copy_box(ins[d], c.in_shape, off.data(), static_cast<std::byte*>(scratch_in[d]) + k * block * es, c.out_shape,
                zero.data(), c.out_shape, es);
-    }
+    });
     return comm.start_reduce_scatter(packed, outs, count, c.dtype, c.op, groups);
   }
   if (c.kind == "all_to_all") {
     // Pack the blocks of split_dim contiguously, exchange, and lay the received blocks along concat_dim.
     Shape blk = c.in_shape;
     blk[c.dim] /= c.n;
-    const int64_t block = numel(blk);
-    std::vector<int64_t> zero(blk.size(), 0), off(blk.size(), 0);
-    Buffers packed(D);
-    for (size_t d = 0; d < D; ++d) {
-      std::fill(off.begin(), off.end(), 0);
-      for (int64_t k = 0; k < c.n; ++k) {
-        off[c.dim] = k * blk[c.dim];
-        copy_box(ins[d], c.in_shape, off.data(), static_cast<std::byte*>(scratch_in[d]) + k * block * es, blk,
-                 zero.data(), blk, es);
-      }
-      packed[d] = scratch_in[d];
-    }
+    const int64_t block = numel(blk), bytes = count * es * static_cast<int64_t>(D);
+    Buffers packed(scratch_in.begin(), scratch_in.end());
+    for_each_block(D, c.n, bytes, [&](size_t d, int64_t k) {
+      std::vector<int64_t> zero(blk.size(), 0), off(blk.size(), 0);
+      off[c.dim] = k * blk[c.dim];
+      copy_box(ins[d], c.in_shape, off.data(), static_cast<std::byte*>(scratch_in[d]) + k * block * es, blk,
+               zero.data(), blk, es);
+    });
     comm.start_all_to_all(packed, scratch_out, count, c.dtype, groups).wait();
-    for (size_t d = 0; d < D; ++d) {
-      std::fill(off.begin(), off.end(), 0);
-      for (int64_t j = 0; j < c.n; ++j) {
-        off[c.concat_dim] = j * blk[c.concat_dim];
-        copy_box(static_cast<const std::byte*>(scratch_out[d]) + j * block * es, blk, zero.data(), outs[d],
-                 c.out_shape, off.data(), blk, es);
-      }
-    }
+    for_each_block(D, c.n, bytes, [&](size_t d, int64_t j) {
+      std::vector<int64_t> zero(blk.size(), 0), off(blk.size(), 0);
+      off[c.concat_dim] = j * blk[c.concat_dim];
+      copy_box(static_cast<const std::byte*>(scratch_out[d]) + j * block * es, blk, zero.data(), outs[d],
+               c.out_shape, off.data(), blk, es);
+    });
     return CollectiveHandle();
   }
   throw Error("[run] internal: unknown collective '" + c.kind + "'");

@@ -241,11 +241,7 @@ class Search {
     }
     if (!c.storage.empty()) {
       const int64_t n = axes_size(p_.mesh, c.storage);
-      // The first dim that divides: shards of a leading dim are contiguous, gathered and
-      // scattered without packing.
-      int best = -1;
-      for (int d = 0; d < t.rank() && best < 0; ++d)
-        if (d != tp_dim && t.shape[d] % n == 0) best = d;
+      const int best = storage_dim(t, n, tp_dim);
       if (best >= 0) {
         dims[best] = PartitionSpec::Dim(c.storage);
         why += (why.empty() ? "" : " + ") + fmt::format("stored split over {} (dim {})", axes_text(c.storage), best);

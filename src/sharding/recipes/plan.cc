@@ -203,6 +203,12 @@ PartitionSpec with_dim(int rank, int dim, std::vector<std::string> axes, const P
 
 }  // namespace
 
+int storage_dim(const TensorType& t, int64_t n, int skip) {
+  for (int d = 0; d < t.rank(); ++d)
+    if (d != skip && t.shape[d] % n == 0) return d;
+  return -1;
+}
+
 std::vector<TpRole> tp_roles(const Graph& forward, const std::vector<std::string>& paths) {
   GraphIndex ix(forward, static_cast<int>(paths.size()));
   return derive_tp(ix, paths);
@@ -298,11 +304,7 @@ ShardingPlan plan_sharding(const Graph& forward, const std::vector<std::string>&
       if (pp.type.nbytes() < opt.fsdp_min_bytes) {
         pp.reason += pp.reason == "replicated" ? " (below fsdp_min_bytes)" : "";
       } else {
-        // The first dim that divides (not tensor-parallel): shards of a leading dim are
-        // contiguous, so their gathers and reduce-scatters need no packing.
-        int best = -1;
-        for (int d = 0; d < rank && best < 0; ++d)
-          if (d != tp_dim && pp.type.shape[d] % data_size == 0) best = d;
+        const int best = storage_dim(pp.type, data_size, tp_dim);
         if (best >= 0) {
           pp.spec = with_dim(rank, best, plan.batch_axes, pp.spec);
           pp.reason = (tp_dim >= 0 ? pp.reason + " + " : std::string()) + "fsdp dim " + std::to_string(best);

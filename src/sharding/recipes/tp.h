@@ -22,4 +22,10 @@ struct TpRole {
 // One role per param; `forward`'s first inputs are the params, named by `paths`.
 std::vector<TpRole> tp_roles(const Graph& forward, const std::vector<std::string>& paths);
 
+// The dim a param of type `t` is stored split on over `n` devices (FSDP, FSDP_TP and AUTO's
+// storage choice): the first that divides by n other than `skip` (its tensor-parallel dim, -1 for
+// none), as the shards of a leading dim are contiguous and gathered and reduce-scattered without
+// packing; -1 when none divides.
+int storage_dim(const TensorType& t, int64_t n, int skip);
+
 }  // namespace px
