@@ -31,8 +31,8 @@ ShardingDecision decide_train_step(const StepProgram& program, const ShardingPla
                                    const std::vector<PartitionSpec>& state_specs,
                                    const std::vector<TensorType>& batch_types, int64_t bucket_bytes);
 
-// A plain function sharded by a recipe or AUTO over `on.mesh` (which must be set): its first
-// argument is the params (as one list).
+// A plain function sharded by a recipe or AUTO over `on.mesh` (unset: one device, every param
+// replicated): its first argument is the params (as one list).
 class ShardedFunction {
  public:
   using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>& params, const std::vector<Tensor>& args)>;

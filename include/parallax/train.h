@@ -111,8 +111,7 @@ struct StepMetrics {
 };
 
 namespace detail {
-class OneDeviceStep;
-class MeshStep;
+class Step;
 }  // namespace detail
 
 class TrainStep {
@@ -155,25 +154,25 @@ class TrainStep {
   TrainState load(const std::string& path) const;
   std::vector<std::string> state_names() const;  // the optimizer-state tensor names
 
-  bool on_mesh() const { return mesh_ != nullptr; }  // TrainStepOptions::mesh was set
   // Each param's spec and bytes per device (on one device: a 1-device mesh, all replicated).
   const ShardingPlan& plan() const;
   std::string table() const { return plan().table(); }
   // Collectives of one step: planned (partitioner, bytes per device) and counted at run time.
   std::string collectives_table() const;
-  const Graph& graph() const;                           // the traced step (on a mesh: before partitioning)
-  const Executable& executable() const;                 // one device (on a mesh: throws)
-  const ShardedExecutable& sharded_executable() const;  // on a mesh (on one device: throws)
+  const Graph& graph() const;  // the traced step (global shapes, before partitioning)
+  // The compiled local program (what each device runs: its memory report, profile and timeline)
+  // and the sharded executable around it (shardings, collectives, the devices it runs).
+  const Executable& executable() const;
+  const ShardedExecutable& sharded_executable() const;
   ShardedExecutable& sharded_executable();
   int64_t peak_bytes() const;  // the planned peak per device
   const optim::Optimizer& optimizer() const;
-  const Sharding& batch_sharding(int i) const;  // on a mesh
+  const Sharding& batch_sharding(int i) const;
   int64_t steps_run() const;
   int process() const;  // whose shards the state holds (0 on one device)
 
  private:
-  std::unique_ptr<detail::OneDeviceStep> one_;
-  std::unique_ptr<detail::MeshStep> mesh_;
+  std::unique_ptr<detail::Step> step_;
 };
 
 // The traced training step and what its parts are: the input of the sharding decision, the
@@ -219,7 +218,7 @@ StepProgram remat_automatic(StepProgram p, int64_t budget, const std::function<i
 StepProgram offload_step(StepProgram p, const OffloadOptions& options);
 
 // A forward-only program over the params (e.g. logits for evaluation or decoding), on one device
-// or, with a mesh, split over it by a recipe the way TrainStep is.
+// or, with a mesh, split over it by a recipe the way TrainStep is; one path for both.
 struct ForwardOptions {
   std::optional<Mesh> mesh;
   ShardingStrategy strategy = ShardingStrategy::DDP;
@@ -236,12 +235,11 @@ class ForwardFn {
   ~ForwardFn();
   // Full params and batch in, full outputs out.
   std::vector<Array> operator()(const std::vector<Array>& params, const std::vector<Array>& batch);
-  const Executable& executable() const;    // one device (on a mesh: throws)
-  const ShardedFunction& sharded() const;  // on a mesh (on one device: throws)
+  const Executable& executable() const;    // the compiled local program
+  const ShardedFunction& sharded() const;  // the plan, the shardings and the sharded executable
 
  private:
-  std::unique_ptr<Executable> exe_;
-  std::unique_ptr<ShardedFunction> sharded_;
+  std::unique_ptr<ShardedFunction> fn_;
 };
 
 }  // namespace px

@@ -4,7 +4,7 @@
 #include "optim/checkpoint.h"
 #include "parallax/nn/pretrained.h"
 #include "pax/model.h"
-#include "sharding/recipes/step.h"
+#include "train/steps.h"
 
 namespace px::pax {
 
@@ -74,7 +74,6 @@ Checkpoint StepRunner::snapshot() const {
 
 std::map<std::string, Sharding> StepRunner::shardings() const {
   std::map<std::string, Sharding> out;
-  if (!step_.on_mesh()) return out;
   for (size_t i = 0; i < names_.size(); ++i)
     out[names_[i]] = step_.sharded_executable().in_sharding(static_cast<int>(i));
   return out;
@@ -86,7 +85,7 @@ void StepRunner::restore(const Checkpoint& c) {
   for (size_t i = 0; i < names_.size(); ++i) {
     const ShardedArray& now = i < np ? state_.params[i] : state_.opt_state[i - np];
     const ShardedArray& a = restored(c, names_[i], now.type());
-    ShardedArray got = step_.on_mesh() ? a : ShardedArray(a.type(), now.sharding(), {a.shard(0)});
+    const ShardedArray& got = a;
     if (got.sharding() != now.sharding())
       throw InternalError("[pax] checkpoint tensor '" + names_[i] + "' was restored onto " + a.sharding().to_string() +
                           ", the step holds it as " + now.sharding().to_string());
@@ -97,7 +96,6 @@ void StepRunner::restore(const Checkpoint& c) {
 }
 
 std::vector<int> StepRunner::device_ids() const {
-  if (!step_.on_mesh()) return {0};
   const Mesh& m = step_.sharded_executable().program().mesh;
   std::vector<int> ids;
   for (int p : step_.sharded_executable().positions()) ids.push_back(m.device_ids()[p]);
@@ -105,7 +103,7 @@ std::vector<int> StepRunner::device_ids() const {
 }
 
 const Executable& StepRunner::executable() const {
-  return step_.on_mesh() ? step_.sharded_executable().executable() : step_.executable();
+  return step_.executable();
 }
 
 std::unique_ptr<StepRunner> make_step_runner(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh) {
@@ -138,9 +136,11 @@ ShardingPlan auto_plan(const ExperimentConfig& c, nn::TransformerLm& model, cons
     p.strategy = ShardingStrategy::AUTO;
     return p;
   }
-  return decide_sharded_step(model.store(), *make_optimizer(c), loss_fn(model), batch_types(c), mesh,
-                             ShardingStrategy::AUTO, o, step_options(c))
-      .plan;
+  TrainStepOptions to = step_options(c);
+  to.mesh = mesh;
+  to.strategy = ShardingStrategy::AUTO;
+  to.sharding = o;
+  return detail::decide_step(model.store(), *make_optimizer(c), loss_fn(model), batch_types(c), to).plan;
 }
 
 }  // namespace px::pax

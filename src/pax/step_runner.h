@@ -27,13 +27,13 @@ class StepRunner {
   // The state as checkpoint entries: params by path (group "params"), optimizer state as
   // "<path>.<slot>" (group "opt_state"), and the step.
   Checkpoint snapshot() const;
-  // Where restored arrays go: this step's shardings (empty: one device).
+  // Where restored arrays go: this step's shardings.
   std::map<std::string, Sharding> shardings() const;
   // Takes params, optimizer state and step from a restored checkpoint; throws naming a missing or
   // mistyped tensor (a different model or optimizer).
   void restore(const Checkpoint& c);
-  // The sharding plan the step runs (null on one device).
-  const ShardingPlan* plan() const { return step_.on_mesh() ? &step_.plan() : nullptr; }
+  // The sharding plan the step runs (on one device: a mesh of one device, all replicated).
+  const ShardingPlan& plan() const { return step_.plan(); }
   // The devices this process runs the step on (their memory counters: px::memory_stats).
   std::vector<int> device_ids() const;
   // The compiled step (one device's program on a mesh): its profile and timeline under PX_PROFILE=1.

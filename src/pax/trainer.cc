@@ -249,8 +249,8 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
 
   nn::TransformerLm model(lm_config(c));
   std::unique_ptr<StepRunner> runner = make_step_runner(c, model, mesh);
-  // The plan the step runs (AUTO solved it once, there), else the recipe's.
-  ShardingPlan splan = runner->plan() ? *runner->plan() : sharding_plan(c, model, mesh);
+  // The plan the step runs (AUTO solved it once, there).
+  const ShardingPlan& splan = runner->plan();
   PlanReport rep = plan_report(c, model, splan);
   if (primary) {
     write_file(dir + "/plan.txt", rep.text());

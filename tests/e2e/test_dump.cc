@@ -1,6 +1,11 @@
-// PX_DUMP=DIR: a small FSDP step leaves one readable text file per compiler pass, in pass order.
-// (Its own binary: the environment is read once per process, so PX_DUMP is set before any use.)
+// PX_DUMP=DIR: every training step leaves one readable text file per pass of the pipeline, named
+// after its program and numbered in pipeline order, the same list on one device, under a recipe
+// and under AUTO; the candidates AUTO costs stay out of it (they go to DIR/candidates/ only with
+// PX_DUMP_CANDIDATES=1). (Its own binary: the environment is read once per process, so PX_DUMP is
+// set before any use.)
 #include <gtest/gtest.h>
+
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -12,44 +17,87 @@
 namespace px {
 namespace {
 
-TEST(Dump, FsdpStepWritesEveryPass) {
-  namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / ("px_dump_" + std::to_string(::getpid()));
+namespace fs = std::filesystem;
+
+std::vector<std::string> files_in(const fs::path& dir, const std::string& prefix) {
+  std::vector<std::string> files;
+  if (!fs::exists(dir)) return files;
+  for (auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_regular_file() && n.rfind(prefix, 0) == 0) files.push_back(n);
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::string read(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The pipeline of a training step, in order (no autocast: f32).
+std::vector<std::string> step_files(const std::string& program) {
+  std::vector<std::string> out;
+  const char* passes[] = {"trace_autodiff", "remat",    "sharding_decision", "annotate",   "partition",
+                          "offload",        "optimize", "schedule",          "buffer_plan"};
+  int n = 0;
+  for (const char* p : passes) {
+    char number[8];
+    std::snprintf(number, sizeof number, "%02d", n++);
+    out.push_back(program + "." + number + "." + p + ".txt");
+  }
+  return out;
+}
+
+TEST(Dump, EveryStepWritesItsPipelineInOrder) {
+  const fs::path dir = fs::temp_directory_path() / ("px_dump_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   ::setenv("PX_DUMP", dir.c_str(), 1);
+  ::unsetenv("PX_DUMP_CANDIDATES");
   recipe_check::Fixture f(recipe_check::gpt_micro());
-  TrainStep step(
+
+  // One device: the same passes as on a mesh (the decision replicates everything, no collective).
+  TrainStep one(f.model.store(), recipe_check::opt(), f.loss, f.batch_types);
+  EXPECT_EQ(files_in(dir, "train_step."), step_files("train_step"));
+  EXPECT_NE(read(dir / "train_step.00.trace_autodiff.txt").find("# pass: trace_autodiff"), std::string::npos);
+  EXPECT_EQ(read(dir / "train_step.04.partition.txt").find("all_reduce"), std::string::npos);
+
+  // DDP over two devices: the gradients' all-reduces appear at partition and in the schedule.
+  TrainStep ddp(f.model.store(), recipe_check::opt(), f.loss, f.batch_types,
+                {.mesh = Mesh::cpu({{"data", 2}}), .strategy = ShardingStrategy::DDP});
+  EXPECT_EQ(files_in(dir, "train_step_2."), step_files("train_step_2"));
+  EXPECT_NE(read(dir / "train_step_2.04.partition.txt").find("all_reduce"), std::string::npos);
+  EXPECT_NE(read(dir / "train_step_2.07.schedule.txt").find("all_reduce.start"), std::string::npos);
+
+  // FSDP: ZeRO-3's second gather for the backward pass shows in the decision.
+  TrainStep fsdp(
       f.model.store(), recipe_check::opt(), f.loss, f.batch_types,
       {.mesh = Mesh::cpu({{"data", 2}}), .strategy = ShardingStrategy::FSDP, .sharding = {.fsdp_min_bytes = 1024}});
-  std::vector<std::string> files;
-  for (auto& e : fs::directory_iterator(dir)) files.push_back(e.path().filename().string());
-  std::sort(files.begin(), files.end());
-  std::string names;
-  for (auto& n : files) names += n + " ";
-  const std::vector<std::string> passes = {"trace_autodiff", "sharding_decision", "annotate",   "partition",
-                                           "optimize",       "schedule",          "buffer_plan"};
-  size_t at = 0;
-  for (const std::string& p : passes) {
-    size_t found = names.find("_" + p + ".txt", at);
-    EXPECT_NE(found, std::string::npos) << p << " missing or out of order in: " << names;
-    if (found != std::string::npos) at = found;
-  }
-  auto read = [&](const std::string& pass) {
-    for (auto& n : files)
-      if (n.find("_" + pass + ".txt") != std::string::npos) {
-        std::ifstream in(dir / n);
-        std::stringstream ss;
-        ss << in.rdbuf();
-        return ss.str();
-      }
-    return std::string();
-  };
-  EXPECT_NE(read("trace_autodiff").find("# pass: trace_autodiff"), std::string::npos);
-  EXPECT_NE(read("sharding_decision").find("(regather)"), std::string::npos);
-  EXPECT_NE(read("partition").find("all_gather"), std::string::npos);
-  EXPECT_NE(read("schedule").find("reduce_scatter.start"), std::string::npos);
-  EXPECT_NE(read("buffer_plan").find("collective_buffers"), std::string::npos);
+  EXPECT_EQ(files_in(dir, "train_step_3."), step_files("train_step_3"));
+  EXPECT_NE(read(dir / "train_step_3.02.sharding_decision.txt").find("(regather)"), std::string::npos);
+  EXPECT_NE(read(dir / "train_step_3.08.buffer_plan.txt").find("collective_buffers"), std::string::npos);
+
+  // AUTO: the plans the solver costs are not dumped beside the pipeline, nor anywhere without
+  // PX_DUMP_CANDIDATES.
+  ShardingOptions o;
+  o.auto_cluster = "h100x8";
+  TrainStep automatic(f.model.store(), recipe_check::opt(), f.loss, f.batch_types,
+                      {.mesh = Mesh::cpu({{"data", 2}}), .strategy = ShardingStrategy::AUTO, .sharding = o});
+  EXPECT_EQ(files_in(dir, "train_step_4."), step_files("train_step_4"));
+  EXPECT_TRUE(files_in(dir / "candidates", "").empty());
+  // Nothing else was written: four steps, nine passes each.
+  EXPECT_EQ(files_in(dir, "").size(), 4u * 9u) << read(dir / "train_step_4.02.sharding_decision.txt");
+
+  // With PX_DUMP_CANDIDATES=1 the candidates go to their own folder.
+  ::setenv("PX_DUMP_CANDIDATES", "1", 1);
+  TrainStep again(f.model.store(), recipe_check::opt(), f.loss, f.batch_types,
+                  {.mesh = Mesh::cpu({{"data", 2}}), .strategy = ShardingStrategy::AUTO, .sharding = o});
+  EXPECT_EQ(files_in(dir, "train_step_5."), step_files("train_step_5"));
+  EXPECT_FALSE(files_in(dir / "candidates", "train_step_5.").empty());
+  ::unsetenv("PX_DUMP_CANDIDATES");
   fs::remove_all(dir);
 }
 

@@ -88,8 +88,8 @@ TEST(AutoSharding, TensorParallelOverTwoAxesTrainsLikeOneDevice) {
   const std::string cluster = compute_bound_cluster();
   for (const nn::LmConfig& cfg : {gpt_micro(), llama_micro()}) {
     Reference ref = run_reference(cfg, 3, /*batch=*/1);
-    ShardingPlan plan = check_sharded(ref, Mesh::cpu({{"data", 2}, {"model", 2}}), ShardingStrategy::AUTO,
-                                      auto_options(cluster));
+    ShardingPlan plan =
+        check_sharded(ref, Mesh::cpu({{"data", 2}, {"model", 2}}), ShardingStrategy::AUTO, auto_options(cluster));
     EXPECT_TRUE(plan.batch_axes.empty());
     int over_both = 0;
     for (const auto& p : plan.params)
@@ -166,6 +166,37 @@ TEST(AutoSharding, NothingFitsSaysByHowMuchAndWhatWouldFit) {
     EXPECT_NE(m.find("more than the limit"), std::string::npos) << m;
     EXPECT_NE(m.find("more devices"), std::string::npos) << m;
   }
+}
+
+// Remat `auto` under AUTO: AUTO plans the step that saves the least, remat `auto` then picks the
+// least recompute that fits the budget under that plan; the step trains like one device.
+TEST(AutoSharding, RematAutoPlansUnderTheBudgetAndTrainsLikeOneDevice) {
+  const nn::LmConfig cfg = nn::gpt2_config("gpt_remat", 256, 128, 4, 4, 512, 64);
+  const Reference ref = run_reference(cfg, 2);
+  auto peak = [&](RematOptions r) {
+    Fixture f(cfg);
+    TrainStep step(
+        f.model.store(), opt(), f.loss, f.batch_types,
+        px::testing::on_mesh(Mesh::cpu({{"data", 2}}), ShardingStrategy::AUTO, auto_options("h100x8"), {.remat = r}));
+    return step.peak_bytes();
+  };
+  const int64_t none = peak({}), full = peak({RematPolicy::full, {}});
+  ASSERT_LT(full, none);
+  const int64_t budget = (none + full) / 2;
+  Fixture f(cfg);
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types,
+                 px::testing::on_mesh(Mesh::cpu({{"data", 2}}), ShardingStrategy::AUTO, auto_options("h100x8"),
+                                      {.remat = {RematPolicy::automatic, {}, -1, budget}}));
+  EXPECT_LE(step.peak_bytes(), budget);
+  EXPECT_EQ(step.plan().strategy, ShardingStrategy::AUTO);
+  TrainState s = step.init(0);
+  for (int i = 0; i < ref.steps(); ++i) {
+    StepMetrics m = step(s, f.batch(i));
+    EXPECT_NEAR(m.loss, ref.metrics[i].loss, 1e-5 * std::abs(ref.metrics[i].loss)) << "step " << i;
+  }
+  std::vector<Array> got = step.gather_params(s);
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_TRUE(testing::all_close(got[i].to_f32(), ref.params.back()[i], 5e-5, 1e-4)) << ref.paths[i];
 }
 
 TEST(AutoSharding, AnUnknownClusterIsNamed) {

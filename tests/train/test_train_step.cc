@@ -29,7 +29,6 @@ bool has(const std::string& s, const std::string& part) { return s.find(part) !=
 TEST(TrainStepType, OneDeviceIsAOneDeviceMeshWithTheSameState) {
   Fixture f(gpt_micro());
   TrainStep step(f.model.store(), opt(), f.loss, f.batch_types);
-  EXPECT_FALSE(step.on_mesh());
   TrainState s = step.init(0);
   ASSERT_EQ(s.params.size(), static_cast<size_t>(f.model.store().size()));
   for (const ShardedArray& p : s.params) {
@@ -45,16 +44,18 @@ TEST(TrainStepType, OneDeviceIsAOneDeviceMeshWithTheSameState) {
   EXPECT_TRUE(has(step.collectives_table(), "one device")) << step.collectives_table();
   EXPECT_EQ(step.process(), 0);
   EXPECT_GT(step.peak_bytes(), 0);
-  EXPECT_TRUE(has(error_of([&] { step.sharded_executable(); }), "use executable()"));
+  // One path: the same program and executable types on one device as on a mesh.
+  EXPECT_EQ(step.sharded_executable().positions().size(), 1u);
+  EXPECT_EQ(&step.executable(), &step.sharded_executable().executable());
 
   // The same model on a 2-device mesh: the same calls, the same state type.
   Fixture g(gpt_micro());
   TrainStep ddp(g.model.store(), opt(), g.loss, g.batch_types,
                 {.mesh = Mesh::cpu({{"data", 2}}), .strategy = ShardingStrategy::DDP});
-  EXPECT_TRUE(ddp.on_mesh());
   TrainState d = ddp.init(0);
   EXPECT_EQ(d.params[0].shards().size(), 2u);
-  EXPECT_TRUE(has(error_of([&] { ddp.executable(); }), "sharded_executable()"));
+  EXPECT_EQ(ddp.sharded_executable().positions().size(), 2u);
+  EXPECT_GT(ddp.executable().peak_bytes(), 0);
   for (int i = 0; i < 2; ++i) {
     StepMetrics a = step(s, f.batch(i)), b = ddp(d, g.batch(i));
     EXPECT_NEAR(a.loss, b.loss, 1e-5 * std::abs(a.loss)) << "step " << i;
@@ -67,6 +68,7 @@ TEST(TrainStepType, OneDeviceIsAOneDeviceMeshWithTheSameState) {
   // A state of one does not run in the other: each error names the way out.
   std::string e = error_of([&] { step(d, f.batch(2)); });
   EXPECT_TRUE(has(e, "is split over Mesh{data: 2}")) << e;
+  EXPECT_TRUE(has(error_of([&] { ddp(s, g.batch(2)); }), "TrainStepOptions::mesh"));
   EXPECT_TRUE(has(e, "TrainStepOptions::mesh")) << e;
   EXPECT_EQ(s.step, 2);
 }
@@ -126,8 +128,10 @@ TEST(TrainStepType, ForwardFnOnOneDeviceAndOnAMeshAgree) {
       {.mesh = Mesh::cpu({{"data", 2}}), .strategy = ShardingStrategy::FSDP, .sharding = {.fsdp_min_bytes = 1024}});
   EXPECT_TRUE(testing::all_close(fsdp(params, batch)[0].to_f32(), one(params, batch)[0].to_f32(), 1e-5, 1e-5));
   EXPECT_EQ(fsdp.sharded().plan().strategy, ShardingStrategy::FSDP);
-  EXPECT_TRUE(has(error_of([&] { fsdp.executable(); }), "sharded()"));
-  EXPECT_TRUE(has(error_of([&] { one.sharded(); }), "use executable()"));
+  // One path: both have a plan, a sharded executable and the local program it runs.
+  EXPECT_EQ(one.sharded().plan().mesh.size(), 1);
+  EXPECT_EQ(&one.executable(), &one.sharded().executable().executable());
+  EXPECT_GT(fsdp.executable().peak_bytes(), 0);
 }
 
 }  // namespace

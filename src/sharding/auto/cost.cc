@@ -13,7 +13,7 @@
 #include "sharding/groups.h"
 #include "sharding/prims.h"
 #include "sharding/recipes/step.h"
-#include "sharding/recipes/step.h"
+#include "train/steps.h"
 
 namespace px {
 
@@ -295,7 +295,11 @@ std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg_in, const Mesh& mes
     rc.strategy = s;
     auto t0 = std::chrono::steady_clock::now();
     try {
-      DecidedStep d = decide_sharded_step(model.store(), *opt, loss, batch_types, mesh, s, setup.sharding, to);
+      TrainStepOptions o = to;
+      o.mesh = mesh;
+      o.strategy = s;
+      o.sharding = setup.sharding;
+      DecidedStep d = detail::decide_step(model.store(), *opt, loss, batch_types, o);
       SpmdProgram prog = partition(*d.program.graph, d.decision, d.program.categories);
       CompileOptions c = to.compile;
       offload_local(prog, d.program, to.offload, c);

@@ -280,59 +280,10 @@ void offload_local(SpmdProgram& local, const StepProgram& global, const OffloadO
   c.value_categories = lp.categories;
 }
 
-DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
-                                const std::vector<TensorType>& batch_types, const Mesh& mesh, ShardingStrategy strategy,
-                                const ShardingOptions& sharding, const TrainStepOptions& options) {
-  std::vector<std::string> paths = store.paths();
-  DecidedStep r;
-  // The forward program tells TP which matmul consumes which param.
-  auto fwd = nn::trace_with_params(
-      store, [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{loss_fn(b)}; }, batch_types);
-  std::vector<TensorType> param_types = store.types();
-  std::vector<optim::StateSlot> slots = opt.state_slots(param_types);
-  if (strategy != ShardingStrategy::AUTO) {
-    r.plan = plan_sharding(*fwd, paths, mesh, strategy, sharding);
-    fwd.reset();
-  }
-  r.program =
-      trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "TrainStep", options.skip_nonfinite);
-  if (options.remat.policy != RematPolicy::automatic) {
-    r.program = remat_step(std::move(r.program), options.remat);
-  } else if (strategy == ShardingStrategy::AUTO) {
-    throw UserError(
-        "[TrainStep] remat policy 'auto' with AUTO sharding is not available yet: give a policy "
-        "(full, dots_saveable, ...) and AUTO plans around it");
-  } else {
-    // The per-device peak of each candidate, from the same decision, partition and buffer plan.
-    std::vector<PartitionSpec> specs = state_specs_for(r.plan, slots, param_types);
-    auto peak_of = [&](const StepProgram& p) {
-      ShardingDecision d = decide_train_step(p, r.plan, specs, batch_types, bucket_bytes_for(r.plan, sharding));
-      SpmdProgram local = partition(*p.graph, d, p.categories);
-      CompileOptions c = options.compile;
-      offload_local(local, p, options.offload, c);
-      c.value_categories = local.local_categories;
-      c.memory_limit_bytes = 0;
-      return plan_program(*local.local, c, collective_groups(mesh)).report.peak_bytes;
-    };
-    r.program = remat_automatic(
-        std::move(r.program),
-        options.remat.budget_bytes > 0 ? options.remat.budget_bytes : options.compile.memory_limit_bytes, peak_of);
-  }
-  if (strategy == ShardingStrategy::AUTO)
-    r.plan = solve_auto_once(sharding, mesh, paths, param_types, [&] {
-      return solve_train_step(*fwd, r.program, slots, param_types, batch_types, mesh, sharding, options.compile,
-                              options.offload);
-    });
-  r.state_specs = state_specs_for(r.plan, slots, param_types);
-  r.decision = decide_train_step(r.program, r.plan, r.state_specs, batch_types, bucket_bytes_for(r.plan, sharding));
-  return r;
-}
-
 ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std::vector<std::string> param_paths,
                                  std::vector<TensorType> arg_types, const ForwardOptions& on) {
-  if (!on.mesh)
-    throw Error("[jit] no mesh given: set ForwardOptions::mesh (a plain function on one device is px::trace)");
-  const Mesh mesh = *on.mesh;
+  // Without a mesh: one device, a mesh of one device without axes, every param replicated.
+  const Mesh mesh = on.mesh ? *on.mesh : Mesh();
   const ShardingStrategy strategy = on.strategy;
   const ShardingOptions& options = on.sharding;
   if (param_paths.empty())
@@ -374,7 +325,11 @@ ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std
     SpmdProgram prog = partition(*g, mesh, shardings);
     return std::make_pair(std::move(g), std::move(prog));
   };
-  if (strategy == ShardingStrategy::AUTO) {
+  if (!on.mesh) {
+    plan_.strategy = ShardingStrategy::DDP;
+    for (size_t i = 0; i < np; ++i)
+      plan_.params.push_back({param_paths[i], param_types[i], PartitionSpec(), param_types[i].nbytes(), "one device"});
+  } else if (strategy == ShardingStrategy::AUTO) {
     plan_ = solve_auto_once(options, mesh, param_paths, param_types, [&] {
       Cluster cluster = load_cluster(options.auto_cluster);
       autoshard::Problem pr;
@@ -409,7 +364,18 @@ ShardedFunction::~ShardedFunction() = default;
 std::vector<Array> ShardedFunction::operator()(const std::vector<Array>& params, const std::vector<Array>& args) {
   std::vector<Array> in = params;
   in.insert(in.end(), args.begin(), args.end());
-  return exe_->run_full(in);
+  if (plan_.mesh.size() > 1) return exe_->run_full(in);
+  // One device: each array is its own only shard, passed and returned without a copy.
+  std::vector<ShardedArray> sharded;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const Sharding& s = exe_->in_sharding(static_cast<int>(i));
+    if (in[i].type() != exe_->program().local->type(exe_->program().local->inputs()[i]))
+      return exe_->run_full(in);  // run_full names the mismatch
+    sharded.emplace_back(in[i].type(), s, std::vector<Array>{in[i]});
+  }
+  std::vector<Array> out;
+  for (ShardedArray& r : exe_->run(sharded)) out.push_back(r.shards()[0]);
+  return out;
 }
 
 std::unique_ptr<ShardedFunction> jit(ShardedFunction::Fn fn, ShardingStrategy strategy,

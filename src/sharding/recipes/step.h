@@ -12,21 +12,13 @@
 
 namespace px {
 
+// A training step decided (src/train/compile_step.cc, decide_step): traced, rematerialized, planned.
 struct DecidedStep {
   ShardingPlan plan;                      // each param's spec
   std::vector<PartitionSpec> state_specs;  // per optimizer-state slot
-  StepProgram program;                    // the traced step (global shapes)
+  StepProgram program;                    // the traced step (global shapes) after remat
   ShardingDecision decision;              // what partition() applies
 };
-
-// Traces the step from the store's param types (no param is allocated), plans the recipe
-// (throws px::Error when it does not apply: an unknown axis, a spec that does not divide) or
-// solves AUTO (throws px::UserError when no plan fits the devices' memory) and decides the step:
-// what TrainStep's constructor does on a mesh before partitioning.
-DecidedStep decide_sharded_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
-                                const std::vector<TensorType>& batch_types, const Mesh& mesh,
-                                ShardingStrategy strategy, const ShardingOptions& sharding,
-                                const TrainStepOptions& options);
 
 // The optimizer state's specs under a plan: a slot shaped like its param is laid out like it,
 // any other slot is replicated.

@@ -1,0 +1,217 @@
+// The pass pipeline of a training step, listed once and in order. Every step runs it, on one
+// device (a mesh of one device, every param replicated) as on any mesh:
+//
+//   trace + autodiff   trace_train_step                 src/train/trace_step.cc
+//   remat              remat_step / remat_automatic     src/memory/remat.cc
+//   sharding decision  one device, recipe or AUTO       src/sharding/recipes/, src/sharding/auto/
+//   partition          annotate, propagate, partition   src/sharding/partitioner.cc
+//   offload            offload_local                    src/memory/offload.cc
+//   memory check       plan_program, the settings that would fit   (below)
+//   compile            autocast, cse + dce, schedule and fusion, collective lowering, buffer plan
+//                                                       src/runtime/executable.cc
+//
+// Each pass writes its result under PX_DUMP (core/dump.h) as train_step.NN.<pass>.txt. The
+// candidates that remat `auto` or AUTO plan on the way are dumped only with PX_DUMP_CANDIDATES=1.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/dump.h"
+#include "memory/rewrite.h"
+#include "runtime/program.h"
+#include "sharding/groups.h"
+#include "sharding/recipes/step.h"
+#include "train/steps.h"
+
+namespace px::detail {
+namespace {
+
+// One device: a mesh of one device without axes, every param replicated.
+ShardingPlan one_device_plan(const nn::ParamStore& store) {
+  ShardingPlan plan;
+  plan.strategy = ShardingStrategy::DDP;
+  const std::vector<std::string> paths = store.paths();
+  const std::vector<TensorType> types = store.types();
+  for (size_t i = 0; i < paths.size(); ++i)
+    plan.params.push_back({paths[i], types[i], PartitionSpec(), types[i].nbytes(), "one device"});
+  return plan;
+}
+
+// The program after the sharding decision: partitioned for `plan`, offloaded, with the compile
+// options that go with it. The passes after remat, up to the buffer plan.
+struct Lowered {
+  SpmdProgram local;
+  CompileOptions compile;
+};
+
+Lowered lower(const StepProgram& p, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
+              const std::vector<TensorType>& batch_types, const TrainStepOptions& options,
+              const OffloadOptions& offload) {
+  Lowered l;
+  ShardingDecision d = decide_train_step(p, plan, state_specs, batch_types, bucket_bytes_for(plan, options.sharding));
+  l.local = partition(*p.graph, d, p.categories);
+  l.compile = options.compile;
+  offload_local(l.local, p, offload, l.compile);
+  dump_pass("offload", [&] { return l.local.local->to_string(); });
+  return l;
+}
+
+// The planned memory of one device (nothing allocated), without a limit.
+MemoryReport planned(const StepProgram& p, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
+                     const std::vector<TensorType>& batch_types, const TrainStepOptions& options,
+                     const OffloadOptions& offload) {
+  Lowered l = lower(p, plan, state_specs, batch_types, options, offload);
+  l.compile.memory_limit_bytes = l.compile.host_memory_limit_bytes = 0;
+  return plan_program(*l.local.local, l.compile, collective_groups(plan.mesh)).report;
+}
+
+// The per-device memory limit: the compile option, else the smallest capacity of the mesh's devices.
+int64_t memory_limit(const TrainStepOptions& options, const Mesh& mesh) {
+  if (options.compile.memory_limit_bytes > 0) return options.compile.memory_limit_bytes;
+  int64_t limit = 0;
+  for (int id : mesh.device_ids()) {
+    const int64_t cap = memory_capacity({id, MemoryKind::device});
+    if (cap > 0 && (limit == 0 || cap < limit)) limit = cap;
+  }
+  return limit;
+}
+
+// Over the limit: the error says what is at the peak and which settings would fit, each with its
+// planned peak.
+[[noreturn]] void over_limit(const MemoryReport& report, int64_t limit, const TrainStepOptions& options,
+                             const std::function<StepProgram()>& traced,
+                             const std::function<int64_t(const StepProgram&, const OffloadOptions&)>& peak_with,
+                             const StepProgram& program, int devices) {
+  DumpCandidates candidates;
+  std::string alternatives;
+  for (RematPolicy p : {RematPolicy::dots_saveable, RematPolicy::full, RematPolicy::nothing_saveable}) {
+    if (p == options.remat.policy) continue;
+    const int64_t q = peak_with(remat_step(traced(), {p, {}}), options.offload);
+    alternatives += fmt::format("\n  remat {}: {} bytes{}", remat_policy_name(p), q, q <= limit ? " (fits)" : "");
+  }
+  OffloadOptions all = options.offload;
+  all.params = {"*"};
+  all.optimizer_state = true;
+  const int64_t q = peak_with(program, all);
+  alternatives += fmt::format("\n  offload params and optimizer state: {} bytes{}", q, q <= limit ? " (fits)" : "");
+  const int64_t both = peak_with(remat_step(traced(), {RematPolicy::full, {}}), all);
+  alternatives += fmt::format("\n  remat full and offload both: {} bytes{}", both, both <= limit ? " (fits)" : "");
+  // FSDP over n times the devices splits params, gradients and optimizer state n ways more (an
+  // estimate from the split above: activations stay as they are, collective buffers are left out).
+  auto at_peak = [&](MemoryCategory c) { return report.by_category[static_cast<int>(c)]; };
+  const int64_t state =
+      at_peak(MemoryCategory::params) + at_peak(MemoryCategory::gradients) + at_peak(MemoryCategory::optimizer_state);
+  for (int n : {2, 4, 8}) {
+    const int64_t est = report.peak_bytes - state + state / n;
+    alternatives +=
+        fmt::format("\n  FSDP over {} devices: about {} bytes{}", n * devices, est, est <= limit ? " (fits)" : "");
+  }
+  throw UserError(fmt::format(
+      "[TrainStep] the step needs {} bytes per device with remat {}{}, over the memory limit of {} bytes. "
+      "At the peak:\n{}Planned peaks with other settings:{}\nSet TrainStepOptions::remat (RematPolicy::automatic "
+      "picks the least recompute that fits) or TrainStepOptions::offload, shrink the batch, or shard the step over "
+      "more devices (TrainStepOptions::mesh with FSDP)",
+      report.peak_bytes, remat_policy_name(options.remat.policy),
+      options.offload.params.empty() && !options.offload.optimizer_state ? "" : " and the offload set", limit,
+      report.to_string(), alternatives));
+}
+
+}  // namespace
+
+DecidedStep decide_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
+                        const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
+  const Mesh mesh = options.mesh ? *options.mesh : Mesh();
+  const bool one_device = !options.mesh;
+  const bool auto_plan = !one_device && options.strategy == ShardingStrategy::AUTO;
+  const bool remat_auto = options.remat.policy == RematPolicy::automatic;
+  const std::vector<TensorType> types = store.types();
+  const std::vector<optim::StateSlot> slots = opt.state_slots(types);
+
+  // 1. Trace and differentiate.
+  DecidedStep d;
+  d.program =
+      trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "TrainStep", options.skip_nonfinite);
+
+  // 2-3. Remat and the sharding decision. A recipe's plan needs only the forward program, so it
+  // comes first and remat `auto` measures each candidate under it. AUTO plans the whole step, so
+  // under remat `auto` it plans the step that saves the least (a plan that fits at all fits with
+  // it), and remat `auto` then picks the least recompute that fits under that plan.
+  if (one_device) {
+    d.plan = one_device_plan(store);
+  } else {
+    DumpCandidates quiet;  // the forward program and AUTO's candidates are not passes of this step
+    auto fwd = nn::trace_with_params(
+        store, [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{loss_fn(b)}; }, batch_types);
+    if (!auto_plan) {
+      d.plan = plan_sharding(*fwd, store.paths(), mesh, options.strategy, options.sharding);
+    } else {
+      const StepProgram planned_on =
+          remat_step(d.program.clone(), remat_auto ? RematOptions{RematPolicy::nothing_saveable, {}} : options.remat);
+      d.plan = solve_auto_once(options.sharding, mesh, store.paths(), types, [&] {
+        return solve_train_step(*fwd, planned_on, slots, types, batch_types, mesh, options.sharding, options.compile,
+                                options.offload);
+      });
+    }
+  }
+  d.state_specs = state_specs_for(d.plan, slots, types);
+  if (remat_auto) {
+    auto peak_of = [&](const StepProgram& p) {
+      DumpCandidates quiet;
+      return planned(p, d.plan, d.state_specs, batch_types, options, options.offload).peak_bytes;
+    };
+    const int64_t budget = options.remat.budget_bytes > 0 ? options.remat.budget_bytes : memory_limit(options, mesh);
+    d.program = remat_automatic(std::move(d.program), budget, peak_of);
+  } else {
+    d.program = remat_step(std::move(d.program), options.remat);
+  }
+  dump_pass("remat", [&] { return d.program.graph->to_string(); });
+  d.decision =
+      decide_train_step(d.program, d.plan, d.state_specs, batch_types, bucket_bytes_for(d.plan, options.sharding));
+  return d;
+}
+
+CompiledStep compile_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
+                          const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
+  DumpProgram dump("train_step");
+  // 1-3. Trace, remat, decide.
+  DecidedStep d = decide_step(store, opt, loss_fn, batch_types, options);
+  const Mesh& mesh = d.plan.mesh;
+
+  // 4-5. Partition (dumped as sharding_decision, annotate, partition) and offload.
+  Lowered l = lower(d.program, d.plan, d.state_specs, batch_types, options, options.offload);
+
+  // 6. The memory check, before anything is allocated: over the limit, say what would fit.
+  const int64_t limit = memory_limit(options, mesh);
+  if (limit > 0 && options.remat.policy != RematPolicy::automatic) {
+    MemoryReport report;
+    {
+      DumpCandidates quiet;
+      CompileOptions unlimited = l.compile;
+      unlimited.memory_limit_bytes = unlimited.host_memory_limit_bytes = 0;
+      report = plan_program(*l.local.local, unlimited, collective_groups(mesh)).report;
+    }
+    if (report.peak_bytes > limit) {
+      auto traced = [&] {
+        return trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "TrainStep",
+                                options.skip_nonfinite);
+      };
+      auto peak_with = [&](const StepProgram& p, const OffloadOptions& o) {
+        return planned(p, d.plan, d.state_specs, batch_types, options, o).peak_bytes;
+      };
+      over_limit(report, limit, options, traced, peak_with, d.program, mesh.size());
+    }
+  }
+
+  // 7. Compile: autocast, cse + dce, schedule and fusion, collective lowering, buffer plan.
+  CompiledStep c;
+  c.plan = std::move(d.plan);
+  c.state_specs = std::move(d.state_specs);
+  c.n_params = d.program.n_params;
+  c.n_state = d.program.n_state;
+  c.graph = std::move(d.program.graph);
+  c.exe = ShardedExecutable::compile(std::move(l.local), l.compile, options.sharding.device_parallelism,
+                                     options.sharding.communicator);
+  return c;
+}
+
+}  // namespace px::detail
