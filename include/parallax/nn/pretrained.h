@@ -65,7 +65,10 @@ struct GenerateOptions {
   int64_t top_k = 0;         // > 0: sample among the k most likely tokens
   double top_p = 1.0;        // < 1: sample among the smallest set whose probability reaches top_p
   uint64_t seed = 0;
-  int32_t eos_id = -1;  // a row stops after emitting it (later positions repeat it)
+  // A row stops after emitting eos_id or any of eos_ids (its later positions repeat that id); when
+  // every row has stopped, generation ends early.
+  int32_t eos_id = -1;
+  std::vector<int32_t> eos_ids;
   // Cache length: the prompt plus max_new_tokens when 0; at most the model's max_seq_len.
   int64_t max_len = 0;
   // false: recompute the whole sequence for every token (the reference the cache is tested against).
@@ -74,8 +77,10 @@ struct GenerateOptions {
   std::vector<double>* token_seconds = nullptr;
 };
 
-// Continues each prompt (all of one length) by max_new_tokens tokens; returns only the new ids.
-// With the cache, a prefill program runs the prompt once and a one-token decode program (over a
+// Continues each prompt by max_new_tokens tokens; returns only the new ids. Prompts may differ in
+// length: each row keeps its own positions (its cache slots, rotary angles and learned position
+// rows are its own, its mask covers its own tokens), so a row decodes exactly as it would alone.
+// With the cache, a prefill program runs the prompts once and a one-token decode program (over a
 // fixed cache length) produces each following token, so every new token costs the same.
 std::vector<std::vector<int32_t>> generate(const TransformerLm& model, const std::vector<Array>& params,
                                            const std::vector<std::vector<int32_t>>& prompts,
