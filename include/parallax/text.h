@@ -39,8 +39,8 @@ class Tokenizer {
   }
 };
 
-// Opens a tokenizer file by its kind: a SentencePiece `.model` or a byte-level BPE `tokenizer.json`. Throws px::Error naming the file
-// and the supported kinds when it is missing, of an unknown kind, or corrupt. A file named
+// Opens a tokenizer file by its kind: a SentencePiece `.model` or a byte-level BPE `tokenizer.json`. Throws px::Error
+// naming the file and the supported kinds when it is missing, of an unknown kind, or corrupt. A file named
 // tokenizer.json is opened as its directory by load_hf_tokenizer (so a SentencePiece-style one falls
 // back to the tokenizer.model beside it).
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);

@@ -234,8 +234,8 @@ struct PostProcessor {
   std::vector<int32_t> apply(std::vector<int32_t> ids) const {
     for (const auto& t : templates) {
       std::vector<int32_t> next;
-      for (const Piece& p : t) next.insert(next.end(), p.sequence ? ids.begin() : p.ids.begin(),
-                                           p.sequence ? ids.end() : p.ids.end());
+      for (const Piece& p : t)
+        next.insert(next.end(), p.sequence ? ids.begin() : p.ids.begin(), p.sequence ? ids.end() : p.ids.end());
       ids.swap(next);
     }
     return ids;
@@ -273,7 +273,8 @@ void read_post_processor(const json& pp, const std::string& file, int64_t vocab,
         for (const json& id : specials[name].at("ids")) piece.ids.push_back(check(id, "token '" + name + "'"));
         t.push_back(piece);
       } else {
-        throw Error(file + ": post_processor template item " + item.dump() + " is neither a Sequence nor a SpecialToken");
+        throw Error(file + ": post_processor template item " + item.dump() +
+                    " is neither a Sequence nor a SpecialToken");
       }
     }
     out.templates.push_back(t);
@@ -289,7 +290,7 @@ void read_post_processor(const json& pp, const std::string& file, int64_t vocab,
 // normalizer (Llama 2 and Mistral spell "▁" in one of these) or a Unigram model.
 bool sentencepiece_style(const json& j) {
   std::function<bool(const json&, const char*, const char*)> has = [&](const json& n, const char* list,
-                                                                      const char* type) {
+                                                                       const char* type) {
     if (!n.is_object()) return false;
     if (n.value("type", "") == type) return true;
     if (n.contains(list) && n[list].is_array())
@@ -704,7 +705,8 @@ class HfSentencePiece : public Tokenizer {
       if (t.is_object() && t.value("content", "") == token && t.contains("id") && t["id"].is_number_integer())
         return t["id"].get<int32_t>();
     const json& vocab = j.contains("model") && j["model"].is_object() ? j["model"].value("vocab", json()) : json();
-    if (vocab.is_object() && vocab.contains(token) && vocab[token].is_number_integer()) return vocab[token].get<int32_t>();
+    if (vocab.is_object() && vocab.contains(token) && vocab[token].is_number_integer())
+      return vocab[token].get<int32_t>();
     if (vocab.is_array())
       for (size_t i = 0; i < vocab.size(); ++i)
         if (vocab[i].is_array() && !vocab[i].empty() && vocab[i][0] == token) return static_cast<int32_t>(i);
@@ -736,11 +738,12 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& dir) {
     if (!has_model)
       throw Error(json_path +
                   ": a SentencePiece-style tokenizer (Metaspace pre-tokenizer, Prepend normalizer or Unigram model) "
-                  "is read from its tokenizer.model, which is not in " + dir +
-                  "; copy the model's tokenizer.model beside tokenizer.json");
+                  "is read from its tokenizer.model, which is not in " +
+                  dir + "; copy the model's tokenizer.model beside tokenizer.json");
     return std::make_unique<HfSentencePiece>(load_sentencepiece(model_path), &j, read_config(dir), dir);
   }
-  if (has_model) return std::make_unique<HfSentencePiece>(load_sentencepiece(model_path), nullptr, read_config(dir), dir);
+  if (has_model)
+    return std::make_unique<HfSentencePiece>(load_sentencepiece(model_path), nullptr, read_config(dir), dir);
   throw Error(dir + ": no tokenizer.json or tokenizer.model; copy the model's tokenizer files into it");
 }
 

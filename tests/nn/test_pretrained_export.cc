@@ -140,16 +140,17 @@ TEST(PretrainedExport, TransformersGenerateStopsAtTheExportedEosAndReadsBf16Shar
     if (stop != got.end()) got.erase(stop + 1, got.end());
     EXPECT_EQ(got, want);
   }
-  EXPECT_EQ(f["new"][0].size(), static_cast<size_t>(std::find(free_run.begin(), free_run.end(), eos) - free_run.begin() + 1))
+  EXPECT_EQ(f["new"][0].size(),
+            static_cast<size_t>(std::find(free_run.begin(), free_run.end(), eos) - free_run.begin() + 1))
       << "transformers did not stop at the exported eos";
 
   // The bf16 shards: transformers picks bf16 itself and, in f32, gives the logits we give.
   const nlohmann::json& b = hf[bf16_dir];
   EXPECT_EQ(b["dtype"], "bfloat16");
-  auto g = trace_with_params(
-      back.model->store(),
-      [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{back.model->logits(in[0])}; },
-      {{DType::i32, {1, static_cast<int64_t>(prompts[0].size())}}});
+  auto g =
+      trace_with_params(back.model->store(),
+                        [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{back.model->logits(in[0])}; },
+                        {{DType::i32, {1, static_cast<int64_t>(prompts[0].size())}}});
   std::vector<Array> in = back.params;
   in.push_back(Array::from_i32(prompts[0], {1, static_cast<int64_t>(prompts[0].size())}));
   EXPECT_TRUE(rel_close(Executable::compile(*g)->run(in)[0].to_f32(), b["logits"].get<std::vector<float>>(), 1e-4));
@@ -162,20 +163,23 @@ TEST(PretrainedExport, RefusesBadOptions) {
   using testing::error_of;
   SavePretrainedOptions so;
   so.special.eos = {96};
-  EXPECT_NE(error_of([&] { save_pretrained(m, params, root / "a", so); }).find("eos id 96 is outside the vocabulary [0, 96)"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { save_pretrained(m, params, root / "a", so); }).find("eos id 96 is outside the vocabulary [0, 96)"),
+      std::string::npos);
   so.special = {-5, {}, -1};
   EXPECT_NE(error_of([&] { save_pretrained(m, params, root / "a", so); }).find("bos id -5"), std::string::npos);
   so.special = {};
   so.dtype = DType::i32;
-  EXPECT_NE(error_of([&] { save_pretrained(m, params, root / "a", so); }).find("use f32, bf16 or f16"), std::string::npos);
+  EXPECT_NE(error_of([&] { save_pretrained(m, params, root / "a", so); }).find("use f32, bf16 or f16"),
+            std::string::npos);
   so.dtype = DType::f16;
   so.max_shard_bytes = -1;
   EXPECT_NE(error_of([&] { save_pretrained(m, params, root / "a", so); }).find("max_shard_bytes must be >= 0"),
             std::string::npos);
   so.max_shard_bytes = 0;
   so.tokenizer_from = root / "nowhere";
-  EXPECT_NE(error_of([&] { save_pretrained(m, params, root / "a", so); }).find("is not a directory"), std::string::npos);
+  EXPECT_NE(error_of([&] { save_pretrained(m, params, root / "a", so); }).find("is not a directory"),
+            std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(root / "a")) << "nothing is written before the options are checked";
   std::filesystem::create_directories(root / "empty");
   so.tokenizer_from = root / "empty";

@@ -74,18 +74,26 @@ TEST(Bpe, SentencePieceStyleDirectoriesUseTokenizerModel) {
   auto spm = load_sentencepiece(dir / "tokenizer.model");
   nlohmann::json added = nlohmann::json::array();
   for (auto [id, content] : std::vector<std::pair<int, const char*>>{{1, "<unk>"}, {2, "<s>"}, {3, "</s>"}})
-    added.push_back({{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                     {"normalized", false}, {"special", true}});
+    added.push_back({{"id", id},
+                     {"content", content},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
   nlohmann::json tj = {
       {"added_tokens", added},
       {"normalizer", nullptr},
-      {"pre_tokenizer", {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", false}}},
+      {"pre_tokenizer",
+       {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", false}}},
       {"post_processor",
        {{"type", "TemplateProcessing"},
-        {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"single",
+         {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
         {"pair", nlohmann::json::array()},
         {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {2}}, {"tokens", {"<s>"}}}}}}}},
-      {"model", {{"type", "BPE"}, {"vocab", {{"<unk>", 1}, {"<s>", 2}, {"</s>", 3}}}, {"merges", nlohmann::json::array()}}}};
+      {"model",
+       {{"type", "BPE"}, {"vocab", {{"<unk>", 1}, {"<s>", 2}, {"</s>", 3}}}, {"merges", nlohmann::json::array()}}}};
   std::ofstream(dir / "tokenizer.json") << tj.dump();
   std::ofstream(dir / "tokenizer_config.json") << R"({"bos_token": "<s>", "eos_token": "</s>", "pad_token": null})";
 

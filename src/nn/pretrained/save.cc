@@ -3,8 +3,8 @@
 // index, and the tokenizer files of the source), and the special ids read back from one.
 #include <cstdio>
 #include <filesystem>
-#include <limits>
 #include <fstream>
+#include <limits>
 #include <set>
 
 #include "nn/pretrained/arch.h"
@@ -121,9 +121,9 @@ void remove_stale_weights(const fs::path& dir, bool sharded) {
   if (sharded) fs::remove(dir / "model.safetensors", ec);
 }
 
-const char* const kTokenizerFiles[] = {"tokenizer.json",   "tokenizer_config.json", "tokenizer.model",
-                                       "special_tokens_map.json", "vocab.json", "merges.txt",
-                                       "added_tokens.json", "chat_template.jinja"};
+const char* const kTokenizerFiles[] = {
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model",    "special_tokens_map.json", "vocab.json",
+    "merges.txt",     "added_tokens.json",     "chat_template.jinja"};
 
 void copy_tokenizer(const std::string& from, const fs::path& dir) {
   std::error_code ec;
@@ -132,7 +132,8 @@ void copy_tokenizer(const std::string& from, const fs::path& dir) {
     const fs::path src = fs::path(from) / f;
     if (!fs::is_regular_file(src, ec)) continue;
     fs::copy_file(src, dir / f, fs::copy_options::overwrite_existing, ec);
-    if (ec) throw Error((dir / f).string() + ": cannot copy the tokenizer file from " + src.string() + ": " + ec.message());
+    if (ec)
+      throw Error((dir / f).string() + ": cannot copy the tokenizer file from " + src.string() + ": " + ec.message());
   }
 }
 
@@ -274,7 +275,9 @@ void save_pretrained(const TransformerLm& model, const std::vector<Array>& param
     }
     save_safetensors((out / fname).string(), names, arrays, {{"format", "pt"}});
   }
-  if (sharded) write_json(out / "model.safetensors.index.json", {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
+  if (sharded)
+    write_json(out / "model.safetensors.index.json",
+               {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
 
   // Ids not given are null: transformers would otherwise use its class defaults (Llama: bos 1,
   // eos 2; GPT-2: 50256), which need not be tokens of this vocabulary.
