@@ -679,8 +679,15 @@ class HfSentencePiece : public Tokenizer {
       set("bos_token", bos_);
       set("eos_token", eos_);
       set("pad_token", pad_);
-      add_bos_ = cfg.value("add_bos_token", true);
-      add_eos_ = cfg.value("add_eos_token", false);
+      auto flag = [&](const char* key, bool fallback) {
+        if (!cfg.contains(key) || cfg[key].is_null()) return fallback;
+        if (!cfg[key].is_boolean())
+          throw Error(dir + "/tokenizer_config.json: '" + key + "' must be true or false, got " + cfg[key].dump() +
+                      "; fix the file");
+        return cfg[key].get<bool>();
+      };
+      add_bos_ = flag("add_bos_token", true);
+      add_eos_ = flag("add_eos_token", false);
     }
   }
   std::string kind() const override { return "sentencepiece"; }

@@ -119,10 +119,13 @@ TEST(Bpe, SentencePieceStyleDirectoriesUseTokenizerModel) {
   std::vector<int32_t> with_eos = ids;
   with_eos.push_back(3);
   EXPECT_EQ(load_hf_tokenizer(dir.str())->encode_with_special_tokens(text), with_eos);
+  std::ofstream(dir / "tokenizer_config.json") << R"({"add_bos_token": "yes"})";
+  std::string e = testing::error_of([&] { load_hf_tokenizer(dir.str()); });
+  EXPECT_NE(e.find("'add_bos_token' must be true or false"), std::string::npos) << e;
   // A SentencePiece-style tokenizer.json without its tokenizer.model is refused, naming the fix.
   std::ofstream(dir / "tokenizer.json") << tj.dump();
   std::filesystem::remove(dir / "tokenizer.model");
-  std::string e = testing::error_of([&] { load_tokenizer(dir / "tokenizer.json"); });
+  e = testing::error_of([&] { load_tokenizer(dir / "tokenizer.json"); });
   EXPECT_NE(e.find("tokenizer.model"), std::string::npos) << e;
   EXPECT_NE(e.find("Metaspace"), std::string::npos) << e;
   std::filesystem::remove(dir / "tokenizer.json");
