@@ -5,11 +5,13 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <unicode/normalizer2.h>
+#include <unicode/uchar.h>
 #include <unicode/unistr.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
-#include <limits>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -172,6 +174,135 @@ struct Regex {
   }
 };
 
+// The code point that ends s (0 when s is empty or does not end in valid UTF-8) and its byte length.
+uint32_t last_code_point(std::string_view s, size_t* len = nullptr) {
+  size_t i = s.size();
+  while (i > 0 && s.size() - i < 4) {
+    --i;
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) break;
+  }
+  uint32_t cp = 0;
+  const size_t n = i < s.size() ? utf8_at(s, i, cp) : 0;
+  if (n == 0 || i + n != s.size()) return 0;
+  if (len) *len = n;
+  return cp;
+}
+
+// Word and space characters as the `tokenizers` package's regexes (Rust's Unicode \w and \s) see them.
+bool is_word_char(uint32_t cp) {
+  const auto c = static_cast<UChar32>(cp);
+  const int8_t t = u_charType(c);
+  return u_hasBinaryProperty(c, UCHAR_ALPHABETIC) || t == U_NON_SPACING_MARK || t == U_ENCLOSING_MARK ||
+         t == U_COMBINING_SPACING_MARK || t == U_DECIMAL_DIGIT_NUMBER || t == U_CONNECTOR_PUNCTUATION ||
+         u_hasBinaryProperty(c, UCHAR_JOIN_CONTROL);
+}
+bool is_space_char(uint32_t cp) { return u_hasBinaryProperty(static_cast<UChar32>(cp), UCHAR_WHITE_SPACE); }
+
+bool ends_with_word(std::string_view s) {
+  const uint32_t cp = last_code_point(s);
+  return cp != 0 && is_word_char(cp);
+}
+bool starts_with_word(std::string_view s) {
+  uint32_t cp = 0;
+  return !s.empty() && utf8_at(s, 0, cp) > 0 && is_word_char(cp);
+}
+// Where the run of whitespace that ends s starts.
+size_t trailing_space_start(std::string_view s) {
+  size_t end = s.size(), n = 0;
+  for (uint32_t cp; (cp = last_code_point(s.substr(0, end), &n)) != 0 && is_space_char(cp);) end -= n;
+  return end;
+}
+// The byte length of the run of whitespace that starts s.
+size_t leading_space_len(std::string_view s) {
+  size_t i = 0;
+  for (uint32_t cp = 0; i < s.size();) {
+    const size_t n = utf8_at(s, i, cp);
+    if (n == 0 || !is_space_char(cp)) break;
+    i += n;
+  }
+  return i;
+}
+
+// The part of tokenizer.json's post_processor that acts on a single sequence: a chain of templates,
+// each a list of pieces (the sequence itself, or special ids), applied in order.
+struct PostProcessor {
+  struct Piece {
+    bool sequence = false;
+    std::vector<int32_t> ids;
+  };
+  std::vector<std::vector<Piece>> templates;
+  std::vector<int32_t> apply(std::vector<int32_t> ids) const {
+    for (const auto& t : templates) {
+      std::vector<int32_t> next;
+      for (const Piece& p : t)
+        next.insert(next.end(), p.sequence ? ids.begin() : p.ids.begin(), p.sequence ? ids.end() : p.ids.end());
+      ids.swap(next);
+    }
+    return ids;
+  }
+};
+
+[[noreturn]] void unsupported(const std::string& file, const std::string& what);
+
+// Reads post_processor `pp` (null, ByteLevel, TemplateProcessing, RobertaProcessing, BertProcessing or
+// a Sequence of them); `vocab` is the number of ids, which every special id must be below.
+void read_post_processor(const json& pp, const std::string& file, int64_t vocab, PostProcessor& out) {
+  if (pp.is_null()) return;
+  const std::string type = pp.value("type", "");
+  auto check = [&](const json& v, const std::string& what) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab)
+      throw Error(file + ": post_processor " + what + " has id " + v.dump() + ", outside the vocabulary [0, " +
+                  std::to_string(vocab) + "); restore the file");
+    return static_cast<int32_t>(v.get<int64_t>());
+  };
+  if (type == "ByteLevel") return;  // trims offsets; adds no token
+  if (type == "Sequence") {
+    for (const json& p : pp.at("processors")) read_post_processor(p, file, vocab, out);
+  } else if (type == "TemplateProcessing") {
+    std::vector<PostProcessor::Piece> t;
+    for (const json& item : pp.at("single")) {
+      if (item.contains("Sequence")) {
+        t.push_back({true, {}});
+      } else if (item.contains("SpecialToken")) {
+        const std::string name = item["SpecialToken"].at("id").get<std::string>();
+        const json& specials = pp.at("special_tokens");
+        if (!specials.contains(name))
+          throw Error(file + ": post_processor template names special token '" + name +
+                      "' missing from its special_tokens; restore the file");
+        PostProcessor::Piece piece;
+        for (const json& id : specials[name].at("ids")) piece.ids.push_back(check(id, "token '" + name + "'"));
+        t.push_back(piece);
+      } else {
+        throw Error(file + ": post_processor template item " + item.dump() +
+                    " is neither a Sequence nor a SpecialToken");
+      }
+    }
+    out.templates.push_back(t);
+  } else if (type == "RobertaProcessing" || type == "BertProcessing") {
+    const json &cls = pp.at("cls"), &sep = pp.at("sep");  // ["<s>", 0]
+    out.templates.push_back({{false, {check(cls.at(1), "cls")}}, {true, {}}, {false, {check(sep.at(1), "sep")}}});
+  } else {
+    unsupported(file, "post_processor '" + type + "'");
+  }
+}
+
+// A tokenizer.json the SentencePiece model beside it stands for: a Metaspace pre-tokenizer, a Prepend
+// normalizer (Llama 2 and Mistral spell "▁" in one of these) or a Unigram model.
+bool sentencepiece_style(const json& j) {
+  std::function<bool(const json&, const char*, const char*)> has = [&](const json& n, const char* list,
+                                                                       const char* type) {
+    if (!n.is_object()) return false;
+    if (n.value("type", "") == type) return true;
+    if (n.contains(list) && n[list].is_array())
+      for (const json& c : n[list])
+        if (has(c, list, type)) return true;
+    return false;
+  };
+  return has(j.value("pre_tokenizer", json()), "pretokenizers", "Metaspace") ||
+         has(j.value("normalizer", json()), "normalizers", "Prepend") ||
+         (j.contains("model") && j["model"].is_object() && j["model"].value("type", "") == "Unigram");
+}
+
 class BpeTokenizer : public Tokenizer {
  public:
   BpeTokenizer(const json& j, const std::string& file);
@@ -182,6 +313,7 @@ class BpeTokenizer : public Tokenizer {
   int32_t bos_id() const override { return bos_; }
   int32_t eos_id() const override { return eos_; }
   int32_t pad_id() const override { return pad_; }
+  std::vector<int32_t> add_special_tokens(std::vector<int32_t> ids) const override { return post_.apply(ids); }
   void set_specials(int32_t bos, int32_t eos, int32_t pad) { bos_ = bos, eos_ = eos, pad_ = pad; }
   int32_t id_of(const std::string& token) const {
     auto it = vocab_.find(token);
@@ -193,9 +325,18 @@ class BpeTokenizer : public Tokenizer {
 
  private:
   struct Added {
+    Added(std::string c, int32_t i) : content(std::move(c)), id(i) {}
     std::string content;
     int32_t id;
+    bool lstrip = false, rstrip = false, single_word = false, normalized = false;
+    std::string match;  // the content, normalized when `normalized`
   };
+  struct Piece {
+    std::string_view text;
+    int32_t id;  // an added token, or -1 for text
+  };
+  std::vector<Piece> split_added(std::string_view s, bool normalized) const;
+  std::string normalize(std::string_view seg) const;
   void encode_segment(std::string_view seg, std::vector<int32_t>& out) const;
   void encode_word(const std::string& word, std::vector<int32_t>& out) const;
   std::string file_;
@@ -203,7 +344,9 @@ class BpeTokenizer : public Tokenizer {
   std::vector<std::string> id_to_token_;
   std::vector<bool> is_added_;
   std::unordered_map<std::string, int> ranks_;  // "a\x01b" -> merge rank
-  std::vector<Added> added_;                    // longest first
+  std::vector<Added> added_;                    // longest match first
+  bool first_byte_[2][256] = {};                // [normalized][b]: some added token's match starts with b
+  PostProcessor post_;
   std::vector<Regex> splits_;
   bool nfc_ = false, prefix_space_ = false, ignore_merges_ = false;
   int32_t unk_ = -1, bos_ = -1, eos_ = -1, pad_ = -1;
@@ -247,9 +390,10 @@ BpeTokenizer::BpeTokenizer(const json& j, const std::string& file) : file_(file)
   for (auto& t : j.value("added_tokens", json::array())) {
     added_.push_back({t.at("content").get<std::string>(), t.at("id").get<int32_t>()});
     max_id = std::max(max_id, added_.back().id);
+    Added& a = added_.back();
+    a.lstrip = t.value("lstrip", false), a.rstrip = t.value("rstrip", false);
+    a.single_word = t.value("single_word", false), a.normalized = t.value("normalized", !t.value("special", false));
   }
-  std::stable_sort(added_.begin(), added_.end(),
-                   [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });
   id_to_token_.resize(static_cast<size_t>(max_id + 1));
   is_added_.assign(id_to_token_.size(), false);
   for (auto& [tok, id] : vocab_) id_to_token_[id] = tok;
@@ -296,6 +440,14 @@ BpeTokenizer::BpeTokenizer(const json& j, const std::string& file) : file_(file)
     }
   }
   if (!byte_level) unsupported(file, "a tokenizer without a ByteLevel pre-tokenizer");
+
+  // Added tokens match as their normalized form when `normalized` (tokenizers normalizes them too).
+  for (Added& a : added_) a.match = a.normalized ? normalize(a.content) : a.content;
+  std::stable_sort(added_.begin(), added_.end(),
+                   [](const Added& x, const Added& y) { return x.match.size() > y.match.size(); });
+  for (const Added& a : added_)
+    if (!a.match.empty()) first_byte_[a.normalized][static_cast<unsigned char>(a.match[0])] = true;
+  read_post_processor(j.value("post_processor", json()), file, static_cast<int64_t>(id_to_token_.size()), post_);
 }
 
 void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& out) const {
@@ -344,20 +496,24 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ou
   }
 }
 
+std::string BpeTokenizer::normalize(std::string_view seg) const {
+  std::string text(seg);
+  if (!nfc_) return text;
+  UErrorCode st = U_ZERO_ERROR;
+  const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(st);
+  if (U_FAILURE(st)) throw Error(file_ + ": ICU has no NFC normalizer (" + u_errorName(st) + ")");
+  icu::UnicodeString u = icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), static_cast<int32_t>(text.size())));
+  icu::UnicodeString normed = n->normalize(u, st);
+  if (U_SUCCESS(st)) {
+    text.clear();
+    normed.toUTF8String(text);
+  }
+  return text;
+}
+
+// Pre-tokenizes and merges one normalized piece of text (no added token inside).
 void BpeTokenizer::encode_segment(std::string_view seg, std::vector<int32_t>& out) const {
   std::string text(seg);
-  if (nfc_) {
-    UErrorCode st = U_ZERO_ERROR;
-    const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(st);
-    if (U_FAILURE(st)) throw Error(file_ + ": ICU has no NFC normalizer (" + u_errorName(st) + ")");
-    icu::UnicodeString u =
-        icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), static_cast<int32_t>(text.size())));
-    icu::UnicodeString normed = n->normalize(u, st);
-    if (U_SUCCESS(st)) {
-      text.clear();
-      normed.toUTF8String(text);
-    }
-  }
   if (prefix_space_ && !text.empty() && text[0] != ' ') text.insert(text.begin(), ' ');
   std::vector<std::string_view> pieces{text}, next;
   for (const Regex& r : splits_) {
@@ -373,26 +529,54 @@ void BpeTokenizer::encode_segment(std::string_view seg, std::vector<int32_t>& ou
   }
 }
 
+// Cuts the added tokens of one kind (normalized or not) out of s, as tokenizers' AddedVocabulary
+// does: leftmost-longest matches, scanned left to right without overlap; a single_word token that
+// touches a word character on either side is passed over (the scan resumes after it); lstrip and
+// rstrip take the whitespace beside the match into the token (not past the previous token).
+std::vector<BpeTokenizer::Piece> BpeTokenizer::split_added(std::string_view s, bool normalized) const {
+  std::vector<Piece> out;
+  size_t done = 0, pos = 0;  // text before `done` is emitted; the scan resumes at `pos`
+  while (pos < s.size()) {
+    const Added* hit = nullptr;
+    size_t at = pos;
+    for (; at < s.size(); ++at) {
+      if (!first_byte_[normalized][static_cast<unsigned char>(s[at])]) continue;
+      for (const Added& a : added_)
+        if (a.normalized == normalized && !a.match.empty() && s.compare(at, a.match.size(), a.match) == 0) {
+          hit = &a;  // added_ is longest first
+          break;
+        }
+      if (hit) break;
+    }
+    if (!hit) break;
+    size_t start = at, stop = at + hit->match.size();
+    pos = stop;
+    if (hit->single_word && (ends_with_word(s.substr(0, start)) || starts_with_word(s.substr(stop)))) continue;
+    if (hit->lstrip) start = std::max(trailing_space_start(s.substr(0, start)), done);
+    if (hit->rstrip) pos = stop = stop + leading_space_len(s.substr(stop));
+    if (done < start) out.push_back({s.substr(done, start - done), -1});
+    out.push_back({{}, hit->id});
+    done = stop;
+  }
+  if (done < s.size()) out.push_back({s.substr(done), -1});
+  return out;
+}
+
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out;
-  size_t start = 0;
-  for (size_t i = 0; i < text.size();) {
-    const Added* hit = nullptr;
-    for (auto& a : added_)
-      if (!a.content.empty() && text.compare(i, a.content.size(), a.content) == 0) {
-        hit = &a;  // added_ is longest first
-        break;
-      }
-    if (!hit) {
-      ++i;
+  for (const Piece& raw : split_added(text, false)) {
+    if (raw.id >= 0) {
+      out.push_back(raw.id);
       continue;
     }
-    if (i > start) encode_segment(text.substr(start, i - start), out);
-    out.push_back(hit->id);
-    i += hit->content.size();
-    start = i;
+    const std::string norm = normalize(raw.text);
+    for (const Piece& p : split_added(norm, true)) {
+      if (p.id >= 0)
+        out.push_back(p.id);
+      else
+        encode_segment(p.text, out);
+    }
   }
-  if (start < text.size()) encode_segment(text.substr(start), out);
   return out;
 }
 
@@ -423,44 +607,151 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   return lossy_utf8(bytes);
 }
 
-// bos/eos/pad tokens from tokenizer_config.json: a string or {"content": ...}.
-int32_t special_from(const json& cfg, const char* key, const BpeTokenizer& tok) {
+// bos/eos/pad tokens from tokenizer_config.json: a string or {"content": ...}; -2 when absent.
+int32_t special_from(const json& cfg, const char* key, const std::function<int32_t(const std::string&)>& id_of) {
   auto it = cfg.find(key);
-  if (it == cfg.end()) return -1;
-  if (it->is_string()) return tok.id_of(it->get<std::string>());
-  if (it->is_object() && it->contains("content")) return tok.id_of((*it)["content"].get<std::string>());
+  if (it == cfg.end()) return -2;
+  if (it->is_string()) return id_of(it->get<std::string>());
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
+    return id_of((*it)["content"].get<std::string>());
   return -1;
 }
 
-}  // namespace
-
-std::unique_ptr<Tokenizer> load_bpe_tokenizer(const std::string& path) {
+json read_json_file(const std::string& path, const std::string& missing_fix) {
   std::ifstream in(path);
-  if (!in) throw Error(path + ": not found; give the tokenizer.json of the model");
-  json j;
+  if (!in) throw Error(path + ": not found; " + missing_fix);
   try {
-    j = json::parse(in);
+    return json::parse(in);
   } catch (const std::exception& e) {
     throw Error(path + ": not valid JSON (" + e.what() + "); restore the file");
   }
+}
+
+// tokenizer_config.json beside the tokenizer, or null.
+json read_config(const std::string& dir) {
+  const std::string path = dir + "/tokenizer_config.json";
+  if (!std::filesystem::exists(path)) return json();
+  json cfg = read_json_file(path, "");
+  if (!cfg.is_object()) throw Error(path + ": expected a JSON object; restore the file");
+  return cfg;
+}
+
+std::unique_ptr<BpeTokenizer> make_bpe(const json& j, const std::string& path, const std::string& dir) {
   std::unique_ptr<BpeTokenizer> tok;
   try {
     tok = std::make_unique<BpeTokenizer>(j, path);
   } catch (const json::exception& e) {
     throw Error(path + ": malformed tokenizer.json (" + e.what() + ")");
   }
-  const std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.find_last_of('/'));
-  std::ifstream cfg_in(dir + "/tokenizer_config.json");
-  if (cfg_in) {
-    try {
-      json cfg = json::parse(cfg_in);
-      tok->set_specials(special_from(cfg, "bos_token", *tok), special_from(cfg, "eos_token", *tok),
-                        special_from(cfg, "pad_token", *tok));
-    } catch (const json::exception& e) {
-      throw Error(dir + "/tokenizer_config.json: not valid JSON (" + e.what() + "); restore the file");
-    }
+  json cfg = read_config(dir);
+  if (cfg.is_object()) {
+    auto id_of = [&](const std::string& t) { return tok->id_of(t); };
+    auto get = [&](const char* key) { return std::max(special_from(cfg, key, id_of), -1); };
+    tok->set_specials(get("bos_token"), get("eos_token"), get("pad_token"));
   }
   return tok;
+}
+
+// A Hugging Face SentencePiece tokenizer (Llama 2, Mistral): the .model does the encoding; the
+// special ids and which ones encode_with_special_tokens adds come from the directory's tokenizer.json
+// (post_processor, added tokens) and tokenizer_config.json.
+class HfSentencePiece : public Tokenizer {
+ public:
+  HfSentencePiece(std::unique_ptr<Tokenizer> sp, const json* tokenizer_json, const json& cfg, const std::string& dir)
+      : sp_(std::move(sp)) {
+    bos_ = sp_->bos_id(), eos_ = sp_->eos_id(), pad_ = sp_->pad_id();
+    const std::string json_path = dir + "/tokenizer.json";
+    if (tokenizer_json) {
+      try {
+        read_post_processor(tokenizer_json->value("post_processor", json()), json_path, sp_->vocab_size(), post_);
+        has_post_ = tokenizer_json->contains("post_processor") && !(*tokenizer_json)["post_processor"].is_null();
+      } catch (const json::exception& e) {
+        throw Error(json_path + ": malformed post_processor (" + e.what() + ")");
+      }
+    }
+    if (cfg.is_object()) {
+      auto id_of = [&](const std::string& t) { return tokenizer_json ? id_in(*tokenizer_json, t) : -1; };
+      // A token found in tokenizer.json replaces the .model's id; null means none.
+      auto set = [&](const char* key, int32_t& field) {
+        const int32_t id = special_from(cfg, key, id_of);
+        if (id >= 0 || (cfg.contains(key) && cfg[key].is_null())) field = std::max(id, -1);
+      };
+      set("bos_token", bos_);
+      set("eos_token", eos_);
+      set("pad_token", pad_);
+      auto flag = [&](const char* key, bool fallback) {
+        if (!cfg.contains(key) || cfg[key].is_null()) return fallback;
+        if (!cfg[key].is_boolean())
+          throw Error(dir + "/tokenizer_config.json: '" + key + "' must be true or false, got " + cfg[key].dump() +
+                      "; fix the file");
+        return cfg[key].get<bool>();
+      };
+      add_bos_ = flag("add_bos_token", true);
+      add_eos_ = flag("add_eos_token", false);
+    }
+  }
+  std::string kind() const override { return "sentencepiece"; }
+  std::vector<int32_t> encode(std::string_view text) const override { return sp_->encode(text); }
+  std::string decode(const std::vector<int32_t>& ids) const override { return sp_->decode(ids); }
+  int64_t vocab_size() const override { return sp_->vocab_size(); }
+  int32_t bos_id() const override { return bos_; }
+  int32_t eos_id() const override { return eos_; }
+  int32_t pad_id() const override { return pad_; }
+  std::vector<int32_t> add_special_tokens(std::vector<int32_t> ids) const override {
+    if (has_post_) return post_.apply(std::move(ids));
+    if (add_bos_ && bos_ >= 0) ids.insert(ids.begin(), bos_);
+    if (add_eos_ && eos_ >= 0) ids.push_back(eos_);
+    return ids;
+  }
+
+ private:
+  // The id of `token` in tokenizer.json: an added token, or the model's vocab (an object for BPE, a
+  // list of [piece, score] for Unigram); -1 when absent.
+  static int32_t id_in(const json& j, const std::string& token) {
+    for (const json& t : j.value("added_tokens", json::array()))
+      if (t.is_object() && t.value("content", "") == token && t.contains("id") && t["id"].is_number_integer())
+        return t["id"].get<int32_t>();
+    const json& vocab = j.contains("model") && j["model"].is_object() ? j["model"].value("vocab", json()) : json();
+    if (vocab.is_object() && vocab.contains(token) && vocab[token].is_number_integer())
+      return vocab[token].get<int32_t>();
+    if (vocab.is_array())
+      for (size_t i = 0; i < vocab.size(); ++i)
+        if (vocab[i].is_array() && !vocab[i].empty() && vocab[i][0] == token) return static_cast<int32_t>(i);
+    return -1;
+  }
+  std::unique_ptr<Tokenizer> sp_;
+  int32_t bos_, eos_, pad_;
+  PostProcessor post_;
+  bool has_post_ = false, add_bos_ = true, add_eos_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_bpe_tokenizer(const std::string& path) {
+  json j = read_json_file(path, "give the tokenizer.json of the model");
+  const std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.find_last_of('/'));
+  return make_bpe(j, path, dir);
+}
+
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string json_path = (fs::path(dir) / "tokenizer.json").string();
+  const std::string model_path = (fs::path(dir) / "tokenizer.model").string();
+  const bool has_model = fs::exists(model_path);
+  if (fs::exists(json_path)) {
+    json j = read_json_file(json_path, "");
+    if (!j.is_object()) throw Error(json_path + ": expected a JSON object; restore the file");
+    if (!sentencepiece_style(j)) return make_bpe(j, json_path, dir);
+    if (!has_model)
+      throw Error(json_path +
+                  ": a SentencePiece-style tokenizer (Metaspace pre-tokenizer, Prepend normalizer or Unigram model) "
+                  "is read from its tokenizer.model, which is not in " +
+                  dir + "; copy the model's tokenizer.model beside tokenizer.json");
+    return std::make_unique<HfSentencePiece>(load_sentencepiece(model_path), &j, read_config(dir), dir);
+  }
+  if (has_model)
+    return std::make_unique<HfSentencePiece>(load_sentencepiece(model_path), nullptr, read_config(dir), dir);
+  throw Error(dir + ": no tokenizer.json or tokenizer.model; copy the model's tokenizer files into it");
 }
 
 }  // namespace px::text

@@ -1,8 +1,10 @@
 // generate(): the cached prefill + one-token decode programs give what recomputing the whole
 // sequence gives (greedy and sampled, with rotary scaling, GQA, a sliding window and learned
-// positions); sampling options behave; bad requests are refused.
+// positions); prompts of different lengths in one batch decode as each alone; several EOS ids;
+// sampling options behave; bad requests are refused.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "parallax/nn/pretrained.h"
@@ -75,11 +77,62 @@ TEST(Generate, StopsAtEosAndHonoursALongerCache) {
   EXPECT_EQ(generate(m, params, kPrompts, opt), free_run);
 }
 
+TEST(Generate, PromptsOfDifferentLengthsDecodeAsEachAlone) {
+  // Lengths 3, 9 and 6: the window (5) and the learned positions see each row's own positions.
+  const std::vector<std::vector<int32_t>> prompts{{4, 9, 1}, {7, 8, 9, 10, 11, 12, 13, 2, 30}, {21, 3, 3, 40, 5, 6}};
+  for (const LmConfig& c : {windowed_llama(), small_gpt2()}) {
+    SCOPED_TRACE(c.name);
+    TransformerLm m(c);
+    std::vector<Array> params = m.init(5);
+    GenerateOptions opt;
+    opt.max_new_tokens = 20;
+    auto batched = generate(m, params, prompts, opt);
+    ASSERT_EQ(batched.size(), 3u);
+    std::set<int32_t> seen;
+    for (size_t r = 0; r < prompts.size(); ++r) {
+      EXPECT_EQ(batched[r], generate(m, params, {prompts[r]}, opt)[0]) << "row " << r;
+      seen.insert(batched[r].begin(), batched[r].end());
+    }
+    EXPECT_GT(seen.size(), 5u) << "degenerate continuations";
+    EXPECT_NE(batched[0], batched[1]);
+    EXPECT_NE(batched[1], batched[2]);
+    opt.use_cache = false;
+    EXPECT_EQ(generate(m, params, prompts, opt), batched) << "without the cache";
+  }
+}
+
+TEST(Generate, SeveralEosIdsAndAnEarlyEnd) {
+  TransformerLm m(windowed_llama());
+  std::vector<Array> params = m.init(5);
+  GenerateOptions opt;
+  opt.max_new_tokens = 16;
+  auto free_run = generate(m, params, kPrompts, opt);
+  // Row 0 stops at its 3rd token, row 1 at its 5th (unless either id comes earlier).
+  opt.eos_ids = {free_run[0][2], free_run[1][4]};
+  std::vector<double> seconds;
+  opt.token_seconds = &seconds;
+  auto stopped = generate(m, params, kPrompts, opt);
+  size_t last = 0;
+  for (int r = 0; r < 2; ++r) {
+    auto hit = std::find_if(free_run[r].begin(), free_run[r].end(),
+                            [&](int32_t t) { return t == opt.eos_ids[0] || t == opt.eos_ids[1]; });
+    const size_t first = static_cast<size_t>(hit - free_run[r].begin());
+    ASSERT_LE(first, 4u);
+    last = std::max(last, first);
+    ASSERT_EQ(stopped[r].size(), 16u);
+    for (size_t i = 0; i < 16; ++i) EXPECT_EQ(stopped[r][i], i <= first ? free_run[r][i] : *hit) << r << " " << i;
+  }
+  EXPECT_EQ(seconds.size(), last + 1) << "decoding ends once every row has stopped";
+  opt.use_cache = false;
+  opt.token_seconds = nullptr;
+  EXPECT_EQ(generate(m, params, kPrompts, opt), stopped);
+}
+
 TEST(Generate, RefusesBadRequests) {
   TransformerLm m(small_gpt2());
   std::vector<Array> params = m.init(1);
   using testing::error_of;
-  EXPECT_NE(error_of([&] { generate(m, params, {{1, 2}, {3}}); }).find("share one length"), std::string::npos);
+  EXPECT_NE(error_of([&] { generate(m, params, {{1, 2}, {}}); }).find("prompt 1 is empty"), std::string::npos);
   EXPECT_NE(error_of([&] { generate(m, params, {{1, 99}}); }).find("outside the vocabulary"), std::string::npos);
   GenerateOptions opt;
   opt.max_new_tokens = 40;

@@ -7,6 +7,11 @@
       "generated" [B, N]
   hf_models.py logits MODEL_DIR REF OUT [MODEL_DIR REF OUT ...]
       OUT gets the "logits" of the model in MODEL_DIR (e.g. one we exported) on REF's tokens
+  hf_models.py check OUT_JSON N MODEL_DIR PROMPTS [MODEL_DIR PROMPTS ...]
+      for a model we exported (PROMPTS: "1,2,3;4,5"): OUT_JSON gets, per MODEL_DIR, the dtype
+      from_pretrained(dtype="auto") picks, the special ids transformers read (config and
+      generation_config), greedy generate() of up to N new tokens of each prompt alone with the
+      ids of generation_config.json (it stops at EOS), and the f32 logits of the first prompt
 
 One process handles every case: importing torch costs seconds.
 
@@ -112,6 +117,26 @@ def main():
             with torch.no_grad():
                 logits = load(args[i])(load_file(args[i + 1])["tokens"].long()).logits
             save_file({"logits": logits.contiguous()}, args[i + 2])
+    elif cmd == "check":
+        import json
+        out, n = {}, int(args[1])
+        for i in range(2, len(args), 2):
+            model_dir, prompts = args[i], [[int(t) for t in p.split(",")] for p in args[i + 1].split(";")]
+            auto = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
+            model = load(model_dir)
+            gc = model.generation_config
+            res = {"dtype": str(auto.dtype).replace("torch.", ""), "config_eos": model.config.eos_token_id,
+                   "bos": gc.bos_token_id, "eos": gc.eos_token_id, "pad": gc.pad_token_id, "new": []}
+            with torch.no_grad():
+                for p in prompts:
+                    ids = torch.tensor([p])
+                    # No eos/pad arguments: generate() takes them from generation_config.json.
+                    gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
+                    res["new"].append(gen[0, len(p):].tolist())
+                res["logits"] = model(torch.tensor([prompts[0]])).logits.float().reshape(-1).tolist()
+            out[model_dir] = res
+        with open(args[0], "w") as f:
+            json.dump(out, f)
     else:
         raise SystemExit(f"unknown command {cmd}")
 

@@ -2,8 +2,10 @@
 on a test corpus, for tests/text/test_bpe.cc.
 
   hf_tokenizers.py OUT_DIR     writes OUT_DIR/<style>/tokenizer.json (+ tokenizer_config.json)
-                               for the gpt2, llama3 and qwen2 styles, and OUT_DIR/expected.json:
-                               {style: [{"text", "ids", "decoded", "prefix_ids", "prefix_decoded"}]}
+                               for the gpt2, llama3, qwen2 and flags styles, and OUT_DIR/expected.json:
+                               {style: [{"text", "ids", "special_ids", "decoded", "prefix_ids",
+                               "prefix_decoded"}]} ("special_ids": encoded with add_special_tokens,
+                               through the post-processor)
 
 Nothing is downloaded: the tokenizers are trained on the corpus below.
 """
@@ -11,7 +13,8 @@ import json
 import os
 import sys
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors,
+                        trainers)
 
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
           r"\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -56,14 +59,23 @@ TEST = [
     "\n",
     "a" * 50,
     "ʕ•ᴥ•ʔ ¯\\_(ツ)_/¯ ∀x∈ℝ: x²≥0",
+    # Added-token flags (the flags style): lstrip, rstrip, single_word, normalized.
+    "I saw a <mask> here and   <mask>\t<mask>",
+    "<mask>start and end<mask>",
+    "x[SEP]   y [SEP]\n\nz",
+    "ony Anthony ony, tony_ony oný (ony) 1ony",
+    "cafe\u0301 café and cafécafe\u0301",
+    "<sw> a<sw> <sw>b <sw>, <sw>",
 ]
 
 
-def train(pre, specials, ignore_merges=False, normalizer=None):
+def train(pre, specials, ignore_merges=False, normalizer=None, post=None):
     tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
     if normalizer is not None:
         tok.normalizer = normalizer
     tok.pre_tokenizer = pre
+    if post is not None:
+        tok.post_processor = post
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -71,22 +83,47 @@ def train(pre, specials, ignore_merges=False, normalizer=None):
     return tok
 
 
+def template(single, tok_names, specials):
+    """TemplateProcessing over the ids the trainer gave `specials` (the first len(specials) ids)."""
+    return processors.TemplateProcessing(single=single, special_tokens=[(t, specials.index(t)) for t in tok_names])
+
+
+def flags_style():
+    """NFC, "<s> $A </s>", and added tokens with every flag."""
+    specials = ["<s>", "</s>"]
+    tok = train(pre_tokenizers.ByteLevel(add_prefix_space=False), specials, normalizer=normalizers.NFC(),
+                post=template("<s> $A </s>", specials, specials))
+    tok.add_special_tokens([AddedToken("<mask>", lstrip=True, normalized=False, special=True),
+                            AddedToken("[SEP]", rstrip=True, normalized=False, special=True),
+                            AddedToken("<sw>", single_word=True, lstrip=True, rstrip=True, normalized=False,
+                                       special=True)])
+    tok.add_tokens([AddedToken("ony", single_word=True, normalized=False),
+                    AddedToken("caf\u00e9", normalized=True)])
+    return tok
+
+
 def main():
     out = sys.argv[1]
+    llama3_specials = ["<|begin_of_text|>", "<|end_of_text|>"]
     styles = {
-        "gpt2": (train(pre_tokenizers.ByteLevel(add_prefix_space=False), ["<|endoftext|>"]),
+        # GPT-2's own post-processor is ByteLevel: no BOS although tokenizer_config names one.
+        "gpt2": (train(pre_tokenizers.ByteLevel(add_prefix_space=False), ["<|endoftext|>"],
+                       post=processors.ByteLevel(trim_offsets=False)),
                  {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}),
         "gpt2_prefix_space": (train(pre_tokenizers.ByteLevel(add_prefix_space=True), ["<|endoftext|>"]), {}),
         "llama3": (train(pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
-            ["<|begin_of_text|>", "<|end_of_text|>"], ignore_merges=True),
+            llama3_specials, ignore_merges=True,
+            post=processors.Sequence([processors.ByteLevel(trim_offsets=False),
+                                      template("<|begin_of_text|> $A", llama3_specials[:1], llama3_specials)])),
             {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}),
         "qwen2": (train(pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(QWEN2), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
             ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], normalizer=normalizers.NFC()),
             {"eos_token": {"content": "<|im_end|>"}, "pad_token": "<|endoftext|>"}),
+        "flags": (flags_style(), {"bos_token": "<s>", "eos_token": "</s>"}),
     }
     expected = {}
     for name, (tok, cfg) in styles.items():
@@ -99,7 +136,7 @@ def main():
         for text in TEST:
             ids = tok.encode(text, add_special_tokens=False).ids
             k = len(ids) // 2
-            rows.append({"text": text, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False),
+            rows.append({"text": text, "ids": ids, "special_ids": tok.encode(text).ids, "decoded": tok.decode(ids, skip_special_tokens=False),
                          "prefix_ids": ids[:k], "prefix_decoded": tok.decode(ids[:k], skip_special_tokens=False)})
         expected[name] = {"rows": rows, "vocab_size": tok.get_vocab_size(with_added_tokens=True)}
     with open(os.path.join(out, "expected.json"), "w") as f:

@@ -1,8 +1,11 @@
-// Byte-level BPE from tokenizer.json against the `tokenizers` package: three styles (GPT-2 with and
-// without a prefix space, Llama 3, Qwen2 with NFC) trained by tests/python/hf_tokenizers.py give the
-// same ids and decoded text on a corpus of several languages, emoji, control bytes and whitespace.
+// Byte-level BPE from tokenizer.json against the `tokenizers` package: five styles (GPT-2 with and
+// without a prefix space, Llama 3, Qwen2 with NFC, and one with added tokens of every flag) trained
+// by tests/python/hf_tokenizers.py give the same ids (with and without the post-processor's special
+// tokens) and decoded text on a corpus of several languages, emoji, control bytes and whitespace.
+// Hugging Face directories with a SentencePiece-style tokenizer.json fall back to tokenizer.model.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -20,7 +23,7 @@ TEST(Bpe, MatchesTokenizersOnAMultilingualCorpus) {
   ASSERT_EQ(testing::run_test_script("hf_tokenizers.py", dir.str(), &out), 0) << out;
   std::ifstream in(dir / "expected.json");
   nlohmann::json expected = nlohmann::json::parse(in);
-  ASSERT_EQ(expected.size(), 4u);
+  ASSERT_EQ(expected.size(), 5u);
   for (auto& [style, e] : expected.items()) {
     SCOPED_TRACE(style);
     std::unique_ptr<Tokenizer> tok = load_bpe_tokenizer(dir / (style + "/tokenizer.json"));
@@ -32,6 +35,7 @@ TEST(Bpe, MatchesTokenizersOnAMultilingualCorpus) {
       SCOPED_TRACE("text: " + text);
       std::vector<int32_t> ids = tok->encode(text);
       EXPECT_EQ(ids, row["ids"].get<std::vector<int32_t>>());
+      EXPECT_EQ(tok->add_special_tokens(ids), row["special_ids"].get<std::vector<int32_t>>()) << "post-processor";
       EXPECT_EQ(tok->decode(row["ids"].get<std::vector<int32_t>>()), row["decoded"].get<std::string>());
       // Half the ids can end inside a character: the rest becomes U+FFFD, as in tokenizers.
       EXPECT_EQ(tok->decode(row["prefix_ids"].get<std::vector<int32_t>>()), row["prefix_decoded"].get<std::string>());
@@ -50,6 +54,83 @@ TEST(Bpe, MatchesTokenizersOnAMultilingualCorpus) {
   EXPECT_EQ(qwen2->encode("<|im_end|>"), std::vector<int32_t>{qwen2->eos_id()});
   EXPECT_EQ(qwen2->encode("<|endoftext|>"), std::vector<int32_t>{qwen2->pad_id()});
   EXPECT_EQ(qwen2->bos_id(), -1);
+  // GPT-2 names a BOS, but its post-processor (ByteLevel) adds none, as transformers' tokenizer().
+  EXPECT_EQ(gpt2->encode_with_special_tokens("Hello world"), gpt2->encode("Hello world"));
+  std::vector<int32_t> with_bos = llama3->encode("Hello world");
+  with_bos.insert(with_bos.begin(), llama3->bos_id());
+  EXPECT_EQ(llama3->encode_with_special_tokens("Hello world"), with_bos);
+  // load_tokenizer of a tokenizer.json opens its directory the same way.
+  EXPECT_EQ(load_tokenizer(dir / "llama3/tokenizer.json")->encode_with_special_tokens("Hello world"), with_bos);
+}
+
+// A Llama 2 / Mistral style directory: tokenizer.json is SentencePiece-style (Metaspace), so the
+// tokenizer.model beside it encodes; the special tokens follow tokenizer.json and tokenizer_config.json.
+TEST(Bpe, SentencePieceStyleDirectoriesUseTokenizerModel) {
+  TempDir dir("bpe_spm");
+  std::vector<std::string> docs;
+  for (int i = 0; i < 40; ++i)
+    docs.push_back("The quick brown fox " + std::to_string(i) + " jumps over the lazy dog. Hello world, again.");
+  train_sentencepiece(docs, dir / "tokenizer.model", {.vocab_size = 320});  // pad 0, unk 1, bos 2, eos 3
+  auto spm = load_sentencepiece(dir / "tokenizer.model");
+  nlohmann::json added = nlohmann::json::array();
+  for (auto [id, content] : std::vector<std::pair<int, const char*>>{{1, "<unk>"}, {2, "<s>"}, {3, "</s>"}})
+    added.push_back({{"id", id},
+                     {"content", content},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  nlohmann::json tj = {
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", false}}},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single",
+         {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"pair", nlohmann::json::array()},
+        {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {2}}, {"tokens", {"<s>"}}}}}}}},
+      {"model",
+       {{"type", "BPE"}, {"vocab", {{"<unk>", 1}, {"<s>", 2}, {"</s>", 3}}}, {"merges", nlohmann::json::array()}}}};
+  std::ofstream(dir / "tokenizer.json") << tj.dump();
+  std::ofstream(dir / "tokenizer_config.json") << R"({"bos_token": "<s>", "eos_token": "</s>", "pad_token": null})";
+
+  const std::string text = "Hello world, the lazy fox";
+  std::vector<int32_t> ids = spm->encode(text);
+  std::vector<std::unique_ptr<Tokenizer>> toks;
+  toks.push_back(load_hf_tokenizer(dir.str()));
+  toks.push_back(load_tokenizer(dir / "tokenizer.json"));
+  for (auto& tok : toks) {
+    EXPECT_EQ(tok->kind(), "sentencepiece");
+    EXPECT_EQ(tok->encode(text), ids);
+    EXPECT_EQ(tok->decode(ids), text);
+    std::vector<int32_t> with_bos = ids;
+    with_bos.insert(with_bos.begin(), 2);
+    EXPECT_EQ(tok->encode_with_special_tokens(text), with_bos);
+    EXPECT_EQ(tok->bos_id(), 2);
+    EXPECT_EQ(tok->eos_id(), 3);
+    EXPECT_EQ(tok->pad_id(), -1);
+  }
+  // Without tokenizer.json, tokenizer_config.json's add_bos_token / add_eos_token decide.
+  std::filesystem::remove(dir / "tokenizer.json");
+  std::ofstream(dir / "tokenizer_config.json") << R"({"add_bos_token": false, "add_eos_token": true})";
+  std::vector<int32_t> with_eos = ids;
+  with_eos.push_back(3);
+  EXPECT_EQ(load_hf_tokenizer(dir.str())->encode_with_special_tokens(text), with_eos);
+  std::ofstream(dir / "tokenizer_config.json") << R"({"add_bos_token": "yes"})";
+  std::string e = testing::error_of([&] { load_hf_tokenizer(dir.str()); });
+  EXPECT_NE(e.find("'add_bos_token' must be true or false"), std::string::npos) << e;
+  // A SentencePiece-style tokenizer.json without its tokenizer.model is refused, naming the fix.
+  std::ofstream(dir / "tokenizer.json") << tj.dump();
+  std::filesystem::remove(dir / "tokenizer.model");
+  e = testing::error_of([&] { load_tokenizer(dir / "tokenizer.json"); });
+  EXPECT_NE(e.find("tokenizer.model"), std::string::npos) << e;
+  EXPECT_NE(e.find("Metaspace"), std::string::npos) << e;
+  std::filesystem::remove(dir / "tokenizer.json");
+  e = testing::error_of([&] { load_hf_tokenizer(dir.str()); });
+  EXPECT_NE(e.find("no tokenizer.json or tokenizer.model"), std::string::npos) << e;
 }
 
 TEST(Bpe, InvalidUtf8InputEncodesByteByByteAndDecodesBack) {
@@ -103,6 +184,17 @@ TEST(Bpe, ErrorsNameTheFileAndTheUnsupportedPart) {
   std::ofstream(dir / "bad.json") << "{";
   e = testing::error_of([&] { load_bpe_tokenizer(dir / "bad.json"); });
   EXPECT_NE(e.find("not valid JSON"), std::string::npos) << e;
+  // A post-processor we cannot apply, and one whose special id is outside the vocabulary.
+  nlohmann::json pp = {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}}}, {"merges", nlohmann::json::array()}}},
+                       {"pre_tokenizer", {{"type", "ByteLevel"}}},
+                       {"post_processor", {{"type", "Custom"}}}};
+  std::ofstream(dir / "pp.json") << pp.dump();
+  e = testing::error_of([&] { load_bpe_tokenizer(dir / "pp.json"); });
+  EXPECT_NE(e.find("post_processor 'Custom' is not supported"), std::string::npos) << e;
+  pp["post_processor"] = {{"type", "RobertaProcessing"}, {"cls", {"<s>", 7}}, {"sep", {"</s>", 0}}};
+  std::ofstream(dir / "pp.json") << pp.dump();
+  e = testing::error_of([&] { load_bpe_tokenizer(dir / "pp.json"); });
+  EXPECT_NE(e.find("post_processor cls has id 7, outside the vocabulary [0, 1)"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -19,10 +19,20 @@
 
 namespace px::nn {
 
+// The special token ids of a model: generation_config.json's when the directory has one (what
+// transformers' generate() uses), else config.json's. -1 / empty: none.
+struct SpecialTokenIds {
+  int32_t bos = -1;
+  std::vector<int32_t> eos;  // configs may list several (Llama 3 instruct: end_of_text, eot_id, ...)
+  int32_t pad = -1;
+};
+
 struct Pretrained {
   std::string architecture;              // "LlamaForCausalLM", ...
   std::unique_ptr<TransformerLm> model;  // config from config.json (name: the model_type)
   std::vector<Array> params;             // f32, in model->store() order
+  SpecialTokenIds special;               // bos/eos/pad ids (generate's eos_ids, save_pretrained's)
+  std::string dir;                       // the directory it was read from
 };
 
 // The architectures (config.json "architectures") load_pretrained accepts.
@@ -51,9 +61,37 @@ Pretrained load_pretrained(const std::string& dir, const std::function<void(int,
 //   px::nn::load_pretrained_slices(dir, [&](int i, const px::BoxReader& r) { step.set_param(s, i, r); });
 Pretrained load_pretrained_slices(const std::string& dir, const std::function<void(int, const BoxReader&)>& sink);
 
-// Writes config.json and model.safetensors (f32) into `dir` (created if needed) in the layout of
-// `architecture`, or when empty the one the config implies: learned positions -> GPT2LMHeadModel,
-// qkv_bias -> Qwen2ForCausalLM, sliding_window -> MistralForCausalLM, else LlamaForCausalLM.
+// The special ids config.json (and generation_config.json when present) in `dir` declare.
+SpecialTokenIds read_special_token_ids(const std::string& dir);
+
+struct SavePretrainedOptions {
+  // The layout; empty: the one the config implies (learned positions -> GPT2LMHeadModel, qkv_bias
+  // -> Qwen2ForCausalLM, sliding_window -> MistralForCausalLM, else LlamaForCausalLM).
+  std::string architecture;
+  // Written to config.json and generation_config.json; ids not given are written as null (so
+  // transformers does not fall back to its defaults, e.g. Llama's eos 2, GPT-2's 50256).
+  SpecialTokenIds special;
+  // The tensors' dtype: f32, bf16 or f16 (round to nearest even); config.json's torch_dtype and
+  // dtype say which.
+  DType dtype = DType::f32;
+  // > 0: shards of at most this many bytes (a tensor larger than that gets a shard of its own),
+  // model-0000i-of-0000n.safetensors and model.safetensors.index.json; 0: one model.safetensors.
+  int64_t max_shard_bytes = 0;
+  // A directory whose tokenizer files (tokenizer.json, tokenizer_config.json, tokenizer.model,
+  // special_tokens_map.json, vocab.json, merges.txt, added_tokens.json, chat_template.jinja)
+  // are copied beside the weights; empty: none copied.
+  std::string tokenizer_from;
+};
+
+// What reproduces `p` as it was read: its architecture, special ids and tokenizer files.
+SavePretrainedOptions save_options_of(const Pretrained& p);
+
+// Writes config.json, generation_config.json and the weights (model.safetensors, or shards and
+// their index) into `dir` (created if needed); weights files of an earlier save in another form
+// (one file or shards) are removed. Throws px::Error naming the param, option or file at fault.
+void save_pretrained(const TransformerLm& model, const std::vector<Array>& params, const std::string& dir,
+                     const SavePretrainedOptions& opt);
+// The same with only the architecture given: f32, one file, no special ids, no tokenizer.
 void save_pretrained(const TransformerLm& model, const std::vector<Array>& params, const std::string& dir,
                      const std::string& architecture = "");
 
@@ -65,7 +103,10 @@ struct GenerateOptions {
   int64_t top_k = 0;         // > 0: sample among the k most likely tokens
   double top_p = 1.0;        // < 1: sample among the smallest set whose probability reaches top_p
   uint64_t seed = 0;
-  int32_t eos_id = -1;  // a row stops after emitting it (later positions repeat it)
+  // A row stops after emitting eos_id or any of eos_ids (its later positions repeat that id); when
+  // every row has stopped, generation ends early.
+  int32_t eos_id = -1;
+  std::vector<int32_t> eos_ids;
   // Cache length: the prompt plus max_new_tokens when 0; at most the model's max_seq_len.
   int64_t max_len = 0;
   // false: recompute the whole sequence for every token (the reference the cache is tested against).
@@ -74,8 +115,10 @@ struct GenerateOptions {
   std::vector<double>* token_seconds = nullptr;
 };
 
-// Continues each prompt (all of one length) by max_new_tokens tokens; returns only the new ids.
-// With the cache, a prefill program runs the prompt once and a one-token decode program (over a
+// Continues each prompt by max_new_tokens tokens; returns only the new ids. Prompts may differ in
+// length: each row keeps its own positions (its cache slots, rotary angles and learned position
+// rows are its own, its mask covers its own tokens), so a row decodes exactly as it would alone.
+// With the cache, a prefill program runs the prompts once and a one-token decode program (over a
 // fixed cache length) produces each following token, so every new token costs the same.
 std::vector<std::vector<int32_t>> generate(const TransformerLm& model, const std::vector<Array>& params,
                                            const std::vector<std::vector<int32_t>>& prompts,

@@ -36,6 +36,12 @@ const ArchSpec& llama_arch();
 const ArchSpec& mistral_arch();
 const ArchSpec& qwen2_arch();
 
+// The spec named `name` (config.json's architectures[0]); throws px::Error naming `where` and
+// listing the supported ones.
+const ArchSpec& arch_by_name(const std::string& name, const std::string& where);
+// The HF shape of tensor m whose params (in m.ours order) are `specs`.
+Shape hf_tensor_shape(const TensorMap& m, const std::vector<const ParamSpec*>& specs);
+
 // ---- helpers shared by the mapping files ---------------------------------------------------------
 // Reads cfg[key] as T, or `fallback` when absent or null; throws px::Error naming the file and key
 // when the value has the wrong type.

@@ -1,4 +1,4 @@
-// load_pretrained / save_pretrained: the architecture-independent part. Finds the files, maps them,
+// load_pretrained: the architecture-independent part (save_pretrained is in save.cc). Finds the files, maps them,
 // and moves each tensor through its architecture's TensorMap.
 #include <algorithm>
 #include <filesystem>
@@ -257,6 +257,8 @@ Pretrained load(const std::string& dir, const std::function<void(int, Array)>* s
     }
   }
   if (sink || slices) out.params.clear();
+  out.special = read_special_token_ids(dir);
+  out.dir = dir;
   return out;
 }
 
@@ -272,78 +274,9 @@ Pretrained load_pretrained_slices(const std::string& dir, const std::function<vo
   return load(dir, nullptr, &sink);
 }
 
-void save_pretrained(const TransformerLm& model, const std::vector<Array>& params, const std::string& dir,
-                     const std::string& architecture) {
-  const LmConfig& cfg = model.config();
-  std::string name = architecture;
-  if (name.empty())
-    name = cfg.positions == PositionKind::learned ? "GPT2LMHeadModel"
-           : cfg.qkv_bias                         ? "Qwen2ForCausalLM"
-           : cfg.sliding_window > 0               ? "MistralForCausalLM"
-                                                  : "LlamaForCausalLM";
-  const ArchSpec& arch = arch_named(name, "[save_pretrained]");
-  ParamStore& store = model.store();
-  if (static_cast<int>(params.size()) != store.size())
-    throw Error("[save_pretrained] " + std::to_string(params.size()) + " params given, the model has " +
-                std::to_string(store.size()) + "; pass the arrays of model.store() in order");
-  for (int i = 0; i < store.size(); ++i)
-    if (params[i].shape() != store.spec(i).type.shape)
-      throw Error("[save_pretrained] param '" + store.spec(i).path + "' has shape " + shape_text(params[i].shape()) +
-                  ", the model declares " + shape_text(store.spec(i).type.shape));
-  // The config must round-trip: the mapping decides which params exist, so check it covers all.
-  nlohmann::json j = arch.to_json(cfg);
-  LmConfig back = arch.from_json(j, name);
-  auto& bs = back;
-  if (bs.positions != cfg.positions || bs.norm != cfg.norm || bs.mlp != cfg.mlp || bs.bias != cfg.bias ||
-      bs.qkv_bias != cfg.qkv_bias || bs.sliding_window != cfg.sliding_window)
-    throw Error("[save_pretrained] the model '" + cfg.name + "' does not have the " + name +
-                " layout (norm, MLP, positions, biases or window differ); pick the architecture that matches it");
-
-  std::vector<std::string> names;
-  std::vector<Array> arrays;
-  std::vector<bool> covered(store.size(), false);
-  for (const TensorMap& m : arch.tensors(cfg)) {
-    std::vector<const ParamSpec*> specs;
-    std::vector<const Array*> ins;
-    for (auto& p : m.ours) {
-      int i = store.index_of(p);
-      specs.push_back(&store.spec(i));
-      ins.push_back(&params[i]);
-      covered[i] = true;
-    }
-    Shape hf = hf_shape_of(m, specs);
-    Array t(DType::f32, hf);
-    float* dst = t.data<float>();
-    const bool two_d = hf.size() == 2;
-    const int64_t hf_cols = two_d ? hf[1] : hf[0];
-    int64_t c0 = 0;
-    for (const Array* a : ins) {
-      std::vector<float> v = a->to_f32();
-      const int64_t ck = a->shape().back(), rows = static_cast<int64_t>(v.size()) / ck;
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < ck; ++c) {
-          const float x = v[r * ck + c];
-          if (m.transpose)
-            dst[(c0 + c) * hf_cols + r] = x;
-          else
-            dst[r * hf_cols + c0 + c] = x;
-        }
-      c0 += ck;
-    }
-    names.push_back(m.hf);
-    arrays.push_back(std::move(t));
-  }
-  for (int i = 0; i < store.size(); ++i)
-    if (!covered[i])
-      throw Error("[save_pretrained] param '" + store.spec(i).path + "' has no place in the " + name + " layout");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw Error(dir + ": cannot create the directory: " + ec.message());
-  save_safetensors((fs::path(dir) / "model.safetensors").string(), names, arrays, {{"format", "pt"}});
-  const std::string cfg_path = (fs::path(dir) / "config.json").string();
-  std::ofstream out(cfg_path);
-  out << j.dump(2) << "\n";
-  if (!out) throw Error(cfg_path + ": write failed");
-}
+namespace detail {
+const ArchSpec& arch_by_name(const std::string& name, const std::string& where) { return arch_named(name, where); }
+Shape hf_tensor_shape(const TensorMap& m, const std::vector<const ParamSpec*>& specs) { return hf_shape_of(m, specs); }
+}  // namespace detail
 
 }  // namespace px::nn
