@@ -24,13 +24,18 @@ void check_process(const Mesh& mesh, int process, const char* who) {
                 std::to_string(mesh.num_processes()) + " process(es) of " + mesh.to_string());
 }
 
+}  // namespace
+
+namespace detail {
+
 // A ShardedArray that can be read: this process's shards all there and of the local type. A
 // default-constructed ShardedArray{} has none; mutable_shards() can leave others incomplete.
+// Throws px::UserError("[<who>] ..."). Not static: the executor's run checks its inputs with it.
 void check_complete(const ShardedArray& a, const char* who) {
   const std::vector<int> mine = a.positions();
   if (a.shards().empty() && !mine.empty())
     throw UserError(std::string("[") + who +
-                    "] the ShardedArray has no shards (a default-constructed ShardedArray{}, or one moved from); make "
+                    "] the ShardedArray has no shards (default-constructed, moved from or cleared); make "
                     "one with px::shard(array, sharding) or ShardedArray(type, sharding, shards)");
   if (a.shards().size() != mine.size())
     throw UserError(std::string("[") + who + "] the ShardedArray of " + type_str(a.type()) + " on " +
@@ -46,6 +51,10 @@ void check_complete(const ShardedArray& a, const char* who) {
           ", expected " + type_str(local));
 }
 
+}  // namespace detail
+
+namespace {
+using detail::check_complete;
 }  // namespace
 
 ShardedArray::ShardedArray(TensorType global, Sharding sharding, std::vector<Array> shards, int process)

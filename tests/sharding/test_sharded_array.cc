@@ -84,7 +84,7 @@ TEST(ShardedArray, EmptyOrIncompleteArraysAreErrorsNotCrashes) {
   const ShardedArray empty;
   std::string e = testing::error_of([&] { gather(empty); });
   EXPECT_EQ(e,
-            "[gather] the ShardedArray has no shards (a default-constructed ShardedArray{}, or one moved from); "
+            "[gather] the ShardedArray has no shards (default-constructed, moved from or cleared); "
             "make one with px::shard(array, sharding) or ShardedArray(type, sharding, shards)");
   EXPECT_THROW(gather(empty), UserError);
   e = testing::error_of([&] { empty.shard(0); });
