@@ -1,6 +1,7 @@
 // Reading checkpoints: metadata, restore onto any sharding (only the chunks that the requested
 // shards overlap are read), checksum verification, and safetensors export/import.
 #include <algorithm>
+#include <charconv>
 #include <map>
 #include <optional>
 
@@ -333,11 +334,11 @@ Checkpoint import_safetensors(const std::string& path, const RestoreOptions& opt
     if (!f.contains(n)) f.get(n);
   Checkpoint c;
   if (auto it = f.metadata.find("step"); it != f.metadata.end()) {
-    try {
-      c.step = std::stoll(it->second);
-    } catch (const std::exception&) {
-      c.step = 0;
-    }
+    const std::string& t = it->second;
+    auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), c.step);
+    if (ec != std::errc() || end != t.data() + t.size() || c.step < 0)
+      throw UserError("[checkpoint] " + path + ": the metadata's step '" + t +
+                      "' is not a step (an integer >= 0); fix or remove the \"step\" entry of the file's metadata");
   }
   for (size_t i = 0; i < f.names.size(); ++i) {
     const std::string& n = f.names[i];

@@ -393,6 +393,13 @@ TEST_F(CheckpointTest, ExportToSafetensorsAndImport) {
   EXPECT_EQ(back.step, 30);
   EXPECT_EQ(back.get("w.f32").sharding(), o.shardings["w.f32"]);
   for (auto& n : back.names()) EXPECT_TRUE(same_bits(back.full(n), s.full[n])) << n;
+  // A step that is not one was read as step 0.
+  for (const std::string bad : {"abc", "-4", "12x", ""}) {
+    save_safetensors(path("bad_step.safetensors"), {"w"}, {s.full["b.f32"]}, {{"step", bad}});
+    EXPECT_EQ(error_of([&] { import_safetensors(path("bad_step.safetensors")); }),
+              "[checkpoint] " + path("bad_step.safetensors") + ": the metadata's step '" + bad +
+                  "' is not a step (an integer >= 0); fix or remove the \"step\" entry of the file's metadata");
+  }
 }
 
 // A chunk file's checksum covers its bytes only: a chunk swapped with another of the same size,
