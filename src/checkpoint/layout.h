@@ -6,7 +6,7 @@
 //     metadata.json                   step, config, data/RNG state, arrays and their shardings
 //     zarr.json                       a Zarr v3 group over the arrays
 //     <array name>/zarr.json          a Zarr v3 array; chunk grid = shard grid
-//     <array name>/c/<i>/<j>          one chunk per distinct shard: zstd frame + crc32c
+//     <array name>/c/<i>/<j>          one chunk per distinct shard: zstd frame + tag + crc32c
 #pragma once
 
 #include <cstdint>
