@@ -21,6 +21,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     int64_t n = 1;
     for (const auto& a : m.axes()) n *= a.size;
     if (n != devices.count || m.size() != n) std::abort();
+    // Axis names are names: nothing of the text's syntax ('{', ':', ',', spaces) ends up in one.
+    for (const auto& a : m.axes())
+      if (a.name.find_first_of("{}:, \t") != std::string::npos) std::abort();
   } catch (const px::Error&) {
   }
   return 0;

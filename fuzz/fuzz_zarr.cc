@@ -1,6 +1,6 @@
-// The checkpoint readers on arbitrary bytes: a Zarr v3 array's zarr.json, a chunk (zstd frame +
-// crc32c) decoded into a buffer of a given size, and a checkpoint's metadata.json. The first byte
-// picks the reader; the rest is its input.
+// The checkpoint readers on arbitrary bytes: a Zarr v3 array's zarr.json, a chunk (zstd frame, an
+// optional tag frame, crc32c) decoded into a buffer of a given size, and a checkpoint's
+// metadata.json. The first byte picks the reader; the rest is its input.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -24,12 +24,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (again.type != m.type || again.chunk_shape != m.chunk_shape) std::abort();
     } else if (which == 1) {
       std::vector<char> out(data[1]);
-      std::string err = px::zarr::decode_chunk(rest, n, out.data(), out.size());
-      if (err.empty()) {  // a chunk that decodes must encode back to one that decodes the same
+      std::string tag;
+      std::string err = px::zarr::decode_chunk(rest, n, out.data(), out.size(), &tag);
+      if (err.empty()) {  // a chunk that decodes must encode back to one that decodes the same, tag included
         std::vector<char> enc, back(out.size());
-        px::zarr::encode_chunk(out.data(), out.size(), 1, enc);
-        if (!px::zarr::decode_chunk(enc.data(), enc.size(), back.data(), back.size()).empty() || back != out)
+        std::string tag_back;
+        px::zarr::encode_chunk(out.data(), out.size(), 1, enc, tag);
+        if (!px::zarr::decode_chunk(enc.data(), enc.size(), back.data(), back.size(), &tag_back).empty() ||
+            back != out || tag_back != tag)
           std::abort();
+        (void)px::ckpt::describe_chunk_tag(tag);
       }
     } else {
       px::CheckpointInfo info = px::ckpt::parse_metadata(std::string(rest, n), "fuzz");

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "io/regular_file.h"
 #include "parallax/core.h"
 
 namespace px::ckpt_fs {
@@ -66,7 +67,7 @@ void fsync_all(const std::vector<std::string>& paths) {
 }
 
 std::string read_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = io::open_for_reading(path, "[checkpoint] ");
   if (fd < 0) fail(path, "cannot open");
   struct stat st;
   if (::fstat(fd, &st) != 0) {
@@ -91,7 +92,7 @@ std::string read_file(const std::string& path) {
 }
 
 void read_file(const std::string& path, std::vector<char>& out) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = io::open_for_reading(path, "[checkpoint] ");
   if (fd < 0) fail(path, "cannot open");
   struct stat st;
   if (::fstat(fd, &st) != 0) {

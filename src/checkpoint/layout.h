@@ -6,7 +6,7 @@
 //     metadata.json                   step, config, data/RNG state, arrays and their shardings
 //     zarr.json                       a Zarr v3 group over the arrays
 //     <array name>/zarr.json          a Zarr v3 array; chunk grid = shard grid
-//     <array name>/c/<i>/<j>          one chunk per distinct shard: zstd frame + crc32c
+//     <array name>/c/<i>/<j>          one chunk per distinct shard: zstd frame + tag + crc32c
 #pragma once
 
 #include <cstdint>
@@ -48,8 +48,18 @@ Shape chunk_shape(const TensorType& type, const Sharding& s);
 void validate_array_name(const std::string& name);
 std::string mesh_text(const Mesh& m);  // "data:4,model:2"; "" for a mesh without axes
 
+// Every chunk file carries a tag naming its step, array and chunk key (zarr::encode_chunk), so a
+// chunk moved from another array or position, or left from another step, is refused on restore
+// instead of restoring as other values. metadata.json's "chunk_tags" says the checkpoint's chunks
+// have them (absent in checkpoints written before: their chunks are read unchecked).
+inline constexpr int kChunkTagVersion = 1;
+std::string chunk_tag(int64_t step, const std::string& array, const std::string& key);
+// "chunk c/0/1 of array 'w' of step 100" for a tag (or what is odd about it), for messages.
+std::string describe_chunk_tag(const std::string& tag);
+
 std::string metadata_json(const Checkpoint& c);
-CheckpointInfo parse_metadata(const std::string& text, const std::string& where);
+// `chunk_tags`, when given, receives the metadata's "chunk_tags" (0 when absent).
+CheckpointInfo parse_metadata(const std::string& text, const std::string& where, int64_t* chunk_tags = nullptr);
 // The text of a JSON document, checked; throws naming `what` when it is not JSON.
 std::string checked_json(const std::string& text, const std::string& what);
 

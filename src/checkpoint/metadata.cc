@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <map>
+#include <set>
 
 #include "checkpoint/fs.h"
 #include "io/json_number.h"
@@ -136,6 +137,24 @@ std::string checked_json(const std::string& text, const std::string& what) {
   }
 }
 
+std::string chunk_tag(int64_t step, const std::string& array, const std::string& key) {
+  return "parallax-chunk/" + std::to_string(kChunkTagVersion) + "\n" + std::to_string(step) + "\n" + key + "\n" + array;
+}
+
+std::string describe_chunk_tag(const std::string& tag) {
+  // Fields as chunk_tag writes them; the array name comes last and may hold anything.
+  std::vector<std::string> f;
+  size_t start = 0;
+  for (int i = 0; i < 3; ++i) {
+    size_t nl = tag.find('\n', start);
+    if (nl == std::string::npos) return "a chunk tag of another format";
+    f.push_back(tag.substr(start, nl - start));
+    start = nl + 1;
+  }
+  if (f[0].rfind("parallax-chunk/", 0) != 0) return "a chunk tag of another format";
+  return "chunk " + f[2] + " of array '" + tag.substr(start) + "' of step " + f[1];
+}
+
 std::string metadata_json(const Checkpoint& c) {
   json arrays = json::array();
   for (const CheckpointEntry& e : c.entries) {
@@ -155,11 +174,12 @@ std::string metadata_json(const Checkpoint& c) {
             {"config", json::parse(c.config_json)},
             {"data_state", json::parse(c.data_state_json)},
             {"rng_state", json::parse(c.rng_state_json)},
+            {"chunk_tags", kChunkTagVersion},
             {"arrays", arrays}};
   return j.dump(2) + "\n";
 }
 
-CheckpointInfo parse_metadata(const std::string& text, const std::string& where) {
+CheckpointInfo parse_metadata(const std::string& text, const std::string& where, int64_t* chunk_tags) {
   json j;
   try {
     j = json::parse(text);
@@ -179,9 +199,27 @@ CheckpointInfo parse_metadata(const std::string& text, const std::string& where)
     info.config_json = j.at("config").dump();
     info.data_state_json = j.at("data_state").dump();
     info.rng_state_json = j.at("rng_state").dump();
+    if (info.step < 0) throw Error(where + ": step " + std::to_string(info.step) + " is negative; restore the file");
+    const int64_t tags = j.contains("chunk_tags") ? json_int(j["chunk_tags"], where + ": chunk_tags") : 0;
+    if (tags < 0 || tags > kChunkTagVersion)
+      throw Error(where + ": chunk_tags " + std::to_string(tags) +
+                  " is not a chunk tag version this library reads (0 .. " + std::to_string(kChunkTagVersion) +
+                  "); upgrade parallax");
+    if (chunk_tags) *chunk_tags = tags;
+    std::set<std::string> names;
     for (const json& a : j.at("arrays")) {
       CheckpointArrayInfo ai;
       ai.name = a.at("name").get<std::string>();
+      // The name is a directory of the checkpoint: "../x" or "/x" would read outside it.
+      try {
+        validate_array_name(ai.name);
+      } catch (const Error& e) {
+        std::string why = e.what();
+        if (why.rfind("[checkpoint] ", 0) == 0) why.erase(0, 13);
+        throw Error(where + ": " + why + "; the metadata is corrupt or not written by parallax: restore it");
+      }
+      if (!names.insert(ai.name).second)
+        throw Error(where + ": array '" + ai.name + "' is listed twice; the metadata is corrupt: restore it");
       ai.group = a.at("group").get<std::string>();
       ai.type.dtype = dtype_from_name(a.at("dtype").get<std::string>());
       ai.type.shape = json_shape(a.at("shape"), where + ": shape");

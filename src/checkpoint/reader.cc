@@ -1,7 +1,9 @@
 // Reading checkpoints: metadata, restore onto any sharding (only the chunks that the requested
 // shards overlap are read), checksum verification, and safetensors export/import.
 #include <algorithm>
+#include <charconv>
 #include <map>
+#include <optional>
 
 #include "checkpoint/fs.h"
 #include "checkpoint/layout.h"
@@ -103,7 +105,7 @@ void plan_array(ArrayPlan& a, size_t array_index, std::vector<ChunkTask>& tasks)
 
 // Reads, checks and decodes one chunk into the blocks it overlaps (chunks touch disjoint parts
 // of the blocks, so tasks run concurrently). `file` and `chunk` are the worker's scratch.
-void read_chunk(ArrayPlan& a, const ChunkTask& t, const std::string& checkpoint_dir, int64_t step,
+void read_chunk(ArrayPlan& a, const ChunkTask& t, const std::string& checkpoint_dir, int64_t step, bool tagged,
                 std::vector<char>& file, std::vector<char>& chunk) {
   const int rank = a.type.rank();
   const int64_t elem = dtype_size(a.type.dtype);
@@ -119,8 +121,19 @@ void read_chunk(ArrayPlan& a, const ChunkTask& t, const std::string& checkpoint_
   Block& first = a.blocks[t.hits[0]];
   const bool exact = t.hits.size() == 1 && a.cshape == a.local && first.offset == t.begin;
   void* out = exact ? first.data.raw() : (chunk.resize(chunk_bytes), chunk.data());
-  std::string err = zarr::decode_chunk(file.data(), file.size(), out, chunk_bytes);
+  std::string tag;
+  std::string err = zarr::decode_chunk(file.data(), file.size(), out, chunk_bytes, &tag);
   if (!err.empty()) fail(err);
+  // The tag binds the file to this array, chunk and step: a chunk swapped with another, or one left
+  // from another save, would otherwise restore as other values with a valid checksum.
+  const std::string want = chunk_tag(step, a.name, key);
+  if (tag.empty() && tagged)
+    fail(
+        "the chunk file has no tag naming its array, chunk and step, which every chunk of this checkpoint has: "
+        "it was copied from elsewhere");
+  if (!tag.empty() && tag != want)
+    fail("the chunk file holds " + describe_chunk_tag(tag) + ", not " + describe_chunk_tag(want) +
+         ": it was moved or copied from elsewhere");
   if (exact) return;
   for (size_t h : t.hits) {
     Block& b = a.blocks[h];
@@ -155,18 +168,37 @@ void require_committed(const std::string& checkpoint_dir) {
                 steps_text(committed_steps(parent_of(checkpoint_dir))));
 }
 
-}  // namespace
-
-CheckpointInfo read_checkpoint_info(const std::string& checkpoint_dir) {
+// The metadata, checked against the directory's name and the commit marker: a step that disagrees
+// with them would make a resumed run and an eval of "step N" read different states.
+CheckpointInfo read_info(const std::string& checkpoint_dir, int64_t* chunk_tags) {
   require_committed(checkpoint_dir);
   const std::string mpath = checkpoint_dir + "/" + kMetadata;
-  CheckpointInfo info = parse_metadata(ckpt_fs::read_file(mpath), "[checkpoint] " + mpath);
+  CheckpointInfo info = parse_metadata(ckpt_fs::read_file(mpath), "[checkpoint] " + mpath, chunk_tags);
   info.path = checkpoint_dir;
+  std::string base = checkpoint_dir;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  base = base.substr(base.find_last_of('/') == std::string::npos ? 0 : base.find_last_of('/') + 1);
+  if (std::optional<int64_t> named = parse_step_dir(base); named && *named != info.step)
+    throw Error("[checkpoint] " + mpath + " says step " + std::to_string(info.step) + " but its directory is " + base +
+                " (step " + std::to_string(*named) +
+                "); a checkpoint directory was renamed or its metadata replaced: give it back its name (" +
+                step_dir_name(info.step) + ") or restore another step; " + earlier_hint(checkpoint_dir, *named));
+  const std::string marker = ckpt_fs::read_file(checkpoint_dir + "/" + kMarker);
+  if (marker.rfind("step ", 0) == 0 && marker != "step " + std::to_string(info.step) + "\n")
+    throw Error("[checkpoint] " + checkpoint_dir + "/" + kMarker + " commits " + marker.substr(0, marker.find('\n')) +
+                " but " + mpath + " says step " + std::to_string(info.step) +
+                "; the metadata was replaced after the commit: restore another step; " +
+                earlier_hint(checkpoint_dir, info.step));
   return info;
 }
 
+}  // namespace
+
+CheckpointInfo read_checkpoint_info(const std::string& checkpoint_dir) { return read_info(checkpoint_dir, nullptr); }
+
 Checkpoint read_checkpoint(const std::string& checkpoint_dir, const RestoreOptions& options) {
-  CheckpointInfo info = read_checkpoint_info(checkpoint_dir);
+  int64_t chunk_tags = 0;
+  CheckpointInfo info = read_info(checkpoint_dir, &chunk_tags);
   auto has = [&](const std::string& n) {
     return std::any_of(info.arrays.begin(), info.arrays.end(), [&](const CheckpointArrayInfo& a) { return a.name == n; });
   };
@@ -180,6 +212,25 @@ Checkpoint read_checkpoint(const std::string& checkpoint_dir, const RestoreOptio
     if (!has(n)) missing(n, "RestoreOptions::shardings");
   for (const std::string& n : options.only)
     if (!has(n)) missing(n, "RestoreOptions::only");
+  if (!options.group.empty()) {
+    std::vector<std::string> groups;
+    for (const CheckpointArrayInfo& a : info.arrays)
+      if (std::find(groups.begin(), groups.end(), a.group) == groups.end()) groups.push_back(a.group);
+    auto quoted = [](const std::vector<std::string>& v) {
+      std::string s;
+      for (const std::string& x : v) s += (s.empty() ? "'" : ", '") + x + "'";
+      return s.empty() ? std::string("(none)") : s;
+    };
+    if (std::find(groups.begin(), groups.end(), options.group) == groups.end())
+      throw Error("[checkpoint] " + checkpoint_dir + " has no arrays in group '" + options.group +
+                  "'; its groups: " + quoted(groups) + " (RestoreOptions::group)");
+    for (const std::string& n : options.only)
+      for (const CheckpointArrayInfo& a : info.arrays)
+        if (a.name == n && a.group != options.group)
+          throw Error("[checkpoint] " + checkpoint_dir + ": RestoreOptions::only names array '" + n +
+                      "', which is in group '" + a.group + "', not in RestoreOptions::group '" + options.group +
+                      "'; drop one of the two filters");
+  }
 
   Checkpoint c(info.step);
   c.config_json = info.config_json;
@@ -229,7 +280,7 @@ Checkpoint read_checkpoint(const std::string& checkpoint_dir, const RestoreOptio
   std::vector<std::vector<char>> files(kIoThreads), chunks(kIoThreads);
   ckpt_fs::parallel_for(tasks.size(), kIoThreads, [&](size_t i, int w) {
     try {
-      read_chunk(plans[tasks[i].array], tasks[i], checkpoint_dir, info.step, files[w], chunks[w]);
+      read_chunk(plans[tasks[i].array], tasks[i], checkpoint_dir, info.step, chunk_tags > 0, files[w], chunks[w]);
     } catch (const Error& e) {
       errors[i] = e.what();
     }
@@ -283,11 +334,11 @@ Checkpoint import_safetensors(const std::string& path, const RestoreOptions& opt
     if (!f.contains(n)) f.get(n);
   Checkpoint c;
   if (auto it = f.metadata.find("step"); it != f.metadata.end()) {
-    try {
-      c.step = std::stoll(it->second);
-    } catch (const std::exception&) {
-      c.step = 0;
-    }
+    const std::string& t = it->second;
+    auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), c.step);
+    if (ec != std::errc() || end != t.data() + t.size() || c.step < 0)
+      throw UserError("[checkpoint] " + path + ": the metadata's step '" + t +
+                      "' is not a step (an integer >= 0); fix or remove the \"step\" entry of the file's metadata");
   }
   for (size_t i = 0; i < f.names.size(); ++i) {
     const std::string& n = f.names[i];

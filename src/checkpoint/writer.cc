@@ -101,6 +101,17 @@ CheckpointManager::CheckpointManager(std::string dir, CheckpointOptions options)
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
   if (options_.keep_last < 0) throw Error("[checkpoint] keep_last must be >= 0 (0 keeps every checkpoint)");
   if (options_.keep_every < 0) throw Error("[checkpoint] keep_every must be >= 0 (0: none kept for their step)");
+  // zstd clamps an out-of-range level when it compresses, but the level is also written to each
+  // array's zarr.json, which readers check: refuse it here rather than commit what cannot be read.
+  const int lo = zarr::min_zstd_level(), hi = zarr::max_zstd_level();
+  if (options_.zstd_level < lo || options_.zstd_level > hi)
+    throw UserError("[checkpoint] zstd_level " + std::to_string(options_.zstd_level) + " is out of range; use " +
+                    std::to_string(lo) + " .. " + std::to_string(hi) +
+                    " (1: fast, the default; higher: smaller and slower; 0: zstd's default, 3; negative: faster and "
+                    "larger)");
+  if (options_.background_nice < 0 || options_.background_nice > 19)
+    throw UserError("[checkpoint] background_nice " + std::to_string(options_.background_nice) +
+                    " is out of range; use a nice value 0 .. 19 (19, the default: yield the cores to training)");
 }
 
 CheckpointManager::~CheckpointManager() {
@@ -257,8 +268,10 @@ void CheckpointManager::write(Job& job) {
     auto& [a, c] = tasks[t];
     const auto& [index, data] = a->chunks[c];
     std::vector<char>& buf = bufs[worker];
-    zarr::encode_chunk(data.raw(), static_cast<size_t>(data.nbytes()), a->meta.zstd_level, buf);
-    ckpt_fs::write_file(tmp + "/" + a->name + "/" + zarr::chunk_key(index), buf.data(), buf.size(), /*sync=*/false);
+    const std::string key = zarr::chunk_key(index);
+    zarr::encode_chunk(data.raw(), static_cast<size_t>(data.nbytes()), a->meta.zstd_level, buf,
+                       chunk_tag(job.step, a->name, key));
+    ckpt_fs::write_file(tmp + "/" + a->name + "/" + key, buf.data(), buf.size(), /*sync=*/false);
     pause();
   });
   if (primary) {

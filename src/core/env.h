@@ -16,6 +16,9 @@ namespace px {
 
 struct EnvConfig {
   int num_threads = 0;                  // PX_NUM_THREADS: OpenMP threads for kernels (0 = default)
+  // Set when PX_NUM_THREADS asked for more threads than the cores available (num_threads is then
+  // the core count): the warning apply_thread_settings() logs once.
+  std::string num_threads_note;
   LogLevel log_level = LogLevel::warn;  // PX_LOG_LEVEL: debug | info | warn | error | off
   std::string dump_dir;                 // PX_DUMP: where each pass writes its program as text ("" = nowhere)
   bool disable_fusion = false;          // PX_DISABLE_FUSION=1: compile every elementwise op alone
@@ -44,7 +47,10 @@ const EnvConfig& env();
 std::pair<std::string, int64_t> parse_device_text(const std::string& text, const std::string& where);
 
 // The parser behind env(), reading variables through `get` (which returns nullptr when unset).
-EnvConfig parse_env(const std::function<const char*(const char*)>& get);
+// PX_NUM_THREADS is capped at `cores` (0: available_cores()).
+EnvConfig parse_env(const std::function<const char*(const char*)>& get, int cores = 0);
+// The cores this process may run on (its CPU affinity), at least 1.
+int available_cores();
 
 struct EnvVariable {
   const char* name;

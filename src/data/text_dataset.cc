@@ -14,7 +14,9 @@
 #include <thread>
 #include <unistd.h>
 
+#include "core/log.h"
 #include "data/text_internal.h"
+#include "io/regular_file.h"
 #include "parallax/text_data.h"
 
 namespace px::data {
@@ -75,32 +77,62 @@ std::string corpus_key(const std::vector<fs::path>& files, int64_t max_documents
   return k;
 }
 
-// Token cache file: magic, document count, token count, document offsets, tokens.
-constexpr char kTokenMagic[8] = {'P', 'X', 'T', 'O', 'K', '0', '1', '\n'};
+}  // namespace
 
-struct TokenizedCorpus {
-  std::vector<int64_t> offsets{0};  // document d is tokens[offsets[d], offsets[d + 1])
-  std::vector<int32_t> tokens;
-  int64_t documents() const { return static_cast<int64_t>(offsets.size()) - 1; }
-};
-
-bool load_tokens(const fs::path& path, TokenizedCorpus& out) {
+bool read_token_cache(const fs::path& path, int64_t vocab_size, TokenizedCorpus& out) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return false;
+  const std::string where = "[data] token cache '" + path.string() + "'";
+  io::require_regular_file(path.string(), "[data] token cache ");
+  auto bad = [&](const std::string& what) {
+    throw Error(where + " is not a valid cache: " + what + "; delete it and it is rebuilt from the corpus");
+  };
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec) bad("cannot read its size (" + ec.message() + ")");
   std::ifstream f(path, std::ios::binary);
-  if (!f) return false;
+  if (!f) bad("cannot be opened");
   char magic[8];
   uint64_t nd = 0, nt = 0;
   f.read(magic, 8);
   f.read(reinterpret_cast<char*>(&nd), 8);
   f.read(reinterpret_cast<char*>(&nt), 8);
-  if (!f || std::memcmp(magic, kTokenMagic, 8) != 0) return false;
-  std::error_code ec;
-  if (fs::file_size(path, ec) != 24 + 8 * (nd + 1) + 4 * nt) return false;  // truncated: rebuild
+  if (!f || size < 24) bad(std::to_string(size) + " bytes, shorter than its 24-byte header");
+  if (std::memcmp(magic, kTokenMagic, 8) != 0) bad("it does not start with the token cache's magic bytes");
+  // The counts are bounded by the file's size before anything is sized by them.
+  const uint64_t body = size - 24;
+  const std::string counts =
+      "its header says " + std::to_string(nd) + " documents and " + std::to_string(nt) + " tokens";
+  if (nd >= body / 8 || nt > (body - 8 * (nd + 1)) / 4)
+    bad(counts + ", more than its " + std::to_string(size) + " bytes hold");
+  if (body != 8 * (nd + 1) + 4 * nt)
+    bad(counts + ", which take " + std::to_string(24 + 8 * (nd + 1) + 4 * nt) + " bytes, but the file has " +
+        std::to_string(size));
   out.offsets.resize(nd + 1);
   out.tokens.resize(nt);
   f.read(reinterpret_cast<char*>(out.offsets.data()), static_cast<std::streamsize>(8 * (nd + 1)));
   f.read(reinterpret_cast<char*>(out.tokens.data()), static_cast<std::streamsize>(4 * nt));
-  return static_cast<bool>(f);
+  if (!f) bad("it is shorter than its size says");
+  if (out.offsets[0] != 0) bad("document 0 starts at token " + std::to_string(out.offsets[0]) + ", not 0");
+  for (uint64_t d = 0; d < nd; ++d)
+    if (out.offsets[d + 1] < out.offsets[d] || out.offsets[d + 1] > static_cast<int64_t>(nt))
+      bad("document " + std::to_string(d) + " ends at token " + std::to_string(out.offsets[d + 1]) + ", outside [" +
+          std::to_string(out.offsets[d]) + ", " + std::to_string(nt) + "]");
+  if (out.offsets[nd] != static_cast<int64_t>(nt))
+    bad("its documents end at token " + std::to_string(out.offsets[nd]) + " of " + std::to_string(nt));
+  // One pass over the tokens, branch-free per element (a few ms for tens of millions).
+  const int32_t* t = out.tokens.data();
+  const uint32_t limit = static_cast<uint32_t>(std::clamp<int64_t>(vocab_size, 0, INT32_MAX));
+  bool all_in = true;
+  for (uint64_t i = 0; i < nt; ++i) all_in &= static_cast<uint32_t>(t[i]) < limit;
+  if (!all_in)
+    for (uint64_t i = 0; i < nt; ++i)
+      if (static_cast<uint32_t>(t[i]) >= limit)
+        bad("token " + std::to_string(i) + " is id " + std::to_string(t[i]) +
+            ", outside the tokenizer's vocabulary [0, " + std::to_string(vocab_size) + ")");
+  return true;
 }
+
+namespace {
 
 void save_tokens(const fs::path& path, const TokenizedCorpus& c) {
   fs::path tmp = path;
@@ -349,7 +381,16 @@ TextDataset::TextDataset(TextDataOptions opt) : impl_(std::make_unique<Impl>()) 
   fs::path token_file;
   if (!cache.empty())
     token_file = cache / ("tokens-" + hex(fnv1a(ckey + "|tok=" + hex(fnv1a(file_bytes(model_path))))) + ".bin");
-  if (!token_file.empty() && load_tokens(token_file, corpus)) {
+  bool cached = false;
+  if (!token_file.empty()) {
+    try {
+      cached = read_token_cache(token_file, m.tok->vocab_size(), corpus);
+    } catch (const Error& e) {
+      PX_LOG(warn) << e.what() << ": rebuilding it now";
+      corpus = TokenizedCorpus();
+    }
+  }
+  if (cached) {
     m.stats.tokens_from_cache = true;
   } else {
     const auto& d = documents();

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "data/text_internal.h"
+#include "io/regular_file.h"
 #include "parallax/text_data.h"
 
 namespace px::data {
@@ -40,9 +41,13 @@ bool is_known_text_file(const fs::path& p) {
   return is_jsonl(p) || ends_with(n, ".txt") || ends_with(n, ".text");
 }
 
-// Reads a file, inflating it when it is gzip (zlib reads other files as they are). Stops once
-// `limit` bytes are in (0: no limit).
-std::string read_maybe_gz(const std::string& path, size_t limit = 0) {
+}  // namespace
+
+std::string read_maybe_gz(const std::string& path, size_t limit, uint64_t inflate_floor) {
+  io::require_regular_file(path, "[data] ");
+  std::error_code ec;
+  const uint64_t stored = fs::file_size(path, ec);
+  const uint64_t bound = std::max<uint64_t>(inflate_floor, ec ? 0 : stored * kMaxInflateRatio);
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f) throw Error("[data] cannot open '" + path + "'; check that it exists and is readable");
   gzbuffer(f, 1 << 17);
@@ -67,10 +72,23 @@ std::string read_maybe_gz(const std::string& path, size_t limit = 0) {
       break;
     }
     out.append(buf.data(), static_cast<size_t>(n));
+    if (out.size() > bound) {
+      gzclose(f);
+      auto size = [](uint64_t b) {
+        return b >= (1 << 20) && b % (1 << 20) == 0 ? std::to_string(b >> 20) + " MiB" : std::to_string(b) + " bytes";
+      };
+      throw UserError("[data] '" + path + "' inflates to more than " + size(bound) + " from " + size(stored) +
+                      ": a compressed file may inflate to at most " + std::to_string(kMaxInflateRatio) +
+                      "x its size (or " + size(inflate_floor) +
+                      "), text compresses about 3-10x and more is a decompression bomb; if the data is real, "
+                      "decompress it yourself and give the plain file");
+    }
   }
   gzclose(f);
   return out;
 }
+
+namespace {
 
 std::string trim(std::string_view s) {
   size_t a = s.find_first_not_of(" \t\r\n");
@@ -146,6 +164,7 @@ std::vector<fs::path> expand_paths(const std::vector<std::string>& paths) {
     if (!fs::exists(st))
       throw Error("[data] data path '" + p + "' does not exist; give text (.txt), JSON-lines (.jsonl, .json) or " +
                   "gzip files, directories of them, or \"gcide\"");
+    if (!fs::is_directory(st)) io::require_regular_file(p, "[data] data path ");
     if (fs::is_directory(st)) {
       std::vector<fs::path> found;
       for (auto it = fs::recursive_directory_iterator(p, fs::directory_options::follow_directory_symlink, ec);

@@ -16,6 +16,7 @@
 #include <set>
 
 #include "io/json.h"
+#include "io/regular_file.h"
 
 namespace px {
 
@@ -211,7 +212,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
   auto fail = [&](const std::string& what) -> void { throw IoError(where + ": " + what); };
 
   Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  f.fd = io::open_for_reading(path, "");
   if (f.fd < 0) fail("cannot open: " + errno_text());
   struct stat st;
   if (::fstat(f.fd, &st) != 0) fail("cannot stat: " + errno_text());

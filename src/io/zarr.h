@@ -37,10 +37,17 @@ std::vector<int64_t> chunk_grid(const Shape& shape, const Shape& chunk_shape);
 
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
 
-// Encodes a chunk's raw little-endian bytes: zstd frame, then its crc32c appended (4 bytes LE).
-void encode_chunk(const void* data, size_t nbytes, int zstd_level, std::vector<char>& out);
-// Decodes into out (exactly `nbytes`). Returns "" on success, else what is wrong ("checksum
-// mismatch ...", "truncated ...") for the caller to name the array and chunk.
-std::string decode_chunk(const char* data, size_t size, void* out, size_t nbytes);
+// Encodes a chunk's raw little-endian bytes: a zstd frame; then, when `tag` is given, a zstd
+// skippable frame holding it (Zarr readers skip it; checkpoints bind a chunk to its array, chunk
+// index and step with it); then the crc32c of all that (4 bytes LE).
+void encode_chunk(const void* data, size_t nbytes, int zstd_level, std::vector<char>& out, const std::string& tag = "");
+// Decodes into out (exactly `nbytes`); `tag` (when given) receives the chunk's tag, "" when it has
+// none. Returns "" on success, else what is wrong ("checksum mismatch ...", "truncated ...") for
+// the caller to name the array and chunk.
+std::string decode_chunk(const char* data, size_t size, void* out, size_t nbytes, std::string* tag = nullptr);
+
+// The compression levels zstd accepts (negative: faster, larger).
+int min_zstd_level();
+int max_zstd_level();
 
 }  // namespace px::zarr

@@ -85,7 +85,12 @@ Mesh Mesh::parse(const std::string& text, const DeviceSet& devices) {
   const std::string form =
       "write name:size pairs separated by commas, e.g. data:4,model:2 (size -1: the remaining devices)";
   std::string body = trim(text);
-  if (body.size() >= 2 && body.front() == '{' && body.back() == '}') body = trim(body.substr(1, body.size() - 2));
+  const bool open = !body.empty() && body.front() == '{', close = !body.empty() && body.back() == '}';
+  if (open != close || (open && body.size() < 2))
+    throw UserError("[mesh] the mesh '" + text + "' has " +
+                    (open ? "'{' without its closing '}'" : "'}' without its opening '{'") + "; " + form +
+                    " (braces around all of it are optional)");
+  if (open) body = trim(body.substr(1, body.size() - 2));
   if (body.empty()) throw Error("[mesh] the mesh text '" + text + "' is empty; " + form);
   std::vector<std::pair<std::string, int64_t>> axes;
   size_t start = 0;

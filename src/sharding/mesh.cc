@@ -13,6 +13,12 @@ namespace px {
 namespace {
 // The most devices a mesh may hold: as many as PX_DEVICES may name (device ids are ints).
 constexpr int64_t kMaxMeshDevices = 65536;
+
+bool valid_axis_name(const std::string& n) {
+  auto alpha = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; };
+  if (n.empty() || !alpha(n[0])) return false;
+  return std::all_of(n.begin(), n.end(), [&](char c) { return alpha(c) || (c >= '0' && c <= '9'); });
+}
 }  // namespace
 
 Mesh::Mesh(std::vector<MeshAxis> axes, std::vector<int> device_ids, std::string platform)
@@ -21,6 +27,10 @@ Mesh::Mesh(std::vector<MeshAxis> axes, std::vector<int> device_ids, std::string 
   std::set<std::string> seen;
   for (const MeshAxis& a : axes_) {
     if (a.name.empty()) throw Error("[mesh] axis names must not be empty");
+    if (!valid_axis_name(a.name))
+      throw UserError("[mesh] axis name '" + a.name +
+                      "' is not a name; axis names are letters, digits and '_', not starting with a digit (e.g. "
+                      "data, model, fsdp)");
     if (!seen.insert(a.name).second) throw Error("[mesh] axis '" + a.name + "' appears twice");
     if (a.size < 1) throw Error("[mesh] axis '" + a.name + "' has size " + std::to_string(a.size) + "; sizes are >= 1");
     if (__builtin_mul_overflow(n, a.size, &n) || n > kMaxMeshDevices) {
@@ -37,6 +47,11 @@ Mesh::Mesh(std::vector<MeshAxis> axes, std::vector<int> device_ids, std::string 
   if (static_cast<int64_t>(device_ids.size()) != n)
     throw Error("[mesh] the axes hold " + std::to_string(n) + " devices but " + std::to_string(device_ids.size()) +
                 " device ids were given");
+  for (int id : device_ids)
+    if (id < 0 || id >= kMaxMeshDevices)
+      throw UserError("[mesh] device id " + std::to_string(id) + " is out of range; device ids are 0 .. " +
+                      std::to_string(kMaxMeshDevices - 1) +
+                      " (the devices' indices in PX_DEVICES, e.g. 0 .. 7 for cpu:8)");
   if (std::set<int>(device_ids.begin(), device_ids.end()).size() != device_ids.size())
     throw Error("[mesh] a device id appears twice");
   device_ids_ = std::move(device_ids);

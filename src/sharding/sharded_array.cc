@@ -26,6 +26,37 @@ void check_process(const Mesh& mesh, int process, const char* who) {
 
 }  // namespace
 
+namespace detail {
+
+// A ShardedArray that can be read: this process's shards all there and of the local type. A
+// default-constructed ShardedArray{} has none; mutable_shards() can leave others incomplete.
+// Throws px::UserError("[<who>] ..."). Not static: the executor's run checks its inputs with it.
+void check_complete(const ShardedArray& a, const char* who) {
+  const std::vector<int> mine = a.positions();
+  if (a.shards().empty() && !mine.empty())
+    throw UserError(std::string("[") + who +
+                    "] the ShardedArray has no shards (default-constructed, moved from or cleared); make "
+                    "one with px::shard(array, sharding) or ShardedArray(type, sharding, shards)");
+  if (a.shards().size() != mine.size())
+    throw UserError(std::string("[") + who + "] the ShardedArray of " + type_str(a.type()) + " on " +
+                    a.mesh().to_string() + " holds " + std::to_string(a.shards().size()) + " shards for the " +
+                    std::to_string(mine.size()) + " positions of its process; give one shard per position");
+  const TensorType local{a.dtype(), a.sharding().local_shape(a.shape())};
+  for (size_t i = 0; i < mine.size(); ++i)
+    if (!a.shards()[i].defined() || a.shards()[i].type() != local)
+      throw UserError(
+          std::string("[") + who + "] shard " + std::to_string(mine[i]) + " of the ShardedArray of " +
+          type_str(a.type()) + " with " + a.sharding().to_string() + " is " +
+          (a.shards()[i].defined() ? "of type " + type_str(a.shards()[i].type()) : std::string("undefined")) +
+          ", expected " + type_str(local));
+}
+
+}  // namespace detail
+
+namespace {
+using detail::check_complete;
+}  // namespace
+
 ShardedArray::ShardedArray(TensorType global, Sharding sharding, std::vector<Array> shards, int process)
     : type_(std::move(global)), sharding_(std::move(sharding)), shards_(std::move(shards)), process_(process) {
   sharding_.validate(type_, "array");
@@ -52,6 +83,7 @@ bool ShardedArray::holds(int position) const {
 const Array& ShardedArray::shard(int position) const {
   const Mesh& m = mesh();
   if (m.num_processes() == 1) {
+    if (shards_.empty() && position >= 0 && position < m.size()) check_complete(*this, "sharding");
     if (position < 0 || position >= static_cast<int>(shards_.size()))
       throw Error("[sharding] mesh position " + std::to_string(position) + " is not in " + m.to_string() +
                   " (positions 0 .. " + std::to_string(shards_.size() - 1) + ")");
@@ -164,12 +196,14 @@ Array gather(const ShardedArray& a) {
     throw Error("[gather] the array on " + a.mesh().to_string() + " holds only the shards of process " +
                 std::to_string(a.process()) + "; gather it with px::gather(array, communicator), called by every " +
                 "process with its own array (a collective)");
+  check_complete(a, "gather");
   return assemble(a.type(), a.sharding(), [&](int p) -> const Array& { return a.shards()[p]; });
 }
 
 Array gather(const ShardedArray& a, Communicator& comm) {
   const Mesh& mesh = a.mesh();
   if (mesh.num_processes() == 1) return gather(a);
+  check_complete(a, "gather");
   const std::vector<int> mine = a.positions();
   if (comm.world_size() != mesh.size() || comm.local_positions() != mine)
     throw Error("[gather] the communicator ('" + comm.name() + "', " + std::to_string(comm.local_positions().size()) +

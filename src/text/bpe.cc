@@ -9,6 +9,7 @@
 #include <unicode/unistr.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -17,6 +18,7 @@
 #include <unordered_map>
 
 #include "io/json_number.h"
+#include "io/regular_file.h"
 #include "parallax/core.h"
 #include "parallax/text.h"
 
@@ -366,14 +368,39 @@ BpeTokenizer::BpeTokenizer(const json& j, const std::string& file) : file_(file)
   if (!model.value("end_of_word_suffix", json()).is_null() && model["end_of_word_suffix"] != "")
     unsupported(file, "end_of_word_suffix");
   ignore_merges_ = model.value("ignore_merges", false);
-  int32_t max_id = -1;
-  for (auto& [tok, id] : model.at("vocab").items()) {
-    const int64_t i = json_int(id, file + ": the vocab id of '" + tok + "'");
-    if (i < 0 || i > std::numeric_limits<int32_t>::max())
-      throw Error(file + ": the vocab id of '" + tok + "' is out of range: " + std::to_string(i));
-    vocab_[tok] = static_cast<int32_t>(i);
-    max_id = std::max(max_id, static_cast<int32_t>(i));
+  // Ids index the decoding table, so each is checked before anything is sized by it: negative ids
+  // and ids far past the number of tokens (a table of 2^31 entries for one token) are refused.
+  std::vector<std::pair<std::string, int64_t>> ids;  // every (token, id), vocab then added tokens
+  const json& vocab = model.at("vocab");
+  if (!vocab.is_object()) throw Error(file + ": model.vocab must be an object of token: id");
+  for (auto& [tok, id] : vocab.items()) ids.emplace_back(tok, json_int(id, file + ": the vocab id of '" + tok + "'"));
+  const json added = j.value("added_tokens", json::array());
+  if (!added.is_array()) throw Error(file + ": added_tokens must be an array");
+  for (auto& t : added) {
+    if (!t.is_object() || !t.contains("content") || !t["content"].is_string() || !t.contains("id"))
+      throw Error(file + ": added token " + json_excerpt(t) +
+                  " must be an object with a string \"content\" and an \"id\"");
+    const std::string content = t["content"].get<std::string>();
+    ids.emplace_back(content, json_int(t["id"], file + ": the id of added token '" + content + "'"));
   }
+  const int64_t max_ok = 2 * static_cast<int64_t>(ids.size()) + 1024;  // holes allowed, not mostly holes
+  for (auto& [tok, id] : ids)
+    if (id < 0 || id >= max_ok)
+      throw Error(file + ": token '" + tok + "' has id " + std::to_string(id) + ", outside [0, " +
+                  std::to_string(max_ok) + "): ids are non-negative and at most about twice the " +
+                  std::to_string(ids.size()) + " tokens of the file; the file is corrupt: restore it");
+  int32_t max_id = -1;
+  const size_t n_vocab = vocab.size();
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const int32_t id = static_cast<int32_t>(ids[k].second);
+    if (k < n_vocab)
+      vocab_[ids[k].first] = id;
+    else
+      added_.push_back({ids[k].first, id});
+    max_id = std::max(max_id, id);
+  }
+  // Merges: both parts and their concatenation must be tokens (as tokenizers requires when it
+  // loads the file); otherwise a merged symbol would have no id and could only be dropped.
   int rank = 0;
   for (auto& m : model.at("merges")) {
     std::string a, b;
@@ -385,12 +412,16 @@ BpeTokenizer::BpeTokenizer(const json& j, const std::string& file) : file_(file)
     } else {  // ["a", "b"]
       a = m.at(0).get<std::string>(), b = m.at(1).get<std::string>();
     }
+    for (const std::string& t : {a, b, a + b})
+      if (!vocab_.count(t))
+        throw Error(file + ": merge '" + a + " " + b + "' (rank " + std::to_string(rank) + ") needs the token '" + t +
+                    "', which is not in model.vocab; the merges and the vocabulary do not match: restore the file");
     ranks_.emplace(a + '\x01' + b, rank++);
   }
-  for (auto& t : j.value("added_tokens", json::array())) {
-    added_.push_back({t.at("content").get<std::string>(), t.at("id").get<int32_t>()});
-    max_id = std::max(max_id, added_.back().id);
-    Added& a = added_.back();
+  // Added-token flags, as the tokenizers package applies them (added_ is in the file's order here).
+  for (size_t k = 0; k < added_.size(); ++k) {
+    const json& t = added[k];
+    Added& a = added_[k];
     a.lstrip = t.value("lstrip", false), a.rstrip = t.value("rstrip", false);
     a.single_word = t.value("single_word", false), a.normalized = t.value("normalized", !t.value("special", false));
   }
@@ -398,8 +429,14 @@ BpeTokenizer::BpeTokenizer(const json& j, const std::string& file) : file_(file)
   is_added_.assign(id_to_token_.size(), false);
   for (auto& [tok, id] : vocab_) id_to_token_[id] = tok;
   for (auto& a : added_) id_to_token_[a.id] = a.content, is_added_[a.id] = true;
-  if (model.contains("unk_token") && model["unk_token"].is_string())
-    unk_ = id_of(model["unk_token"].get<std::string>());
+  if (model.contains("unk_token") && model["unk_token"].is_string()) {
+    const std::string unk = model["unk_token"].get<std::string>();
+    unk_ = id_of(unk);
+    if (unk_ < 0)
+      throw Error(file + ": model.unk_token '" + unk +
+                  "' is not a token of the file; add it to model.vocab or "
+                  "set unk_token to null");
+  }
 
   // Normalizer: none or NFC (possibly inside a one-element Sequence).
   json norm = j.value("normalizer", json());
@@ -489,10 +526,28 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ou
   }
   for (auto& s : sym) {
     auto it = vocab_.find(s);
-    if (it != vocab_.end())
+    if (it != vocab_.end()) {
       out.push_back(it->second);
-    else if (unk_ >= 0)
+    } else if (unk_ >= 0) {
       out.push_back(unk_);
+    } else {
+      // tokenizers drops such a piece without a word; losing text silently is worse than stopping.
+      std::string raw, hex;
+      for (size_t i = 0; i < s.size();) {
+        uint32_t cp;
+        size_t n = utf8_at(s, i, cp);
+        auto b = n ? alphabet().char_to_byte.find(cp) : alphabet().char_to_byte.end();
+        if (b == alphabet().char_to_byte.end()) break;
+        char h[4];
+        std::snprintf(h, sizeof h, "%02x", static_cast<unsigned>(b->second));
+        hex += (hex.empty() ? "" : " ") + std::string(h);
+        raw += static_cast<char>(b->second);
+        i += n;
+      }
+      throw Error(file_ + ": cannot encode the text '" + lossy_utf8(raw) + "' (bytes " + hex +
+                  "): it is not in the vocabulary and the tokenizer has no unk_token; use a tokenizer.json whose "
+                  "vocabulary holds all 256 byte-level characters (or that names an unk_token)");
+    }
   }
 }
 
@@ -618,6 +673,7 @@ int32_t special_from(const json& cfg, const char* key, const std::function<int32
 }
 
 json read_json_file(const std::string& path, const std::string& missing_fix) {
+  io::require_regular_file(path, "[tokenizer] ");
   std::ifstream in(path);
   if (!in) throw Error(path + ": not found; " + missing_fix);
   try {

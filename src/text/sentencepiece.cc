@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <unistd.h>
 
+#include "io/regular_file.h"
 #include "parallax/core.h"
 #include "parallax/text.h"
 
@@ -22,8 +23,9 @@ class SentencePieceTokenizer final : public Tokenizer {
  public:
   explicit SentencePieceTokenizer(const std::string& path) {
     std::error_code ec;
-    if (!fs::is_regular_file(path, ec))
+    if (!fs::exists(path, ec))
       throw Error("[tokenizer] SentencePiece model '" + path + "' does not exist; give a .model file");
+    io::require_regular_file(path, "[tokenizer] SentencePiece model ");
     auto st = sp_.Load(path);
     if (!st.ok())
       throw Error("[tokenizer] '" + path + "' is not a valid SentencePiece model (" + st.ToString() +

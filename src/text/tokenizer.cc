@@ -1,6 +1,7 @@
 // load_tokenizer: one entry point that opens a tokenizer file by its kind.
 #include <filesystem>
 
+#include "io/regular_file.h"
 #include "parallax/core.h"
 #include "parallax/text.h"
 
@@ -17,6 +18,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   if (!fs::exists(path, ec))
     throw Error("[tokenizer] '" + path +
                 "' does not exist; give a SentencePiece .model file or a byte-level BPE tokenizer.json");
+  io::require_regular_file(path, "[tokenizer] ");
   if (fs::path(path).extension() == ".model") return load_sentencepiece(path);
   if (fs::path(path).filename() == "tokenizer.json") {
     const fs::path dir = fs::path(path).parent_path();

@@ -2,10 +2,13 @@
 // visible effects, the keep policy, asynchronous error reporting, damage detection and export.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 
 #include "ckpt_testing.h"
 #include "core/log.h"
+#include "io/zarr.h"
 #include "parallax/io.h"
 #include "testing.h"
 
@@ -390,6 +393,188 @@ TEST_F(CheckpointTest, ExportToSafetensorsAndImport) {
   EXPECT_EQ(back.step, 30);
   EXPECT_EQ(back.get("w.f32").sharding(), o.shardings["w.f32"]);
   for (auto& n : back.names()) EXPECT_TRUE(same_bits(back.full(n), s.full[n])) << n;
+  // A step that is not one was read as step 0.
+  for (const std::string bad : {"abc", "-4", "12x", ""}) {
+    save_safetensors(path("bad_step.safetensors"), {"w"}, {s.full["b.f32"]}, {{"step", bad}});
+    EXPECT_EQ(error_of([&] { import_safetensors(path("bad_step.safetensors")); }),
+              "[checkpoint] " + path("bad_step.safetensors") + ": the metadata's step '" + bad +
+                  "' is not a step (an integer >= 0); fix or remove the \"step\" entry of the file's metadata");
+  }
+}
+
+// A chunk file's checksum covers its bytes only: a chunk swapped with another of the same size,
+// copied from another array, or left from another step had a valid checksum and restored as other
+// values. Each chunk's tag binds it to its array, chunk index and step.
+TEST_F(CheckpointTest, SwappedMovedOrStaleChunksAreRefused) {
+  CheckpointManager m(path("ckpt"));
+  State s1 = make_state(10, 1), s2 = make_state(20, 50);
+  m.save(s1.ckpt);
+  m.save(s2.ckpt);
+  const std::string a = m.path(20) + "/w.f32/c/0/0", b = m.path(20) + "/w.f32/c/1/0";
+  const std::string bytes_a = testing::read_bytes(a), bytes_b = testing::read_bytes(b);
+  testing::write_bytes(a, bytes_b);
+  testing::write_bytes(b, bytes_a);
+  std::string err = error_of([&] { m.restore(20); });
+  EXPECT_NE(err.find("array 'w.f32' chunk c/0/0"), std::string::npos) << err;
+  EXPECT_NE(err.find("holds chunk c/1/0 of array 'w.f32' of step 20, not chunk c/0/0 of array 'w.f32' of step 20"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("restore_step=10"), std::string::npos) << err;
+  testing::write_bytes(a, bytes_a);
+  testing::write_bytes(b, bytes_b);
+
+  // The same chunk from the older checkpoint (stale).
+  const std::string stale = m.path(10) + "/w.f32/c/1/0";
+  testing::write_bytes(b, testing::read_bytes(stale));
+  err = error_of([&] { m.restore(20); });
+  EXPECT_NE(err.find("holds chunk c/1/0 of array 'w.f32' of step 10, not chunk c/1/0 of array 'w.f32' of step 20"),
+            std::string::npos)
+      << err;
+  testing::write_bytes(b, bytes_b);
+
+  // Another array's chunk of the same type.
+  Checkpoint twins(30);
+  twins.add("x", Array::from_f32(std::vector<float>(8, 1.0f), {8}));
+  twins.add("y", Array::from_f32(std::vector<float>(8, 2.0f), {8}));
+  m.save(twins);
+  testing::write_bytes(m.path(30) + "/x/c/0", testing::read_bytes(m.path(30) + "/y/c/0"));
+  err = error_of([&] { m.restore(30); });
+  EXPECT_NE(err.find("holds chunk c/0 of array 'y' of step 30, not chunk c/0 of array 'x' of step 30"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(error_of([&] { m.verify(30); }), err);
+}
+
+// Checkpoints written before chunk tags (no "chunk_tags" in metadata.json, untagged chunks) still
+// restore; in a checkpoint that has tags, an untagged chunk is refused.
+TEST_F(CheckpointTest, CheckpointsWithoutChunkTagsStillRestore) {
+  CheckpointManager m(path("ckpt"));
+  State s = make_state(10);
+  m.save(s.ckpt);
+  const std::string chunk = m.path(10) + "/w.f32/c/1/0";
+  std::string tagged = testing::read_bytes(chunk);
+  std::vector<char> raw(4 * 4 * sizeof(float)), untagged;  // one {4, 4} f32 chunk
+  std::string tag;
+  ASSERT_EQ(zarr::decode_chunk(tagged.data(), tagged.size(), raw.data(), raw.size(), &tag), "");
+  EXPECT_EQ(tag, "parallax-chunk/1\n10\nc/1/0\nw.f32");
+  zarr::encode_chunk(raw.data(), raw.size(), 1, untagged);
+  testing::write_bytes(chunk, std::string(untagged.begin(), untagged.end()));
+  std::string err = error_of([&] { m.restore(10); });
+  EXPECT_NE(err.find("chunk c/1/0"), std::string::npos) << err;
+  EXPECT_NE(err.find("has no tag naming its array, chunk and step"), std::string::npos) << err;
+
+  // The old format: no "chunk_tags" in the metadata; every chunk untagged.
+  const std::string meta = m.path(10) + "/metadata.json";
+  std::string text = testing::read_bytes(meta);
+  const std::string field = "\"chunk_tags\": 1,";
+  ASSERT_NE(text.find(field), std::string::npos) << text;
+  testing::write_bytes(meta, text.replace(text.find(field), field.size(), ""));
+  Checkpoint r = m.restore(10);
+  for (auto& [name, want] : s.full) EXPECT_TRUE(same_bits(r.full(name), want)) << name;
+}
+
+TEST_F(CheckpointTest, MetadataStepMustMatchTheDirectory) {
+  CheckpointManager m(path("ckpt"));
+  m.save(make_state(10).ckpt);
+  m.save(make_state(20).ckpt);
+  // A directory renamed: train (latest_step) and eval (info) would disagree about the step.
+  fs::rename(m.path(20), m.path(30));
+  std::string err = error_of([&] { m.info(30); });
+  EXPECT_NE(err.find("says step 20 but its directory is checkpoint_00000030"), std::string::npos) << err;
+  EXPECT_NE(err.find("restore_step=10"), std::string::npos) << err;
+  EXPECT_EQ(error_of([&] { m.restore(30); }), err);
+  fs::rename(m.path(30), m.path(20));
+  // The metadata replaced by another step's: the commit marker disagrees too.
+  fs::copy_file(m.path(10) + "/metadata.json", m.path(20) + "/metadata.json", fs::copy_options::overwrite_existing);
+  err = error_of([&] { m.restore(20); });
+  EXPECT_NE(err.find("says step 10 but its directory is checkpoint_00000020"), std::string::npos) << err;
+  // Renamed with its metadata edited to match: the commit marker still names the step it committed.
+  fs::copy_file(m.path(10) + "/metadata.json", m.path(20) + "/metadata.json", fs::copy_options::overwrite_existing);
+  std::string text = testing::read_bytes(m.path(10) + "/metadata.json");
+  text.replace(text.find("\"step\": 10"), 11, "\"step\": 40");
+  testing::write_bytes(m.path(20) + "/metadata.json", text);
+  fs::rename(m.path(20), m.path(40));
+  err = error_of([&] { m.restore(40); });
+  EXPECT_NE(err.find("COMMITTED commits step 20 but"), std::string::npos) << err;
+  // A copy under a name that is not a step directory reads as its metadata says.
+  fs::copy(m.path(10), path("exported"), fs::copy_options::recursive);
+  EXPECT_EQ(read_checkpoint_info(path("exported")).step, 10);
+}
+
+TEST_F(CheckpointTest, OutOfRangeOptionsAreRefusedBeforeAnythingIsWritten) {
+  std::string err = error_of([&] { CheckpointManager(path("ckpt"), {.zstd_level = 1000}); });
+  EXPECT_NE(err.find("zstd_level 1000 is out of range; use -"), std::string::npos) << err;
+  EXPECT_NE(err.find(" .. 22"), std::string::npos) << err;
+  EXPECT_THROW(CheckpointManager(path("ckpt"), {.zstd_level = -1000000}), UserError);
+  err = error_of([&] { CheckpointManager(path("ckpt"), {.background_nice = 40}); });
+  EXPECT_NE(err.find("background_nice 40 is out of range"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(path("ckpt")));
+  // The extremes zstd accepts are written and read back.
+  for (int level : {zarr::max_zstd_level(), -5}) {
+    CheckpointManager m(path("ckpt" + std::to_string(level)), {.zstd_level = level});
+    State s = make_state(1);
+    m.save(s.ckpt);
+    Checkpoint r = m.restore(1);
+    for (auto& [name, want] : s.full) EXPECT_TRUE(same_bits(r.full(name), want)) << level << " " << name;
+  }
+}
+
+TEST_F(CheckpointTest, RestoreOfAnUnknownGroupNamesTheGroups) {
+  CheckpointManager m(path("ckpt"));
+  m.save(make_state(10).ckpt);
+  RestoreOptions o;
+  o.group = "param";
+  std::string err = error_of([&] { m.restore(10, o); });
+  EXPECT_NE(err.find("has no arrays in group 'param'; its groups: 'params', 'opt_state'"), std::string::npos) << err;
+  o.group = "opt_state";
+  o.only = {"w.f32"};
+  err = error_of([&] { m.restore(10, o); });
+  EXPECT_NE(err.find("'w.f32', which is in group 'params', not in RestoreOptions::group 'opt_state'"),
+            std::string::npos)
+      << err;
+  o.only = {"mask"};
+  EXPECT_EQ(m.restore(10, o).names(), std::vector<std::string>{"mask"});
+}
+
+// Array names in metadata.json are directories of the checkpoint: a name that leaves it is refused.
+TEST_F(CheckpointTest, MetadataArrayNamesCannotLeaveTheCheckpoint) {
+  CheckpointManager m(path("ckpt"));
+  m.save(make_state(10).ckpt);
+  const std::string meta = m.path(10) + "/metadata.json";
+  const std::string text = testing::read_bytes(meta);
+  for (const std::string bad : {"../../w.f32", "/etc", "..", "w.f32/../b.f32"}) {
+    SCOPED_TRACE(bad);
+    std::string t = text;
+    t.replace(t.find("\"w.f32\""), 7, "\"" + bad + "\"");
+    testing::write_bytes(meta, t);
+    std::string err = error_of([&] { m.info(10); });
+    EXPECT_NE(err.find("metadata.json: array name '" + bad + "'"), std::string::npos) << err;
+    EXPECT_NE(err.find("restore it"), std::string::npos) << err;
+  }
+  std::string t = text;
+  t.replace(t.find("\"w.bf16\""), 8, "\"w.f32\"");
+  testing::write_bytes(meta, t);
+  EXPECT_NE(error_of([&] { m.info(10); }).find("array 'w.f32' is listed twice"), std::string::npos);
+}
+
+// A FIFO opened for reading waits for a writer: every file a restore reads is refused instead.
+TEST_F(CheckpointTest, NonRegularFilesAreRefusedNotWaitedOn) {
+  CheckpointManager m(path("ckpt"));
+  m.save(make_state(10).ckpt);
+  const std::string chunk = m.path(10) + "/w.f32/c/1/0";
+  fs::remove(chunk);
+  ASSERT_EQ(::mkfifo(chunk.c_str(), 0600), 0);
+  std::string err = error_of([&] { m.restore(10); });
+  EXPECT_NE(err.find("'" + chunk + "' is a FIFO (named pipe), not a regular file"), std::string::npos) << err;
+  fs::remove(chunk);
+  fs::create_directory(chunk);
+  err = error_of([&] { m.restore(10); });
+  EXPECT_NE(err.find("'" + chunk + "' is a directory, not a regular file"), std::string::npos) << err;
+  const std::string meta = m.path(10) + "/metadata.json";
+  fs::remove(meta);
+  ASSERT_EQ(::mkfifo(meta.c_str(), 0600), 0);
+  err = error_of([&] { m.info(10); });
+  EXPECT_NE(err.find("is a FIFO (named pipe)"), std::string::npos) << err;
 }
 
 }  // namespace

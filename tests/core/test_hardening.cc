@@ -136,7 +136,7 @@ TEST(Env, BadDevicesBreakOnlyDeviceUse) {
     if (std::string(name) == "PX_NUM_THREADS") return "2";
     return nullptr;
   };
-  EnvConfig c = parse_env(get);  // no throw: plain compiles need no devices
+  EnvConfig c = parse_env(get, /*cores=*/64);  // no throw: plain compiles need no devices
   EXPECT_EQ(c.num_threads, 2);
   EXPECT_TRUE(has(c.devices_error, "PX_DEVICES='cpu:banana'")) << c.devices_error;
   EXPECT_THROW(parse_env([](const char* n) -> const char* {

@@ -112,11 +112,14 @@ TEST(Check, ThrowsWithConditionAndMessage) {
   }
 }
 
-EnvConfig parse(const std::map<std::string, std::string>& vars) {
-  return parse_env([&](const char* name) -> const char* {
-    auto it = vars.find(name);
-    return it == vars.end() ? nullptr : it->second.c_str();
-  });
+// As on a machine of `cores` cores (64: none of these values is capped).
+EnvConfig parse(const std::map<std::string, std::string>& vars, int cores = 64) {
+  return parse_env(
+      [&](const char* name) -> const char* {
+        auto it = vars.find(name);
+        return it == vars.end() ? nullptr : it->second.c_str();
+      },
+      cores);
 }
 
 std::string parse_error(const std::map<std::string, std::string>& vars) {
@@ -188,17 +191,41 @@ TEST(Env, EveryVariableIsDocumented) {
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
 }
 
-// Runs itself again with PX_NUM_THREADS set: the variable is read once per process.
+// More threads than cores: capped at the cores, with a note that apply_thread_settings() logs.
+TEST(Env, NumThreadsAreCappedAtTheCores) {
+  EnvConfig c = parse({{"PX_NUM_THREADS", "4096"}}, 2);
+  EXPECT_EQ(c.num_threads, 2);
+  EXPECT_EQ(c.num_threads_note,
+            "[env] PX_NUM_THREADS=4096 is more than the 2 cores this process may run on; using 2 threads (more "
+            "threads than cores only wait for each other); set PX_NUM_THREADS <= 2 or 0 for the default");
+  EXPECT_EQ(parse({{"PX_NUM_THREADS", "2"}}, 2).num_threads, 2);
+  EXPECT_EQ(parse({{"PX_NUM_THREADS", "2"}}, 2).num_threads_note, "");
+  EXPECT_EQ(parse({{"PX_NUM_THREADS", "0"}}, 2).num_threads, 0);
+  EXPECT_NE(parse_error({{"PX_NUM_THREADS", "5000"}}).find("not a thread count"), std::string::npos);
+  EXPECT_GE(available_cores(), 1);
+}
+
+// Runs itself again with PX_NUM_THREADS set: the variable is read once per process, and a count
+// above the cores is capped with one warning.
 TEST(Env, NumThreadsSetsTheOpenMPThreadCount) {
   if (const char* v = std::getenv("PX_NUM_THREADS_CHILD")) {
+    std::vector<std::string> warnings;
+    LogSink old = set_log_sink([&](const LogRecord& r) { warnings.push_back(r.message); });
     apply_thread_settings();
-    EXPECT_EQ(env().num_threads, std::atoi(v));
-    EXPECT_EQ(omp_get_max_threads(), std::atoi(v));
+    apply_thread_settings();
+    set_log_sink(old);
+    const int want = std::min(std::atoi(v), available_cores());
+    EXPECT_EQ(env().num_threads, want);
+    EXPECT_EQ(omp_get_max_threads(), want);
+    EXPECT_EQ(warnings.size(), std::atoi(v) > available_cores() ? 1u : 0u);
     return;
   }
-  std::string cmd = "PX_NUM_THREADS=3 PX_NUM_THREADS_CHILD=3 /proc/" + std::to_string(getpid()) +
-                    "/exe --gtest_filter=Env.NumThreadsSetsTheOpenMPThreadCount > /dev/null 2>&1";
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  for (int n : {1, 4096}) {
+    std::string cmd = "PX_NUM_THREADS=" + std::to_string(n) + " PX_NUM_THREADS_CHILD=" + std::to_string(n) + " /proc/" +
+                      std::to_string(getpid()) +
+                      "/exe --gtest_filter=Env.NumThreadsSetsTheOpenMPThreadCount > /dev/null 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << n;
+  }
 }
 
 }  // namespace

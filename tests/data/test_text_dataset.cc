@@ -1,9 +1,15 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
 #include <set>
 
+#include "core/log.h"
+#include "data/text_internal.h"
 #include "parallax/text_data.h"
 #include "testing.h"
 
@@ -289,6 +295,114 @@ TEST(TextDataset, TokenizerAndTokensAreReusedFromTheCache) {
   given.cache_dir = (dir / "other_cache").string();
   TextDataset fourth(given);
   EXPECT_EQ(fourth.tokenizer().encode("the cat sat"), first.tokenizer().encode("the cat sat"));
+  fs::remove_all(dir);
+}
+
+// The token cache was trusted when its size matched: a header whose sizes wrap around 2^64 gave
+// std::bad_alloc, and out-of-vocabulary ids reached training. All of it is checked on read; a bad
+// cache is reported (a warning naming the file and the fault) and rebuilt.
+TEST(TextDataset, ABadTokenCacheIsRefusedAndRebuilt) {
+  fs::path dir = temp_dir("bad_cache");
+  fs::path corpus = write_corpus(dir, make_docs(40));
+  TextDataOptions o = options(dir, corpus);
+  TextDataset clean(o);
+  fs::path cache;
+  for (auto& f : fs::directory_iterator(o.cache_dir))
+    if (f.path().extension() == ".bin") cache = f.path();
+  ASSERT_FALSE(cache.empty());
+  std::ifstream in(cache, std::ios::binary);
+  const std::string good((std::istreambuf_iterator<char>(in)), {});
+  uint64_t nd, nt;
+  std::memcpy(&nd, good.data() + 8, 8);
+  std::memcpy(&nt, good.data() + 16, 8);
+  const int64_t vocab = clean.tokenizer().vocab_size();
+
+  auto with = [&](size_t at, const void* bytes, size_t n) {
+    std::string b = good;
+    std::memcpy(b.data() + at, bytes, n);
+    return b;
+  };
+  const uint64_t wrap = (uint64_t{1} << 61) + nd;  // 8 * (wrap + 1) == 8 * (nd + 1) mod 2^64
+  const int32_t out_of_vocab = static_cast<int32_t>(vocab) + 7, negative = -3;
+  const int64_t backwards = 1, short_end = static_cast<int64_t>(nt) - 1;
+  const size_t tokens_at = 24 + 8 * (nd + 1), last_offset = 24 + 8 * nd;
+  struct Case {
+    std::string bytes, fault;
+  };
+  const std::vector<Case> cases = {
+      {with(8, &wrap, 8), "its header says " + std::to_string(wrap) + " documents and " + std::to_string(nt) +
+                              " tokens, more than its " + std::to_string(good.size()) + " bytes hold"},
+      {good.substr(0, 20), "20 bytes, shorter than its 24-byte header"},
+      {"XXXXXXXX" + good.substr(8), "it does not start with the token cache's magic bytes"},
+      {good + "tail",
+       "which take " + std::to_string(good.size()) + " bytes, but the file has " + std::to_string(good.size() + 4)},
+      {with(tokens_at + 4 * 5, &out_of_vocab, 4), "token 5 is id " + std::to_string(out_of_vocab) +
+                                                      ", outside the tokenizer's vocabulary [0, " +
+                                                      std::to_string(vocab) + ")"},
+      {with(tokens_at, &negative, 4), "token 0 is id -3, outside"},
+      {with(24 + 8 * 3, &backwards, 8), "document 2 ends at token 1, outside ["},
+      {with(last_offset, &short_end, 8),
+       "its documents end at token " + std::to_string(short_end) + " of " + std::to_string(nt)},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.fault);
+    std::ofstream(cache, std::ios::binary | std::ios::trunc) << c.bytes;
+    px::data::TokenizedCorpus corpus_tokens;
+    std::string e = error_of([&] { px::data::read_token_cache(cache, vocab, corpus_tokens); });
+    EXPECT_EQ(e.rfind("[data] token cache '" + cache.string() + "' is not a valid cache: ", 0), 0u) << e;
+    EXPECT_NE(e.find(c.fault), std::string::npos) << e;
+    EXPECT_NE(e.find("; delete it and it is rebuilt from the corpus"), std::string::npos) << e;
+    std::vector<std::string> warnings;
+    px::LogSink old = px::set_log_sink([&](const px::LogRecord& r) { warnings.push_back(r.message); });
+    TextDataset again(o);
+    px::set_log_sink(old);
+    EXPECT_FALSE(again.stats().tokens_from_cache);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_EQ(warnings[0], e + ": rebuilding it now");
+    EXPECT_TRUE(same(again.eval_batch(0), clean.eval_batch(0)));
+    // Rebuilt: the next run reads it.
+    EXPECT_TRUE(TextDataset(o).stats().tokens_from_cache);
+  }
+  // A FIFO in its place is refused (not waited on) and replaced.
+  fs::remove(cache);
+  ASSERT_EQ(::mkfifo(cache.c_str(), 0600), 0);
+  std::vector<std::string> warnings;
+  px::LogSink old = px::set_log_sink([&](const px::LogRecord& r) { warnings.push_back(r.message); });
+  EXPECT_FALSE(TextDataset(o).stats().tokens_from_cache);
+  px::set_log_sink(old);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("is a FIFO (named pipe), not a regular file"), std::string::npos) << warnings[0];
+  EXPECT_TRUE(fs::is_regular_file(cache));
+  px::data::TokenizedCorpus missing;
+  EXPECT_FALSE(px::data::read_token_cache(dir / "none.bin", vocab, missing));
+  fs::remove_all(dir);
+}
+
+// The check reads every token once: measured here so that a slow one shows (the budget is
+// generous for sanitizer builds).
+TEST(TextDataset, TheTokenCacheCheckIsCheap) {
+  fs::path dir = temp_dir("cache_speed");
+  px::data::TokenizedCorpus c;
+  const int64_t n = 5'000'000;
+  c.tokens.resize(n);
+  for (int64_t i = 0; i < n; ++i) c.tokens[i] = static_cast<int32_t>(i % 8000);
+  c.offsets = {0, n};
+  {
+    std::ofstream f(dir / "tokens.bin", std::ios::binary);
+    uint64_t nd = 1, nt = n;
+    f.write(px::data::kTokenMagic, 8);
+    f.write(reinterpret_cast<const char*>(&nd), 8);
+    f.write(reinterpret_cast<const char*>(&nt), 8);
+    f.write(reinterpret_cast<const char*>(c.offsets.data()), 16);
+    f.write(reinterpret_cast<const char*>(c.tokens.data()), 4 * n);
+  }
+  px::data::TokenizedCorpus back;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(px::data::read_token_cache(dir / "tokens.bin", 8000, back));
+  const double read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(back.tokens, c.tokens);
+  std::printf("read and checked %lld tokens in %.1f ms\n", static_cast<long long>(n), read_s * 1e3);
+  EXPECT_LT(read_s, 5.0);
   fs::remove_all(dir);
 }
 

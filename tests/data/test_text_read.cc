@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <filesystem>
@@ -103,6 +104,55 @@ TEST(TextRead, ClearErrors) {
   }
   e = error_of([&] { px::data::read_documents({(d / "trunc.txt.gz").string()}); });
   EXPECT_NE(e.find("trunc.txt.gz' is corrupt or truncated"), std::string::npos) << e;
+  fs::remove_all(d);
+}
+
+// A small .gz that inflates to a GiB was read whole: inflating stops at a stated bound.
+TEST(TextRead, DecompressionIsBounded) {
+  fs::path d = temp_dir("bomb");
+  write_gz(d / "bomb.txt.gz", std::string(4 << 20, 'x'));  // 4 MiB in about 4 KiB
+  const std::string bomb = (d / "bomb.txt.gz").string();
+  std::string e = error_of([&] { px::data::read_maybe_gz(bomb, 0, 1 << 20); });
+  EXPECT_NE(e.find("'" + bomb + "' inflates to more than 1 MiB from "), std::string::npos) << e;
+  EXPECT_NE(e.find("at most 100x its size (or 1 MiB)"), std::string::npos) << e;
+  EXPECT_NE(e.find("decompress it yourself and give the plain file"), std::string::npos) << e;
+  EXPECT_EQ(px::data::read_maybe_gz(bomb, 0, 8 << 20).size(), size_t{4} << 20);  // under the bound: read
+  // Through the public reader, with the default bound (64 MiB, or 100x): 65 MiB of one byte.
+  gzFile f = gzopen((d / "big.txt.gz").c_str(), "wb1");
+  ASSERT_NE(f, nullptr);
+  const std::string mib(1 << 20, 'y');
+  for (int i = 0; i < 65; ++i) ASSERT_EQ(gzwrite(f, mib.data(), static_cast<unsigned>(mib.size())), 1 << 20);
+  gzclose(f);
+  e = error_of([&] { px::data::read_documents({(d / "big.txt.gz").string()}); });
+  EXPECT_NE(e.find("big.txt.gz' inflates to more than 64 MiB"), std::string::npos) << e;
+  // A plain file inflates to itself: any size is read.
+  write(d / "plain.txt", std::string(4 << 20, 'x'));
+  EXPECT_EQ(px::data::read_maybe_gz((d / "plain.txt").string(), 0, 0).size(), size_t{4} << 20);
+  e = error_of([&] { px::data::read_maybe_gz(bomb, 0, 1000); });
+  const uint64_t stored = fs::file_size(bomb);
+  EXPECT_NE(e.find("inflates to more than " + std::to_string(100 * stored) + " bytes from " + std::to_string(stored) +
+                   " bytes"),
+            std::string::npos)
+      << e;
+  fs::remove_all(d);
+}
+
+// A FIFO opened for reading waits for a writer: data paths that are not regular files are refused.
+TEST(TextRead, NonRegularFilesAreRefused) {
+  fs::path d = temp_dir("fifo");
+  const std::string fifo = (d / "pipe.txt").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string e = error_of([&] { px::data::read_documents({fifo}); });
+  EXPECT_EQ(e, "[data] data path '" + fifo +
+                   "' is a FIFO (named pipe), not a regular file; give a regular file (a pipe, device or directory "
+                   "cannot be read as one)");
+  e = error_of([&] { px::data::read_documents({"/dev/zero"}); });
+  EXPECT_NE(e.find("'/dev/zero' is a character device"), std::string::npos) << e;
+  e = error_of([&] { px::data::read_maybe_gz(fifo); });
+  EXPECT_NE(e.find("[data] '" + fifo + "' is a FIFO"), std::string::npos) << e;
+  // In a directory, only regular files are read; the FIFO is passed over.
+  write(d / "a.txt", "one\n\ntwo");
+  EXPECT_EQ(px::data::read_documents({d.string()}), (std::vector<std::string>{"one", "two"}));
   fs::remove_all(d);
 }
 

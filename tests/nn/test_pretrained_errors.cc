@@ -2,6 +2,7 @@
 // checkpoints are written here with save_pretrained (no Python needed).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -177,6 +178,65 @@ TEST(PretrainedErrors, UnsupportedOptionsNameTheField) {
   write_config(d.str(), j);
   e = error_of([&] { load_pretrained(d.str()); });
   EXPECT_TRUE(has(e, "rope type 'yarn'")) << e;
+}
+
+// transformers builds the model from model_type: a config whose model_type names another family
+// than its architectures was loaded as the architecture here and as the other there.
+TEST(PretrainedErrors, ModelTypeMustAgreeWithTheArchitecture) {
+  TempDir d("pretrained_model_type");
+  save_small(d.str());
+  nlohmann::json j = read_config(d.str());
+  EXPECT_EQ(j["model_type"], "llama");
+  for (const nlohmann::json& bad : {nlohmann::json("gpt2"), nlohmann::json("Llama"), nlohmann::json(7)}) {
+    j["model_type"] = bad;
+    write_config(d.str(), j);
+    std::string e = error_of([&] { load_pretrained(d.str()); });
+    EXPECT_TRUE(has(e, d / "config.json") && has(e, "model_type " + bad.dump() +
+                                                        " contradicts architectures[0] "
+                                                        "'LlamaForCausalLM' (model_type \"llama\")"))
+        << e;
+    EXPECT_THROW(read_pretrained_config(d.str()), UserError);
+  }
+  j.erase("model_type");  // absent (hand-written configs): the architecture decides
+  write_config(d.str(), j);
+  EXPECT_NO_THROW(load_pretrained(d.str()));
+}
+
+// Shards are files of the model directory: an index entry that leaves it is refused.
+TEST(PretrainedErrors, IndexEntriesCannotLeaveTheModelDirectory) {
+  TempDir d("pretrained_index_escape");
+  save_small(d.str());
+  SafetensorsFile f = load_safetensors(d / "model.safetensors");
+  fs::rename(d / "model.safetensors", d / "model-00001-of-00001.safetensors");
+  for (const std::string bad : {"../model-00001-of-00001.safetensors", "/etc/passwd", "sub/../../x.safetensors", ""}) {
+    nlohmann::json wm;
+    for (size_t i = 0; i < f.names.size(); ++i) wm[f.names[i]] = i == 0 ? bad : "model-00001-of-00001.safetensors";
+    std::ofstream(d / "model.safetensors.index.json") << nlohmann::json{{"weight_map", wm}}.dump();
+    std::string e = error_of([&] { load_pretrained(d.str()); });
+    EXPECT_TRUE(has(e, "weight_map['" + f.names[0] + "'] is '" + bad + "', which is not a file inside " + d.str()))
+        << e;
+  }
+}
+
+// Sampling options out of range were clamped or ignored (top_p 5 meant no cut, temperature -1
+// greedy decoding): each is an error naming the option and its range, before anything compiles.
+TEST(PretrainedErrors, SamplingOptionsOutOfRange) {
+  TransformerLm m(small_llama());
+  const std::vector<Array> params;  // never reached: the options are checked first
+  const std::vector<std::vector<int32_t>> prompt{{1, 2}};
+  auto e = [&](GenerateOptions o) { return error_of([&] { generate(m, params, prompt, o); }); };
+  EXPECT_EQ(e({.temperature = -0.5}),
+            "[generate] temperature -0.500000 is out of range; use 0 for greedy decoding or a finite value > 0 to "
+            "sample (1: the model's distribution)");
+  EXPECT_TRUE(has(e({.temperature = std::nan("")}), "temperature nan is out of range"));
+  EXPECT_TRUE(has(e({.temperature = INFINITY}), "temperature inf is out of range"));
+  EXPECT_EQ(e({.top_p = 0.0}), "[generate] top_p 0.000000 is out of range; use a value in (0, 1] (1: no nucleus cut)");
+  EXPECT_TRUE(has(e({.top_p = 1.5}), "top_p 1.500000 is out of range"));
+  EXPECT_TRUE(has(e({.top_p = std::nan("")}), "top_p nan is out of range"));
+  EXPECT_EQ(e({.top_k = -1}), "[generate] top_k -1 is out of range; use 0 (no cut) or k >= 1");
+  EXPECT_TRUE(has(e({.max_new_tokens = -3}), "max_new_tokens -3 is negative"));
+  EXPECT_TRUE(has(e({.max_len = -1}), "max_len -1 is negative"));
+  EXPECT_THROW(generate(m, params, prompt, {.top_k = -1}), UserError);
 }
 
 }  // namespace

@@ -125,6 +125,30 @@ TEST(Devices, ParseMeshFlags) {
     EXPECT_NE(error_of([&] { Mesh::parse(bad, cpu8); }).find("[mesh] cannot parse '"), std::string::npos) << bad;
   EXPECT_NE(error_of([&] { Mesh::parse("  ", cpu8); }).find("is empty"), std::string::npos);
   EXPECT_NE(error_of([&] { Mesh::parse("data:3", cpu8); }).find("needs 3 devices but cpu:8 has 8"), std::string::npos);
+  // "{data:4" parsed as an axis named "{data": an unbalanced brace is an error, and so is any axis
+  // name that is not a name.
+  EXPECT_EQ(error_of([&] { Mesh::parse("{data:4", cpu8); }),
+            "[mesh] the mesh '{data:4' has '{' without its closing '}'; write name:size pairs separated by commas, "
+            "e.g. data:4,model:2 (size -1: the remaining devices) (braces around all of it are optional)");
+  EXPECT_NE(error_of([&] { Mesh::parse("data:4}", cpu8); }).find("'}' without its opening '{'"), std::string::npos);
+  EXPECT_NE(error_of([&] { Mesh::parse("{", cpu8); }).find("'{' without its closing '}'"), std::string::npos);
+  EXPECT_NE(error_of([&] { Mesh::parse("{}", cpu8); }).find("is empty"), std::string::npos);
+  for (const char* bad : {"da ta:8", "{data}:8", "data,:8", "4data:8", "data-x:8", "'data':8"})
+    EXPECT_NE(error_of([&] { Mesh::parse(bad, cpu8); }).find("[mesh]"), std::string::npos) << bad;
+  EXPECT_EQ(error_of([&] { Mesh::parse("da ta:8", cpu8); }),
+            "[mesh] axis name 'da ta' is not a name; axis names are letters, digits and '_', not starting with a "
+            "digit (e.g. data, model, fsdp)");
+  EXPECT_EQ(Mesh::parse("data_2:2,_m:4", cpu8).axis_names(), (std::vector<std::string>{"data_2", "_m"}));
+}
+
+TEST(Mesh, DeviceIdsAreInRange) {
+  std::string e = error_of([] { Mesh({{"x", 2, {}}}, {0, -1}); });
+  EXPECT_EQ(e,
+            "[mesh] device id -1 is out of range; device ids are 0 .. 65535 (the devices' indices in PX_DEVICES, "
+            "e.g. 0 .. 7 for cpu:8)");
+  EXPECT_THROW(Mesh({{"x", 2, {}}}, {-2147483647 - 1, 0}), UserError);
+  EXPECT_NE(error_of([] { Mesh({{"x", 1, {}}}, {65536}); }).find("device id 65536 is out of range"), std::string::npos);
+  EXPECT_EQ(Mesh({{"x", 2, {}}}, {3, 1}).device_ids(), (std::vector<int>{3, 1}));
 }
 
 // Runs itself again with PX_DEVICES set: the default device set comes from the environment.

@@ -1,6 +1,7 @@
 // Global arrays: shard() then gather() gives back the array, for every kind of sharding.
 #include <gtest/gtest.h>
 
+#include "parallax/checkpoint.h"
 #include "parallax/sharding.h"
 #include "testing.h"
 
@@ -75,6 +76,42 @@ TEST(ShardedArray, WrongShardsAreRejected) {
                             {Array::zeros(DType::f32, {2}), Array::zeros(DType::f32, {4})}),
                Error);
   EXPECT_THROW(shard(Array::zeros(DType::f32, {3}), Sharding(m, {"data"})), Error);
+}
+
+// A default-constructed ShardedArray has no shards: gather() read past them (SIGSEGV). Every entry
+// of the sharding API that reads shards now says what is wrong instead.
+TEST(ShardedArray, EmptyOrIncompleteArraysAreErrorsNotCrashes) {
+  const ShardedArray empty;
+  std::string e = testing::error_of([&] { gather(empty); });
+  EXPECT_EQ(e,
+            "[gather] the ShardedArray has no shards (default-constructed, moved from or cleared); "
+            "make one with px::shard(array, sharding) or ShardedArray(type, sharding, shards)");
+  EXPECT_THROW(gather(empty), UserError);
+  e = testing::error_of([&] { empty.shard(0); });
+  EXPECT_NE(e.find("[sharding] the ShardedArray has no shards"), std::string::npos) << e;
+  EXPECT_NE(testing::error_of([&] { empty.shard(3); }).find("mesh position 3 is not in"), std::string::npos);
+  EXPECT_EQ(empty.bytes_per_device(), 0);
+  Checkpoint c(1);
+  c.add("w", empty);
+  EXPECT_NE(testing::error_of([&] { c.full("w"); }).find("[gather] the ShardedArray has no shards"), std::string::npos);
+
+  // Shards replaced through mutable_shards(): missing, undefined or of another type.
+  Mesh m = Mesh::cpu({{"data", 4}});
+  ShardedArray s = shard(Array::from_f32({0, 1, 2, 3, 4, 5, 6, 7}, {4, 2}), Sharding(m, {"data"}));
+  ShardedArray fewer = s;
+  fewer.mutable_shards().pop_back();
+  e = testing::error_of([&] { gather(fewer); });
+  EXPECT_NE(e.find("holds 3 shards for the 4 positions of its process"), std::string::npos) << e;
+  ShardedArray undefined = s;
+  undefined.mutable_shards()[2] = Array();
+  e = testing::error_of([&] { gather(undefined); });
+  EXPECT_NE(e.find("shard 2 of the ShardedArray of f32[4,2]"), std::string::npos) << e;
+  EXPECT_NE(e.find("is undefined, expected f32[1,2]"), std::string::npos) << e;
+  ShardedArray wrong = s;
+  wrong.mutable_shards()[1] = Array(DType::f32, {2, 2});
+  e = testing::error_of([&] { gather(wrong); });
+  EXPECT_NE(e.find("is of type f32[2,2], expected f32[1,2]"), std::string::npos) << e;
+  EXPECT_EQ(gather(s).to_f32(), (std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7}));
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 // Hugging Face directories with a SentencePiece-style tokenizer.json fall back to tokenizer.model.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -133,11 +135,9 @@ TEST(Bpe, SentencePieceStyleDirectoriesUseTokenizerModel) {
   EXPECT_NE(e.find("no tokenizer.json or tokenizer.model"), std::string::npos) << e;
 }
 
-TEST(Bpe, InvalidUtf8InputEncodesByteByByteAndDecodesBack) {
-  // A tiny hand-written tokenizer.json: the byte alphabet and one merge.
-  TempDir dir("bpe_bytes");
+// The 256 characters of the byte-level alphabet, each with its byte as id.
+nlohmann::json byte_vocab() {
   nlohmann::json vocab;
-  std::vector<std::string> chars;
   for (int b = 0, next = 256; b < 256; ++b) {
     const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
     const int cp = printable ? b : next++;
@@ -148,6 +148,13 @@ TEST(Bpe, InvalidUtf8InputEncodesByteByByteAndDecodesBack) {
       s += static_cast<char>(0xC0 | (cp >> 6)), s += static_cast<char>(0x80 | (cp & 0x3F));
     vocab[s] = b;
   }
+  return vocab;
+}
+
+TEST(Bpe, InvalidUtf8InputEncodesByteByByteAndDecodesBack) {
+  // A tiny hand-written tokenizer.json: the byte alphabet and one merge.
+  TempDir dir("bpe_bytes");
+  nlohmann::json vocab = byte_vocab();
   vocab["ab"] = 256;
   nlohmann::json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"a b"}}}},
                       {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
@@ -195,6 +202,101 @@ TEST(Bpe, ErrorsNameTheFileAndTheUnsupportedPart) {
   std::ofstream(dir / "pp.json") << pp.dump();
   e = testing::error_of([&] { load_bpe_tokenizer(dir / "pp.json"); });
   EXPECT_NE(e.find("post_processor cls has id 7, outside the vocabulary [0, 1)"), std::string::npos) << e;
+}
+
+nlohmann::json tokenizer_json(const nlohmann::json& vocab, const nlohmann::json& merges,
+                              const nlohmann::json& added = nlohmann::json::array()) {
+  return {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
+          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+          {"added_tokens", added}};
+}
+
+// Ids size the decoding table: a negative one wrote before it (heap corruption), one near
+// INT32_MAX asked for a table of 2^31 strings (std::length_error). Both are refused by name.
+TEST(Bpe, OutOfRangeIdsAreRefused) {
+  TempDir dir("bpe_ids");
+  auto error = [&](const nlohmann::json& j) {
+    std::ofstream(dir / "tokenizer.json") << j.dump();
+    return testing::error_of([&] { load_bpe_tokenizer(dir / "tokenizer.json"); });
+  };
+  const nlohmann::json vocab = byte_vocab();
+  std::string e = error(tokenizer_json(vocab, nlohmann::json::array(), {{{"id", -5}, {"content", "<s>"}}}));
+  EXPECT_NE(e.find("token '<s>' has id -5, outside [0, 1538)"), std::string::npos) << e;
+  EXPECT_NE(e.find("restore it"), std::string::npos) << e;
+  e = error(tokenizer_json(vocab, nlohmann::json::array(), {{{"id", 2147483646}, {"content", "<s>"}}}));
+  EXPECT_NE(e.find("token '<s>' has id 2147483646"), std::string::npos) << e;
+  e = error(tokenizer_json(vocab, nlohmann::json::array(), {{{"id", 1e300}, {"content", "<s>"}}}));
+  EXPECT_NE(e.find("the id of added token '<s>' must be an integer"), std::string::npos) << e;
+  e = error(tokenizer_json(vocab, nlohmann::json::array(), {{{"id", 300}}}));
+  EXPECT_NE(e.find("must be an object with a string \"content\""), std::string::npos) << e;
+  nlohmann::json big = vocab;
+  big["zz"] = 2147483647;
+  e = error(tokenizer_json(big, nlohmann::json::array()));
+  EXPECT_NE(e.find("token 'zz' has id 2147483647"), std::string::npos) << e;
+  big["zz"] = -1;
+  EXPECT_NE(error(tokenizer_json(big, nlohmann::json::array())).find("token 'zz' has id -1"), std::string::npos);
+  // Holes are fine while most ids are used: an added token past the vocabulary.
+  std::ofstream(dir / "tokenizer.json")
+      << tokenizer_json(vocab, nlohmann::json::array(), {{{"id", 300}, {"content", "<s>"}}}).dump();
+  auto tok = load_bpe_tokenizer(dir / "tokenizer.json");
+  EXPECT_EQ(tok->vocab_size(), 301);
+  EXPECT_EQ(tok->encode("a<s>"), (std::vector<int32_t>{'a', 300}));
+}
+
+// "hello world" -> "hello ld": merges made symbols the vocabulary lacks, and encode dropped them.
+// Merges are now checked at load (as tokenizers does), and a piece without an id maps to the
+// unk_token the file names, or is an error.
+TEST(Bpe, UnknownPiecesMapToUnkOrAreRefused) {
+  TempDir dir("bpe_unknown");
+  auto write = [&](const nlohmann::json& j) { std::ofstream(dir / "tokenizer.json") << j.dump(); };
+  nlohmann::json vocab = byte_vocab();
+  write(tokenizer_json(vocab, {"w o", "wo r"}));
+  std::string e = testing::error_of([&] { load_bpe_tokenizer(dir / "tokenizer.json"); });
+  EXPECT_NE(e.find("merge 'w o' (rank 0) needs the token 'wo', which is not in model.vocab"), std::string::npos) << e;
+
+  // A vocabulary without 'w' and no unk_token: encoding "world" is an error, not "orld".
+  vocab.erase("w");
+  write(tokenizer_json(vocab, nlohmann::json::array()));
+  auto tok = load_bpe_tokenizer(dir / "tokenizer.json");
+  EXPECT_EQ(tok->encode("hello"), (std::vector<int32_t>{'h', 'e', 'l', 'l', 'o'}));
+  e = testing::error_of([&] { tok->encode("hello world"); });
+  EXPECT_NE(e.find("cannot encode the text 'w' (bytes 77)"), std::string::npos) << e;
+  EXPECT_NE(e.find("has no unk_token"), std::string::npos) << e;
+
+  // With an unk_token it stands for the piece, as the file defines.
+  nlohmann::json j = tokenizer_json(vocab, nlohmann::json::array());
+  j["model"]["vocab"]["<unk>"] = 256;
+  j["model"]["unk_token"] = "<unk>";
+  write(j);
+  tok = load_bpe_tokenizer(dir / "tokenizer.json");
+  EXPECT_EQ(tok->encode("ow"), (std::vector<int32_t>{'o', 256}));
+  EXPECT_EQ(tok->decode(tok->encode("hello world")), "hello <unk>orld");
+  j["model"]["unk_token"] = "<missing>";
+  write(j);
+  e = testing::error_of([&] { load_bpe_tokenizer(dir / "tokenizer.json"); });
+  EXPECT_NE(e.find("model.unk_token '<missing>' is not a token of the file"), std::string::npos) << e;
+}
+
+// A FIFO opened for reading waits for a writer forever; directories and devices are no files.
+TEST(Bpe, NonRegularFilesAreRefused) {
+  TempDir dir("bpe_fifo");
+  const std::string fifo = dir / "tokenizer.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string e = testing::error_of([&] { load_bpe_tokenizer(fifo); });
+  EXPECT_NE(e.find("'" + fifo + "' is a FIFO (named pipe), not a regular file"), std::string::npos) << e;
+  EXPECT_EQ(testing::error_of([&] { load_tokenizer(fifo); }), e);
+  e = testing::error_of([&] { load_tokenizer("/dev/null"); });
+  EXPECT_NE(e.find("'/dev/null' is a character device, not a regular file"), std::string::npos) << e;
+  std::filesystem::create_directory(dir / "tok.model");
+  e = testing::error_of([&] { load_sentencepiece(dir / "tok.model"); });
+  EXPECT_NE(e.find("is a directory, not a regular file"), std::string::npos) << e;
+  // tokenizer_config.json next to a good tokenizer.json.
+  std::filesystem::remove(fifo);
+  std::ofstream(dir / "tokenizer.json") << tokenizer_json(byte_vocab(), nlohmann::json::array()).dump();
+  const std::string cfg = dir / "tokenizer_config.json";
+  ASSERT_EQ(::mkfifo(cfg.c_str(), 0600), 0);
+  e = testing::error_of([&] { load_bpe_tokenizer(dir / "tokenizer.json"); });
+  EXPECT_NE(e.find("'" + cfg + "' is a FIFO"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -165,6 +165,21 @@ std::vector<std::vector<int32_t>> generate(const TransformerLm& model, const std
                                            const std::vector<std::vector<int32_t>>& prompts,
                                            const GenerateOptions& opt) {
   const LmConfig& c = model.config();
+  // Sampling options first: out of range they would be clamped or ignored below without a word.
+  if (!(opt.temperature >= 0.0) || !std::isfinite(opt.temperature))
+    throw UserError("[generate] temperature " + std::to_string(opt.temperature) +
+                    " is out of range; use 0 for greedy decoding or a finite value > 0 to sample (1: the model's "
+                    "distribution)");
+  if (!(opt.top_p > 0.0 && opt.top_p <= 1.0))
+    throw UserError("[generate] top_p " + std::to_string(opt.top_p) +
+                    " is out of range; use a value in (0, 1] (1: no nucleus cut)");
+  if (opt.top_k < 0)
+    throw UserError("[generate] top_k " + std::to_string(opt.top_k) + " is out of range; use 0 (no cut) or k >= 1");
+  if (opt.max_new_tokens < 0)
+    throw UserError("[generate] max_new_tokens " + std::to_string(opt.max_new_tokens) + " is negative; use >= 0");
+  if (opt.max_len < 0)
+    throw UserError("[generate] max_len " + std::to_string(opt.max_len) +
+                    " is negative; use 0 (the prompt plus max_new_tokens) or a cache length");
   if (prompts.empty()) throw Error("[generate] give at least one non-empty prompt");
   const int64_t b = static_cast<int64_t>(prompts.size());
   int64_t p = 0;  // the longest prompt

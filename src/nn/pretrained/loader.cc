@@ -60,7 +60,15 @@ const ArchSpec& arch_of(const nlohmann::json& j, const std::string& path) {
   if (it == j.end() || !it->is_array() || it->empty() || !(*it)[0].is_string())
     throw Error(path + ": no \"architectures\" list; add e.g. \"architectures\": [\"LlamaForCausalLM\"] (supported: " +
                 supported_list() + ")");
-  return arch_named((*it)[0].get<std::string>(), path);
+  const ArchSpec& a = arch_named((*it)[0].get<std::string>(), path);
+  // transformers builds the model from model_type: one that names another family would load
+  // these weights as another architecture there.
+  if (auto mt = j.find("model_type"); mt != j.end() && !mt->is_null()) {
+    if (!mt->is_string() || mt->get<std::string>() != a.model_type)
+      throw UserError(path + ": model_type " + mt->dump() + " contradicts architectures[0] '" + a.name +
+                      "' (model_type \"" + a.model_type + "\"); fix config.json so that the two agree");
+  }
+  return a;
 }
 
 // The logical (ours) shape of an HF tensor's view and its expected HF shape.
@@ -160,6 +168,15 @@ Pretrained load(const std::string& dir, const std::function<void(int, Array)>* s
     std::set<std::string> seen;
     for (auto& [name, f] : wm->items()) {
       if (!f.is_string()) throw Error(index_path.string() + ": weight_map['" + name + "'] must be a file name");
+      // Shards live in the model directory: an absolute path or a ".." would read elsewhere.
+      const fs::path rel(f.get<std::string>());
+      bool escapes = rel.empty() || rel.is_absolute();
+      for (const fs::path& part : rel) escapes = escapes || part == "..";
+      if (escapes)
+        throw UserError(index_path.string() + ": weight_map['" + name + "'] is '" + f.get<std::string>() +
+                        "', which is not a file inside " + dir +
+                        "; shards are named relative to the model "
+                        "directory (e.g. model-00001-of-00002.safetensors): fix the index");
       listed[name] = f.get<std::string>();
       if (seen.insert(f.get<std::string>()).second) files.push_back(f.get<std::string>());
     }
