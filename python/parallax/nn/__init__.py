@@ -1,0 +1,18 @@
+"""px.nn: neural-network ops (functional), modules and the built-in Transformer LMs."""
+
+from .functional import (  # noqa: F401
+    cross_entropy_loss,
+    dot_product_attention,
+    dropout,
+    gelu,
+    layer_norm,
+    log_softmax,
+    logsumexp,
+    one_hot,
+    relu,
+    rms_norm,
+    sigmoid,
+    silu,
+    softmax,
+    softmax_cross_entropy,
+)
