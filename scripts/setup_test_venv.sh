@@ -19,6 +19,11 @@ PACKAGES=(
   torch
   "zarr>=3"      # tests/checkpoint: reads the Zarr v3 checkpoints (brings google-crc32c, numcodecs)
   tensorboard
+  # scripts/python_package.sh: builds python/ (the parallax package) and runs python/tests
+  nanobind
+  scikit-build-core
+  pytest
+  ml_dtypes
 )
 
 if [ ! -x "$VENV/bin/python" ]; then

@@ -40,6 +40,9 @@ from ._transforms import grad, jit, value_and_grad, vjp
 from ._tree import register_pytree_node, tree_flatten, tree_leaves, tree_map, tree_unflatten
 from . import numpy
 from . import nn
+from . import optim
+from ._core import Mesh, ShardingPlan, ShardingStrategy, StepMetrics, TrainState
+from ._train import PartitionSpec, TrainStep, create_sharded_model, strategy
 
 __version__ = _core.__version__
 

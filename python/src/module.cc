@@ -66,4 +66,5 @@ NB_MODULE(_core, m) {
   bind_array(m);
   bind_trace(m);
   bind_testing(m);
+  bind_train(m);
 }

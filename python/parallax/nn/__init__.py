@@ -1,5 +1,6 @@
 """px.nn: neural-network ops (functional), modules and the built-in Transformer LMs."""
 
+from .._core import LmConfig, MlpKind, NormKind, PositionKind, TransformerLm  # noqa: F401
 from .functional import (  # noqa: F401
     cross_entropy_loss,
     dot_product_attention,
@@ -15,4 +16,16 @@ from .functional import (  # noqa: F401
     silu,
     softmax,
     softmax_cross_entropy,
+)
+from .modules import (  # noqa: F401
+    CausalSelfAttention,
+    Embedding,
+    LayerNorm,
+    Linear,
+    Mlp,
+    Module,
+    RMSNorm,
+    lecun_normal,
+    normal,
+    tag,
 )

@@ -1,0 +1,44 @@
+"""A small GPT written with px.nn, mirroring px::nn::TransformerLm's GPT-2 flavour op for op
+(pre-norm blocks, learned positions, tied embedding), so the two agree on the same weights."""
+
+import parallax as px
+import parallax.numpy as pnp
+from parallax import nn
+
+
+class Block(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, seed):
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = nn.CausalSelfAttention(d_model, n_heads, bias=True, seed=seed)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Mlp(d_model, d_ff, seed=seed + 1)
+
+    def __call__(self, x):
+        h = x + self.attn(self.ln1(x))
+        return h + self.mlp(self.ln2(h))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, d_model, n_heads, n_layers, d_ff, max_seq_len, seed=0):
+        self.embed = nn.Embedding(vocab, d_model, seed=seed)
+        self.pos_embed = nn.Embedding(max_seq_len, d_model, seed=seed + 1)
+        self.blocks = [Block(d_model, n_heads, d_ff, seed + 10 * (i + 1)) for i in range(n_layers)]
+        self.final_norm = nn.LayerNorm(d_model)
+
+    def __call__(self, tokens):
+        x = self.embed(tokens) + self.pos_embed.table[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(nn.tag(x, "layer_input"))
+        return self.embed.attend(self.final_norm(nn.tag(x, "layers_end")))
+
+
+def loss_fn(model, tokens, targets):
+    return nn.cross_entropy_loss(model(tokens), targets)
+
+
+def config():
+    return px.nn.LmConfig.gpt2("tiny", 64, 32, 2, 2, 64, 16)
+
+
+def python_gpt_like(cfg, seed=0):
+    return GPT(cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff, cfg.max_seq_len, seed=seed)
