@@ -41,6 +41,7 @@ from ._tree import register_pytree_node, tree_flatten, tree_leaves, tree_map, tr
 from . import numpy
 from . import nn
 from . import optim
+from . import pax
 from ._core import Mesh, ShardingPlan, ShardingStrategy, StepMetrics, TrainState
 from ._train import PartitionSpec, TrainStep, create_sharded_model, strategy
 

@@ -13,6 +13,7 @@ void bind_array(nb::module_& m);
 void bind_trace(nb::module_& m);
 void bind_testing(nb::module_& m);
 void bind_train(nb::module_& m);
+void bind_pax(nb::module_& m);
 
 // The exception types of the package (parallax.Error and its subclasses), made in module.cc.
 PyObject* user_error_type();

@@ -67,4 +67,5 @@ NB_MODULE(_core, m) {
   bind_trace(m);
   bind_testing(m);
   bind_train(m);
+  bind_pax(m);
 }
