@@ -24,6 +24,11 @@ PACKAGES=(
   scikit-build-core
   pytest
   ml_dtypes
+  # python/tests/test_notebook.py: runs docs/notebooks/getting_started.ipynb (plots inline)
+  nbclient
+  nbformat
+  ipykernel
+  matplotlib
 )
 
 if [ ! -x "$VENV/bin/python" ]; then

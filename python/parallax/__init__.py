@@ -42,6 +42,7 @@ from . import numpy
 from . import nn
 from . import optim
 from . import pax
+from . import data
 from ._core import Mesh, ShardingPlan, ShardingStrategy, StepMetrics, TrainState
 from ._train import PartitionSpec, TrainStep, create_sharded_model, strategy
 

@@ -12,6 +12,7 @@
 
 #include "bind.h"
 #include "parallax/pax.h"
+#include "parallax/text_data.h"
 
 namespace pxpy {
 namespace {
@@ -30,6 +31,13 @@ pax::RunOptions run_options(const std::string& job_dir, const std::string& devic
 }  // namespace
 
 void bind_pax(nb::module_& m) {
+  nb::module_ d = m.def_submodule("_data", "text corpora (px::data)");
+  d.def("gcide_path", &px::data::gcide_path);
+  d.def("read_gcide", &px::data::read_gcide, nb::arg("max_documents") = 0,
+        "The installed GCIDE dictionary as plain-text documents, one per entry.", nb::call_guard<nb::gil_scoped_release>());
+  d.def("read_documents", &px::data::read_documents, nb::arg("paths"), nb::arg("max_documents") = 0,
+        nb::call_guard<nb::gil_scoped_release>());
+
   nb::module_ p = m.def_submodule("_pax", "pax experiments (px::pax)");
   nb::class_<pax::ExperimentConfig>(p, "ExperimentConfig", "A resolved experiment: every field by dotted path.")
       .def(nb::init<const pax::ExperimentConfig&>())
