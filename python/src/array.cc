@@ -64,11 +64,16 @@ void capsule_destructor(PyObject* cap) {
 
 DLDataType dl_dtype(px::DType d) {
   switch (d) {
-    case px::DType::f32: return {2, 32, 1};
-    case px::DType::bf16: return {4, 16, 1};
-    case px::DType::f16: return {2, 16, 1};
-    case px::DType::i32: return {0, 32, 1};
-    case px::DType::boolean: return {6, 8, 1};
+    case px::DType::f32:
+      return {2, 32, 1};
+    case px::DType::bf16:
+      return {4, 16, 1};
+    case px::DType::f16:
+      return {2, 16, 1};
+    case px::DType::i32:
+      return {0, 32, 1};
+    case px::DType::boolean:
+      return {6, 8, 1};
   }
   return {2, 32, 1};
 }
@@ -149,7 +154,8 @@ px::Array from_dlpack_capsule(nb::handle cap, nb::handle owner_of) {
     std::vector<int64_t> strides(t.strides, t.strides + t.ndim);
     if (!row_major(shape, strides))
       throw_user("px.from_dlpack: the tensor is not contiguous (shape " + shape_text(shape) + ", strides " +
-                 shape_text(strides) + " in elements); make a contiguous copy first (.contiguous(), "
+                 shape_text(strides) +
+                 " in elements); make a contiguous copy first (.contiguous(), "
                  "np.ascontiguousarray)");
   }
   if (m->deleter == export_deleter) {
@@ -174,11 +180,16 @@ px::Array from_dlpack_capsule(nb::handle cap, nb::handle owner_of) {
 // ---- buffer protocol -------------------------------------------------------------------------
 const char* buffer_format(px::DType d) {
   switch (d) {
-    case px::DType::f32: return "f";
-    case px::DType::f16: return "e";
-    case px::DType::i32: return "i";
-    case px::DType::boolean: return "?";
-    case px::DType::bf16: return nullptr;  // no PEP 3118 code: exported by bytes() and viewed
+    case px::DType::f32:
+      return "f";
+    case px::DType::f16:
+      return "e";
+    case px::DType::i32:
+      return "i";
+    case px::DType::boolean:
+      return "?";
+    case px::DType::bf16:
+      return nullptr;  // no PEP 3118 code: exported by view_bytes() and viewed as bfloat16
   }
   return nullptr;
 }
@@ -272,8 +283,9 @@ px::Array from_buffer(nb::handle obj, px::DType dtype) {
 }  // namespace
 
 void bind_array(nb::module_& m) {
-  nb::class_<Bytes>(m, "_Bytes", nb::type_slots(bytes_slots))
-      .def_prop_ro("array", [](const Bytes& b) { return b.array; });
+  nb::class_<Bytes>(m, "_Bytes", nb::type_slots(bytes_slots)).def_prop_ro("array", [](const Bytes& b) {
+    return b.array;
+  });
 
   nb::class_<px::Array>(m, "Array", nb::type_slots(array_slots), nb::is_weak_referenceable(),
                         "A dense, row-major host array (px::Array). Copies share the buffer.")
@@ -287,19 +299,21 @@ void bind_array(nb::module_& m) {
       .def_prop_ro("ndim", [](const px::Array& a) { return a.shape().size(); })
       .def_prop_ro("size", &px::Array::numel)
       .def_prop_ro("nbytes", &px::Array::nbytes)
-      .def_prop_ro("data_ptr", [](const px::Array& a) { return reinterpret_cast<uintptr_t>(a.raw()); },
-                   "The address of the first element (equal for arrays that share memory).")
-      .def("view_bytes", [](const px::Array& a) { return Bytes{a}; },
-           "The bytes as a 1-D uint8 buffer over the same memory (any dtype).")
+      .def_prop_ro(
+          "data_ptr", [](const px::Array& a) { return reinterpret_cast<uintptr_t>(a.raw()); },
+          "The address of the first element (equal for arrays that share memory).")
+      .def(
+          "view_bytes", [](const px::Array& a) { return Bytes{a}; },
+          "The bytes as a 1-D uint8 buffer over the same memory (any dtype).")
       .def("astype", &px::Array::astype, nb::arg("dtype"))
       .def("copy", &px::Array::clone)
-      .def("reshape", [](const px::Array& a, const std::vector<int64_t>& s) { return a.reshape(s); },
-           nb::arg("shape"), "A view with another shape (same buffer).")
+      .def(
+          "reshape", [](const px::Array& a, const std::vector<int64_t>& s) { return a.reshape(s); }, nb::arg("shape"),
+          "A view with another shape (same buffer).")
       .def(
           "__dlpack__",
           [](const px::Array& a, nb::handle stream, nb::handle max_version, nb::handle dl_device, nb::handle copy) {
-            if (!copy.is_none() && nb::cast<bool>(copy))
-              return to_dlpack(a.clone());
+            if (!copy.is_none() && nb::cast<bool>(copy)) return to_dlpack(a.clone());
             return to_dlpack(a);
           },
           nb::arg("stream") = nb::none(), nb::kw_only(), nb::arg("max_version") = nb::none(),

@@ -34,7 +34,8 @@ void bind_pax(nb::module_& m) {
   nb::module_ d = m.def_submodule("_data", "text corpora (px::data)");
   d.def("gcide_path", &px::data::gcide_path);
   d.def("read_gcide", &px::data::read_gcide, nb::arg("max_documents") = 0,
-        "The installed GCIDE dictionary as plain-text documents, one per entry.", nb::call_guard<nb::gil_scoped_release>());
+        "The installed GCIDE dictionary as plain-text documents, one per entry.",
+        nb::call_guard<nb::gil_scoped_release>());
   d.def("read_documents", &px::data::read_documents, nb::arg("paths"), nb::arg("max_documents") = 0,
         nb::call_guard<nb::gil_scoped_release>());
 
@@ -107,8 +108,8 @@ void bind_pax(nb::module_& m) {
       .def_ro("text", &pax::DecodeResult::text);
   p.def(
       "decode",
-      [](const pax::ExperimentConfig& c, const std::string& job_dir, const std::string& prompt,
-         int64_t max_new_tokens, double temperature, int64_t top_k, uint64_t seed) {
+      [](const pax::ExperimentConfig& c, const std::string& job_dir, const std::string& prompt, int64_t max_new_tokens,
+         double temperature, int64_t top_k, uint64_t seed) {
         pax::DecodeOptions d;
         d.prompt = prompt;
         d.max_new_tokens = max_new_tokens;

@@ -38,9 +38,12 @@ void bind_ops(nb::module_& m) {
   m.def("ones_like", &px::ones_like);
   m.def("iota", &px::iota, nb::arg("shape"), nb::arg("axis"), nb::arg("dtype") = px::DType::i32);
   // elementwise
-#define PX_UNARY(name) m.def(#name, [](const Tensor& x) { return px::name(x); }, nb::arg("x"))
+#define PX_UNARY(name) \
+  m.def(               \
+      #name, [](const Tensor& x) { return px::name(x); }, nb::arg("x"))
 #define PX_BINARY(name) \
-  m.def(#name, [](const Tensor& a, const Tensor& b) { return px::name(a, b); }, nb::arg("a"), nb::arg("b"))
+  m.def(                \
+      #name, [](const Tensor& a, const Tensor& b) { return px::name(a, b); }, nb::arg("a"), nb::arg("b"))
   PX_BINARY(add);
   PX_BINARY(sub);
   PX_BINARY(mul);
@@ -93,7 +96,9 @@ void bind_ops(nb::module_& m) {
   m.def(
       "dot_general",
       [](const Tensor& a, const Tensor& b, const Axes& lc, const Axes& rc, const Axes& lb, const Axes& rb,
-         std::optional<px::DType> out) { return px::dot_general(a, b, px::DotDims{lc, rc, lb, rb}, out); },
+         std::optional<px::DType> out) {
+        return px::dot_general(a, b, px::DotDims{lc, rc, lb, rb}, out);
+      },
       nb::arg("a"), nb::arg("b"), nb::arg("lhs_contract"), nb::arg("rhs_contract"), nb::arg("lhs_batch") = Axes{},
       nb::arg("rhs_batch") = Axes{}, nb::arg("out_dtype") = nb::none());
   m.def("matmul", &px::matmul, nb::arg("a"), nb::arg("b"));

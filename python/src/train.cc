@@ -68,11 +68,11 @@ std::vector<px::TensorType> batch_types(const std::vector<std::pair<px::DType, p
 }
 
 // The keyword arguments every TrainStep constructor takes.
-#define PX_STEP_KWARGS                                                                                           \
-  nb::kw_only(), nb::arg("mesh") = nb::none(), nb::arg("strategy") = px::ShardingStrategy::DDP,                  \
-      nb::arg("data_axis") = "data", nb::arg("model_axis") = "model", nb::arg("clip_norm") = 0.0,               \
-      nb::arg("skip_nonfinite") = false, nb::arg("compile") = px::CompileOptions(),                             \
-      nb::arg("auto_time_limit_s") = 10.0, nb::arg("auto_cluster") = "cpu"
+#define PX_STEP_KWARGS                                                                                       \
+  nb::kw_only(), nb::arg("mesh") = nb::none(), nb::arg("strategy") = px::ShardingStrategy::DDP,              \
+                 nb::arg("data_axis") = "data", nb::arg("model_axis") = "model", nb::arg("clip_norm") = 0.0, \
+                 nb::arg("skip_nonfinite") = false, nb::arg("compile") = px::CompileOptions(),               \
+                 nb::arg("auto_time_limit_s") = 10.0, nb::arg("auto_cluster") = "cpu"
 
 }  // namespace
 
@@ -105,7 +105,9 @@ void bind_train(nb::module_& m) {
       .def("declare", &declare, nb::arg("path"), nb::arg("dtype"), nb::arg("shape"));
 
   // ---- Transformer LMs -------------------------------------------------------------------------
-  nb::enum_<nn::NormKind>(m, "NormKind").value("layer_norm", nn::NormKind::layer_norm).value("rms_norm", nn::NormKind::rms_norm);
+  nb::enum_<nn::NormKind>(m, "NormKind")
+      .value("layer_norm", nn::NormKind::layer_norm)
+      .value("rms_norm", nn::NormKind::rms_norm);
   nb::enum_<nn::MlpKind>(m, "MlpKind").value("gelu", nn::MlpKind::gelu).value("swiglu", nn::MlpKind::swiglu);
   nb::enum_<nn::PositionKind>(m, "PositionKind")
       .value("learned", nn::PositionKind::learned)
@@ -134,9 +136,8 @@ void bind_train(nb::module_& m) {
       .def_static("preset", &nn::lm_config, nb::arg("name"), "gpt2_tiny, bench_gpt, llama_tiny, gpt2_small, ...")
       .def_static("gpt2", &nn::gpt2_config, nb::arg("name"), nb::arg("vocab"), nb::arg("d_model"), nb::arg("n_heads"),
                   nb::arg("n_layers"), nb::arg("d_ff"), nb::arg("max_seq_len"))
-      .def_static("llama", &nn::llama_config, nb::arg("name"), nb::arg("vocab"), nb::arg("d_model"),
-                  nb::arg("n_heads"), nb::arg("n_kv_heads"), nb::arg("n_layers"), nb::arg("d_ff"),
-                  nb::arg("max_seq_len"));
+      .def_static("llama", &nn::llama_config, nb::arg("name"), nb::arg("vocab"), nb::arg("d_model"), nb::arg("n_heads"),
+                  nb::arg("n_kv_heads"), nb::arg("n_layers"), nb::arg("d_ff"), nb::arg("max_seq_len"));
 
   nb::class_<nn::TransformerLm>(m, "TransformerLm", "The built-in GPT-2 / Llama LM (px::nn::TransformerLm).")
       .def(nb::init<const nn::LmConfig&>(), nb::arg("config"))
@@ -166,7 +167,8 @@ void bind_train(nb::module_& m) {
 
   nb::class_<Optimizer>(m, "Optimizer", "An optimizer (px::optim), applied inside a TrainStep.")
       .def_prop_ro("name", [](const Optimizer& o) { return o.ptr->name(); })
-      .def("lr_at", [](const Optimizer& o, int64_t step) { return o.ptr->lr_at(step); }, nb::arg("step"))
+      .def(
+          "lr_at", [](const Optimizer& o, int64_t step) { return o.ptr->lr_at(step); }, nb::arg("step"))
       .def("__repr__", [](const Optimizer& o) { return "px.optim." + o.ptr->name(); });
   m.def(
       "adamw",
@@ -245,7 +247,8 @@ void bind_train(nb::module_& m) {
       .def_ro("params", &px::ShardingPlan::params)
       .def_ro("batch_axes", &px::ShardingPlan::batch_axes)
       .def_ro("predicted_step_s", &px::ShardingPlan::predicted_step_s)
-      .def("explain", [](const px::ShardingPlan& p) { return p.explanation; }, "AUTO's explanation of the plan.")
+      .def(
+          "explain", [](const px::ShardingPlan& p) { return p.explanation; }, "AUTO's explanation of the plan.")
       .def("table", &px::ShardingPlan::table)
       .def("param_bytes_per_device", &px::ShardingPlan::param_bytes_per_device);
 

@@ -141,6 +141,13 @@ def test_numpy_names(rng):
     np.testing.assert_array_equal(mi, x.min())
 
 
+def test_indexing_with_none_and_ellipsis(rng):
+    x = _f32(rng, 2, 3, 4)
+    a, b = px.jit(lambda x: (x[None, ..., 1], x[:, ::2]))(x)
+    np.testing.assert_array_equal(np.asarray(a), x[None, ..., 1])
+    np.testing.assert_array_equal(np.asarray(b), x[:, ::2])
+
+
 def test_tensors_have_no_truth_value():
     with pytest.raises(px.UserError, match="truth value"):
         px.jit(lambda x: x if x > 0.0 else -x)(np.ones(2, np.float32))

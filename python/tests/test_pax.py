@@ -36,3 +36,9 @@ def test_register_an_experiment_from_python():
     assert "py.TinyCopy1Layer" in dict(px.pax.list_experiments())
     assert px.pax.experiment("py.TinyCopy1Layer").get("model.n_layers") == "1"
     assert "blocks.0" in px.pax.plan("py.TinyCopy1Layer", devices="cpu:2", overrides={"sharding.mesh": "data:2"})
+
+
+def test_decode_continues_a_prompt(tmp_path):
+    px.pax.train("copy.TransformerLmTiny", job_log_dir=tmp_path, overrides=OVERRIDES)
+    d = px.pax.decode("copy.TransformerLmTiny", tmp_path, "1 2 3 4", overrides=OVERRIDES, max_new_tokens=4)
+    assert d.step == 10 and list(d.prompt_ids) == [1, 2, 3, 4] and len(d.new_ids) == 4

@@ -53,3 +53,30 @@ def test_create_sharded_model_rejects_an_unknown_strategy():
     with pytest.raises(px.UserError, match="unknown sharding strategy 'ZERO3'"):
         px.create_sharded_model(px.nn.Linear(2, 2), [(px.float32, (4, 2))], loss_fn=lambda m, x: m(x).sum(),
                                 strategy="ZERO3", mesh=px.Mesh.cpu([("data", 2), ("model", 1)]))
+
+
+def test_default_mesh_comes_from_px_devices(tmp_path):
+    # PX_DEVICES is read when the mesh is made: a fresh interpreter with cpu:4.
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import numpy as np, parallax as px, parallax.numpy as pnp
+params = {"w": np.full((8, 4), 0.1, np.float32), "b": np.zeros(4, np.float32)}
+def fn(p, x, y):
+    return pnp.mean(pnp.square(pnp.tanh(x @ p["w"] + p["b"]) - y))
+x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
+y = np.ones((8, 4), np.float32) * 0.5
+step = px.create_sharded_model((fn, params), [x, y], optimizer=px.optim.sgd(0.5), strategy="AUTO")
+one = px.TrainStep(params, lambda p, x, y: fn(p, x, y), px.optim.sgd(0.5), [x, y])
+s, s1 = step.init(), one.init()
+for _ in range(5):
+    a, b = step(s, x, y).loss, one(s1, x, y).loss
+    assert abs(a - b) <= 1e-6, (a, b)
+print(step.plan().mesh, "ok")
+"""
+    env = dict(os.environ, PX_DEVICES="cpu:4")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "Mesh{data: 4, model: 1} on cpu:4 ok" in out.stdout
