@@ -43,6 +43,12 @@ from . import nn
 from . import optim
 from . import pax
 from . import data
+from . import random
+
+
+def stop_gradient(x):
+    """x, with no gradient flowing back through it."""
+    return _core.stop_gradient(numpy.asarray(x))
 from ._core import Mesh, ShardingPlan, ShardingStrategy, StepMetrics, TrainState
 from ._train import PartitionSpec, TrainStep, create_sharded_model, strategy
 

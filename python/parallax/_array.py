@@ -83,7 +83,13 @@ _cpp_dlpack = Array.__dlpack__
 
 def _dlpack(self: Array, stream=None, *, max_version=None, dl_device=None, copy=None):
     if not copy:
-        _dlpack_exports[self.data_ptr] = weakref.ref(self)
+        ptr = self.data_ptr
+
+        def forget(ref, ptr=ptr):
+            if _dlpack_exports.get(ptr) is ref:
+                del _dlpack_exports[ptr]
+
+        _dlpack_exports[ptr] = weakref.ref(self, forget)
     return _cpp_dlpack(self, stream, max_version=max_version, dl_device=dl_device, copy=copy)
 
 

@@ -157,3 +157,20 @@ def test_jit_runs_on_px_arrays_without_copies(rng):
     x = px.asarray(_f32(rng, 3))
     out = px.jit(lambda x: x)(x)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
+
+
+def test_random_numbers_and_stop_gradient():
+    @px.jit
+    def f(x):
+        k = px.random.fold_in(px.random.key(0), 3)
+        noise = px.random.normal(k, (2, 3))
+        u = px.random.uniform(k, (1000,), minval=2.0, maxval=3.0)
+        g = px.grad(lambda x: pnp.sum(x * px.stop_gradient(x)))(x)
+        return noise, u, g
+
+    noise, u, g = [np.asarray(a) for a in f(np.full((2, 3), 2.0, np.float32))]
+    assert noise.shape == (2, 3) and np.all(noise != 0)
+    assert 2.0 <= u.min() and u.max() < 3.0 and abs(u.mean() - 2.5) < 0.05
+    np.testing.assert_array_equal(g, np.full((2, 3), 2.0))  # d(x * sg(x))/dx = sg(x)
+    again = np.asarray(f(np.zeros((2, 3), np.float32))[0])
+    np.testing.assert_array_equal(noise, again)  # the same key, the same numbers
