@@ -174,3 +174,17 @@ def test_random_numbers_and_stop_gradient():
     np.testing.assert_array_equal(g, np.full((2, 3), 2.0))  # d(x * sg(x))/dx = sg(x)
     again = np.asarray(f(np.zeros((2, 3), np.float32))[0])
     np.testing.assert_array_equal(noise, again)  # the same key, the same numbers
+
+
+def test_16_bit_and_integer_inputs(rng):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = _f32(rng, 4, 8)
+    w = _f32(rng, 8, 3)
+    f = px.jit(lambda a, b: a @ b)
+    for np_dt, px_dt in [(ml_dtypes.bfloat16, px.bf16), (np.float16, px.float16)]:
+        out = f(x.astype(np_dt), w.astype(np_dt))
+        assert out.dtype == px_dt
+        want = x.astype(np_dt).astype(np.float32) @ w.astype(np_dt).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(out).astype(np.float32), want, rtol=2e-2, atol=2e-2)
+    counts = px.jit(lambda t: pnp.sum(pnp.astype(t > 2, px.int32)))(np.arange(6, dtype=np.int32))
+    assert counts.dtype == px.int32 and int(counts) == 3

@@ -5,7 +5,11 @@ import parallax as px
 
 
 def test_version_matches_the_installed_library():
-    assert px.__version__ == "0.1.0"
+    # __version__ is the C++ library's (CMake's project version); the wheel's must agree with it
+    from importlib.metadata import version
+
+    assert px.__version__ == version("parallax")
+    assert px.__version__.count(".") == 2
 
 
 def test_import_in_a_fresh_interpreter_prints_the_version():
