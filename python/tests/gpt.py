@@ -42,3 +42,32 @@ def config():
 
 def python_gpt_like(cfg, seed=0):
     return GPT(cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff, cfg.max_seq_len, seed=seed)
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, d_model, n_heads, n_kv_heads, d_ff, eps, seed):
+        self.ln1 = nn.RMSNorm(d_model, eps)
+        self.attn = nn.CausalSelfAttention(d_model, n_heads, n_kv_heads, rope=True, seed=seed)
+        self.ln2 = nn.RMSNorm(d_model, eps)
+        self.mlp = nn.SwiGlu(d_model, d_ff, seed=seed + 1)
+
+    def __call__(self, x):
+        h = x + self.attn(self.ln1(x))
+        return h + self.mlp(self.ln2(h))
+
+
+class Llama(nn.Module):
+    """px::nn::TransformerLm's Llama flavour: RMSNorm, SwiGLU, rotary positions, untied head."""
+
+    def __init__(self, cfg, seed=0):
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, seed=seed)
+        self.blocks = [LlamaBlock(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff, cfg.norm_eps, seed + i + 1)
+                       for i in range(cfg.n_layers)]
+        self.final_norm = nn.RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False, seed=seed + 99)
+
+    def __call__(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(nn.tag(x, "layer_input"))
+        return self.head(self.final_norm(nn.tag(x, "layers_end")))

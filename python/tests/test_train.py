@@ -3,7 +3,7 @@ import pytest
 
 import parallax as px
 import parallax.numpy as pnp
-from gpt import GPT, config, loss_fn, python_gpt_like
+from gpt import GPT, Llama, config, loss_fn, python_gpt_like
 
 
 def _batches(rng, n, vocab=64, shape=(4, 16)):
@@ -58,6 +58,20 @@ def test_python_gpt_trains_like_the_cpp_transformer_lm(rng):
     for path, arr in zip(cpp_model.store.paths(), cpp_step.gather_params(cpp_state)):
         np.testing.assert_allclose(np.asarray(trained[path]), np.asarray(arr), atol=1e-6)
     assert isinstance(py_step.model(py_state), GPT)
+
+
+def test_python_llama_trains_like_the_cpp_llama(rng):
+    cfg = px.nn.LmConfig.llama("tiny_llama", 64, 32, 4, 2, 2, 48, 16)
+    cpp_model = px.nn.TransformerLm(cfg)
+    model = Llama(cfg).load_state_dict(dict(zip(cpp_model.store.paths(), cpp_model.init(1))))
+    assert sorted(model.named_parameters()) == sorted(cpp_model.store.paths())
+    opt = px.optim.adamw(3e-3)
+    sample = [(px.int32, (4, 16))] * 2
+    cpp_step, py_step = px.TrainStep(cpp_model, None, opt, sample), px.TrainStep(model, loss_fn, opt, sample)
+    cpp_state, py_state = cpp_step.init(1), py_step.init()
+    for tokens, targets in _batches(rng, 5):
+        c, p = cpp_step(cpp_state, tokens, targets), py_step(py_state, tokens, targets)
+        assert abs(c.loss - p.loss) <= 1e-6, (c, p)
 
 
 def test_python_gpt_loss_under_jit_equals_the_train_step_loss(rng):

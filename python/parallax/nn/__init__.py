@@ -2,6 +2,7 @@
 
 from .._core import LmConfig, MlpKind, NormKind, PositionKind, TransformerLm  # noqa: F401
 from .functional import (  # noqa: F401
+    apply_rope,
     cross_entropy_loss,
     dot_product_attention,
     dropout,
@@ -25,6 +26,7 @@ from .modules import (  # noqa: F401
     Mlp,
     Module,
     RMSNorm,
+    SwiGlu,
     lecun_normal,
     normal,
     tag,

@@ -43,3 +43,8 @@ def one_hot(indices, depth, dtype=_core.DType.f32):
 
 def dropout(key, x, rate):
     return _core.dropout(_tensor(key), _tensor(x), rate)
+
+
+def apply_rope(x, theta=10000.0, offset=0):
+    """Rotary positions on x [..., S, D] (pairs (i, i + D/2) rotated by position * theta^(-2i/D))."""
+    return _core.apply_rope(_tensor(x), theta, offset)

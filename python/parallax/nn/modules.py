@@ -211,15 +211,31 @@ class Mlp(Module):
         return self.proj(F.gelu(self.fc(x)))
 
 
-class CausalSelfAttention(Module):
-    """Causal multi-head (grouped-query when n_kv_heads < n_heads) self-attention on x [B, S, d].
-    Params wq [d, H*hd], wk and wv [d, Hkv*hd], wo [H*hd, d], with bias bq, bk, bv, bo."""
+class SwiGlu(Module):
+    """down(silu(gate(x)) * up(x)) (Llama's feed-forward)."""
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = False, *, seed=0):
+    def __init__(self, dim: int, hidden: int, bias: bool = False, *, seed=0):
+        rng = _rng(seed)
+        self.gate = Linear(dim, hidden, bias, seed=rng)
+        self.up = Linear(dim, hidden, bias, seed=rng)
+        self.down = Linear(hidden, dim, bias, seed=rng)
+
+    def __call__(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class CausalSelfAttention(Module):
+    """Causal multi-head (grouped-query when n_kv_heads < n_heads) self-attention on x [B, S, d],
+    with rotary positions when rope is set. Params wq [d, H*hd], wk and wv [d, Hkv*hd],
+    wo [H*hd, d], with bias bq, bk, bv, bo."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = False, *,
+                 rope: bool = False, rope_theta: float = 10000.0, seed=0):
         if d_model % n_heads:
             raise UserError(f"CausalSelfAttention: d_model {d_model} does not divide into {n_heads} heads")
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads or n_heads
+        self.rope_theta = rope_theta if rope else None
         self.head_dim = d_model // n_heads
         rng = _rng(seed)
         hq, hkv = n_heads * self.head_dim, self.n_kv_heads * self.head_dim
@@ -242,6 +258,8 @@ class CausalSelfAttention(Module):
         q = self._heads(x, self.wq, self.bq, self.n_heads)
         k = self._heads(x, self.wk, self.bk, self.n_kv_heads)
         v = self._heads(x, self.wv, self.bv, self.n_kv_heads)
+        if self.rope_theta is not None:
+            q, k = F.apply_rope(q, self.rope_theta), F.apply_rope(k, self.rope_theta)
         o = F.dot_product_attention(q, k, v, causal=True)
         o = pnp.reshape(pnp.transpose(o, (0, 2, 1, 3)), (batch, seq, self.n_heads * self.head_dim))
         y = pnp.matmul(o, self.wo)
