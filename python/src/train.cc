@@ -47,7 +47,8 @@ optim::ParamFilter decay_filter(const std::optional<std::vector<std::string>>& e
 px::TrainStepOptions step_options(std::optional<px::Mesh> mesh, px::ShardingStrategy strategy,
                                   const std::string& data_axis, const std::string& model_axis, double clip_norm,
                                   bool skip_nonfinite, const px::CompileOptions& compile, double auto_time_limit_s,
-                                  const std::string& auto_cluster) {
+                                  const std::string& auto_cluster, const std::string& remat, int64_t remat_budget_bytes,
+                                  const std::vector<std::string>& offload_params, bool offload_optimizer_state) {
   px::TrainStepOptions o;
   o.mesh = std::move(mesh);
   o.strategy = strategy;
@@ -58,6 +59,10 @@ px::TrainStepOptions step_options(std::optional<px::Mesh> mesh, px::ShardingStra
   o.clip_norm = clip_norm;
   o.skip_nonfinite = skip_nonfinite;
   o.compile = compile;
+  o.remat.policy = px::parse_remat_policy(remat);
+  o.remat.budget_bytes = remat_budget_bytes;
+  o.offload.params = offload_params;
+  o.offload.optimizer_state = offload_optimizer_state;
   return o;
 }
 
@@ -68,11 +73,13 @@ std::vector<px::TensorType> batch_types(const std::vector<std::pair<px::DType, p
 }
 
 // The keyword arguments every TrainStep constructor takes.
-#define PX_STEP_KWARGS                                                                                       \
-  nb::kw_only(), nb::arg("mesh") = nb::none(), nb::arg("strategy") = px::ShardingStrategy::DDP,              \
-                 nb::arg("data_axis") = "data", nb::arg("model_axis") = "model", nb::arg("clip_norm") = 0.0, \
-                 nb::arg("skip_nonfinite") = false, nb::arg("compile") = px::CompileOptions(),               \
-                 nb::arg("auto_time_limit_s") = 10.0, nb::arg("auto_cluster") = "cpu"
+#define PX_STEP_KWARGS                                                                                            \
+  nb::kw_only(), nb::arg("mesh") = nb::none(), nb::arg("strategy") = px::ShardingStrategy::DDP,                   \
+                 nb::arg("data_axis") = "data", nb::arg("model_axis") = "model", nb::arg("clip_norm") = 0.0,      \
+                 nb::arg("skip_nonfinite") = false, nb::arg("compile") = px::CompileOptions(),                    \
+                 nb::arg("auto_time_limit_s") = 10.0, nb::arg("auto_cluster") = "cpu", nb::arg("remat") = "none", \
+                 nb::arg("remat_budget_bytes") = 0, nb::arg("offload_params") = std::vector<std::string>{},       \
+                 nb::arg("offload_optimizer_state") = false
 
 }  // namespace
 
@@ -274,10 +281,12 @@ void bind_train(nb::module_& m) {
              const std::vector<std::pair<px::DType, px::Shape>>& batch, std::optional<px::Mesh> mesh,
              px::ShardingStrategy strategy, const std::string& data_axis, const std::string& model_axis,
              double clip_norm, bool skip_nonfinite, const px::CompileOptions& compile, double auto_time_limit_s,
-             const std::string& auto_cluster) {
-            new (self) px::TrainStep(store, opt.ptr, std::move(loss_fn), batch_types(batch),
-                                     step_options(std::move(mesh), strategy, data_axis, model_axis, clip_norm,
-                                                  skip_nonfinite, compile, auto_time_limit_s, auto_cluster));
+             const std::string& auto_cluster, const std::string& remat, int64_t remat_budget,
+             const std::vector<std::string>& offload_params, bool offload_state) {
+            new (self) px::TrainStep(
+                store, opt.ptr, std::move(loss_fn), batch_types(batch),
+                step_options(std::move(mesh), strategy, data_axis, model_axis, clip_norm, skip_nonfinite, compile,
+                             auto_time_limit_s, auto_cluster, remat, remat_budget, offload_params, offload_state));
           },
           nb::arg("store"), nb::arg("optimizer"), nb::arg("loss_fn"), nb::arg("batch_types"), PX_STEP_KWARGS,
           nb::keep_alive<1, 2>())
@@ -286,7 +295,8 @@ void bind_train(nb::module_& m) {
           [](nn::TransformerLm& lm, const Optimizer& opt, const std::vector<std::pair<px::DType, px::Shape>>& batch,
              std::optional<px::Mesh> mesh, px::ShardingStrategy strategy, const std::string& data_axis,
              const std::string& model_axis, double clip_norm, bool skip_nonfinite, const px::CompileOptions& compile,
-             double auto_time_limit_s, const std::string& auto_cluster) {
+             double auto_time_limit_s, const std::string& auto_cluster, const std::string& remat, int64_t remat_budget,
+             const std::vector<std::string>& offload_params, bool offload_state) {
             // The loss is C++ (no Python callback): next_token_loss(tokens = batch[0], targets = batch[1]).
             px::TrainStep::LossFn loss = [&lm](const std::vector<Tensor>& b) {
               if (b.size() != 2) throw px::UserError("TrainStep.for_lm: the batch is (tokens, targets)");
@@ -295,7 +305,7 @@ void bind_train(nb::module_& m) {
             return std::make_unique<px::TrainStep>(
                 lm.store(), opt.ptr, loss, batch_types(batch),
                 step_options(std::move(mesh), strategy, data_axis, model_axis, clip_norm, skip_nonfinite, compile,
-                             auto_time_limit_s, auto_cluster));
+                             auto_time_limit_s, auto_cluster, remat, remat_budget, offload_params, offload_state));
           },
           nb::arg("model"), nb::arg("optimizer"), nb::arg("batch_types"), PX_STEP_KWARGS, nb::keep_alive<0, 1>())
       .def("init", nb::overload_cast<uint64_t>(&px::TrainStep::init, nb::const_), nb::arg("seed"))

@@ -114,3 +114,23 @@ def test_optimizers_and_schedules():
     assert s(5) == pytest.approx(5e-4)
     assert px.optim.adamw(s).lr_at(10) == pytest.approx(1e-3)
     assert px.optim.sgd(0.5, momentum=0.9).name.startswith("sgd")
+
+
+@pytest.mark.parametrize("options", [{"remat": "full"}, {"remat": "dots_saveable"},
+                                     {"offload_params": ["*"], "offload_optimizer_state": True}])
+def test_remat_and_offload_change_memory_not_results(options, rng):
+    model = python_gpt_like(config(), seed=2)
+    sample = [(px.int32, (4, 16))] * 2
+    plain = px.TrainStep(model, loss_fn, px.optim.adamw(3e-3), sample)
+    other = px.TrainStep(model, loss_fn, px.optim.adamw(3e-3), sample, **options)
+    s1, s2 = plain.init(), other.init()
+    for tokens, targets in _batches(rng, 3):
+        assert plain(s1, tokens, targets).loss == other(s2, tokens, targets).loss  # bitwise
+    if "remat" in options:
+        assert other.peak_bytes() <= plain.peak_bytes()
+
+
+def test_unknown_remat_policy_names_the_policies():
+    with pytest.raises(px.Error, match="everything"):
+        px.TrainStep(px.nn.Linear(2, 2), lambda m, x: pnp.sum(m(x)), px.optim.sgd(0.1), [(px.float32, (2, 2))],
+                     remat="everything")
