@@ -44,6 +44,7 @@ from . import optim
 from . import pax
 from . import data
 from . import random
+from . import text
 
 
 def stop_gradient(x):

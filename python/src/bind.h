@@ -14,6 +14,7 @@ void bind_trace(nb::module_& m);
 void bind_testing(nb::module_& m);
 void bind_train(nb::module_& m);
 void bind_pax(nb::module_& m);
+void bind_pretrained(nb::module_& m);
 
 // The exception types of the package (parallax.Error and its subclasses), made in module.cc.
 PyObject* user_error_type();

@@ -68,4 +68,5 @@ NB_MODULE(_core, m) {
   bind_testing(m);
   bind_train(m);
   bind_pax(m);
+  bind_pretrained(m);
 }

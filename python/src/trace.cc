@@ -148,8 +148,7 @@ void bind_ops(nb::module_& m) {
   m.def("dropout", &px::dropout, nb::arg("key"), nb::arg("x"), nb::arg("rate"));
   m.def("tag", &px::tag, nb::arg("x"), nb::arg("name"));
   m.def(
-      "apply_rope",
-      [](const Tensor& x, double theta, int64_t offset) { return px::nn::apply_rope(x, theta, offset); },
+      "apply_rope", [](const Tensor& x, double theta, int64_t offset) { return px::nn::apply_rope(x, theta, offset); },
       nb::arg("x"), nb::arg("theta") = 10000.0, nb::arg("offset") = 0,
       "Rotary positions on x[..., S, D] (rotate-half convention), positions offset .. offset+S-1.");
 }

@@ -146,7 +146,8 @@ void bind_train(nb::module_& m) {
       .def_static("llama", &nn::llama_config, nb::arg("name"), nb::arg("vocab"), nb::arg("d_model"), nb::arg("n_heads"),
                   nb::arg("n_kv_heads"), nb::arg("n_layers"), nb::arg("d_ff"), nb::arg("max_seq_len"));
 
-  nb::class_<nn::TransformerLm>(m, "TransformerLm", "The built-in GPT-2 / Llama LM (px::nn::TransformerLm).")
+  nb::class_<nn::TransformerLm>(m, "TransformerLm", nb::is_weak_referenceable(),
+                                "The built-in GPT-2 / Llama LM (px::nn::TransformerLm).")
       .def(nb::init<const nn::LmConfig&>(), nb::arg("config"))
       .def_prop_ro("config", &nn::TransformerLm::config)
       .def_prop_ro("store", &nn::TransformerLm::store, nb::rv_policy::reference_internal)

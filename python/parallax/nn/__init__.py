@@ -31,3 +31,4 @@ from .modules import (  # noqa: F401
     normal,
     tag,
 )
+from .pretrained import Pretrained, from_pretrained, generate, logits, save_pretrained  # noqa: F401
