@@ -77,11 +77,16 @@ class TrainStep:
     or a built-in px.nn.TransformerLm (loss_fn None: next-token loss over (tokens, targets)).
     batch: sample arrays or (dtype, shape) pairs. mesh and strategy shard it (see
     px.create_sharded_model); other keywords: clip_norm, skip_nonfinite, compile,
-    data_axis, model_axis, auto_time_limit_s, auto_cluster."""
+    data_axis, model_axis, auto_time_limit_s, auto_cluster, remat, remat_budget_bytes,
+    offload_params, offload_optimizer_state, and rules / activation_rules: [(glob,
+    PartitionSpec or its text)], first match wins (MANUAL, or overrides of any strategy)."""
 
     def __init__(self, model, loss_fn, optimizer, batch, *, mesh: Mesh | None = None,
                  strategy=ShardingStrategy.DDP, **options):
         types = _batch_types(batch)
+        for key in ("rules", "activation_rules"):
+            if key in options:
+                options[key] = [(glob, str(spec)) for glob, spec in options[key]]
         opts = dict(mesh=mesh, strategy=globals()["strategy"](strategy), **options)
         self._model = model
         if isinstance(model, TransformerLm):

@@ -44,11 +44,15 @@ optim::ParamFilter decay_filter(const std::optional<std::vector<std::string>>& e
   return min_rank > 0 ? optim::rank_at_least(min_rank) : optim::all_params();
 }
 
+// (glob, spec text) pairs: sharding rules as ShardingOptions::rules and activation_rules take them.
+using Rules = std::vector<std::pair<std::string, std::string>>;
+
 px::TrainStepOptions step_options(std::optional<px::Mesh> mesh, px::ShardingStrategy strategy,
                                   const std::string& data_axis, const std::string& model_axis, double clip_norm,
                                   bool skip_nonfinite, const px::CompileOptions& compile, double auto_time_limit_s,
                                   const std::string& auto_cluster, const std::string& remat, int64_t remat_budget_bytes,
-                                  const std::vector<std::string>& offload_params, bool offload_optimizer_state) {
+                                  const std::vector<std::string>& offload_params, bool offload_optimizer_state,
+                                  const Rules& rules, const Rules& activation_rules) {
   px::TrainStepOptions o;
   o.mesh = std::move(mesh);
   o.strategy = strategy;
@@ -63,6 +67,9 @@ px::TrainStepOptions step_options(std::optional<px::Mesh> mesh, px::ShardingStra
   o.remat.budget_bytes = remat_budget_bytes;
   o.offload.params = offload_params;
   o.offload.optimizer_state = offload_optimizer_state;
+  for (auto& [glob, spec] : rules) o.sharding.rules.push_back({glob, px::PartitionSpec::parse(spec)});
+  for (auto& [glob, spec] : activation_rules)
+    o.sharding.activation_rules.push_back({glob, px::PartitionSpec::parse(spec)});
   return o;
 }
 
@@ -79,7 +86,8 @@ std::vector<px::TensorType> batch_types(const std::vector<std::pair<px::DType, p
                  nb::arg("skip_nonfinite") = false, nb::arg("compile") = px::CompileOptions(),                    \
                  nb::arg("auto_time_limit_s") = 10.0, nb::arg("auto_cluster") = "cpu", nb::arg("remat") = "none", \
                  nb::arg("remat_budget_bytes") = 0, nb::arg("offload_params") = std::vector<std::string>{},       \
-                 nb::arg("offload_optimizer_state") = false
+                 nb::arg("offload_optimizer_state") = false, nb::arg("rules") = Rules{},                          \
+                 nb::arg("activation_rules") = Rules {}
 
 }  // namespace
 
@@ -283,11 +291,13 @@ void bind_train(nb::module_& m) {
              px::ShardingStrategy strategy, const std::string& data_axis, const std::string& model_axis,
              double clip_norm, bool skip_nonfinite, const px::CompileOptions& compile, double auto_time_limit_s,
              const std::string& auto_cluster, const std::string& remat, int64_t remat_budget,
-             const std::vector<std::string>& offload_params, bool offload_state) {
-            new (self) px::TrainStep(
-                store, opt.ptr, std::move(loss_fn), batch_types(batch),
-                step_options(std::move(mesh), strategy, data_axis, model_axis, clip_norm, skip_nonfinite, compile,
-                             auto_time_limit_s, auto_cluster, remat, remat_budget, offload_params, offload_state));
+             const std::vector<std::string>& offload_params, bool offload_state, const Rules& rules,
+             const Rules& activation_rules) {
+            new (self)
+                px::TrainStep(store, opt.ptr, std::move(loss_fn), batch_types(batch),
+                              step_options(std::move(mesh), strategy, data_axis, model_axis, clip_norm, skip_nonfinite,
+                                           compile, auto_time_limit_s, auto_cluster, remat, remat_budget,
+                                           offload_params, offload_state, rules, activation_rules));
           },
           nb::arg("store"), nb::arg("optimizer"), nb::arg("loss_fn"), nb::arg("batch_types"), PX_STEP_KWARGS,
           nb::keep_alive<1, 2>())
@@ -297,7 +307,8 @@ void bind_train(nb::module_& m) {
              std::optional<px::Mesh> mesh, px::ShardingStrategy strategy, const std::string& data_axis,
              const std::string& model_axis, double clip_norm, bool skip_nonfinite, const px::CompileOptions& compile,
              double auto_time_limit_s, const std::string& auto_cluster, const std::string& remat, int64_t remat_budget,
-             const std::vector<std::string>& offload_params, bool offload_state) {
+             const std::vector<std::string>& offload_params, bool offload_state, const Rules& rules,
+             const Rules& activation_rules) {
             // The loss is C++ (no Python callback): next_token_loss(tokens = batch[0], targets = batch[1]).
             px::TrainStep::LossFn loss = [&lm](const std::vector<Tensor>& b) {
               if (b.size() != 2) throw px::UserError("TrainStep.for_lm: the batch is (tokens, targets)");
@@ -306,7 +317,8 @@ void bind_train(nb::module_& m) {
             return std::make_unique<px::TrainStep>(
                 lm.store(), opt.ptr, loss, batch_types(batch),
                 step_options(std::move(mesh), strategy, data_axis, model_axis, clip_norm, skip_nonfinite, compile,
-                             auto_time_limit_s, auto_cluster, remat, remat_budget, offload_params, offload_state));
+                             auto_time_limit_s, auto_cluster, remat, remat_budget, offload_params, offload_state, rules,
+                             activation_rules));
           },
           nb::arg("model"), nb::arg("optimizer"), nb::arg("batch_types"), PX_STEP_KWARGS, nb::keep_alive<0, 1>())
       .def("init", nb::overload_cast<uint64_t>(&px::TrainStep::init, nb::const_), nb::arg("seed"))

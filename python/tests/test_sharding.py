@@ -80,3 +80,22 @@ print(step.plan().mesh, "ok")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "Mesh{data: 4, model: 1} on cpu:4 ok" in out.stdout
+
+
+def test_manual_rules_place_params_and_train_like_one_device(rng):
+    model = python_gpt_like(config(), seed=7)
+    sample = [(px.int32, (4, 16))] * 2
+    rules = [("blocks.*.mlp.fc.w", px.PartitionSpec(None, "model")), ("blocks.*.mlp.fc.b", "P('model')"),
+             ("blocks.*.mlp.proj.w", px.PartitionSpec("model", None))]
+    mesh = px.Mesh.cpu([("data", 2), ("model", 2)])
+    step = px.TrainStep(model, loss_fn, px.optim.sgd(0.1), sample, mesh=mesh, strategy="MANUAL", rules=rules)
+    specs = {p.path: p.spec for p in step.plan().params}
+    assert specs["blocks.1.mlp.fc.w"] == "P(None, 'model')" and specs["blocks.0.mlp.proj.w"] == "P('model', None)"
+    assert specs["embed.table"] == "P()" or specs["embed.table"].startswith("P(None")
+    one = px.TrainStep(model, loss_fn, px.optim.sgd(0.1), sample)
+    s1, s4 = one.init(), step.init()
+    for tokens, targets in _batches(rng, 3):
+        assert abs(one(s1, tokens, targets).loss - step(s4, tokens, targets).loss) <= 1e-6
+    with pytest.raises(px.Error, match="nope"):
+        px.TrainStep(model, loss_fn, px.optim.sgd(0.1), sample, mesh=mesh, strategy="MANUAL",
+                     rules=[("embed.table", px.PartitionSpec("nope"))])
