@@ -14,7 +14,6 @@ import numpy as np
 
 import parallax as px
 import parallax.numpy as pnp
-from parallax import _core
 
 
 def median_us(fn, n=2000, warmup=50):

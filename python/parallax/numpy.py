@@ -10,7 +10,7 @@ import builtins
 import numpy as _np
 
 from . import _core
-from ._array import Array, asarray as _px_asarray, dtype as _dtype
+from ._array import asarray as _px_asarray, dtype as _dtype
 from ._core import Tensor, UserError
 
 __all__ = [

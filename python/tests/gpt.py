@@ -2,7 +2,6 @@
 (pre-norm blocks, learned positions, tied embedding), so the two agree on the same weights."""
 
 import parallax as px
-import parallax.numpy as pnp
 from parallax import nn
 
 
