@@ -36,7 +36,7 @@ from ._array import (
     numpy_dtype,
     zeros,
 )
-from ._transforms import grad, jit, value_and_grad, vjp
+from ._transforms import grad, jit, remat, remat_model, value_and_grad, vjp
 from ._tree import register_pytree_node, tree_flatten, tree_leaves, tree_map, tree_unflatten
 from . import numpy
 from . import nn

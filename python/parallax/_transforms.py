@@ -202,3 +202,40 @@ def vjp(fn, *primals):
     out = jit(fn)(*primals)
     back = jit(lambda p, c: _vjp_traced(fn, p, c)[1])
     return out, lambda ct: back(tuple(primals), ct)
+
+
+def remat(fn, policy: str = "full", names=()):
+    """fn(*Tensors) (e.g. one block of a model) whose forward values follow `policy` in a
+    training step: "full" saves only its inputs and recomputes the rest in the backward pass,
+    "dots_saveable" keeps matmul outputs, "names" keeps the values tagged with `names`
+    (px::remat; the results are the same bits, the memory is less)."""
+    single = []
+
+    def flat(tensors):
+        out = fn(*tensors)
+        single.append(isinstance(out, Tensor))
+        return [out] if single[-1] else list(out)
+
+    wrapped = _core.remat(flat, policy, list(names))
+
+    @functools.wraps(fn)
+    def call(*args):
+        from .numpy import asarray as as_tensor
+
+        outs = wrapped([as_tensor(a) for a in args])
+        return outs[0] if single[-1] else tuple(outs)
+
+    return call
+
+
+def remat_model(blocks, policy: str = "full"):
+    """The blocks (callables of one Tensor, e.g. a model's list of layers) run in order, each
+    rematerialized on its own by `policy` (px::remat_model)."""
+    wrapped = [remat(b, policy) for b in blocks]
+
+    def call(x):
+        for b in wrapped:
+            x = b(x)
+        return x
+
+    return call

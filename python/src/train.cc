@@ -268,6 +268,15 @@ void bind_train(nb::module_& m) {
       .def("table", &px::ShardingPlan::table)
       .def("param_bytes_per_device", &px::ShardingPlan::param_bytes_per_device);
 
+  // ---- rematerialization -----------------------------------------------------------------------
+  m.def(
+      "remat",
+      [](px::TensorFn fn, const std::string& policy, std::vector<std::string> names) {
+        return px::remat(std::move(fn), px::parse_remat_policy(policy), std::move(names));
+      },
+      nb::arg("fn"), nb::arg("policy"), nb::arg("names") = std::vector<std::string>{},
+      "fn (list of Tensors -> list of Tensors) whose forward values follow the policy in a training step.");
+
   // ---- training ---------------------------------------------------------------------------------
   nb::class_<px::TrainState>(m, "TrainState", "Params and optimizer state (this process's shards).")
       .def_ro("step", &px::TrainState::step)

@@ -134,3 +134,34 @@ def test_unknown_remat_policy_names_the_policies():
     with pytest.raises(px.Error, match="everything"):
         px.TrainStep(px.nn.Linear(2, 2), lambda m, x: pnp.sum(m(x)), px.optim.sgd(0.1), [(px.float32, (2, 2))],
                      remat="everything")
+
+
+def test_remat_of_python_blocks_saves_memory_not_bits(rng):
+    class RematGPT(GPT):
+        def __call__(self, tokens):
+            x = self.embed(tokens) + self.pos_embed.table[: tokens.shape[1]]
+            for block in self.blocks:
+                x = px.remat(block, "full")(x)
+            return self.embed.attend(self.final_norm(x))
+
+    cfg = config()
+    plain = python_gpt_like(cfg, seed=4)
+    wrapped = RematGPT(cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff, cfg.max_seq_len, seed=4)
+    sample = [(px.int32, (4, 16))] * 2
+    a = px.TrainStep(plain, loss_fn, px.optim.adamw(3e-3), sample)
+    b = px.TrainStep(wrapped, loss_fn, px.optim.adamw(3e-3), sample)
+    sa, sb = a.init(), b.init()
+    for tokens, targets in _batches(rng, 3):
+        assert a(sa, tokens, targets).loss == b(sb, tokens, targets).loss
+    assert b.peak_bytes() < a.peak_bytes()
+
+    class RematModelGPT(GPT):
+        def __call__(self, tokens):
+            x = self.embed(tokens) + self.pos_embed.table[: tokens.shape[1]]
+            return self.embed.attend(self.final_norm(px.remat_model(self.blocks, "full")(x)))
+
+    c = px.TrainStep(RematModelGPT(cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff,
+                                   cfg.max_seq_len, seed=4), loss_fn, px.optim.adamw(3e-3), sample)
+    assert c.peak_bytes() == b.peak_bytes()
+    with pytest.raises(px.Error, match="auto"):
+        px.jit(lambda x: px.remat(lambda y: y * 2.0, "automatic")(x))(np.ones(2, np.float32))
