@@ -19,6 +19,16 @@ PACKAGES=(
   torch
   "zarr>=3"      # tests/checkpoint: reads the Zarr v3 checkpoints (brings google-crc32c, numcodecs)
   tensorboard
+  # scripts/python_package.sh: builds python/ (the parallax package) and runs python/tests
+  nanobind
+  scikit-build-core
+  pytest
+  ml_dtypes
+  # python/tests/test_notebook.py: runs docs/notebooks/getting_started.ipynb (plots inline)
+  nbclient
+  nbformat
+  ipykernel
+  matplotlib
 )
 
 if [ ! -x "$VENV/bin/python" ]; then

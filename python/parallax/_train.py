@@ -1,0 +1,194 @@
+"""px.TrainStep (one compiled training step, on one device or sharded over a mesh) and
+px.create_sharded_model (the seed's entry point: a model, sample inputs and a strategy)."""
+
+from __future__ import annotations
+
+import os
+
+from . import _core
+from ._array import Array, asarray, dtype as _dtype
+from ._core import Mesh, ShardingStrategy, TransformerLm, UserError
+from ._tree import tree_flatten, tree_unflatten
+
+
+class PartitionSpec:
+    """How each dim of a value is split over mesh axes: PartitionSpec('data', None),
+    PartitionSpec(('data', 'fsdp'), 'model'). Printed and parsed like px::PartitionSpec."""
+
+    def __init__(self, *dims):
+        for d in dims:
+            ok = d is None or isinstance(d, str) or isinstance(d, tuple) and all(isinstance(a, str) for a in d)
+            if not ok:
+                raise UserError(f"PartitionSpec: a dim is None, an axis name or a tuple of names; got {d!r}")
+        self.dims = dims
+        self._cpp = _core._PartitionSpec.parse(self._text())
+
+    def _text(self):
+        def dim(d):
+            if d is None:
+                return "None"
+            if isinstance(d, str):
+                return repr(d)
+            return "(" + ", ".join(map(repr, d)) + ("," if len(d) == 1 else "") + ")"
+
+        return "P(" + ", ".join(dim(d) for d in self.dims) + ")"
+
+    @staticmethod
+    def parse(text: str) -> "PartitionSpec":
+        spec = PartitionSpec()
+        spec._cpp = _core._PartitionSpec.parse(text)
+        return spec
+
+    def __str__(self):
+        return str(self._cpp)
+
+    __repr__ = __str__
+
+    def __eq__(self, other):
+        return isinstance(other, PartitionSpec) and self._cpp == other._cpp
+
+
+def strategy(s) -> ShardingStrategy:
+    """A ShardingStrategy from itself or its name ('auto', 'FSDP_TP', ...)."""
+    if isinstance(s, ShardingStrategy):
+        return s
+    names = {m.name: m for m in ShardingStrategy}
+    if isinstance(s, str) and s.upper() in names:
+        return names[s.upper()]
+    raise UserError(f"unknown sharding strategy {s!r}; expected one of {', '.join(names)}")
+
+
+def _batch_types(batch):
+    out = []
+    for b in batch:
+        if isinstance(b, tuple) and len(b) == 2 and not hasattr(b, "shape"):
+            out.append((_dtype(b[0]), list(b[1])))
+        else:
+            a = asarray(b)
+            out.append((a.dtype, list(a.shape)))
+    return out
+
+
+class TrainStep:
+    """One training step (forward, loss, backward, clipping, optimizer update) traced and
+    compiled as one program (px::TrainStep).
+
+    model: a px.nn.Module (or any tree of arrays) with loss_fn(model, *batch) -> scalar Tensor,
+    or a built-in px.nn.TransformerLm (loss_fn None: next-token loss over (tokens, targets)).
+    batch: sample arrays or (dtype, shape) pairs. mesh and strategy shard it (see
+    px.create_sharded_model); other keywords: clip_norm, skip_nonfinite, compile,
+    data_axis, model_axis, auto_time_limit_s, auto_cluster, remat, remat_budget_bytes,
+    offload_params, offload_optimizer_state, and rules / activation_rules: [(glob,
+    PartitionSpec or its text)], first match wins (MANUAL, or overrides of any strategy)."""
+
+    def __init__(self, model, loss_fn, optimizer, batch, *, mesh: Mesh | None = None,
+                 strategy=ShardingStrategy.DDP, **options):
+        types = _batch_types(batch)
+        for key in ("rules", "activation_rules"):
+            if key in options:
+                options[key] = [(glob, str(spec)) for glob, spec in options[key]]
+        opts = dict(mesh=mesh, strategy=globals()["strategy"](strategy), **options)
+        self._model = model
+        if isinstance(model, TransformerLm):
+            if loss_fn is not None:
+                raise UserError("TrainStep: a px.nn.TransformerLm trains on its next-token loss; pass loss_fn=None")
+            self._cpp = _core.TrainStep.for_lm(model, optimizer, types, **opts)
+            self._treedef = None
+            self.paths = model.store.paths()
+            return
+        from .nn.modules import Module
+
+        leaves, self._treedef = tree_flatten(model)
+        if isinstance(model, Module):
+            self.paths = list(model.named_parameters())
+        else:
+            self.paths = [f"p{i}" for i in range(len(leaves))]
+        self._scope = _core.Scope()
+        for path, leaf in zip(self.paths, leaves):
+            a = asarray(leaf)
+            self._scope.declare(path, a.dtype, list(a.shape))
+        self._initial = [asarray(x) for x in leaves]
+        store = self._scope.store
+        treedef = self._treedef
+
+        def traced_loss(batch_tensors):
+            m = tree_unflatten(treedef, store.values())
+            return loss_fn(m, *batch_tensors)
+
+        self._cpp = _core.TrainStep(store, optimizer, traced_loss, types, **opts)
+
+    def init(self, seed_or_params=None) -> _core.TrainState:
+        """The state from the model's current params (default), a seed (the built-in LMs'
+        initializers), or a list of arrays in param order."""
+        if seed_or_params is None:
+            if self._treedef is None:
+                return self._cpp.init(0)
+            return self._cpp.init(self._initial)
+        if isinstance(seed_or_params, int):
+            return self._cpp.init(seed_or_params)
+        return self._cpp.init([asarray(x) for x in seed_or_params])
+
+    def __call__(self, state, *batch) -> _core.StepMetrics:
+        """Applies one update to state in place; returns the metrics (loss, grad_norm, lr)."""
+        return self._cpp(state, [asarray(b) for b in batch])
+
+    def gather_params(self, state) -> list[Array]:
+        return self._cpp.gather_params(state)
+
+    def model(self, state):
+        """The model (a new Module of the same structure) holding the state's params."""
+        if self._treedef is None:
+            raise UserError("TrainStep.model: a built-in TransformerLm's params are gather_params(state)")
+        return tree_unflatten(self._treedef, self._cpp.gather_params(state))
+
+    def named_params(self, state) -> dict:
+        return dict(zip(self.paths, self._cpp.gather_params(state)))
+
+    def save(self, path: str, state) -> None:
+        self._cpp.save(os.fspath(path), state)
+
+    def load(self, path: str):
+        return self._cpp.load(os.fspath(path))
+
+    def plan(self) -> _core.ShardingPlan:
+        return self._cpp.plan()
+
+    def table(self) -> str:
+        return self._cpp.table()
+
+    def explain(self) -> str:
+        """AUTO's account of its plan (empty for the recipes)."""
+        return self._cpp.plan().explain()
+
+    def peak_bytes(self) -> int:
+        return self._cpp.peak_bytes()
+
+    @property
+    def on_mesh(self) -> bool:
+        return self._cpp.on_mesh
+
+
+def create_sharded_model(model_or_fn, sample_inputs, *, loss_fn=None, optimizer=None,
+                         strategy=ShardingStrategy.AUTO, data_axis_name: str = "data",
+                         model_axis_name: str = "model", mesh: Mesh | None = None, **options) -> TrainStep:
+    """The seed's entry point: a training step for model_or_fn sharded over a mesh.
+
+    model_or_fn: a px.nn.Module (with loss_fn(model, *inputs)), a built-in px.nn.TransformerLm,
+    or a callable (params, *inputs) -> loss together with params passed as model_or_fn=(fn, params).
+    mesh: default Mesh.create([(data_axis_name, -1), (model_axis_name, 1)]) over PX_DEVICES
+    (cpu:4 gives 4 devices); strategy: AUTO, DDP, FSDP, TP, FSDP_TP or MANUAL (or their names).
+    Returns a px.TrainStep (init, __call__, plan(), explain(), table())."""
+    from .optim import adamw
+
+    strat = globals()["strategy"](strategy)
+    if isinstance(model_or_fn, tuple) and len(model_or_fn) == 2 and callable(model_or_fn[0]):
+        fn, params = model_or_fn
+        model, loss_fn = params, (lambda p, *xs: fn(p, *xs))
+    else:
+        model = model_or_fn
+    if loss_fn is None and not isinstance(model, TransformerLm):
+        raise UserError("create_sharded_model: pass loss_fn(model, *inputs) -> scalar for a Python model")
+    if mesh is None:
+        mesh = Mesh.create([(data_axis_name, -1), (model_axis_name, 1)])
+    return TrainStep(model, loss_fn, optimizer or adamw(), sample_inputs, mesh=mesh, strategy=strat,
+                     data_axis=data_axis_name, model_axis=model_axis_name, **options)
