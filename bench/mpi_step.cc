@@ -26,6 +26,7 @@
 #include "parallax/distributed.h"
 #include "parallax/nn.h"
 #include "parallax/parallel.h"
+#include "parallax/train.h"
 
 using px::bench::seconds_since;
 

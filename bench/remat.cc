@@ -18,6 +18,7 @@
 #include "parallax/memory.h"
 #include "parallax/nn.h"
 #include "parallax/train.h"
+#include "train/steps.h"
 
 using px::bench::seconds_since;
 

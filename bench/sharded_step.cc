@@ -22,9 +22,11 @@
 
 #include "gpt_common.h"
 #include "parallax/auto.h"
+#include "parallax/plan.h"
 #include "parallax/memory.h"
 #include "parallax/nn.h"
 #include "parallax/parallel.h"
+#include "parallax/train.h"
 
 using px::bench::seconds_since;
 

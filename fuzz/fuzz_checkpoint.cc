@@ -4,7 +4,7 @@
 #include <string>
 
 #include "fuzz_util.h"
-#include "optim/checkpoint.h"
+#include "train/state_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

@@ -4,11 +4,9 @@
 //
 //   px::Cluster c = px::load_cluster("h100x8");                  // or "cpu", or "my_cluster.toml"
 //   px::Mesh mesh = c.apply(px::Mesh::parse("data:32,model:8", px::parse_devices("cpu:256")));
-//   for (const px::RecipeCost& r : px::cost_recipes(px::nn::bench_gpt(), mesh, c, {.batch = 256}))
-//     std::cout << px::strategy_name(r.strategy) << ": " << (r.applies ? r.cost.to_string() : r.reason);
-//   px::AutoPlan a = px::plan_auto(px::nn::bench_gpt(), mesh, c, {.batch = 256});
-//   std::cout << a.explain();                                     // the plan beside the recipes, and why
-// Training with AUTO: TrainStep(..., {.mesh = mesh, .strategy = px::ShardingStrategy::AUTO}).
+// Costing the recipes and planning AUTO for a model config from shapes alone: parallax/plan.h
+// (px::cost_recipes, px::plan_auto). Training with AUTO: TrainStep(..., {.mesh = mesh, .strategy =
+// px::ShardingStrategy::AUTO}).
 #pragma once
 
 #include <array>
@@ -18,9 +16,9 @@
 #include <vector>
 
 #include "parallax/collectives.h"
-#include "parallax/nn/transformer.h"
 #include "parallax/optim.h"
 #include "parallax/parallel.h"
+#include "parallax/remat.h"
 #include "parallax/spmd.h"
 
 namespace px {
@@ -168,17 +166,6 @@ struct RecipeCost {
   double plan_s = 0;  // seconds spent tracing, deciding, partitioning and planning it
 };
 
-// The recipes DDP, FSDP, TP and FSDP_TP costed for a TransformerLm next-token training step from
-// shapes alone (no param is allocated): traced from types, decided and partitioned as
-// TrainStep on a mesh would, planned and costed on `mesh` (its links as given: pass
-// cluster.apply(mesh) for the cluster's). A recipe that does not apply (no model axis, a dim
-// that does not divide) has applies = false and the reason.
-std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg, const Mesh& mesh, const Cluster& cluster,
-                                     const StepSetup& setup = {},
-                                     const std::vector<ShardingStrategy>& strategies = {
-                                         ShardingStrategy::DDP, ShardingStrategy::FSDP, ShardingStrategy::TP,
-                                         ShardingStrategy::FSDP_TP});
-
 // One decision of the solver: params split together (a tensor-parallel group: a column weight,
 // the row weights it feeds, their siblings and biases; or one param), the same in every layer.
 struct AutoUnit {
@@ -205,11 +192,5 @@ struct AutoPlan {
   bool timed_out = false;    // the time limit cut the search: the best plan found by then
   std::string explain() const;  // the plan, the recipes beside it, and why
 };
-
-// AUTO for a TransformerLm next-token training step from shapes alone (nothing allocated): the
-// same search TrainStep on a mesh runs, with the cluster given here and setup.sharding's limits.
-// Deep models are searched on a copy with fewer layers (identical layers are linked) and the
-// chosen plan is costed on the whole model.
-AutoPlan plan_auto(const nn::LmConfig& cfg, const Mesh& mesh, const Cluster& cluster, const StepSetup& setup = {});
 
 }  // namespace px

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -116,5 +117,10 @@ class Array {
   Placement where_;
   std::shared_ptr<std::byte> data_;
 };
+
+// An array that is not in memory (a tensor in a file): `read(offsets, out)` fills `out` with the
+// box of the array that starts at `offsets` and has out's shape (px::shard reads a shard this way,
+// nn::load_pretrained_slices hands them out).
+using BoxReader = std::function<void(const std::vector<int64_t>& offsets, Array& out)>;
 
 }  // namespace px

@@ -17,6 +17,8 @@
 #include "parallax/ops.h"
 #include "parallax/optim.h"
 #include "parallax/parallel.h"
+#include "parallax/plan.h"
+#include "parallax/remat.h"
 #include "parallax/runtime.h"
 #include "parallax/sharding.h"
 #include "parallax/spmd.h"

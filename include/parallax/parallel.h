@@ -6,12 +6,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "parallax/sharding.h"
 #include "parallax/spmd.h"
-#include "parallax/train.h"
+#include "parallax/strategy.h"
+#include "parallax/graph.h"
+#include "parallax/runtime.h"
 
 namespace px {
 
@@ -24,12 +27,15 @@ ShardingPlan plan_sharding(const Graph& forward, const std::vector<std::string>&
 
 // The rules use px::glob_match (core.h): '*' matches any run of characters, '?' one character.
 
-// The recipe's decision for a traced training step: inputs laid out by the plan (optimizer state
-// as its param, the batch over the batch axes), FSDP params gathered for the forward and again for
-// the backward pass, every gradient pinned to its param's layout, DDP buckets.
-ShardingDecision decide_train_step(const StepProgram& program, const ShardingPlan& plan,
-                                   const std::vector<PartitionSpec>& state_specs,
-                                   const std::vector<TensorType>& batch_types, int64_t bucket_bytes);
+// A forward-only program over the params (e.g. logits for evaluation or decoding), on one device
+// or, with a mesh, split over it by a recipe the way TrainStep is; one path for both (ForwardFn in
+// train.h, ShardedFunction below).
+struct ForwardOptions {
+  std::optional<Mesh> mesh;
+  ShardingStrategy strategy = ShardingStrategy::DDP;
+  ShardingOptions sharding;
+  CompileOptions compile;
+};
 
 // A plain function sharded by a recipe or AUTO over `on.mesh` (unset: one device, every param
 // replicated): its first argument is the params (as one list).

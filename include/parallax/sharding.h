@@ -221,10 +221,7 @@ class ShardedArray {
 // process). Replicated dims are copied; partial-sum axes hold the value at coordinate 0 and zeros
 // elsewhere, so that their sum is the value.
 ShardedArray shard(const Array& full, const Sharding& s, int process = 0);
-// An array that is not in memory (a tensor in a file): `read(offsets, out)` fills `out` with the
-// box of the array that starts at `offsets` and has out's shape.
-using BoxReader = std::function<void(const std::vector<int64_t>& offsets, Array& out)>;
-// The same split, read box by box: each of this process's positions reads only its own shard
+// The same split, read box by box (BoxReader, core.h): each of this process's positions reads only its own shard
 // (positions holding the same box read it once), straight into the shard. So nothing holds the
 // whole array, and over several processes each reads only its part (e.g. a checkpoint).
 ShardedArray shard(const TensorType& type, const BoxReader& read, const Sharding& s, int process = 0);

@@ -22,59 +22,12 @@
 
 #include "parallax/nn/module.h"
 #include "parallax/optim.h"
+#include "parallax/parallel.h"
+#include "parallax/remat.h"
 #include "parallax/runtime.h"
 #include "parallax/strategy.h"
 
 namespace px {
-
-// Rematerialization: which forward values the backward pass reads as saved, and which it
-// recomputes from them (see remat_step and docs/memory.md). Layers are what lies between values
-// tagged "layer_input" (px::tag; TransformerLm tags each block's input and the last block's output
-// "layers_end"); a program without such tags is one layer whose inputs are the graph's inputs.
-enum class RematPolicy {
-  none,              // save everything the backward pass reads
-  full,              // in each layer save only its input; recompute the rest of the layer
-  nothing_saveable,  // full, and outside the layers too (embedding, head and loss recomputed)
-  dots_saveable,     // in each layer save contraction outputs (dot_general, fused attention) and the input
-  dots_with_no_batch_dims_saveable,  // only matmuls without batch dims (weights, not attention)
-  names,                             // in each layer save the values tagged with one of RematOptions::names
-  // dots_saveable, with the saved values and the layer inputs kept in pinned_host memory: sent
-  // there in the forward pass, fetched back (a layer ahead) for the backward pass
-  offload,
-  // The least recompute whose planned per-device peak fits RematOptions::budget_bytes (else
-  // CompileOptions::memory_limit_bytes): full remat of the fewest layers, else nothing_saveable;
-  // chosen by the buffer planner itself.
-  automatic,
-};
-const char* remat_policy_name(RematPolicy p);
-RematPolicy parse_remat_policy(const std::string& name);  // throws naming the policies
-
-// A function of tensors, e.g. one block of a model.
-using TensorFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
-// Wraps fn so that, in a traced training step, the forward values it computes follow `policy`
-// (saved for the backward pass or recomputed there), whatever the step's RematOptions say; `names`
-// for RematPolicy::names. Not RematPolicy::automatic (it needs the whole step's budget).
-TensorFn remat(TensorFn fn, RematPolicy policy, std::vector<std::string> names = {});
-// A stack of blocks run in order (each block's results are the next one's operands), each block
-// rematerialized by `policy` on its own.
-TensorFn remat_model(std::vector<TensorFn> blocks, RematPolicy policy);
-
-struct RematOptions {
-  RematPolicy policy = RematPolicy::none;
-  std::vector<std::string> names;  // names: globs of px::tag names to save
-  int layers = -1;                 // apply the policy to the first `layers` layers only (-1: all)
-  int64_t budget_bytes = 0;        // automatic: the per-device peak to fit (0: the compile limit)
-};
-
-// Offload: what lives in pinned_host memory between steps instead of device memory (see
-// offload_step and docs/memory.md). An offloaded param is fetched to device memory before its
-// uses (again for the backward pass) and freed after them; fetches start `prefetch_depth` layers
-// ahead and run on the backend's copy stream, overlapped with compute.
-struct OffloadOptions {
-  std::vector<std::string> params;  // globs of param paths ("*": all); each must match a param
-  bool optimizer_state = false;     // keep the optimizer state on the host and run the update there
-  int prefetch_depth = 1;           // layers fetched ahead of the one computing (0: fetch at first use)
-};
 
 struct TrainStepOptions {
   // Where the step runs: unset, on one device; set, on every device of the mesh, each param and
@@ -175,57 +128,7 @@ class TrainStep {
   std::unique_ptr<detail::Step> step_;
 };
 
-// The traced training step and what its parts are: the input of the sharding decision, the
-// memory report and the passes after it.
-struct StepProgram {
-  std::unique_ptr<Graph> graph;  // inputs: params, optimizer state ("<path>.<slot>"), batch, step (i32)
-                                 // outputs: loss, gradient norm, learning rate, new params, new state
-  size_t n_params = 0, n_state = 0, n_batch = 0;
-  std::vector<std::string> paths;          // per param
-  std::vector<int> grads;                  // per param: the value of its gradient (before clipping)
-  int forward_end = 0;                     // nodes [0, forward_end) compute the loss
-  int backward_end = 0;                    // nodes [forward_end, backward_end) the gradients; then clip and update
-  std::vector<MemoryCategory> categories;  // per value: params, optimizer state, gradients, activations, ...
-  std::vector<MemoryKind> input_kinds;     // per graph input, where it lives (empty: all device)
-  std::vector<MemoryKind> kinds;           // per value, where it is computed (empty: all device)
-  StepProgram clone() const;               // a deep copy (the passes take programs by value)
-};
-
-// Traces the whole step into one program. `who` names the caller in errors. With skip_nonfinite,
-// the new params and state equal the old ones when the loss or the gradient norm is not finite.
-StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
-                             const std::vector<TensorType>& batch_types, double clip_norm,
-                             const std::string& who = "TrainStep", bool skip_nonfinite = false);
-
-// The remat pass: the same step in which the backward pass reads only the forward values the
-// policy saves; every other forward value it reads is recomputed (a copy of the forward nodes that
-// produce it, from saved values and inputs) just before its first use there, so the forward
-// value is freed after its last forward use. Results are bitwise those of the program without
-// remat. `recomputed_flops` (optional) receives the FLOPs of the copies.
-StepProgram remat_step(StepProgram p, const RematOptions& options, double* recomputed_flops = nullptr);
-// RematPolicy::automatic: the first policy of [none, full on the first 1, 2, ... layers,
-// nothing_saveable] whose planned peak (`peak_of`, bytes per device) is at most `budget`; throws
-// px::UserError with the peaks of none and nothing_saveable when even that does not fit.
-// `chosen` (optional) receives the policy it settled on.
-StepProgram remat_automatic(StepProgram p, int64_t budget, const std::function<int64_t(const StepProgram&)>& peak_of,
-                            RematOptions* chosen = nullptr);
-
-// The offload pass: inputs chosen by `options` live in pinned_host memory; every device use of one
-// reads a copy fetched by a `transfer` node (px::to_memory) just before (one fetch per cluster of
-// nearby uses, so forward and backward fetch separately), and values crossing to the other memory
-// kind are transferred. With optimizer_state, the clipping and update nodes run on the host and
-// read the gradients transferred there. Results are bitwise those without offload.
-StepProgram offload_step(StepProgram p, const OffloadOptions& options);
-
-// A forward-only program over the params (e.g. logits for evaluation or decoding), on one device
-// or, with a mesh, split over it by a recipe the way TrainStep is; one path for both.
-struct ForwardOptions {
-  std::optional<Mesh> mesh;
-  ShardingStrategy strategy = ShardingStrategy::DDP;
-  ShardingOptions sharding;
-  CompileOptions compile;
-};
-
+// A forward-only program over the params on one device or a mesh (ForwardOptions, parallel.h).
 class ShardedFunction;
 
 class ForwardFn {

@@ -164,8 +164,9 @@ class TrainStep:
         return self._cpp.peak_bytes()
 
     @property
-    def on_mesh(self) -> bool:
-        return self._cpp.on_mesh
+    def devices(self) -> int:
+        """The devices the plan's mesh has (1: one device, a mesh of one device)."""
+        return self._cpp.plan().mesh.size
 
 
 def create_sharded_model(model_or_fn, sample_inputs, *, loss_fn=None, optimizer=None,

@@ -344,7 +344,6 @@ void bind_train(nb::module_& m) {
       .def("table", &px::TrainStep::table)
       .def("collectives_table", &px::TrainStep::collectives_table)
       .def("peak_bytes", &px::TrainStep::peak_bytes)
-      .def_prop_ro("on_mesh", &px::TrainStep::on_mesh)
       .def("steps_run", &px::TrainStep::steps_run);
 }
 

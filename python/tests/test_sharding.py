@@ -34,7 +34,7 @@ def test_sharded_python_gpt_trains_like_one_device(strategy, rng):
     sharded = px.create_sharded_model(model, sample, loss_fn=loss_fn, optimizer=opt, strategy=strategy,
                                       data_axis_name="data", model_axis_name="model", mesh=mesh,
                                       auto_time_limit_s=5)
-    assert sharded.on_mesh and sharded.plan().strategy == px.strategy(strategy)
+    assert sharded.devices == 4 and one.devices == 1 and sharded.plan().strategy == px.strategy(strategy)
     assert "blocks.0.mlp.fc.w" in sharded.table()
     if sharded.plan().strategy == px.ShardingStrategy.AUTO:
         assert sharded.explain()  # AUTO says why

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "memory/rewrite.h"
-#include "parallax/train.h"
+#include "memory/step_program.h"
 
 namespace px::memory_pass {
 

@@ -13,7 +13,7 @@
 
 #include "ir/primitive.h"
 #include "memory/rewrite.h"
-#include "parallax/train.h"
+#include "memory/step_program.h"
 
 namespace px {
 

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "parallax/auto.h"
+#include "parallax/plan.h"
 
 #include "core/env.h"
 #include "parallax/nn/pretrained.h"

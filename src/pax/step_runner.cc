@@ -1,7 +1,7 @@
 #include "pax/step_runner.h"
 
 #include "ir/primitive.h"
-#include "optim/checkpoint.h"
+#include "train/state_file.h"
 #include "parallax/nn/pretrained.h"
 #include "pax/model.h"
 #include "train/steps.h"

@@ -11,6 +11,7 @@
 #include "parallax/nn.h"
 #include "parallax/parallel.h"
 #include "parallax/pax.h"
+#include "parallax/train.h"
 
 namespace px::pax {
 

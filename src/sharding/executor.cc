@@ -52,13 +52,13 @@ struct ShardedExecutable::Impl {
   std::unique_ptr<Communicator> own_comm;
   Communicator* comm = nullptr;
   std::unique_ptr<Executable> exe;
-  int process = 0;             // the mesh process this executable runs
-  std::vector<int> positions;  // its mesh positions (the communicator's local ones)
-  int64_t devices = 1;         // positions.size()
-  std::vector<Array> coords;  // per local device
+  int process = 0;                            // the mesh process this executable runs
+  std::vector<int> positions;                 // its mesh positions (the communicator's local ones)
+  int64_t devices = 1;                        // positions.size()
+  std::vector<Array> coords;                  // per local device
   std::vector<std::vector<Array>> ins, outs;  // per device, reused between runs
   std::atomic<bool> running{false};           // one run at a time (ins / outs are reused)
-  int64_t runs_counted = 0;                    // runs since the stats were reset
+  int64_t runs_counted = 0;                   // runs since the stats were reset
 };
 
 ShardedExecutable::ShardedExecutable(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -150,6 +150,7 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
                   m.prog.in_shardings[i].to_string() + " on " + m.prog.mesh.to_string() +
                   "; reshard it with px::shard(px::gather(x), exe->in_sharding(i))");
     }
+    detail::check_complete(inputs[i], "run");
     if (inputs[i].process() != m.process)
       throw Error("[run] input " + std::to_string(i) + " holds the shards of process " +
                   std::to_string(inputs[i].process()) + " of " + m.prog.mesh.to_string() +
@@ -163,8 +164,8 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
     int v = g.outputs()[o];
     const Sharding& s = m.prog.out_shardings[o];
     const std::vector<Array>& have = outs[o].shards();
-    bool reuse = outs[o].sharding() == s && outs[o].process() == m.process &&
-                 static_cast<int64_t>(have.size()) == m.devices;
+    bool reuse =
+        outs[o].sharding() == s && outs[o].process() == m.process && static_cast<int64_t>(have.size()) == m.devices;
     const MemoryKind kind = m.exe->output_kind(static_cast<int>(o));
     for (size_t d = 0; reuse && d < have.size(); ++d)
       reuse = have[d].type() == g.type(v) && have[d].sole_owner() && have[d].placement().kind == kind;

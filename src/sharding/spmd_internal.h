@@ -89,3 +89,9 @@ Sharding to_sharding(const Mesh& mesh, const Spec& s, const std::vector<int>& pa
 std::string spec_str(const Mesh& mesh, const Spec& s);
 
 }  // namespace px::spmd
+
+namespace px::detail {
+// A ShardedArray that can be read: this process's shards all there and of the local type; throws
+// px::UserError("[<who>] ...") otherwise (sharded_array.cc).
+void check_complete(const ShardedArray& a, const char* who);
+}  // namespace px::detail

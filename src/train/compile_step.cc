@@ -208,6 +208,7 @@ CompiledStep compile_step(nn::ParamStore& store, const optim::Optimizer& opt, co
   c.state_specs = std::move(d.state_specs);
   c.n_params = d.program.n_params;
   c.n_state = d.program.n_state;
+  c.index_uses = index_uses(*d.program.graph);
   c.graph = std::move(d.program.graph);
   c.exe = ShardedExecutable::compile(std::move(l.local), l.compile, options.sharding.device_parallelism,
                                      options.sharding.communicator);

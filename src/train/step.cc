@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "core/exclusive.h"
-#include "optim/checkpoint.h"
+#include "train/state_file.h"
 #include "runtime/program.h"
 #include "train/steps.h"
 
@@ -107,6 +107,11 @@ StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch)
   if (batch.size() != batch_types_.size())
     throw Error("[TrainStep] expected " + std::to_string(batch_types_.size()) + " batch arrays, got " +
                 std::to_string(batch.size()));
+  for (size_t i = 0; i < batch.size(); ++i)
+    if (batch[i].type() != batch_types_[i])
+      throw Error("[TrainStep] batch array " + std::to_string(i) + " has type " + type_str(batch[i].type()) +
+                  ", the step was traced for " + type_str(batch_types_[i]));
+  check_indices(c_.index_uses, c_.n_params + c_.n_state, batch);
   // Params and state live where the step keeps them (offload: pinned_host); moved there once.
   size_t k = 0;
   for (auto* group : {&state.params, &state.opt_state})

@@ -4,13 +4,25 @@
 #pragma once
 
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "parallax/parallel.h"
+#include "memory/step_program.h"
 #include "parallax/train.h"
 #include "sharding/recipes/step.h"
+
+namespace px {
+
+// Traces the whole step into one program. `who` names the caller in errors. With skip_nonfinite,
+// the new params and state equal the old ones when the loss or the gradient norm is not finite.
+StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
+                             const std::vector<TensorType>& batch_types, double clip_norm,
+                             const std::string& who = "TrainStep", bool skip_nonfinite = false);
+
+}  // namespace px
 
 namespace px::detail {
 
@@ -19,6 +31,17 @@ namespace px::detail {
 DecidedStep decide_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                         const std::vector<TensorType>& batch_types, const TrainStepOptions& options);
 
+// A batch input used as an index: its values must lie in [0, bound) (or equal `allowed`, an
+// ignore_index). index_uses finds them per graph input of the traced step; check_indices throws
+// px::UserError naming the batch input, the first bad value and where (index_check.cc).
+struct IndexUse {
+  int64_t bound = -1;                                     // -1: not an index
+  int64_t allowed = std::numeric_limits<int64_t>::min();  // one more allowed value (ignore_index)
+  std::string use;                                        // "take, the rows of f32[512,64]"
+};
+std::vector<IndexUse> index_uses(const Graph& g);
+void check_indices(const std::vector<IndexUse>& uses, size_t first, const std::vector<Array>& batch);
+
 // What the pipeline leaves: the plan, the traced step and the compiled program.
 struct CompiledStep {
   ShardingPlan plan;                       // each param's spec (one device: all replicated)
@@ -26,6 +49,7 @@ struct CompiledStep {
   std::unique_ptr<Graph> graph;            // the traced step, global shapes, after remat
   std::unique_ptr<ShardedExecutable> exe;  // the local program, compiled for this process's devices
   size_t n_params = 0, n_state = 0;
+  std::vector<IndexUse> index_uses;  // per input of the traced step
 };
 
 // The whole pipeline of a training step, each pass once and in order (see compile_step.cc).

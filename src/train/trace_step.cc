@@ -1,6 +1,6 @@
 // The first pass of a training step: trace the loss, differentiate it, clip and update, as one
 // program over global shapes (trace_train_step), with what each value holds for the memory report.
-#include "parallax/train.h"
+#include "train/steps.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "core/dump.h"
-#include "optim/checkpoint.h"
+#include "train/state_file.h"
 #include "parallax/autodiff.h"
 #include "parallax/ops.h"
 

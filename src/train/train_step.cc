@@ -2,7 +2,7 @@
 // mesh of one device; the state is each param as this process's shards on every mesh.
 #include <algorithm>
 
-#include "optim/checkpoint.h"
+#include "train/state_file.h"
 #include "parallax/io.h"
 #include "train/steps.h"
 

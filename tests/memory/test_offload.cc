@@ -11,6 +11,7 @@
 
 #include "../sharding/recipe_check.h"
 #include "parallax/auto.h"
+#include "parallax/plan.h"
 #include "parallax/nn.h"
 #include "parallax/parallel.h"
 #include "parallax/train.h"

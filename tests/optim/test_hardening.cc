@@ -7,11 +7,11 @@
 #include <limits>
 #include <thread>
 
-#include "optim/checkpoint.h"
 #include "parallax/io.h"
 #include "parallax/nn.h"
 #include "parallax/train.h"
 #include "testing.h"
+#include "train/state_file.h"
 
 namespace px {
 namespace {
@@ -143,21 +143,25 @@ TEST(NonFinite, SkipNonFiniteKeepsParamsAndStateAndCountsTheSkip) {
     for (float v : p.to_f32()) EXPECT_TRUE(std::isfinite(v));
 }
 
-TEST(NonFinite, OutOfRangeLabelsGiveANonFiniteStep) {
-  // Labels are only known when the program runs: an out-of-range one is NaN (documented), which
-  // the metrics report and skip_nonfinite skips.
+TEST(NonFinite, OutOfRangeLabelsAreRefusedBeforeTheStepRuns) {
+  // A label outside the classes would be NaN in the loss (or, as a token, read a clamped row): the
+  // step checks every batch input used as an index and refuses the batch, naming the value.
   Model m(1);
   TrainStep step(m.root.store(), optim::sgd({.lr = 0.1}), m.loss(), kBatch, {.skip_nonfinite = true});
   TrainState s = step.init(1);
   std::vector<float> before = step.gather_params(s)[0].to_f32();
   for (int32_t label : {3, -5, 1000}) {
-    StepMetrics mt = step(s, batch(1.0f, label));
-    EXPECT_TRUE(std::isnan(mt.loss)) << label;
-    EXPECT_FALSE(mt.finite);
-    EXPECT_TRUE(mt.skipped);
+    try {
+      step(s, batch(1.0f, label));
+      ADD_FAILURE() << "label " << label << " was accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("holds " + std::to_string(label)), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("outside [0, 3)"), std::string::npos) << e.what();
+    }
   }
   EXPECT_EQ(step.gather_params(s)[0].to_f32(), before);
-  EXPECT_EQ(s.skipped, 3);
+  EXPECT_EQ(s.step, 0);
+  EXPECT_EQ(s.skipped, 0);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "parallax/auto.h"
+#include "parallax/plan.h"
 #include "parallax/nn.h"
 #include "parallax/parallel.h"
 #include "recipe_check.h"

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "parallax/auto.h"
+#include "parallax/plan.h"
 #include "parallax/memory.h"
 #include "parallax/nn.h"
 #include "parallax/ops.h"

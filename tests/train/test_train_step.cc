@@ -117,6 +117,30 @@ TEST(TrainStepType, AFailedCallLeavesTheStateWhole) {
   EXPECT_EQ(s.step, 1);
 }
 
+// Token ids out of the vocabulary would be clamped by the embedding lookup (training on the wrong
+// rows) and make NaN in the loss: the step refuses them, naming the batch input and the value, on
+// one device and on a mesh.
+TEST(TrainStepType, TokensOutsideTheVocabularyAreRefused) {
+  Fixture f(gpt_micro());
+  TrainStep one(f.model.store(), opt(), f.loss, f.batch_types);
+  TrainStep ddp(f.model.store(), opt(), f.loss, f.batch_types,
+                {.mesh = Mesh::cpu({{"data", 2}}), .strategy = ShardingStrategy::DDP});
+  TrainState a = one.init(0), b = ddp.init(0);
+  for (int32_t bad : {-1, 256, 1 << 30}) {
+    for (int input : {0, 1}) {
+      std::vector<Array> batch = f.batch(0);
+      batch[input].data<int32_t>()[5] = bad;
+      std::string e = error_of([&] { one(a, batch); });
+      EXPECT_TRUE(has(e, "batch input " + std::to_string(input) + " holds " + std::to_string(bad))) << e;
+      EXPECT_TRUE(has(e, "outside [0, 256)")) << e;
+      e = error_of([&] { ddp(b, batch); });
+      EXPECT_TRUE(has(e, "holds " + std::to_string(bad))) << e;
+    }
+  }
+  EXPECT_EQ(a.step, 0);
+  EXPECT_TRUE(std::isfinite(one(a, f.batch(0)).loss));
+}
+
 TEST(TrainStepType, ForwardFnOnOneDeviceAndOnAMeshAgree) {
   Fixture f(gpt_micro());
   TensorType tok = f.batch_types[0];

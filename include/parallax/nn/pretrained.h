@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "parallax/nn/transformer.h"
-#include "parallax/sharding.h"
+#include "parallax/core.h"
 
 namespace px::nn {
 
@@ -55,7 +55,7 @@ Pretrained load_pretrained(const std::string& dir);
 //   px::nn::load_pretrained(dir, [&](int i, px::Array p) { step.set_param(s, i, p); });
 Pretrained load_pretrained(const std::string& dir, const std::function<void(int, Array)>& sink);
 // The same, sliced: `sink(i, read)` gets a reader of boxes of param i (BoxReader, in
-// parallax/sharding.h) that converts only the elements of the box asked for, straight from the
+// parallax/core.h) that converts only the elements of the box asked for, straight from the
 // mapped file; it is valid during the call. With TrainStep's set_param(s, i, read) every
 // device reads only its own shard, so over several processes each process reads only its part:
 //   px::nn::load_pretrained_slices(dir, [&](int i, const px::BoxReader& r) { step.set_param(s, i, r); });

@@ -12,6 +12,7 @@
 #include "nn/pretrained/mapped_safetensors.h"
 #include "parallax/io.h"
 #include "parallax/nn/pretrained.h"
+#include "io/regular_file.h"
 
 namespace px::nn {
 
@@ -46,6 +47,7 @@ std::string shape_text(const Shape& s) {
 }
 
 nlohmann::json read_json(const std::string& path, const std::string& missing_fix) {
+  io::require_regular_file(path, "[pretrained] ");
   std::ifstream in(path);
   if (!in) throw Error(path + ": not found; " + missing_fix);
   try {

@@ -1,5 +1,6 @@
 // Memory-mapped safetensors reading for pretrained checkpoints.
 #include "nn/pretrained/mapped_safetensors.h"
+#include "io/regular_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -58,7 +59,7 @@ int64_t MappedTensor::numel() const {
 
 MappedSafetensors::MappedSafetensors(const std::string& path) : path_(path) {
   const std::string refetch = "; download or copy the file again (it must be a complete safetensors file)";
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = io::open_for_reading(path, "[safetensors] ");
   if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {

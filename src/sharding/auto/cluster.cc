@@ -23,6 +23,7 @@
 #include "parallax/auto.h"
 #include "parallax/ops.h"
 #include "parallax/parallel.h"
+#include "io/regular_file.h"
 
 namespace px {
 
@@ -343,6 +344,7 @@ Cluster cluster_from_toml(const std::string& text, const std::string& where) {
 }
 
 Cluster read_cluster_file(const std::string& path) {
+  io::require_regular_file(path, "[cluster] ");
   std::ifstream in(path);
   if (!in) throw UserError("[cluster] cannot read the cluster file '" + path + "'; check the path");
   std::stringstream ss;

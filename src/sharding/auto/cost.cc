@@ -8,12 +8,10 @@
 
 #include "ir/primitive.h"
 #include "parallax/auto.h"
-#include "parallax/nn.h"
 #include "runtime/program.h"
 #include "sharding/groups.h"
 #include "sharding/prims.h"
 #include "sharding/recipes/step.h"
-#include "train/steps.h"
 
 namespace px {
 
@@ -270,50 +268,5 @@ StepCost cost_program(const SpmdProgram& program, const Cluster& cluster, const 
   return out;
 }
 
-std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg_in, const Mesh& mesh, const Cluster& cluster,
-                                     const StepSetup& setup, const std::vector<ShardingStrategy>& strategies) {
-  nn::LmConfig cfg = cfg_in;
-  const int64_t seq = setup.seq > 0 ? setup.seq : cfg.max_seq_len;
-  if (seq <= 0) throw UserError("[cost_recipes] no sequence length: set StepSetup::seq or the config's max_seq_len");
-  if (setup.batch <= 0)
-    throw UserError("[cost_recipes] batch must be positive, got " + std::to_string(setup.batch));
-  cfg.max_seq_len = std::max(cfg.max_seq_len, seq);
-  cfg.validate();
-  optim::OptimizerPtr opt = setup.optimizer ? setup.optimizer : optim::adamw({});
-  nn::TransformerLm model(cfg);  // declares params (types and paths); allocates none
-  TrainStep::LossFn loss = [&](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); };
-  std::vector<TensorType> batch_types{{DType::i32, {setup.batch, seq}}, {DType::i32, {setup.batch, seq}}};
-  TrainStepOptions to;
-  to.clip_norm = setup.clip_norm;
-  to.remat = setup.remat;
-  to.offload = setup.offload;
-  to.compile.compute_dtype = setup.compute_dtype;
-
-  std::vector<RecipeCost> out;
-  for (ShardingStrategy s : strategies) {
-    RecipeCost rc;
-    rc.strategy = s;
-    auto t0 = std::chrono::steady_clock::now();
-    try {
-      TrainStepOptions o = to;
-      o.mesh = mesh;
-      o.strategy = s;
-      o.sharding = setup.sharding;
-      DecidedStep d = detail::decide_step(model.store(), *opt, loss, batch_types, o);
-      SpmdProgram prog = partition(*d.program.graph, d.decision, d.program.categories);
-      CompileOptions c = to.compile;
-      offload_local(prog, d.program, to.offload, c);
-      rc.cost = cost_program(prog, cluster, c);
-      rc.param_bytes_per_device = d.plan.param_bytes_per_device();
-      rc.applies = true;
-    } catch (const Error& e) {
-      rc.applies = false;
-      rc.reason = e.what();
-    }
-    rc.plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    out.push_back(std::move(rc));
-  }
-  return out;
-}
 
 }  // namespace px

@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
+#include "memory/step_program.h"
 #include "parallax/auto.h"
 
 namespace px::autoshard {
@@ -38,5 +41,14 @@ struct Problem {
 };
 
 AutoPlan solve(const Problem& p);
+
+// A traced step as the search sees it: each plan decided, partitioned, offloaded and costed on
+// `cluster`. `program` must outlive the model.
+Model model_of(std::shared_ptr<const StepProgram> program, const std::vector<optim::StateSlot>& slots,
+               const std::vector<TensorType>& param_types, const std::vector<TensorType>& batch_types,
+               const Cluster& cluster, const ShardingOptions& sharding, const CompileOptions& compile,
+               const OffloadOptions& offload);
+// The per-device memory the search plans for: the option, else the cluster's device memory.
+int64_t memory_limit_of(const ShardingOptions& s, const Cluster& c, const Mesh& m);
 
 }  // namespace px::autoshard

@@ -5,7 +5,7 @@
 #include <set>
 #include <sstream>
 
-#include "../../ir/primitive.h"
+#include "ir/primitive.h"
 #include "parallax/parallel.h"
 #include "sharding/recipes/tp.h"
 

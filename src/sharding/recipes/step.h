@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "parallax/auto.h"
+#include "memory/step_program.h"
 #include "parallax/parallel.h"
 
 namespace px {
@@ -19,6 +20,13 @@ struct DecidedStep {
   StepProgram program;                    // the traced step (global shapes) after remat
   ShardingDecision decision;              // what partition() applies
 };
+
+// The recipe's decision for a traced training step: inputs laid out by the plan (optimizer state
+// as its param, the batch over the batch axes), FSDP params gathered for the forward and again for
+// the backward pass, every gradient pinned to its param's layout, DDP buckets.
+ShardingDecision decide_train_step(const StepProgram& program, const ShardingPlan& plan,
+                                   const std::vector<PartitionSpec>& state_specs,
+                                   const std::vector<TensorType>& batch_types, int64_t bucket_bytes);
 
 // The optimizer state's specs under a plan: a slot shaped like its param is laid out like it,
 // any other slot is replicated.

@@ -1,4 +1,4 @@
-// The training checkpoint format of TrainStep (internal), on one device or a mesh: one
+// The single-file training checkpoint of TrainStep (internal), on one device or a mesh: one
 // safetensors file, params named by path, optimizer state "<path>.<slot>", metadata "step" and
 // "optimizer". Every step writes and reads full arrays through these, so any mesh loads what another saved.
 #pragma once

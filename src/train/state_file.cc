@@ -8,7 +8,7 @@
 #include <limits>
 #include <set>
 
-#include "optim/checkpoint.h"
+#include "train/state_file.h"
 #include "parallax/io.h"
 
 namespace px::detail {

@@ -1,0 +1,37 @@
+// Planning a Transformer LM's training step from shapes alone (nothing allocated): the recipes
+// costed and AUTO's plan for a model config on a mesh and cluster (auto.h), as TrainStep on that
+// mesh would decide them. Above the AUTO search (src/sharding/auto/), which takes a traced program.
+//
+//   px::Cluster c = px::load_cluster("h100x8");
+//   px::Mesh mesh = c.apply(px::Mesh::parse("data:32,model:8", px::parse_devices("cpu:256")));
+//   for (const px::RecipeCost& r : px::cost_recipes(px::nn::bench_gpt(), mesh, c, {.batch = 256}))
+//     std::cout << px::strategy_name(r.strategy) << ": " << (r.applies ? r.cost.to_string() : r.reason);
+//   px::AutoPlan a = px::plan_auto(px::nn::bench_gpt(), mesh, c, {.batch = 256});
+//   std::cout << a.explain();                                     // the plan beside the recipes, and why
+#pragma once
+
+#include <vector>
+
+#include "parallax/auto.h"
+#include "parallax/nn/transformer.h"
+
+namespace px {
+
+// The recipes DDP, FSDP, TP and FSDP_TP costed for a TransformerLm next-token training step from
+// shapes alone (no param is allocated): traced from types, decided and partitioned as
+// TrainStep on a mesh would, planned and costed on `mesh` (its links as given: pass
+// cluster.apply(mesh) for the cluster's). A recipe that does not apply (no model axis, a dim
+// that does not divide) has applies = false and the reason.
+std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg, const Mesh& mesh, const Cluster& cluster,
+                                     const StepSetup& setup = {},
+                                     const std::vector<ShardingStrategy>& strategies = {
+                                         ShardingStrategy::DDP, ShardingStrategy::FSDP, ShardingStrategy::TP,
+                                         ShardingStrategy::FSDP_TP});
+
+// AUTO for a TransformerLm next-token training step from shapes alone (nothing allocated): the
+// same search TrainStep on a mesh runs, with the cluster given here and setup.sharding's limits.
+// Deep models are searched on a copy with fewer layers (identical layers are linked) and the
+// chosen plan is costed on the whole model.
+AutoPlan plan_auto(const nn::LmConfig& cfg, const Mesh& mesh, const Cluster& cluster, const StepSetup& setup = {});
+
+}  // namespace px

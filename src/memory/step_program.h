@@ -1,0 +1,54 @@
+// The traced training step as the passes see it (internal): the program and what its parts are,
+// and the memory passes over it (remat, offload). trace_train_step (src/train/trace_step.cc) makes
+// one; compile_step (src/train/compile_step.cc) runs the passes in order.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallax/graph.h"
+#include "parallax/remat.h"
+#include "parallax/runtime.h"
+
+namespace px {
+
+// The traced training step and what its parts are: the input of the sharding decision, the
+// memory report and the passes after it.
+struct StepProgram {
+  std::unique_ptr<Graph> graph;  // inputs: params, optimizer state ("<path>.<slot>"), batch, step (i32)
+                                 // outputs: loss, gradient norm, learning rate, new params, new state
+  size_t n_params = 0, n_state = 0, n_batch = 0;
+  std::vector<std::string> paths;          // per param
+  std::vector<int> grads;                  // per param: the value of its gradient (before clipping)
+  int forward_end = 0;                     // nodes [0, forward_end) compute the loss
+  int backward_end = 0;                    // nodes [forward_end, backward_end) the gradients; then clip and update
+  std::vector<MemoryCategory> categories;  // per value: params, optimizer state, gradients, activations, ...
+  std::vector<MemoryKind> input_kinds;     // per graph input, where it lives (empty: all device)
+  std::vector<MemoryKind> kinds;           // per value, where it is computed (empty: all device)
+  StepProgram clone() const;               // a deep copy (the passes take programs by value)
+};
+
+// The remat pass: the same step in which the backward pass reads only the forward values the
+// policy saves; every other forward value it reads is recomputed (a copy of the forward nodes that
+// produce it, from saved values and inputs) just before its first use there, so the forward
+// value is freed after its last forward use. Results are bitwise those of the program without
+// remat. `recomputed_flops` (optional) receives the FLOPs of the copies.
+StepProgram remat_step(StepProgram p, const RematOptions& options, double* recomputed_flops = nullptr);
+// RematPolicy::automatic: the first policy of [none, full on the first 1, 2, ... layers,
+// nothing_saveable] whose planned peak (`peak_of`, bytes per device) is at most `budget`; throws
+// px::UserError with the peaks of none and nothing_saveable when even that does not fit.
+// `chosen` (optional) receives the policy it settled on.
+StepProgram remat_automatic(StepProgram p, int64_t budget, const std::function<int64_t(const StepProgram&)>& peak_of,
+                            RematOptions* chosen = nullptr);
+
+// The offload pass: inputs chosen by `options` live in pinned_host memory; every device use of one
+// reads a copy fetched by a `transfer` node (px::to_memory) just before (one fetch per cluster of
+// nearby uses, so forward and backward fetch separately), and values crossing to the other memory
+// kind are transferred. With optimizer_state, the clipping and update nodes run on the host and
+// read the gradients transferred there. Results are bitwise those without offload.
+StepProgram offload_step(StepProgram p, const OffloadOptions& options);
+
+}  // namespace px

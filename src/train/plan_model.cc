@@ -1,0 +1,102 @@
+// The model-level planning API (parallax/plan.h): a TransformerLm next-token step traced from its
+// config (params declared, never allocated), then costed per recipe or searched by AUTO exactly as
+// TrainStep on the mesh would decide it.
+#include <chrono>
+
+#include "parallax/nn.h"
+#include "parallax/plan.h"
+#include "sharding/auto/solver.h"
+#include "train/steps.h"
+
+namespace px {
+
+std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg_in, const Mesh& mesh, const Cluster& cluster,
+                                     const StepSetup& setup, const std::vector<ShardingStrategy>& strategies) {
+  nn::LmConfig cfg = cfg_in;
+  const int64_t seq = setup.seq > 0 ? setup.seq : cfg.max_seq_len;
+  if (seq <= 0) throw UserError("[cost_recipes] no sequence length: set StepSetup::seq or the config's max_seq_len");
+  if (setup.batch <= 0) throw UserError("[cost_recipes] batch must be positive, got " + std::to_string(setup.batch));
+  cfg.max_seq_len = std::max(cfg.max_seq_len, seq);
+  cfg.validate();
+  optim::OptimizerPtr opt = setup.optimizer ? setup.optimizer : optim::adamw({});
+  nn::TransformerLm model(cfg);  // declares params (types and paths); allocates none
+  TrainStep::LossFn loss = [&](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); };
+  std::vector<TensorType> batch_types{{DType::i32, {setup.batch, seq}}, {DType::i32, {setup.batch, seq}}};
+  TrainStepOptions to;
+  to.clip_norm = setup.clip_norm;
+  to.remat = setup.remat;
+  to.offload = setup.offload;
+  to.compile.compute_dtype = setup.compute_dtype;
+
+  std::vector<RecipeCost> out;
+  for (ShardingStrategy s : strategies) {
+    RecipeCost rc;
+    rc.strategy = s;
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      TrainStepOptions o = to;
+      o.mesh = mesh;
+      o.strategy = s;
+      o.sharding = setup.sharding;
+      DecidedStep d = detail::decide_step(model.store(), *opt, loss, batch_types, o);
+      SpmdProgram prog = partition(*d.program.graph, d.decision, d.program.categories);
+      CompileOptions c = to.compile;
+      offload_local(prog, d.program, to.offload, c);
+      rc.cost = cost_program(prog, cluster, c);
+      rc.param_bytes_per_device = d.plan.param_bytes_per_device();
+      rc.applies = true;
+    } catch (const Error& e) {
+      rc.applies = false;
+      rc.reason = e.what();
+    }
+    rc.plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    out.push_back(std::move(rc));
+  }
+  return out;
+}
+
+AutoPlan plan_auto(const nn::LmConfig& cfg_in, const Mesh& mesh_in, const Cluster& cluster, const StepSetup& setup) {
+  nn::LmConfig cfg = cfg_in;
+  const int64_t seq = setup.seq > 0 ? setup.seq : cfg.max_seq_len;
+  if (seq <= 0) throw UserError("[plan_auto] no sequence length: set StepSetup::seq or the config's max_seq_len");
+  if (setup.batch <= 0) throw UserError("[plan_auto] batch must be positive, got " + std::to_string(setup.batch));
+  cfg.max_seq_len = std::max(cfg.max_seq_len, seq);
+  cfg.validate();
+  optim::OptimizerPtr opt = setup.optimizer ? setup.optimizer : optim::adamw({});
+  std::vector<TensorType> batch_types{{DType::i32, {setup.batch, seq}}, {DType::i32, {setup.batch, seq}}};
+  CompileOptions compile;
+  compile.compute_dtype = setup.compute_dtype;
+  const Mesh mesh = mesh_in;
+
+  // Traces the step of `c` (nothing allocated) into a search model; keeps the forward graph.
+  std::vector<std::unique_ptr<Graph>> forwards;
+  auto traced = [&](const nn::LmConfig& c) {
+    nn::TransformerLm model(c);
+    TrainStep::LossFn loss = [&](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); };
+    forwards.push_back(nn::trace_with_params(
+        model.store(), [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{loss(b)}; }, batch_types));
+    auto program = std::make_shared<const StepProgram>(remat_step(
+        trace_train_step(model.store(), *opt, loss, batch_types, setup.clip_norm, "plan_auto", false), setup.remat));
+    std::vector<TensorType> types = model.store().types();
+    return autoshard::model_of(program, opt->state_slots(types), types, batch_types, cluster, setup.sharding, compile,
+                               setup.offload);
+  };
+
+  autoshard::Problem p;
+  p.full = traced(cfg);
+  p.forward = forwards.back().get();
+  if (cfg.n_layers > 2) {
+    nn::LmConfig c1 = cfg, c2 = cfg;
+    c1.n_layers = 1;
+    c2.n_layers = 2;
+    p.one_layer = traced(c1);
+    p.two_layers = traced(c2);
+    p.layers = cfg.n_layers;
+  }
+  p.mesh = mesh;
+  p.memory_limit = autoshard::memory_limit_of(setup.sharding, cluster, mesh);
+  p.options = setup.sharding;
+  return autoshard::solve(p);
+}
+
+}  // namespace px
