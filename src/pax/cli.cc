@@ -67,6 +67,7 @@ void on_stop_signal(int sig) {
 void catch_stop_signals() {
   struct sigaction sa = {};
   sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;  // the thread that takes the signal may be in a read or write: it goes on
   sigemptyset(&sa.sa_mask);
   sigaddset(&sa.sa_mask, SIGINT);  // one handler at a time
   sigaddset(&sa.sa_mask, SIGTERM);

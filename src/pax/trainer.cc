@@ -581,7 +581,8 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
         do_checkpoint(result.last_step);
       report_committed(ckpt.finish());
       const int sig = opts.stop_signal ? opts.stop_signal->load() : 0;
-      report.line("stopped by " + signal_name(sig) + " after step " + std::to_string(result.last_step) +
+      report.line("stopped by " + (sig || !comm ? signal_name(sig) : std::string("a signal to another process")) +
+                  " after step " + std::to_string(result.last_step) +
                   (ckpt.latest() ? ", checkpoint step " + std::to_string(*ckpt.latest()) + " committed" : "") +
                   "; rerun the same command to continue");
       result.interrupted = true;
