@@ -152,7 +152,7 @@ std::unique_ptr<DataSource> make_data_source(const ExperimentConfig& c, const st
          << " eval tokens; tokenizer " << (st.tokenizer_from_cache || !c.tokenizer.model.empty()
                                                ? std::string("read")
                                                : "trained in " + secs(st.tokenizer_seconds))
-         << ", tokens " << (st.tokens_from_cache ? std::string("read from the cache") : "tokenized in " + secs(st.tokenize_seconds))
+         << ", text " << (st.tokens_from_cache ? std::string("read from the token cache") : "tokenized in " + secs(st.tokenize_seconds))
          << "; " << secs(st.total_seconds) << " in all\n"
          << std::flush;
   }

@@ -787,4 +787,51 @@ print(json.dumps(out))
   }
 }
 
+// Text data says what it prepares (tokenizer training and tokenization take a while on a real
+// corpus) and that it reads the caches on a rerun; greedy decode echoes the prompt and, where the
+// model ends the sentence, says it stopped at the end-of-text token and counts only what it made.
+TEST(PaxCli, TextDataSaysWhatItPreparesAndDecodeStopsAtTheEndOfText) {
+  const std::string corpus = ::testing::TempDir() + "/pax_e2e_corpus_" + std::to_string(getpid()) + ".txt";
+  {
+    const char* subj[] = {"the cat", "a dog", "my friend", "the old man", "a small bird", "the teacher", "her brother"};
+    const char* verb[] = {"sees", "likes", "finds", "eats", "reads", "keeps", "holds"};
+    const char* obj[] = {"the ball", "a book", "some bread", "the red apple", "a long letter", "the garden", "an old map"};
+    std::ofstream f(corpus);
+    uint32_t x = 12345;
+    auto pick = [&](int n) { return (x = x * 1103515245u + 12345u) / 65536u % n; };
+    for (int i = 0; i < 2000; ++i) f << subj[pick(7)] << " " << verb[pick(7)] << " " << obj[pick(7)] << ".\n\n";
+  }
+  const std::string d = job("text");
+  const std::string args = " --exp=copy.TransformerLmTiny --set data.kind=text --set data.paths=" + corpus +
+                           " --set model.vocab_size=315 --set model.d_model=32 --set model.d_ff=64"
+                           " --set model.n_layers=1 --set model.seq_len=32 --set data.batch=8 --set train.steps=200"
+                           " --set train.summary_interval=50 --set train.eval_interval=0"
+                           " --set train.checkpoint_interval=0 --set optimizer.lr=0.02 --set schedule.warmup_steps=10"
+                           " --job_log_dir=" + d;
+  Result t = pax("train" + args);
+  ASSERT_EQ(t.rc, 0) << t.out;
+  EXPECT_NE(t.out.find("data: preparing 1 path"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("data: 2000 documents"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("tokenizer trained in"), std::string::npos) << t.out;
+  Result again = pax("train" + args);
+  ASSERT_EQ(again.rc, 0) << again.out;
+  EXPECT_NE(again.out.find("tokenizer read, text read from the token cache"), std::string::npos) << again.out;
+
+  int stopped = 0;
+  for (const char* prompt : {"the cat", "my friend", "a dog"}) {
+    Result r = pax("decode --job_log_dir=" + d + " --prompt '" + prompt + "'");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_NE(r.out.find(std::string("\n") + prompt), std::string::npos) << "the prompt, echoed: " << r.out;
+    const size_t at = r.out.find("prompt tokens, ");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const int made = std::stoi(r.out.substr(at + std::strlen("prompt tokens, ")));
+    if (r.out.find("new tokens (stopped at the end-of-text token)") != std::string::npos) {
+      ++stopped;
+      EXPECT_LT(made, 32) << r.out;
+    }
+  }
+  EXPECT_GE(stopped, 1) << "a model trained on short sentences ends some of them";
+  fs::remove(corpus);
+}
+
 }  // namespace
