@@ -537,35 +537,42 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
       loss_sum += m.loss;
     }
     const double t = now_s();
-    // The rate leaves out the first step, which pays for first-run allocations, and the time of
-    // evals and checkpoints.
+    // The rates leave out the first step, which pays for first-run allocations. The throughput
+    // shown leaves out the time of evals, checkpoint saves and summaries too; the ETA (wall time
+    // to go) does not, as those will come again.
     if (step == start + 1) t_first = t, excluded_total = 0;
     const double rate = step > start + 1 ? (step - start - 1) / std::max(t - t_first - excluded_total, 1e-9)
                                          : 1 / std::max(t - t_start, 1e-9);
+    const double wall_rate = step > start + 1 ? (step - start - 1) / std::max(t - t_first, 1e-9) : rate;
     report.progress("step " + std::to_string(step) + "/" + std::to_string(c.train.steps) + "  loss " +
                     fmt("%.4f", m.loss) + "  " + fmt("%.0f", rate * tokens_per_step) + " tokens/s  ETA " +
-                    hms((c.train.steps - step) / rate));
+                    hms((c.train.steps - step) / wall_rate));
     const bool last = step == c.train.steps && !m.skipped;
     if (!m.skipped && (step % c.train.summary_interval == 0 || last) && window_steps > 0) {
       const double sps = window_steps / std::max(t - t_window - excluded_window, 1e-9);
       const double mean = loss_sum / static_cast<double>(window_steps);
-      report.scalars("train", step,
-                     {{"loss", mean},
-                      {"loss_last", m.loss},
-                      {"log_pplx", mean},
-                      {"learning_rate", m.lr},
-                      {"grad_norm", m.grad_norm},
-                      {"grad_norm_clipped",
-                       c.optimizer.clip_norm > 0 ? std::min<double>(m.grad_norm, c.optimizer.clip_norm) : m.grad_norm},
-                      {"steps_per_sec", sps},
-                      {"tokens_per_sec", sps * tokens_per_step},
-                      {"mfu", model_flops * sps / peak_flops},
-                      {"peak_memory_bytes_per_device", static_cast<double>(peak_memory())}});
-      report.line("train step " + std::to_string(step) + "  loss " + fmt("%.4f", m.loss) + "  mean " +
-                  fmt("%.4f", mean) + "  lr " + fmt("%.3g", m.lr) + "  grad_norm " + fmt("%.3g", m.grad_norm) + "  " +
-                  fmt("%.0f", sps * tokens_per_step) + " tokens/s  MFU " +
-                  fmt("%.1f", 100 * model_flops * sps / peak_flops) + "%  ETA " + hms((c.train.steps - step) / rate));
       t_window = t, window_steps = 0, loss_sum = 0, excluded_window = 0;
+      // Writing the summary (event files, metrics.jsonl, plots) is left out of the next window too.
+      timed([&] {
+        report.scalars("train", step,
+                       {{"loss", mean},
+                        {"loss_last", m.loss},
+                        {"log_pplx", mean},
+                        {"learning_rate", m.lr},
+                        {"grad_norm", m.grad_norm},
+                        {"grad_norm_clipped", c.optimizer.clip_norm > 0
+                                                  ? std::min<double>(m.grad_norm, c.optimizer.clip_norm)
+                                                  : m.grad_norm},
+                        {"steps_per_sec", sps},
+                        {"tokens_per_sec", sps * tokens_per_step},
+                        {"mfu", model_flops * sps / peak_flops},
+                        {"peak_memory_bytes_per_device", static_cast<double>(peak_memory())}});
+        report.line("train step " + std::to_string(step) + "  loss " + fmt("%.4f", m.loss) + "  mean " +
+                    fmt("%.4f", mean) + "  lr " + fmt("%.3g", m.lr) + "  grad_norm " + fmt("%.3g", m.grad_norm) +
+                    "  " + fmt("%.0f", sps * tokens_per_step) + " tokens/s  MFU " +
+                    fmt("%.1f", 100 * model_flops * sps / peak_flops) + "%  ETA " +
+                    hms((c.train.steps - step) / wall_rate));
+      });
     }
     // Every process stops at the same step (a signal may reach them at different ones).
     const bool stop = on_any_process(comm, opts.stop && opts.stop->load());

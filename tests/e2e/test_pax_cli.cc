@@ -680,6 +680,17 @@ TEST(PaxCli, AJobDirHoldsOneConfigAndEvalDecodeExportReadIt) {
   EXPECT_NE(x.out.find("the committed steps are 3, 6"), std::string::npos) << x.out;
   ASSERT_EQ(pax("export --format=safetensors --job_log_dir=" + d + " --out " + d + "/x.safetensors").rc, 0);
 
+  // A job dir without a checkpoint has nothing to lose: another config replaces its config.toml.
+  const std::string fresh = job("owned_fresh");
+  fs::create_directories(fresh);
+  fs::copy_file(d + "/config.toml", fresh + "/config.toml");
+  Result replaced = pax("train" + kSmall + steps + " --set model.d_model=64 --job_log_dir=" + fresh);
+  ASSERT_EQ(replaced.rc, 0) << replaced.out;
+  EXPECT_NE(replaced.out.find("config.toml is replaced (the job dir has no checkpoint yet); changed: model.d_model "
+                              "(job: 32, this run: 64)"),
+            std::string::npos)
+      << replaced.out;
+
   Result none = pax("eval --job_log_dir=" + job("owned_empty"));
   EXPECT_EQ(none.rc, 2) << none.out;
   EXPECT_NE(none.out.find("pass --exp=NAME"), std::string::npos) << none.out;
@@ -714,6 +725,22 @@ TEST(PaxCli, TheLoggedLossIsTheWindowMean) {
     const double l1 = a[2 * i]["loss"], l2 = a[2 * i + 1]["loss"];
     EXPECT_NEAR(b[i]["loss"].get<double>(), (l1 + l2) / 2, 1e-6) << "step " << b[i]["step"];
     EXPECT_EQ(b[i]["loss_last"].get<double>(), l2);
+  }
+}
+
+// tokens/s, steps/s and MFU leave out the time of evals (and checkpoint saves): with an eval that
+// takes far longer than the steps, the rate logged is far above the steps over the wall time.
+TEST(PaxCli, ThroughputLeavesOutTheEvalTime) {
+  const std::string d = job("rate");
+  Result r = pax("train" + kSmall + " --set data.copy_eval_batches=2000 --set train.steps=6 --set train.eval_interval=2"
+                 " --set train.summary_interval=2 --set train.checkpoint_interval=0 --job_log_dir=" + d);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto m = metrics(d, "train");
+  ASSERT_EQ(m.size(), 3u);
+  for (size_t i = 1; i < m.size(); ++i) {  // the windows after an eval (of 2000 batches, against 2 steps)
+    const double wall = m[i]["wall_time"].get<double>() - m[i - 1]["wall_time"].get<double>();
+    EXPECT_GT(m[i]["steps_per_sec"].get<double>(), 3 * 2 / wall) << "step " << m[i]["step"] << ": " << r.out;
+    EXPECT_NEAR(m[i]["tokens_per_sec"].get<double>(), m[i]["steps_per_sec"].get<double>() * 4 * 16, 1e-6 * 64e6);
   }
 }
 
