@@ -10,6 +10,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <exception>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -97,16 +98,22 @@ class JobLock {
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
     const std::time_t t = std::time(nullptr);
+    std::tm utc{};
+    gmtime_r(&t, &utc);
     char when[64];
-    std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&t));
+    std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &utc);
     const std::string me = std::string("host ") + host + ", pid " + std::to_string(::getpid()) + ", since " + when + "\n";
-    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size()))
-      throw Error("[pax] cannot write the lock file '" + path_ + "': " + std::strerror(errno));
+    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+      const int err = errno;
+      ::close(fd_);  // and with it the lock
+      fd_ = -1;
+      throw Error("[pax] cannot write the lock file '" + path_ + "': " + std::strerror(err));
+    }
   }
   ~JobLock() {
     if (fd_ < 0) return;
-    if (::ftruncate(fd_, 0) != 0) {
-    }  // an empty file: nobody holds it
+    const int rc = ::ftruncate(fd_, 0);  // an empty file: nobody holds it (the flock is what counts)
+    (void)rc;
     ::close(fd_);
   }
   JobLock(const JobLock&) = delete;
@@ -382,16 +389,16 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
     check_same_on_every_process(*comm, world->rank, "configs", to_toml(c) + "\nmesh = " + mesh.to_string() + "\n");
   // Own the job dir, and check that this run continues the job there, before writing anything.
   std::unique_ptr<JobLock> lock;
-  std::optional<Error> refused;
+  std::exception_ptr refused;
   std::ostringstream note;
   if (primary) try {
       lock = std::make_unique<JobLock>(dir);
       check_same_job(c, dir, Checkpoints(dir, c.train.checkpoint_keep).latest().has_value(), note);
-    } catch (const Error& e) {
-      refused = e;
+    } catch (const Error&) {
+      refused = std::current_exception();
     }
-  if (on_any_process(comm, refused.has_value())) {
-    if (refused) throw *refused;
+  if (on_any_process(comm, refused != nullptr)) {
+    if (refused) std::rethrow_exception(refused);
     throw UserError("[pax] process 0 could not take the job dir '" + dir + "' (its error says why)");
   }
   if (primary) out << note.str();
@@ -454,7 +461,7 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
     return result;
   }
 
-  // Seconds spent in evals and checkpoints, which the throughput leaves out: in the current
+  // Seconds spent in evals, checkpoint saves and summaries, which the throughput leaves out: in the current
   // summary window, and since the first step.
   double excluded_window = 0, excluded_total = 0;
   auto timed = [&](auto&& fn) {
