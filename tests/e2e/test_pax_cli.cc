@@ -759,6 +759,16 @@ TEST(PaxCli, ANonFiniteLossStopsTheRun) {
   const int64_t step = std::stoll(r.out.substr(at + std::strlen("pax: error: [pax] step ")));
   EXPECT_FALSE(fs::exists(d + "/checkpoints/checkpoint_" + std::string(8 - std::to_string(step).size(), '0') +
                           std::to_string(step)));
+  // skip: the bad updates are not applied; a run that only diverges further stops after 100 in a row.
+  const std::string skip = job("nan_skip");
+  Result s = pax("train" + diverge + " --set train.on_nonfinite=skip --job_log_dir=" + skip);
+  EXPECT_EQ(s.rc, 2) << s.out;
+  if (s.out.find("does not skip updates yet") == std::string::npos) {
+    EXPECT_NE(s.out.find("update skipped (train.on_nonfinite=skip)"), std::string::npos) << s.out;
+    EXPECT_NE(s.out.find("100 updates in a row skipped"), std::string::npos) << s.out;
+    for (const auto& m : metrics(skip, "train"))  // NaN would be written as null
+      EXPECT_TRUE(m["loss"].is_number() && std::isfinite(m["loss"].get<double>())) << m.dump();
+  }
   Result c = pax("train" + diverge + " --set train.on_nonfinite=continue --set train.checkpoint_interval=0 --job_log_dir=" +
                  job("nan_continue"));
   EXPECT_EQ(c.rc, 0) << c.out;
