@@ -402,6 +402,9 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
     throw UserError("[pax] process 0 could not take the job dir '" + dir + "' (its error says why)");
   }
   if (primary) out << note.str();
+  // The model's config (with train.init_from_hf: checked against its config.json) before the data,
+  // whose preparation may take minutes.
+  const nn::LmConfig lmc = lm_config(c);
 
   std::unique_ptr<DataSource> data;
   if (primary) data = make_data_source(c, dir, &out);
@@ -409,7 +412,7 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
   if (!primary) data = make_data_source(c, dir);
   if (primary) write_file(dir + "/config.toml", to_toml(c));
 
-  nn::TransformerLm model(lm_config(c));
+  nn::TransformerLm model(lmc);
   std::unique_ptr<StepRunner> runner = make_step_runner(c, model, mesh);
   // The plan the step runs (AUTO solved it once, there), else the recipe's.
   ShardingPlan splan = runner->plan() ? *runner->plan() : sharding_plan(c, model, mesh);

@@ -282,6 +282,13 @@ TEST(PaxCli, UserErrorsExitWithCode2AndOneLine) {
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.out.find("memory.offload"), std::string::npos) << r.out;
 
+  // A missing train.init_from_hf is found before the data is prepared (GCIDE: a tokenizer to train).
+  r = pax("train --exp=gcide.TransformerLmTiny --set train.init_from_hf=/no/such/model --job_log_dir=" +
+          job("hf_missing"));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("/no/such/model/config.json"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("data: preparing"), std::string::npos) << r.out;
+
   r = pax("decode --exp=copy.TransformerLmTiny --job_log_dir=" + job("decode_no_prompt"));
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.out.find("--prompt is required"), std::string::npos) << r.out;
