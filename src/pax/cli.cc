@@ -114,7 +114,8 @@ px::pax::ExperimentConfig resolve(const Common& o) {
 std::string unknown_command(const CLI::App& app, int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') return "";
   std::vector<std::string> names;
-  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) names.push_back(sub->get_name());
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    names.push_back(sub->get_name());
   if (std::find(names.begin(), names.end(), argv[1]) != names.end()) return "";
   std::string all;
   for (const std::string& n : names) all += (all.empty() ? "" : ", ") + n;
@@ -251,7 +252,7 @@ int cli_main(int argc, char** argv) {
                    r.prompt_ids.size(), r.new_ids.size(), r.new_ids.size() == 1 ? "" : "s",
                    r.stopped_at_eos ? " (stopped at the end-of-text token)"
                    : static_cast<int64_t>(r.new_ids.size()) < dopt.max_new_tokens ? " (the model's context is full)"
-                                                                                   : "",
+                                                                                  : "",
                    avg * 1e3);
       std::printf("%s\n", r.full_text.c_str());  // the prompt, then its continuation
       return 0;

@@ -125,8 +125,7 @@ std::string secs(double s) {
 
 }  // namespace
 
-std::unique_ptr<DataSource> make_data_source(const ExperimentConfig& c, const std::string& job_dir,
-                                             std::ostream* log) {
+std::unique_ptr<DataSource> make_data_source(const ExperimentConfig& c, const std::string& job_dir, std::ostream* log) {
   if (c.data.kind == "copy_task") return std::make_unique<CopySource>(c);
   const std::string who = c.name.empty() ? "this experiment" : c.name;
   if (c.data.paths.empty())
@@ -149,10 +148,12 @@ std::unique_ptr<DataSource> make_data_source(const ExperimentConfig& c, const st
   if (log) {
     const data::TextDatasetStats& st = src->stats();
     *log << "data: " << st.documents << " documents, " << st.train_tokens << " train and " << st.eval_tokens
-         << " eval tokens; tokenizer " << (st.tokenizer_from_cache || !c.tokenizer.model.empty()
-                                               ? std::string("read")
-                                               : "trained in " + secs(st.tokenizer_seconds))
-         << ", text " << (st.tokens_from_cache ? std::string("read from the token cache") : "tokenized in " + secs(st.tokenize_seconds))
+         << " eval tokens; tokenizer "
+         << (st.tokenizer_from_cache || !c.tokenizer.model.empty() ? std::string("read")
+                                                                   : "trained in " + secs(st.tokenizer_seconds))
+         << ", text "
+         << (st.tokens_from_cache ? std::string("read from the token cache")
+                                  : "tokenized in " + secs(st.tokenize_seconds))
          << "; " << secs(st.total_seconds) << " in all\n"
          << std::flush;
   }

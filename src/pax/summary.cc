@@ -211,8 +211,8 @@ int64_t drop_events_after(const std::string& dir, int64_t step) {
       const std::string payload = text.substr(i + 12, len);
       std::memcpy(&data_crc, text.data() + i + 12 + len, 4);
       const size_t next = i + 16 + len;
-      std::optional<int64_t> s = data_crc == masked_crc32c(payload.data(), payload.size()) ? event_step(payload)
-                                                                                            : std::nullopt;
+      std::optional<int64_t> s =
+          data_crc == masked_crc32c(payload.data(), payload.size()) ? event_step(payload) : std::nullopt;
       if (!s) {
         cut = true;
         break;

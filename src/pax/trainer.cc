@@ -8,11 +8,11 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <exception>
-#include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -91,8 +91,8 @@ class JobLock {
       std::string owner = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("owner unknown");
       while (!owner.empty() && (owner.back() == '\n' || owner.back() == ' ')) owner.pop_back();
       if (err == EWOULDBLOCK)
-        throw UserError("[pax] the job dir '" + dir + "' is in use by another pax train (" + owner + ", per " +
-                        path_ + "); wait for it to end or stop it, or pass another --job_log_dir");
+        throw UserError("[pax] the job dir '" + dir + "' is in use by another pax train (" + owner + ", per " + path_ +
+                        "); wait for it to end or stop it, or pass another --job_log_dir");
       throw Error("[pax] cannot lock '" + path_ + "': " + std::strerror(err));
     }
     char host[256] = "localhost";
@@ -102,7 +102,8 @@ class JobLock {
     gmtime_r(&t, &utc);
     char when[64];
     std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &utc);
-    const std::string me = std::string("host ") + host + ", pid " + std::to_string(::getpid()) + ", since " + when + "\n";
+    const std::string me =
+        std::string("host ") + host + ", pid " + std::to_string(::getpid()) + ", since " + when + "\n";
     if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
       const int err = errno;
       ::close(fd_);  // and with it the lock
@@ -373,8 +374,9 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
     return step_options(t).skip_nonfinite;
   }();
   if (c.train.on_nonfinite == "skip" && !can_skip)
-    throw UserError("[pax] train.on_nonfinite=skip: this build's step runner does not skip updates yet; use "
-                    "train.on_nonfinite=stop or continue");
+    throw UserError(
+        "[pax] train.on_nonfinite=skip: this build's step runner does not skip updates yet; use "
+        "train.on_nonfinite=stop or continue");
   prepare_job_dir(opts.job_dir);
   const std::string dir = opts.job_dir;
   std::ostream& out = opts.out ? *opts.out : std::cout;
@@ -521,7 +523,8 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
       if (c.train.on_nonfinite == "stop") {
         report.end_progress();
         report_committed(ckpt.finish());
-        throw UserError("[pax] " + what + " (training diverged); the run stops without saving this step "
+        throw UserError("[pax] " + what +
+                        " (training diverged); the run stops without saving this step "
                         "(train.on_nonfinite=stop); the last checkpoint is " +
                         (ckpt.latest() ? "step " + std::to_string(*ckpt.latest()) : std::string("none")) +
                         ". Lower optimizer.lr, raise schedule.warmup_steps or set optimizer.clip_norm, or pass " +
@@ -529,10 +532,12 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
                                   : "--set train.on_nonfinite=continue (train on)"));
       }
       if (m.skipped) {
-        report.line("warning: " + what + "; update skipped (train.on_nonfinite=skip), the step is trained again on "
+        report.line("warning: " + what +
+                    "; update skipped (train.on_nonfinite=skip), the step is trained again on "
                     "the next batch");
         if (++skipped_in_a_row >= 100)
-          throw UserError("[pax] " + what + "; 100 updates in a row skipped (train.on_nonfinite=skip): training "
+          throw UserError("[pax] " + what +
+                          "; 100 updates in a row skipped (train.on_nonfinite=skip): training "
                           "diverged; lower optimizer.lr or resume from an earlier checkpoint with --restore_step");
       } else if (!warned_nonfinite) {
         report.line("warning: " + what + "; training on (train.on_nonfinite=continue); this is said once");
@@ -564,22 +569,22 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
       t_window = t, window_steps = 0, loss_sum = 0, excluded_window = 0;
       // Writing the summary (event files, metrics.jsonl, plots) is left out of the next window too.
       timed([&] {
-        report.scalars("train", step,
-                       {{"loss", mean},
-                        {"loss_last", m.loss},
-                        {"log_pplx", mean},
-                        {"learning_rate", m.lr},
-                        {"grad_norm", m.grad_norm},
-                        {"grad_norm_clipped", c.optimizer.clip_norm > 0
-                                                  ? std::min<double>(m.grad_norm, c.optimizer.clip_norm)
-                                                  : m.grad_norm},
-                        {"steps_per_sec", sps},
-                        {"tokens_per_sec", sps * tokens_per_step},
-                        {"mfu", model_flops * sps / peak_flops},
-                        {"peak_memory_bytes_per_device", static_cast<double>(peak_memory())}});
+        report.scalars(
+            "train", step,
+            {{"loss", mean},
+             {"loss_last", m.loss},
+             {"log_pplx", mean},
+             {"learning_rate", m.lr},
+             {"grad_norm", m.grad_norm},
+             {"grad_norm_clipped",
+              c.optimizer.clip_norm > 0 ? std::min<double>(m.grad_norm, c.optimizer.clip_norm) : m.grad_norm},
+             {"steps_per_sec", sps},
+             {"tokens_per_sec", sps * tokens_per_step},
+             {"mfu", model_flops * sps / peak_flops},
+             {"peak_memory_bytes_per_device", static_cast<double>(peak_memory())}});
         report.line("train step " + std::to_string(step) + "  loss " + fmt("%.4f", m.loss) + "  mean " +
-                    fmt("%.4f", mean) + "  lr " + fmt("%.3g", m.lr) + "  grad_norm " + fmt("%.3g", m.grad_norm) +
-                    "  " + fmt("%.0f", sps * tokens_per_step) + " tokens/s  MFU " +
+                    fmt("%.4f", mean) + "  lr " + fmt("%.3g", m.lr) + "  grad_norm " + fmt("%.3g", m.grad_norm) + "  " +
+                    fmt("%.0f", sps * tokens_per_step) + " tokens/s  MFU " +
                     fmt("%.1f", 100 * model_flops * sps / peak_flops) + "%  ETA " +
                     hms((c.train.steps - step) / wall_rate));
       });
@@ -594,8 +599,7 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
     if (stop && !last) {
       report.end_progress();
       // A skipped step has nothing new to save; the step before it may have.
-      if (m.skipped && result.last_step > start && result.last_step != saved_step)
-        do_checkpoint(result.last_step);
+      if (m.skipped && result.last_step > start && result.last_step != saved_step) do_checkpoint(result.last_step);
       report_committed(ckpt.finish());
       const int sig = opts.stop_signal ? opts.stop_signal->load() : 0;
       report.line("stopped by " + (sig || !comm ? signal_name(sig) : std::string("a signal to another process")) +

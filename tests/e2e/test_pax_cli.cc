@@ -585,8 +585,9 @@ int wait_status(pid_t pid, int seconds = 300) {
 }
 
 // A run long enough that it is still training when the test acts (it is stopped before its end).
-const std::string kLong = kSmall + " --set train.steps=1000000 --set train.summary_interval=5"
-                                   " --set train.eval_interval=0 --set train.checkpoint_interval=0";
+const std::string kLong = kSmall +
+                          " --set train.steps=1000000 --set train.summary_interval=5"
+                          " --set train.eval_interval=0 --set train.checkpoint_interval=0";
 
 // SIGTERM (what Slurm, docker stop, Kubernetes and mpirun send) lets the step finish, saves it,
 // says so and exits 143; the rerun continues from that step. While it runs, the job dir is owned:
@@ -610,8 +611,8 @@ TEST(PaxCli, SigtermSavesTheStepExits143AndTheJobDirIsLockedMeanwhile) {
   const size_t stopped = out.find("stopped by SIGTERM after step ");
   ASSERT_NE(stopped, std::string::npos) << out;
   const int64_t step = std::stoll(out.substr(stopped + std::strlen("stopped by SIGTERM after step ")));
-  const std::string ck = d + "/checkpoints/checkpoint_" + std::string(8 - std::to_string(step).size(), '0') +
-                         std::to_string(step);
+  const std::string ck =
+      d + "/checkpoints/checkpoint_" + std::string(8 - std::to_string(step).size(), '0') + std::to_string(step);
   const size_t saving = out.find("saving step " + std::to_string(step) + " -> " + ck);
   const size_t committed = out.find("committed step " + std::to_string(step) + " -> " + ck);
   ASSERT_NE(saving, std::string::npos) << out;
@@ -632,7 +633,8 @@ TEST(PaxCli, SigtermSavesTheStepExits143AndTheJobDirIsLockedMeanwhile) {
 
 // A second signal (of either kind) while the first is handled ends the process at once.
 TEST(PaxCli, ASecondSignalEndsTheRunAtOnce) {
-  const std::string d = job("twice"), log = ::testing::TempDir() + "/pax_e2e_twice_" + std::to_string(getpid()) + ".log";
+  const std::string d = job("twice"),
+                    log = ::testing::TempDir() + "/pax_e2e_twice_" + std::to_string(getpid()) + ".log";
   pid_t pid = start_pax("train" + kLong + " --job_log_dir=" + d, log);
   ASSERT_TRUE(wait_until([&] { return metrics(d, "train").size() >= 1; })) << read_text(log);
   ASSERT_EQ(kill(pid, SIGTERM), 0);
@@ -650,10 +652,13 @@ TEST(PaxCli, AJobDirHoldsOneConfigAndEvalDecodeExportReadIt) {
   const std::string steps = " --set train.steps=3 --set train.checkpoint_interval=3 --set train.eval_interval=0";
   ASSERT_EQ(pax("train" + kSmall + steps + " --job_log_dir=" + d).rc, 0);
   std::map<std::string, std::string> before;
-  for (const char* f : {"config.toml", "plan.txt", "model_params.txt", "metrics.jsonl"}) before[f] = read_text(d + "/" + f);
+  for (const char* f : {"config.toml", "plan.txt", "model_params.txt", "metrics.jsonl"})
+    before[f] = read_text(d + "/" + f);
 
-  Result r = pax("train" + kSmall + steps + " --set model.d_model=64 --set optimizer.lr=0.01 --set train.steps=4"
-                 " --job_log_dir=" + d);
+  Result r = pax("train" + kSmall + steps +
+                 " --set model.d_model=64 --set optimizer.lr=0.01 --set train.steps=4"
+                 " --job_log_dir=" +
+                 d);
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("2 fields differ"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("model.d_model (job: 32, this run: 64)"), std::string::npos) << r.out;
@@ -739,8 +744,10 @@ TEST(PaxCli, TheLoggedLossIsTheWindowMean) {
 // takes far longer than the steps, the rate logged is far above the steps over the wall time.
 TEST(PaxCli, ThroughputLeavesOutTheEvalTime) {
   const std::string d = job("rate");
-  Result r = pax("train" + kSmall + " --set data.copy_eval_batches=2000 --set train.steps=6 --set train.eval_interval=2"
-                 " --set train.summary_interval=2 --set train.checkpoint_interval=0 --job_log_dir=" + d);
+  Result r = pax("train" + kSmall +
+                 " --set data.copy_eval_batches=2000 --set train.steps=6 --set train.eval_interval=2"
+                 " --set train.summary_interval=2 --set train.checkpoint_interval=0 --job_log_dir=" +
+                 d);
   ASSERT_EQ(r.rc, 0) << r.out;
   auto m = metrics(d, "train");
   ASSERT_EQ(m.size(), 3u);
@@ -754,9 +761,10 @@ TEST(PaxCli, ThroughputLeavesOutTheEvalTime) {
 // A diverging run stops at the first NaN or infinite loss, with an error and without saving that
 // step; train.on_nonfinite=continue trains on, saying so once.
 TEST(PaxCli, ANonFiniteLossStopsTheRun) {
-  const std::string diverge = kSmall + " --set optimizer.name=sgd --set optimizer.lr=10 --set optimizer.clip_norm=0"
-                                       " --set model.init_std=10 --set schedule.warmup_steps=0 --set train.steps=30"
-                                       " --set train.checkpoint_interval=1 --set train.eval_interval=0";
+  const std::string diverge = kSmall +
+                              " --set optimizer.name=sgd --set optimizer.lr=10 --set optimizer.clip_norm=0"
+                              " --set model.init_std=10 --set schedule.warmup_steps=0 --set train.steps=30"
+                              " --set train.checkpoint_interval=1 --set train.eval_interval=0";
   const std::string d = job("nan");
   Result r = pax("train" + diverge + " --job_log_dir=" + d);
   EXPECT_EQ(r.rc, 2) << r.out;
@@ -776,8 +784,9 @@ TEST(PaxCli, ANonFiniteLossStopsTheRun) {
     for (const auto& m : metrics(skip, "train"))  // NaN would be written as null
       EXPECT_TRUE(m["loss"].is_number() && std::isfinite(m["loss"].get<double>())) << m.dump();
   }
-  Result c = pax("train" + diverge + " --set train.on_nonfinite=continue --set train.checkpoint_interval=0 --job_log_dir=" +
-                 job("nan_continue"));
+  Result c =
+      pax("train" + diverge +
+          " --set train.on_nonfinite=continue --set train.checkpoint_interval=0 --job_log_dir=" + job("nan_continue"));
   EXPECT_EQ(c.rc, 0) << c.out;
   EXPECT_NE(c.out.find("training on (train.on_nonfinite=continue)"), std::string::npos) << c.out;
 }
@@ -786,8 +795,10 @@ TEST(PaxCli, ANonFiniteLossStopsTheRun) {
 // checkpoint are dropped, and TensorBoard shows the values of metrics.jsonl.
 TEST(PaxCli, TensorBoardHoldsEachStepOnceAfterAResume) {
   const std::string d = job("tb_resume");
-  const std::string args = kSmall + " --set train.steps=6 --set train.summary_interval=1 --set train.eval_interval=1"
-                                    " --set train.checkpoint_interval=3 --job_log_dir=" + d;
+  const std::string args = kSmall +
+                           " --set train.steps=6 --set train.summary_interval=1 --set train.eval_interval=1"
+                           " --set train.checkpoint_interval=3 --job_log_dir=" +
+                           d;
   ASSERT_EQ(pax("train" + args).rc, 0);
   // As if the run had been killed after step 6's summaries and before its checkpoint was committed.
   fs::remove_all(d + "/checkpoints/checkpoint_00000006");
@@ -839,7 +850,8 @@ TEST(PaxCli, TextDataSaysWhatItPreparesAndDecodeStopsAtTheEndOfText) {
   {
     const char* subj[] = {"the cat", "a dog", "my friend", "the old man", "a small bird", "the teacher", "her brother"};
     const char* verb[] = {"sees", "likes", "finds", "eats", "reads", "keeps", "holds"};
-    const char* obj[] = {"the ball", "a book", "some bread", "the red apple", "a long letter", "the garden", "an old map"};
+    const char* obj[] = {"the ball",      "a book",     "some bread", "the red apple",
+                         "a long letter", "the garden", "an old map"};
     std::ofstream f(corpus);
     uint32_t x = 12345;
     auto pick = [&](int n) { return (x = x * 1103515245u + 12345u) / 65536u % n; };
@@ -851,7 +863,8 @@ TEST(PaxCli, TextDataSaysWhatItPreparesAndDecodeStopsAtTheEndOfText) {
                            " --set model.n_layers=1 --set model.seq_len=32 --set data.batch=8 --set train.steps=200"
                            " --set train.summary_interval=50 --set train.eval_interval=0"
                            " --set train.checkpoint_interval=0 --set optimizer.lr=0.02 --set schedule.warmup_steps=10"
-                           " --job_log_dir=" + d;
+                           " --job_log_dir=" +
+                           d;
   Result t = pax("train" + args);
   ASSERT_EQ(t.rc, 0) << t.out;
   EXPECT_NE(t.out.find("data: preparing 1 path"), std::string::npos) << t.out;
