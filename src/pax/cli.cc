@@ -43,7 +43,7 @@ std::atomic<bool> g_stop{false};
 std::atomic<int> g_signal{0};
 static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free);
 
-// SIGINT (Ctrl-C) and SIGTERM (kill, Slurm preemption, docker stop, mpirun passing on a Ctrl-C):
+// SIGINT (Ctrl-C) and SIGTERM (kill, scancel and Slurm's preemption, docker stop, Kubernetes):
 // the first asks train to finish its step, save and return; it puts both signals back to their
 // default action, so that a second one (of either kind) ends the process at once.
 std::atomic<int> g_signals{0};
