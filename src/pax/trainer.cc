@@ -466,6 +466,16 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
     return result;
   }
 
+  // A signal during the data preparation or the compilation: nothing is trained, nothing to save.
+  if (on_any_process(comm, opts.stop && opts.stop->load())) {
+    const int sig = opts.stop_signal ? opts.stop_signal->load() : 0;
+    report.line("stopped by " + (sig || !comm ? signal_name(sig) : std::string("a signal to another process")) +
+                " before the first step (" + (start > 0 ? "still at step " + std::to_string(start) : "nothing trained") +
+                "); rerun the same command to continue");
+    result.interrupted = true;
+    return result;
+  }
+
   // Seconds spent in evals, checkpoint saves and summaries, which the throughput leaves out: in the current
   // summary window, and since the first step.
   double excluded_window = 0, excluded_total = 0;

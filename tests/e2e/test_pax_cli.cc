@@ -553,6 +553,7 @@ std::string read_text(const std::string& path) {
 
 // `pax <args>` in the background, stdout and stderr to `log`; returns its pid (pax itself: exec).
 pid_t start_pax(const std::string& args, const std::string& log) {
+  fs::remove(log);  // what a test waits for in it is this run's
   const std::string cmd = "exec " + std::string(PX_PAX_BIN) + " " + args + " > " + log + " 2>&1";
   pid_t pid = fork();
   if (pid == 0) {
@@ -888,6 +889,37 @@ TEST(PaxCli, TextDataSaysWhatItPreparesAndDecodeStopsAtTheEndOfText) {
     }
   }
   EXPECT_GE(stopped, 1) << "a model trained on short sentences ends some of them";
+  fs::remove(corpus);
+}
+
+// A signal while the data is prepared (a tokenizer trained on a corpus: seconds here, minutes on a
+// real one) ends the run when the preparation is done, before anything is trained or saved.
+TEST(PaxCli, ASignalDuringDataPreparationStopsBeforeTheFirstStep) {
+  const std::string corpus = ::testing::TempDir() + "/pax_e2e_big_" + std::to_string(getpid()) + ".txt";
+  {
+    const char* words[] = {"the", "cat", "a", "dog", "my", "friend", "old", "man", "small", "bird", "teacher",
+                           "sees", "likes", "finds", "eats", "reads", "ball", "book", "bread", "red", "apple"};
+    std::ofstream f(corpus);
+    uint32_t x = 7;
+    for (int i = 0; i < 100000; ++i) {
+      for (int w = 0; w < 12; ++w) f << (w ? " " : "") << words[(x = x * 1103515245u + 12345u) / 65536u % 21];
+      f << ".\n\n";
+    }
+  }
+  const std::string d = job("prep"), log = ::testing::TempDir() + "/pax_e2e_prep_" + std::to_string(getpid()) + ".log";
+  pid_t pid = start_pax("train --exp=copy.TransformerLmTiny --set data.kind=text --set data.paths=" + corpus +
+                            " --set model.vocab_size=300 --set model.d_model=32 --set model.d_ff=64"
+                            " --set model.n_layers=1 --set model.seq_len=32 --job_log_dir=" + d,
+                        log);
+  ASSERT_TRUE(wait_until([&] { return read_text(log).find("data: preparing") != std::string::npos; }))
+      << read_text(log);
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  const int st = wait_status(pid);
+  const std::string out = read_text(log);
+  ASSERT_TRUE(WIFEXITED(st)) << "status " << st << ": " << out;
+  EXPECT_EQ(WEXITSTATUS(st), 143) << out;
+  EXPECT_NE(out.find("stopped by SIGTERM before the first step (nothing trained)"), std::string::npos) << out;
+  EXPECT_TRUE(fs::is_empty(d + "/checkpoints")) << out;
   fs::remove(corpus);
 }
 
