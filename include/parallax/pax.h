@@ -107,6 +107,10 @@ struct TrainConfig {
   // the --set that fixes each); the rest (norm eps, rotary theta and scaling, biases, sliding
   // window, max positions) comes from config.json. Ignored when DIR has a checkpoint to resume.
   std::string init_from_hf;
+  // A step whose loss or gradient norm is NaN or infinite: stop (the run ends with an error and
+  // that step is not saved), skip (its update is not applied; the step is trained again on the
+  // next batch) or continue (train on, as before).
+  std::string on_nonfinite = "stop";
 };
 
 struct ExperimentConfig {
@@ -209,6 +213,7 @@ struct RunOptions {
   bool progress = true;            // a progress line on stderr when it is a terminal
   std::ostream* out = nullptr;     // plain log lines also go here (nullptr: stdout)
   const std::atomic<bool>* stop = nullptr;  // set (e.g. by SIGINT): checkpoint and return early
+  const std::atomic<int>* stop_signal = nullptr;  // the signal that set `stop`, named in the log
   // train: resume from this committed checkpoint instead of the latest (e.g. the latest is
   // damaged); newer checkpoints are set aside (renamed to checkpoint_N.discarded), not deleted.
   std::optional<int64_t> restore_step;
@@ -249,6 +254,9 @@ struct DecodeResult {
   int64_t step = 0;                      // the checkpoint's step
   std::vector<int32_t> prompt_ids, new_ids;
   std::string text;                      // the new tokens as text (ids when there is no tokenizer)
+  std::string prompt_text;               // the prompt as the tokenizer reads it back (ids: as given)
+  std::string full_text;                 // the prompt and its continuation (ids: "3 1 4 | 1 5 9")
+  bool stopped_at_eos = false;           // generation ended at the end-of-text token (not in new_ids)
   std::vector<double> token_seconds;     // per new token
 };
 // Continues the prompt with the model of the checkpoint at `step` (a KV cache: each new token

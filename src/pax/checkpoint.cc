@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <utility>
 
 #include "distributed/communicator.h"
 #include "pax/model.h"
@@ -28,6 +29,24 @@ std::vector<int64_t> Checkpoints::steps() const { return mgr_.steps(); }
 std::optional<int64_t> Checkpoints::latest() const { return mgr_.latest_step(); }
 void Checkpoints::wait() { mgr_.wait(); }
 
+std::string Checkpoints::steps_text() const {
+  std::string list;
+  for (int64_t s : steps()) list += (list.empty() ? "" : ", ") + std::to_string(s);
+  return list.empty() ? "none" : list;
+}
+
+std::optional<int64_t> Checkpoints::newly_committed() {
+  if (!unreported_) return std::nullopt;
+  std::vector<int64_t> all = steps();
+  if (std::find(all.begin(), all.end(), *unreported_) == all.end()) return std::nullopt;
+  return std::exchange(unreported_, std::nullopt);
+}
+
+std::optional<int64_t> Checkpoints::finish() {
+  mgr_.wait();
+  return std::exchange(unreported_, std::nullopt);
+}
+
 void Checkpoints::save(int64_t step, const StepRunner& runner, const std::string& config_json,
                        const std::string& data_state) {
   Checkpoint c = runner.snapshot();
@@ -39,9 +58,11 @@ void Checkpoints::save(int64_t step, const StepRunner& runner, const std::string
   if (const ProcessWorld* w = launched_world(); w && w->size > 1) {
     mgr_.save(c);
     w->communicator->barrier();  // committed by process 0 before anyone goes on
+    unreported_ = step;
     return;
   }
   mgr_.save_async(c);
+  unreported_ = step;
 }
 
 std::vector<std::string> Checkpoints::set_aside_after(int64_t step) {
@@ -84,7 +105,8 @@ std::vector<Array> Checkpoints::params(std::optional<int64_t>& step, const nn::T
   if (!step) throw Error("[pax] no checkpoint in '" + mgr_.dir() + "'; run 'pax train' first");
   std::vector<int64_t> all = steps();
   if (std::find(all.begin(), all.end(), *step) == all.end())
-    throw Error("[pax] no checkpoint at step " + std::to_string(*step) + " in '" + mgr_.dir() + "'");
+    throw Error("[pax] no checkpoint at step " + std::to_string(*step) + " in '" + mgr_.dir() +
+                "'; the committed steps are " + steps_text() + " (leave out --step for the latest)");
   RestoreOptions ro;
   ro.group = "params";
   Checkpoint c = mgr_.restore(*step, ro);

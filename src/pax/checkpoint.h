@@ -23,8 +23,15 @@ class Checkpoints {
   // Starts writing the runner's state (copied before returning); throws the previous save's error.
   void save(int64_t step, const StepRunner& runner, const std::string& config_json, const std::string& data_state);
   void wait();  // until the pending save is committed; throws its error
+  // The step of the last save once it is committed (its COMMITTED marker is on disk), returned
+  // once; nullopt while it is being written or when there is none. Does not wait.
+  std::optional<int64_t> newly_committed();
+  // Waits for the pending save (throwing its error) and returns its step when there was one.
+  std::optional<int64_t> finish();
   std::optional<int64_t> latest() const;
   std::vector<int64_t> steps() const;  // committed checkpoints, oldest first
+  // "4, 8, 12" (or "none"), for errors that name a step.
+  std::string steps_text() const;
   // Loads the checkpoint into the runner (onto its shardings) and returns its data state; throws
   // naming the folder, the array and the chunk at fault.
   std::string restore(int64_t step, StepRunner& runner) const;
@@ -38,6 +45,7 @@ class Checkpoints {
 
  private:
   CheckpointManager mgr_;
+  std::optional<int64_t> unreported_;  // saved, and not yet reported committed
 };
 
 }  // namespace px::pax

@@ -12,27 +12,67 @@
 //
 // Every user error (unknown experiment, bad --set, missing data, unwritable job dir) exits with
 // code 2 and a one-line reason.
+// Designated initializers leave the fields they do not name at their defaults, on purpose.
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+#include <signal.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 
 #include "core/env.h"
 #include "parallax/pax.h"
 #include "pax/model.h"
+#include "pax/suggest.h"
+
+#ifndef PX_VERSION
+#define PX_VERSION "unknown"
+#endif
 
 namespace px::pax {
 namespace {
 
-// Lock-free, so the signal handler may set it.
+// Lock-free, so the signal handler may set them.
 std::atomic<bool> g_stop{false};
-static_assert(std::atomic<bool>::is_always_lock_free);
+std::atomic<int> g_signal{0};
+static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free);
 
-void on_sigint(int) {
+// SIGINT (Ctrl-C) and SIGTERM (kill, scancel and Slurm's preemption, docker stop, Kubernetes):
+// the first asks train to finish its step, save and return; it puts both signals back to their
+// default action, so that a second one (of either kind) ends the process at once.
+std::atomic<int> g_signals{0};
+void on_stop_signal(int sig) {
+  // Over several threads two signals may be handled at once, before either resets the actions:
+  // the count tells the second.
+  const bool second = g_signals.fetch_add(1) > 0;
+  struct sigaction dfl = {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGINT, &dfl, nullptr);
+  sigaction(SIGTERM, &dfl, nullptr);
+  if (second) {
+    raise(sig);  // delivered with the default action (the end of the process) when this handler returns
+    return;
+  }
+  g_signal = sig;
   g_stop = true;
-  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+}
+
+void catch_stop_signals() {
+  struct sigaction sa = {};
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;  // the thread that takes the signal may be in a read or write: it goes on
+  sigemptyset(&sa.sa_mask);
+  sigaddset(&sa.sa_mask, SIGINT);  // one handler at a time
+  sigaddset(&sa.sa_mask, SIGTERM);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
 }
 
 struct Common {
@@ -48,19 +88,60 @@ void add_common(CLI::App* app, Common& o, bool job_dir) {
   app->add_option("--devices", o.devices, "devices, e.g. cpu:8 (default: PX_DEVICES, else cpu:1)");
 }
 
+// The config: the experiment (--exp), then the file (--config), then each --set. Without --exp and
+// --config, the job dir's config.toml when there is one (the run that made it).
 px::pax::ExperimentConfig resolve(const Common& o) {
   px::pax::ExperimentConfig c;
+  const std::string job_config = o.job_dir.empty() ? std::string() : o.job_dir + "/config.toml";
   if (!o.exp.empty()) {
     c = px::pax::experiment(o.exp);
     if (!o.config.empty()) c = px::pax::from_toml_file(o.config, &c);
   } else if (!o.config.empty()) {
     c = px::pax::from_toml_file(o.config);
+  } else if (!job_config.empty() && std::filesystem::exists(job_config)) {
+    c = px::pax::from_toml_file(job_config);
   } else {
-    throw px::Error("[pax] no experiment: pass --exp=NAME (see 'pax list') or --config FILE");
+    throw px::UserError(
+        "[pax] no experiment: pass --exp=NAME (see 'pax list') or --config FILE" +
+        std::string(o.job_dir.empty() ? "" : " (" + job_config + ", read when neither is given, does not exist)"));
   }
   for (const std::string& s : o.sets) px::pax::apply_override(c, s);
   px::pax::validate(c);
   return c;
+}
+
+// A subcommand that is not one: "unknown command 'trian'; did you mean 'train'?".
+std::string unknown_command(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return "";
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    names.push_back(sub->get_name());
+  if (std::find(names.begin(), names.end(), argv[1]) != names.end()) return "";
+  std::string all;
+  for (const std::string& n : names) all += (all.empty() ? "" : ", ") + n;
+  return "unknown command '" + std::string(argv[1]) + "'" + px::pax::did_you_mean(argv[1], names) +
+         " (the commands: " + all + ")";
+}
+
+// For a flag the subcommand does not have: "; did you mean '--job_log_dir'?".
+std::string flag_hint(CLI::App& app, int argc, char** argv) {
+  if (argc < 2) return "";
+  CLI::App* sub = nullptr;
+  for (CLI::App* s : app.get_subcommands([](const CLI::App*) { return true; }))
+    if (s->get_name() == argv[1]) sub = s;
+  if (!sub) return "";
+  std::vector<std::string> flags;
+  for (const CLI::Option* opt : sub->get_options())
+    for (const std::string& n : opt->get_lnames()) flags.push_back(n);
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0 || a.size() < 3) continue;
+    a = a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
+    if (std::find(flags.begin(), flags.end(), a) != flags.end()) continue;
+    const std::string near = px::pax::closest(a, flags);
+    if (!near.empty()) return "; did you mean '--" + near + "' for '--" + a + "'?";
+  }
+  return "";
 }
 
 void need_job_dir(const Common& o) {
@@ -72,6 +153,7 @@ void need_job_dir(const Common& o) {
 int cli_main(int argc, char** argv) {
   CLI::App app{"pax: declarative experiments on Parallax (train, evaluate, plan)"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "pax (parallax " PX_VERSION ")");
   Common o;
   int64_t eval_step = -1, eval_batches = -1;
   bool list_fields = false;
@@ -123,14 +205,23 @@ int cli_main(int argc, char** argv) {
   decode->add_option("--seed", dopt.seed, "sampling seed");
   decode->add_flag("!--no_cache", dopt.use_cache, "recompute the whole prefix for every token (slow; for checking)");
 
+  if (std::string bad = unknown_command(app, argc, argv); !bad.empty()) {
+    std::fprintf(stderr, "pax: error: %s\n", bad.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion&) {
+    std::printf("pax (parallax %s)\n", PX_VERSION);
+    return 0;
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "pax: error: %s (see 'pax --help')\n", e.what());
+    const std::string sub = argc > 1 && argv[1][0] != '-' ? std::string(argv[1]) + " " : "";
+    std::fprintf(stderr, "pax: error: %s%s (see 'pax %s--help')\n", e.what(), flag_hint(app, argc, argv).c_str(),
+                 sub.c_str());
     return 2;
   }
 
@@ -156,10 +247,14 @@ int cli_main(int argc, char** argv) {
       }
       double avg = 0;
       for (double t : r.token_seconds) avg += t / static_cast<double>(std::max<size_t>(r.token_seconds.size(), 1));
-      std::fprintf(stderr, "decode: %s, %zu prompt tokens, %zu new tokens, %.2f ms per token\n",
+      std::fprintf(stderr, "decode: %s, %zu prompt tokens, %zu new token%s%s, %.2f ms per token\n",
                    hf_model.empty() ? ("checkpoint step " + std::to_string(r.step)).c_str() : hf_model.c_str(),
-                   r.prompt_ids.size(), r.new_ids.size(), avg * 1e3);
-      std::printf("%s\n", r.text.c_str());
+                   r.prompt_ids.size(), r.new_ids.size(), r.new_ids.size() == 1 ? "" : "s",
+                   r.stopped_at_eos ? " (stopped at the end-of-text token)"
+                   : static_cast<int64_t>(r.new_ids.size()) < dopt.max_new_tokens ? " (the model's context is full)"
+                                                                                  : "",
+                   avg * 1e3);
+      std::printf("%s\n", r.full_text.c_str());  // the prompt, then its continuation
       return 0;
     }
     px::pax::ExperimentConfig c = resolve(o);
@@ -179,10 +274,14 @@ int cli_main(int argc, char** argv) {
     px::pax::RunOptions ro{.job_dir = o.job_dir, .devices = o.devices};
     if (train->parsed()) {
       ro.stop = &g_stop;
+      ro.stop_signal = &g_signal;
+      catch_stop_signals();
       if (restore_step >= 0) ro.restore_step = restore_step;
-      std::signal(SIGINT, on_sigint);
       px::pax::TrainResult r = px::pax::train(c, ro);
-      return r.interrupted ? 130 : 0;
+      // 128 + the signal, as a shell reports a process it ended: 130 for SIGINT, 143 for SIGTERM
+      // (under mpirun a process the others stopped, without a signal of its own, says 130).
+      if (r.interrupted) return 128 + (g_signal.load() ? g_signal.load() : SIGINT);
+      return 0;
     }
     if (exp->parsed()) {
       std::optional<int64_t> step;

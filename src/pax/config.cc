@@ -165,6 +165,8 @@ const std::vector<Field>& table() {
       int_field("train.seed", &E::train, &TrainConfig::seed, 0, 9.007199254740992e15, "params and data seed"),
       str_field("train.init_from_hf", &E::train, &TrainConfig::init_from_hf,
                 "a Hugging Face model dir to fine-tune (\"\": random init from train.seed)"),
+      enum_field("train.on_nonfinite", &E::train, &TrainConfig::on_nonfinite, {"stop", "skip", "continue"},
+                 "a NaN or infinite loss or gradient norm: stop the run, skip that update, or continue"),
   };
   return t;
 }

@@ -3,8 +3,14 @@
 
 #include "pax/data_source.h"
 
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <ostream>
+#include <thread>
 
 #if __has_include("parallax/text_data.h")
 #include "io/json_number.h"
@@ -47,6 +53,10 @@ class CopySource : public DataSource {
 class TextSource : public DataSource {
  public:
   TextSource(const ExperimentConfig& c, const std::string& job_dir) : ds_(options(c, job_dir)) {}
+  const data::TextDatasetStats& stats() const { return ds_.stats(); }
+  static std::string cache_dir(const ExperimentConfig& c, const std::string& job_dir) {
+    return c.data.cache_dir.empty() ? job_dir + "/data" : c.data.cache_dir;
+  }
   data::LmBatch next_train() override { return ds_.next_train(); }
   int64_t num_eval_batches() const override { return ds_.num_eval_batches(); }
   data::LmBatch eval_batch(int64_t i) const override { return ds_.eval_batch(i); }
@@ -60,7 +70,7 @@ class TextSource : public DataSource {
     data::TextDataOptions o;
     o.paths = c.data.paths;
     o.tokenizer_model = c.tokenizer.model;
-    o.cache_dir = c.data.cache_dir.empty() ? job_dir + "/data" : c.data.cache_dir;
+    o.cache_dir = cache_dir(c, job_dir);
     o.vocab_size = c.model.vocab_size;
     o.seq_len = c.model.seq_len;
     o.batch = c.data.batch;
@@ -71,11 +81,51 @@ class TextSource : public DataSource {
   }
   data::TextDataset ds_;
 };
+
+// Says every `every` seconds that the data is still being prepared, until destroyed.
+class Ticker {
+ public:
+  Ticker(std::ostream* log, double every) : log_(log) {
+    if (!log_) return;
+    thread_ = std::thread([this, every] {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!cv_.wait_for(lock, std::chrono::duration<double>(every), [this] { return done_; })) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "data: still preparing (%.0f s)\n", s);
+        *log_ << buf << std::flush;
+      }
+    });
+  }
+  ~Ticker() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::ostream* log_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+std::string secs(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", s);
+  return buf;
+}
 #endif
 
 }  // namespace
 
-std::unique_ptr<DataSource> make_data_source(const ExperimentConfig& c, const std::string& job_dir) {
+std::unique_ptr<DataSource> make_data_source(const ExperimentConfig& c, const std::string& job_dir, std::ostream* log) {
   if (c.data.kind == "copy_task") return std::make_unique<CopySource>(c);
   const std::string who = c.name.empty() ? "this experiment" : c.name;
   if (c.data.paths.empty())
@@ -85,7 +135,28 @@ std::unique_ptr<DataSource> make_data_source(const ExperimentConfig& c, const st
     if (p != "gcide" && !std::filesystem::exists(p))
       throw Error("[pax] data.paths: '" + p + "' does not exist; give existing files or folders (or 'gcide')");
 #ifdef PX_PAX_HAVE_TEXT_DATA
-  auto src = std::make_unique<TextSource>(c, job_dir);
+  std::unique_ptr<TextSource> src;
+  const std::string cache = TextSource::cache_dir(c, job_dir);
+  if (log)
+    *log << "data: preparing " << c.data.paths.size() << " path" << (c.data.paths.size() == 1 ? "" : "s")
+         << " (a tokenizer is trained and the text tokenized on first use, then read from " << cache << ")\n"
+         << std::flush;
+  {
+    Ticker ticker(log, 5.0);
+    src = std::make_unique<TextSource>(c, job_dir);
+  }
+  if (log) {
+    const data::TextDatasetStats& st = src->stats();
+    *log << "data: " << st.documents << " documents, " << st.train_tokens << " train and " << st.eval_tokens
+         << " eval tokens; tokenizer "
+         << (st.tokenizer_from_cache || !c.tokenizer.model.empty() ? std::string("read")
+                                                                   : "trained in " + secs(st.tokenizer_seconds))
+         << ", text "
+         << (st.tokens_from_cache ? std::string("read from the token cache")
+                                  : "tokenized in " + secs(st.tokenize_seconds))
+         << "; " << secs(st.total_seconds) << " in all\n"
+         << std::flush;
+  }
   if (src->vocab_size() != c.model.vocab_size)
     throw Error("[pax] the tokenizer has " + std::to_string(src->vocab_size()) + " tokens but model.vocab_size=" +
                 std::to_string(c.model.vocab_size) + "; set --set model.vocab_size=" +

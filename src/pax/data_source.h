@@ -25,7 +25,10 @@ class DataSource {
   virtual const text::Tokenizer* tokenizer() const { return nullptr; }
 };
 
-// Throws px::Error (a user error) for missing paths or a data kind this build lacks.
-std::unique_ptr<DataSource> make_data_source(const ExperimentConfig& c, const std::string& job_dir);
+// Throws px::Error (a user error) for missing paths or a data kind this build lacks. With `log`,
+// text data says what it prepares (tokenizer training and tokenization take a while on first
+// use), every few seconds while it runs, and how long it took.
+std::unique_ptr<DataSource> make_data_source(const ExperimentConfig& c, const std::string& job_dir,
+                                             std::ostream* log = nullptr);
 
 }  // namespace px::pax

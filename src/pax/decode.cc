@@ -68,13 +68,33 @@ DecodeResult run_decode(const nn::TransformerLm& model, const std::vector<Array>
   g.token_seconds = &r.token_seconds;
   if (tok) g.eos_id = tok->eos_id();
   r.new_ids = nn::generate(model, params, {r.prompt_ids}, g)[0];
+  // generate() repeats the EOS to the end of the row: the tokens produced are those before it.
+  if (tok && tok->eos_id() >= 0) {
+    auto eos = std::find(r.new_ids.begin(), r.new_ids.end(), tok->eos_id());
+    if (eos != r.new_ids.end()) {
+      r.stopped_at_eos = true;
+      r.new_ids.erase(eos, r.new_ids.end());
+      r.token_seconds.resize(std::min(r.token_seconds.size(), r.new_ids.size() + 1));  // the EOS took time too
+    }
+  }
   if (tok) {
-    std::vector<int32_t> shown = r.new_ids;
-    auto eos = std::find(shown.begin(), shown.end(), tok->eos_id());
-    if (tok->eos_id() >= 0 && eos != shown.end()) shown.erase(eos, shown.end());
-    r.text = tok->decode(shown);
+    std::vector<int32_t> prompt = r.prompt_ids;
+    if (tok->bos_id() >= 0 && !prompt.empty() && prompt.front() == tok->bos_id()) prompt.erase(prompt.begin());
+    r.text = tok->decode(r.new_ids);
+    r.prompt_text = tok->decode(prompt);
+    // Decoded together, so that the space between the prompt and the first new word stays.
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), r.new_ids.begin(), r.new_ids.end());
+    r.full_text = tok->decode(all);
   } else {
-    for (size_t i = 0; i < r.new_ids.size(); ++i) r.text += (i ? " " : "") + std::to_string(r.new_ids[i]);
+    auto join = [](const std::vector<int32_t>& ids) {
+      std::string t;
+      for (size_t i = 0; i < ids.size(); ++i) t += (i ? " " : "") + std::to_string(ids[i]);
+      return t;
+    };
+    r.text = join(r.new_ids);
+    r.prompt_text = join(r.prompt_ids);
+    r.full_text = r.prompt_text + " | " + r.text;
   }
   return r;
 }
@@ -113,6 +133,11 @@ int64_t export_checkpoint(const ExperimentConfig& c, const RunOptions& opts, con
     Checkpoints ckpt(opts.job_dir, c.train.checkpoint_keep);
     if (!step) step = ckpt.latest();
     if (!step) throw UserError("[pax] no checkpoint in '" + opts.job_dir + "/checkpoints'; run 'pax train' first");
+    std::vector<int64_t> all = ckpt.steps();
+    if (std::find(all.begin(), all.end(), *step) == all.end())
+      throw UserError("[pax] no checkpoint at step " + std::to_string(*step) + " in '" + opts.job_dir +
+                      "/checkpoints'; the committed steps are " + ckpt.steps_text() +
+                      " (leave out --step for the latest)");
     export_safetensors(ckpt.path(*step), out_dir, "params");
     return *step;
   }

@@ -6,6 +6,7 @@
 
 #include "parallax/pax.h"
 #include "pax/experiments.h"
+#include "pax/suggest.h"
 
 namespace px::pax {
 namespace {
@@ -63,7 +64,13 @@ ExperimentConfig experiment(const std::string& name) {
     std::lock_guard<std::recursive_mutex> lock(mu());
     ensure_builtins();
     auto it = entries().find(name);
-    if (it == entries().end()) throw Error("[pax] unknown experiment '" + name + "'; see 'pax list'");
+    if (it == entries().end()) {
+      std::vector<std::string> names;
+      for (auto& [n, e] : entries()) names.push_back(n);
+      const std::string near = closest(name, names);
+      throw UserError("[pax] unknown experiment '" + name + "'" +
+                      (near.empty() ? "; see 'pax list'" : "; did you mean '" + near + "'? (see 'pax list')"));
+    }
     fn = it->second.fn;
     summary = it->second.summary;
   }

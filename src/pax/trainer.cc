@@ -2,11 +2,17 @@
 // Designated initializers leave the fields they do not name at their defaults, on purpose.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -64,6 +70,130 @@ void write_file(const std::string& path, const std::string& text) {
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) throw Error("[pax] cannot write '" + path + "': " + ec.message());
+}
+
+// The job dir's owner: an exclusive flock on DIR/.lock, held while train runs, with the owner's
+// host and pid in the file. The kernel drops the lock when the process ends, however it ends, so
+// a crashed run leaves nothing to clean up.
+class JobLock {
+ public:
+  explicit JobLock(const std::string& dir) : path_(dir + "/.lock") {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      throw Error("[pax] cannot create the lock file '" + path_ + "': " + std::strerror(errno) +
+                  "; pass a writable --job_log_dir");
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      char buf[512] = {};
+      const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+      ::close(fd_);
+      fd_ = -1;
+      std::string owner = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("owner unknown");
+      while (!owner.empty() && (owner.back() == '\n' || owner.back() == ' ')) owner.pop_back();
+      if (err == EWOULDBLOCK)
+        throw UserError("[pax] the job dir '" + dir + "' is in use by another pax train (" + owner + ", per " + path_ +
+                        "); wait for it to end or stop it, or pass another --job_log_dir");
+      throw Error("[pax] cannot lock '" + path_ + "': " + std::strerror(err));
+    }
+    char host[256] = "localhost";
+    gethostname(host, sizeof host - 1);
+    const std::time_t t = std::time(nullptr);
+    std::tm utc{};
+    gmtime_r(&t, &utc);
+    char when[64];
+    std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &utc);
+    const std::string me =
+        std::string("host ") + host + ", pid " + std::to_string(::getpid()) + ", since " + when + "\n";
+    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+      const int err = errno;
+      ::close(fd_);  // and with it the lock
+      fd_ = -1;
+      throw Error("[pax] cannot write the lock file '" + path_ + "': " + std::strerror(err));
+    }
+  }
+  ~JobLock() {
+    if (fd_ < 0) return;
+    const int rc = ::ftruncate(fd_, 0);  // an empty file: nobody holds it (the flock is what counts)
+    (void)rc;
+    ::close(fd_);
+  }
+  JobLock(const JobLock&) = delete;
+  JobLock& operator=(const JobLock&) = delete;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// What a rerun in a job dir may change: how long and how often, where and how it runs. Everything
+// else (model, data, tokenizer, optimizer, schedule, seed, the model it started from) is the job.
+bool may_change_on_rerun(const std::string& path) {
+  if (path.rfind("sharding.", 0) == 0 || path.rfind("memory.", 0) == 0) return true;
+  for (const char* p : {"train.steps", "train.eval_interval", "train.eval_batches", "train.checkpoint_interval",
+                        "train.checkpoint_keep", "train.summary_interval", "train.on_nonfinite", "data.cache_dir"})
+    if (path == p) return true;
+  return false;
+}
+
+bool same_value(const FieldValue& a, const FieldValue& b) {
+  if (a.index() != b.index()) return false;
+  if (auto* x = std::get_if<double>(&a)) {  // a float written to TOML and read back may differ in the last bit
+    const double y = std::get<double>(b);
+    return *x == y || std::abs(*x - y) <= 1e-12 * std::max(std::abs(*x), std::abs(y));
+  }
+  return a == b;
+}
+
+// Before anything in the job dir is written: a job dir with a checkpoint holds one job, and a
+// rerun that would train another (another model, data, optimizer, ...) is an error naming each
+// field that differs. Without a checkpoint nothing is lost: the new config replaces the old one.
+void check_same_job(const ExperimentConfig& c, const std::string& dir, bool has_checkpoint, std::ostream& note) {
+  const std::string file = dir + "/config.toml";
+  if (!fs::exists(file)) return;
+  ExperimentConfig job;
+  try {
+    job = from_toml_file(file, &c);
+  } catch (const Error& e) {
+    if (!has_checkpoint) return;
+    throw Error("[pax] cannot read the job's config '" + file + "' (" + e.what() +
+                "); fix or remove it, or pass another --job_log_dir");
+  }
+  std::string differ;
+  int n = 0;
+  for (const FieldInfo& f : fields()) {
+    if (may_change_on_rerun(f.path) || same_value(get_field(job, f.path), get_field(c, f.path))) continue;
+    differ += std::string(n++ ? ", " : "") + f.path + " (job: " + field_text(job, f.path) +
+              ", this run: " + field_text(c, f.path) + ")";
+  }
+  if (n == 0) return;
+  if (!has_checkpoint) {
+    note << "note: " << file << " is replaced (the job dir has no checkpoint yet); changed: " << differ << "\n";
+    return;
+  }
+  throw UserError("[pax] the job dir '" + dir + "' holds another run: " + std::to_string(n) + " field" +
+                  (n > 1 ? "s differ" : " differs") + " from its config.toml: " + differ +
+                  ". Nothing was written. To continue that run, pass --config " + file +
+                  " (train.steps, the intervals, sharding.* and memory.* may change); to train this config, pass "
+                  "another --job_log_dir");
+}
+
+// True on every process when `flag` is true on any (a collective: every process calls it).
+bool on_any_process(Communicator* comm, bool flag) {
+  if (!comm) return flag;
+  std::vector<int32_t> mine(comm->local_positions().size(), flag ? 1 : 0), any(mine.size());
+  Buffers ins;
+  MutBuffers outs;
+  for (size_t i = 0; i < mine.size(); ++i) ins.push_back(&mine[i]), outs.push_back(&any[i]);
+  DeviceGroups all(1);
+  for (int64_t p = 0; p < comm->world_size(); ++p) all[0].push_back(static_cast<int>(p));
+  comm->all_reduce(ins, outs, 1, DType::i32, ReduceOp::max, all);
+  return any[0] != 0;
+}
+
+std::string signal_name(int sig) {
+  if (sig == SIGINT) return "SIGINT";
+  if (sig == SIGTERM) return "SIGTERM";
+  return sig ? "signal " + std::to_string(sig) : std::string("a stop request");
 }
 
 std::string hms(double s) {
@@ -158,8 +288,15 @@ class Reporter {
     metrics_.open(dir_ + "/metrics.jsonl", std::ios::app);
     log_.open(dir_ + "/logs/train.log", std::ios::app);
     if (!metrics_ || !log_) throw Error("[pax] cannot write to the job dir '" + dir_ + "'");
+    // The same for the event files, and a SessionLog START at the first step this run writes, so
+    // that TensorBoard also forgets those steps in copies of older files (it purges on START).
+    for (const char* sub : {"/summaries/train", "/summaries/eval_test"}) drop_events_after(dir_ + sub, restored_step);
     train_ = std::make_unique<EventWriter>(dir_ + "/summaries/train");
     eval_ = std::make_unique<EventWriter>(dir_ + "/summaries/eval_test");
+    for (EventWriter* w : {train_.get(), eval_.get()}) {
+      w->session_start(restored_step + 1);
+      w->flush();
+    }
     tty_ = o.progress && isatty(2);
   }
 
@@ -231,23 +368,53 @@ std::string fmt(const char* f, double v) {
 TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
   ExperimentConfig c = cfg;
   check_runnable(c);
+  const bool can_skip = [&] {  // the step runner passes train.on_nonfinite=skip on to the step
+    ExperimentConfig t = c;
+    t.train.on_nonfinite = "skip";
+    return step_options(t).skip_nonfinite;
+  }();
+  if (c.train.on_nonfinite == "skip" && !can_skip)
+    throw UserError(
+        "[pax] train.on_nonfinite=skip: this build's step runner does not skip updates yet; use "
+        "train.on_nonfinite=stop or continue");
   prepare_job_dir(opts.job_dir);
   const std::string dir = opts.job_dir;
+  std::ostream& out = opts.out ? *opts.out : std::cout;
   Mesh mesh = make_mesh(c, resolve_devices(c, opts.devices, /*for_planning=*/false));
   // Under mpirun / srun: every process trains on the same config and mesh (checked), rank 0 alone
-  // prepares the data first (tokenizer and caches in the job dir) and writes the outputs.
+  // owns the job dir, prepares the data first (tokenizer and caches in the job dir) and writes the
+  // outputs.
   const ProcessWorld* world = launched_world();
   Communicator* comm = world && world->size > 1 ? world->communicator : nullptr;
   const bool primary = !world || world->rank == 0;
   if (comm)
     check_same_on_every_process(*comm, world->rank, "configs", to_toml(c) + "\nmesh = " + mesh.to_string() + "\n");
+  // Own the job dir, and check that this run continues the job there, before writing anything.
+  std::unique_ptr<JobLock> lock;
+  std::exception_ptr refused;
+  std::ostringstream note;
+  if (primary) try {
+      lock = std::make_unique<JobLock>(dir);
+      check_same_job(c, dir, Checkpoints(dir, c.train.checkpoint_keep).latest().has_value(), note);
+    } catch (const Error&) {
+      refused = std::current_exception();
+    }
+  if (on_any_process(comm, refused != nullptr)) {
+    if (refused) std::rethrow_exception(refused);
+    throw UserError("[pax] process 0 could not take the job dir '" + dir + "' (its error says why)");
+  }
+  if (primary) out << note.str();
+  // The model's config (with train.init_from_hf: checked against its config.json) before the data,
+  // whose preparation may take minutes.
+  const nn::LmConfig lmc = lm_config(c);
+
   std::unique_ptr<DataSource> data;
-  if (primary) data = make_data_source(c, dir);
+  if (primary) data = make_data_source(c, dir, &out);
   if (comm) comm->barrier();
   if (!primary) data = make_data_source(c, dir);
   if (primary) write_file(dir + "/config.toml", to_toml(c));
 
-  nn::TransformerLm model(lm_config(c));
+  nn::TransformerLm model(lmc);
   std::unique_ptr<StepRunner> runner = make_step_runner(c, model, mesh);
   // The plan the step runs (AUTO solved it once, there).
   const ShardingPlan& splan = runner->plan();
@@ -264,14 +431,10 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
   std::string set_aside;  // newer checkpoints moved away by --restore_step
   if (opts.restore_step) {
     std::vector<int64_t> all = ckpt.steps();
-    if (std::find(all.begin(), all.end(), *opts.restore_step) == all.end()) {
-      std::string list;
-      for (int64_t s : all) list += (list.empty() ? "" : ", ") + std::to_string(s);
+    if (std::find(all.begin(), all.end(), *opts.restore_step) == all.end())
       throw Error("[pax] --restore_step=" + std::to_string(*opts.restore_step) +
-                  ": no committed checkpoint at that "
-                  "step in " +
-                  dir + "/checkpoints; the committed steps are " + (list.empty() ? "(none)" : list));
-    }
+                  ": no committed checkpoint at that step in " + dir + "/checkpoints; the committed steps are " +
+                  ckpt.steps_text());
     if (primary)  // one process renames; the others wait for it
       for (const std::string& p : ckpt.set_aside_after(*opts.restore_step))
         set_aside += (set_aside.empty() ? "" : ", ") + p;
@@ -291,7 +454,7 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
   Reporter report(c, opts, start, primary);
   Evaluator evaluator(c, model);
   std::ostringstream quiet;
-  const int64_t n_eval = eval_batch_count(c, *data, primary ? std::cout : quiet);
+  const int64_t n_eval = eval_batch_count(c, *data, primary ? out : quiet);
 
   TrainResult result;
   result.first_step = result.last_step = start;
@@ -303,6 +466,25 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
     return result;
   }
 
+  // A signal during the data preparation or the compilation: nothing is trained, nothing to save.
+  if (on_any_process(comm, opts.stop && opts.stop->load())) {
+    const int sig = opts.stop_signal ? opts.stop_signal->load() : 0;
+    report.line("stopped by " + (sig || !comm ? signal_name(sig) : std::string("a signal to another process")) +
+                " before the first step (" + (start > 0 ? "still at step " + std::to_string(start) : "nothing trained") +
+                "); rerun the same command to continue");
+    result.interrupted = true;
+    return result;
+  }
+
+  // Seconds spent in evals, checkpoint saves and summaries, which the throughput leaves out: in the current
+  // summary window, and since the first step.
+  double excluded_window = 0, excluded_total = 0;
+  auto timed = [&](auto&& fn) {
+    const double t0 = now_s();
+    fn();
+    const double dt = now_s() - t0;
+    excluded_window += dt, excluded_total += dt;
+  };
   auto do_eval = [&](int64_t step) {
     EvalResult e = evaluator.run(runner->params(), *data, n_eval);
     report.scalars(
@@ -313,9 +495,15 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
                 std::to_string(e.tokens) + " tokens)");
     result.last_eval_loss = e.loss;
   };
+  auto report_committed = [&](std::optional<int64_t> s) {
+    if (s) report.line("committed step " + std::to_string(*s) + " -> " + ckpt.path(*s));
+  };
+  int64_t saved_step = -1;
   auto do_checkpoint = [&](int64_t step) {
+    report_committed(ckpt.finish());  // the previous save, which the next one waits for anyway
     ckpt.save(step, *runner, config_json, data->state());
-    report.line("checkpoint step " + std::to_string(step) + " -> " + ckpt.path(step));
+    saved_step = step;
+    report.line("saving step " + std::to_string(step) + " -> " + ckpt.path(step));
   };
 
   const int64_t tokens_per_step = c.data.batch * c.model.seq_len;
@@ -332,64 +520,110 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
   };
   const double t_start = now_s();
   double t_window = t_start, t_first = t_start;
-  int64_t window_steps = 0;
+  int64_t window_steps = 0, skipped_in_a_row = 0;
   double loss_sum = 0;
-  for (int64_t step = start + 1; step <= c.train.steps; ++step) {
+  bool warned_nonfinite = false;
+  for (int64_t step = start + 1; step <= c.train.steps;) {
     data::LmBatch b = data->next_train();
     StepMetrics m = runner->step({b.tokens, b.targets, b.weights});
-    result.last_step = step;
-    result.last_loss = m.loss;
-    ++window_steps;
-    loss_sum += m.loss;
+    const bool finite = m.finite && std::isfinite(m.loss) && std::isfinite(m.grad_norm);
+    if (!finite) {
+      const std::string what = "step " + std::to_string(step) + ": the loss is " + fmt("%g", m.loss) +
+                               " and the gradient norm " + fmt("%g", m.grad_norm);
+      if (c.train.on_nonfinite == "stop") {
+        report.end_progress();
+        report_committed(ckpt.finish());
+        throw UserError("[pax] " + what +
+                        " (training diverged); the run stops without saving this step "
+                        "(train.on_nonfinite=stop); the last checkpoint is " +
+                        (ckpt.latest() ? "step " + std::to_string(*ckpt.latest()) : std::string("none")) +
+                        ". Lower optimizer.lr, raise schedule.warmup_steps or set optimizer.clip_norm, or pass " +
+                        (can_skip ? "--set train.on_nonfinite=skip (skip such updates) or =continue (train on)"
+                                  : "--set train.on_nonfinite=continue (train on)"));
+      }
+      if (m.skipped) {
+        report.line("warning: " + what +
+                    "; update skipped (train.on_nonfinite=skip), the step is trained again on "
+                    "the next batch");
+        if (++skipped_in_a_row >= 100)
+          throw UserError("[pax] " + what +
+                          "; 100 updates in a row skipped (train.on_nonfinite=skip): training "
+                          "diverged; lower optimizer.lr or resume from an earlier checkpoint with --restore_step");
+      } else if (!warned_nonfinite) {
+        report.line("warning: " + what + "; training on (train.on_nonfinite=continue); this is said once");
+        warned_nonfinite = true;
+      }
+    }
+    if (!m.skipped) {
+      skipped_in_a_row = 0;
+      result.last_step = step;
+      result.last_loss = m.loss;
+      ++window_steps;
+      loss_sum += m.loss;
+    }
     const double t = now_s();
-    // The rate leaves out the first step, which pays for first-run allocations.
-    if (step == start + 1) t_first = t;
-    const double rate =
-        step > start + 1 ? (step - start - 1) / std::max(t - t_first, 1e-9) : 1 / std::max(t - t_start, 1e-9);
+    // The rates leave out the first step, which pays for first-run allocations. The throughput
+    // shown leaves out the time of evals, checkpoint saves and summaries too; the ETA (wall time
+    // to go) does not, as those will come again.
+    if (step == start + 1) t_first = t, excluded_total = 0;
+    const double rate = step > start + 1 ? (step - start - 1) / std::max(t - t_first - excluded_total, 1e-9)
+                                         : 1 / std::max(t - t_start, 1e-9);
+    const double wall_rate = step > start + 1 ? (step - start - 1) / std::max(t - t_first, 1e-9) : rate;
     report.progress("step " + std::to_string(step) + "/" + std::to_string(c.train.steps) + "  loss " +
                     fmt("%.4f", m.loss) + "  " + fmt("%.0f", rate * tokens_per_step) + " tokens/s  ETA " +
-                    hms((c.train.steps - step) / rate));
-    if (step % c.train.summary_interval == 0 || step == c.train.steps) {
-      const double sps = window_steps / std::max(t - t_window, 1e-9);
-      report.scalars("train", step,
-                     {{"loss", m.loss},
-                      {"log_pplx", m.loss},
-                      {"learning_rate", m.lr},
-                      {"grad_norm", m.grad_norm},
-                      {"grad_norm_clipped",
-                       c.optimizer.clip_norm > 0 ? std::min<double>(m.grad_norm, c.optimizer.clip_norm) : m.grad_norm},
-                      {"steps_per_sec", sps},
-                      {"tokens_per_sec", sps * tokens_per_step},
-                      {"mfu", model_flops * sps / peak_flops},
-                      {"peak_memory_bytes_per_device", static_cast<double>(peak_memory())}});
-      report.line("train step " + std::to_string(step) + "  loss " + fmt("%.4f", m.loss) + "  mean " +
-                  fmt("%.4f", loss_sum / window_steps) + "  lr " + fmt("%.3g", m.lr) + "  grad_norm " +
-                  fmt("%.3g", m.grad_norm) + "  " + fmt("%.0f", sps * tokens_per_step) + " tokens/s  MFU " +
-                  fmt("%.1f", 100 * model_flops * sps / peak_flops) + "%  ETA " + hms((c.train.steps - step) / rate));
-      t_window = t, window_steps = 0, loss_sum = 0;
+                    hms((c.train.steps - step) / wall_rate));
+    const bool last = step == c.train.steps && !m.skipped;
+    if (!m.skipped && (step % c.train.summary_interval == 0 || last) && window_steps > 0) {
+      const double sps = window_steps / std::max(t - t_window - excluded_window, 1e-9);
+      const double mean = loss_sum / static_cast<double>(window_steps);
+      t_window = t, window_steps = 0, loss_sum = 0, excluded_window = 0;
+      // Writing the summary (event files, metrics.jsonl, plots) is left out of the next window too.
+      timed([&] {
+        report.scalars(
+            "train", step,
+            {{"loss", mean},
+             {"loss_last", m.loss},
+             {"log_pplx", mean},
+             {"learning_rate", m.lr},
+             {"grad_norm", m.grad_norm},
+             {"grad_norm_clipped",
+              c.optimizer.clip_norm > 0 ? std::min<double>(m.grad_norm, c.optimizer.clip_norm) : m.grad_norm},
+             {"steps_per_sec", sps},
+             {"tokens_per_sec", sps * tokens_per_step},
+             {"mfu", model_flops * sps / peak_flops},
+             {"peak_memory_bytes_per_device", static_cast<double>(peak_memory())}});
+        report.line("train step " + std::to_string(step) + "  loss " + fmt("%.4f", m.loss) + "  mean " +
+                    fmt("%.4f", mean) + "  lr " + fmt("%.3g", m.lr) + "  grad_norm " + fmt("%.3g", m.grad_norm) + "  " +
+                    fmt("%.0f", sps * tokens_per_step) + " tokens/s  MFU " +
+                    fmt("%.1f", 100 * model_flops * sps / peak_flops) + "%  ETA " +
+                    hms((c.train.steps - step) / wall_rate));
+      });
     }
-    const bool last = step == c.train.steps;
-    bool stop = opts.stop && opts.stop->load();
-    if (comm) {  // every process stops at the same step (a Ctrl-C may reach them at different ones)
-      std::vector<int32_t> mine(comm->local_positions().size(), stop ? 1 : 0), any(mine.size());
-      Buffers ins;
-      MutBuffers outs;
-      for (size_t i = 0; i < mine.size(); ++i) ins.push_back(&mine[i]), outs.push_back(&any[i]);
-      DeviceGroups all(1);
-      for (int64_t p = 0; p < comm->world_size(); ++p) all[0].push_back(static_cast<int>(p));
-      comm->all_reduce(ins, outs, 1, DType::i32, ReduceOp::max, all);
-      stop = any[0] != 0;
+    // Every process stops at the same step (a signal may reach them at different ones).
+    const bool stop = on_any_process(comm, opts.stop && opts.stop->load());
+    if (!m.skipped) {
+      if (last || (c.train.eval_interval > 0 && step % c.train.eval_interval == 0)) timed([&] { do_eval(step); });
+      if (last || stop || (c.train.checkpoint_interval > 0 && step % c.train.checkpoint_interval == 0))
+        timed([&] { do_checkpoint(step); });
     }
-    if (last || (c.train.eval_interval > 0 && step % c.train.eval_interval == 0)) do_eval(step);
-    if (last || stop || (c.train.checkpoint_interval > 0 && step % c.train.checkpoint_interval == 0))
-      do_checkpoint(step);
     if (stop && !last) {
-      report.line("interrupted at step " + std::to_string(step) + "; rerun the same command to continue");
+      report.end_progress();
+      // A skipped step has nothing new to save; the step before it may have.
+      if (m.skipped && result.last_step > start && result.last_step != saved_step) do_checkpoint(result.last_step);
+      report_committed(ckpt.finish());
+      const int sig = opts.stop_signal ? opts.stop_signal->load() : 0;
+      report.line("stopped by " + (sig || !comm ? signal_name(sig) : std::string("a signal to another process")) +
+                  " after step " + std::to_string(result.last_step) +
+                  (ckpt.latest() ? ", checkpoint step " + std::to_string(*ckpt.latest()) + " committed" : "") +
+                  "; rerun the same command to continue");
       result.interrupted = true;
       break;
     }
+    if (!m.skipped) ++step;
+    // A save finished in the background meanwhile: say so.
+    if (auto s = ckpt.newly_committed()) report_committed(s);
   }
-  ckpt.wait();  // the last checkpoint is committed (or its error thrown) before train returns
+  report_committed(ckpt.finish());  // the last checkpoint is committed (or its error thrown) before train returns
   if (env().profile && result.last_step > start) {
     // PX_PROFILE=1: where the step's time went, and the last step unit by unit (every process its own).
     const Executable& exe = runner->executable();

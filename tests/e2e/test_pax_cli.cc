@@ -118,9 +118,10 @@ TEST(PaxCli, DecodeExportAndFineTuneFromHf) {
   Result t = pax("train" + kSmall + " --job_log_dir=" + d + " --set train.steps=4 --set train.checkpoint_interval=4");
   ASSERT_EQ(t.rc, 0) << t.out;
   const std::string base = "decode --config " + d + "/config.toml --job_log_dir=" + d;
-  auto ids_of = [](const std::string& out) {  // the last line: the new token ids
+  auto ids_of = [](const std::string& out) {  // the last line: the prompt, '|', the new token ids
     std::string s = out.substr(0, out.find_last_not_of('\n') + 1);
-    std::istringstream in(s.substr(s.find_last_of('\n') + 1));
+    s = s.substr(s.find_last_of('\n') + 1);
+    std::istringstream in(s.substr(s.find('|') + 1));
     std::vector<int> ids;
     for (int v; in >> v;) ids.push_back(v);
     return ids;
@@ -130,6 +131,7 @@ TEST(PaxCli, DecodeExportAndFineTuneFromHf) {
   EXPECT_NE(cached.out.find("checkpoint step 4, 5 prompt tokens, 8 new tokens"), std::string::npos) << cached.out;
   std::vector<int> ids = ids_of(cached.out);
   ASSERT_EQ(ids.size(), 8u) << cached.out;
+  EXPECT_NE(cached.out.find("\n3 1 4 1 5 | "), std::string::npos) << cached.out;  // the prompt, echoed
   for (int v : ids) EXPECT_TRUE(v >= 0 && v < 16) << v;  // the copy task's vocabulary
   Result plain = pax(base + " --prompt 3,1,4,1,5 --max_new_tokens 8 --no_cache");
   ASSERT_EQ(plain.rc, 0) << plain.out;
@@ -279,6 +281,13 @@ TEST(PaxCli, UserErrorsExitWithCode2AndOneLine) {
   r = pax("train --exp=copy.TransformerLmTiny --set memory.offload=disk --job_log_dir=" + job("offload_bad"));
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.out.find("memory.offload"), std::string::npos) << r.out;
+
+  // A missing train.init_from_hf is found before the data is prepared (GCIDE: a tokenizer to train).
+  r = pax("train --exp=gcide.TransformerLmTiny --set train.init_from_hf=/no/such/model --job_log_dir=" +
+          job("hf_missing"));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("/no/such/model/config.json"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("data: preparing"), std::string::npos) << r.out;
 
   r = pax("decode --exp=copy.TransformerLmTiny --job_log_dir=" + job("decode_no_prompt"));
   EXPECT_EQ(r.rc, 2);
@@ -531,6 +540,387 @@ TEST(PaxCli, SigkillAtRandomMomentsThenRerunEndsBitwiseLikeAnUninterruptedRun) {
   ASSERT_EQ(la.size(), 40u);
   ASSERT_EQ(lb.size(), 40u);
   for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(lb[i]["loss"], la[i]["loss"]) << "step " << la[i]["step"];
+}
+
+}  // namespace
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+// `pax <args>` in the background, stdout and stderr to `log`; returns its pid (pax itself: exec).
+pid_t start_pax(const std::string& args, const std::string& log) {
+  fs::remove(log);  // what a test waits for in it is this run's
+  const std::string cmd = "exec " + std::string(PX_PAX_BIN) + " " + args + " > " + log + " 2>&1";
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits (polling, up to `seconds`) until `done` holds; false on time-out.
+template <class F>
+bool wait_until(F done, int seconds = 300) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!done()) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(seconds)) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+// The exit status of `pid`, waiting up to `seconds` (then killing it: -1).
+int wait_status(pid_t pid, int seconds = 300) {
+  int st = 0;
+  if (!wait_until([&] { return waitpid(pid, &st, WNOHANG) == pid; }, seconds)) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+  }
+  return st;
+}
+
+// A run long enough that it is still training when the test acts (it is stopped before its end).
+const std::string kLong = kSmall +
+                          " --set train.steps=1000000 --set train.summary_interval=5"
+                          " --set train.eval_interval=0 --set train.checkpoint_interval=0";
+
+// SIGTERM (what Slurm, docker stop, Kubernetes and mpirun send) lets the step finish, saves it,
+// says so and exits 143; the rerun continues from that step. While it runs, the job dir is owned:
+// a second trainer there is refused with the first one's pid.
+TEST(PaxCli, SigtermSavesTheStepExits143AndTheJobDirIsLockedMeanwhile) {
+  const std::string d = job("term"), log = ::testing::TempDir() + "/pax_e2e_term_" + std::to_string(getpid()) + ".log";
+  pid_t pid = start_pax("train" + kLong + " --job_log_dir=" + d, log);
+  ASSERT_TRUE(wait_until([&] { return metrics(d, "train").size() >= 2; })) << read_text(log);
+
+  Result second = pax("train" + kLong + " --job_log_dir=" + d);
+  EXPECT_EQ(second.rc, 2) << second.out;
+  EXPECT_NE(second.out.find("is in use by another pax train"), std::string::npos) << second.out;
+  EXPECT_NE(second.out.find("pid " + std::to_string(pid)), std::string::npos) << second.out;
+  EXPECT_NE(read_text(d + "/.lock").find("pid " + std::to_string(pid)), std::string::npos);
+
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  const int st = wait_status(pid);
+  ASSERT_TRUE(WIFEXITED(st)) << "status " << st << ": " << read_text(log);
+  EXPECT_EQ(WEXITSTATUS(st), 143) << read_text(log);
+  const std::string out = read_text(log);
+  const size_t stopped = out.find("stopped by SIGTERM after step ");
+  ASSERT_NE(stopped, std::string::npos) << out;
+  const int64_t step = std::stoll(out.substr(stopped + std::strlen("stopped by SIGTERM after step ")));
+  const std::string ck =
+      d + "/checkpoints/checkpoint_" + std::string(8 - std::to_string(step).size(), '0') + std::to_string(step);
+  const size_t saving = out.find("saving step " + std::to_string(step) + " -> " + ck);
+  const size_t committed = out.find("committed step " + std::to_string(step) + " -> " + ck);
+  ASSERT_NE(saving, std::string::npos) << out;
+  ASSERT_NE(committed, std::string::npos) << out;
+  EXPECT_LT(saving, committed);
+  EXPECT_LT(committed, stopped);
+  EXPECT_TRUE(fs::exists(ck + "/COMMITTED"));
+  EXPECT_NE(out.find("checkpoint step " + std::to_string(step) + " committed; rerun the same command to continue"),
+            std::string::npos)
+      << out;
+
+  // The lock went with the process: the rerun takes the dir and continues from that step.
+  Result more = pax("train" + kLong + " --set train.steps=" + std::to_string(step + 2) + " --job_log_dir=" + d);
+  ASSERT_EQ(more.rc, 0) << more.out;
+  EXPECT_NE(more.out.find("resumed at step " + std::to_string(step)), std::string::npos) << more.out;
+  EXPECT_NE(more.out.find("committed step " + std::to_string(step + 2)), std::string::npos) << more.out;
+}
+
+// A second signal (of either kind) while the first is handled ends the process at once.
+TEST(PaxCli, ASecondSignalEndsTheRunAtOnce) {
+  const std::string d = job("twice"),
+                    log = ::testing::TempDir() + "/pax_e2e_twice_" + std::to_string(getpid()) + ".log";
+  pid_t pid = start_pax("train" + kLong + " --job_log_dir=" + d, log);
+  ASSERT_TRUE(wait_until([&] { return metrics(d, "train").size() >= 1; })) << read_text(log);
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  ASSERT_EQ(kill(pid, SIGINT), 0);  // another kind: never merged with the first while pending
+  const int st = wait_status(pid);
+  ASSERT_TRUE(WIFSIGNALED(st)) << "status " << st << ": " << read_text(log);
+  EXPECT_TRUE(WTERMSIG(st) == SIGINT || WTERMSIG(st) == SIGTERM) << WTERMSIG(st);
+}
+
+// A rerun that would train another config in a job dir with a checkpoint is refused before
+// anything there is written, naming each field; what may change on a rerun (steps, intervals,
+// mesh) is accepted. eval, decode and export read DIR/config.toml when no --exp or --config is given.
+TEST(PaxCli, AJobDirHoldsOneConfigAndEvalDecodeExportReadIt) {
+  const std::string d = job("owned");
+  const std::string steps = " --set train.steps=3 --set train.checkpoint_interval=3 --set train.eval_interval=0";
+  ASSERT_EQ(pax("train" + kSmall + steps + " --job_log_dir=" + d).rc, 0);
+  std::map<std::string, std::string> before;
+  for (const char* f : {"config.toml", "plan.txt", "model_params.txt", "metrics.jsonl"})
+    before[f] = read_text(d + "/" + f);
+
+  Result r = pax("train" + kSmall + steps +
+                 " --set model.d_model=64 --set optimizer.lr=0.01 --set train.steps=4"
+                 " --job_log_dir=" +
+                 d);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("2 fields differ"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("model.d_model (job: 32, this run: 64)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("optimizer.lr (job: 0.003, this run: 0.01)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("train.steps"), r.out.find("train.steps, the intervals")) << r.out;  // may change
+  EXPECT_EQ(r.out.find("--restore_step"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--config " + d + "/config.toml"), std::string::npos) << r.out;
+  for (auto& [f, text] : before) EXPECT_EQ(read_text(d + "/" + f), text) << f << " was rewritten";
+  Result other = pax("train --exp=copy.TransformerLmTiny --job_log_dir=" + d);
+  EXPECT_EQ(other.rc, 2) << other.out;
+  EXPECT_NE(other.out.find("model.d_model (job: 32, this run: 64)"), std::string::npos) << other.out;
+
+  // More steps on another mesh continue the job, from the job's own config.
+  Result more = pax("train --job_log_dir=" + d + " --set train.steps=6 --devices=cpu:2 --set sharding.mesh=data:2");
+  ASSERT_EQ(more.rc, 0) << more.out;
+  EXPECT_NE(more.out.find("resumed at step 3"), std::string::npos) << more.out;
+
+  Result e = pax("eval --job_log_dir=" + d);
+  ASSERT_EQ(e.rc, 0) << e.out;
+  EXPECT_NE(e.out.find("eval step 6: loss"), std::string::npos) << e.out;
+  Result missing = pax("eval --job_log_dir=" + d + " --step 4");
+  EXPECT_EQ(missing.rc, 2) << missing.out;
+  EXPECT_NE(missing.out.find("no checkpoint at step 4"), std::string::npos) << missing.out;
+  EXPECT_NE(missing.out.find("the committed steps are 3, 6"), std::string::npos) << missing.out;
+  Result dec = pax("decode --job_log_dir=" + d + " --prompt '3 1 4' --max_new_tokens 2");
+  ASSERT_EQ(dec.rc, 0) << dec.out;
+  EXPECT_NE(dec.out.find("checkpoint step 6, 3 prompt tokens, 2 new tokens"), std::string::npos) << dec.out;
+  EXPECT_NE(dec.out.find("\n3 1 4 | "), std::string::npos) << dec.out;
+  Result x = pax("export --format=safetensors --job_log_dir=" + d + " --step 7 --out " + d + "/x.safetensors");
+  EXPECT_EQ(x.rc, 2) << x.out;
+  EXPECT_NE(x.out.find("the committed steps are 3, 6"), std::string::npos) << x.out;
+  ASSERT_EQ(pax("export --format=safetensors --job_log_dir=" + d + " --out " + d + "/x.safetensors").rc, 0);
+
+  // A job dir without a checkpoint has nothing to lose: another config replaces its config.toml.
+  const std::string fresh = job("owned_fresh");
+  fs::create_directories(fresh);
+  fs::copy_file(d + "/config.toml", fresh + "/config.toml");
+  Result replaced = pax("train" + kSmall + steps + " --set model.d_model=64 --job_log_dir=" + fresh);
+  ASSERT_EQ(replaced.rc, 0) << replaced.out;
+  EXPECT_NE(replaced.out.find("config.toml is replaced (the job dir has no checkpoint yet); changed: model.d_model "
+                              "(job: 32, this run: 64)"),
+            std::string::npos)
+      << replaced.out;
+
+  Result none = pax("eval --job_log_dir=" + job("owned_empty"));
+  EXPECT_EQ(none.rc, 2) << none.out;
+  EXPECT_NE(none.out.find("pass --exp=NAME"), std::string::npos) << none.out;
+}
+
+TEST(PaxCli, MisspeltNamesGetASuggestionAndVersionIsPrinted) {
+  Result r = pax("trian --exp=copy.TransformerLmTiny");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("unknown command 'trian'; did you mean 'train'?"), std::string::npos) << r.out;
+  r = pax("describe --exp=copy.TransformerLmTiyn");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("did you mean 'copy.TransformerLmTiny'?"), std::string::npos) << r.out;
+  r = pax("train --exp=copy.TransformerLmTiny --job_dir=/tmp/x");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("did you mean '--job_log_dir' for '--job_dir'?"), std::string::npos) << r.out;
+  r = pax("--version");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.out.rfind("pax (parallax ", 0), 0u) << r.out;
+}
+
+// The train loss logged at a summary is the mean over the steps since the last one (the console's
+// "mean"), with the last step's as loss_last.
+TEST(PaxCli, TheLoggedLossIsTheWindowMean) {
+  const std::string every = job("mean_every"), pairs = job("mean_pairs");
+  const std::string args = kSmall + " --set train.steps=4 --set train.eval_interval=0";
+  ASSERT_EQ(pax("train" + args + " --set train.summary_interval=1 --job_log_dir=" + every).rc, 0);
+  ASSERT_EQ(pax("train" + args + " --set train.summary_interval=2 --job_log_dir=" + pairs).rc, 0);
+  auto a = metrics(every, "train"), b = metrics(pairs, "train");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const double l1 = a[2 * i]["loss"], l2 = a[2 * i + 1]["loss"];
+    EXPECT_NEAR(b[i]["loss"].get<double>(), (l1 + l2) / 2, 1e-6) << "step " << b[i]["step"];
+    EXPECT_EQ(b[i]["loss_last"].get<double>(), l2);
+  }
+}
+
+// tokens/s, steps/s and MFU leave out the time of evals (and checkpoint saves): with an eval that
+// takes far longer than the steps, the rate logged is far above the steps over the wall time.
+TEST(PaxCli, ThroughputLeavesOutTheEvalTime) {
+  const std::string d = job("rate");
+  Result r = pax("train" + kSmall +
+                 " --set data.copy_eval_batches=2000 --set train.steps=6 --set train.eval_interval=2"
+                 " --set train.summary_interval=2 --set train.checkpoint_interval=0 --job_log_dir=" +
+                 d);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto m = metrics(d, "train");
+  ASSERT_EQ(m.size(), 3u);
+  for (size_t i = 1; i < m.size(); ++i) {  // the windows after an eval (of 2000 batches, against 2 steps)
+    const double wall = m[i]["wall_time"].get<double>() - m[i - 1]["wall_time"].get<double>();
+    EXPECT_GT(m[i]["steps_per_sec"].get<double>(), 3 * 2 / wall) << "step " << m[i]["step"] << ": " << r.out;
+    EXPECT_NEAR(m[i]["tokens_per_sec"].get<double>(), m[i]["steps_per_sec"].get<double>() * 4 * 16, 1e-6 * 64e6);
+  }
+}
+
+// A diverging run stops at the first NaN or infinite loss, with an error and without saving that
+// step; train.on_nonfinite=continue trains on, saying so once.
+TEST(PaxCli, ANonFiniteLossStopsTheRun) {
+  const std::string diverge = kSmall +
+                              " --set optimizer.name=sgd --set optimizer.lr=10 --set optimizer.clip_norm=0"
+                              " --set model.init_std=10 --set schedule.warmup_steps=0 --set train.steps=30"
+                              " --set train.checkpoint_interval=1 --set train.eval_interval=0";
+  const std::string d = job("nan");
+  Result r = pax("train" + diverge + " --job_log_dir=" + d);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  const size_t at = r.out.find("pax: error: [pax] step ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("train.on_nonfinite=stop"), std::string::npos) << r.out;
+  const int64_t step = std::stoll(r.out.substr(at + std::strlen("pax: error: [pax] step ")));
+  EXPECT_FALSE(fs::exists(d + "/checkpoints/checkpoint_" + std::string(8 - std::to_string(step).size(), '0') +
+                          std::to_string(step)));
+  // skip: the bad updates are not applied; a run that only diverges further stops after 100 in a row.
+  const std::string skip = job("nan_skip");
+  Result s = pax("train" + diverge + " --set train.on_nonfinite=skip --job_log_dir=" + skip);
+  EXPECT_EQ(s.rc, 2) << s.out;
+  if (s.out.find("does not skip updates yet") == std::string::npos) {
+    EXPECT_NE(s.out.find("update skipped (train.on_nonfinite=skip)"), std::string::npos) << s.out;
+    EXPECT_NE(s.out.find("100 updates in a row skipped"), std::string::npos) << s.out;
+    for (const auto& m : metrics(skip, "train"))  // NaN would be written as null
+      EXPECT_TRUE(m["loss"].is_number() && std::isfinite(m["loss"].get<double>())) << m.dump();
+  }
+  Result c =
+      pax("train" + diverge +
+          " --set train.on_nonfinite=continue --set train.checkpoint_interval=0 --job_log_dir=" + job("nan_continue"));
+  EXPECT_EQ(c.rc, 0) << c.out;
+  EXPECT_NE(c.out.find("training on (train.on_nonfinite=continue)"), std::string::npos) << c.out;
+}
+
+// After a resume, the event files hold each step once: the steps a killed run wrote past its last
+// checkpoint are dropped, and TensorBoard shows the values of metrics.jsonl.
+TEST(PaxCli, TensorBoardHoldsEachStepOnceAfterAResume) {
+  const std::string d = job("tb_resume");
+  const std::string args = kSmall +
+                           " --set train.steps=6 --set train.summary_interval=1 --set train.eval_interval=1"
+                           " --set train.checkpoint_interval=3 --job_log_dir=" +
+                           d;
+  ASSERT_EQ(pax("train" + args).rc, 0);
+  // As if the run had been killed after step 6's summaries and before its checkpoint was committed.
+  fs::remove_all(d + "/checkpoints/checkpoint_00000006");
+  Result r = pax("train" + args);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed at step 3"), std::string::npos) << r.out;
+  const std::string script = ::testing::TempDir() + "/pax_read_raw_events.py";
+  std::ofstream(script) << R"(import collections, glob, json, sys
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+out = {}
+for split in ("train", "eval_test"):
+    seen = collections.Counter()
+    for f in sorted(glob.glob(sys.argv[1] + "/summaries/" + split + "/events.out.tfevents.*")):
+        for e in EventFileLoader(f).Load():
+            for v in e.summary.value:
+                seen[(v.tag, e.step)] += 1
+    ea = EventAccumulator(sys.argv[1] + "/summaries/" + split)
+    ea.Reload()
+    out[split] = {"most": max(seen.values()), "loss": [[e.step, e.value] for e in ea.Scalars("loss")]}
+print(json.dumps(out))
+)";
+  const char* env = std::getenv("PX_TEST_PYTHON");
+  const std::string python = env && *env ? px::testing::test_python() : PX_VENV_PYTHON;
+  FILE* p = popen((python + " " + script + " " + d + " 2>/dev/null").c_str(), "r");
+  std::string text;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << "the tensorboard package is missing: run scripts/setup_test_venv.sh";
+  auto tb = nlohmann::json::parse(text);
+  for (const char* split : {"train", "eval_test"}) {
+    EXPECT_EQ(tb[split]["most"], 1) << split << ": a (tag, step) written twice";
+    auto m = metrics(d, split);
+    ASSERT_EQ(m.size(), 6u) << split;
+    ASSERT_EQ(tb[split]["loss"].size(), 6u) << split;
+    for (size_t i = 0; i < 6; ++i) {
+      EXPECT_EQ(tb[split]["loss"][i][0], m[i]["step"]);
+      EXPECT_NEAR(tb[split]["loss"][i][1].get<double>(), m[i]["loss"].get<double>(), 1e-6);
+    }
+  }
+}
+
+// Text data says what it prepares (tokenizer training and tokenization take a while on a real
+// corpus) and that it reads the caches on a rerun; greedy decode echoes the prompt and, where the
+// model ends the sentence, says it stopped at the end-of-text token and counts only what it made.
+TEST(PaxCli, TextDataSaysWhatItPreparesAndDecodeStopsAtTheEndOfText) {
+  const std::string corpus = ::testing::TempDir() + "/pax_e2e_corpus_" + std::to_string(getpid()) + ".txt";
+  {
+    const char* subj[] = {"the cat", "a dog", "my friend", "the old man", "a small bird", "the teacher", "her brother"};
+    const char* verb[] = {"sees", "likes", "finds", "eats", "reads", "keeps", "holds"};
+    const char* obj[] = {"the ball",      "a book",     "some bread", "the red apple",
+                         "a long letter", "the garden", "an old map"};
+    std::ofstream f(corpus);
+    uint32_t x = 12345;
+    auto pick = [&](int n) { return (x = x * 1103515245u + 12345u) / 65536u % n; };
+    for (int i = 0; i < 2000; ++i) f << subj[pick(7)] << " " << verb[pick(7)] << " " << obj[pick(7)] << ".\n\n";
+  }
+  const std::string d = job("text");
+  const std::string args = " --exp=copy.TransformerLmTiny --set data.kind=text --set data.paths=" + corpus +
+                           " --set model.vocab_size=315 --set model.d_model=32 --set model.d_ff=64"
+                           " --set model.n_layers=1 --set model.seq_len=32 --set data.batch=8 --set train.steps=200"
+                           " --set train.summary_interval=50 --set train.eval_interval=0"
+                           " --set train.checkpoint_interval=0 --set optimizer.lr=0.02 --set schedule.warmup_steps=10"
+                           " --job_log_dir=" +
+                           d;
+  Result t = pax("train" + args);
+  ASSERT_EQ(t.rc, 0) << t.out;
+  EXPECT_NE(t.out.find("data: preparing 1 path"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("data: 2000 documents"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("tokenizer trained in"), std::string::npos) << t.out;
+  Result again = pax("train" + args);
+  ASSERT_EQ(again.rc, 0) << again.out;
+  EXPECT_NE(again.out.find("tokenizer read, text read from the token cache"), std::string::npos) << again.out;
+
+  int stopped = 0;
+  for (const char* prompt : {"the cat", "my friend", "a dog"}) {
+    Result r = pax("decode --job_log_dir=" + d + " --prompt '" + prompt + "'");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_NE(r.out.find(std::string("\n") + prompt), std::string::npos) << "the prompt, echoed: " << r.out;
+    const size_t at = r.out.find("prompt tokens, ");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const int made = std::stoi(r.out.substr(at + std::strlen("prompt tokens, ")));
+    if (r.out.find("new tokens (stopped at the end-of-text token)") != std::string::npos) {
+      ++stopped;
+      EXPECT_LT(made, 32) << r.out;
+    }
+  }
+  EXPECT_GE(stopped, 1) << "a model trained on short sentences ends some of them";
+  fs::remove(corpus);
+}
+
+// A signal while the data is prepared (a tokenizer trained on a corpus: seconds here, minutes on a
+// real one) ends the run when the preparation is done, before anything is trained or saved.
+TEST(PaxCli, ASignalDuringDataPreparationStopsBeforeTheFirstStep) {
+  const std::string corpus = ::testing::TempDir() + "/pax_e2e_big_" + std::to_string(getpid()) + ".txt";
+  {
+    const char* words[] = {"the", "cat", "a", "dog", "my", "friend", "old", "man", "small", "bird", "teacher",
+                           "sees", "likes", "finds", "eats", "reads", "ball", "book", "bread", "red", "apple"};
+    std::ofstream f(corpus);
+    uint32_t x = 7;
+    for (int i = 0; i < 100000; ++i) {
+      for (int w = 0; w < 12; ++w) f << (w ? " " : "") << words[(x = x * 1103515245u + 12345u) / 65536u % 21];
+      f << ".\n\n";
+    }
+  }
+  const std::string d = job("prep"), log = ::testing::TempDir() + "/pax_e2e_prep_" + std::to_string(getpid()) + ".log";
+  pid_t pid = start_pax("train --exp=copy.TransformerLmTiny --set data.kind=text --set data.paths=" + corpus +
+                            " --set model.vocab_size=300 --set model.d_model=32 --set model.d_ff=64"
+                            " --set model.n_layers=1 --set model.seq_len=32 --job_log_dir=" + d,
+                        log);
+  ASSERT_TRUE(wait_until([&] { return read_text(log).find("data: preparing") != std::string::npos; }))
+      << read_text(log);
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  const int st = wait_status(pid);
+  const std::string out = read_text(log);
+  ASSERT_TRUE(WIFEXITED(st)) << "status " << st << ": " << out;
+  EXPECT_EQ(WEXITSTATUS(st), 143) << out;
+  EXPECT_NE(out.find("stopped by SIGTERM before the first step (nothing trained)"), std::string::npos) << out;
+  EXPECT_TRUE(fs::is_empty(d + "/checkpoints")) << out;
+  fs::remove(corpus);
 }
 
 }  // namespace

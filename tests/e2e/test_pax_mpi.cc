@@ -231,3 +231,75 @@ TEST(PaxMpi, AKilledRankEndsTheJobNamingItAndTheSameCommandResumes) {
 }
 
 }  // namespace
+
+namespace {
+
+// SIGTERM to one process of a job (srun and Slurm's preemption signal every process; a process
+// may also get it alone): every process stops at the same step, the checkpoint of that step is
+// committed, rank 0 says so, and the same command resumes from it and ends like one process.
+TEST(PaxMpi, SigtermToARankStopsEveryRankAtTheSameSavedStepAndTheSameCommandResumes) {
+  if (mpirun().empty()) GTEST_SKIP() << "mpirun (openmpi-bin) is not installed";
+  const std::string two = job("term"), one = job("term_one"), log = two + ".log";
+  const std::string tag = std::to_string(::getpid()) + "term";
+  const std::string sched = " --set schedule.kind=linear_warmup";
+  const std::string cmd =
+      mpirun_command(pax_args(two, "--set train.steps=100000 --set train.checkpoint_interval=0" + sched),
+                     "PX_TEST_TAG=" + tag) +
+      " > " + log + " 2>&1";
+  const pid_t shell = ::fork();
+  ASSERT_GE(shell, 0);
+  if (shell == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  auto read_log = [&] {
+    std::ifstream f(log);
+    return std::string((std::istreambuf_iterator<char>(f)), {});
+  };
+  auto train_lines = [&] {  // whole lines only: rank 0 may be writing one
+    std::ifstream f(two + "/metrics.jsonl");
+    std::string text((std::istreambuf_iterator<char>(f)), {});
+    return count(text.substr(0, text.find_last_of('\n') + 1), "\"split\":\"train\"");
+  };
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  pid_t victim = -1;
+  while (clock::now() - t0 < std::chrono::seconds(300) && (train_lines() < 2 || (victim = find_rank(tag, 1)) <= 0))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_GT(victim, 0) << "no rank 1 or no summary within 300 s: " << read_log();
+  ASSERT_EQ(::kill(victim, SIGTERM), 0);
+  int status = 0;
+  const auto t1 = clock::now();
+  while (::waitpid(shell, &status, WNOHANG) != shell) {
+    if (clock::now() - t1 > std::chrono::seconds(300)) {
+      ::kill(shell, SIGKILL);
+      ::waitpid(shell, &status, 0);
+      FAIL() << "the job did not end within 300 s of SIGTERM: " << read_log();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::string out = read_log();
+  EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  const std::string said = "stopped by a signal to another process after step ";
+  const size_t at = out.find(said);
+  ASSERT_NE(at, std::string::npos) << out;
+  EXPECT_EQ(count(out, "stopped by"), 1u) << "rank 0 alone prints: " << out;
+  const int64_t step = std::stoll(out.substr(at + said.size()));
+  EXPECT_NE(out.find("checkpoint step " + std::to_string(step) + " committed"), std::string::npos) << out;
+  char name[32];
+  std::snprintf(name, sizeof name, "checkpoint_%08lld", static_cast<long long>(step));
+  EXPECT_TRUE(fs::exists(two + "/checkpoints/" + name + "/COMMITTED")) << out;
+
+  const std::string target = "--set train.steps=" + std::to_string(step + 2) + sched;
+  Result b = train(true, two, target);
+  ASSERT_EQ(b.rc, 0) << b.out;
+  EXPECT_NE(b.out.find("resumed at step " + std::to_string(step)), std::string::npos) << b.out;
+  Result a = train(false, one, target);
+  ASSERT_EQ(a.rc, 0) << a.out;
+  EXPECT_EQ(losses(two), losses(one));
+  fs::remove_all(one);
+  fs::remove_all(two);
+  fs::remove(log);
+}
+
+}  // namespace

@@ -50,6 +50,38 @@ TEST(PaxSummary, EventFileIsFramedTfRecords) {
   EXPECT_NE(bytes.find("learning_rate"), std::string::npos);
 }
 
+// A resume drops the events past the checkpoint's step from the older files (and a record torn by
+// a kill with everything after it), keeps the others byte for byte, and leaves whole files alone.
+TEST(PaxSummary, DropEventsAfterKeepsTheStepsUpToTheResumedOne) {
+  const std::string dir = ::testing::TempDir() + "/pax_events_drop";
+  std::filesystem::remove_all(dir);
+  std::string path;
+  {
+    EventWriter w(dir);
+    for (int64_t s = 1; s <= 6; ++s) w.scalars(s, {{"loss", 1.0 / s}});
+    path = w.path();
+  }
+  const auto whole = std::filesystem::file_size(path);
+  EXPECT_EQ(drop_events_after(dir, 6), 0);
+  EXPECT_EQ(std::filesystem::file_size(path), whole);
+  EXPECT_EQ(drop_events_after(dir, 3), 3);
+  const auto kept = std::filesystem::file_size(path);
+  EXPECT_LT(kept, whole);
+  EXPECT_EQ(drop_events_after(dir, 3), 0);
+  {  // a record cut short, as a kill inside a write leaves it
+    std::ofstream f(path, std::ios::binary | std::ios::app);
+    f.write("\x10\0\0\0\0\0", 6);
+  }
+  EXPECT_EQ(drop_events_after(dir, 3), 0);
+  EXPECT_EQ(std::filesystem::file_size(path), kept);
+  // A new writer after the resume: its START record at step 4 is a whole record like the others.
+  EventWriter w(dir);
+  w.session_start(4);
+  w.flush();
+  EXPECT_EQ(drop_events_after(dir, 4), 0);
+  EXPECT_EQ(drop_events_after(dir, 3), 1);  // the START itself is at step 4
+}
+
 TEST(PaxPlot, WritesAPng) {
   const std::string path = ::testing::TempDir() + "/pax_plot.png";
   plot_png(path, "loss", "step", "loss", {{"train", {1, 2, 3}, {3, 2, 1.5}}, {"eval", {2}, {2.5}, 0xd62728, true}});

@@ -79,5 +79,26 @@ TEST(PaxTrainer, EvaluatesTheWholeSplitOrTheStatedNumberOfBatches) {
             std::string::npos);
 }
 
+// Through the library too: train() on a job dir holding another run throws px::UserError naming the
+// field, and writes nothing there.
+TEST(PaxTrainer, RefusesAnotherConfigInAJobDirWithACheckpoint) {
+  const std::string d = fresh("other");
+  std::ostringstream log;
+  train(small(), {.job_dir = d, .progress = false, .out = &log});
+  const auto before = std::filesystem::last_write_time(d + "/config.toml");
+  ExperimentConfig other = small();
+  apply_override(other, "optimizer.name=sgd");
+  try {
+    train(other, {.job_dir = d, .progress = false, .out = &log});
+    FAIL() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer.name (job: adamw, this run: sgd)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(std::filesystem::last_write_time(d + "/config.toml"), before);
+  ExperimentConfig longer = small();
+  apply_override(longer, "train.steps=8");
+  EXPECT_EQ(train(longer, {.job_dir = d, .progress = false, .out = &log}).first_step, 6);
+}
+
 }  // namespace
 }  // namespace px::pax
