@@ -42,8 +42,12 @@ void bind_pretrained(nb::module_& m) {
       },
       nb::arg("dir"));
   m.def("pretrained_architectures", &px::nn::pretrained_architectures);
-  m.def("save_pretrained", &px::nn::save_pretrained, nb::arg("model"), nb::arg("params"), nb::arg("dir"),
-        nb::arg("architecture") = "", nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "save_pretrained",
+      [](const px::nn::TransformerLm& model, const std::vector<px::Array>& params, const std::string& dir,
+         const std::string& architecture) { px::nn::save_pretrained(model, params, dir, architecture); },
+      nb::arg("model"), nb::arg("params"), nb::arg("dir"), nb::arg("architecture") = "",
+      nb::call_guard<nb::gil_scoped_release>());
   m.def(
       "generate",
       [](const px::nn::TransformerLm& model, const std::vector<px::Array>& params,

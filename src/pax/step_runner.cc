@@ -11,6 +11,7 @@ namespace px::pax {
 TrainStepOptions step_options(const ExperimentConfig& c) {
   TrainStepOptions o;
   o.clip_norm = c.optimizer.clip_norm;
+  o.skip_nonfinite = c.train.on_nonfinite == "skip";
   o.remat.policy = parse_remat_policy(c.memory.remat);
   o.remat.budget_bytes = c.memory.budget_bytes;
   if (c.memory.offload == "params" || c.memory.offload == "params_and_optimizer_state") o.offload.params = {"*"};

@@ -368,15 +368,6 @@ std::string fmt(const char* f, double v) {
 TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
   ExperimentConfig c = cfg;
   check_runnable(c);
-  const bool can_skip = [&] {  // the step runner passes train.on_nonfinite=skip on to the step
-    ExperimentConfig t = c;
-    t.train.on_nonfinite = "skip";
-    return step_options(t).skip_nonfinite;
-  }();
-  if (c.train.on_nonfinite == "skip" && !can_skip)
-    throw UserError(
-        "[pax] train.on_nonfinite=skip: this build's step runner does not skip updates yet; use "
-        "train.on_nonfinite=stop or continue");
   prepare_job_dir(opts.job_dir);
   const std::string dir = opts.job_dir;
   std::ostream& out = opts.out ? *opts.out : std::cout;
@@ -538,8 +529,7 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
                         "(train.on_nonfinite=stop); the last checkpoint is " +
                         (ckpt.latest() ? "step " + std::to_string(*ckpt.latest()) : std::string("none")) +
                         ". Lower optimizer.lr, raise schedule.warmup_steps or set optimizer.clip_norm, or pass " +
-                        (can_skip ? "--set train.on_nonfinite=skip (skip such updates) or =continue (train on)"
-                                  : "--set train.on_nonfinite=continue (train on)"));
+                        "--set train.on_nonfinite=skip (skip such updates) or =continue (train on)");
       }
       if (m.skipped) {
         report.line("warning: " + what +
