@@ -9,19 +9,36 @@
 #include "train/steps.h"
 
 namespace px {
+namespace {
+
+// What a StepSetup means for a config: the sequence length (the config's when not given), the
+// config stretched to it, the optimizer (AdamW when not given) and the batch's types.
+struct SetupOf {
+  nn::LmConfig cfg;
+  optim::OptimizerPtr opt;
+  std::vector<TensorType> batch_types;
+};
+
+SetupOf setup_of(const nn::LmConfig& cfg_in, const StepSetup& setup, const char* who) {
+  SetupOf r{cfg_in, setup.optimizer ? setup.optimizer : optim::adamw({}), {}};
+  const int64_t seq = setup.seq > 0 ? setup.seq : r.cfg.max_seq_len;
+  if (seq <= 0)
+    throw UserError(std::string("[") + who + "] no sequence length: set StepSetup::seq or the config's max_seq_len");
+  if (setup.batch <= 0)
+    throw UserError(std::string("[") + who + "] batch must be positive, got " + std::to_string(setup.batch));
+  r.cfg.max_seq_len = std::max(r.cfg.max_seq_len, seq);
+  r.cfg.validate();
+  r.batch_types = {{DType::i32, {setup.batch, seq}}, {DType::i32, {setup.batch, seq}}};
+  return r;
+}
+
+}  // namespace
 
 std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg_in, const Mesh& mesh, const Cluster& cluster,
                                      const StepSetup& setup, const std::vector<ShardingStrategy>& strategies) {
-  nn::LmConfig cfg = cfg_in;
-  const int64_t seq = setup.seq > 0 ? setup.seq : cfg.max_seq_len;
-  if (seq <= 0) throw UserError("[cost_recipes] no sequence length: set StepSetup::seq or the config's max_seq_len");
-  if (setup.batch <= 0) throw UserError("[cost_recipes] batch must be positive, got " + std::to_string(setup.batch));
-  cfg.max_seq_len = std::max(cfg.max_seq_len, seq);
-  cfg.validate();
-  optim::OptimizerPtr opt = setup.optimizer ? setup.optimizer : optim::adamw({});
+  const auto [cfg, opt, batch_types] = setup_of(cfg_in, setup, "cost_recipes");
   nn::TransformerLm model(cfg);  // declares params (types and paths); allocates none
   TrainStep::LossFn loss = [&](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); };
-  std::vector<TensorType> batch_types{{DType::i32, {setup.batch, seq}}, {DType::i32, {setup.batch, seq}}};
   TrainStepOptions to;
   to.clip_norm = setup.clip_norm;
   to.remat = setup.remat;
@@ -56,14 +73,7 @@ std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg_in, const Mesh& mes
 }
 
 AutoPlan plan_auto(const nn::LmConfig& cfg_in, const Mesh& mesh_in, const Cluster& cluster, const StepSetup& setup) {
-  nn::LmConfig cfg = cfg_in;
-  const int64_t seq = setup.seq > 0 ? setup.seq : cfg.max_seq_len;
-  if (seq <= 0) throw UserError("[plan_auto] no sequence length: set StepSetup::seq or the config's max_seq_len");
-  if (setup.batch <= 0) throw UserError("[plan_auto] batch must be positive, got " + std::to_string(setup.batch));
-  cfg.max_seq_len = std::max(cfg.max_seq_len, seq);
-  cfg.validate();
-  optim::OptimizerPtr opt = setup.optimizer ? setup.optimizer : optim::adamw({});
-  std::vector<TensorType> batch_types{{DType::i32, {setup.batch, seq}}, {DType::i32, {setup.batch, seq}}};
+  const auto [cfg, opt, batch_types] = setup_of(cfg_in, setup, "plan_auto");
   CompileOptions compile;
   compile.compute_dtype = setup.compute_dtype;
   const Mesh mesh = mesh_in;
