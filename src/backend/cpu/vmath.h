@@ -1,0 +1,272 @@
+// Vector f32 transcendentals for the elementwise block functions that the fused-loop engine
+// chains (namespace vecmath; nn_math.h's vmath is the older 8-lane set the row kernels use): exp,
+// log, tanh, sigmoid, erf, erfc and the normal CDF, written once on GCC vector
+// extensions at the widest width the build targets (16 lanes with AVX-512, 8 with AVX, else 4).
+// Every lane runs the same operations (fused multiply-adds where the target has FMA), so a value's
+// result does not depend on its position or on the vector width: a tail goes through a padded
+// vector, and `vecmath::scalar(f, x)` is the same function on one float.
+//
+//   vecmath::map(x, y, n, [](vecmath::V v) { return vecmath::exp(v); });
+//
+// Accuracy: the error against the exact value (libm in double precision), in units of the last
+// place of the result's binade, over about 20M inputs per function (every 251st float bit pattern
+// of both signs, dense sweeps of [-12, 12] and of small magnitudes, subnormals, 40k floats around
+// each point where a formula switches) and at the special values (0, -0, +-inf, NaN, the smallest
+// subnormal, FLT_MAX), asserted by tests/backend/test_vmath.cc (measured maximum in brackets):
+//
+//   exp      <= 1 ulp (0.92); subnormal results <= 2 ulp of 2^-149 (0.79); 0 at -104 and below,
+//            inf at 89 and above (and from 88.73 on, where the exact value rounds to inf), NaN for NaN.
+//   log      <= 1 ulp (0.91) for x > 0, subnormals included; -inf at +-0, NaN below 0, inf at inf.
+//   tanh     <= 2 ulp (1.75); tanh(-0) = -0, +-1 at +-10 and beyond.
+//   sigmoid  <= 2.5 ulp (2.29); subnormal results <= 1 ulp of 2^-149 (0.77).
+//   erf      <= 2 ulp (1.43); erf(-0) = -0, +-1 at +-4 and beyond.
+//   erfc     <= 7 ulp (5.74) on results of at least 2^-126, the tail's polynomial limiting it.
+//   phi      (the normal CDF, Phi(x) = erfc(-x / sqrt 2) / 2) <= 7 ulp (5.66), the same way;
+//            gelu's erf form x Phi(x) (nn.cc) <= 7 ulp (5.29) where Phi(x) >= 2^-126 (x >= -12.9).
+//
+// exp: Cody-Waite reduction x = n ln2 + r (ln2 in two parts, the first with 12 significant bits so
+// that n * it is exact), |r| <= ln2 / 2, e^r by its Taylor series to r^7 (truncation < 6e-9), and
+// 2^n applied as two factors so that n in [-150, 128] needs no subnormal or infinite scale.
+// log: x = 2^e m with m in [sqrt(1/2), sqrt 2), log m = 2 atanh(s), s = (m - 1) / (m + 1), by
+// its odd series to s^11. tanh: its odd Taylor series to x^17 below |x| = 0.5, else
+// 1 - 2 / (e^{2|x|} + 1). erf: x (1 + R(x^2)) below |x| = 0.921875 (R of degree 5, fitted to the
+// relative error of erf(x) / x - 1 by least squares on Chebyshev nodes), else 1 - erfc(|x|);
+// erfc(a) = e^{-a^2} P(t) with t = 1 / (1 + a / 2) and P of degree 8 (fitted to erfc(a) e^{a^2}
+// on [0.92, 10.1] the same way), e^{-a^2} from a^2 = h + l split exactly by an FMA, as
+// e^{-h} (1 - l).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#ifdef __SSE2__
+#include <immintrin.h>
+#endif
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace px::cpu::vecmath {
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#elif defined(__AVX__)
+constexpr int kLanes = 8;
+#else
+constexpr int kLanes = 4;
+#endif
+
+using V = float __attribute__((vector_size(4 * kLanes)));
+using I = int32_t __attribute__((vector_size(4 * kLanes)));
+
+inline V splat(float f) { return V{} + f; }
+inline I splati(int32_t i) { return I{} + i; }
+inline V load(const float* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, V v) { std::memcpy(p, &v, sizeof v); }
+inline V as_float(I i) { return reinterpret_cast<V>(i); }
+inline I as_int(V v) { return reinterpret_cast<I>(v); }
+// m ? a : b per lane, m a comparison result (all ones or all zeros).
+inline V select(I m, V a, V b) { return as_float((as_int(a) & m) | (as_int(b) & ~m)); }
+inline V vabs(V x) { return as_float(as_int(x) & 0x7fffffff); }
+inline V copysign(V mag, V sign) {
+  return as_float((as_int(mag) & 0x7fffffff) | (as_int(sign) & static_cast<int32_t>(0x80000000u)));
+}
+
+// a * b + c, rounded once where the target has FMA.
+inline V fmadd(V a, V b, V c) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<V>(
+      _mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b), reinterpret_cast<__m512>(c)));
+#elif defined(__AVX__) && defined(__FMA__)
+  return reinterpret_cast<V>(
+      _mm256_fmadd_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b), reinterpret_cast<__m256>(c)));
+#elif defined(__FMA__)
+  return reinterpret_cast<V>(
+      _mm_fmadd_ps(reinterpret_cast<__m128>(a), reinterpret_cast<__m128>(b), reinterpret_cast<__m128>(c)));
+#else
+  return a * b + c;
+#endif
+}
+inline V fmadd(V a, float b, float c) { return fmadd(a, splat(b), splat(c)); }
+
+inline V exp(V x) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693115234375f;  // 12 significant bits: n * kLn2Hi is exact
+  constexpr float kLn2Lo = 3.194618494528623e-05f;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  // Beyond these bounds the result is inf or 0 anyway; clamping keeps n in range.
+  V xc = select(x < -104.0f, splat(-104.0f), x);
+  xc = select(xc > 89.0f, splat(89.0f), xc);
+  V t = fmadd(xc, kLog2e, kRound);
+  V nf = t - kRound;
+  V r = fmadd(nf, splat(-kLn2Hi), xc);
+  r = fmadd(nf, splat(-kLn2Lo), r);
+  V p = splat(1.0f / 5040);
+  p = fmadd(p, r, splat(1.0f / 720));
+  p = fmadd(p, r, splat(1.0f / 120));
+  p = fmadd(p, r, splat(1.0f / 24));
+  p = fmadd(p, r, splat(1.0f / 6));
+  p = fmadd(p, r, splat(0.5f));
+  p = fmadd(p, r, splat(1.0f));
+  p = fmadd(p, r, splat(1.0f));
+  I n = as_int(t) - as_int(splat(kRound));
+  I n1 = n >> 1, n2 = n - n1;
+  V s1 = as_float((n1 + 127) << 23), s2 = as_float((n2 + 127) << 23);
+  V y = p * s1 * s2;
+  return select(x != x, x, y);
+}
+
+inline V log(V x) {
+  constexpr float kLn2Hi = 0.693115234375f;
+  constexpr float kLn2Lo = 3.194618494528623e-05f;
+  constexpr float kSqrt2 = 1.41421356237f;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  // Subnormals: scaled into the normal range first.
+  I tiny = x < std::numeric_limits<float>::min();
+  V xs = select(tiny, x * 8388608.0f, x);  // 2^23
+  I u = as_int(xs);
+  I e = ((u >> 23) & 0xff) - 127 - (tiny & 23);
+  V m = as_float((u & 0x007fffff) | 0x3f800000);  // [1, 2)
+  I big = m > kSqrt2;
+  m = select(big, m * 0.5f, m);
+  e = e - big;  // big is -1 where true
+  V f = m - 1.0f;
+  V s = f / (2.0f + f);
+  V z = s * s;
+  V q = splat(1.0f / 11);
+  q = fmadd(q, z, splat(1.0f / 9));
+  q = fmadd(q, z, splat(1.0f / 7));
+  q = fmadd(q, z, splat(1.0f / 5));
+  q = fmadd(q, z, splat(1.0f / 3));
+  V rz = q * z;
+  // f - s (f - 2 R) keeps f exact and puts the rounding in a term 5x smaller than f.
+  V lg = f - s * fmadd(splat(-2.0f), rz, f);
+  V ef = __builtin_convertvector(e, V);
+  V y = fmadd(ef, splat(kLn2Hi), fmadd(ef, splat(kLn2Lo), lg));
+  y = select(x < 0.0f, splat(std::numeric_limits<float>::quiet_NaN()), y);
+  y = select(x == 0.0f, splat(-kInf), y);
+  y = select(x == kInf, splat(kInf), y);
+  return select(x != x, x, y);
+}
+
+inline V tanh(V x) {
+  V ax = vabs(x);
+  V z = x * x;
+  V p = splat(6404582.0f / 10854718875.0f);
+  p = fmadd(p, z, splat(-929569.0f / 638512875.0f));
+  p = fmadd(p, z, splat(21844.0f / 6081075.0f));
+  p = fmadd(p, z, splat(-1382.0f / 155925.0f));
+  p = fmadd(p, z, splat(62.0f / 2835.0f));
+  p = fmadd(p, z, splat(-17.0f / 315.0f));
+  p = fmadd(p, z, splat(2.0f / 15.0f));
+  p = fmadd(p, z, splat(-1.0f / 3.0f));
+  V small = fmadd(p * z, ax, ax);
+  // Saturates to 1 through e^{2|x|} = inf.
+  V large = 1.0f - 2.0f / (exp(2.0f * ax) + 1.0f);
+  return copysign(select(ax < 0.5f, small, large), x);
+}
+
+// 1 / (1 + e) for x >= 0 and e / (1 + e) below, with e = e^{-|x|} <= 1: no overflow, so tiny
+// results keep their precision, and one rounded division.
+inline V sigmoid(V x) {
+  V e = exp(-vabs(x));
+  return select(x >= 0.0f, splat(1.0f), e) / (1.0f + e);
+}
+
+namespace detail {
+constexpr float kErfSplit = 0.921875f;
+
+// erf(x) for |x| < kErfSplit: x + x R(x^2).
+inline V erf_small(V x) {
+  V z = x * x;
+  V r = splat(-0.0006024473113939166f);
+  r = fmadd(r, z, splat(0.005000863689929247f));
+  r = fmadd(r, z, splat(-0.02677292935550213f));
+  r = fmadd(r, z, splat(0.11282037943601608f));
+  r = fmadd(r, z, splat(-0.3761252462863922f));
+  r = fmadd(r, z, splat(0.12837916612625122f));
+  return fmadd(x, r, x);
+}
+
+// erfc(a) e^{a^2} for a >= kErfSplit, as P(1 / (1 + a / 2)).
+inline V erfc_scaled(V a) {
+  V t = 1.0f / fmadd(a, 0.5f, 1.0f);
+  V p = splat(0.07976900041103363f);
+  p = fmadd(p, t, splat(-0.18220804631710052f));
+  p = fmadd(p, t, splat(0.02222982607781887f));
+  p = fmadd(p, t, splat(0.1067168191075325f));
+  p = fmadd(p, t, splat(0.1577533334493637f));
+  p = fmadd(p, t, splat(0.25295597314834595f));
+  p = fmadd(p, t, splat(0.28100788593292236f));
+  p = fmadd(p, t, splat(0.28219643235206604f));
+  p = fmadd(p, t, splat(-3.934675987693481e-06f));
+  return p;
+}
+
+// e^{-(h + l)} where h + l is a square split exactly (l tiny against h). Callers take 0 where
+// h > 104 (e^{-h} is 0 there, and l may be inf or NaN).
+inline V exp_neg_split(V h, V l) {
+  V e = exp(-h);
+  return fmadd(-l, e, e);
+}
+}  // namespace detail
+
+// erfc(a) for a >= 0 (NaN for NaN).
+inline V erfc_pos(V a) {
+  V h = a * a, l = fmadd(a, a, -h);
+  V tail = select(h > 104.0f, splat(0.0f), detail::exp_neg_split(h, l) * detail::erfc_scaled(a));
+  return select(a < detail::kErfSplit, 1.0f - detail::erf_small(a), tail);
+}
+
+inline V erf(V x) {
+  V ax = vabs(x);
+  V y = select(ax < detail::kErfSplit, detail::erf_small(ax), 1.0f - erfc_pos(ax));
+  return select(x != x, x, copysign(y, x));
+}
+
+inline V erfc(V x) {
+  V c = erfc_pos(vabs(x));
+  return select(x < 0.0f, 2.0f - c, c);
+}
+
+// The standard normal CDF Phi(x) = erfc(-x / sqrt 2) / 2, accurate in both tails: the tail's
+// e^{-x^2 / 2} comes from x^2 split exactly, so the rounding of x / sqrt 2 only reaches P(t).
+inline V phi(V x) {
+  constexpr float kInvSqrt2 = 0.7071067811865476f;
+  V a = vabs(x) * kInvSqrt2;
+  V h = x * x, l = fmadd(x, x, -h);
+  V tail = select(h > 208.0f, splat(0.0f), detail::exp_neg_split(h * 0.5f, l * 0.5f) * detail::erfc_scaled(a));
+  V c = select(a < detail::kErfSplit, 1.0f - detail::erf_small(a), tail);  // erfc(|x| / sqrt 2)
+  V half = 0.5f * c;
+  V y = select(x < 0.0f, half, 1.0f - half);
+  return select(x != x, x, y);
+}
+
+// y[i] = f(x[i]) over n elements, kLanes at a time; the tail goes through a padded vector.
+template <class F>
+inline void map(const float* x, float* y, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) store(y + i, f(load(x + i)));
+  if (i < n) {
+    float buf[kLanes] = {};
+    std::memcpy(buf, x + i, static_cast<size_t>(n - i) * sizeof(float));
+    V r = f(load(buf));
+    std::memcpy(y + i, &r, static_cast<size_t>(n - i) * sizeof(float));
+  }
+}
+
+// f on one float: the same bits as the float's lane of a vector call.
+template <class F>
+inline float scalar(F f, float x) {
+  return f(splat(x))[0];
+}
+
+}  // namespace px::cpu::vecmath
+
+#pragma GCC diagnostic pop
