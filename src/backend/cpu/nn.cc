@@ -252,7 +252,7 @@ void gelu_grad_f32(const float* const* in, float* out, int64_t n, const float* p
       V e = vecmath::exp(-2.0f * kC * (x + kA * x * x * x));
       V s = 1.0f / (1.0f + e);
       V sc = e * s;
-      sc = vecmath::select(e == INFINITY, vecmath::splat(1.0f), sc);  // inf * 0
+      sc = vecmath::select(vecmath::eq(e, INFINITY), vecmath::splat(1.0f), sc);  // inf * 0
       return s + 2.0f * x * s * sc * kC * (1.0f + 3.0f * kA * x * x);
     });
   } else {

@@ -71,8 +71,39 @@ inline V load(const float* p) {
 inline void store(float* p, V v) { std::memcpy(p, &v, sizeof v); }
 inline V as_float(I i) { return reinterpret_cast<V>(i); }
 inline I as_int(V v) { return reinterpret_cast<I>(v); }
-// m ? a : b per lane, m a comparison result (all ones or all zeros).
-inline V select(I m, V a, V b) { return as_float((as_int(a) & m) | (as_int(b) & ~m)); }
+// Comparisons give a mask M (a k-register with AVX-512, else all-ones lanes); all are false where
+// an operand is NaN, but isnan. select(m, a, b) is m ? a : b per lane.
+#if defined(__AVX512F__)
+using M = __mmask16;
+inline __m512 raw(V v) { return reinterpret_cast<__m512>(v); }
+inline M lt(V a, V b) { return _mm512_cmp_ps_mask(raw(a), raw(b), _CMP_LT_OQ); }
+inline M gt(V a, V b) { return _mm512_cmp_ps_mask(raw(a), raw(b), _CMP_GT_OQ); }
+inline M ge(V a, V b) { return _mm512_cmp_ps_mask(raw(a), raw(b), _CMP_GE_OQ); }
+inline M eq(V a, V b) { return _mm512_cmp_ps_mask(raw(a), raw(b), _CMP_EQ_OQ); }
+inline M isnan(V a) { return _mm512_cmp_ps_mask(raw(a), raw(a), _CMP_UNORD_Q); }
+inline V select(M m, V a, V b) { return reinterpret_cast<V>(_mm512_mask_blend_ps(m, raw(b), raw(a))); }
+inline I selecti(M m, I a, I b) {
+  return reinterpret_cast<I>(_mm512_mask_blend_epi32(m, reinterpret_cast<__m512i>(b), reinterpret_cast<__m512i>(a)));
+}
+// x > c ? c : x and x < c ? c : x in one instruction each (NaN x stays NaN).
+inline V clamp_hi(V x, float c) { return reinterpret_cast<V>(_mm512_maskz_min_ps(0xffff, _mm512_set1_ps(c), raw(x))); }
+inline V clamp_lo(V x, float c) { return reinterpret_cast<V>(_mm512_maskz_max_ps(0xffff, _mm512_set1_ps(c), raw(x))); }
+#else
+using M = I;
+inline M lt(V a, V b) { return a < b; }
+inline M gt(V a, V b) { return a > b; }
+inline M ge(V a, V b) { return a >= b; }
+inline M eq(V a, V b) { return a == b; }
+inline M isnan(V a) { return a != a; }
+inline V select(M m, V a, V b) { return as_float((as_int(a) & m) | (as_int(b) & ~m)); }
+inline I selecti(M m, I a, I b) { return (a & m) | (b & ~m); }
+inline V clamp_hi(V x, float c) { return select(x > c, splat(c), x); }
+inline V clamp_lo(V x, float c) { return select(x < c, splat(c), x); }
+#endif
+inline M lt(V a, float b) { return lt(a, splat(b)); }
+inline M gt(V a, float b) { return gt(a, splat(b)); }
+inline M ge(V a, float b) { return ge(a, splat(b)); }
+inline M eq(V a, float b) { return eq(a, splat(b)); }
 inline V vabs(V x) { return as_float(as_int(x) & 0x7fffffff); }
 inline V copysign(V mag, V sign) {
   return as_float((as_int(mag) & 0x7fffffff) | (as_int(sign) & static_cast<int32_t>(0x80000000u)));
@@ -95,14 +126,30 @@ inline V fmadd(V a, V b, V c) {
 }
 inline V fmadd(V a, float b, float c) { return fmadd(a, splat(b), splat(c)); }
 
+// a / b for a finite b in [2^-100, 2^100] in magnitude (every caller's denominator is in [1, 2^27]).
+// With AVX-512 a 512-bit division takes 10 cycles or more on one port: a 14-bit reciprocal, one
+// Newton step and a residual correction (all FMAs) give the quotient to within about 0.5 ulp
+// (correctly rounded but in rare ties) in a third of that; elsewhere the IEEE division.
+inline V div(V a, V b) {
+#if defined(__AVX512F__)
+  const __m512 bv = reinterpret_cast<__m512>(b);
+  V y = reinterpret_cast<V>(_mm512_mask_rcp14_ps(bv, 0xffff, bv));
+  y = fmadd(fmadd(-b, y, splat(1.0f)), y, y);
+  V q = a * y;
+  V r = fmadd(-q, b, a);
+  return fmadd(r, y, q);
+#else
+  return a / b;
+#endif
+}
+
 inline V exp(V x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693115234375f;  // 12 significant bits: n * kLn2Hi is exact
   constexpr float kLn2Lo = 3.194618494528623e-05f;
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   // Beyond these bounds the result is inf or 0 anyway; clamping keeps n in range.
-  V xc = select(x < -104.0f, splat(-104.0f), x);
-  xc = select(xc > 89.0f, splat(89.0f), xc);
+  V xc = clamp_hi(clamp_lo(x, -104.0f), 89.0f);
   V t = fmadd(xc, kLog2e, kRound);
   V nf = t - kRound;
   V r = fmadd(nf, splat(-kLn2Hi), xc);
@@ -118,8 +165,7 @@ inline V exp(V x) {
   I n = as_int(t) - as_int(splat(kRound));
   I n1 = n >> 1, n2 = n - n1;
   V s1 = as_float((n1 + 127) << 23), s2 = as_float((n2 + 127) << 23);
-  V y = p * s1 * s2;
-  return select(x != x, x, y);
+  return p * s1 * s2;  // NaN for NaN: the clamps keep it
 }
 
 inline V log(V x) {
@@ -128,16 +174,17 @@ inline V log(V x) {
   constexpr float kSqrt2 = 1.41421356237f;
   constexpr float kInf = std::numeric_limits<float>::infinity();
   // Subnormals: scaled into the normal range first.
-  I tiny = x < std::numeric_limits<float>::min();
+  M tiny = lt(x, std::numeric_limits<float>::min());
   V xs = select(tiny, x * 8388608.0f, x);  // 2^23
   I u = as_int(xs);
-  I e = ((u >> 23) & 0xff) - 127 - (tiny & 23);
+  I e = ((u >> 23) & 0xff) - 127;
+  e = selecti(tiny, e - 23, e);
   V m = as_float((u & 0x007fffff) | 0x3f800000);  // [1, 2)
-  I big = m > kSqrt2;
+  M big = gt(m, kSqrt2);
   m = select(big, m * 0.5f, m);
-  e = e - big;  // big is -1 where true
+  e = selecti(big, e + 1, e);
   V f = m - 1.0f;
-  V s = f / (2.0f + f);
+  V s = div(f, 2.0f + f);
   V z = s * s;
   V q = splat(1.0f / 11);
   q = fmadd(q, z, splat(1.0f / 9));
@@ -149,10 +196,10 @@ inline V log(V x) {
   V lg = f - s * fmadd(splat(-2.0f), rz, f);
   V ef = __builtin_convertvector(e, V);
   V y = fmadd(ef, splat(kLn2Hi), fmadd(ef, splat(kLn2Lo), lg));
-  y = select(x < 0.0f, splat(std::numeric_limits<float>::quiet_NaN()), y);
-  y = select(x == 0.0f, splat(-kInf), y);
-  y = select(x == kInf, splat(kInf), y);
-  return select(x != x, x, y);
+  y = select(lt(x, 0.0f), splat(std::numeric_limits<float>::quiet_NaN()), y);
+  y = select(eq(x, 0.0f), splat(-kInf), y);
+  y = select(eq(x, kInf), splat(kInf), y);
+  return select(isnan(x), x, y);
 }
 
 inline V tanh(V x) {
@@ -167,16 +214,18 @@ inline V tanh(V x) {
   p = fmadd(p, z, splat(2.0f / 15.0f));
   p = fmadd(p, z, splat(-1.0f / 3.0f));
   V small = fmadd(p * z, ax, ax);
-  // Saturates to 1 through e^{2|x|} = inf.
-  V large = 1.0f - 2.0f / (exp(2.0f * ax) + 1.0f);
-  return copysign(select(ax < 0.5f, small, large), x);
+  // 1 from |x| = 9.1 on (2 / (e^{18.2} + 1) is below half an ulp of 1): clamped there, the
+  // denominator stays finite.
+  V ac = clamp_hi(ax, 9.1f);
+  V large = 1.0f - div(splat(2.0f), exp(2.0f * ac) + 1.0f);
+  return copysign(select(lt(ax, 0.5f), small, large), x);
 }
 
 // 1 / (1 + e) for x >= 0 and e / (1 + e) below, with e = e^{-|x|} <= 1: no overflow, so tiny
 // results keep their precision, and one rounded division.
 inline V sigmoid(V x) {
   V e = exp(-vabs(x));
-  return select(x >= 0.0f, splat(1.0f), e) / (1.0f + e);
+  return div(select(ge(x, 0.0f), splat(1.0f), e), 1.0f + e);
 }
 
 namespace detail {
@@ -195,8 +244,10 @@ inline V erf_small(V x) {
 }
 
 // erfc(a) e^{a^2} for a >= kErfSplit, as P(1 / (1 + a / 2)).
+// (Beyond a = 20 erfc is 0 anyway: a is clamped there, so the denominator stays finite.)
 inline V erfc_scaled(V a) {
-  V t = 1.0f / fmadd(a, 0.5f, 1.0f);
+  V ac = clamp_hi(a, 20.0f);
+  V t = div(splat(1.0f), fmadd(ac, 0.5f, 1.0f));
   V p = splat(0.07976900041103363f);
   p = fmadd(p, t, splat(-0.18220804631710052f));
   p = fmadd(p, t, splat(0.02222982607781887f));
@@ -220,19 +271,19 @@ inline V exp_neg_split(V h, V l) {
 // erfc(a) for a >= 0 (NaN for NaN).
 inline V erfc_pos(V a) {
   V h = a * a, l = fmadd(a, a, -h);
-  V tail = select(h > 104.0f, splat(0.0f), detail::exp_neg_split(h, l) * detail::erfc_scaled(a));
-  return select(a < detail::kErfSplit, 1.0f - detail::erf_small(a), tail);
+  V tail = select(gt(h, 104.0f), splat(0.0f), detail::exp_neg_split(h, l) * detail::erfc_scaled(a));
+  return select(lt(a, detail::kErfSplit), 1.0f - detail::erf_small(a), tail);
 }
 
 inline V erf(V x) {
   V ax = vabs(x);
-  V y = select(ax < detail::kErfSplit, detail::erf_small(ax), 1.0f - erfc_pos(ax));
-  return select(x != x, x, copysign(y, x));
+  V y = select(lt(ax, detail::kErfSplit), detail::erf_small(ax), 1.0f - erfc_pos(ax));
+  return select(isnan(x), x, copysign(y, x));
 }
 
 inline V erfc(V x) {
   V c = erfc_pos(vabs(x));
-  return select(x < 0.0f, 2.0f - c, c);
+  return select(lt(x, 0.0f), 2.0f - c, c);
 }
 
 // The standard normal CDF Phi(x) = erfc(-x / sqrt 2) / 2, accurate in both tails: the tail's
@@ -241,11 +292,11 @@ inline V phi(V x) {
   constexpr float kInvSqrt2 = 0.7071067811865476f;
   V a = vabs(x) * kInvSqrt2;
   V h = x * x, l = fmadd(x, x, -h);
-  V tail = select(h > 208.0f, splat(0.0f), detail::exp_neg_split(h * 0.5f, l * 0.5f) * detail::erfc_scaled(a));
-  V c = select(a < detail::kErfSplit, 1.0f - detail::erf_small(a), tail);  // erfc(|x| / sqrt 2)
+  V tail = select(gt(h, 208.0f), splat(0.0f), detail::exp_neg_split(h * 0.5f, l * 0.5f) * detail::erfc_scaled(a));
+  V c = select(lt(a, detail::kErfSplit), 1.0f - detail::erf_small(a), tail);  // erfc(|x| / sqrt 2)
   V half = 0.5f * c;
-  V y = select(x < 0.0f, half, 1.0f - half);
-  return select(x != x, x, y);
+  V y = select(lt(x, 0.0f), half, 1.0f - half);
+  return select(isnan(x), x, y);
 }
 
 // y[i] = f(x[i]) over n elements, kLanes at a time; the tail goes through a padded vector.
