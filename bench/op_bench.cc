@@ -13,6 +13,7 @@
 namespace {
 
 using px::Tensor;
+using px::bench::copy_seconds;
 using px::bench::Json;
 using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
@@ -52,28 +53,19 @@ int main(int argc, char** argv) {
       {"add_bias", [](auto& x) { return std::vector<Tensor>{x[0] + x[1]}; }, {rnd({T, 4 * D}, 1), rnd({4 * D}, 2)}},
       {"exp", [](auto& x) { return std::vector<Tensor>{px::exp(x[0])}; }, {rnd({T, D}, 1)}},
       {"gelu", [](auto& x) { return std::vector<Tensor>{px::gelu(x[0])}; }, {rnd({T, 4 * D}, 1)}},
-      {"bias_gelu",
-       [](auto& x) { return std::vector<Tensor>{px::gelu(x[0] + x[1])}; },
+      {"bias_gelu", [](auto& x) { return std::vector<Tensor>{px::gelu(x[0] + x[1])}; },
        {rnd({B, S, 4 * D}, 1), rnd({4 * D}, 2)}},
       {"sum_last", [](auto& x) { return std::vector<Tensor>{px::sum(x[0], {-1})}; }, {rnd({T, D}, 1)}},
       {"sum_first", [](auto& x) { return std::vector<Tensor>{px::sum(x[0], {0})}; }, {rnd({T, D}, 1)}},
       {"max_last", [](auto& x) { return std::vector<Tensor>{px::max(x[0], {-1})}; }, {rnd({T, V}, 1)}},
       {"softmax", [](auto& x) { return std::vector<Tensor>{px::softmax(x[0], -1)}; }, {rnd({B, H, S, S}, 1)}},
-      {"layer_norm",
-       [](auto& x) { return std::vector<Tensor>{px::layer_norm(x[0], x[1], x[2])}; },
+      {"layer_norm", [](auto& x) { return std::vector<Tensor>{px::layer_norm(x[0], x[1], x[2])}; },
        {rnd({B, S, D}, 1), rnd({D}, 2), rnd({D}, 3)}},
       {"transpose_heads",
-       [](auto& x) {
-         return std::vector<Tensor>{px::transpose(x[0], {0, 2, 1, 3})};
-       },
+       [](auto& x) { return std::vector<Tensor>{px::transpose(x[0], {0, 2, 1, 3})}; },
        {rnd({B, S, H, D / H}, 1)}},
-      {"transpose_2d",
-       [](auto& x) {
-         return std::vector<Tensor>{px::transpose(x[0], {1, 0})};
-       },
-       {rnd({T, D}, 1)}},
-      {"take_embedding",
-       [](auto& x) { return std::vector<Tensor>{px::take(x[0], x[1])}; },
+      {"transpose_2d", [](auto& x) { return std::vector<Tensor>{px::transpose(x[0], {1, 0})}; }, {rnd({T, D}, 1)}},
+      {"take_embedding", [](auto& x) { return std::vector<Tensor>{px::take(x[0], x[1])}; },
        {rnd({V, D}, 1), ids({B, S}, V)}},
       {"softmax_cross_entropy",
        [](auto& x) { return std::vector<Tensor>{px::softmax_cross_entropy(x[0], x[1])}; },
@@ -81,15 +73,13 @@ int main(int argc, char** argv) {
   };
   // Forward + backward of the ops that dominate a training step's non-matmul time.
   std::vector<Case> grads = {
-      {"softmax+grad",
-       with_grad([](auto& x) { return std::vector<Tensor>{px::softmax(x[0], -1)}; }, {0}),
+      {"softmax+grad", with_grad([](auto& x) { return std::vector<Tensor>{px::softmax(x[0], -1)}; }, {0}),
        {rnd({B, H, S, S}, 1)}},
       {"layer_norm+grad",
        with_grad([](auto& x) { return std::vector<Tensor>{px::layer_norm(x[0], x[1], x[2])}; }, {0, 1, 2}),
        {rnd({B, S, D}, 1), rnd({D}, 2), rnd({D}, 3)}},
       {"gelu+grad", with_grad([](auto& x) { return std::vector<Tensor>{px::gelu(x[0])}; }, {0}), {rnd({T, 4 * D}, 1)}},
-      {"take_embedding+grad",
-       with_grad([](auto& x) { return std::vector<Tensor>{px::take(x[0], x[1])}; }, {0}),
+      {"take_embedding+grad", with_grad([](auto& x) { return std::vector<Tensor>{px::take(x[0], x[1])}; }, {0}),
        {rnd({V, D}, 1), ids({B, S}, V)}},
       {"cross_entropy_loss+grad",
        [](auto& x) {
@@ -120,12 +110,8 @@ int main(int argc, char** argv) {
 
   // Main-memory bandwidth (64 MiB, beyond the caches), for reference.
   const int64_t big = 64 << 20;
-  Json()
-      .s("bench", "memcpy")
-      .i("bytes", 2 * big)
-      .n("gbps", 2.0 * big / px::bench::copy_seconds(big, flags.min_time) / 1e9)
-      .i("threads", px::bench::threads())
-      .print();
+  Json().s("bench", "memcpy").i("bytes", 2 * big).n("gbps", 2.0 * big / copy_seconds(big, flags.min_time) / 1e9)
+      .i("threads", px::bench::threads()).print();
   for (Case& c : cases) {
     std::string shape;
     for (auto& a : c.inputs) shape += (shape.empty() ? "" : ",") + px::type_str(a.type());
@@ -137,7 +123,7 @@ int main(int argc, char** argv) {
       for (auto& a : comp.inputs) bytes += static_cast<double>(a.nbytes());
       for (auto& a : comp.outputs) bytes += static_cast<double>(a.nbytes());
       double t = px::bench::time_it([&] { comp.run(); }, flags.min_time);
-      double tc = px::bench::copy_seconds(static_cast<int64_t>(bytes / 2), flags.min_time);
+      double tc = copy_seconds(static_cast<int64_t>(bytes / 2), flags.min_time);
       j.n("ms", t * 1e3).n("gbps", bytes / t / 1e9).n("copy_ms", tc * 1e3).n("vs_copy", tc / t);
       j.i("steps", comp.exe->num_steps());
     } catch (const px::Error& e) {

@@ -30,8 +30,7 @@ bool int_like(DType d) { return d == DType::i32 || d == DType::boolean; }
 // kept inside a tile equals the value an unfused kernel would have written.
 void quantize(float* x, int64_t n, DType t) {
   switch (t) {
-    case DType::f32:
-      break;
+    case DType::f32: break;
     case DType::bf16:
       for (int64_t i = 0; i < n; ++i) {
         uint32_t u;
@@ -124,14 +123,14 @@ void run_broadcast(const BroadcastLoad& b, const void* src, DType t, int64_t off
 // an external f32 buffer (read or written in place) or at a scratch tile.
 struct Op {
   enum Kind : uint8_t { load, broadcast, compute, round, store } kind;
-  int slot = -1;             // the slot written (load/broadcast/compute/round) or read (store)
-  int ext = -1;              // operand index (load/broadcast) or result index (store)
-  DType dtype = DType::f32;  // of the external buffer, or the rounding target
-  EltwiseF32 fn = nullptr;   // compute
-  int params = -1;           // compute: offset into the params pool, -1 when none
+  int slot = -1;                  // the slot written (load/broadcast/compute/round) or read (store)
+  int ext = -1;                   // operand index (load/broadcast) or result index (store)
+  DType dtype = DType::f32;       // of the external buffer, or the rounding target
+  EltwiseF32 fn = nullptr;        // compute
+  int params = -1;                // compute: offset into the params pool, -1 when none
   int nargs = 0;
-  int args[kMaxArity] = {};  // compute: operand slots
-  int bcast = -1;            // broadcast: index into the loads table
+  int args[kMaxArity] = {};       // compute: operand slots
+  int bcast = -1;                 // broadcast: index into the loads table
 };
 
 struct SlotPlace {
@@ -313,8 +312,7 @@ Program build_program(const Graph& g, const FusedGroup& group) {
   p.ops.insert(p.ops.end(), stores.begin(), stores.end());
   if (p.params.empty()) p.params.push_back(0.0f);  // block functions get a valid pointer
   for (int v : group.ext_outputs)
-    if (!slot_of.count(v))
-      throw InternalError("[fused] output %" + std::to_string(v) + " is not computed by the group");
+    if (!slot_of.count(v)) throw InternalError("[fused] output %" + std::to_string(v) + " is not computed by the group");
   p.stream = p.count >= kStreamBytes / 4;  // (count * 4 could overflow for huge counts)
   if (p.stream) {
     std::vector<char> seen(group.ext_inputs.size(), 0);
@@ -389,21 +387,15 @@ Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
         for (const Op& op : p.ops) {
           if (op.kind == Op::compute || op.kind == Op::broadcast) prefetch_slice();
           switch (op.kind) {
-            case Op::load:
-              load_f32(in[op.ext], op.dtype, off, ptr[op.slot], len);
-              break;
-            case Op::broadcast:
-              run_broadcast(p.loads[op.bcast], in[op.ext], op.dtype, off, len, ptr[op.slot]);
-              break;
+            case Op::load: load_f32(in[op.ext], op.dtype, off, ptr[op.slot], len); break;
+            case Op::broadcast: run_broadcast(p.loads[op.bcast], in[op.ext], op.dtype, off, len, ptr[op.slot]); break;
             case Op::compute: {
               const float* args[kMaxArity];
               for (int k = 0; k < op.nargs; ++k) args[k] = ptr[op.args[k]];
               op.fn(args, ptr[op.slot], len, p.params.data() + std::max(op.params, 0));
               break;
             }
-            case Op::round:
-              quantize(ptr[op.slot], len, op.dtype);
-              break;
+            case Op::round: quantize(ptr[op.slot], len, op.dtype); break;
             case Op::store:
               if (p.stream && op.dtype == DType::f32)
                 stream_f32(ptr[op.slot], static_cast<float*>(out[op.ext]) + off, len);
