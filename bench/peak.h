@@ -141,23 +141,31 @@ __attribute__((target("amx-tile,amx-bf16"))) inline float dp_bf16_amx(int64_t it
 }
 
 // Best GFLOP/s of `loop` (flops_per_iter FLOPs an iteration) on `threads` threads at once, with
-// the iteration count doubled until one run takes at least 50 ms, then the best of 5 runs.
+// the iteration count doubled until one run takes at least 5 ms, then the best of 40 runs. Short
+// runs, many of them: on a shared machine other processes preempt the threads, and the peak is
+// what the cores do when they run; a short GEMM (a 512^3 sgemm takes 1-2 ms) can land in such a
+// window, so the loop must look for them too.
 template <class Loop>
-double best_gflops(Loop loop, double flops_per_iter, int threads, int64_t first_iters = 1 << 16) {
+double best_gflops(Loop loop, double flops_per_iter, int threads, int64_t first_iters = 1 << 12) {
   volatile float sink = 0;
+  int team = threads;  // the threads OpenMP actually gave: each runs the whole loop
   auto run = [&](int64_t iters) {
     const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(threads)
     {
       const float r = loop(iters);
       if (r == 12345.f) sink = r;
+      if (omp_get_thread_num() == 0) team = omp_get_num_threads();
     }
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   int64_t iters = first_iters;
-  while (run(iters) < 0.05 && iters < (int64_t{1} << 34)) iters *= 2;
+  while (run(iters) < 0.005 && iters < (int64_t{1} << 34)) iters *= 2;
   double best = 0;
-  for (int rep = 0; rep < 5; ++rep) best = std::max(best, flops_per_iter * iters * threads / run(iters) / 1e9);
+  for (int rep = 0; rep < 40; ++rep) {
+    const double s = run(iters);
+    best = std::max(best, flops_per_iter * static_cast<double>(iters) * team / s / 1e9);
+  }
   return best;
 }
 
@@ -198,7 +206,7 @@ inline FmaPeak fma_peak(int threads = omp_get_max_threads()) {
     }
   }
   if (amx_bf16_usable()) {
-    const double amx = best_gflops(dp_bf16_amx, kAmxFlopsPerIter, threads, 1 << 10);
+    const double amx = best_gflops(dp_bf16_amx, kAmxFlopsPerIter, threads, 1 << 6);
     if (amx > p.bf16_gflops) {
       p.bf16_gflops = amx;
       p.bf16_isa = "amx";
