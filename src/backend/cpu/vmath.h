@@ -2,9 +2,11 @@
 // chains (namespace vecmath; nn_math.h's vmath is the older 8-lane set the row kernels use): exp,
 // log, tanh, sigmoid, erf, erfc and the normal CDF, written once on GCC vector
 // extensions at the widest width the build targets (16 lanes with AVX-512, 8 with AVX, else 4).
-// Every lane runs the same operations (fused multiply-adds where the target has FMA), so a value's
-// result does not depend on its position or on the vector width: a tail goes through a padded
-// vector, and `vecmath::scalar(f, x)` is the same function on one float.
+// Every lane runs the same operations, so a value's result does not depend on its position: a
+// tail goes through a padded vector, and `vecmath::scalar(f, x)` is the same function on one float.
+// With AVX-512, 2^n scaling (vscalefps), blends, clamps and divisions (a reciprocal refined by
+// FMAs) take AVX-512 instructions; other targets run the same formulas with IEEE division, so
+// their results may differ in the last bit.
 //
 //   vecmath::map(x, y, n, [](vecmath::V v) { return vecmath::exp(v); });
 //
@@ -12,7 +14,8 @@
 // place of the result's binade, over about 20M inputs per function (every 251st float bit pattern
 // of both signs, dense sweeps of [-12, 12] and of small magnitudes, subnormals, 40k floats around
 // each point where a formula switches) and at the special values (0, -0, +-inf, NaN, the smallest
-// subnormal, FLT_MAX), asserted by tests/backend/test_vmath.cc (measured maximum in brackets):
+// subnormal, FLT_MAX), asserted by tests/backend/test_vmath.cc (measured maximum in brackets; the
+// same on an AVX2 + FMA build; without FMA exp reaches 1.2 ulp, the others stay within them):
 //
 //   exp      <= 1 ulp (0.92); subnormal results <= 2 ulp of 2^-149 (0.79); 0 at -104 and below,
 //            inf at 89 and above (and from 88.73 on, where the exact value rounds to inf), NaN for NaN.
@@ -24,17 +27,18 @@
 //   phi      (the normal CDF, Phi(x) = erfc(-x / sqrt 2) / 2) <= 7 ulp (5.66), the same way;
 //            gelu's erf form x Phi(x) (nn.cc) <= 7 ulp (5.29) where Phi(x) >= 2^-126 (x >= -12.9).
 //   (nn.cc) gelu's tanh form x sigmoid(2u) <= 6 ulp (3.24) from x = -1 up; below, the rounding of
-//            2u in float reaches the result (relative error <= 3e-5, 1.5e-5 measured, as before);
+//            2u in float reaches the result (relative error <= 3e-5, 1.5e-5 measured; the formula's);
 //            silu x sigmoid(x) <= 4 ulp (3.09).
 //
 // exp: Cody-Waite reduction x = n ln2 + r (ln2 in two parts, the first with 12 significant bits so
 // that n * it is exact), |r| <= ln2 / 2, e^r by its Taylor series to r^7 (truncation < 6e-9), and
 // 2^n applied by vscalefps with AVX-512 (one rounding), else as two factors so that n in
-// [-150, 128] needs no subnormal or infinite scale (the same bits but for subnormal results).
+// [-150, 128] needs no subnormal or infinite scale (the same bits, but maybe for subnormal results).
 // log: x = 2^e m with m in [sqrt(1/2), sqrt 2), log m = 2 atanh(s), s = (m - 1) / (m + 1), by
 // its odd series to s^11. tanh: -m / (2 + m) with m = e^{-2|x|} - 1 from exp's reduction and
-// series (e^r - 1 kept apart from the 1). erf: x (1 + R(x^2)) below |x| = 0.921875 (R of degree 5, fitted to the
-// relative error of erf(x) / x - 1 by least squares on Chebyshev nodes), else 1 - erfc(|x|);
+// series (e^r - 1 kept apart from the 1). erf: x (1 + R(x^2)) below |x| = 0.921875 (R of degree 5,
+// fitted to the relative error of erf(x) / x - 1 by least squares on Chebyshev nodes), else
+// 1 - erfc(|x|);
 // erfc(a) = e^{-a^2} P(t) with t = 1 / (1 + a / 2) and P of degree 8 (fitted to erfc(a) e^{a^2}
 // on [0.92, 10.1] the same way), e^{-a^2} from a^2 = h + l split exactly by an FMA, as
 // e^{-h} (1 - l).
@@ -315,9 +319,20 @@ inline V exp_neg_split(V h, V l) {
 }
 }  // namespace detail
 
+// The rounding error of h = a a, exactly: an FMA, else Dekker's product of Veltkamp halves.
+inline V square_error(V a, V h) {
+#if defined(__FMA__) || defined(__AVX512F__)
+  return fmadd(a, a, -h);
+#else
+  V c = a * 4097.0f;
+  V hi = c - (c - a), lo = a - hi;
+  return ((hi * hi - h) + 2.0f * hi * lo) + lo * lo;
+#endif
+}
+
 // erfc(a) for a >= 0 (NaN for NaN).
 inline V erfc_pos(V a) {
-  V h = a * a, l = fmadd(a, a, -h);
+  V h = a * a, l = square_error(a, h);
   V tail = select(gt(h, 104.0f), splat(0.0f), detail::exp_neg_split(h, l) * detail::erfc_scaled(a));
   return select(lt(a, detail::kErfSplit), 1.0f - detail::erf_small(a), tail);
 }
@@ -338,7 +353,7 @@ inline V erfc(V x) {
 inline V phi(V x) {
   constexpr float kInvSqrt2 = 0.7071067811865476f;
   V a = vabs(x) * kInvSqrt2;
-  V h = x * x, l = fmadd(x, x, -h);
+  V h = x * x, l = square_error(x, h);
   V tail = select(gt(h, 208.0f), splat(0.0f), detail::exp_neg_split(h * 0.5f, l * 0.5f) * detail::erfc_scaled(a));
   V c = select(lt(a, detail::kErfSplit), 1.0f - detail::erf_small(a), tail);  // erfc(|x| / sqrt 2)
   V half = 0.5f * c;
