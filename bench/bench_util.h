@@ -113,4 +113,20 @@ inline Compiled compile_fn(const TracedFn& fn, std::vector<Array> inputs, const 
 
 inline int threads() { return omp_get_max_threads(); }
 
+// Seconds to copy `bytes` bytes with all threads (reading and writing them once, memcpy in 64
+// chunks). Copying as many bytes as an op moves is its roofline, in cache or in memory alike.
+inline double copy_seconds(int64_t bytes, double min_time) {
+  std::vector<char> src(static_cast<size_t>(bytes), 1), dst(static_cast<size_t>(bytes));
+  const int64_t chunks = 64, chunk = (bytes + chunks - 1) / chunks;
+  return time_it(
+      [&] {
+#pragma omp parallel for schedule(static)
+        for (int64_t c = 0; c < chunks; ++c) {
+          int64_t off = c * chunk, len = std::min(chunk, bytes - off);
+          if (len > 0) std::memcpy(dst.data() + off, src.data() + off, static_cast<size_t>(len));
+        }
+      },
+      min_time);
+}
+
 }  // namespace px::bench

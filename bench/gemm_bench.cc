@@ -8,6 +8,7 @@
 
 #include "bench_util.h"
 #include "parallax/ops.h"
+#include "peak.h"
 
 namespace {
 
@@ -146,11 +147,18 @@ int main(int argc, char** argv) {
         p.print();
       }
     }
+  // The FMA-loop peak of each dtype, measured after the matmuls (bf16: AMX or AVX-512 BF16, else f32's).
+  const px::bench::FmaPeak fma = px::bench::fma_peak(px::bench::threads());
   for (int d = 0; d < 2; ++d) {
     Json j;
     j.s("bench", "gemm_peak").s("dtype", px::dtype_name(pdts[d]));
+    const double fma_gflops = d == 1 && fma.bf16_gflops > 0 ? fma.bf16_gflops : fma.f32_gflops;
     if (peak[d].gflops > 0)
-      j.n("gflops", peak[d].gflops).s("shape", peak[d].shape);
+      j.n("gflops", peak[d].gflops)
+          .s("shape", peak[d].shape)
+          .n("fma_peak_gflops", fma_gflops)
+          .s("isa", fma.isa)
+          .n("fraction_of_fma_peak", peak[d].gflops / fma_gflops);
     else
       j.raw("gflops", "null").s("why", "oneDNN has no matmul for this dtype on this CPU; it runs through f32");
     j.i("threads", px::bench::threads()).print();

@@ -184,8 +184,7 @@ int main(int argc, char** argv) {
 
   px::bench::FmaPeak peak = px::bench::fma_peak(threads);
   if (avx2_only) {
-    using namespace px::bench::peak_detail;
-    peak = {best_gflops(fma_avx2, 2.0 * 8 * kAcc, threads), 0, "avx2"};
+    peak = {px::bench::peak_detail::fma_peak_avx2(threads), 0, "avx2", ""};
   }
   Json().s("bench", "fma_peak").i("threads", threads).s("isa", peak.isa).n("f32_gflops", peak.f32_gflops).print();
 

@@ -23,23 +23,8 @@ using px::bench::seconds_since;
 
 namespace {
 
-// Best sustained f32 GEMM rate over a few square sizes, through oneDNN directly.
-double gemm_peak_gflops() {
-  double best = 0;
-  for (int n : {1024, 2048}) {
-    std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
-    dnnl_sgemm('N', 'N', n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
-    for (int rep = 0; rep < 3; ++rep) {
-      auto t0 = std::chrono::steady_clock::now();
-      dnnl_sgemm('N', 'N', n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
-      best = std::max(best, 2.0 * n * n * n / seconds_since(t0) / 1e9);
-    }
-  }
-  return best;
-}
-
 struct Limits {
-  double gemm_gflops = 0, gemm_step_gflops = 0;
+  double gemm_gflops = 0, gemm_bf16_gflops = 0, gemm_step_gflops = 0;
   px::bench::FmaPeak fma;
 };
 
@@ -67,8 +52,11 @@ void run(const px::bench::GptArgs& a, px::DType compute, const Limits& lim) {
   const double matmul_n = n - (cfg.tied_embedding ? 0.0 : static_cast<double>(a.vocab * a.d));
   double flops = (6 * matmul_n + 12.0 * a.layers * a.d * a.seq) * tokens;
   double gflops = flops / dt / 1e9;
-  // bf16 runs against the bf16 FMA peak where the CPU has one, else against f32's.
-  const double fma = compute == px::DType::bf16 && lim.fma.bf16_gflops > 0 ? lim.fma.bf16_gflops : lim.fma.f32_gflops;
+  // bf16 runs against the bf16 FMA peak (AMX or AVX-512 BF16) and the bf16 matmul rate where the CPU has them, else
+  // against f32's.
+  const bool bf16 = compute == px::DType::bf16;
+  const double fma = bf16 && lim.fma.bf16_gflops > 0 ? lim.fma.bf16_gflops : lim.fma.f32_gflops;
+  const double gemm_peak = bf16 && lim.gemm_bf16_gflops > 0 ? lim.gemm_bf16_gflops : lim.gemm_gflops;
   std::printf(
       "{\"bench\": \"gpt_step\", \"flavour\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"params\": %.0f, "
       "\"step_s\": %.4f, "
@@ -77,7 +65,7 @@ void run(const px::bench::GptArgs& a, px::DType compute, const Limits& lim) {
       "\"fraction_of_gemm_step_shapes\": %s, \"peak_bytes\": %lld, \"kernels\": %d, \"compile_s\": %.2f, "
       "\"loss\": %.4f}\n",
       a.flavour.c_str(), compute == px::DType::f32 ? "f32" : "bf16", omp_get_max_threads(), n, dt, tokens / dt, gflops,
-      fma, gflops / fma, lim.fma.isa.c_str(), lim.gemm_gflops, gflops / lim.gemm_gflops, lim.gemm_step_gflops,
+      fma, gflops / fma, lim.fma.isa.c_str(), gemm_peak, gflops / gemm_peak, lim.gemm_step_gflops,
       // The shapes are timed in f32 (sgemm): a bf16 step has no fraction of them.
       compute == px::DType::f32 ? std::to_string(gflops / lim.gemm_step_gflops).c_str() : "null",
       static_cast<long long>(step.peak_bytes()), step.executable().num_steps(), compile_s, loss);
@@ -91,7 +79,8 @@ int main(int argc, char** argv) {
   px::bench::GptArgs a = px::bench::parse_gpt_args(argc, argv, "gpt_step", {}, true);
   Limits lim;
   lim.fma = px::bench::fma_peak();
-  lim.gemm_gflops = gemm_peak_gflops();
+  lim.gemm_gflops = px::bench::gemm_square_gflops(false, {1024, 2048});
+  if (a.dtype != "f32") lim.gemm_bf16_gflops = px::bench::gemm_square_gflops(true, {1024, 2048});
   lim.gemm_step_gflops = px::bench::gemm_step_shapes_gflops(a.batch * a.seq, a.linears());
   try {
     if (a.dtype != "bf16") run(a, px::DType::f32, lim);

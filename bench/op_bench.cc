@@ -13,26 +13,11 @@
 namespace {
 
 using px::Tensor;
+using px::bench::copy_seconds;
 using px::bench::Json;
 using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
 constexpr int64_t B = 8, S = 256, D = 512, H = 8, V = 8192, T = B * S;
-
-// Seconds to copy `bytes` bytes with all threads (reading and writing them once). Copying as
-// many bytes as an op moves is its roofline, in cache or in memory alike.
-double copy_seconds(int64_t bytes, double min_time) {
-  std::vector<char> src(static_cast<size_t>(bytes), 1), dst(static_cast<size_t>(bytes));
-  const int64_t chunks = 64, chunk = (bytes + chunks - 1) / chunks;
-  return px::bench::time_it(
-      [&] {
-#pragma omp parallel for schedule(static)
-        for (int64_t c = 0; c < chunks; ++c) {
-          int64_t off = c * chunk, len = std::min(chunk, bytes - off);
-          if (len > 0) std::memcpy(dst.data() + off, src.data() + off, static_cast<size_t>(len));
-        }
-      },
-      min_time);
-}
 
 // The loss of a value: sum(y * r) with a fixed r, so its gradient is a full-size cotangent.
 Tensor weighted_sum(const Tensor& y) { return px::sum(y * px::full_like(y, 0.5)); }

@@ -3,16 +3,17 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
+#include <bit>
 #include <climits>
+#include <cmath>
 #include <memory>
 
 #ifdef __AVX__
 #include <immintrin.h>
 #endif
 
-#include "backend/cpu/elementwise_math.h"
 #include "backend/cpu/kernel.h"
+#include "backend/cpu/vmath.h"
 
 namespace px::cpu {
 
@@ -20,7 +21,12 @@ void register_constant_kernels();  // elementwise_const.cc
 
 namespace {
 
-using eltmath::select;
+// c ? a : b as bit masks. Both operands are computed anyway; a plain ?: lets GCC sink a
+// trapping float operation into a branch, which (under -ftrapping-math) blocks vectorization.
+inline float select(bool c, float a, float b) {
+  int32_t m = -static_cast<int32_t>(c);
+  return std::bit_cast<float>((std::bit_cast<int32_t>(a) & m) | (std::bit_cast<int32_t>(b) & ~m));
+}
 
 // ---- f32 block functions ---------------------------------------------------------------------
 // Operands never alias the result (the engines give every step its own scratch), hence restrict.
@@ -30,6 +36,12 @@ void unary_f32(const float* const* in, float* out, int64_t n, const float*) {
   const float* __restrict a = in[0];
   float* __restrict o = out;
   for (int64_t i = 0; i < n; ++i) o[i] = Op::f(a[i]);
+}
+
+// The transcendentals: vmath.h's vector functions, kLanes at a time (the same bits in every lane).
+template <class Op>
+void vec_unary_f32(const float* const* in, float* out, int64_t n, const float*) {
+  vecmath::map(in[0], out, n, [](vecmath::V v) { return Op::v(v); });
 }
 
 template <class Op>
@@ -102,16 +114,16 @@ struct Abs {
   static int32_t i(int32_t a) { return a < 0 ? wrap(0u - u(a)) : a; }
 };
 struct Exp {
-  static float f(float a) { return eltmath::exp(a); }
+  static vecmath::V v(vecmath::V a) { return vecmath::exp(a); }
 };
 struct Log {
-  static float f(float a) { return eltmath::log(a); }
+  static vecmath::V v(vecmath::V a) { return vecmath::log(a); }
 };
 struct Tanh {
-  static float f(float a) { return eltmath::tanh(a); }
+  static vecmath::V v(vecmath::V a) { return vecmath::tanh(a); }
 };
 struct Sigmoid {
-  static float f(float a) { return eltmath::sigmoid(a); }
+  static vecmath::V v(vecmath::V a) { return vecmath::sigmoid(a); }
 };
 struct Eq {
   static float f(float a, float b) { return b2f(a == b); }
@@ -355,7 +367,10 @@ void reg(const std::string& prim, EltwiseKernel k) {
 template <class Op>
 EltwiseKernel un(bool with_int = true) {
   EltwiseKernel k;
-  k.f32 = unary_f32<Op>;
+  if constexpr (requires { Op::v(vecmath::V{}); })
+    k.f32 = vec_unary_f32<Op>;
+  else
+    k.f32 = unary_f32<Op>;
   if constexpr (requires { Op::i(0); }) {
     if (with_int) k.i32 = unary_i32<Op>;
   }

@@ -147,6 +147,10 @@ struct Program {
   int64_t tile = kTile;
   int64_t count = 0;
   bool stream = false;  // f32 stores are streaming (large results)
+  // Operands read contiguously (index, element bytes): prefetched a tile ahead, spread over the
+  // tile's ops, when the operands are too large to stay in cache.
+  std::vector<std::pair<int, int>> prefetch;
+  int compute_ops = 0;
 };
 
 // Allocates scratch tiles by liveness: a tile is reused as soon as its value's last reader ran.
@@ -310,6 +314,16 @@ Program build_program(const Graph& g, const FusedGroup& group) {
   for (int v : group.ext_outputs)
     if (!slot_of.count(v)) throw InternalError("[fused] output %" + std::to_string(v) + " is not computed by the group");
   p.stream = p.count >= kStreamBytes / 4;  // (count * 4 could overflow for huge counts)
+  if (p.stream) {
+    std::vector<char> seen(group.ext_inputs.size(), 0);
+    for (size_t k = 0; k < group.ext_inputs.size(); ++k) {
+      const TensorType& t = g.type(group.ext_inputs[k]);
+      if (t.numel() == p.count && !seen[k])
+        p.prefetch.push_back({static_cast<int>(k), static_cast<int>(dtype_size(t.dtype))});
+      seen[k] = 1;
+    }
+    for (const Op& op : p.ops) p.compute_ops += op.kind == Op::compute || op.kind == Op::broadcast;
+  }
   p.num_tiles = std::max(tiles.used(), 1);
   // Shorter tiles when many are live, so that they stay in L1 (multiples of 64 for alignment).
   p.tile = std::clamp<int64_t>(kScratchFloats / p.num_tiles / 64 * 64, 256, kTile);
@@ -355,7 +369,23 @@ Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
         for (int s = 0; s < nslots; ++s)
           if (p.places[s].kind == SlotPlace::ext_in)
             ptr[s] = const_cast<float*>(static_cast<const float*>(in[p.places[s].index])) + off;
+        // Large operands come from memory: the next tile's lines are prefetched a slice after each
+        // compute op, so that the memory streams while this tile computes (the hardware prefetchers
+        // only run a little ahead of the loads, which all come in the tile's first ops).
+        const int64_t next = off + tile, next_len = t + 1 < t1 ? std::min(tile, p.count - next) : 0;
+        int slice = 0;
+        auto prefetch_slice = [&] {
+          if (next_len <= 0 || p.compute_ops == 0) return;
+          for (const auto& [index, bytes] : p.prefetch) {
+            const char* base = static_cast<const char*>(in[index]) + next * bytes;
+            const int64_t lines = (next_len * bytes + 63) / 64;
+            const int64_t l0 = lines * slice / p.compute_ops, l1 = lines * (slice + 1) / p.compute_ops;
+            for (int64_t l = l0; l < l1; ++l) _mm_prefetch(base + l * 64, _MM_HINT_T0);
+          }
+          ++slice;
+        };
         for (const Op& op : p.ops) {
+          if (op.kind == Op::compute || op.kind == Op::broadcast) prefetch_slice();
           switch (op.kind) {
             case Op::load: load_f32(in[op.ext], op.dtype, off, ptr[op.slot], len); break;
             case Op::broadcast: run_broadcast(p.loads[op.bcast], in[op.ext], op.dtype, off, len, ptr[op.slot]); break;

@@ -10,6 +10,7 @@
 
 #include "backend/cpu/kernel.h"
 #include "backend/cpu/nn_math.h"
+#include "backend/cpu/vmath.h"
 
 namespace px::cpu {
 
@@ -21,7 +22,6 @@ constexpr int64_t kParallelMin = 16384;  // elements below which a kernel stays 
 using vmath::exp_shift_sum;
 using vmath::row_max;
 using vmath::row_sum;
-using vmath::V8;
 
 float load_one(const void* p, DType t, int64_t i) {
   switch (t) {
@@ -233,32 +233,38 @@ constexpr float kC = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kA = 0.044715f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 
-// gelu_tanh(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2u), which does not cancel for negative x.
+// On vmath.h's vectors (the fused loops' width): the erf form through its accurate normal CDF.
+using vecmath::V;
+
+// gelu_tanh(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2u), which does not cancel for negative x (vmath's
+// sigmoid: no overflow in either tail, one fast division).
 void gelu_f32(const float* const* in, float* out, int64_t n, const float* params) {
   if (params[0] != 0.0f) {
-    vmath::map(in[0], out, n, [](V8 x) { return x / (1.0f + vmath::exp(-2.0f * kC * (x + kA * x * x * x))); });
+    vecmath::map(in[0], out, n, [](V x) { return x * vecmath::sigmoid(2.0f * kC * (x + kA * x * x * x)); });
   } else {
-    vmath::map(in[0], out, n, [](V8 x) { return x * vmath::phi(x); });
+    vecmath::map(in[0], out, n, [](V x) { return x * vecmath::phi(x); });
   }
 }
 
-// d/dx x sigmoid(2u) = s + 2 x s (1 - s) u' with s = 1 / (1 + e), 1 - s = e / (1 + e), e = exp(-2u).
+// d/dx x sigmoid(z), z = 2u: s + x s (1 - s) z' with e = exp(-|z|) <= 1, r = 1 / (1 + e):
+// s and 1 - s are r and e r (which one is which by the sign of z), so s (1 - s) = e r^2.
 void gelu_grad_f32(const float* const* in, float* out, int64_t n, const float* params) {
   if (params[0] != 0.0f) {
-    vmath::map(in[0], out, n, [](V8 x) {
-      V8 e = vmath::exp(-2.0f * kC * (x + kA * x * x * x));
-      V8 s = 1.0f / (1.0f + e);
-      V8 sc = e * s;
-      sc = e == INFINITY ? vmath::splat(1.0f) : sc;  // inf * 0
-      return s + 2.0f * x * s * sc * kC * (1.0f + 3.0f * kA * x * x);
+    vecmath::map(in[0], out, n, [](V x) {
+      V z = 2.0f * kC * (x + kA * x * x * x);
+      V e = vecmath::exp(-vecmath::vabs(z));
+      V r = vecmath::div(vecmath::splat(1.0f), 1.0f + e);
+      V er = e * r;
+      V s = vecmath::select(vecmath::ge(z, 0.0f), r, er);
+      return s + x * (er * r) * (2.0f * kC) * (1.0f + 3.0f * kA * x * x);
     });
   } else {
-    vmath::map(in[0], out, n, [](V8 x) { return vmath::phi(x) + x * kInvSqrt2Pi * vmath::exp(-0.5f * x * x); });
+    vecmath::map(in[0], out, n, [](V x) { return vecmath::phi(x) + x * kInvSqrt2Pi * vecmath::exp(-0.5f * x * x); });
   }
 }
 
 void silu_f32(const float* const* in, float* out, int64_t n, const float*) {
-  vmath::map(in[0], out, n, [](V8 x) { return x / (1.0f + vmath::exp(-x)); });
+  vecmath::map(in[0], out, n, [](V x) { return x * vecmath::sigmoid(x); });
 }
 
 std::vector<float> gelu_params(const Attrs& a) { return {a.s("approximate") == "tanh" ? 1.0f : 0.0f}; }
