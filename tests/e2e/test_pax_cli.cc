@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -187,6 +188,73 @@ TEST(PaxCli, DecodeExportAndFineTuneFromHf) {
   Result none = pax("decode" + kSmall + " --job_log_dir=" + job("decode_empty") + " --prompt '1 2'");
   EXPECT_EQ(none.rc, 2) << none.out;
   EXPECT_NE(none.out.find("run 'pax train' first"), std::string::npos) << none.out;
+}
+
+// decode --hf_model stops at any of the model's EOS ids (generation_config.json lists several) and
+// counts only the tokens before it; the prompt gets the special tokens of the tokenizer's own
+// post-processor, as transformers' tokenizer(text) does: none for GPT-2's ByteLevel one, a BOS for
+// a TemplateProcessing one (Llama 3).
+TEST(PaxCli, DecodeHfModelUsesTheModelsEosIdsAndTheTokenizersPostProcessor) {
+  const std::string d = job("hf_eos"), hf = job("hf_eos_model");
+  Result t = pax("train" + kSmall + " --set model.vocab_size=32 --set train.steps=3 --job_log_dir=" + d);
+  ASSERT_EQ(t.rc, 0) << t.out;
+  ASSERT_EQ(pax("export --job_log_dir=" + d + " --out " + hf).rc, 0);
+  auto new_ids = [](const std::string& out) {
+    std::string s = out.substr(0, out.find_last_not_of('\n') + 1);
+    std::istringstream in(s.substr(s.find_last_of('|') + 1));
+    std::vector<int> ids;
+    for (int v; in >> v;) ids.push_back(v);
+    return ids;
+  };
+  Result all = pax("decode --hf_model=" + hf + " --prompt '3 1 4' --max_new_tokens 8");
+  ASSERT_EQ(all.rc, 0) << all.out;
+  const std::vector<int> ids = new_ids(all.out);
+  ASSERT_EQ(ids.size(), 8u) << all.out;  // the export has no EOS: it runs to max_new_tokens
+  // Two EOS ids: the third new token and one the model did not make before it.
+  int other = 0;
+  while (std::find(ids.begin(), ids.begin() + 3, other) != ids.begin() + 3) ++other;
+  std::ofstream(hf + "/generation_config.json") << "{\"eos_token_id\": [" << other << ", " << ids[2] << "]}";
+  const size_t first = std::find(ids.begin(), ids.end(), ids[2]) - ids.begin();
+  Result stop = pax("decode --hf_model=" + hf + " --prompt '3 1 4' --max_new_tokens 8");
+  ASSERT_EQ(stop.rc, 0) << stop.out;
+  EXPECT_EQ(new_ids(stop.out), std::vector<int>(ids.begin(), ids.begin() + first)) << stop.out;
+  EXPECT_NE(stop.out.find(std::to_string(first) + " new token" + (first == 1 ? "" : "s") +
+                          " (stopped at the end-of-text token)"),
+            std::string::npos)
+      << stop.out;
+
+  // A byte-level BPE of the letters a..z, a space (U+0120) and <|endoftext|> (27, BOS and EOS).
+  nlohmann::json vocab;
+  for (char ch = 'a'; ch <= 'z'; ++ch) vocab[std::string(1, ch)] = ch - 'a';
+  vocab["\u0120"] = 26;
+  const nlohmann::json eot = {{"id", 27}, {"content", "<|endoftext|>"}, {"special", true}};
+  auto write_tokenizer = [&](const nlohmann::json& post) {
+    nlohmann::json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+                        {"added_tokens", {eot}},
+                        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+                        {"post_processor", post}};
+    std::ofstream(hf + "/tokenizer.json") << j.dump();
+    std::ofstream(hf + "/tokenizer_config.json") << R"({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"})";
+  };
+  auto prompt_tokens = [](const Result& r) {
+    const size_t at = r.out.find(" prompt tokens");
+    if (at == std::string::npos) return -1;
+    return std::stoi(r.out.substr(r.out.rfind(", ", at) + 2));
+  };
+  write_tokenizer({{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}});  // GPT-2's
+  Result gpt2 = pax("decode --hf_model=" + hf + " --prompt 'ab cd' --max_new_tokens 2");
+  ASSERT_EQ(gpt2.rc, 0) << gpt2.out;
+  EXPECT_EQ(prompt_tokens(gpt2), 5) << "no BOS: " << gpt2.out;
+  EXPECT_NE(gpt2.out.find("\nab cd"), std::string::npos) << "the prompt, echoed: " << gpt2.out;
+  write_tokenizer({{"type", "TemplateProcessing"},
+                   {"single", {{{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}},
+                               {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+                   {"pair", nlohmann::json::array()},
+                   {"special_tokens", {{"<|endoftext|>", {{"id", "<|endoftext|>"}, {"ids", {27}}, {"tokens", {"<|endoftext|>"}}}}}}});
+  Result llama = pax("decode --hf_model=" + hf + " --prompt 'ab cd' --max_new_tokens 2");
+  ASSERT_EQ(llama.rc, 0) << llama.out;
+  EXPECT_EQ(prompt_tokens(llama), 6) << "a BOS: " << llama.out;
+  EXPECT_NE(llama.out.find("\nab cd"), std::string::npos) << "the prompt, echoed without the BOS: " << llama.out;
 }
 
 // sharding.strategy=auto (with memory.remat=full): the solver's plan (with its explanation) is in
@@ -887,6 +955,36 @@ TEST(PaxCli, TextDataSaysWhatItPreparesAndDecodeStopsAtTheEndOfText) {
     }
   }
   EXPECT_GE(stopped, 1) << "a model trained on short sentences ends some of them";
+
+  // export --format=hf writes the tokenizer's special ids (transformers' generate() stops at the
+  // EOS), in the dtype asked for and in shards of at most --max_shard_size.
+  const std::string hf = job("text_hf");
+  Result x = pax("export --job_log_dir=" + d + " --dtype bf16 --max_shard_size 20KB --out " + hf);
+  ASSERT_EQ(x.rc, 0) << x.out;
+  auto json_of = [](const std::string& path) { return nlohmann::json::parse(std::ifstream(path)); };
+  const nlohmann::json cfg = json_of(hf + "/config.json"), gen = json_of(hf + "/generation_config.json");
+  ASSERT_TRUE(cfg["eos_token_id"].is_number_integer()) << cfg.dump();
+  EXPECT_GE(cfg["eos_token_id"].get<int>(), 0) << cfg.dump();
+  EXPECT_EQ(gen["eos_token_id"], cfg["eos_token_id"]) << gen.dump();
+  EXPECT_EQ(gen["bos_token_id"], cfg["bos_token_id"]) << gen.dump();
+  EXPECT_EQ(cfg["torch_dtype"], "bfloat16") << cfg.dump();
+  EXPECT_FALSE(fs::exists(hf + "/model.safetensors"));
+  const nlohmann::json index = json_of(hf + "/model.safetensors.index.json");
+  std::set<std::string> shards;
+  for (auto& [name, file] : index["weight_map"].items()) shards.insert(file.get<std::string>());
+  EXPECT_GE(shards.size(), 2u) << index.dump();
+  for (const std::string& f : shards) {
+    EXPECT_LE(fs::file_size(hf + "/" + f), 20000u + 21000u) << f;  // a tensor over the limit gets a shard alone
+    for (const px::Array& a : px::load_safetensors(hf + "/" + f).arrays) EXPECT_EQ(a.dtype(), px::DType::bf16) << f;
+  }
+  // The export decodes (the prompt as ids: a run's tokenizer files are not copied).
+  Result from_hf = pax("decode --hf_model=" + hf + " --prompt '5 6 7' --max_new_tokens 4");
+  EXPECT_EQ(from_hf.rc, 0) << from_hf.out;
+  for (const char* bad : {"--dtype f64", "--max_shard_size lots", "--max_shard_size -5"}) {
+    Result e = pax("export --job_log_dir=" + d + " " + bad + " --out " + hf);
+    EXPECT_EQ(e.rc, 2) << bad << ": " << e.out;
+    EXPECT_NE(e.out.find("pax: error:"), std::string::npos) << e.out;
+  }
   fs::remove(corpus);
 }
 
