@@ -304,6 +304,11 @@ TEST(PaxCli, EverySetTypeIsAcceptedAndRejectedAsDocumented) {
                 Bad{"sharding.mesh=data4", "a mesh is name:size pairs"},
                 Bad{"train.steps=5", "lower schedule.warmup_steps or raise train.steps"},
                 Bad{"no.such=1", "unknown config field 'no.such'"},
+                Bad{"train.steps=3e9", "train.steps=3000000000 is out of range; allowed: an int in [1, 2147483646]"},
+                Bad{"train.steps=0x10", "train.steps='0x10' is not an int"},
+                Bad{"optimizer.lr=0x1p-3", "optimizer.lr='0x1p-3' is not a float"},
+                Bad{"'data.paths=\"abc'", "the quote \" is not closed"},
+                Bad{"'data.path=abc'", "(did you mean 'data.paths'?)"},
                 Bad{"train.steps", "is not path=value"}}) {
     Result r = pax(base + " --set " + b.set);
     EXPECT_EQ(r.rc, 2) << b.set;
