@@ -108,7 +108,7 @@ const std::vector<Field>& table() {
       enum_field("data.kind", &E::data, &DataConfig::kind, {"copy_task", "text"},
                  "the built-in copy task or text files through a SentencePiece tokenizer"),
       list_field("data.paths", &E::data, &DataConfig::paths, "text files or folders (.txt, .jsonl, .gz) or 'gcide'"),
-      str_field("data.cache_dir", &E::data, &DataConfig::cache_dir, "tokenizer and token cache (\"\": DIR/data)"),
+      str_field("data.cache_dir", &E::data, &DataConfig::cache_dir, "tokenizer and token cache (\"\": the shared ~/.cache/parallax/data)"),
       int_field("data.batch", &E::data, &DataConfig::batch, 1, 1e7, "global batch in sequences"),
       float_field("data.eval_fraction", &E::data, &DataConfig::eval_fraction, 0, 0.5, "share of documents held out"),
       int_field("data.max_documents", &E::data, &DataConfig::max_documents, 0, kBig, "documents read (0: all)"),

@@ -46,6 +46,26 @@ std::error_code& ec_ignore() {
   return ec;
 }
 
+// Text data's shared cache ($XDG_CACHE_HOME/parallax/data) in a folder of this process, not the
+// user's ~/.cache: set before any pax runs, so every pax started here inherits it.
+const std::string kXdgCache = [] {
+  const std::string d = ::testing::TempDir() + "/pax_e2e_" + std::to_string(::getpid()) + "_xdg";
+  fs::remove_all(d);
+  setenv("XDG_CACHE_HOME", d.c_str(), 1);
+  return d;
+}();
+
+// Short sentences of a small vocabulary, `n` documents: a tokenizer of 315 pieces trains on them.
+void write_sentences(const std::string& path, int n) {
+  const char* subj[] = {"the cat", "a dog", "my friend", "the old man", "a small bird", "the teacher", "her brother"};
+  const char* verb[] = {"sees", "likes", "finds", "eats", "reads", "keeps", "holds"};
+  const char* obj[] = {"the ball", "a book", "some bread", "the red apple", "a long letter", "the garden", "an old map"};
+  std::ofstream f(path);
+  uint32_t x = 12345;
+  auto pick = [&](int k) { return (x = x * 1103515245u + 12345u) / 65536u % k; };
+  for (int i = 0; i < n; ++i) f << subj[pick(7)] << " " << verb[pick(7)] << " " << obj[pick(7)] << ".\n\n";
+}
+
 std::string job(const std::string& name) {
   // Per process: two runs of the suite at once (two checkouts) must not share folders.
   std::string d = ::testing::TempDir() + "/pax_e2e_" + std::to_string(::getpid()) + "_" + name;
@@ -919,16 +939,7 @@ print(json.dumps(out))
 // model ends the sentence, says it stopped at the end-of-text token and counts only what it made.
 TEST(PaxCli, TextDataSaysWhatItPreparesAndDecodeStopsAtTheEndOfText) {
   const std::string corpus = ::testing::TempDir() + "/pax_e2e_corpus_" + std::to_string(getpid()) + ".txt";
-  {
-    const char* subj[] = {"the cat", "a dog", "my friend", "the old man", "a small bird", "the teacher", "her brother"};
-    const char* verb[] = {"sees", "likes", "finds", "eats", "reads", "keeps", "holds"};
-    const char* obj[] = {"the ball",      "a book",     "some bread", "the red apple",
-                         "a long letter", "the garden", "an old map"};
-    std::ofstream f(corpus);
-    uint32_t x = 12345;
-    auto pick = [&](int n) { return (x = x * 1103515245u + 12345u) / 65536u % n; };
-    for (int i = 0; i < 2000; ++i) f << subj[pick(7)] << " " << verb[pick(7)] << " " << obj[pick(7)] << ".\n\n";
-  }
+  write_sentences(corpus, 2000);
   const std::string d = job("text");
   const std::string args = " --exp=copy.TransformerLmTiny --set data.kind=text --set data.paths=" + corpus +
                            " --set model.vocab_size=315 --set model.d_model=32 --set model.d_ff=64"
@@ -990,6 +1001,72 @@ TEST(PaxCli, TextDataSaysWhatItPreparesAndDecodeStopsAtTheEndOfText) {
     EXPECT_EQ(e.rc, 2) << bad << ": " << e.out;
     EXPECT_NE(e.out.find("pax: error:"), std::string::npos) << e.out;
   }
+  fs::remove(corpus);
+}
+
+// The trained tokenizer and the token cache live in a shared cache ($XDG_CACHE_HOME/parallax/data)
+// named by what determines them: a second job dir on the same corpus reads them, a changed corpus
+// gets its own, a damaged file is rebuilt, data.cache_dir puts them elsewhere, and no temporary
+// file is left behind.
+TEST(PaxCli, TextCachesAreSharedBetweenJobDirsAndKeyedByTheCorpus) {
+  const std::string corpus = ::testing::TempDir() + "/pax_e2e_shared_" + std::to_string(getpid()) + ".txt";
+  write_sentences(corpus, 2000);
+  const std::string shared = kXdgCache + "/parallax/data";
+  auto run = [&](const std::string& name, const std::string& extra = "") {
+    return pax("train --exp=copy.TransformerLmTiny --set data.kind=text --set data.paths=" + corpus +
+               " --set model.vocab_size=315 --set model.d_model=32 --set model.d_ff=64 --set model.n_layers=1"
+               " --set model.seq_len=32 --set data.batch=4 --set train.steps=2 --set schedule.warmup_steps=1"
+               " --set train.eval_interval=0 --set train.eval_batches=1" +
+               extra + " --job_log_dir=" + job(name));
+  };
+  auto files = [](const std::string& dir, const std::string& prefix) {
+    std::vector<std::string> out;
+    for (auto& e : fs::directory_iterator(dir, ec_ignore()))
+      if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().string());
+    return out;
+  };
+  Result a = run("shared_a");
+  ASSERT_EQ(a.rc, 0) << a.out;
+  EXPECT_NE(a.out.find("read from the cache " + shared), std::string::npos) << a.out;
+  EXPECT_NE(a.out.find("tokenizer trained in"), std::string::npos) << a.out;
+  const std::string dir_a = ::testing::TempDir() + "/pax_e2e_" + std::to_string(::getpid()) + "_shared_a";
+  EXPECT_TRUE(fs::exists(dir_a + "/config.toml"));
+  EXPECT_FALSE(fs::exists(dir_a + "/data")) << "the caches are not in the job dir";
+  const size_t models = files(shared, "spm-").size(), token_files = files(shared, "tokens-").size();
+  EXPECT_GE(models, 1u);
+  EXPECT_GE(token_files, 1u);
+
+  Result b = run("shared_b");  // another job dir, the same data: nothing prepared again
+  ASSERT_EQ(b.rc, 0) << b.out;
+  EXPECT_NE(b.out.find("tokenizer read, text read from the token cache"), std::string::npos) << b.out;
+  EXPECT_EQ(files(shared, "spm-").size(), models);
+
+  {  // a changed corpus (size and mtime) is not the cached one
+    std::ofstream(corpus, std::ios::app) << "the cat sees a dog.\n\n";
+  }
+  Result c = run("shared_c");
+  ASSERT_EQ(c.rc, 0) << c.out;
+  EXPECT_NE(c.out.find("tokenizer trained in"), std::string::npos) << c.out;
+  EXPECT_EQ(files(shared, "spm-").size(), models + 1);
+
+  // Damaged files are validated on read and rebuilt.
+  for (const std::string& f : files(shared, "tokens-")) std::ofstream(f, std::ios::trunc) << "not a token cache";
+  Result d = run("shared_d");
+  ASSERT_EQ(d.rc, 0) << d.out;
+  EXPECT_NE(d.out.find("tokenizer read, text tokenized in"), std::string::npos) << d.out;
+  for (const std::string& f : files(shared, "spm-")) std::ofstream(f, std::ios::trunc) << "not a model";
+  Result e = run("shared_e");
+  ASSERT_EQ(e.rc, 0) << e.out;
+  EXPECT_NE(e.out.find("tokenizer trained in"), std::string::npos) << e.out;
+  EXPECT_TRUE(files(shared, "").size() == files(shared, "spm-").size() + files(shared, "tokens-").size())
+      << "only models and token files, no temporary file left";
+
+  const std::string own = job("shared_own_cache");
+  Result o = run("shared_f", " --set data.cache_dir=" + own);
+  ASSERT_EQ(o.rc, 0) << o.out;
+  EXPECT_NE(o.out.find("read from the cache " + own), std::string::npos) << o.out;
+  EXPECT_EQ(files(own, "spm-").size(), 1u);
+  EXPECT_EQ(files(own, "tokens-").size(), 1u);
   fs::remove(corpus);
 }
 
