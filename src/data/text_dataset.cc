@@ -368,8 +368,8 @@ TextDataset::TextDataset(TextDataOptions opt) : impl_(std::make_unique<Impl>()) 
     if (!m.tok) {
       // train_sentencepiece writes a temporary file and renames it: a run sharing the cache never
       // reads half a model.
-      fs::path out = cache.empty() ? fs::temp_directory_path() / ("px-" + std::to_string(::getpid()) + "-" + name)
-                                   : cache / name;
+      fs::path out =
+          cache.empty() ? fs::temp_directory_path() / ("px-" + std::to_string(::getpid()) + "-" + name) : cache / name;
       const auto& d = documents();
       const auto t = clock::now();
       text::train_sentencepiece(d, out.string(), {.vocab_size = o.vocab_size, .seed = o.seed});

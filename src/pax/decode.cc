@@ -64,8 +64,9 @@ DecodeResult run_decode(const nn::TransformerLm& model, const std::vector<Array>
   }
   for (int32_t id : r.prompt_ids)
     if (id < 0 || id >= vocab)
-      throw UserError("[pax] decode: the tokenizer gives id " + std::to_string(id) + " for the prompt, outside the "
-                      "model's vocabulary of " + std::to_string(vocab) + "; use the tokenizer the model was made with");
+      throw UserError("[pax] decode: the tokenizer gives id " + std::to_string(id) +
+                      " for the prompt, outside the model's vocabulary of " + std::to_string(vocab) +
+                      "; use the tokenizer the model was made with");
   const int64_t p = static_cast<int64_t>(r.prompt_ids.size());
   if (p >= context)
     throw UserError("[pax] decode: the prompt is " + std::to_string(p) + " tokens, the model's context is " +
@@ -81,9 +82,8 @@ DecodeResult run_decode(const nn::TransformerLm& model, const std::vector<Array>
   g.eos_ids = eos_ids;
   r.new_ids = nn::generate(model, params, {r.prompt_ids}, g)[0];
   // generate() repeats the EOS to the end of the row: the tokens produced are those before the first.
-  auto eos = std::find_if(r.new_ids.begin(), r.new_ids.end(), [&](int32_t id) {
-    return std::find(eos_ids.begin(), eos_ids.end(), id) != eos_ids.end();
-  });
+  auto eos = std::find_if(r.new_ids.begin(), r.new_ids.end(),
+                          [&](int32_t id) { return std::find(eos_ids.begin(), eos_ids.end(), id) != eos_ids.end(); });
   if (eos != r.new_ids.end()) {
     r.stopped_at_eos = true;
     r.new_ids.erase(eos, r.new_ids.end());
@@ -187,7 +187,10 @@ int64_t export_run(const ExperimentConfig& c, const RunOptions& opts, const std:
   if (!c.train.init_from_hf.empty()) {
     // Fine-tuned from a Hugging Face model: its special ids and tokenizer files.
     so.special = nn::read_special_token_ids(c.train.init_from_hf);
-    so.tokenizer_from = c.train.init_from_hf;
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+                             "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja"})
+      if (std::filesystem::exists(std::filesystem::path(c.train.init_from_hf) / name))
+        so.tokenizer_from = c.train.init_from_hf;  // save_pretrained refuses a directory without any
   } else if (c.data.kind != "copy_task") {
     // The run's own tokenizer (read from the data cache, or prepared again as training did).
     std::unique_ptr<DataSource> data = make_data_source(c, opts.job_dir);

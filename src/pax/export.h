@@ -12,10 +12,10 @@
 namespace px::pax {
 
 struct ExportOptions {
-  std::string format = "hf";     // hf (a model dir) or safetensors (one file of the checkpoint's params)
-  std::optional<int64_t> step;   // latest when empty
-  DType dtype = DType::f32;      // hf: f32, bf16 or f16
-  int64_t max_shard_bytes = 0;   // hf: > 0 splits the weights into shards of at most this size
+  std::string format = "hf";    // hf (a model dir) or safetensors (one file of the checkpoint's params)
+  std::optional<int64_t> step;  // latest when empty
+  DType dtype = DType::f32;     // hf: f32, bf16 or f16
+  int64_t max_shard_bytes = 0;  // hf: > 0 splits the weights into shards of at most this size
 };
 
 // Returns the step exported. hf: special ids (bos/eos/pad) in config.json and generation_config.json,

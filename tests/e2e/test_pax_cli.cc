@@ -59,7 +59,8 @@ const std::string kXdgCache = [] {
 void write_sentences(const std::string& path, int n) {
   const char* subj[] = {"the cat", "a dog", "my friend", "the old man", "a small bird", "the teacher", "her brother"};
   const char* verb[] = {"sees", "likes", "finds", "eats", "reads", "keeps", "holds"};
-  const char* obj[] = {"the ball", "a book", "some bread", "the red apple", "a long letter", "the garden", "an old map"};
+  const char* obj[] = {"the ball",      "a book",     "some bread", "the red apple",
+                       "a long letter", "the garden", "an old map"};
   std::ofstream f(path);
   uint32_t x = 12345;
   auto pick = [&](int k) { return (x = x * 1103515245u + 12345u) / 65536u % k; };
@@ -192,6 +193,20 @@ TEST(PaxCli, DecodeExportAndFineTuneFromHf) {
   ASSERT_EQ(ev2.rc, 0) << ev2.out;
   auto loss_of = [](const std::string& out) { return out.substr(out.find("loss"), out.find("log_pplx") - out.find("loss")); };
   EXPECT_EQ(loss_of(ev2.out), loss_of(ev.out)) << ev.out << ev2.out;
+  // Its export takes the special ids and tokenizer files of train.init_from_hf's directory.
+  const std::string tuned_hf = job("decode_tuned_hf");
+  Result tx = pax("export --job_log_dir=" + tuned + " --out " + tuned_hf);  // the source has neither
+  ASSERT_EQ(tx.rc, 0) << tx.out;
+  EXPECT_TRUE(nlohmann::json::parse(std::ifstream(tuned_hf + "/config.json"))["eos_token_id"].is_null());
+  std::ofstream(hf + "/generation_config.json") << R"({"bos_token_id": 1, "eos_token_id": [3, 5]})";
+  std::ofstream(hf + "/tokenizer_config.json") << R"({"model_max_length": 16})";
+  tx = pax("export --job_log_dir=" + tuned + " --dtype f16 --out " + tuned_hf);
+  ASSERT_EQ(tx.rc, 0) << tx.out;
+  const nlohmann::json gen = nlohmann::json::parse(std::ifstream(tuned_hf + "/generation_config.json"));
+  EXPECT_EQ(gen["eos_token_id"], nlohmann::json({3, 5})) << gen.dump();
+  EXPECT_EQ(gen["bos_token_id"], 1) << gen.dump();
+  EXPECT_TRUE(fs::exists(tuned_hf + "/tokenizer_config.json"));
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(tuned_hf + "/config.json"))["torch_dtype"], "float16");
   Result wrong = pax("train" + from_hf_cfg + " --set model.d_model=64 --job_log_dir=" + job("decode_wrong"));
   EXPECT_EQ(wrong.rc, 2) << wrong.out;
   EXPECT_NE(wrong.out.find("--set model.d_model=32"), std::string::npos) << wrong.out;
@@ -266,11 +281,13 @@ TEST(PaxCli, DecodeHfModelUsesTheModelsEosIdsAndTheTokenizersPostProcessor) {
   ASSERT_EQ(gpt2.rc, 0) << gpt2.out;
   EXPECT_EQ(prompt_tokens(gpt2), 5) << "no BOS: " << gpt2.out;
   EXPECT_NE(gpt2.out.find("\nab cd"), std::string::npos) << "the prompt, echoed: " << gpt2.out;
-  write_tokenizer({{"type", "TemplateProcessing"},
-                   {"single", {{{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}},
-                               {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-                   {"pair", nlohmann::json::array()},
-                   {"special_tokens", {{"<|endoftext|>", {{"id", "<|endoftext|>"}, {"ids", {27}}, {"tokens", {"<|endoftext|>"}}}}}}});
+  write_tokenizer(
+      {{"type", "TemplateProcessing"},
+       {"single",
+        {{{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+       {"pair", nlohmann::json::array()},
+       {"special_tokens",
+        {{"<|endoftext|>", {{"id", "<|endoftext|>"}, {"ids", {27}}, {"tokens", {"<|endoftext|>"}}}}}}});
   Result llama = pax("decode --hf_model=" + hf + " --prompt 'ab cd' --max_new_tokens 2");
   ASSERT_EQ(llama.rc, 0) << llama.out;
   EXPECT_EQ(prompt_tokens(llama), 6) << "a BOS: " << llama.out;

@@ -150,7 +150,8 @@ TEST(PaxConfig, SetRefusesValuesOutsideTheFieldsRangeHexAndUnclosedQuotes) {
 
   EXPECT_NE(error_of([&] { apply_override(c, "data.path=\"abc"); }).find("(did you mean 'data.paths'?)"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { set_field(c, "trian.steps", "3"); }).find("(did you mean 'train.steps'?)"), std::string::npos);
+  EXPECT_NE(error_of([&] { set_field(c, "trian.steps", "3"); }).find("(did you mean 'train.steps'?)"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { set_field(c, "optimizer.learning_rate", "3"); }).find("the fields of 'optimizer' are"),
             std::string::npos);
 
