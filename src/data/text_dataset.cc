@@ -355,18 +355,28 @@ TextDataset::TextDataset(TextDataOptions opt) : impl_(std::make_unique<Impl>()) 
         ".model";
     std::error_code ec;
     if (!cache.empty() && fs::exists(cache / name, ec)) {
-      model_path = (cache / name).string();
-      m.stats.tokenizer_from_cache = true;
-    } else {
-      fs::path out = cache.empty() ? fs::temp_directory_path() / ("px-" + std::to_string(::getpid()) + "-" + name)
-                                   : cache / name;
+      // A cached model that does not load (damaged, or not a regular file) is trained again.
+      try {
+        m.tok = text::load_tokenizer((cache / name).string());
+        model_path = (cache / name).string();
+        m.stats.tokenizer_from_cache = true;
+      } catch (const Error& e) {
+        PX_LOG(warn) << e.what() << ": training it again";
+        m.tok.reset();
+      }
+    }
+    if (!m.tok) {
+      // train_sentencepiece writes a temporary file and renames it: a run sharing the cache never
+      // reads half a model.
+      fs::path out =
+          cache.empty() ? fs::temp_directory_path() / ("px-" + std::to_string(::getpid()) + "-" + name) : cache / name;
       const auto& d = documents();
       const auto t = clock::now();
       text::train_sentencepiece(d, out.string(), {.vocab_size = o.vocab_size, .seed = o.seed});
       m.stats.tokenizer_seconds = since(t);
       model_path = out.string();
+      m.tok = text::load_tokenizer(model_path);
     }
-    m.tok = text::load_tokenizer(model_path);
     if (cache.empty()) fs::remove(model_path, ec);
   } else {
     m.tok = text::load_tokenizer(model_path);

@@ -28,6 +28,7 @@
 
 #include "core/env.h"
 #include "parallax/pax.h"
+#include "pax/export.h"
 #include "pax/model.h"
 #include "pax/suggest.h"
 
@@ -180,11 +181,18 @@ int cli_main(int argc, char** argv) {
   add_common(eval, o, true);
   add_common(decode, o, true);
   add_common(exp, o, true);
-  std::string export_format = "hf", export_out;
+  std::string export_format = "hf", export_out, export_dtype = "f32";
   int64_t export_step = -1;
+  uint64_t export_shard = 0;
   exp->add_option("--format", export_format, "output format: hf (a model dir: config.json + model.safetensors) or safetensors (--out FILE)");
   exp->add_option("--out", export_out, "the directory to write (created if needed)")->required();
   exp->add_option("--step", export_step, "checkpoint step (default: the latest)");
+  exp->add_option("--dtype", export_dtype, "hf: the weights' dtype")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
+  exp->add_option("--max_shard_size", export_shard,
+                  "hf: split the weights into shards of at most this size (e.g. 5GB, 500MiB; 0: one file)")
+      ->transform(CLI::AsSizeValue(true));
   describe->add_flag("--fields", list_fields, "list every field: path, type, value, allowed values, meaning");
   eval->add_option("--step", eval_step, "checkpoint step (default: the latest)");
   eval->add_option("--batches", eval_batches, "eval batches (default: train.eval_batches; 0 = the whole split)");
@@ -286,7 +294,13 @@ int cli_main(int argc, char** argv) {
     if (exp->parsed()) {
       std::optional<int64_t> step;
       if (export_step >= 0) step = export_step;
-      int64_t done = px::pax::export_checkpoint(c, ro, export_out, export_format, step);
+      if (export_shard > static_cast<uint64_t>(INT64_MAX))
+        throw px::UserError("[pax] export: --max_shard_size is too large; give at most 8EB");
+      int64_t done = px::pax::export_run(c, ro, export_out,
+                                         {.format = export_format,
+                                          .step = step,
+                                          .dtype = px::dtype_from_name(export_dtype),
+                                          .max_shard_bytes = static_cast<int64_t>(export_shard)});
       std::printf("exported checkpoint step %lld to %s (format %s)\n", static_cast<long long>(done),
                   export_out.c_str(), export_format.c_str());
       return 0;

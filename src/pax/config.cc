@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "parallax/pax.h"
+#include "pax/suggest.h"
 
 namespace px::pax {
 namespace {
@@ -24,8 +25,11 @@ struct Field {
   Setter set;
 };
 
+// Integral values exactly (a range bound like 2147483646 must not read as 2.14748e+09).
 std::string fmt_num(double v) {
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e18) return std::to_string(static_cast<int64_t>(v));
   std::ostringstream os;
+  os.precision(15);
   os << v;
   return os.str();
 }
@@ -81,6 +85,9 @@ Field mesh_field(const std::string& path, S ExperimentConfig::*sec, std::string 
 }
 
 constexpr double kBig = 1e12;
+// The step counter is an int32 that counts to train.steps and one past it, so step counts and
+// intervals stop below INT32_MAX: a larger value could never be reached.
+constexpr double kMaxSteps = 2147483646;
 
 const std::vector<Field>& table() {
   using E = ExperimentConfig;
@@ -101,7 +108,8 @@ const std::vector<Field>& table() {
       enum_field("data.kind", &E::data, &DataConfig::kind, {"copy_task", "text"},
                  "the built-in copy task or text files through a SentencePiece tokenizer"),
       list_field("data.paths", &E::data, &DataConfig::paths, "text files or folders (.txt, .jsonl, .gz) or 'gcide'"),
-      str_field("data.cache_dir", &E::data, &DataConfig::cache_dir, "tokenizer and token cache (\"\": DIR/data)"),
+      str_field("data.cache_dir", &E::data, &DataConfig::cache_dir,
+                "tokenizer and token cache (\"\": the shared ~/.cache/parallax/data)"),
       int_field("data.batch", &E::data, &DataConfig::batch, 1, 1e7, "global batch in sequences"),
       float_field("data.eval_fraction", &E::data, &DataConfig::eval_fraction, 0, 0.5, "share of documents held out"),
       int_field("data.max_documents", &E::data, &DataConfig::max_documents, 0, kBig, "documents read (0: all)"),
@@ -123,13 +131,14 @@ const std::vector<Field>& table() {
       enum_field("schedule.kind", &E::schedule, &ScheduleConfig::kind,
                  {"constant", "linear_warmup", "warmup_cosine", "warmup_exponential", "rsqrt"},
                  "learning-rate schedule"),
-      int_field("schedule.warmup_steps", &E::schedule, &ScheduleConfig::warmup_steps, 0, kBig, "linear warmup steps"),
-      int_field("schedule.decay_steps", &E::schedule, &ScheduleConfig::decay_steps, 1, kBig,
+      int_field("schedule.warmup_steps", &E::schedule, &ScheduleConfig::warmup_steps, 0, kMaxSteps,
+                "linear warmup steps"),
+      int_field("schedule.decay_steps", &E::schedule, &ScheduleConfig::decay_steps, 1, kMaxSteps,
                 "warmup_exponential: steps per factor of decay_rate"),
       float_field("schedule.decay_rate", &E::schedule, &ScheduleConfig::decay_rate, 1e-9, 1, "decay factor"),
       float_field("schedule.min_fraction", &E::schedule, &ScheduleConfig::min_fraction, 0, 1,
                   "floor of the decay, as a fraction of the peak"),
-      int_field("schedule.total_steps", &E::schedule, &ScheduleConfig::total_steps, 0, kBig,
+      int_field("schedule.total_steps", &E::schedule, &ScheduleConfig::total_steps, 0, kMaxSteps,
                 "warmup_cosine: end of the decay (0: train.steps)"),
       mesh_field("sharding.mesh", &E::sharding, &ShardingConfig::mesh, "device mesh, e.g. data:4,model:2 (\"\": one device)"),
       enum_field("sharding.strategy", &E::sharding, &ShardingConfig::strategy,
@@ -152,15 +161,15 @@ const std::vector<Field>& table() {
                  "keep these in pinned_host memory between steps (docs/memory.md)"),
       int_field("memory.prefetch_depth", &E::memory, &MemoryConfig::prefetch_depth, 0, 64,
                 "offload: layers of params fetched ahead of the one computing"),
-      int_field("train.steps", &E::train, &TrainConfig::steps, 1, kBig, "training steps"),
-      int_field("train.eval_interval", &E::train, &TrainConfig::eval_interval, 0, kBig,
+      int_field("train.steps", &E::train, &TrainConfig::steps, 1, kMaxSteps, "training steps"),
+      int_field("train.eval_interval", &E::train, &TrainConfig::eval_interval, 0, kMaxSteps,
                 "evaluate every N steps (0: at the end only)"),
       int_field("train.eval_batches", &E::train, &TrainConfig::eval_batches, 0, kBig,
                 "eval batches per evaluation (0: the whole eval split)"),
-      int_field("train.checkpoint_interval", &E::train, &TrainConfig::checkpoint_interval, 0, kBig,
+      int_field("train.checkpoint_interval", &E::train, &TrainConfig::checkpoint_interval, 0, kMaxSteps,
                 "checkpoint every N steps (0: at the end only)"),
       int_field("train.checkpoint_keep", &E::train, &TrainConfig::checkpoint_keep, 1, 1e6, "checkpoints kept"),
-      int_field("train.summary_interval", &E::train, &TrainConfig::summary_interval, 1, kBig,
+      int_field("train.summary_interval", &E::train, &TrainConfig::summary_interval, 1, kMaxSteps,
                 "write train summaries every N steps"),
       int_field("train.seed", &E::train, &TrainConfig::seed, 0, 9.007199254740992e15, "params and data seed"),
       str_field("train.init_from_hf", &E::train, &TrainConfig::init_from_hf,
@@ -174,6 +183,10 @@ const std::vector<Field>& table() {
 const Field& find(const std::string& path) {
   for (const Field& f : table())
     if (f.info.path == path) return f;
+  std::vector<std::string> paths;
+  for (const Field& f : table()) paths.push_back(f.info.path);
+  const std::string best = closest(path, paths);
+  const std::string mean = best.empty() ? "" : " (did you mean '" + best + "'?)";
   // Suggest fields of the same section, or the sections.
   std::string section = path.substr(0, path.find('.'));
   std::string near;
@@ -186,10 +199,10 @@ const Field& find(const std::string& path) {
       if (std::find(secs.begin(), secs.end(), s) == secs.end()) secs.push_back(s);
     }
     for (auto& s : secs) near += (near.empty() ? "" : ", ") + s;
-    throw Error("[pax] unknown config field '" + path + "'; the sections are " + near +
-                " (see 'pax describe' for every field)");
+    throw Error("[pax] unknown config field '" + path + "'" + mean + "; the sections are " + near +
+                " (see 'pax describe --fields' for every field)");
   }
-  throw Error("[pax] unknown config field '" + path + "'; the fields of '" + section + "' are " + near);
+  throw Error("[pax] unknown config field '" + path + "'" + mean + "; the fields of '" + section + "' are " + near);
 }
 
 std::string trim(std::string s) {
@@ -229,12 +242,14 @@ void check_mesh_text(const std::string& path, const std::string& text) {
 
 void check_value(const FieldInfo& f, const FieldValue& v) {
   auto range_error = [&](const std::string& got) {
-    return Error("[pax] " + f.path + "=" + got + " is out of range; allowed: " + f.allowed());
+    return Error("[pax] " + f.path + "=" + got + " is out of range; allowed: " + f.allowed() +
+                 (f.max == kMaxSteps ? " (the step counter is a 32-bit int)" : ""));
   };
   switch (f.type) {
     case FieldType::integer: {
+      // Compared as integers: as doubles, 2^53 + 1 would equal a bound of 2^53.
       int64_t x = std::get<int64_t>(v);
-      if (x < f.min || x > f.max) throw range_error(std::to_string(x));
+      if (x < static_cast<int64_t>(f.min) || x > static_cast<int64_t>(f.max)) throw range_error(std::to_string(x));
       break;
     }
     case FieldType::floating: {
@@ -328,6 +343,44 @@ void set_field_value(ExperimentConfig& c, const std::string& path, const FieldVa
   f.set(c, v);
 }
 
+namespace {
+
+// Decimal notation only: [+-]digits[.digits][e[+-]digits] (or .digits). strtod alone would also
+// take hex (0x10, 0x1p3), inf, nan and leading spaces.
+bool decimal_number(const std::string& t) {
+  size_t i = 0, n = t.size();
+  auto digits = [&] {
+    const size_t s = i;
+    while (i < n && std::isdigit(static_cast<unsigned char>(t[i]))) ++i;
+    return i - s;
+  };
+  if (i < n && (t[i] == '+' || t[i] == '-')) ++i;
+  size_t mant = digits();
+  if (i < n && t[i] == '.') {
+    ++i;
+    mant += digits();
+  }
+  if (mant == 0) return false;
+  if (i < n && (t[i] == 'e' || t[i] == 'E')) {
+    ++i;
+    if (i < n && (t[i] == '+' || t[i] == '-')) ++i;
+    if (digits() == 0) return false;
+  }
+  return i == n;
+}
+
+// What is wrong with the quotes of a value, or "": a quote opened and not closed (or closed and
+// never opened), outside another kind of quote.
+std::string unbalanced_quote(const std::string& t) {
+  char quote = 0;
+  for (char ch : t)
+    if (quote ? ch == quote : (ch == '"' || ch == '\'')) quote = quote ? 0 : ch;
+  if (!quote) return "";
+  return std::string("the quote ") + quote + " is not closed";
+}
+
+}  // namespace
+
 void set_field(ExperimentConfig& c, const std::string& path, const std::string& raw) {
   const Field& f = find(path);
   const FieldInfo& info = f.info;
@@ -335,26 +388,44 @@ void set_field(ExperimentConfig& c, const std::string& path, const std::string& 
   auto bad = [&](const std::string& what) {
     return Error("[pax] " + path + "='" + raw + "' is not " + what + "; allowed: " + info.allowed());
   };
+  if (std::string q = unbalanced_quote(text); !q.empty())
+    throw Error("[pax] " + path + "='" + raw + "': " + q + "; quote the whole value (" + path +
+                "='...') or none of it");
+  // A string, enum or mesh value in one pair of quotes is the text inside them (a shell passes
+  // them on when the whole --set is quoted: --set 'data.cache_dir="/x y"'); numbers and bools
+  // are written bare.
+  auto unquote = [](std::string t) {
+    if (t.size() >= 2 && (t.front() == '"' || t.front() == '\'') && t.back() == t.front()) t = t.substr(1, t.size() - 2);
+    return t;
+  };
   FieldValue v;
   switch (info.type) {
     case FieldType::integer: {
-      char* end = nullptr;
+      if (!decimal_number(text)) throw bad("an int (decimal digits, e.g. 1000 or 1e3)");
+      // Whole numbers, also written as floats (1e6); the range check below names the limits.
       errno = 0;
-      long long x = text.empty() ? 0 : std::strtoll(text.c_str(), &end, 10);
-      if (text.empty() || *end != 0 || errno == ERANGE) {
-        // Accept integral floats such as 1e6.
-        double d = text.empty() ? NAN : std::strtod(text.c_str(), &end);
-        if (text.empty() || *end != 0 || !std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9.2e18)
-          throw bad("an int");
+      char* end = nullptr;
+      long long x = std::strtoll(text.c_str(), &end, 10);
+      if (*end != 0 || errno == ERANGE) {
+        const double d = std::strtod(text.c_str(), &end);
+        if (d != std::floor(d)) throw bad("an int (it has a fraction)");
+        if (!std::isfinite(d) || std::fabs(d) > 9.2e18 || errno == ERANGE)
+          throw Error("[pax] " + path + "=" + text + " is out of range; allowed: " + info.allowed());
         x = static_cast<long long>(d);
       }
       v = static_cast<int64_t>(x);
       break;
     }
     case FieldType::floating: {
+      if (!decimal_number(text)) throw bad("a float (decimal notation, e.g. 0.001 or 1e-3)");
+      errno = 0;
       char* end = nullptr;
-      double d = text.empty() ? NAN : std::strtod(text.c_str(), &end);
-      if (text.empty() || *end != 0 || !std::isfinite(d)) throw bad("a float");
+      const double d = std::strtod(text.c_str(), &end);
+      if (*end != 0 || !std::isfinite(d) || (errno == ERANGE && std::fabs(d) >= 1))
+        throw Error("[pax] " + path + "=" + text + " is out of range; allowed: " + info.allowed());
+      if (errno == ERANGE)  // underflow: it would silently become 0 or lose precision
+        throw Error("[pax] " + path + "=" + text + " is too small to represent; write 0 or a larger value (" +
+                    info.allowed() + ")");
       v = d;
       break;
     }
@@ -402,7 +473,7 @@ void set_field(ExperimentConfig& c, const std::string& path, const std::string& 
       v = items;
       break;
     }
-    default: v = text; break;
+    default: v = unquote(text); break;
   }
   check_value(info, v);
   f.set(c, v);

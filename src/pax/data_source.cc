@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -49,14 +50,34 @@ class CopySource : public DataSource {
   int64_t next_ = 0;
 };
 
+}  // namespace
+
+std::string data_cache_dir(const ExperimentConfig& c, const std::string& job_dir) {
+  namespace fs = std::filesystem;
+  if (!c.data.cache_dir.empty()) return c.data.cache_dir;
+  // A job dir prepared before the cache was shared keeps reading its own.
+  std::error_code ec;
+  if (!job_dir.empty() && fs::is_directory(fs::path(job_dir) / "data", ec)) return job_dir + "/data";
+  fs::path base;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    base = xdg;
+  else if (const char* home = std::getenv("HOME"); home && *home)
+    base = fs::path(home) / ".cache";
+  if (!base.empty()) {
+    const fs::path shared = base / "parallax" / "data";
+    fs::create_directories(shared, ec);
+    if (!ec && fs::is_directory(shared, ec)) return shared.string();
+  }
+  return job_dir + "/data";  // no writable shared cache: the job dir's own
+}
+
+namespace {
+
 #ifdef PX_PAX_HAVE_TEXT_DATA
 class TextSource : public DataSource {
  public:
   TextSource(const ExperimentConfig& c, const std::string& job_dir) : ds_(options(c, job_dir)) {}
   const data::TextDatasetStats& stats() const { return ds_.stats(); }
-  static std::string cache_dir(const ExperimentConfig& c, const std::string& job_dir) {
-    return c.data.cache_dir.empty() ? job_dir + "/data" : c.data.cache_dir;
-  }
   data::LmBatch next_train() override { return ds_.next_train(); }
   int64_t num_eval_batches() const override { return ds_.num_eval_batches(); }
   data::LmBatch eval_batch(int64_t i) const override { return ds_.eval_batch(i); }
@@ -70,7 +91,7 @@ class TextSource : public DataSource {
     data::TextDataOptions o;
     o.paths = c.data.paths;
     o.tokenizer_model = c.tokenizer.model;
-    o.cache_dir = cache_dir(c, job_dir);
+    o.cache_dir = data_cache_dir(c, job_dir);
     o.vocab_size = c.model.vocab_size;
     o.seq_len = c.model.seq_len;
     o.batch = c.data.batch;
@@ -136,10 +157,11 @@ std::unique_ptr<DataSource> make_data_source(const ExperimentConfig& c, const st
       throw Error("[pax] data.paths: '" + p + "' does not exist; give existing files or folders (or 'gcide')");
 #ifdef PX_PAX_HAVE_TEXT_DATA
   std::unique_ptr<TextSource> src;
-  const std::string cache = TextSource::cache_dir(c, job_dir);
+  const std::string cache = data_cache_dir(c, job_dir);
   if (log)
     *log << "data: preparing " << c.data.paths.size() << " path" << (c.data.paths.size() == 1 ? "" : "s")
-         << " (a tokenizer is trained and the text tokenized on first use, then read from " << cache << ")\n"
+         << " (a tokenizer is trained and the text tokenized on first use, then read from the cache " << cache
+         << ", shared by runs on the same files and settings; data.cache_dir overrides)\n"
          << std::flush;
   {
     Ticker ticker(log, 5.0);

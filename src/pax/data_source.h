@@ -25,6 +25,14 @@ class DataSource {
   virtual const text::Tokenizer* tokenizer() const { return nullptr; }
 };
 
+// Where text data keeps its trained tokenizer and token cache: data.cache_dir; else DIR/data when a
+// job dir prepared before the cache was shared has one; else the shared cache
+// $XDG_CACHE_HOME/parallax/data (~/.cache/parallax/data), created if needed; else DIR/data. The files
+// there are named by a hash of what determines them (the files' paths, sizes and mtimes, the
+// vocabulary size and seed; the tokenizer's bytes for the tokens), so runs on the same data share
+// them and a changed corpus gets new ones.
+std::string data_cache_dir(const ExperimentConfig& c, const std::string& job_dir);
+
 // Throws px::Error (a user error) for missing paths or a data kind this build lacks. With `log`,
 // text data says what it prepares (tokenizer training and tokenization take a while on first
 // use), every few seconds while it runs, and how long it took.

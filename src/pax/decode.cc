@@ -10,6 +10,7 @@
 #include "parallax/text.h"
 #include "pax/checkpoint.h"
 #include "pax/data_source.h"
+#include "pax/export.h"
 #include "pax/model.h"
 
 namespace px::pax {
@@ -43,17 +44,29 @@ std::vector<int32_t> parse_ids(const std::string& text, int64_t vocab) {
 
 namespace {
 
-// Tokenizes the prompt (or parses ids), generates, and turns the new ids back into text.
+// Tokenizes the prompt with the special tokens the tokenizer adds itself (as transformers'
+// tokenizer(text): GPT-2 and Qwen2 none, Llama a BOS), or parses ids; generates until any of
+// `eos_ids`; and turns the new ids back into text.
 DecodeResult run_decode(const nn::TransformerLm& model, const std::vector<Array>& params, const text::Tokenizer* tok,
-                        const DecodeOptions& d) {
+                        const std::vector<int32_t>& eos_ids, const DecodeOptions& d) {
   if (d.max_new_tokens < 1)
     throw UserError("[pax] decode: max_new_tokens must be >= 1, got " + std::to_string(d.max_new_tokens));
   const int64_t context = model.config().max_seq_len, vocab = model.config().vocab_size;
   DecodeResult r;
   if (d.prompt.find_first_not_of(" \t\n") == std::string::npos)
     throw UserError("[pax] decode: the prompt is empty; pass --prompt \"some text\"");
-  r.prompt_ids = tok ? tok->encode(d.prompt) : parse_ids(d.prompt, vocab);
-  if (tok && tok->bos_id() >= 0) r.prompt_ids.insert(r.prompt_ids.begin(), tok->bos_id());
+  std::vector<int32_t> plain;  // the prompt without special tokens: what is echoed
+  if (tok) {
+    plain = tok->encode(d.prompt);
+    r.prompt_ids = tok->add_special_tokens(plain);
+  } else {
+    plain = r.prompt_ids = parse_ids(d.prompt, vocab);
+  }
+  for (int32_t id : r.prompt_ids)
+    if (id < 0 || id >= vocab)
+      throw UserError("[pax] decode: the tokenizer gives id " + std::to_string(id) +
+                      " for the prompt, outside the model's vocabulary of " + std::to_string(vocab) +
+                      "; use the tokenizer the model was made with");
   const int64_t p = static_cast<int64_t>(r.prompt_ids.size());
   if (p >= context)
     throw UserError("[pax] decode: the prompt is " + std::to_string(p) + " tokens, the model's context is " +
@@ -66,24 +79,21 @@ DecodeResult run_decode(const nn::TransformerLm& model, const std::vector<Array>
   g.seed = d.seed;
   g.use_cache = d.use_cache;
   g.token_seconds = &r.token_seconds;
-  if (tok) g.eos_id = tok->eos_id();
+  g.eos_ids = eos_ids;
   r.new_ids = nn::generate(model, params, {r.prompt_ids}, g)[0];
-  // generate() repeats the EOS to the end of the row: the tokens produced are those before it.
-  if (tok && tok->eos_id() >= 0) {
-    auto eos = std::find(r.new_ids.begin(), r.new_ids.end(), tok->eos_id());
-    if (eos != r.new_ids.end()) {
-      r.stopped_at_eos = true;
-      r.new_ids.erase(eos, r.new_ids.end());
-      r.token_seconds.resize(std::min(r.token_seconds.size(), r.new_ids.size() + 1));  // the EOS took time too
-    }
+  // generate() repeats the EOS to the end of the row: the tokens produced are those before the first.
+  auto eos = std::find_if(r.new_ids.begin(), r.new_ids.end(),
+                          [&](int32_t id) { return std::find(eos_ids.begin(), eos_ids.end(), id) != eos_ids.end(); });
+  if (eos != r.new_ids.end()) {
+    r.stopped_at_eos = true;
+    r.new_ids.erase(eos, r.new_ids.end());
+    r.token_seconds.resize(std::min(r.token_seconds.size(), r.new_ids.size() + 1));  // the EOS took time too
   }
   if (tok) {
-    std::vector<int32_t> prompt = r.prompt_ids;
-    if (tok->bos_id() >= 0 && !prompt.empty() && prompt.front() == tok->bos_id()) prompt.erase(prompt.begin());
     r.text = tok->decode(r.new_ids);
-    r.prompt_text = tok->decode(prompt);
+    r.prompt_text = tok->decode(plain);
     // Decoded together, so that the space between the prompt and the first new word stays.
-    std::vector<int32_t> all = prompt;
+    std::vector<int32_t> all = plain;
     all.insert(all.end(), r.new_ids.begin(), r.new_ids.end());
     r.full_text = tok->decode(all);
   } else {
@@ -99,6 +109,17 @@ DecodeResult run_decode(const nn::TransformerLm& model, const std::vector<Array>
   return r;
 }
 
+// The ids that end generation: the model's (generation_config.json's or config.json's) and the tokenizer's.
+std::vector<int32_t> eos_ids_of(const nn::SpecialTokenIds& special, const text::Tokenizer* tok) {
+  std::vector<int32_t> ids;
+  auto add = [&](int32_t id) {
+    if (id >= 0 && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  };
+  for (int32_t id : special.eos) add(id);
+  if (tok) add(tok->eos_id());
+  return ids;
+}
+
 }  // namespace
 
 DecodeResult decode(const ExperimentConfig& c, const RunOptions& opts, const DecodeOptions& d) {
@@ -107,7 +128,7 @@ DecodeResult decode(const ExperimentConfig& c, const RunOptions& opts, const Dec
   nn::TransformerLm model(lm_config(c));
   std::optional<int64_t> step = d.step;
   std::vector<Array> params = Checkpoints(opts.job_dir, c.train.checkpoint_keep).params(step, model);
-  DecodeResult r = run_decode(model, params, data->tokenizer(), d);
+  DecodeResult r = run_decode(model, params, data->tokenizer(), eos_ids_of({}, data->tokenizer()), d);
   r.step = *step;
   return r;
 }
@@ -115,19 +136,36 @@ DecodeResult decode(const ExperimentConfig& c, const RunOptions& opts, const Dec
 DecodeResult decode_pretrained(const std::string& dir, const DecodeOptions& d) {
   nn::Pretrained p = nn::load_pretrained(dir);
   std::unique_ptr<text::Tokenizer> tok;
+  // load_hf_tokenizer: tokenizer.json, or tokenizer.model where that is SentencePiece-style or absent.
   for (const char* name : {"tokenizer.json", "tokenizer.model"})
     if (std::filesystem::exists(std::filesystem::path(dir) / name)) {
-      tok = text::load_tokenizer((std::filesystem::path(dir) / name).string());
+      tok = text::load_hf_tokenizer(dir);
       break;
     }
-  return run_decode(*p.model, p.params, tok.get(), d);
+  return run_decode(*p.model, p.params, tok.get(), eos_ids_of(p.special, tok.get()), d);
 }
 
 int64_t export_checkpoint(const ExperimentConfig& c, const RunOptions& opts, const std::string& out_dir,
                           const std::string& format, std::optional<int64_t> step) {
+  return export_run(c, opts, out_dir, {.format = format, .step = step});
+}
+
+int64_t export_run(const ExperimentConfig& c, const RunOptions& opts, const std::string& out_dir,
+                   const ExportOptions& x) {
+  const std::string& format = x.format;
+  std::optional<int64_t> step = x.step;
   if (format != "hf" && format != "safetensors")
     throw UserError("[pax] export: unknown --format '" + format + "'; use hf (a model directory) or safetensors (one file)");
   if (out_dir.empty()) throw UserError("[pax] export: no output path; pass --out DIR (hf) or --out FILE.safetensors");
+  if (x.dtype != DType::f32 && x.dtype != DType::bf16 && x.dtype != DType::f16)
+    throw UserError(std::string("[pax] export: --dtype ") + dtype_name(x.dtype) + " is not a weights dtype; use f32, "
+                    "bf16 or f16");
+  if (x.max_shard_bytes < 0)
+    throw UserError("[pax] export: --max_shard_size must be >= 0 (0: one file), got " +
+                    std::to_string(x.max_shard_bytes));
+  if (format == "safetensors" && (x.dtype != DType::f32 || x.max_shard_bytes > 0))
+    throw UserError("[pax] export: --dtype and --max_shard_size apply to --format=hf; --format=safetensors writes "
+                    "the checkpoint's f32 params as one file");
   check_runnable(c);
   if (format == "safetensors") {
     Checkpoints ckpt(opts.job_dir, c.train.checkpoint_keep);
@@ -143,7 +181,26 @@ int64_t export_checkpoint(const ExperimentConfig& c, const RunOptions& opts, con
   }
   nn::TransformerLm model(lm_config(c));
   std::vector<Array> params = Checkpoints(opts.job_dir, c.train.checkpoint_keep).params(step, model);
-  nn::save_pretrained(model, params, out_dir);
+  nn::SavePretrainedOptions so;
+  so.dtype = x.dtype;
+  so.max_shard_bytes = x.max_shard_bytes;
+  if (!c.train.init_from_hf.empty()) {
+    // Fine-tuned from a Hugging Face model: its special ids and tokenizer files.
+    so.special = nn::read_special_token_ids(c.train.init_from_hf);
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+                             "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja"})
+      if (std::filesystem::exists(std::filesystem::path(c.train.init_from_hf) / name))
+        so.tokenizer_from = c.train.init_from_hf;  // save_pretrained refuses a directory without any
+  } else if (c.data.kind != "copy_task") {
+    // The run's own tokenizer (read from the data cache, or prepared again as training did).
+    std::unique_ptr<DataSource> data = make_data_source(c, opts.job_dir);
+    if (const text::Tokenizer* tok = data->tokenizer()) {
+      so.special.bos = tok->bos_id();
+      if (tok->eos_id() >= 0) so.special.eos = {tok->eos_id()};
+      so.special.pad = tok->pad_id();
+    }
+  }
+  nn::save_pretrained(model, params, out_dir, so);
   return *step;
 }
 

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -43,6 +44,27 @@ Result pax(const std::string& args) {
 std::error_code& ec_ignore() {
   static thread_local std::error_code ec;
   return ec;
+}
+
+// Text data's shared cache ($XDG_CACHE_HOME/parallax/data) in a folder of this process, not the
+// user's ~/.cache: set before any pax runs, so every pax started here inherits it.
+const std::string kXdgCache = [] {
+  const std::string d = ::testing::TempDir() + "/pax_e2e_" + std::to_string(::getpid()) + "_xdg";
+  fs::remove_all(d);
+  setenv("XDG_CACHE_HOME", d.c_str(), 1);
+  return d;
+}();
+
+// Short sentences of a small vocabulary, `n` documents: a tokenizer of 315 pieces trains on them.
+void write_sentences(const std::string& path, int n) {
+  const char* subj[] = {"the cat", "a dog", "my friend", "the old man", "a small bird", "the teacher", "her brother"};
+  const char* verb[] = {"sees", "likes", "finds", "eats", "reads", "keeps", "holds"};
+  const char* obj[] = {"the ball",      "a book",     "some bread", "the red apple",
+                       "a long letter", "the garden", "an old map"};
+  std::ofstream f(path);
+  uint32_t x = 12345;
+  auto pick = [&](int k) { return (x = x * 1103515245u + 12345u) / 65536u % k; };
+  for (int i = 0; i < n; ++i) f << subj[pick(7)] << " " << verb[pick(7)] << " " << obj[pick(7)] << ".\n\n";
 }
 
 std::string job(const std::string& name) {
@@ -171,6 +193,20 @@ TEST(PaxCli, DecodeExportAndFineTuneFromHf) {
   ASSERT_EQ(ev2.rc, 0) << ev2.out;
   auto loss_of = [](const std::string& out) { return out.substr(out.find("loss"), out.find("log_pplx") - out.find("loss")); };
   EXPECT_EQ(loss_of(ev2.out), loss_of(ev.out)) << ev.out << ev2.out;
+  // Its export takes the special ids and tokenizer files of train.init_from_hf's directory.
+  const std::string tuned_hf = job("decode_tuned_hf");
+  Result tx = pax("export --job_log_dir=" + tuned + " --out " + tuned_hf);  // the source has neither
+  ASSERT_EQ(tx.rc, 0) << tx.out;
+  EXPECT_TRUE(nlohmann::json::parse(std::ifstream(tuned_hf + "/config.json"))["eos_token_id"].is_null());
+  std::ofstream(hf + "/generation_config.json") << R"({"bos_token_id": 1, "eos_token_id": [3, 5]})";
+  std::ofstream(hf + "/tokenizer_config.json") << R"({"model_max_length": 16})";
+  tx = pax("export --job_log_dir=" + tuned + " --dtype f16 --out " + tuned_hf);
+  ASSERT_EQ(tx.rc, 0) << tx.out;
+  const nlohmann::json gen = nlohmann::json::parse(std::ifstream(tuned_hf + "/generation_config.json"));
+  EXPECT_EQ(gen["eos_token_id"], nlohmann::json({3, 5})) << gen.dump();
+  EXPECT_EQ(gen["bos_token_id"], 1) << gen.dump();
+  EXPECT_TRUE(fs::exists(tuned_hf + "/tokenizer_config.json"));
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(tuned_hf + "/config.json"))["torch_dtype"], "float16");
   Result wrong = pax("train" + from_hf_cfg + " --set model.d_model=64 --job_log_dir=" + job("decode_wrong"));
   EXPECT_EQ(wrong.rc, 2) << wrong.out;
   EXPECT_NE(wrong.out.find("--set model.d_model=32"), std::string::npos) << wrong.out;
@@ -187,6 +223,75 @@ TEST(PaxCli, DecodeExportAndFineTuneFromHf) {
   Result none = pax("decode" + kSmall + " --job_log_dir=" + job("decode_empty") + " --prompt '1 2'");
   EXPECT_EQ(none.rc, 2) << none.out;
   EXPECT_NE(none.out.find("run 'pax train' first"), std::string::npos) << none.out;
+}
+
+// decode --hf_model stops at any of the model's EOS ids (generation_config.json lists several) and
+// counts only the tokens before it; the prompt gets the special tokens of the tokenizer's own
+// post-processor, as transformers' tokenizer(text) does: none for GPT-2's ByteLevel one, a BOS for
+// a TemplateProcessing one (Llama 3).
+TEST(PaxCli, DecodeHfModelUsesTheModelsEosIdsAndTheTokenizersPostProcessor) {
+  const std::string d = job("hf_eos"), hf = job("hf_eos_model");
+  Result t = pax("train" + kSmall + " --set model.vocab_size=32 --set train.steps=3 --job_log_dir=" + d);
+  ASSERT_EQ(t.rc, 0) << t.out;
+  ASSERT_EQ(pax("export --job_log_dir=" + d + " --out " + hf).rc, 0);
+  auto new_ids = [](const std::string& out) {
+    std::string s = out.substr(0, out.find_last_not_of('\n') + 1);
+    std::istringstream in(s.substr(s.find_last_of('|') + 1));
+    std::vector<int> ids;
+    for (int v; in >> v;) ids.push_back(v);
+    return ids;
+  };
+  Result all = pax("decode --hf_model=" + hf + " --prompt '3 1 4' --max_new_tokens 8");
+  ASSERT_EQ(all.rc, 0) << all.out;
+  const std::vector<int> ids = new_ids(all.out);
+  ASSERT_EQ(ids.size(), 8u) << all.out;  // the export has no EOS: it runs to max_new_tokens
+  // Two EOS ids: the third new token and one the model did not make before it.
+  int other = 0;
+  while (std::find(ids.begin(), ids.begin() + 3, other) != ids.begin() + 3) ++other;
+  std::ofstream(hf + "/generation_config.json") << "{\"eos_token_id\": [" << other << ", " << ids[2] << "]}";
+  const size_t first = std::find(ids.begin(), ids.end(), ids[2]) - ids.begin();
+  Result stop = pax("decode --hf_model=" + hf + " --prompt '3 1 4' --max_new_tokens 8");
+  ASSERT_EQ(stop.rc, 0) << stop.out;
+  EXPECT_EQ(new_ids(stop.out), std::vector<int>(ids.begin(), ids.begin() + first)) << stop.out;
+  EXPECT_NE(stop.out.find(std::to_string(first) + " new token" + (first == 1 ? "" : "s") +
+                          " (stopped at the end-of-text token)"),
+            std::string::npos)
+      << stop.out;
+
+  // A byte-level BPE of the letters a..z, a space (U+0120) and <|endoftext|> (27, BOS and EOS).
+  nlohmann::json vocab;
+  for (char ch = 'a'; ch <= 'z'; ++ch) vocab[std::string(1, ch)] = ch - 'a';
+  vocab["\u0120"] = 26;
+  const nlohmann::json eot = {{"id", 27}, {"content", "<|endoftext|>"}, {"special", true}};
+  auto write_tokenizer = [&](const nlohmann::json& post) {
+    nlohmann::json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+                        {"added_tokens", {eot}},
+                        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+                        {"post_processor", post}};
+    std::ofstream(hf + "/tokenizer.json") << j.dump();
+    std::ofstream(hf + "/tokenizer_config.json") << R"({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"})";
+  };
+  auto prompt_tokens = [](const Result& r) {
+    const size_t at = r.out.find(" prompt tokens");
+    if (at == std::string::npos) return -1;
+    return std::stoi(r.out.substr(r.out.rfind(", ", at) + 2));
+  };
+  write_tokenizer({{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}});  // GPT-2's
+  Result gpt2 = pax("decode --hf_model=" + hf + " --prompt 'ab cd' --max_new_tokens 2");
+  ASSERT_EQ(gpt2.rc, 0) << gpt2.out;
+  EXPECT_EQ(prompt_tokens(gpt2), 5) << "no BOS: " << gpt2.out;
+  EXPECT_NE(gpt2.out.find("\nab cd"), std::string::npos) << "the prompt, echoed: " << gpt2.out;
+  write_tokenizer(
+      {{"type", "TemplateProcessing"},
+       {"single",
+        {{{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+       {"pair", nlohmann::json::array()},
+       {"special_tokens",
+        {{"<|endoftext|>", {{"id", "<|endoftext|>"}, {"ids", {27}}, {"tokens", {"<|endoftext|>"}}}}}}});
+  Result llama = pax("decode --hf_model=" + hf + " --prompt 'ab cd' --max_new_tokens 2");
+  ASSERT_EQ(llama.rc, 0) << llama.out;
+  EXPECT_EQ(prompt_tokens(llama), 6) << "a BOS: " << llama.out;
+  EXPECT_NE(llama.out.find("\nab cd"), std::string::npos) << "the prompt, echoed without the BOS: " << llama.out;
 }
 
 // sharding.strategy=auto (with memory.remat=full): the solver's plan (with its explanation) is in
@@ -236,6 +341,11 @@ TEST(PaxCli, EverySetTypeIsAcceptedAndRejectedAsDocumented) {
                 Bad{"sharding.mesh=data4", "a mesh is name:size pairs"},
                 Bad{"train.steps=5", "lower schedule.warmup_steps or raise train.steps"},
                 Bad{"no.such=1", "unknown config field 'no.such'"},
+                Bad{"train.steps=3e9", "train.steps=3000000000 is out of range; allowed: an int in [1, 2147483646]"},
+                Bad{"train.steps=0x10", "train.steps='0x10' is not an int"},
+                Bad{"optimizer.lr=0x1p-3", "optimizer.lr='0x1p-3' is not a float"},
+                Bad{"'data.paths=\"abc'", "the quote \" is not closed"},
+                Bad{"'data.path=abc'", "(did you mean 'data.paths'?)"},
                 Bad{"train.steps", "is not path=value"}}) {
     Result r = pax(base + " --set " + b.set);
     EXPECT_EQ(r.rc, 2) << b.set;
@@ -846,16 +956,7 @@ print(json.dumps(out))
 // model ends the sentence, says it stopped at the end-of-text token and counts only what it made.
 TEST(PaxCli, TextDataSaysWhatItPreparesAndDecodeStopsAtTheEndOfText) {
   const std::string corpus = ::testing::TempDir() + "/pax_e2e_corpus_" + std::to_string(getpid()) + ".txt";
-  {
-    const char* subj[] = {"the cat", "a dog", "my friend", "the old man", "a small bird", "the teacher", "her brother"};
-    const char* verb[] = {"sees", "likes", "finds", "eats", "reads", "keeps", "holds"};
-    const char* obj[] = {"the ball",      "a book",     "some bread", "the red apple",
-                         "a long letter", "the garden", "an old map"};
-    std::ofstream f(corpus);
-    uint32_t x = 12345;
-    auto pick = [&](int n) { return (x = x * 1103515245u + 12345u) / 65536u % n; };
-    for (int i = 0; i < 2000; ++i) f << subj[pick(7)] << " " << verb[pick(7)] << " " << obj[pick(7)] << ".\n\n";
-  }
+  write_sentences(corpus, 2000);
   const std::string d = job("text");
   const std::string args = " --exp=copy.TransformerLmTiny --set data.kind=text --set data.paths=" + corpus +
                            " --set model.vocab_size=315 --set model.d_model=32 --set model.d_ff=64"
@@ -887,6 +988,102 @@ TEST(PaxCli, TextDataSaysWhatItPreparesAndDecodeStopsAtTheEndOfText) {
     }
   }
   EXPECT_GE(stopped, 1) << "a model trained on short sentences ends some of them";
+
+  // export --format=hf writes the tokenizer's special ids (transformers' generate() stops at the
+  // EOS), in the dtype asked for and in shards of at most --max_shard_size.
+  const std::string hf = job("text_hf");
+  Result x = pax("export --job_log_dir=" + d + " --dtype bf16 --max_shard_size 20KB --out " + hf);
+  ASSERT_EQ(x.rc, 0) << x.out;
+  auto json_of = [](const std::string& path) { return nlohmann::json::parse(std::ifstream(path)); };
+  const nlohmann::json cfg = json_of(hf + "/config.json"), gen = json_of(hf + "/generation_config.json");
+  ASSERT_TRUE(cfg["eos_token_id"].is_number_integer()) << cfg.dump();
+  EXPECT_GE(cfg["eos_token_id"].get<int>(), 0) << cfg.dump();
+  EXPECT_EQ(gen["eos_token_id"], cfg["eos_token_id"]) << gen.dump();
+  EXPECT_EQ(gen["bos_token_id"], cfg["bos_token_id"]) << gen.dump();
+  EXPECT_EQ(cfg["torch_dtype"], "bfloat16") << cfg.dump();
+  EXPECT_FALSE(fs::exists(hf + "/model.safetensors"));
+  const nlohmann::json index = json_of(hf + "/model.safetensors.index.json");
+  std::set<std::string> shards;
+  for (auto& [name, file] : index["weight_map"].items()) shards.insert(file.get<std::string>());
+  EXPECT_GE(shards.size(), 2u) << index.dump();
+  for (const std::string& f : shards) {
+    EXPECT_LE(fs::file_size(hf + "/" + f), 20000u + 21000u) << f;  // a tensor over the limit gets a shard alone
+    for (const px::Array& a : px::load_safetensors(hf + "/" + f).arrays) EXPECT_EQ(a.dtype(), px::DType::bf16) << f;
+  }
+  // The export decodes (the prompt as ids: a run's tokenizer files are not copied).
+  Result from_hf = pax("decode --hf_model=" + hf + " --prompt '5 6 7' --max_new_tokens 4");
+  EXPECT_EQ(from_hf.rc, 0) << from_hf.out;
+  for (const char* bad : {"--dtype f64", "--max_shard_size lots", "--max_shard_size -5"}) {
+    Result e = pax("export --job_log_dir=" + d + " " + bad + " --out " + hf);
+    EXPECT_EQ(e.rc, 2) << bad << ": " << e.out;
+    EXPECT_NE(e.out.find("pax: error:"), std::string::npos) << e.out;
+  }
+  fs::remove(corpus);
+}
+
+// The trained tokenizer and the token cache live in a shared cache ($XDG_CACHE_HOME/parallax/data)
+// named by what determines them: a second job dir on the same corpus reads them, a changed corpus
+// gets its own, a damaged file is rebuilt, data.cache_dir puts them elsewhere, and no temporary
+// file is left behind.
+TEST(PaxCli, TextCachesAreSharedBetweenJobDirsAndKeyedByTheCorpus) {
+  const std::string corpus = ::testing::TempDir() + "/pax_e2e_shared_" + std::to_string(getpid()) + ".txt";
+  write_sentences(corpus, 2000);
+  const std::string shared = kXdgCache + "/parallax/data";
+  auto run = [&](const std::string& name, const std::string& extra = "") {
+    return pax("train --exp=copy.TransformerLmTiny --set data.kind=text --set data.paths=" + corpus +
+               " --set model.vocab_size=315 --set model.d_model=32 --set model.d_ff=64 --set model.n_layers=1"
+               " --set model.seq_len=32 --set data.batch=4 --set train.steps=2 --set schedule.warmup_steps=1"
+               " --set train.eval_interval=0 --set train.eval_batches=1" +
+               extra + " --job_log_dir=" + job(name));
+  };
+  auto files = [](const std::string& dir, const std::string& prefix) {
+    std::vector<std::string> out;
+    for (auto& e : fs::directory_iterator(dir, ec_ignore()))
+      if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().string());
+    return out;
+  };
+  Result a = run("shared_a");
+  ASSERT_EQ(a.rc, 0) << a.out;
+  EXPECT_NE(a.out.find("read from the cache " + shared), std::string::npos) << a.out;
+  EXPECT_NE(a.out.find("tokenizer trained in"), std::string::npos) << a.out;
+  const std::string dir_a = ::testing::TempDir() + "/pax_e2e_" + std::to_string(::getpid()) + "_shared_a";
+  EXPECT_TRUE(fs::exists(dir_a + "/config.toml"));
+  EXPECT_FALSE(fs::exists(dir_a + "/data")) << "the caches are not in the job dir";
+  const size_t models = files(shared, "spm-").size(), token_files = files(shared, "tokens-").size();
+  EXPECT_GE(models, 1u);
+  EXPECT_GE(token_files, 1u);
+
+  Result b = run("shared_b");  // another job dir, the same data: nothing prepared again
+  ASSERT_EQ(b.rc, 0) << b.out;
+  EXPECT_NE(b.out.find("tokenizer read, text read from the token cache"), std::string::npos) << b.out;
+  EXPECT_EQ(files(shared, "spm-").size(), models);
+
+  {  // a changed corpus (size and mtime) is not the cached one
+    std::ofstream(corpus, std::ios::app) << "the cat sees a dog.\n\n";
+  }
+  Result c = run("shared_c");
+  ASSERT_EQ(c.rc, 0) << c.out;
+  EXPECT_NE(c.out.find("tokenizer trained in"), std::string::npos) << c.out;
+  EXPECT_EQ(files(shared, "spm-").size(), models + 1);
+
+  // Damaged files are validated on read and rebuilt.
+  for (const std::string& f : files(shared, "tokens-")) std::ofstream(f, std::ios::trunc) << "not a token cache";
+  Result d = run("shared_d");
+  ASSERT_EQ(d.rc, 0) << d.out;
+  EXPECT_NE(d.out.find("tokenizer read, text tokenized in"), std::string::npos) << d.out;
+  for (const std::string& f : files(shared, "spm-")) std::ofstream(f, std::ios::trunc) << "not a model";
+  Result e = run("shared_e");
+  ASSERT_EQ(e.rc, 0) << e.out;
+  EXPECT_NE(e.out.find("tokenizer trained in"), std::string::npos) << e.out;
+  EXPECT_TRUE(files(shared, "").size() == files(shared, "spm-").size() + files(shared, "tokens-").size())
+      << "only models and token files, no temporary file left";
+
+  const std::string own = job("shared_own_cache");
+  Result o = run("shared_f", " --set data.cache_dir=" + own);
+  ASSERT_EQ(o.rc, 0) << o.out;
+  EXPECT_NE(o.out.find("read from the cache " + own), std::string::npos) << o.out;
+  EXPECT_EQ(files(own, "spm-").size(), 1u);
+  EXPECT_EQ(files(own, "tokens-").size(), 1u);
   fs::remove(corpus);
 }
 

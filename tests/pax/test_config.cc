@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -86,6 +87,79 @@ TEST(PaxConfig, RelationsAndUnavailableFeaturesAreChecked) {
   c = tiny();
   set_field(c, "sharding.rules", "blocks.*=P(('data'");
   EXPECT_NE(error_of([&] { validate(c); }).find("sharding.rules"), std::string::npos);
+}
+
+// Every numeric field: a value past its range names the field, the value and the range (step
+// counts end below INT32_MAX, the step counter's limit); hex, inf and nan are not numbers here.
+// Unclosed quotes are errors; one pair of quotes around a string is taken off. A misspelt field
+// gets a suggestion.
+TEST(PaxConfig, SetRefusesValuesOutsideTheFieldsRangeHexAndUnclosedQuotes) {
+  ExperimentConfig c = tiny();
+  const std::string steps = error_of([&] { set_field(c, "train.steps", "3e9"); });
+  EXPECT_NE(steps.find("train.steps=3000000000 is out of range"), std::string::npos) << steps;
+  EXPECT_NE(steps.find("an int in [1, 2147483646]"), std::string::npos) << steps;
+  set_field(c, "train.steps", "2147483646");
+  EXPECT_EQ(c.train.steps, 2147483646);
+  auto text = [](double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return std::string(buf);
+  };
+  int numeric = 0;
+  for (const FieldInfo& f : fields()) {
+    if (f.type != FieldType::integer && f.type != FieldType::floating) continue;
+    ++numeric;
+    c = tiny();
+    // The bounds are accepted by the parser (other checks may refuse them later), past them not.
+    EXPECT_EQ(error_of([&] { set_field(c, f.path, text(f.max)); }), "<no error>") << f.path;
+    EXPECT_EQ(error_of([&] { set_field(c, f.path, text(f.min)); }), "<no error>") << f.path;
+    const bool is_int = f.type == FieldType::integer;
+    const double step = std::max(1e-9, std::fabs(f.max) * 1e-6);
+    for (std::string past : {is_int ? std::to_string(static_cast<int64_t>(f.max) + 1) : text(f.max + step),
+                             is_int ? std::to_string(static_cast<int64_t>(f.min) - 1) : text(f.min - step),
+                             std::string("1e30"), std::string("-1e30")}) {
+      const std::string e = error_of([&] { set_field(c, f.path, past); });
+      EXPECT_NE(e.find(f.path), std::string::npos) << past << ": " << e;
+      EXPECT_NE(e.find("out of range"), std::string::npos) << f.path << "=" << past << ": " << e;
+      EXPECT_NE(e.find(f.allowed()), std::string::npos) << f.path << "=" << past << ": " << e;
+    }
+    for (const char* bad : {"0x10", "0X1p3", "inf", "-inf", "nan", "1e", "--1", "1..2", "1 2", "'3'", "1_000", ""}) {
+      const std::string e = error_of([&] { set_field(c, f.path, bad); });
+      EXPECT_NE(e.find(f.path + "='" + bad + "' is not"), std::string::npos) << bad << ": " << e;
+    }
+  }
+  EXPECT_GE(numeric, 30);
+  c = tiny();
+  EXPECT_NE(error_of([&] { set_field(c, "model.d_model", "64.5"); }).find("it has a fraction"), std::string::npos);
+  EXPECT_NE(error_of([&] { set_field(c, "optimizer.lr", "1e-400"); }).find("too small"), std::string::npos);
+  set_field(c, "model.d_model", "6.4e1");  // a whole number written as a float
+  EXPECT_EQ(c.model.d_model, 64);
+
+  for (const char* field : {"data.cache_dir", "data.paths", "sharding.mesh", "optimizer.name", "train.steps"})
+    for (const char* bad : {"\"abc", "abc'", "'abc\""}) {
+      const std::string e = error_of([&] { set_field(c, field, bad); });
+      EXPECT_NE(e.find(std::string(field) + "='" + bad + "': the quote"), std::string::npos) << e;
+      EXPECT_NE(e.find("is not closed"), std::string::npos) << e;
+    }
+  set_field(c, "data.cache_dir", "\"/tmp/a b\"");
+  EXPECT_EQ(c.data.cache_dir, "/tmp/a b");
+  set_field(c, "optimizer.name", "'sgd'");
+  EXPECT_EQ(c.optimizer.name, "sgd");
+  set_field(c, "data.cache_dir", "\"/tmp/bob's\"");
+  EXPECT_EQ(c.data.cache_dir, "/tmp/bob's");
+
+  EXPECT_NE(error_of([&] { apply_override(c, "data.path=\"abc"); }).find("(did you mean 'data.paths'?)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { set_field(c, "trian.steps", "3"); }).find("(did you mean 'train.steps'?)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { set_field(c, "optimizer.learning_rate", "3"); }).find("the fields of 'optimizer' are"),
+            std::string::npos);
+
+  // A config file is held to the same ranges.
+  const std::string path = ::testing::TempDir() + "/pax_range.toml";
+  std::ofstream(path) << "experiment = 'copy.TransformerLmTiny'\n[train]\nsteps = 3000000000\n";
+  EXPECT_NE(error_of([&] { from_toml_file(path); }).find("train.steps=3000000000 is out of range"), std::string::npos);
+  std::filesystem::remove(path);
 }
 
 TEST(PaxConfig, TomlRoundTripReproducesTheConfig) {
