@@ -166,8 +166,14 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
     bool reuse = outs[o].sharding() == s && outs[o].process() == m.process &&
                  static_cast<int64_t>(have.size()) == m.devices;
     const MemoryKind kind = m.exe->output_kind(static_cast<int>(o));
-    for (size_t d = 0; reuse && d < have.size(); ++d)
-      reuse = have[d].type() == g.type(v) && have[d].sole_owner() && have[d].placement().kind == kind;
+    // A donated input's shards (CompileOptions::output_donors) take its output even though the
+    // caller holds them: the program writes them in place.
+    const int donor = m.exe->output_donor(static_cast<int>(o));
+    for (size_t d = 0; reuse && d < have.size(); ++d) {
+      const bool donated = donor >= 0 && static_cast<size_t>(donor) < nin &&
+                           inputs[donor].shards().size() == have.size() && inputs[donor].shards()[d].raw() == have[d].raw();
+      reuse = have[d].type() == g.type(v) && (have[d].sole_owner() || donated) && have[d].placement().kind == kind;
+    }
     if (!reuse) {
       std::vector<Array> shards;
       for (int64_t d = 0; d < m.devices; ++d)
