@@ -530,7 +530,22 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
 
   {
     // The floor: the caller's arrays and the arena bytes that must be alive together in any order.
-    auto [must, unit] = must_live_bytes(impl->buffer_bytes, pst, ext_device, live_to_end);
+    // A training step's backward pass and update run after its forward pass (what remat saves is
+    // alive across), whatever else the dependences would allow.
+    // Copies and collectives are bound by their operands only.
+    std::vector<char> phase;
+    if (const std::vector<char> fwd = forward_nodes(g, category); !fwd.empty()) {
+      phase.assign(impl->units.size(), 0);
+      for (size_t u = 0; u < impl->units.size(); ++u) {
+        const Unit& unit = impl->units[u];
+        if (impl->coll_of_unit[u] >= 0) {
+          phase[u] = 2;
+          continue;
+        }
+        for (int node : unit.nodes) phase[u] = phase[u] || !fwd[node];
+      }
+    }
+    auto [must, unit] = must_live_bytes(impl->buffer_bytes, pst, ext_device, live_to_end, phase);
     if (must < 0) must = impl->plan.peak_live_bytes;  // too many units to analyse: what the plan holds
     rep.floor_bytes = rep.input_bytes + rep.output_bytes + must;
     rep.floor_live_unit = unit;

@@ -100,4 +100,33 @@ std::unique_ptr<Graph> update_as_gradients_complete(const Graph& g, const std::v
   return out;
 }
 
+std::vector<char> forward_nodes(const Graph& g, const std::vector<MemoryCategory>& category) {
+  const auto& nodes = g.nodes();
+  const int n = static_cast<int>(nodes.size());
+  if (category.size() != g.values().size()) return {};
+  std::vector<char> from_grad(g.values().size(), 0);
+  bool any = false;
+  for (size_t v = 0; v < category.size(); ++v) {
+    from_grad[v] = category[v] == MemoryCategory::gradients;
+    any = any || from_grad[v];
+  }
+  if (!any) return {};
+  std::vector<int> producer(g.values().size(), -1);
+  for (int i = 0; i < n; ++i) {
+    for (int v : nodes[i].outputs) producer[v] = i;
+    bool f = false;
+    for (int v : nodes[i].inputs) f = f || from_grad[v];
+    if (f)
+      for (int v : nodes[i].outputs) from_grad[v] = 1;
+  }
+  std::vector<char> fwd(n, 0), needed(g.values().size(), 0);
+  for (int v : g.outputs()) needed[v] = !from_grad[v];
+  for (int i = n - 1; i >= 0; --i) {
+    for (int v : nodes[i].outputs) fwd[i] = fwd[i] || needed[v];
+    if (fwd[i])
+      for (int v : nodes[i].inputs) needed[v] = 1;
+  }
+  return fwd;
+}
+
 }  // namespace px

@@ -18,4 +18,9 @@ namespace px {
 // apply. Returns null when the order stays as it is.
 std::unique_ptr<Graph> update_as_gradients_complete(const Graph& g, const std::vector<MemoryCategory>& category);
 
+// The forward pass of a training step (values labelled `gradients` in `category`): per node, 1 when
+// it leads to a graph output that depends on no gradient (the loss; the learning rate), else 0.
+// Empty when no value is a gradient. The floor (MemoryReport::floor_bytes) runs the rest after it.
+std::vector<char> forward_nodes(const Graph& g, const std::vector<MemoryCategory>& category);
+
 }  // namespace px

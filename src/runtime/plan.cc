@@ -93,7 +93,7 @@ BufferPlan plan_buffers(const std::vector<int64_t>& sizes, const std::vector<Pla
 
 std::pair<int64_t, int> must_live_bytes(const std::vector<int64_t>& sizes, const std::vector<PlanStep>& steps,
                                         const std::vector<char>& external, const std::vector<int>& live_to_end,
-                                        size_t max_steps) {
+                                        const std::vector<char>& phase, size_t max_steps) {
   const size_t n = steps.size(), nb = sizes.size();
   if (n > max_steps) return {-1, -1};
   const size_t words = (n + 63) / 64;
@@ -110,14 +110,23 @@ std::pair<int64_t, int> must_live_bytes(const std::vector<int64_t>& sizes, const
     for (int b : steps[s].out)
       if (writer[b] < 0) writer[b] = static_cast<int>(s);
   }
+  // The two phases: every step of the second depends on every step of the first.
+  const bool phased = phase.size() == n;
+  std::vector<uint64_t> first(words, 0), second(words, 0);
+  for (size_t s = 0; phased && s < n; ++s)
+    if (phase[s] < 2) (phase[s] ? second : first)[s / 64] |= uint64_t{1} << (s % 64);
   for (size_t s = 0; s < n; ++s) {
     uint64_t* a = &anc[s * words];
+    if (phased && phase[s] == 1)
+      for (size_t w = 0; w < words; ++w) a[w] |= first[w];
     a[s / 64] |= uint64_t{1} << (s % 64);
     for (int p : preds[s])
       for (size_t w = 0; w <= static_cast<size_t>(p) / 64; ++w) a[w] |= anc[p * words + w];
   }
   for (size_t s = n; s-- > 0;) {
     desc[s * words + s / 64] |= uint64_t{1} << (s % 64);
+    if (phased && phase[s] == 0)
+      for (size_t w = 0; w < words; ++w) desc[s * words + w] |= second[w];
     for (int p : preds[s])
       for (size_t w = s / 64; w < words; ++w) desc[p * words + w] |= desc[s * words + w];
   }
