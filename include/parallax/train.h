@@ -224,6 +224,12 @@ struct ForwardOptions {
   ShardingStrategy strategy = ShardingStrategy::DDP;
   ShardingOptions sharding;
   CompileOptions compile;
+  // Donation, as jax.jit's donate_argnums: positions in (params..., then the other arguments) whose
+  // arrays the call may write its outputs into (each into the first output of its type not taken).
+  // Only a call with non-const std::vector<Array> lvalues donates: it leaves the donated arrays of
+  // the caller's vectors empty (released), and passing a released array again is a px::Error. Other
+  // arrays are never written; without a mesh the donated buffer holds the output in place.
+  std::vector<int> donate;
 };
 
 class ShardedFunction;
@@ -235,6 +241,8 @@ class ForwardFn {
   ~ForwardFn();
   // Full params and batch in, full outputs out.
   std::vector<Array> operator()(const std::vector<Array>& params, const std::vector<Array>& batch);
+  // The same, releasing the arrays ForwardOptions::donate names (see there).
+  std::vector<Array> operator()(std::vector<Array>& params, std::vector<Array>& batch);
   const Executable& executable() const;    // the compiled local program
   const ShardedFunction& sharded() const;  // the plan, the shardings and the sharded executable
 
