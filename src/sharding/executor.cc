@@ -123,6 +123,7 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram progra
   CompileOptions opt = copt;
   if (opt.value_categories.empty() && !impl->prog.local_categories.empty())
     opt.value_categories = impl->prog.local_categories;
+  if (opt.output_donors.empty()) opt.output_donors = impl->prog.output_donors;
   impl->exe = compile_on_devices(*impl->prog.local, opt, setup);
   impl->ins.resize(static_cast<size_t>(D));
   impl->outs.resize(static_cast<size_t>(D));

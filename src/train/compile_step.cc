@@ -51,11 +51,8 @@ Lowered lower(const StepProgram& p, const ShardingPlan& plan, const std::vector<
   ShardingDecision d = decide_train_step(p, plan, state_specs, batch_types, bucket_bytes_for(plan, options.sharding));
   l.local = partition(*p.graph, d, p.categories);
   l.compile = options.compile;
-  // Donation: the new params and optimizer state (outputs 3...) are written into the old ones'
-  // arrays (inputs 0...), so the step holds its state once (detail::Step runs it so).
-  l.compile.output_donors.assign(p.graph->outputs().size(), -1);
-  for (size_t k = 0; k < p.n_params + p.n_state; ++k) l.compile.output_donors[3 + k] = static_cast<int>(k);
   offload_local(l.local, p, offload, l.compile);
+  l.compile.output_donors = l.local.output_donors;  // the state, donated (planned once)
   dump_pass("offload", [&] { return l.local.local->to_string(); });
   return l;
 }

@@ -115,6 +115,15 @@ StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch)
       for (Array& sh : a.mutable_shards())
         if (sh.placement().kind != want) sh = sh.to({sh.placement().device, want});
     }
+  // A state array that someone else also holds (a copy of the TrainState) is not written into:
+  // its new value goes to a new array, so the copy keeps the old value.
+  std::vector<char> donate;
+  for (auto* group : {&state.params, &state.opt_state})
+    for (const ShardedArray& a : *group) {
+      bool sole = true;
+      for (const Array& sh : a.shards()) sole = sole && sh.sole_owner();
+      donate.push_back(sole);
+    }
   std::vector<ShardedArray> in;
   in.reserve(c_.n_params + c_.n_state + batch.size() + 1);
   for (auto& p : state.params) in.push_back(p);
@@ -131,7 +140,7 @@ StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch)
   // plan counts them once); the metrics land in the arrays of the last step.
   std::vector<ShardedArray>& out = out_;
   out.resize(3 + c_.n_params + c_.n_state);
-  for (size_t i = 0; i < c_.n_params + c_.n_state; ++i) out[3 + i] = in[i];
+  for (size_t i = 0; i < c_.n_params + c_.n_state; ++i) out[3 + i] = donate[i] ? in[i] : ShardedArray();
   c_.exe->run_into(in, out);
   // The metrics are replicated: any local shard holds them.
   StepMetrics m = step_metrics(out[0].shards()[0].to_f32()[0], out[1].shards()[0].to_f32()[0],

@@ -259,8 +259,8 @@ int64_t bucket_bytes_for(const ShardingPlan& plan, const ShardingOptions& shardi
 }
 
 // The offload pass on the partitioned local program (params and state are its first inputs, as
-// in the traced step); sets the compile options that go with it, and each value's layer for the
-// memory report.
+// in the traced step); sets the compile options that go with it, each value's layer for the
+// memory report, and the donation of the state (SpmdProgram::output_donors).
 void offload_local(SpmdProgram& local, const StepProgram& global, const OffloadOptions& o, CompileOptions& c) {
   StepProgram lp;
   lp.graph = std::move(local.local);
@@ -278,6 +278,11 @@ void offload_local(SpmdProgram& local, const StepProgram& global, const OffloadO
   local.local = std::move(lp.graph);
   local.local_categories = lp.categories;
   c.value_categories = lp.categories;
+  // Donation: the new params and optimizer state (outputs 3...) are written into the arrays of the
+  // old ones (inputs 0...); detail::Step runs the step so, and the cost model plans it so.
+  local.output_donors.assign(local.local->outputs().size(), -1);
+  for (size_t k = 0; k < lp.n_params + lp.n_state && 3 + k < local.output_donors.size(); ++k)
+    local.output_donors[3 + k] = static_cast<int>(k);
 }
 
 ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std::vector<std::string> param_paths,
