@@ -413,8 +413,7 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
       impl->output_donor[o] = i;
       if (g.values()[v].producer < 0) continue;  // an input returned: copied at the end
       const int w = writer[v], last = last_read[in];
-      const bool in_place =
-          !returned[in] && (last < w || (last == w && w >= 0 && impl->units[w].alias_safe));
+      const bool in_place = !returned[in] && (last < w || (last == w && w >= 0 && impl->units[w].alias_safe));
       copy_at_end[o] = !in_place;
     }
   }
@@ -935,7 +934,8 @@ std::vector<Array> Executable::run(const std::vector<Array>& in) {
   for (int v : impl_->output_values) {
     const int donor = impl_->output_donor[outs.size()];
     if (donor >= 0 && donor < static_cast<int>(inputs.size()) && inputs[donor].defined() &&
-        inputs[donor].placement().kind == impl_->output_kind[outs.size()] && inputs[donor].type() == impl_->graph->type(v))
+        inputs[donor].placement().kind == impl_->output_kind[outs.size()] &&
+        inputs[donor].type() == impl_->graph->type(v))
       outs.push_back(inputs[donor]);
     else
       outs.emplace_back(impl_->graph->type(v).dtype, impl_->graph->type(v).shape,

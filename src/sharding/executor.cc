@@ -157,8 +157,9 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
                   ", but this executable runs process " + std::to_string(m.process) +
                   "; shard the inputs for this process (px::shard(x, sharding, exe->process()))");
   }
-  // Outputs land in the caller's arrays when they fit and the caller alone holds them (the
-  // buffers of the step before last, in a training loop), else in fresh ones on each device.
+  // Outputs land in the caller's arrays when they fit and the caller alone holds them, or when
+  // they are the shards of the input donated to them (a training step's state), else in fresh
+  // ones on each device.
   outs.resize(g.outputs().size());
   for (size_t o = 0; o < g.outputs().size(); ++o) {
     int v = g.outputs()[o];
@@ -172,7 +173,8 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
     const int donor = m.exe->output_donor(static_cast<int>(o));
     for (size_t d = 0; reuse && d < have.size(); ++d) {
       const bool donated = donor >= 0 && static_cast<size_t>(donor) < nin &&
-                           inputs[donor].shards().size() == have.size() && inputs[donor].shards()[d].raw() == have[d].raw();
+                           inputs[donor].shards().size() == have.size() &&
+                           inputs[donor].shards()[d].raw() == have[d].raw();
       reuse = have[d].type() == g.type(v) && (have[d].sole_owner() || donated) && have[d].placement().kind == kind;
     }
     if (!reuse) {

@@ -59,10 +59,9 @@ TEST(Donation, AParamKeepsItsBufferAcrossSteps) {
   EXPECT_LT(m.output_bytes, 64);  // the loss, the norm and the learning rate
   EXPECT_EQ(m.by_category[static_cast<int>(MemoryCategory::params)],
             m.donated_bytes / 3);  // AdamW: params, then two slots of the same size
-  for (auto [mesh, strategy, what] :
-       {std::tuple{Mesh::cpu({{"data", 2}}), ShardingStrategy::DDP, "DDP"},
-        std::tuple{Mesh::cpu({{"data", 4}}), ShardingStrategy::FSDP, "FSDP"},
-        std::tuple{Mesh::cpu({{"model", 2}}), ShardingStrategy::TP, "TP"}}) {
+  for (auto [mesh, strategy, what] : {std::tuple{Mesh::cpu({{"data", 2}}), ShardingStrategy::DDP, "DDP"},
+                                      std::tuple{Mesh::cpu({{"data", 4}}), ShardingStrategy::FSDP, "FSDP"},
+                                      std::tuple{Mesh::cpu({{"model", 2}}), ShardingStrategy::TP, "TP"}}) {
     Trial r = train(cfg, px::testing::on_mesh(mesh, strategy, {.fsdp_min_bytes = 1024}));
     EXPECT_TRUE(r.same_pointers) << what;
   }
@@ -115,8 +114,7 @@ TEST(Donation, TheStepTrainsBitwiseAsItsProgramRunWithoutDonation) {
   }
   std::vector<Array> params = step.gather_params(s), st = step.gather_opt_state(s);
   for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(bitwise_equal(params[i], state[i])) << "param " << i;
-  for (size_t i = 0; i < st.size(); ++i)
-    EXPECT_TRUE(bitwise_equal(st[i], state[params.size() + i])) << "state " << i;
+  for (size_t i = 0; i < st.size(); ++i) EXPECT_TRUE(bitwise_equal(st[i], state[params.size() + i])) << "state " << i;
 }
 
 TEST(Donation, TheReportGivesTheFloorAndThePeakStaysNearIt) {
@@ -138,7 +136,8 @@ TEST(Donation, JitWritesIntoAnArgumentOnlyWhenDonatedAndADonatedArrayIsReleased)
   };
   // Not donated: the arguments stay as they were.
   ShardedFunction plain(fn, {t}, {"w"}, {t}, {});
-  std::vector<Array> w{Array::from_f32(std::vector<float>(32, 1.0f), t.shape)}, g{Array::from_f32(std::vector<float>(32, 2.0f), t.shape)};
+  std::vector<Array> w{Array::from_f32(std::vector<float>(32, 1.0f), t.shape)},
+      g{Array::from_f32(std::vector<float>(32, 2.0f), t.shape)};
   std::vector<Array> out = plain(w, g);
   EXPECT_EQ(w[0].to_f32()[0], 1.0f);
   EXPECT_NE(out[0].raw(), w[0].raw());
