@@ -65,9 +65,30 @@ std::unique_ptr<Graph> update_as_gradients_complete(const Graph& g, const std::v
     }
     ready[i] = r;
   }
+  // An R node whose results (other than graph outputs, which live in the caller's arrays) are
+  // larger than the gradient-derived values it reads waits for its first reader in R: with
+  // skip_nonfinite, an update whose new params and state are selected only once the norm is known
+  // runs then, instead of holding them from its gradient on. Every other R node runs when ready.
+  std::vector<char> is_output(values.size(), 0);
+  for (int v : g.outputs()) is_output[v] = 1;
+  std::vector<int> slot = ready;
+  for (int i = n - 1; i >= 0; --i) {
+    if (!in_r[i]) continue;
+    int64_t made = 0, read = 0;
+    for (int v : nodes[i].outputs)
+      if (!is_output[v]) made += g.type(v).nbytes();
+    for (int v : nodes[i].inputs)
+      if (from_grad[v] || category[v] == MemoryCategory::gradients) read += g.type(v).nbytes();
+    if (made <= read) continue;
+    int first = -1;
+    for (int v : nodes[i].outputs)
+      for (int u : users[v])
+        if (in_r[u]) first = first < 0 ? slot[u] : std::min(first, slot[u]);
+    if (first >= 0) slot[i] = std::max(ready[i], first);
+  }
   std::vector<std::vector<int>> at_slot(kept + 1);  // R nodes placed after kept node k - 1
   for (int i = 0; i < n; ++i)
-    if (in_r[i]) at_slot[ready[i] + 1].push_back(i);
+    if (in_r[i]) at_slot[slot[i] + 1].push_back(i);
   std::vector<int> order;
   order.reserve(n);
   std::vector<char> done(n, 0);
@@ -78,11 +99,26 @@ std::unique_ptr<Graph> update_as_gradients_complete(const Graph& g, const std::v
       if (int p = producer[v]; p >= 0 && !done[p]) emit(p);  // helpers only: the rest is emitted
     order.push_back(i);
   };
-  for (int i : at_slot[0]) emit(i);
+  // The R nodes of one slot, each followed at once by its readers in R that it made ready (depth
+  // first), so that a value is consumed before the next is made: with clipping, each clipped
+  // gradient goes to its update before the next gradient is scaled.
+  std::function<void(int, int)> emit_r = [&](int i, int at) {
+    if (done[i]) return;
+    emit(i);
+    for (int v : nodes[i].outputs)
+      for (int u : users[v]) {
+        if (!in_r[u] || done[u] || slot[u] + 1 > at) continue;
+        bool ok = true;
+        for (int w : nodes[u].inputs)
+          if (int p = producer[w]; p >= 0 && in_r[p] && !done[p]) ok = false;
+        if (ok) emit_r(u, at);
+      }
+  };
+  for (int i : at_slot[0]) emit_r(i, 0);
   for (int i = 0; i < n; ++i) {
     if (in_r[i] || helper[i]) continue;
     emit(i);
-    for (int r : at_slot[slot_of_kept[i] + 1]) emit(r);
+    for (int r : at_slot[slot_of_kept[i] + 1]) emit_r(r, slot_of_kept[i] + 1);
   }
   for (int i = 0; i < n; ++i) emit(i);  // nothing is left; kept for safety
   bool same = true;

@@ -75,19 +75,25 @@ TEST(Donation, AParamKeepsItsBufferAcrossSteps) {
 
 TEST(Donation, UpdatingAsGradientsCompleteTrainsBitwiseAsUpdatingAfterTheBackwardPass) {
   const nn::LmConfig cfg = gpt_micro();
-  for (double clip : {0.0, 0.5}) {
+  for (int variant = 0; variant < 3; ++variant) {
+    const char* what = variant == 0 ? "plain" : variant == 1 ? "with clipping" : "with skip_nonfinite";
     TrainStepOptions early, late;
-    early.clip_norm = late.clip_norm = clip;
+    early.clip_norm = late.clip_norm = variant == 1 ? 0.5 : 0.0;
+    early.skip_nonfinite = late.skip_nonfinite = variant == 2;
     late.compile.update_as_gradients_complete = false;
     Trial a = train(cfg, early), b = train(cfg, late);
-    expect_same(a.trained, b.trained, clip > 0 ? "with clipping" : "without clipping");
-    // Without clipping each gradient is freed by its update; with it every gradient waits for the norm.
+    expect_same(a.trained, b.trained, what);
+    // Each gradient is freed by its update; with clipping or skip_nonfinite every gradient waits
+    // for the norm.
     const int g = static_cast<int>(MemoryCategory::gradients);
-    if (clip == 0)
+    if (variant == 0)
       EXPECT_LT(a.trained.memory.arena_max_by_category[g], b.trained.memory.arena_max_by_category[g]);
     else
-      EXPECT_EQ(a.trained.memory.arena_max_by_category[g], b.trained.memory.arena_max_by_category[g]);
-    EXPECT_LE(a.trained.memory.peak_bytes, b.trained.memory.peak_bytes);
+      EXPECT_EQ(a.trained.memory.arena_max_by_category[g], b.trained.memory.arena_max_by_category[g]) << what;
+    // (With skip_nonfinite the micro model's peak is 5% above the old order's: the updates wait for
+    // the norm either way, and the rest moved up holds a little more at this size.)
+    if (variant < 2) EXPECT_LE(a.trained.memory.peak_bytes, b.trained.memory.peak_bytes) << what;
+    EXPECT_LE(a.trained.memory.peak_bytes, b.trained.memory.peak_bytes * 21 / 20) << what;
   }
 }
 
