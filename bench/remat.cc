@@ -1,8 +1,8 @@
 // Remat policies on a 12-layer bench-gpt-width model at seq 1024 (one device, f32, AdamW): per
 // policy the planned peak and activation peak, the measured peak, the recomputed FLOPs against
-// the step's, and the step time against `none` (targets: full at most 35% slower, dots_saveable
-// at most 10%); last, auto with a budget halfway between the planned peaks of none and full. The
-// timed steps of all policies are interleaved. One JSON line per policy.
+// the step's, the floor (MemoryReport::floor_bytes) and the peak over it, and the step time against `none` (targets:
+// full at most 35% slower, dots_saveable at most 10%); last, auto with a budget halfway between the planned peaks of
+// none and full. The timed steps of all policies are interleaved. One JSON line per policy.
 //
 //   build/bench/remat [--layers 12] [--seq 1024] [--batch 1] [--steps 3] [--warmup 1] [--d 512] ...
 #include <algorithm>
@@ -80,6 +80,9 @@ int main(int argc, char** argv) {
         auto peak_of = [](const px::StepProgram& sp) {
           px::CompileOptions c;
           c.value_categories = sp.categories;
+          // As TrainStep compiles it: the new params and optimizer state donated into the old ones.
+          c.output_donors.assign(sp.graph->outputs().size(), -1);
+          for (size_t k = 0; k < sp.n_params + sp.n_state; ++k) c.output_donors[3 + k] = static_cast<int>(k);
           return px::plan_program(*sp.graph, c, nullptr).report.peak_bytes;
         };
         px::remat_automatic(px::trace_train_step(model.store(), *opt, loss_fn, {seq, seq}, 0), r.ro.budget_bytes,
@@ -119,15 +122,18 @@ int main(int argc, char** argv) {
       if (r.ro.policy == px::RematPolicy::none) none_s = t;
       const px::MemoryReport& m = r.m;
       std::printf(
-          "{\"bench\": \"remat\", \"policy\": \"%s\", \"budget_bytes\": %lld, \"layers\": %lld, \"seq\": %lld, \"batch\": %lld, "
+          "{\"bench\": \"remat\", \"policy\": \"%s\", \"budget_bytes\": %lld, \"layers\": %lld, \"seq\": %lld, "
+          "\"batch\": %lld, "
           "\"planned_peak_bytes\": %lld, \"planned_activation_bytes\": %lld, \"measured_peak_bytes\": %lld, "
           "\"recomputed_flops\": %.4g, \"step_flops\": %.4g, \"recompute_overhead\": %.3f, \"step_s\": %.3f, "
-          "\"time_overhead\": %.3f, \"host_bytes\": %lld, \"loss\": %.6f}\n",
+          "\"time_overhead\": %.3f, \"host_bytes\": %lld, \"floor_bytes\": %lld, \"peak_over_floor\": %.4f, "
+          "\"loss\": %.6f}\n",
           r.name.c_str(), static_cast<long long>(r.ro.budget_bytes), static_cast<long long>(a.layers),
           static_cast<long long>(a.seq), static_cast<long long>(a.batch), static_cast<long long>(m.peak_bytes),
           static_cast<long long>(m.arena_max_by_category[static_cast<int>(px::MemoryCategory::activations)]),
           static_cast<long long>(r.measured), r.recomputed, step_flops, r.recomputed / step_flops, t, t / none_s - 1.0,
-          static_cast<long long>(m.host_peak_bytes()), r.loss);
+          static_cast<long long>(m.host_peak_bytes()), static_cast<long long>(m.floor_bytes), m.peak_over_floor(),
+          r.loss);
       std::fflush(stdout);
     }
   } catch (const px::Error& e) {

@@ -35,6 +35,12 @@ struct ForwardOptions {
   ShardingStrategy strategy = ShardingStrategy::DDP;
   ShardingOptions sharding;
   CompileOptions compile;
+  // Donation, as jax.jit's donate_argnums: positions in (params..., then the other arguments) whose
+  // arrays the call may write its outputs into (each into the first output of its type not taken).
+  // Only a call with non-const std::vector<Array> lvalues donates: it leaves the donated arrays of
+  // the caller's vectors empty (released), and passing a released array again is a px::Error. Other
+  // arrays are never written; without a mesh the donated buffer holds the output in place.
+  std::vector<int> donate;
 };
 
 // A plain function sharded by a recipe or AUTO over `on.mesh` (unset: one device, every param
@@ -45,8 +51,13 @@ class ShardedFunction {
   ShardedFunction(Fn fn, std::vector<TensorType> param_types, std::vector<std::string> param_paths,
                   std::vector<TensorType> arg_types, const ForwardOptions& on);
   ~ShardedFunction();
-  // Full host arrays in, full outputs out (sharded, run, gathered).
+  // Full host arrays in, full outputs out (sharded, run, gathered). Writes into no argument: with
+  // ForwardOptions::donate set it throws, since the donated arrays could not be released.
   std::vector<Array> operator()(const std::vector<Array>& params, const std::vector<Array>& args);
+  // With ForwardOptions::donate: the donated arrays' buffers take outputs (in place on one device),
+  // and the caller's donated arrays are left empty (released); a released array passed again is a
+  // px::Error. Without donate, the same as the const form.
+  std::vector<Array> operator()(std::vector<Array>& params, std::vector<Array>& args);
   const ShardingPlan& plan() const { return plan_; }
   const ShardedExecutable& executable() const { return *exe_; }
 
@@ -54,6 +65,10 @@ class ShardedFunction {
   ShardingPlan plan_;
   std::unique_ptr<Graph> graph_;
   std::unique_ptr<ShardedExecutable> exe_;
+  std::vector<int> donate_;        // positions donated (ForwardOptions::donate)
+  std::vector<int> donor_of_out_;  // per output: the donated position whose array takes it, or -1
+  std::vector<std::string> names_;
+  std::vector<Array> run(const std::vector<Array>& in, bool donating);
 };
 
 // px::jit(fn, strategy, ...): fn's first argument is the params (paths name them for rules and tables).

@@ -41,6 +41,17 @@ struct MemoryReport {
     int64_t bytes = 0;
   };
   std::vector<Use> largest;
+  // The floor: the least device memory any schedule and buffer plan of this program can use. The
+  // caller's arrays (inputs, outputs not donated into an input) plus the most arena bytes that must
+  // be alive together whatever the order: at some unit, every value produced by it or before it
+  // (by dependence) and read by it or after it. floor_live_unit is that unit (-1: no arena).
+  // peak_bytes / floor_bytes is what the schedule and the buffer plan add over it.
+  int64_t floor_bytes = 0;
+  int floor_live_unit = -1;
+  double peak_over_floor() const { return floor_bytes > 0 ? static_cast<double>(peak_bytes) / floor_bytes : 1.0; }
+  // Outputs written into a donated input's array (CompileOptions::output_donors): counted once,
+  // with the inputs; output_bytes leaves them out.
+  int64_t donated_bytes = 0;
   std::string to_string() const;  // one line per category, then the largest users by layer
 };
 
@@ -92,6 +103,16 @@ struct CompileOptions {
   // Optional: the layer each value belongs to (size = number of values), for MemoryReport::largest
   // and the over-limit error; TrainStep fills it from param paths ("blocks.3").
   std::vector<std::string> value_layers;
+  // Donation (jax.jit's donate_argnums): per output position, the input whose array it is written
+  // into, or -1 (size 0 or one entry per output). A donated pair has one type and memory kind; the
+  // caller passes input i's array again as output o to run_into, and the plan counts it once. The
+  // result is written in place when the schedule reads the input for the last time before (or in
+  // the in-place unit that) writes it, else into the arena and copied at the end (both planned).
+  std::vector<int> output_donors;
+  // Training steps (values labelled gradients in value_categories): every node that depends on a
+  // gradient (norms, clipping, the optimizer update) runs as soon as its operands are ready, so
+  // that a gradient is freed when its update has read it rather than after the whole backward pass.
+  bool update_as_gradients_complete = true;
 };
 
 class Executable {
@@ -114,6 +135,7 @@ class Executable {
   int64_t peak_bytes() const;    // working memory: the arena size of the buffer plan
   MemoryKind input_kind(int i) const;   // where input i must be placed (Array::placement().kind)
   MemoryKind output_kind(int o) const;
+  int output_donor(int o) const;  // the input output o is written into (CompileOptions::output_donors), or -1
   MemoryReport memory() const;   // per device: inputs, outputs and arena, split by category
   int64_t output_bytes() const;  // bytes of the outputs (in the caller's arrays, not the arena)
   int num_steps() const;       // kernels launched per run

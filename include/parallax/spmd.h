@@ -71,6 +71,9 @@ struct SpmdProgram {
   std::unique_ptr<Graph> local;  // inputs: the local shards of the global inputs, then coords
   // What each local value holds (empty: unknown), for the per-device memory report.
   std::vector<MemoryCategory> local_categories;
+  // Per output, the input whose arrays it is written into (empty: none), used when the compile
+  // options give none (CompileOptions::output_donors); a training step donates its state.
+  std::vector<int> output_donors;
   std::vector<Sharding> in_shardings, out_shardings;
   std::vector<Sharding> value_shardings;  // per value of the global graph, as propagated
   std::vector<CollectiveRecord> collectives;

@@ -138,6 +138,8 @@ class ForwardFn {
   ~ForwardFn();
   // Full params and batch in, full outputs out.
   std::vector<Array> operator()(const std::vector<Array>& params, const std::vector<Array>& batch);
+  // The same, releasing the arrays ForwardOptions::donate names (see there).
+  std::vector<Array> operator()(std::vector<Array>& params, std::vector<Array>& batch);
   const Executable& executable() const;    // the compiled local program
   const ShardedFunction& sharded() const;  // the plan, the shardings and the sharded executable
 

@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "ir/primitive.h"
 #include "parallax/passes.h"
+#include "runtime/order.h"
 #include "runtime/plan.h"
 #include "runtime/program.h"
 #include "runtime/schedule.h"
@@ -52,6 +53,10 @@ std::string MemoryReport::to_string() const {
   std::ostringstream os;
   os << "peak " << peak_bytes << " bytes per device (inputs " << input_bytes << ", outputs " << output_bytes
      << ", arena " << arena_bytes << " of which " << arena_live_bytes << " live at the peak)\n";
+  if (floor_bytes > 0)
+    os << "floor " << floor_bytes << " bytes (the caller's arrays and what must be alive together in any order); "
+       << "peak / floor " << peak_over_floor() << "\n";
+  if (donated_bytes > 0) os << "donated: " << donated_bytes << " bytes of outputs written into their inputs\n";
   for (int c = 0; c < kNumMemoryCategories; ++c)
     os << "  " << memory_category_name(static_cast<MemoryCategory>(c)) << ": " << by_category[c]
        << " bytes at the peak (arena at most " << arena_max_by_category[c] << " at once)\n";
@@ -124,6 +129,13 @@ struct Executable::Impl {
   std::vector<Home> homes;
   std::vector<int> home_at_pos;  // output position -> home index, or -1 (input or repeated value)
   std::vector<int> output_values;
+  std::vector<int> output_donor;  // per output: the donated input it is written into, or -1
+  // Donated outputs whose input is read after they are written: computed into the arena (planned),
+  // copied into the caller's array at the end of the run.
+  struct CopyAtEnd {
+    int value, pos;
+  };
+  std::vector<CopyAtEnd> copies_at_end;
   int64_t input_bytes = 0, output_bytes = 0;
   MemoryReport report;
 
@@ -275,6 +287,9 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
   for (size_t v = 0; v < opt.value_layers.size(); ++v)
     if (int w = final_of(v); w >= 0) layer[w] = opt.value_layers[v];
 
+  // Update as gradients complete: the same values, the nodes that depend on a gradient moved up.
+  if (opt.update_as_gradients_complete)
+    if (std::unique_ptr<Graph> early = update_as_gradients_complete(g, category)) *impl->graph = std::move(*early);
   if (opt.optimize) dump_pass("optimize", [&] { return g.to_string(); });
   ScheduleOptions so;
   so.backend = impl->backend;
@@ -364,6 +379,45 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
     u = e;
   }
 
+  // Donation: output o written into input donor[o]'s array. In place when the input's last reader
+  // runs before the unit that writes the output (or is that unit, when it may alias); else the
+  // output is computed into the arena and copied into the array at the end.
+  impl->output_donor.assign(g.outputs().size(), -1);
+  std::vector<char> copy_at_end(g.outputs().size(), 0);
+  if (!opt.output_donors.empty()) {
+    if (opt.output_donors.size() != g.outputs().size())
+      throw Error("[compile] output_donors needs one entry per output (" + std::to_string(g.outputs().size()) +
+                  "), got " + std::to_string(opt.output_donors.size()));
+    std::vector<int> writer(nv, -1), last_read(nv, -1);
+    for (size_t u = 0; u < impl->units.size(); ++u) {
+      if (impl->units[u].kind == Unit::Kind::view) continue;  // reads nothing: its readers read the root
+      for (int v : impl->units[u].in_values) last_read[root[v]] = static_cast<int>(u);
+      for (int v : impl->units[u].out_values)
+        if (writer[v] < 0) writer[v] = static_cast<int>(u);
+    }
+    std::vector<char> returned(nv, 0), taken(g.inputs().size(), 0);
+    for (int v : g.outputs()) returned[root[v]] = 1;
+    for (size_t o = 0; o < g.outputs().size(); ++o) {
+      const int i = opt.output_donors[o];
+      if (i < 0) continue;
+      const int v = g.outputs()[o];
+      if (i >= static_cast<int>(g.inputs().size()) || taken[i])
+        throw Error("[compile] output_donors[" + std::to_string(o) + "] = " + std::to_string(i) +
+                    ": not an input, or an input donated to two outputs");
+      const int in = g.inputs()[i];
+      if (g.type(in) != g.type(v) || kind[in] != kind[v])
+        throw Error("[compile] output " + std::to_string(o) + " (" + type_str(g.type(v)) + " in " +
+                    memory_kind_name(kind[v]) + " memory) cannot be written into input " + std::to_string(i) + " (" +
+                    type_str(g.type(in)) + " in " + memory_kind_name(kind[in]) + " memory)");
+      taken[i] = 1;
+      impl->output_donor[o] = i;
+      if (g.values()[v].producer < 0) continue;  // an input returned: copied at the end
+      const int w = writer[v], last = last_read[in];
+      const bool in_place = !returned[in] && (last < w || (last == w && w >= 0 && impl->units[w].alias_safe));
+      copy_at_end[o] = !in_place;
+    }
+  }
+
   // Returned values: the first position of each computed value is its home.
   std::vector<int> home_of(nv, -1);
   impl->output_values = g.outputs();
@@ -371,6 +425,10 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
   for (size_t o = 0; o < g.outputs().size(); ++o) {
     int v = g.outputs()[o];
     impl->output_bytes += g.type(v).nbytes();
+    if (copy_at_end[o]) {
+      impl->copies_at_end.push_back({v, static_cast<int>(o)});
+      continue;
+    }
     if (g.values()[v].producer < 0 || home_of[v] >= 0) continue;
     home_of[v] = static_cast<int>(impl->homes.size());
     impl->home_at_pos[o] = home_of[v];
@@ -418,24 +476,33 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
   MemoryReport& rep = impl->report;
   for (int v : g.inputs())
     (kind[v] == MemoryKind::device ? rep.input_bytes : rep.host_input_bytes) += g.type(v).nbytes();
-  for (int v : g.outputs())
-    (kind[v] == MemoryKind::device ? rep.output_bytes : rep.host_output_bytes) += g.type(v).nbytes();
+  auto counted_output = [&](size_t o) { return impl->output_donor[o] < 0; };  // a donated one: with its input
+  for (size_t o = 0; o < g.outputs().size(); ++o) {
+    const int v = g.outputs()[o];
+    if (!counted_output(o))
+      rep.donated_bytes += g.type(v).nbytes();
+    else
+      (kind[v] == MemoryKind::device ? rep.output_bytes : rep.host_output_bytes) += g.type(v).nbytes();
+  }
   rep.arena_bytes = impl->plan.peak_bytes;
   rep.host_arena_bytes = impl->host_plan.peak_bytes;
   rep.arena_live_bytes = impl->plan.peak_live_bytes;
   rep.peak_bytes = rep.input_bytes + rep.output_bytes + rep.arena_bytes;
   for (int v : g.inputs())
     if (kind[v] == MemoryKind::device) rep.by_category[static_cast<int>(category[v])] += g.type(v).nbytes();
-  for (int v : g.outputs())
-    if (kind[v] == MemoryKind::device) rep.by_category[static_cast<int>(category[v])] += g.type(v).nbytes();
+  for (size_t o = 0; o < g.outputs().size(); ++o)
+    if (const int v = g.outputs()[o]; kind[v] == MemoryKind::device && counted_output(o))
+      rep.by_category[static_cast<int>(category[v])] += g.type(v).nbytes();
   for (int b : impl->plan.live_at_peak)
     rep.by_category[static_cast<int>(impl->buffer_category[b])] += aligned_size(impl->buffer_bytes[b]);
   {
     // The same bytes by category and layer (collective scratch has no layer).
     std::map<std::pair<int, std::string>, int64_t> use;
-    for (auto* io : {&g.inputs(), &g.outputs()})
-      for (int v : *io)
-        if (kind[v] == MemoryKind::device) use[{static_cast<int>(category[v]), layer[v]}] += g.type(v).nbytes();
+    for (int v : g.inputs())
+      if (kind[v] == MemoryKind::device) use[{static_cast<int>(category[v]), layer[v]}] += g.type(v).nbytes();
+    for (size_t o = 0; o < g.outputs().size(); ++o)
+      if (const int v = g.outputs()[o]; kind[v] == MemoryKind::device && counted_output(o))
+        use[{static_cast<int>(category[v]), layer[v]}] += g.type(v).nbytes();
     for (int b : impl->plan.live_at_peak)
       use[{static_cast<int>(impl->buffer_category[b]), b < static_cast<int>(nv) ? layer[b] : std::string()}] +=
           aligned_size(impl->buffer_bytes[b]);
@@ -458,6 +525,29 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
         cur[c] += d[c];
         rep.arena_max_by_category[c] = std::max(rep.arena_max_by_category[c], cur[c]);
       }
+  }
+
+  {
+    // The floor: the caller's arrays and the arena bytes that must be alive together in any order.
+    // A training step's backward pass and update run after its forward pass (what remat saves is
+    // alive across), whatever else the dependences would allow.
+    // Copies and collectives are bound by their operands only.
+    std::vector<char> phase;
+    if (const std::vector<char> fwd = forward_nodes(g, category); !fwd.empty()) {
+      phase.assign(impl->units.size(), 0);
+      for (size_t u = 0; u < impl->units.size(); ++u) {
+        const Unit& unit = impl->units[u];
+        if (impl->coll_of_unit[u] >= 0) {
+          phase[u] = 2;
+          continue;
+        }
+        for (int node : unit.nodes) phase[u] = phase[u] || !fwd[node];
+      }
+    }
+    auto [must, unit] = must_live_bytes(impl->buffer_bytes, pst, ext_device, live_to_end, phase);
+    if (must < 0) must = impl->plan.peak_live_bytes;  // too many units to analyse: what the plan holds
+    rep.floor_bytes = rep.input_bytes + rep.output_bytes + must;
+    rep.floor_live_unit = unit;
   }
 
   if (opt.host_memory_limit_bytes > 0 && rep.host_peak_bytes() > opt.host_memory_limit_bytes)
@@ -735,6 +825,12 @@ void Executable::Impl::finish(const std::vector<Array>& inputs, std::vector<Arra
     const void* src = inputs[g.values()[v].output_index].raw();
     if (src != outputs[o].raw()) std::memmove(outputs[o].raw(), src, static_cast<size_t>(outputs[o].nbytes()));
   }
+  for (const CopyAtEnd& c : copies_at_end) {
+    const int b = root[c.value];
+    if (plan.offset[b] < 0 && host_plan.offset[b] < 0) continue;  // also returned at a home: copied below
+    const std::byte* src = plan.offset[b] >= 0 ? dev.arena + plan.offset[b] : dev.host_arena + host_plan.offset[b];
+    if (outputs[c.pos].nbytes()) std::memcpy(outputs[c.pos].raw(), src, static_cast<size_t>(outputs[c.pos].nbytes()));
+  }
   for (size_t h = 0; h < homes.size(); ++h)
     if (dev.spilled[h] && homes[h].nbytes)
       std::memcpy(outputs[homes[h].pos].raw(), dev.spill[h], static_cast<size_t>(homes[h].nbytes));
@@ -833,10 +929,18 @@ std::vector<Array> Executable::run(const std::vector<Array>& in) {
   for (size_t i = 0; i < inputs.size() && i < impl_->input_kind.size(); ++i)
     if (inputs[i].defined() && inputs[i].placement().kind != impl_->input_kind[i])
       inputs[i] = inputs[i].to({inputs[i].placement().device, impl_->input_kind[i]});
+  // A donated input's array takes its output (CompileOptions::output_donors).
   std::vector<Array> outs;
-  for (int v : impl_->output_values)
-    outs.emplace_back(impl_->graph->type(v).dtype, impl_->graph->type(v).shape,
-                      Placement{impl_->devices[0].id, impl_->output_kind[outs.size()]});
+  for (int v : impl_->output_values) {
+    const int donor = impl_->output_donor[outs.size()];
+    if (donor >= 0 && donor < static_cast<int>(inputs.size()) && inputs[donor].defined() &&
+        inputs[donor].placement().kind == impl_->output_kind[outs.size()] &&
+        inputs[donor].type() == impl_->graph->type(v))
+      outs.push_back(inputs[donor]);
+    else
+      outs.emplace_back(impl_->graph->type(v).dtype, impl_->graph->type(v).shape,
+                        Placement{impl_->devices[0].id, impl_->output_kind[outs.size()]});
+  }
   run_into(inputs, outs);
   return outs;
 }
@@ -878,6 +982,7 @@ void Executable::run_on_devices(const std::vector<std::vector<Array>>& inputs,
 int64_t Executable::peak_bytes() const { return impl_->plan.peak_bytes; }
 MemoryKind Executable::input_kind(int i) const { return impl_->input_kind.at(i); }
 MemoryKind Executable::output_kind(int o) const { return impl_->output_kind.at(o); }
+int Executable::output_donor(int o) const { return impl_->output_donor.at(o); }
 MemoryReport Executable::memory() const { return impl_->report; }
 int64_t Executable::output_bytes() const { return impl_->output_bytes; }
 int Executable::num_steps() const {

@@ -91,4 +91,73 @@ BufferPlan plan_buffers(const std::vector<int64_t>& sizes, const std::vector<Pla
   return plan;
 }
 
+std::pair<int64_t, int> must_live_bytes(const std::vector<int64_t>& sizes, const std::vector<PlanStep>& steps,
+                                        const std::vector<char>& external, const std::vector<int>& live_to_end,
+                                        const std::vector<char>& phase, size_t max_steps) {
+  const size_t n = steps.size(), nb = sizes.size();
+  if (n > max_steps) return {-1, -1};
+  const size_t words = (n + 63) / 64;
+  // anc[s]: s and the steps it depends on; desc[s]: s and the steps that depend on it.
+  std::vector<uint64_t> anc(n * words, 0), desc(n * words, 0);
+  std::vector<int> writer(nb, -1);
+  std::vector<std::vector<int>> readers(nb);
+  std::vector<std::vector<int>> preds(n);
+  for (size_t s = 0; s < n; ++s) {
+    for (int b : steps[s].in) {
+      readers[b].push_back(static_cast<int>(s));
+      if (writer[b] >= 0 && writer[b] != static_cast<int>(s)) preds[s].push_back(writer[b]);
+    }
+    for (int b : steps[s].out)
+      if (writer[b] < 0) writer[b] = static_cast<int>(s);
+  }
+  // The two phases: every step of the second depends on every step of the first.
+  const bool phased = phase.size() == n;
+  std::vector<uint64_t> first(words, 0), second(words, 0);
+  for (size_t s = 0; phased && s < n; ++s)
+    if (phase[s] < 2) (phase[s] ? second : first)[s / 64] |= uint64_t{1} << (s % 64);
+  for (size_t s = 0; s < n; ++s) {
+    uint64_t* a = &anc[s * words];
+    if (phased && phase[s] == 1)
+      for (size_t w = 0; w < words; ++w) a[w] |= first[w];
+    a[s / 64] |= uint64_t{1} << (s % 64);
+    for (int p : preds[s])
+      for (size_t w = 0; w <= static_cast<size_t>(p) / 64; ++w) a[w] |= anc[p * words + w];
+  }
+  for (size_t s = n; s-- > 0;) {
+    desc[s * words + s / 64] |= uint64_t{1} << (s % 64);
+    if (phased && phase[s] == 0)
+      for (size_t w = 0; w < words; ++w) desc[s * words + w] |= second[w];
+    for (int p : preds[s])
+      for (size_t w = s / 64; w < words; ++w) desc[p * words + w] |= desc[s * words + w];
+  }
+  std::vector<char> to_end(nb, 0);
+  for (int b : live_to_end) to_end[b] = 1;
+  std::vector<int64_t> at(n, 0);
+  std::vector<uint64_t> reach(words);
+  bool any = false;
+  for (size_t b = 0; b < nb; ++b) {
+    if (external[b] || writer[b] < 0) continue;
+    any = true;
+    const int64_t size = aligned_size(sizes[b]);
+    const uint64_t* d = &desc[static_cast<size_t>(writer[b]) * words];
+    if (to_end[b]) {
+      std::copy(d, d + words, reach.begin());
+    } else {
+      std::fill(reach.begin(), reach.end(), 0);
+      for (int r : readers[b])
+        for (size_t w = 0; w < words; ++w) reach[w] |= anc[static_cast<size_t>(r) * words + w];
+      for (size_t w = 0; w < words; ++w) reach[w] &= d[w];
+      // A buffer nobody reads is alive while its writer runs.
+      reach[writer[b] / 64] |= uint64_t{1} << (writer[b] % 64);
+    }
+    for (size_t w = 0; w < words; ++w)
+      for (uint64_t m = reach[w]; m; m &= m - 1) at[w * 64 + static_cast<size_t>(__builtin_ctzll(m))] += size;
+  }
+  if (!any) return {0, -1};
+  size_t best = 0;
+  for (size_t s = 1; s < n; ++s)
+    if (at[s] > at[best]) best = s;
+  return {at[best], static_cast<int>(best)};
+}
+
 }  // namespace px

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace px {
@@ -25,6 +26,18 @@ struct BufferPlan {
 // the end. A buffer is allocated at the first step that writes it and freed after its last reader.
 BufferPlan plan_buffers(const std::vector<int64_t>& sizes, const std::vector<PlanStep>& steps,
                         const std::vector<char>& external, const std::vector<int>& live_to_end);
+
+// The most bytes of arena buffers that must be alive together in any order of the steps that keeps
+// their dependences (a step depends on the steps that write what it reads): a buffer must be alive
+// at step u when its writer is u or an ancestor of u and one of its readers is u or a descendant
+// (buffers in `live_to_end` are read at the end). Returns {bytes, step}; {0, -1} without buffers.
+// With `phase` (one entry per step), the steps of phase 1 also depend on every step of phase 0 (a
+// training step's backward pass and update run after its forward pass); steps of phase 2 (copies
+// and collectives) only on what they read. Programs of more than
+// `max_steps` steps are not analysed: {-1, -1}.
+std::pair<int64_t, int> must_live_bytes(const std::vector<int64_t>& sizes, const std::vector<PlanStep>& steps,
+                                        const std::vector<char>& external, const std::vector<int>& live_to_end,
+                                        const std::vector<char>& phase = {}, size_t max_steps = 40000);
 
 constexpr int64_t kBufferAlign = 64;
 inline int64_t aligned_size(int64_t n) { return (std::max<int64_t>(n, 1) + kBufferAlign - 1) / kBufferAlign * kBufferAlign; }

@@ -123,6 +123,7 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram progra
   CompileOptions opt = copt;
   if (opt.value_categories.empty() && !impl->prog.local_categories.empty())
     opt.value_categories = impl->prog.local_categories;
+  if (opt.output_donors.empty()) opt.output_donors = impl->prog.output_donors;
   impl->exe = compile_on_devices(*impl->prog.local, opt, setup);
   impl->ins.resize(static_cast<size_t>(D));
   impl->outs.resize(static_cast<size_t>(D));
@@ -157,8 +158,9 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
                   ", but this executable runs process " + std::to_string(m.process) +
                   "; shard the inputs for this process (px::shard(x, sharding, exe->process()))");
   }
-  // Outputs land in the caller's arrays when they fit and the caller alone holds them (the
-  // buffers of the step before last, in a training loop), else in fresh ones on each device.
+  // Outputs land in the caller's arrays when they fit and the caller alone holds them, or when
+  // they are the shards of the input donated to them (a training step's state), else in fresh
+  // ones on each device.
   outs.resize(g.outputs().size());
   for (size_t o = 0; o < g.outputs().size(); ++o) {
     int v = g.outputs()[o];
@@ -167,8 +169,15 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
     bool reuse =
         outs[o].sharding() == s && outs[o].process() == m.process && static_cast<int64_t>(have.size()) == m.devices;
     const MemoryKind kind = m.exe->output_kind(static_cast<int>(o));
-    for (size_t d = 0; reuse && d < have.size(); ++d)
-      reuse = have[d].type() == g.type(v) && have[d].sole_owner() && have[d].placement().kind == kind;
+    // A donated input's shards (CompileOptions::output_donors) take its output even though the
+    // caller holds them: the program writes them in place.
+    const int donor = m.exe->output_donor(static_cast<int>(o));
+    for (size_t d = 0; reuse && d < have.size(); ++d) {
+      const bool donated = donor >= 0 && static_cast<size_t>(donor) < nin &&
+                           inputs[donor].shards().size() == have.size() &&
+                           inputs[donor].shards()[d].raw() == have[d].raw();
+      reuse = have[d].type() == g.type(v) && (have[d].sole_owner() || donated) && have[d].placement().kind == kind;
+    }
     if (!reuse) {
       std::vector<Array> shards;
       for (int64_t d = 0; d < m.devices; ++d)

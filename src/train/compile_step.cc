@@ -52,6 +52,7 @@ Lowered lower(const StepProgram& p, const ShardingPlan& plan, const std::vector<
   l.local = partition(*p.graph, d, p.categories);
   l.compile = options.compile;
   offload_local(l.local, p, offload, l.compile);
+  l.compile.output_donors = l.local.output_donors;  // the state, donated (planned once)
   dump_pass("offload", [&] { return l.local.local->to_string(); });
   return l;
 }

@@ -120,6 +120,15 @@ StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch)
       for (Array& sh : a.mutable_shards())
         if (sh.placement().kind != want) sh = sh.to({sh.placement().device, want});
     }
+  // A state array that someone else also holds (a copy of the TrainState) is not written into:
+  // its new value goes to a new array, so the copy keeps the old value.
+  std::vector<char> donate;
+  for (auto* group : {&state.params, &state.opt_state})
+    for (const ShardedArray& a : *group) {
+      bool sole = true;
+      for (const Array& sh : a.shards()) sole = sole && sh.sole_owner();
+      donate.push_back(sole);
+    }
   std::vector<ShardedArray> in;
   in.reserve(c_.n_params + c_.n_state + batch.size() + 1);
   for (auto& p : state.params) in.push_back(p);
@@ -132,14 +141,19 @@ StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch)
   }
   Array step = Array::from_i32({traced_step(state.step, "TrainStep")}, {});
   in.push_back(shard(step, c_.exe->in_sharding(static_cast<int>(in.size())), c_.exe->process()));
-  // Double buffering: outputs land in the buffers of the state before last, then swap in.
+  // Donation: the new params and state are written into the arrays of the old ones, in place (the
+  // plan counts them once); the metrics land in the arrays of the last step.
   std::vector<ShardedArray>& out = out_;
+  out.resize(3 + c_.n_params + c_.n_state);
+  for (size_t i = 0; i < c_.n_params + c_.n_state; ++i) out[3 + i] = donate[i] ? in[i] : ShardedArray();
   c_.exe->run_into(in, out);
   // The metrics are replicated: any local shard holds them.
   StepMetrics m = step_metrics(out[0].shards()[0].to_f32()[0], out[1].shards()[0].to_f32()[0],
                                out[2].shards()[0].to_f32()[0], skip_nonfinite_);
-  for (size_t i = 0; i < c_.n_params; ++i) std::swap(state.params[i], out[3 + i]);
-  for (size_t i = 0; i < c_.n_state; ++i) std::swap(state.opt_state[i], out[3 + c_.n_params + i]);
+  // The same arrays (unless the executable could not take them, then new ones); out_ lets go of them.
+  for (size_t i = 0; i < c_.n_params; ++i) state.params[i] = std::move(out[3 + i]);
+  for (size_t i = 0; i < c_.n_state; ++i) state.opt_state[i] = std::move(out[3 + c_.n_params + i]);
+  out.resize(3);
   if (m.skipped)
     ++state.skipped;
   else

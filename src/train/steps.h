@@ -89,7 +89,7 @@ class Step {
   CompiledStep c_;
   int64_t steps_run_ = 0;
   bool skip_nonfinite_ = false;
-  std::vector<ShardedArray> out_;  // last step's outputs: reused as the next step's buffers
+  std::vector<ShardedArray> out_;  // the metrics arrays, reused; the state is donated (written in place)
   std::atomic<bool> busy_{false};  // one step at a time: a concurrent call throws
 };
 

@@ -102,6 +102,10 @@ std::vector<Array> ForwardFn::operator()(const std::vector<Array>& params, const
   return (*fn_)(params, batch);
 }
 
+std::vector<Array> ForwardFn::operator()(std::vector<Array>& params, std::vector<Array>& batch) {
+  return (*fn_)(params, batch);
+}
+
 const Executable& ForwardFn::executable() const { return fn_->executable().executable(); }
 const ShardedFunction& ForwardFn::sharded() const { return *fn_; }
 

@@ -115,17 +115,19 @@ TEST(Remat, TheMemoryReportNamesTheLargestUsersByLayer) {
   int64_t block0 = 0;
   for (const nn::Param& p : f.model.params())
     if (p.path().rfind("blocks.0.", 0) == 0) block0 += p.type().nbytes();
-  EXPECT_EQ(use(none, MemoryCategory::params, "blocks.0"), 2 * block0);             // the params and the new params
-  EXPECT_EQ(use(none, MemoryCategory::params, "final_norm"), 4 * cfg.d_model * 4);  // scale and bias
-  // Full remat's peak is in the backward pass of block 0, whose activations are recomputed there;
-  // the other blocks keep only their inputs.
+  // The params once: the new params are written into them (donation).
+  EXPECT_EQ(use(none, MemoryCategory::params, "blocks.0"), block0);
+  EXPECT_EQ(use(none, MemoryCategory::params, "final_norm"), 2 * cfg.d_model * 4);  // scale and bias
+  // Full remat's peak is in the backward pass of one block, whose activations are recomputed there
+  // (the last block, first in the backward pass, now that gradients are freed by their updates as
+  // they complete); the other blocks keep only their inputs.
+  int small = 0;
   for (int b = 0; b < cfg.n_layers; ++b) {
     const std::string layer = "blocks." + std::to_string(b);
     EXPECT_GT(use(none, MemoryCategory::activations, layer), 0) << layer;
-    if (b > 0)
-      EXPECT_LT(4 * use(full, MemoryCategory::activations, layer), use(none, MemoryCategory::activations, layer))
-          << layer;
+    small += 4 * use(full, MemoryCategory::activations, layer) < use(none, MemoryCategory::activations, layer);
   }
+  EXPECT_GE(small, cfg.n_layers - 1) << full.to_string();
   EXPECT_NE(none.to_string().find("largest at the peak, by category and layer:\n"), std::string::npos)
       << none.to_string();
 }

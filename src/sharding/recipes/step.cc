@@ -257,8 +257,8 @@ int64_t bucket_bytes_for(const ShardingPlan& plan, const ShardingOptions& shardi
 }
 
 // The offload pass on the partitioned local program (params and state are its first inputs, as
-// in the traced step); sets the compile options that go with it, and each value's layer for the
-// memory report.
+// in the traced step); sets the compile options that go with it, each value's layer for the
+// memory report, and the donation of the state (SpmdProgram::output_donors).
 void offload_local(SpmdProgram& local, const StepProgram& global, const OffloadOptions& o, CompileOptions& c) {
   StepProgram lp;
   lp.graph = std::move(local.local);
@@ -276,6 +276,11 @@ void offload_local(SpmdProgram& local, const StepProgram& global, const OffloadO
   local.local = std::move(lp.graph);
   local.local_categories = lp.categories;
   c.value_categories = lp.categories;
+  // Donation: the new params and optimizer state (outputs 3...) are written into the arrays of the
+  // old ones (inputs 0...); detail::Step runs the step so, and the cost model plans it so.
+  local.output_donors.assign(local.local->outputs().size(), -1);
+  for (size_t k = 0; k < lp.n_params + lp.n_state && 3 + k < local.output_donors.size(); ++k)
+    local.output_donors[3 + k] = static_cast<int>(k);
 }
 
 ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std::vector<std::string> param_paths,
@@ -354,14 +359,61 @@ ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std
   }
   auto [g, prog] = program_of(plan_, false);
   graph_ = std::move(g);
-  exe_ = ShardedExecutable::compile(std::move(prog), on.compile, options.device_parallelism, options.communicator);
+  // Donation: each donated argument takes the first output of its type and sharding not taken.
+  names_ = names;
+  CompileOptions copt = on.compile;
+  const size_t nin = types.size(), nout = prog.local->outputs().size();
+  donor_of_out_.assign(nout, -1);
+  for (int i : on.donate) {
+    if (i < 0 || static_cast<size_t>(i) >= nin || std::count(donate_.begin(), donate_.end(), i))
+      throw UserError("[jit] donate: " + std::to_string(i) + " is not an argument position (0 to " +
+                      std::to_string(nin - 1) + ", params first), or is given twice");
+    donate_.push_back(i);
+    const int in = prog.local->inputs()[i];
+    for (size_t o = 0; o < nout; ++o)
+      if (donor_of_out_[o] < 0 && prog.local->type(prog.local->outputs()[o]) == prog.local->type(in) &&
+          prog.out_shardings[o] == prog.in_shardings[i]) {
+        donor_of_out_[o] = i;
+        break;
+      }
+  }
+  if (!donate_.empty()) copt.output_donors = donor_of_out_;
+  exe_ = ShardedExecutable::compile(std::move(prog), copt, options.device_parallelism, options.communicator);
 }
 
 ShardedFunction::~ShardedFunction() = default;
 
 std::vector<Array> ShardedFunction::operator()(const std::vector<Array>& params, const std::vector<Array>& args) {
+  if (!donate_.empty())
+    throw UserError(
+        "[jit] this function donates arguments (ForwardOptions::donate): call it with non-const "
+        "std::vector<px::Array> lvalues, so that the donated arrays can be released");
   std::vector<Array> in = params;
   in.insert(in.end(), args.begin(), args.end());
+  return run(in, false);
+}
+
+std::vector<Array> ShardedFunction::operator()(std::vector<Array>& params, std::vector<Array>& args) {
+  std::vector<Array> in = params;
+  in.insert(in.end(), args.begin(), args.end());
+  for (int i : donate_)
+    if (static_cast<size_t>(i) < in.size() && !in[i].defined())
+      throw UserError("[jit] argument " + std::to_string(i) + " ('" + names_[i] +
+                      "') has no data: it was donated to an earlier call (ForwardOptions::donate), which released "
+                      "it; pass the array that call returned instead");
+  std::vector<Array> out = run(in, !donate_.empty());
+  // Released: the donated buffers now hold outputs.
+  for (int i : donate_) {
+    const size_t k = static_cast<size_t>(i);
+    if (k < params.size())
+      params[k] = Array();
+    else if (k - params.size() < args.size())
+      args[k - params.size()] = Array();
+  }
+  return out;
+}
+
+std::vector<Array> ShardedFunction::run(const std::vector<Array>& in, bool donating) {
   if (plan_.mesh.size() > 1) return exe_->run_full(in);
   // One device: each array is its own only shard, passed and returned without a copy.
   std::vector<ShardedArray> sharded;
@@ -371,8 +423,13 @@ std::vector<Array> ShardedFunction::operator()(const std::vector<Array>& params,
       return exe_->run_full(in);  // run_full names the mismatch
     sharded.emplace_back(in[i].type(), s, std::vector<Array>{in[i]});
   }
+  // A donated argument's array takes its output (written in place); without donation, fresh arrays.
+  std::vector<ShardedArray> outs(donor_of_out_.size());
+  for (size_t o = 0; donating && o < outs.size(); ++o)
+    if (donor_of_out_[o] >= 0) outs[o] = sharded[donor_of_out_[o]];
+  exe_->run_into(sharded, outs);
   std::vector<Array> out;
-  for (ShardedArray& r : exe_->run(sharded)) out.push_back(r.shards()[0]);
+  for (ShardedArray& r : outs) out.push_back(r.shards()[0]);
   return out;
 }
 
