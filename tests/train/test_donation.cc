@@ -13,6 +13,7 @@
 #include "parallax/nn.h"
 #include "parallax/parallel.h"
 #include "parallax/train.h"
+#include "train/steps.h"
 
 namespace px {
 namespace {
