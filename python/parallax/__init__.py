@@ -51,7 +51,7 @@ def stop_gradient(x):
     """x, with no gradient flowing back through it."""
     return _core.stop_gradient(numpy.asarray(x))
 from ._core import Mesh, ShardingPlan, ShardingStrategy, StepMetrics, TrainState
-from ._train import PartitionSpec, TrainStep, create_sharded_model, strategy
+from ._train import PartitionSpec, TrainStep, create_sharded_model, offload_model, strategy
 
 __version__ = _core.__version__
 

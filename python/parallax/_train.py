@@ -69,6 +69,26 @@ def _batch_types(batch):
     return out
 
 
+class Offloaded:
+    """A model whose params (globs of their paths) and optimizer state a TrainStep keeps in pinned
+    host memory, fetched a layer ahead of use (px.offload_model)."""
+
+    def __init__(self, model, params, optimizer_state):
+        self.model, self.params, self.optimizer_state = model, list(params), bool(optimizer_state)
+
+
+def offload_model(model, params=("*",), optimizer_state: bool = True) -> Offloaded:
+    """`model` trained with its params matching `params` (globs of param paths, "*": all) and,
+    with optimizer_state, the optimizer state in pinned host memory (px::OffloadOptions): a
+    TrainStep or create_sharded_model of the result fetches them to the device a layer ahead of
+    use and runs the update on the host. The results are the same bits; the device holds less."""
+    if isinstance(model, Offloaded):
+        raise UserError("offload_model: the model is already offloaded; give the settings in one call")
+    if isinstance(params, str):
+        params = [params]
+    return Offloaded(model, params, optimizer_state)
+
+
 class TrainStep:
     """One training step (forward, loss, backward, clipping, optimizer update) traced and
     compiled as one program (px::TrainStep).
@@ -83,6 +103,13 @@ class TrainStep:
 
     def __init__(self, model, loss_fn, optimizer, batch, *, mesh: Mesh | None = None,
                  strategy=ShardingStrategy.DDP, **options):
+        if isinstance(model, Offloaded):
+            for key in ("offload_params", "offload_optimizer_state"):
+                if key in options:
+                    raise UserError(f"TrainStep: the model comes from px.offload_model; drop {key}=")
+            options["offload_params"] = model.params
+            options["offload_optimizer_state"] = model.optimizer_state
+            model = model.model
         types = _batch_types(batch)
         for key in ("rules", "activation_rules"):
             if key in options:

@@ -130,6 +130,26 @@ def test_remat_and_offload_change_memory_not_results(options, rng):
         assert other.peak_bytes() <= plain.peak_bytes()
 
 
+def test_offload_model_keeps_the_state_on_the_host_and_the_bits(rng):
+    model = python_gpt_like(config(), seed=2)
+    sample = [(px.int32, (4, 16))] * 2
+    plain = px.TrainStep(model, loss_fn, px.optim.adamw(3e-3), sample)
+    off = px.TrainStep(px.offload_model(model), loss_fn, px.optim.adamw(3e-3), sample)
+    sharded = px.create_sharded_model(px.offload_model(model, params="blocks.*"), sample, loss_fn=loss_fn,
+                                      optimizer=px.optim.adamw(3e-3), strategy="DDP",
+                                      mesh=px.Mesh.cpu([("data", 2)]))
+    s1, s2, s3 = plain.init(), off.init(), sharded.init()
+    for tokens, targets in _batches(rng, 3):
+        loss = plain(s1, tokens, targets).loss
+        assert off(s2, tokens, targets).loss == loss  # bitwise
+        assert sharded(s3, tokens, targets).loss == pytest.approx(loss, rel=1e-5)
+    assert off.peak_bytes() < plain.peak_bytes()  # the device's peak; the state is on the host
+    with pytest.raises(px.UserError, match="already offloaded"):
+        px.offload_model(px.offload_model(model))
+    with pytest.raises(px.UserError, match="offload_params"):
+        px.TrainStep(px.offload_model(model), loss_fn, px.optim.sgd(0.1), sample, offload_params=["*"])
+
+
 def test_unknown_remat_policy_names_the_policies():
     with pytest.raises(px.Error, match="everything"):
         px.TrainStep(px.nn.Linear(2, 2), lambda m, x: pnp.sum(m(x)), px.optim.sgd(0.1), [(px.float32, (2, 2))],
