@@ -12,6 +12,11 @@
 namespace {
 
 TEST(FmaPeak, NeverBelowTheBestGemm) {
+#if defined(__SANITIZE_ADDRESS__)
+  // The FMA loop is this build's code (instrumented, -O1) and the GEMM is oneDNN's (not): their
+  // ratio says nothing about the machine here. The Release build runs the check.
+  GTEST_SKIP() << "a timing check: not under the sanitizers";
+#endif
   double peak_f32 = 0, peak_bf16 = 0, gemm_f32 = 0, gemm_bf16 = 0;
   px::bench::FmaPeak p;
   for (int attempt = 0; attempt < 3; ++attempt) {
