@@ -133,12 +133,8 @@ StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch)
   in.reserve(c_.n_params + c_.n_state + batch.size() + 1);
   for (auto& p : state.params) in.push_back(p);
   for (auto& s : state.opt_state) in.push_back(s);
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (batch[i].type() != batch_types_[i])
-      throw Error("[TrainStep] batch array " + std::to_string(i) + " has type " + type_str(batch[i].type()) +
-                  ", the step was traced for " + type_str(batch_types_[i]));
+  for (size_t i = 0; i < batch.size(); ++i)
     in.push_back(shard(batch[i], batch_sharding(static_cast<int>(i)), c_.exe->process()));
-  }
   Array step = Array::from_i32({traced_step(state.step, "TrainStep")}, {});
   in.push_back(shard(step, c_.exe->in_sharding(static_cast<int>(in.size())), c_.exe->process()));
   // Donation: the new params and state are written into the arrays of the old ones, in place (the
