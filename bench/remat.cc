@@ -5,6 +5,7 @@
 // none and full. The timed steps of all policies are interleaved. One JSON line per policy.
 //
 //   build/bench/remat [--layers 12] [--seq 1024] [--batch 1] [--steps 3] [--warmup 1] [--d 512] ...
+//                     [--policies none,offload]   (a subset, in the order above; auto needs none and full)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,9 +39,22 @@ double graph_flops(const px::Graph& g) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::string only;  // --policies: comma-separated names; empty = all
   px::bench::GptArgs a = px::bench::parse_gpt_args(
-      argc, argv, "remat", {.steps = 3, .warmup = 1, .layers = 12, .seq = 1024, .batch = 1}, false);
+      argc, argv, "remat", {.steps = 3, .warmup = 1, .layers = 12, .seq = 1024, .batch = 1}, false,
+      [&](const std::string& k, const std::string& v) { return k == "--policies" && !(only = "," + v + ",").empty(); });
+  auto wanted = [&](px::RematPolicy p) {
+    return only.empty() || only.find(std::string(",") + px::remat_policy_name(p) + ",") != std::string::npos;
+  };
   try {
+    for (size_t i = 1; i < only.size(); i = only.find(',', i) + 1) {
+      const std::string name = only.substr(i, only.find(',', i) - i);
+      if (!name.empty()) px::parse_remat_policy(name);  // a clear error naming the policies
+    }
+    if (wanted(px::RematPolicy::automatic) && !(wanted(px::RematPolicy::none) && wanted(px::RematPolicy::full))) {
+      std::fprintf(stderr, "remat: --policies with auto needs none and full too (its budget is halfway between them)\n");
+      return 2;
+    }
     px::nn::LmConfig cfg = a.config();
     px::nn::TransformerLm model(cfg);
     px::TensorType seq{px::DType::i32, {a.batch, a.seq}};
@@ -70,6 +84,7 @@ int main(int argc, char** argv) {
                               px::RematPolicy::dots_with_no_batch_dims_saveable, px::RematPolicy::full,
                               px::RematPolicy::nothing_saveable, px::RematPolicy::offload,
                               px::RematPolicy::automatic}) {
+      if (!wanted(p)) continue;
       Run r;
       // auto: a budget halfway between the planned peaks of none and full.
       r.ro = {p, {}, -1, p == px::RematPolicy::automatic ? (none_peak + full_peak) / 2 : 0};
@@ -118,7 +133,7 @@ int main(int argc, char** argv) {
     double none_s = 0;
     for (Run& r : runs) {
       std::sort(r.times.begin(), r.times.end());
-      const double t = r.times[r.times.size() / 2];
+      const double t = r.times.empty() ? 0.0 : r.times[r.times.size() / 2];
       if (r.ro.policy == px::RematPolicy::none) none_s = t;
       const px::MemoryReport& m = r.m;
       std::printf(
@@ -131,7 +146,7 @@ int main(int argc, char** argv) {
           r.name.c_str(), static_cast<long long>(r.ro.budget_bytes), static_cast<long long>(a.layers),
           static_cast<long long>(a.seq), static_cast<long long>(a.batch), static_cast<long long>(m.peak_bytes),
           static_cast<long long>(m.arena_max_by_category[static_cast<int>(px::MemoryCategory::activations)]),
-          static_cast<long long>(r.measured), r.recomputed, step_flops, r.recomputed / step_flops, t, t / none_s - 1.0,
+          static_cast<long long>(r.measured), r.recomputed, step_flops, r.recomputed / step_flops, t, none_s > 0 ? t / none_s - 1.0 : 0.0,
           static_cast<long long>(m.host_peak_bytes()), static_cast<long long>(m.floor_bytes), m.peak_over_floor(),
           r.loss);
       std::fflush(stdout);

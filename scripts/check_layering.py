@@ -43,18 +43,12 @@ HEADERS = {
     "distributed.h": "distributed", "remat.h": "memory", "nn.h": "nn", "optim.h": "optim",
     "text.h": "text", "data.h": "data", "text_data.h": "data", "sharding.h": "sharding", "spmd.h": "sharding",
     "strategy.h": "sharding", "auto.h": "sharding", "parallel.h": "sharding", "checkpoint.h": "checkpoint",
-    "train.h": "train", "plan.h": "train", "pax.h": "pax",
+    "train.h": "train", "plan.h": "train", "pax.h": "pax", "pipeline.h": "sharding",
 }
 UMBRELLA = {"parallax.h"}
 
 # Known back-edges (from -> to): what removes each. Keep this list short and shrinking.
-KNOWN = {
-    ("ops", "sharding"): "local forms and sharding rules registered from src/ops (issue: typed primitives)",
-    ("backend", "runtime"): "backend.h takes the runtime's schedule unit (issue: the backend seam)",
-    ("backend", "distributed"): "backend.h names the communicator (issue: the backend seam)",
-    ("distributed", "sharding"): "ProcessWorld hands out its DeviceSet, declared with the Mesh in sharding.h "
-                                 "(issue: the backend seam, devices per platform)",
-}
+KNOWN = {}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 

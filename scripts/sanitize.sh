@@ -21,8 +21,8 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # Third-party process-lifetime caches (fontconfig) are suppressed by name in scripts/lsan.supp.
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/scripts/lsan.supp:print_suppressions=0}
 # Excluded here, explicitly: tests that count malloc calls by replacing malloc, which ASan owns
-# (tests/runtime/test_executable.cc compiles its replacement out under ASan). e2e_find_package
-# installs and rebuilds a consumer without sanitizer flags: the normal build runs it.
-EXCLUDE='^(ExecutableTest\.(RunIntoPerformsNoAllocation|RunIntoOfATrainingStepPerformsNoAllocation|OutputsAreWrittenInPlaceOfInputsWhenSafe)|e2e_find_package)$'
+# (tests/runtime/test_executable.cc compiles its replacement out under ASan). e2e_find_package and
+# e2e_find_package_core install and rebuild a consumer without sanitizer flags: the normal build runs them.
+EXCLUDE='^(ExecutableTest\.(RunIntoPerformsNoAllocation|RunIntoOfATrainingStepPerformsNoAllocation|OutputsAreWrittenInPlaceOfInputsWhenSafe)|e2e_find_package(_core)?)$'
 (cd "$BUILD" && ctest --output-on-failure -j"${PX_JOBS:-2}" -E "$EXCLUDE")
 echo "sanitize: tests done in $(( $(date +%s) - built )) s; all done in $(( $(date +%s) - start )) s"

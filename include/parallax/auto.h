@@ -153,6 +153,7 @@ struct StepSetup {
   DType compute_dtype = DType::f32;
   ShardingOptions sharding;
   double clip_norm = 0;
+  int microbatches = 1;  // gradient accumulation (TrainStepOptions::microbatches)
   RematOptions remat;  // the step is planned and costed rematerialized (not RematPolicy::automatic)
   OffloadOptions offload;  // and with these params and optimizer state in pinned_host memory
 };

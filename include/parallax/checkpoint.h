@@ -15,6 +15,10 @@
 //     px::ShardedArray w = r.get("blocks.0.w");          // on new_sharding's mesh
 //   }
 //   px::export_safetensors(ckpt.path(*ckpt.latest_step()), "model.safetensors");  // params only
+//
+// One checkpoint directory without a manager (what TrainStep::save writes):
+//   px::write_checkpoint("run/ckpt", c);                // replaces a committed checkpoint there
+//   px::Checkpoint r = px::read_checkpoint("run/ckpt", {.shardings = ...});
 #pragma once
 
 #include <cstdint>
@@ -44,6 +48,9 @@ struct Checkpoint {
   std::string config_json = "{}";        // the resolved experiment config
   std::string data_state_json = "null";  // the data iterator's position
   std::string rng_state_json = "null";
+  // The optimizer whose state the arrays hold (optim::Optimizer::name(); "" when none is recorded):
+  // two optimizers can share slot names, and a restore checks it.
+  std::string optimizer;
   std::string library_version;  // filled by restore: the version that wrote the checkpoint
 
   Checkpoint() = default;
@@ -99,9 +106,13 @@ struct CheckpointArrayInfo {
 // A checkpoint's metadata, without reading any chunk.
 struct CheckpointInfo {
   int64_t step = 0;
-  std::string path, library_version, config_json, data_state_json, rng_state_json;
+  std::string path, library_version, config_json, data_state_json, rng_state_json, optimizer;
   std::vector<CheckpointArrayInfo> arrays;
 };
+
+namespace ckpt {
+struct SaveJob;  // what one save writes (internal)
+}  // namespace ckpt
 
 // One directory of checkpoints: DIR/checkpoint_%08d/. Only committed checkpoints are seen.
 class CheckpointManager {
@@ -133,9 +144,7 @@ class CheckpointManager {
   void remove(int64_t step);
 
  private:
-  struct Job;
-  static void build_job(const Checkpoint& c, int zstd_level, std::vector<Array>* staging, Job& job);
-  void write(Job& job);
+  void write(ckpt::SaveJob& job);
   void check_saveable(const Checkpoint& c) const;
 
   std::string dir_;
@@ -144,16 +153,26 @@ class CheckpointManager {
   std::unique_ptr<Pending> pending_;
 };
 
-// Free functions over one checkpoint directory (DIR/checkpoint_%08d).
+// Free functions over one checkpoint directory (DIR/checkpoint_%08d, or any directory that
+// write_checkpoint wrote).
 CheckpointInfo read_checkpoint_info(const std::string& checkpoint_dir);
 Checkpoint read_checkpoint(const std::string& checkpoint_dir, const RestoreOptions& options = {});
+// Writes c as the one checkpoint `checkpoint_dir` (each process its own shards, as a manager's
+// save does; options.processes and zstd_level apply, the keep policy does not) and commits it:
+// into DIR.tmp, then swapped with a committed checkpoint already at DIR, which is deleted. Refuses
+// to replace a directory that is not a committed checkpoint. Throws px::Error on failure.
+void write_checkpoint(const std::string& checkpoint_dir, const Checkpoint& c, const CheckpointOptions& options = {});
 
 // Writes one group (default the params) of a checkpoint as one safetensors file of full arrays
 // (metadata: "step", "format"), which safetensors, torch and numpy read.
 void export_safetensors(const std::string& checkpoint_dir, const std::string& out_path,
                         const std::string& group = "params");
+// The same from a checkpoint in memory (its arrays gathered on this process; "" writes every
+// group), with the metadata "step", "group" and, when recorded, "optimizer".
+void export_safetensors(const Checkpoint& c, const std::string& out_path, const std::string& group = "params");
 // Reads a safetensors file (e.g. an export, or weights from another tool) as a Checkpoint of
-// one group, each array placed on options.shardings (one device when absent).
+// one group, each array placed on options.shardings (one device when absent); the metadata's
+// "step" and "optimizer" when present.
 Checkpoint import_safetensors(const std::string& path, const RestoreOptions& options = {},
                               const std::string& group = "params");
 

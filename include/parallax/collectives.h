@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "parallax/graph.h"  // CollectiveKind
+
 namespace px {
 
-enum class CollectiveKind { all_reduce, all_gather, reduce_scatter, all_to_all, permute, broadcast };
-constexpr int kNumCollectiveKinds = 6;
 const char* collective_name(CollectiveKind k);
 
 // Bytes moved by collectives, per device (mesh position) and kind. `payload` is the size of the

@@ -89,6 +89,21 @@ class Array {
   static Array from_f32(const std::vector<float>& v, const Shape& shape, DType dtype = DType::f32);
   static Array from_i32(const std::vector<int32_t>& v, const Shape& shape);
   static Array scalar(float v, DType dtype = DType::f32) { return from_f32({v}, {}, dtype); }
+  // Adopts `data`, host memory another library allocated (a NumPy array, a torch tensor), without a
+  // copy: the Array views it as `type` (dense, row-major) and holds `owner` until the last Array
+  // sharing the buffer is gone, then lets go of it (owner's deleter releases the memory; Parallax
+  // never frees it, and memory_stats does not count it). `data` must be aligned to the element
+  // size (adoptable(); the kernels load vectors unaligned, so Parallax's own 64-byte alignment is
+  // a speed-up, not a need); else px::UserError: copy it instead. An adopted Array is never its
+  // buffer's sole_owner() (the other library holds the memory too), so programs never write their
+  // results into it unless it is donated explicitly; a `read_only` one is never written at all:
+  // donating it is a px::UserError.
+  static Array adopt(void* data, TensorType type, std::shared_ptr<void> owner, bool read_only = false);
+  static bool adoptable(const void* data, DType dtype) {
+    return data != nullptr && reinterpret_cast<uintptr_t>(data) % static_cast<uintptr_t>(dtype_size(dtype)) == 0;
+  }
+  bool adopted() const;    // made by adopt(): the memory belongs to another library
+  bool read_only() const;  // adopted read-only: nothing may write into it
 
   DType dtype() const { return type_.dtype; }
   const Shape& shape() const { return type_.shape; }
@@ -110,7 +125,8 @@ class Array {
   Array to(const Placement& p) const;  // a copy at p (another device or memory kind); *this when already there
   Array reshape(const Shape& s) const;  // shares the buffer
   // True when no other Array shares this buffer (so writing into it is invisible elsewhere).
-  bool sole_owner() const { return data_.use_count() <= 1; }
+  // Never for adopted memory, which its library also holds.
+  bool sole_owner() const { return data_.use_count() <= 1 && !adopted(); }
 
  private:
   TensorType type_;

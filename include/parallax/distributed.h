@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "parallax/sharding.h"
+#include "parallax/memory.h"  // DeviceSet
 
 namespace px {
 
@@ -27,7 +27,7 @@ struct ProcessWorld {
   int size = 1;  // processes in the job
   // Every process's devices: cpu:(N * size) over `size` processes (cpu:N when not launched).
   DeviceSet devices;
-  // This process's communicator over MPI (see src/distributed/mpi.h); nullptr when the program
+  // This process's communicator over MPI (see src/distributed/mpi/mpi.h); nullptr when the program
   // was not launched by mpirun / srun, where the in-process collectives are used.
   Communicator* communicator = nullptr;
   std::string launcher;            // "mpirun", "pmix", "srun", or "" (not launched)

@@ -22,6 +22,11 @@ namespace px {
 struct Primitive;
 class Graph;
 
+// The collectives of local (per-device) programs: what a collective primitive is
+// (Primitive::spmd.collective) and what parallax/collectives.h counts.
+enum class CollectiveKind { all_reduce, all_gather, reduce_scatter, all_to_all, permute, broadcast };
+constexpr int kNumCollectiveKinds = 6;
+
 using AttrValue = std::variant<int64_t, double, std::string, std::vector<int64_t>, DType, std::shared_ptr<const Array>>;
 
 // Node attributes, kept sorted by key so that printing and hashing are canonical.

@@ -24,6 +24,23 @@ struct Placement {
   std::string to_string() const;  // "cpu:3/device"
 };
 
+// The devices a mesh is made on (parallax/sharding.h): "cpu:8" is 8 virtual CPU devices in this
+// process. `processes` > 1 spreads them over that many processes, in equal consecutive blocks
+// (DeviceSet{"cpu", 8, 2}: "cpu:8 over 2 processes"); Mesh::create then makes a mesh whose
+// positions know their process (tests run such a world as threads, see make_threaded_world).
+struct DeviceSet {
+  std::string platform = "cpu";
+  int64_t count = 1;
+  int64_t processes = 1;
+  std::string to_string() const;  // "cpu:8", or "cpu:8 over 2 processes"
+  bool operator==(const DeviceSet& o) const = default;
+};
+// Parses "cpu" (= cpu:1) or "cpu:N" (N >= 1); anything else (e.g. "cuda:2", not supported yet)
+// throws px::Error naming the text and the accepted forms.
+DeviceSet parse_devices(const std::string& text);
+// The devices named by PX_DEVICES (cpu:1 when unset).
+DeviceSet default_devices();
+
 struct MemoryStats {
   int64_t bytes_in_use = 0;
   int64_t peak_bytes_in_use = 0;  // high-water mark since the start or the last reset_peak_memory

@@ -17,6 +17,7 @@
 #include "parallax/ops.h"
 #include "parallax/optim.h"
 #include "parallax/parallel.h"
+#include "parallax/pipeline.h"
 #include "parallax/plan.h"
 #include "parallax/remat.h"
 #include "parallax/runtime.h"

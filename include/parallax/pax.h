@@ -96,6 +96,7 @@ struct MemoryConfig {
 
 struct TrainConfig {
   int64_t steps = 100;
+  int64_t microbatches = 1;  // gradient accumulation: microbatches per step (divides the batch per device)
   int64_t eval_interval = 50;   // 0 = only at the end
   int64_t eval_batches = 0;     // 0 = the whole eval split
   int64_t checkpoint_interval = 50;  // 0 = only at the end
@@ -185,6 +186,7 @@ struct PlanReport {
   int64_t devices = 1;
   std::string mesh;                // "Mesh{data: 4} on cpu:4" or "one device"
   std::string strategy;
+  int64_t microbatches = 1;        // train.microbatches: the step's batch in this many, one update
   std::string table;               // per param: shape, spec, bytes per device
   int64_t param_bytes_per_device = 0;
   int64_t optimizer_bytes_per_device = 0;

@@ -93,6 +93,8 @@ struct CompileOptions {
   int collective_lookahead = 1;
   // Fetches to device memory (transfer nodes, px::to_memory) start when the prefetch group
   // `prefetch_depth` groups before theirs is first used: 0 = just before their own first use.
+  // Neither starts earlier than its result fits under the peak the program has with every gather
+  // and fetch at its first use: ahead of use never raises the peak.
   int prefetch_depth = 1;
   // Optional: what each value of the graph holds (size = number of values), for memory().
   std::vector<MemoryCategory> value_categories;
@@ -113,6 +115,10 @@ struct CompileOptions {
   // gradient (norms, clipping, the optimizer update) runs as soon as its operands are ready, so
   // that a gradient is freed when its update has read it rather than after the whole backward pass.
   bool update_as_gradients_complete = true;
+  // Training steps: the floor (MemoryReport::floor_bytes) counts the backward pass as running after
+  // the whole forward pass. False for a step of several microbatches (TrainStepOptions::microbatches),
+  // where each backward pass follows its own microbatch's forward pass only.
+  bool one_forward_pass = true;
 };
 
 class Executable {

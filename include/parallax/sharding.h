@@ -25,6 +25,7 @@
 
 #include "parallax/core.h"
 #include "parallax/graph.h"
+#include "parallax/memory.h"  // DeviceSet
 
 namespace px {
 
@@ -39,23 +40,6 @@ struct MeshAxis {
   int64_t size = 1;
   Link link;
 };
-
-// The devices a mesh is made on: "cpu:8" is 8 virtual CPU devices in this process.
-// `processes` > 1 spreads them over that many processes, in equal consecutive blocks
-// (DeviceSet{"cpu", 8, 2}: "cpu:8 over 2 processes"); Mesh::create then makes a mesh whose
-// positions know their process (tests run such a world as threads, see make_threaded_world).
-struct DeviceSet {
-  std::string platform = "cpu";
-  int64_t count = 1;
-  int64_t processes = 1;
-  std::string to_string() const;  // "cpu:8", or "cpu:8 over 2 processes"
-  bool operator==(const DeviceSet& o) const = default;
-};
-// Parses "cpu" (= cpu:1) or "cpu:N" (N >= 1); anything else (e.g. "cuda:2", not supported yet)
-// throws px::Error naming the text and the accepted forms.
-DeviceSet parse_devices(const std::string& text);
-// The devices named by PX_DEVICES (cpu:1 when unset).
-DeviceSet default_devices();
 
 // Ordered named axes over a list of devices. Device position p (0 .. size()-1) has row-major
 // coordinates over the axes (the last axis varies fastest) and runs on device_ids()[p] (its

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "parallax/checkpoint.h"
 #include "parallax/nn/module.h"
 #include "parallax/optim.h"
 #include "parallax/parallel.h"
@@ -37,6 +38,13 @@ struct TrainStepOptions {
   ShardingStrategy strategy = ShardingStrategy::DDP;
   ShardingOptions sharding;
   double clip_norm = 0.0;  // > 0: clip gradients to this global norm; 0: no clipping
+  // Gradient accumulation: each batch array's rows are split into this many microbatches (rows
+  // k, k + m, k + 2m, ...; on a mesh, each device's microbatch is made of its own rows), each run
+  // forward and backward in turn, and their mean gradient applied in one update. One
+  // microbatch's activations are alive at a time, so the planned peak falls as m grows; the loss
+  // reported is the mean of the microbatches' losses (the whole batch's when the loss is a mean
+  // over equal microbatches' rows). m must divide the batch rows each device holds.
+  int microbatches = 1;
   RematOptions remat;      // recompute forward values in the backward pass instead of keeping them
   OffloadOptions offload;  // keep params and optimizer state in pinned_host memory
   // When the loss or the gradient norm is NaN or infinite, keep params and optimizer state as they
@@ -99,12 +107,29 @@ class TrainStep {
   std::vector<Array> gather_params(const TrainState& s) const;
   std::vector<Array> gather_opt_state(const TrainState& s) const;
 
-  // Saves params (named by their paths) and optimizer state (named "<path>.<slot>", e.g.
-  // "blocks.0.attn.wq.m") as one safetensors file of full arrays, with the step count in the
-  // metadata; so a step on any mesh or strategy loads it (split again on load). Over several
-  // processes every process calls save (process 0 writes) and load.
-  void save(const std::string& path, const TrainState& state) const;
-  TrainState load(const std::string& path) const;
+  // Saves the state as one checkpoint directory in the format of px::CheckpointManager (and pax):
+  // params named by their paths (group "params"), optimizer state "<path>.<slot>" (e.g.
+  // "blocks.0.attn.wq.m", group "opt_state"), the step and the optimizer's name in the metadata.
+  // Each process writes only the shards it holds (no gather); the checkpoint is committed
+  // atomically and replaces a committed checkpoint at `dir`. Over several processes every
+  // process calls save and load, on a file system they share.
+  // A path ending in ".safetensors" is an export instead: one file of full arrays (gathered;
+  // process 0 writes), with "step" and "optimizer" in its metadata.
+  void save(const std::string& dir, const TrainState& state) const;
+  // Loads a checkpoint onto this step's mesh and shardings, whatever mesh or strategy saved it
+  // (each process reads only the chunks its shards overlap). `dir` is a checkpoint directory
+  // (save's, or a pax job's checkpoints/checkpoint_N), a directory of them (the newest committed
+  // one is read, e.g. JOB_DIR/checkpoints) or a ".safetensors" file (save's export, imported).
+  // Throws px::UserError naming the tensor when the checkpoint is of another model or optimizer.
+  TrainState load(const std::string& dir) const;
+  // The same pieces for a px::CheckpointManager (keep policy, asynchronous saves):
+  //   mgr.save_async(step.checkpoint(state));
+  //   state = step.restore(mgr.restore(*mgr.latest_step(), step.restore_options()));
+  Checkpoint checkpoint(const TrainState& state) const;  // the state's entries, shards not copied
+  RestoreOptions restore_options() const;                // this step's shardings and process
+  // The state from a checkpoint (checked like load); arrays not on this step's shardings are split
+  // again when they are whole (e.g. import_safetensors), else refused.
+  TrainState restore(const Checkpoint& c) const;
   std::vector<std::string> state_names() const;  // the optimizer-state tensor names
 
   // Each param's spec and bytes per device (on one device: a 1-device mesh, all replicated).

@@ -130,42 +130,70 @@ def _owner_of_numpy(x: np.ndarray):
     return None
 
 
-def from_dlpack(x) -> Array:
+def from_dlpack(x, *, copy=None) -> Array:
     """A px.Array from anything with __dlpack__ (torch, JAX, NumPy, px.Array) on the CPU.
 
-    A px.Array's own memory comes back without a copy; other memory is copied (px::Array cannot
-    adopt foreign memory)."""
+    Without a copy where the layout allows: a px.Array's own memory comes back as that array, and
+    other contiguous memory aligned to its element size is adopted (the px.Array holds the tensor
+    alive). copy=True always copies; copy=False raises px.UserError where a copy would be needed."""
     if isinstance(x, Array):
-        return x
+        return x.copy() if copy else x
+    if isinstance(x, np.ndarray):  # the buffer protocol also takes read-only arrays
+        return asarray(x, copy=copy)
     if not hasattr(x, "__dlpack__"):
         raise UserError(f"px.from_dlpack: {type(x).__name__} has no __dlpack__ method")
-    return Array._from_dlpack_capsule(x.__dlpack__(), _exported_owner)
+    out = Array._from_dlpack_capsule(x.__dlpack__(), _exported_owner, adopt=not copy)
+    if copy is False and not _shares(out, x):
+        raise UserError("px.from_dlpack(copy=False): the tensor's memory cannot be used without a copy (it is not "
+                        f"aligned to its {out.nbytes // max(out.size, 1)}-byte elements); pass copy=None to copy it")
+    return out
 
 
-def asarray(x, dtype=None) -> Array:
+def _data_ptr(x) -> int | None:
+    if isinstance(x, np.ndarray):
+        return x.__array_interface__["data"][0]
+    ptr = getattr(x, "data_ptr", None)  # torch.Tensor.data_ptr()
+    return ptr() if callable(ptr) else None
+
+
+def _shares(a: Array, x) -> bool:
+    return a.size == 0 or _data_ptr(x) in (None, a.data_ptr)
+
+
+def asarray(x, dtype=None, *, copy=None) -> Array:
     """A px.Array from a px.Array, a NumPy array, anything with __dlpack__, or Python numbers.
 
-    Zero-copy for px.Arrays and NumPy/DLPack views of a px.Array's memory; a copy otherwise.
-    Non-contiguous arrays and unsupported dtypes raise px.UserError."""
+    Without a copy where the layout allows (docs/python.md): a px.Array, a NumPy or DLPack view of
+    one, and a contiguous NumPy array or DLPack tensor aligned to its element size (the px.Array
+    adopts its memory and holds it alive; a read-only NumPy array stays read-only). Otherwise, or
+    with copy=True, the values are copied; copy=False raises px.UserError where a copy would be
+    needed. Non-contiguous arrays and unsupported dtypes raise px.UserError."""
     want = None if dtype is None else globals()["dtype"](dtype)
     if isinstance(x, Array):
-        out = x
+        out = x.copy() if copy else x
     elif isinstance(x, np.ndarray) or np.isscalar(x) and isinstance(x, np.generic):
         x = np.asarray(x)
         d = _numpy_to_px(x, "px.asarray")
         owner = _owner_of_numpy(x) if x.flags.c_contiguous else None
         if owner is not None and owner.dtype == d and owner.size == x.size:
             out = owner if tuple(owner.shape) == x.shape else owner.reshape(list(x.shape))
+            if copy:
+                out = out.copy()
         else:
             if not x.flags.c_contiguous:
                 raise UserError(f"px.asarray: the array is not C-contiguous (shape {x.shape}, strides {x.strides} "
                                 "in bytes); pass np.ascontiguousarray(x) to copy it")
-            if d == DType.bf16:
-                x = x.view(np.uint16)
-            out = Array._from_buffer(x, d)
+            out = Array._from_buffer(x.view(np.uint16) if d == DType.bf16 else x, d, adopt=not copy)
+            if copy is False and not _shares(out, x):
+                raise UserError(f"px.asarray(copy=False): the array's memory is not aligned to its "
+                                f"{x.itemsize}-byte elements, so it cannot be used without a copy; pass copy=None "
+                                "to copy it")
     elif hasattr(x, "__dlpack__") and not isinstance(x, (list, tuple)):
-        out = from_dlpack(x)
+        out = from_dlpack(x, copy=copy)
     else:
+        if copy is False:
+            raise UserError(f"px.asarray(copy=False): a {type(x).__name__} has no array memory to use; pass "
+                            "copy=None")
         arr = np.asarray(x)
         if arr.dtype == np.float64:
             arr = arr.astype(np.float32)
@@ -173,6 +201,9 @@ def asarray(x, dtype=None) -> Array:
             arr = arr.astype(np.int32)
         return asarray(np.ascontiguousarray(arr), want)
     if want is not None and out.dtype != want:
+        if copy is False:
+            raise UserError(f"px.asarray(copy=False): converting {_core.dtype_name(out.dtype)} to "
+                            f"{_core.dtype_name(want)} needs a copy; pass copy=None")
         out = out.astype(want)
     return out
 

@@ -96,7 +96,7 @@ class TrainStep:
     model: a px.nn.Module (or any tree of arrays) with loss_fn(model, *batch) -> scalar Tensor,
     or a built-in px.nn.TransformerLm (loss_fn None: next-token loss over (tokens, targets)).
     batch: sample arrays or (dtype, shape) pairs. mesh and strategy shard it (see
-    px.create_sharded_model); other keywords: clip_norm, skip_nonfinite, compile,
+    px.create_sharded_model); other keywords: clip_norm, microbatches, skip_nonfinite, compile,
     data_axis, model_axis, auto_time_limit_s, auto_cluster, remat, remat_budget_bytes,
     offload_params, offload_optimizer_state, and rules / activation_rules: [(glob,
     PartitionSpec or its text)], first match wins (MANUAL, or overrides of any strategy)."""
@@ -172,9 +172,13 @@ class TrainStep:
         return dict(zip(self.paths, self._cpp.gather_params(state)))
 
     def save(self, path: str, state) -> None:
+        """Writes a checkpoint directory (each process its own shards; docs/checkpoints.md), or one
+        file of full arrays when the path ends in ".safetensors"."""
         self._cpp.save(os.fspath(path), state)
 
     def load(self, path: str):
+        """The state from a checkpoint directory (or the newest in a directory of them) or a
+        ".safetensors" file, on this step's mesh and shardings."""
         return self._cpp.load(os.fspath(path))
 
     def plan(self) -> _core.ShardingPlan:
@@ -189,6 +193,10 @@ class TrainStep:
 
     def peak_bytes(self) -> int:
         return self._cpp.peak_bytes()
+
+    def num_kernels(self) -> int:
+        """The kernels the compiled step runs (after the first call compiled it)."""
+        return self._cpp.num_kernels()
 
     @property
     def devices(self) -> int:

@@ -2,8 +2,10 @@
 // the memory allows.
 //
 // Out of Parallax nothing is copied: a NumPy array or a DLPack consumer views the Array's buffer
-// and holds it alive. Into Parallax, memory that a px::Array does not own is copied (px::Array
-// cannot adopt foreign memory; see docs/python.md); memory that is a px::Array's comes back as it.
+// and holds it alive. Into Parallax, memory that is a px::Array's comes back as that Array; other
+// contiguous CPU memory aligned to its element size is adopted (px::Array::adopt: the Array holds
+// the NumPy buffer or the DLPack tensor until its last user is gone); anything else is copied (see
+// docs/python.md).
 #include <cstring>
 #include <string>
 #include <vector>
@@ -42,6 +44,28 @@ struct DLManagedTensor {
 };
 
 constexpr int32_t kDLCPU = 1;
+
+// Owners of adopted memory are let go of with the GIL held, from whichever thread drops the last
+// Array; after the interpreter has shut down they are left alone (the process is ending).
+bool python_alive() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
+// Owns a buffer-protocol export (a NumPy array stays alive, and unresizable, while it is held).
+std::shared_ptr<void> buffer_owner(Py_buffer* view) {
+  return std::shared_ptr<void>(view, [](void* p) {
+    auto* v = static_cast<Py_buffer*>(p);
+    if (python_alive()) {
+      nb::gil_scoped_acquire gil;
+      PyBuffer_Release(v);
+    }
+    delete v;
+  });
+}
 
 // What an exported capsule owns: a handle on the Array's buffer and the shape.
 struct Export {
@@ -130,20 +154,22 @@ nb::capsule to_dlpack(const px::Array& a) {
 }
 
 // Takes a legacy DLPack capsule: a px::Array's own export comes back as that Array; other CPU
-// memory is copied (it must be row-major).
-px::Array from_dlpack_capsule(nb::handle cap, nb::handle owner_of) {
+// memory (row-major) is adopted when `adopt` and aligned to its element size, else copied.
+px::Array from_dlpack_capsule(nb::handle cap, nb::handle owner_of, bool adopt) {
   if (!PyCapsule_IsValid(cap.ptr(), "dltensor"))
     throw_user("px.from_dlpack: expected an unconsumed 'dltensor' capsule (from __dlpack__())");
   auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap.ptr(), "dltensor"));
   const DLTensor& t = m->dl_tensor;
-  // Consumed from here on: the deleter runs when this function ends, whatever happens.
+  // Consumed from here on: `keep` runs the deleter when the last Array adopting the memory is gone,
+  // or when this function ends without adopting it, whatever happens.
   PyCapsule_SetName(cap.ptr(), "used_dltensor");
-  struct Release {
-    DLManagedTensor* m;
-    ~Release() {
-      if (m->deleter) m->deleter(m);
+  std::shared_ptr<void> keep(m, [](void* p) {
+    auto* mt = static_cast<DLManagedTensor*>(p);
+    if (mt->deleter && python_alive()) {
+      nb::gil_scoped_acquire gil;
+      mt->deleter(mt);
     }
-  } release{m};
+  });
 
   if (t.device.device_type != kDLCPU)
     throw_user("px.from_dlpack: the tensor is on DLPack device type " + std::to_string(t.device.device_type) +
@@ -172,6 +198,8 @@ px::Array from_dlpack_capsule(nb::handle cap, nb::handle owner_of) {
       if (own.dtype() == dtype && own.nbytes() == nbytes) return own.reshape(shape);
     }
   }
+  if (adopt && nbytes > 0 && px::Array::adoptable(data, dtype))
+    return px::Array::adopt(const_cast<char*>(data), {dtype, shape}, std::move(keep));
   px::Array out(dtype, shape);
   if (nbytes > 0) std::memcpy(out.raw(), data, out.nbytes());
   return out;
@@ -208,6 +236,13 @@ int fill_buffer(PyObject* owner, const px::Array& a, Py_buffer* view, int flags,
     view->obj = nullptr;
     return -1;
   }
+  if (a.read_only() && (flags & PyBUF_WRITABLE) == PyBUF_WRITABLE) {
+    PyErr_SetString(PyExc_BufferError,
+                    "px.Array: the array is read-only (it adopted a read-only NumPy array's memory); a writable "
+                    "view needs a copy: a.copy()");
+    view->obj = nullptr;
+    return -1;
+  }
   auto* info = new BufferInfo;
   if (as_bytes) {
     info->shape = {static_cast<Py_ssize_t>(a.nbytes())};
@@ -225,7 +260,7 @@ int fill_buffer(PyObject* owner, const px::Array& a, Py_buffer* view, int flags,
   view->obj = owner;
   Py_INCREF(owner);
   view->len = static_cast<Py_ssize_t>(a.nbytes());
-  view->readonly = 0;
+  view->readonly = a.read_only() ? 1 : 0;
   view->itemsize = as_bytes ? 1 : static_cast<Py_ssize_t>(px::dtype_size(a.dtype()));
   view->format = (flags & PyBUF_FORMAT) ? const_cast<char*>(fmt) : nullptr;
   view->ndim = static_cast<int>(info->shape.size());
@@ -258,14 +293,16 @@ PyType_Slot bytes_slots[] = {{Py_bf_getbuffer, reinterpret_cast<void*>(bytes_get
                              {Py_bf_releasebuffer, reinterpret_cast<void*>(release_buffer)},
                              {0, nullptr}};
 
-// Copies a C-contiguous buffer (anything with the buffer protocol) into a new Array of `dtype`.
-px::Array from_buffer(nb::handle obj, px::DType dtype) {
-  Py_buffer view;
-  if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_RECORDS_RO) != 0) throw nb::python_error();
-  struct Guard {
-    Py_buffer* v;
-    ~Guard() { PyBuffer_Release(v); }
-  } guard{&view};
+// A C-contiguous buffer (anything with the buffer protocol) as an Array of `dtype`: adopted (no
+// copy; read-only when the buffer is) when `adopt` and aligned to the element size, else copied.
+px::Array from_buffer(nb::handle obj, px::DType dtype, bool adopt) {
+  auto* held = new Py_buffer;
+  if (PyObject_GetBuffer(obj.ptr(), held, PyBUF_RECORDS_RO) != 0) {
+    delete held;
+    throw nb::python_error();
+  }
+  std::shared_ptr<void> keep = buffer_owner(held);  // released when this function or the Array lets go
+  const Py_buffer& view = *held;
   std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
   if (view.itemsize != px::dtype_size(dtype))
     throw_user(std::string("px.asarray: the buffer's items are ") + std::to_string(view.itemsize) + " bytes, " +
@@ -275,6 +312,8 @@ px::Array from_buffer(nb::handle obj, px::DType dtype) {
     throw_user("px.asarray: the array is not C-contiguous (shape " + shape_text(shape) + ", strides " +
                shape_text(strides) + " in bytes); pass np.ascontiguousarray(x) to copy it");
   }
+  if (adopt && view.len > 0 && px::Array::adoptable(view.buf, dtype))
+    return px::Array::adopt(view.buf, {dtype, shape}, std::move(keep), view.readonly != 0);
   px::Array out(dtype, shape);
   if (out.nbytes() > 0) std::memcpy(out.raw(), view.buf, out.nbytes());
   return out;
@@ -289,11 +328,26 @@ void bind_array(nb::module_& m) {
 
   nb::class_<px::Array>(m, "Array", nb::type_slots(array_slots), nb::is_weak_referenceable(),
                         "A dense, row-major host array (px::Array). Copies share the buffer.")
+      .def(
+          "__init__",
+          [](px::Array* self, nb::handle obj, nb::handle dtype, nb::handle copy) {
+            nb::object a = nb::module_::import_("parallax._array").attr("asarray")(obj, dtype, nb::arg("copy") = copy);
+            new (self) px::Array(nb::cast<const px::Array&>(a));
+          },
+          nb::arg("obj"), nb::arg("dtype") = nb::none(), nb::kw_only(), nb::arg("copy") = nb::none(),
+          "px.asarray(obj, dtype, copy=copy) as a constructor: NumPy and DLPack memory without a copy where the "
+          "layout allows.")
       .def_static(
           "zeros", [](const std::vector<int64_t>& shape, px::DType d) { return px::Array::zeros(d, shape); },
           nb::arg("shape"), nb::arg("dtype") = px::DType::f32)
-      .def_static("_from_buffer", &from_buffer, nb::arg("obj"), nb::arg("dtype"))
-      .def_static("_from_dlpack_capsule", &from_dlpack_capsule, nb::arg("capsule"), nb::arg("owner_of") = nb::none())
+      .def_static("_from_buffer", &from_buffer, nb::arg("obj"), nb::arg("dtype"), nb::arg("adopt") = true)
+      .def_static("_from_dlpack_capsule", &from_dlpack_capsule, nb::arg("capsule"), nb::arg("owner_of") = nb::none(),
+                  nb::arg("adopt") = true)
+      .def_prop_ro("adopted", &px::Array::adopted,
+                   "True when the memory is another library's (a NumPy array or a DLPack tensor adopted without a "
+                   "copy).")
+      .def_prop_ro("read_only", &px::Array::read_only,
+                   "True when the memory is a read-only NumPy array's: Parallax never writes into it.")
       .def_prop_ro("dtype", &px::Array::dtype)
       .def_prop_ro("shape", [](const px::Array& a) { return nb::tuple(nb::cast(a.shape())); })
       .def_prop_ro("ndim", [](const px::Array& a) { return a.shape().size(); })
@@ -314,6 +368,14 @@ void bind_array(nb::module_& m) {
           "__dlpack__",
           [](const px::Array& a, nb::handle stream, nb::handle max_version, nb::handle dl_device, nb::handle copy) {
             if (!copy.is_none() && nb::cast<bool>(copy)) return to_dlpack(a.clone());
+            // DLPack (legacy capsules) cannot say read-only: the consumer gets a copy it may write.
+            if (a.read_only()) {
+              if (!copy.is_none())
+                throw nb::buffer_error(
+                    "px.Array.__dlpack__: the array is read-only (it adopted a read-only NumPy array's memory) "
+                    "and DLPack cannot mark it so; call with copy=None or copy=True for a copy");
+              return to_dlpack(a.clone());
+            }
             return to_dlpack(a);
           },
           nb::arg("stream") = nb::none(), nb::kw_only(), nb::arg("max_version") = nb::none(),

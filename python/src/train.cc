@@ -49,10 +49,10 @@ using Rules = std::vector<std::pair<std::string, std::string>>;
 
 px::TrainStepOptions step_options(std::optional<px::Mesh> mesh, px::ShardingStrategy strategy,
                                   const std::string& data_axis, const std::string& model_axis, double clip_norm,
-                                  bool skip_nonfinite, const px::CompileOptions& compile, double auto_time_limit_s,
-                                  const std::string& auto_cluster, const std::string& remat, int64_t remat_budget_bytes,
-                                  const std::vector<std::string>& offload_params, bool offload_optimizer_state,
-                                  const Rules& rules, const Rules& activation_rules) {
+                                  int microbatches, bool skip_nonfinite, const px::CompileOptions& compile,
+                                  double auto_time_limit_s, const std::string& auto_cluster, const std::string& remat,
+                                  int64_t remat_budget_bytes, const std::vector<std::string>& offload_params,
+                                  bool offload_optimizer_state, const Rules& rules, const Rules& activation_rules) {
   px::TrainStepOptions o;
   o.mesh = std::move(mesh);
   o.strategy = strategy;
@@ -61,6 +61,7 @@ px::TrainStepOptions step_options(std::optional<px::Mesh> mesh, px::ShardingStra
   o.sharding.auto_time_limit_s = auto_time_limit_s;
   o.sharding.auto_cluster = auto_cluster;
   o.clip_norm = clip_norm;
+  o.microbatches = microbatches;
   o.skip_nonfinite = skip_nonfinite;
   o.compile = compile;
   o.remat.policy = px::parse_remat_policy(remat);
@@ -80,14 +81,14 @@ std::vector<px::TensorType> batch_types(const std::vector<std::pair<px::DType, p
 }
 
 // The keyword arguments every TrainStep constructor takes.
-#define PX_STEP_KWARGS                                                                                            \
-  nb::kw_only(), nb::arg("mesh") = nb::none(), nb::arg("strategy") = px::ShardingStrategy::DDP,                   \
-                 nb::arg("data_axis") = "data", nb::arg("model_axis") = "model", nb::arg("clip_norm") = 0.0,      \
-                 nb::arg("skip_nonfinite") = false, nb::arg("compile") = px::CompileOptions(),                    \
-                 nb::arg("auto_time_limit_s") = 10.0, nb::arg("auto_cluster") = "cpu", nb::arg("remat") = "none", \
-                 nb::arg("remat_budget_bytes") = 0, nb::arg("offload_params") = std::vector<std::string>{},       \
-                 nb::arg("offload_optimizer_state") = false, nb::arg("rules") = Rules{},                          \
-                 nb::arg("activation_rules") = Rules {}
+#define PX_STEP_KWARGS                                                                                               \
+  nb::kw_only(), nb::arg("mesh") = nb::none(), nb::arg("strategy") = px::ShardingStrategy::DDP,                      \
+                 nb::arg("data_axis") = "data", nb::arg("model_axis") = "model", nb::arg("clip_norm") = 0.0,         \
+                 nb::arg("microbatches") = 1, nb::arg("skip_nonfinite") = false,                                     \
+                 nb::arg("compile") = px::CompileOptions(), nb::arg("auto_time_limit_s") = 10.0,                     \
+                 nb::arg("auto_cluster") = "cpu", nb::arg("remat") = "none", nb::arg("remat_budget_bytes") = 0,      \
+                 nb::arg("offload_params") = std::vector<std::string>{}, nb::arg("offload_optimizer_state") = false, \
+                 nb::arg("rules") = Rules{}, nb::arg("activation_rules") = Rules {}
 
 }  // namespace
 
@@ -298,15 +299,15 @@ void bind_train(nb::module_& m) {
           [](px::TrainStep* self, nn::ParamStore& store, const Optimizer& opt, px::TrainStep::LossFn loss_fn,
              const std::vector<std::pair<px::DType, px::Shape>>& batch, std::optional<px::Mesh> mesh,
              px::ShardingStrategy strategy, const std::string& data_axis, const std::string& model_axis,
-             double clip_norm, bool skip_nonfinite, const px::CompileOptions& compile, double auto_time_limit_s,
-             const std::string& auto_cluster, const std::string& remat, int64_t remat_budget,
+             double clip_norm, int microbatches, bool skip_nonfinite, const px::CompileOptions& compile,
+             double auto_time_limit_s, const std::string& auto_cluster, const std::string& remat, int64_t remat_budget,
              const std::vector<std::string>& offload_params, bool offload_state, const Rules& rules,
              const Rules& activation_rules) {
             new (self)
                 px::TrainStep(store, opt.ptr, std::move(loss_fn), batch_types(batch),
-                              step_options(std::move(mesh), strategy, data_axis, model_axis, clip_norm, skip_nonfinite,
-                                           compile, auto_time_limit_s, auto_cluster, remat, remat_budget,
-                                           offload_params, offload_state, rules, activation_rules));
+                              step_options(std::move(mesh), strategy, data_axis, model_axis, clip_norm, microbatches,
+                                           skip_nonfinite, compile, auto_time_limit_s, auto_cluster, remat,
+                                           remat_budget, offload_params, offload_state, rules, activation_rules));
           },
           nb::arg("store"), nb::arg("optimizer"), nb::arg("loss_fn"), nb::arg("batch_types"), PX_STEP_KWARGS,
           nb::keep_alive<1, 2>())
@@ -314,10 +315,10 @@ void bind_train(nb::module_& m) {
           "for_lm",
           [](nn::TransformerLm& lm, const Optimizer& opt, const std::vector<std::pair<px::DType, px::Shape>>& batch,
              std::optional<px::Mesh> mesh, px::ShardingStrategy strategy, const std::string& data_axis,
-             const std::string& model_axis, double clip_norm, bool skip_nonfinite, const px::CompileOptions& compile,
-             double auto_time_limit_s, const std::string& auto_cluster, const std::string& remat, int64_t remat_budget,
-             const std::vector<std::string>& offload_params, bool offload_state, const Rules& rules,
-             const Rules& activation_rules) {
+             const std::string& model_axis, double clip_norm, int microbatches, bool skip_nonfinite,
+             const px::CompileOptions& compile, double auto_time_limit_s, const std::string& auto_cluster,
+             const std::string& remat, int64_t remat_budget, const std::vector<std::string>& offload_params,
+             bool offload_state, const Rules& rules, const Rules& activation_rules) {
             // The loss is C++ (no Python callback): next_token_loss(tokens = batch[0], targets = batch[1]).
             px::TrainStep::LossFn loss = [&lm](const std::vector<Tensor>& b) {
               if (b.size() != 2) throw px::UserError("TrainStep.for_lm: the batch is (tokens, targets)");
@@ -325,9 +326,9 @@ void bind_train(nb::module_& m) {
             };
             return std::make_unique<px::TrainStep>(
                 lm.store(), opt.ptr, loss, batch_types(batch),
-                step_options(std::move(mesh), strategy, data_axis, model_axis, clip_norm, skip_nonfinite, compile,
-                             auto_time_limit_s, auto_cluster, remat, remat_budget, offload_params, offload_state, rules,
-                             activation_rules));
+                step_options(std::move(mesh), strategy, data_axis, model_axis, clip_norm, microbatches, skip_nonfinite,
+                             compile, auto_time_limit_s, auto_cluster, remat, remat_budget, offload_params,
+                             offload_state, rules, activation_rules));
           },
           nb::arg("model"), nb::arg("optimizer"), nb::arg("batch_types"), PX_STEP_KWARGS, nb::keep_alive<0, 1>())
       .def("init", nb::overload_cast<uint64_t>(&px::TrainStep::init, nb::const_), nb::arg("seed"))
@@ -344,6 +345,9 @@ void bind_train(nb::module_& m) {
       .def("table", &px::TrainStep::table)
       .def("collectives_table", &px::TrainStep::collectives_table)
       .def("peak_bytes", &px::TrainStep::peak_bytes)
+      .def(
+          "num_kernels", [](const px::TrainStep& s) { return s.executable().num_steps(); },
+          "The kernels the compiled step runs (build/bench/gpt_step prints it as `kernels`).")
       .def("steps_run", &px::TrainStep::steps_run);
 }
 

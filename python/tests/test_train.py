@@ -54,6 +54,9 @@ def test_python_gpt_trains_like_the_cpp_transformer_lm(rng):
         losses.append(p.loss)
     assert losses[-1] < losses[0]  # it trains
     assert py_state.step == 8
+    # The same program: as many kernels and the same planned peak (what the speed bench relies on).
+    assert py_step.num_kernels() == cpp_step.num_kernels() > 100
+    assert py_step.peak_bytes() == cpp_step.peak_bytes()
     trained = py_step.named_params(py_state)
     for path, arr in zip(cpp_model.store.paths(), cpp_step.gather_params(cpp_state)):
         np.testing.assert_allclose(np.asarray(trained[path]), np.asarray(arr), atol=1e-6)
@@ -89,11 +92,18 @@ def test_train_step_save_load_table_and_peak(tmp_path, rng):
     state = step.init()
     tokens, targets = _batches(rng, 1)[0]
     step(state, tokens, targets)
-    step.save(tmp_path / "ckpt.safetensors", state)
-    loaded = step.load(tmp_path / "ckpt.safetensors")
-    assert loaded.step == 1
-    for a, b in zip(step.gather_params(state), step.gather_params(loaded)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # A checkpoint directory (the sharded Zarr format), and the single-file export.
+    for path in (tmp_path / "ckpt", tmp_path / "ckpt.safetensors"):
+        step.save(path, state)
+        assert path.is_dir() == (path.suffix != ".safetensors")
+        loaded = step.load(path)
+        assert loaded.step == 1
+        for a, b in zip(step.gather_params(state), step.gather_params(loaded)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    cfg = config()  # the same model with one block fewer: the checkpoint has tensors it does not
+    one_block = GPT(cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.n_layers - 1, cfg.d_ff, cfg.max_seq_len)
+    with pytest.raises(px.UserError, match="this model and optimizer do not have: 'blocks.1"):
+        px.TrainStep(one_block, loss_fn, px.optim.adamw(1e-3), [(px.int32, (4, 16))] * 2).load(tmp_path / "ckpt")
     assert "blocks.0.attn.wq" in step.table()
     assert step.peak_bytes() > 0
     assert [p.path for p in step.plan().params] == step.paths
@@ -128,6 +138,24 @@ def test_remat_and_offload_change_memory_not_results(options, rng):
         assert plain(s1, tokens, targets).loss == other(s2, tokens, targets).loss  # bitwise
     if "remat" in options:
         assert other.peak_bytes() <= plain.peak_bytes()
+
+
+def test_microbatches_train_like_the_whole_batch_in_less_memory(rng):
+    model = python_gpt_like(config(), seed=2)
+    sample = [(px.int32, (8, 16))] * 2
+    # eps 1e-5: a gradient that is zero up to rounding (the key biases) moves params by +-lr on the
+    # sign of its rounding noise, which the summation order changes; eps bounds that.
+    opt = px.optim.adamw(3e-3, eps=1e-5)
+    whole = px.TrainStep(model, loss_fn, opt, sample)
+    split = px.TrainStep(model, loss_fn, opt, sample, microbatches=4)
+    s1, s2 = whole.init(), split.init()
+    for tokens, targets in _batches(rng, 3, shape=(8, 16)):
+        assert whole(s1, tokens, targets).loss == pytest.approx(split(s2, tokens, targets).loss, rel=1e-5)
+    for a, b in zip(whole.gather_params(s1), split.gather_params(s2)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=5e-5)
+    assert split.peak_bytes() < whole.peak_bytes()
+    with pytest.raises(px.UserError, match="microbatches = 3 does not divide batch array 0"):
+        px.TrainStep(model, loss_fn, px.optim.adamw(3e-3), sample, microbatches=3)
 
 
 def test_offload_model_keeps_the_state_on_the_host_and_the_bits(rng):

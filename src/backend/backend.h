@@ -9,17 +9,14 @@
 #include <string>
 #include <vector>
 
-#include "distributed/communicator.h"
+#include "backend/work.h"
+#include "parallax/graph.h"
 #include "parallax/memory.h"
-#include "runtime/schedule.h"
 
 namespace px {
 
 // A prepared kernel: runs one compute unit on raw operand and result buffers.
 using Kernel = std::function<void(const void* const* in, void* const* out)>;
-
-// Completion of asynchronous work (a copy, a collective): wait() blocks until it is done.
-using Event = CollectiveHandle;
 
 // One copy between memory kinds (or within one).
 struct CopyJob {

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -66,32 +67,10 @@ void fsync_all(const std::vector<std::string>& paths) {
   });
 }
 
-std::string read_file(const std::string& path) {
-  int fd = io::open_for_reading(path, "[checkpoint] ");
-  if (fd < 0) fail(path, "cannot open");
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    fail(path, "cannot stat");
-  }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
-  size_t got = 0;
-  while (got < out.size()) {
-    ssize_t r = ::read(fd, out.data() + got, out.size() - got);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      ::close(fd);
-      fail(path, "read failed");
-    }
-    if (r == 0) break;
-    got += static_cast<size_t>(r);
-  }
-  ::close(fd);
-  out.resize(got);
-  return out;
-}
-
-void read_file(const std::string& path, std::vector<char>& out) {
+namespace {
+// The whole file into `out` (a std::string or std::vector<char>), resized to what was read.
+template <class Bytes>
+void read_whole(const std::string& path, Bytes& out) {
   int fd = io::open_for_reading(path, "[checkpoint] ");
   if (fd < 0) fail(path, "cannot open");
   struct stat st;
@@ -114,6 +93,15 @@ void read_file(const std::string& path, std::vector<char>& out) {
   ::close(fd);
   out.resize(got);
 }
+}  // namespace
+
+std::string read_file(const std::string& path) {
+  std::string out;
+  read_whole(path, out);
+  return out;
+}
+
+void read_file(const std::string& path, std::vector<char>& out) { read_whole(path, out); }
 
 void parallel_for(size_t n, int threads, const std::function<void(size_t, int)>& fn) {
   std::atomic<size_t> next{0};
@@ -170,6 +158,18 @@ void fsync_dir(const std::string& path) {
 
 void rename(const std::string& from, const std::string& to) {
   if (::rename(from.c_str(), to.c_str()) != 0) fail(from, "cannot rename to '" + to + "'");
+}
+
+void exchange(const std::string& a, const std::string& b) {
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0) return;
+  // A file system without the exchange: b is moved aside first (a crash between the renames
+  // leaves b's old content under b + ".replaced").
+  if (errno != EINVAL && errno != ENOSYS) fail(a, "cannot exchange with '" + b + "'");
+  const std::string aside = b + ".replaced";
+  remove_tree(aside);
+  rename(b, aside);
+  rename(a, b);
+  rename(aside, a);
 }
 
 std::vector<std::string> list_dir(const std::string& path) {

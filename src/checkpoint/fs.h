@@ -28,6 +28,9 @@ bool is_dir(const std::string& path);
 void make_dir(const std::string& path);
 void fsync_dir(const std::string& path);
 void rename(const std::string& from, const std::string& to);
+// Swaps two paths in one step (renameat2 RENAME_EXCHANGE; by three renames where the file
+// system lacks it).
+void exchange(const std::string& a, const std::string& b);
 // The names in a directory (not "." or ".."); empty when it does not exist.
 std::vector<std::string> list_dir(const std::string& path);
 // Deletes a file or a directory tree; a missing path is fine.

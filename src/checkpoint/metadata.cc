@@ -176,6 +176,7 @@ std::string metadata_json(const Checkpoint& c) {
             {"rng_state", json::parse(c.rng_state_json)},
             {"chunk_tags", kChunkTagVersion},
             {"arrays", arrays}};
+  if (!c.optimizer.empty()) j["optimizer"] = c.optimizer;
   return j.dump(2) + "\n";
 }
 
@@ -199,6 +200,7 @@ CheckpointInfo parse_metadata(const std::string& text, const std::string& where,
     info.config_json = j.at("config").dump();
     info.data_state_json = j.at("data_state").dump();
     info.rng_state_json = j.at("rng_state").dump();
+    if (j.contains("optimizer")) info.optimizer = j["optimizer"].get<std::string>();
     if (info.step < 0) throw Error(where + ": step " + std::to_string(info.step) + " is negative; restore the file");
     const int64_t tags = j.contains("chunk_tags") ? json_int(j["chunk_tags"], where + ": chunk_tags") : 0;
     if (tags < 0 || tags > kChunkTagVersion)

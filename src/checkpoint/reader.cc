@@ -30,6 +30,10 @@ std::string steps_text(const std::vector<int64_t>& steps) {
 
 // What to do when `step` cannot be read: the committed checkpoint before it, if any.
 std::string earlier_hint(const std::string& checkpoint_dir, int64_t step) {
+  std::string base = checkpoint_dir;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  if (!parse_step_dir(base.substr(base.find_last_of('/') == std::string::npos ? 0 : base.find_last_of('/') + 1)))
+    return "the checkpoint is damaged: restore it from a copy or save it again";
   std::vector<int64_t> earlier;
   for (int64_t s : committed_steps(parent_of(checkpoint_dir)))
     if (s < step) earlier.push_back(s);
@@ -236,6 +240,7 @@ Checkpoint read_checkpoint(const std::string& checkpoint_dir, const RestoreOptio
   c.config_json = info.config_json;
   c.data_state_json = info.data_state_json;
   c.rng_state_json = info.rng_state_json;
+  c.optimizer = info.optimizer;
   c.library_version = info.library_version;
   std::vector<ArrayPlan> plans;
   std::vector<ChunkTask> tasks;
@@ -309,21 +314,25 @@ void CheckpointManager::verify(int64_t step) const {
 void export_safetensors(const std::string& checkpoint_dir, const std::string& out_path, const std::string& group) {
   RestoreOptions o;
   o.group = group;
-  Checkpoint c = read_checkpoint(checkpoint_dir, o);
-  if (c.entries.empty()) {
-    std::string groups;
-    for (const CheckpointArrayInfo& a : read_checkpoint_info(checkpoint_dir).arrays)
-      if (groups.find("'" + a.group + "'") == std::string::npos) groups += (groups.empty() ? "'" : ", '") + a.group + "'";
-    throw Error("[checkpoint] " + checkpoint_dir + " has no arrays in group '" + group +
-                "'; its groups: " + (groups.empty() ? "(none)" : groups));
-  }
+  export_safetensors(read_checkpoint(checkpoint_dir, o), out_path, group);
+}
+
+void export_safetensors(const Checkpoint& c, const std::string& out_path, const std::string& group) {
   std::vector<std::string> names;
   std::vector<Array> arrays;
+  std::string groups;
   for (const CheckpointEntry& e : c.entries) {
+    if (groups.find("'" + e.group + "'") == std::string::npos) groups += (groups.empty() ? "'" : ", '") + e.group + "'";
+    if (!group.empty() && e.group != group) continue;
     names.push_back(e.name);
     arrays.push_back(c.full(e.name));
   }
-  save_safetensors(out_path, names, arrays, {{"format", "pt"}, {"step", std::to_string(c.step)}, {"group", group}});
+  if (names.empty())
+    throw Error("[checkpoint] the checkpoint of step " + std::to_string(c.step) + " has no arrays in group '" + group +
+                "'; its groups: " + (groups.empty() ? "(none)" : groups));
+  std::map<std::string, std::string> meta = {{"format", "pt"}, {"step", std::to_string(c.step)}, {"group", group}};
+  if (!c.optimizer.empty()) meta["optimizer"] = c.optimizer;
+  save_safetensors(out_path, names, arrays, meta);
 }
 
 Checkpoint import_safetensors(const std::string& path, const RestoreOptions& options, const std::string& group) {
@@ -335,11 +344,15 @@ Checkpoint import_safetensors(const std::string& path, const RestoreOptions& opt
   Checkpoint c;
   if (auto it = f.metadata.find("step"); it != f.metadata.end()) {
     const std::string& t = it->second;
-    auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), c.step);
-    if (ec != std::errc() || end != t.data() + t.size() || c.step < 0)
+    // Decimal digits only: "+3", " 3", "-0" or "0x10" are not steps, and nothing is truncated.
+    const bool digits =
+        !t.empty() && t.size() <= 18 && std::all_of(t.begin(), t.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    if (!digits)
       throw UserError("[checkpoint] " + path + ": the metadata's step '" + t +
                       "' is not a step (an integer >= 0); fix or remove the \"step\" entry of the file's metadata");
+    std::from_chars(t.data(), t.data() + t.size(), c.step);
   }
+  if (auto it = f.metadata.find("optimizer"); it != f.metadata.end()) c.optimizer = it->second;
   for (size_t i = 0; i < f.names.size(); ++i) {
     const std::string& n = f.names[i];
     if (!options.only.empty() && std::find(options.only.begin(), options.only.end(), n) == options.only.end()) continue;
@@ -348,7 +361,8 @@ Checkpoint import_safetensors(const std::string& path, const RestoreOptions& opt
       c.add(n, f.arrays[i], group);
     } else {
       it->second.validate(f.arrays[i].type(), "safetensors tensor '" + n + "'");
-      c.add(n, shard(f.arrays[i], it->second), group);
+      const int process = it->second.mesh.num_processes() > 1 ? options.process : 0;
+      c.add(n, shard(f.arrays[i], it->second, process), group);
     }
   }
   return c;

@@ -182,6 +182,37 @@ Array::Array(DType dtype, Shape shape, Placement where) : type_{dtype, std::move
                                      [where, bytes](std::byte* q) { free_bytes(where, q, bytes); });
 }
 
+namespace {
+// The deleter of adopted memory: lets go of the owner (which frees the memory, or not) and marks
+// the buffer as foreign; copies of the Array share it with the buffer.
+struct Foreign {
+  std::shared_ptr<void> owner;
+  bool read_only = false;
+  void operator()(std::byte*) { owner.reset(); }
+};
+}  // namespace
+
+Array Array::adopt(void* data, TensorType type, std::shared_ptr<void> owner, bool read_only) {
+  const int64_t bytes = type.nbytes();  // checks the shape
+  if (bytes == 0) return Array(type.dtype, type.shape);
+  if (!data) throw UserError("[Array::adopt] null data for " + type_str(type));
+  if (!adoptable(data, type.dtype))
+    throw UserError(fmt::format("[Array::adopt] the memory at {} is not aligned to {} bytes ({}'s element size); "
+                                "copy it into an Array of its own (Array(type) and memcpy)",
+                                data, dtype_size(type.dtype), dtype_name(type.dtype)));
+  Array a;
+  a.type_ = std::move(type);
+  a.data_ = std::shared_ptr<std::byte>(static_cast<std::byte*>(data), Foreign{std::move(owner), read_only});
+  return a;
+}
+
+bool Array::adopted() const { return std::get_deleter<Foreign>(data_) != nullptr; }
+
+bool Array::read_only() const {
+  const Foreign* f = std::get_deleter<Foreign>(data_);
+  return f && f->read_only;
+}
+
 Array Array::zeros(DType dtype, const Shape& shape) {
   Array a(dtype, shape);
   std::memset(a.raw(), 0, static_cast<size_t>(a.nbytes()));

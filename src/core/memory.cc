@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/env.h"
 #include "parallax/core.h"
 
 namespace px {
@@ -83,6 +84,23 @@ void free_bytes(const Placement& p, void* ptr, int64_t bytes) {
   if (!ptr) return;
   counter(p).in_use.fetch_sub(bytes);
   std::free(ptr);
+}
+
+// ---- device sets ----
+
+std::string DeviceSet::to_string() const {
+  std::string s = platform + ":" + std::to_string(count);
+  return processes == 1 ? s : s + " over " + std::to_string(processes) + " processes";
+}
+
+DeviceSet parse_devices(const std::string& text) {
+  auto [platform, count] = parse_device_text(text, "[devices] ");
+  return DeviceSet{platform, count};
+}
+
+DeviceSet default_devices() {
+  if (!env().devices_error.empty()) throw UserError(env().devices_error);
+  return DeviceSet{env().device_platform, env().device_count};
 }
 
 }  // namespace px

@@ -2,16 +2,9 @@
 
 #include <string>
 
-namespace px::data {
+#include "data/text_internal.h"
 
-namespace {
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-}  // namespace
+namespace px::data {
 
 int64_t copy_task_payload(const CopyTaskOptions& opt) { return opt.seq_len / 2; }
 

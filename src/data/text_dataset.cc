@@ -25,13 +25,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 uint64_t fnv1a(std::string_view s, uint64_t h = 0xcbf29ce484222325ull) {
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
   return h;

@@ -9,6 +9,14 @@
 
 namespace px::data {
 
+// SplitMix64's finalizer: a well-mixed 64-bit hash of x (seeds, shuffles, synthetic tokens).
+inline uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 // The files that `paths` name, in reading order ("gcide" stays as itself).
 std::vector<std::filesystem::path> expand_paths(const std::vector<std::string>& paths);
 // Appends the documents of one file until `out` holds `max_documents` (0: no limit).

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/work.h"
 #include "parallax/collectives.h"
 #include "parallax/core.h"
 
@@ -33,20 +34,9 @@ using DeviceGroups = std::vector<std::vector<int>>;
 using Buffers = std::vector<const void*>;
 using MutBuffers = std::vector<void*>;
 
-// A started collective. wait() returns once its outputs are complete and its inputs may be
-// reused; a handle that holds nothing is already complete. Wait exactly once per started call.
-class CollectiveHandle {
- public:
-  CollectiveHandle() = default;
-  explicit CollectiveHandle(std::function<void()> wait) : wait_(std::move(wait)) {}
-  void wait() {
-    if (wait_) std::exchange(wait_, nullptr)();
-  }
-  bool pending() const { return static_cast<bool>(wait_); }
-
- private:
-  std::function<void()> wait_;
-};
+// A started collective (backend/work.h): wait() returns once its outputs are complete and its
+// inputs may be reused. Wait exactly once per started call.
+using CollectiveHandle = Event;
 
 class Communicator {
  public:

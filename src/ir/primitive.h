@@ -12,6 +12,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -99,8 +100,16 @@ struct Positional {
 };
 
 namespace spmd {
-struct LocalContext;  // src/sharding/spmd_internal.h: the local graph, mesh, coordinates, all-reduce
-}
+// What a local form needs from the partitioner: the local graph (being traced), the size of every
+// mesh axis, the device-coordinates input (i32 [number of axes]) and an all-reduce over mesh axes
+// that the partitioner records like every other collective.
+struct LocalContext {
+  Graph& local;
+  std::vector<int64_t> axis_sizes;
+  Tensor coords;
+  std::function<Tensor(const Tensor&, const std::vector<int>& axes, const std::string& reduce)> all_reduce;
+};
+}  // namespace spmd
 // What a local form gets: the global node and graph, the node's rule as the partitioner uses it
 // (positional factors already converted), the mesh axes of every factor, the local operands laid
 // out as the rule wants and the local result types it must return.
@@ -122,7 +131,8 @@ struct SpmdTraits {
   // Emitted instead of the primitive when a positional factor is split. Null with positional
   // factors only for iota, whose split the partitioner emits itself (emit_iota).
   LocalFormFn local_form;
-  bool collective = false;  // a collective of local programs, run through a Communicator
+  // A collective of local programs, run through a Communicator: which one (none: not a collective).
+  std::optional<CollectiveKind> collective;
 };
 
 // How the TP recipe's graph analysis (Megatron pairing, src/sharding/recipes/plan.cc) reads a
@@ -189,6 +199,6 @@ void register_nn_primitives();
 void register_optim_primitives();
 void register_index_primitives();
 void register_rng_primitives();
-void register_memory_primitives();  // transfer (src/memory/offload.cc)
+void register_memory_primitives();  // transfer (src/ops/transfer.cc)
 
 }  // namespace px

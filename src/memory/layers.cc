@@ -44,10 +44,12 @@ std::vector<char> phases(const StepProgram& p) {
   for (size_t v = 0; v < p.categories.size() && v < grads.size(); ++v)
     if (p.categories[v] == MemoryCategory::gradients) grads[v] = 1, any_grad = true;
   if (!any_grad) {
-    if (p.forward_end == 0 && p.backward_end == 0)
+    if (p.backward_end() == 0)
       throw InternalError("[memory] the program marks neither its gradients nor its forward and backward nodes");
-    for (size_t i = 0; i < nodes.size(); ++i)
-      phase[i] = static_cast<int>(i) < p.forward_end ? 0 : static_cast<int>(i) < p.backward_end ? 1 : 2;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const int n = static_cast<int>(i);
+      phase[i] = p.is_forward(n) ? 0 : n < p.backward_end() ? 1 : 2;
+    }
     return phase;
   }
   mark(loss, 0);

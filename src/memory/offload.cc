@@ -14,39 +14,16 @@
 #include "ir/primitive.h"
 #include "memory/rewrite.h"
 #include "memory/step_program.h"
+#include "ops/prims.h"
 
 namespace px {
-
-void register_memory_primitives() {
-  Primitive t;
-  t.name = "transfer";
-  t.infer = [](const std::vector<TensorType>& in, const Attrs& attrs) {
-    if (in.size() != 1) throw Error("[transfer] takes one operand, got " + std::to_string(in.size()));
-    parse_memory_kind(attrs.s("to"));
-    return std::vector<TensorType>{in[0]};
-  };
-  // The cotangent goes back to where the operand lives; on one memory it is the same value.
-  t.vjp = [](const VjpArgs& a) { return std::vector<Tensor>{a.cotangents[0]}; };
-  t.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
-    return elementwise_rule(in, out);
-  };
-  t.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs&) {
-    Cost c;
-    c.bytes_read = c.bytes_written = static_cast<double>(in[0].nbytes());
-    return c;
-  };
-  t.no_cse = true;  // two fetches of one param (forward and backward) must stay two
-  t.spmd.linear = kLinearJointly;
-  t.tp.view = TpTraits::View::same_dims;
-  register_primitive(std::move(t));
-}
 
 namespace memory_pass {
 
 int add_transfer(std::vector<Node>& nodes, std::vector<ValueInfo>& values, int v, MemoryKind to,
                  const std::string& group) {
   Node t;
-  t.prim = &get_primitive("transfer");
+  t.prim = prims::transfer();
   t.attrs.set("to", std::string(memory_kind_name(to)));
   if (!group.empty()) t.attrs.set("group", group);
   t.inputs = {v};
@@ -110,9 +87,8 @@ StepProgram decompose_nodes(StepProgram p, const std::function<bool(const Node&)
   for (size_t v = 0; v < env.size() && v < p.categories.size(); ++v)
     if (env[v].defined()) cat[env[v].id()] = p.categories[v];
   p.categories = std::move(cat);
-  for (int& v : p.grads) v = env[v].id();
-  p.forward_end = start[p.forward_end];
-  p.backward_end = start[p.backward_end];
+  p.remap_grads([&](int v) { return env[v].id(); });
+  p.remap_nodes(start);
   p.graph = std::move(out);
   return p;
 }
@@ -182,12 +158,13 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
     int value = -1, last_use = -1;
   };
   std::vector<Copy> fetched(values.size()), returned(values.size());
-  int forward_end = p.forward_end, backward_end = p.backward_end;
+  std::vector<int> start(nodes.size() + 1);
   const bool host_update = o.optimizer_state;
   const std::vector<char> phase = memory_pass::phases(p);
   for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
     Node n = nodes[i];
-    if (n.prim->name == "transfer") {  // already placed (remat offload of saved residuals)
+    start[i] = static_cast<int>(out.size());
+    if (n.prim == prims::transfer()) {  // already placed (remat offload of saved residuals)
       kind[n.outputs[0]] = parse_memory_kind(n.attrs.s("to"));
       out.push_back(std::move(n));
       continue;
@@ -199,7 +176,6 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
     for (int v : n.inputs) reads_host = reads_host || kind[v] == MemoryKind::pinned_host;
     const MemoryKind where =
         phase[i] == 2 && (host_update || reads_host) ? MemoryKind::pinned_host : MemoryKind::device;
-    const size_t before = out.size();
     for (int& v : n.inputs) {
       if (kind[v] == where) continue;
       if (where == MemoryKind::device) {
@@ -214,11 +190,9 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
       }
     }
     for (int v : n.outputs) kind[v] = where;
-    const int added = static_cast<int>(out.size() - before);
-    if (i < p.forward_end) forward_end += added;
-    if (i < p.backward_end) backward_end += added;
     out.push_back(std::move(n));
   }
+  start[nodes.size()] = static_cast<int>(out.size());
   // New params and state go back where the old ones live (in place, between steps).
   std::vector<int> outputs = g.outputs();
   for (size_t k = 3; k < outputs.size(); ++k) {
@@ -227,8 +201,7 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
     if (kind[v] != want) v = add_transfer(v, want, "");
   }
   p.graph = memory_pass::rebuilt(std::move(out), std::move(values), g, std::move(outputs));
-  p.forward_end = forward_end;
-  p.backward_end = backward_end;
+  p.remap_nodes(start);
   p.kinds = std::move(kind);
   return p;
 }

@@ -7,6 +7,7 @@
 #include "ir/primitive.h"
 #include "memory/rewrite.h"
 #include "memory/step_program.h"
+#include "ops/prims.h"
 
 namespace px {
 
@@ -44,7 +45,7 @@ RematPolicy parse_remat_policy(const std::string& name) {
 
 namespace {
 
-bool is_tag(const Node& n, const char* name) { return n.prim->name == "tag" && n.attrs.s("name") == name; }
+bool is_tag(const Node& n, const char* name) { return n.prim == prims::tag() && n.attrs.s("name") == name; }
 bool is_boundary(const Node& n) {
   return is_tag(n, "layer_input") || is_tag(n, "layers_end") || is_tag(n, "remat_begin") || is_tag(n, "remat_end");
 }
@@ -57,11 +58,11 @@ bool policy_saves(RematPolicy policy, const std::vector<std::string>& names, con
     case RematPolicy::dots_saveable:
     case RematPolicy::offload:
       // Contractions: matmuls and the fused attention (its output; scores are never materialized).
-      return n.prim->name == "dot_general" || n.prim->name == "attention";
+      return n.prim == prims::dot_general() || n.prim == prims::attention();
     case RematPolicy::dots_with_no_batch_dims_saveable:
-      return n.prim->name == "dot_general" && n.attrs.ints("lhs_batch").empty();
+      return n.prim == prims::dot_general() && n.attrs.ints("lhs_batch").empty();
     case RematPolicy::names:
-      if (n.prim->name != "tag") return false;
+      if (n.prim != prims::tag()) return false;
       for (const auto& pattern : names)
         if (glob_match(pattern, n.attrs.s("name"))) return true;
       return false;
@@ -90,7 +91,7 @@ struct Region {
 // Saved forward values read by the backward pass that `offload` keeps in pinned_host memory: each
 // gets a transfer to the host right after its producer and a fetch before its backward readers
 // (one per cluster of nearby readers), prefetched by layer.
-StepProgram offload_residuals(StepProgram p, const std::vector<int>& host, const std::vector<int>& group_of) {
+StepProgram offload_residuals(StepProgram p, const std::vector<int>& host, const std::vector<std::string>& group_of) {
   const Graph& g = *p.graph;
   const std::vector<Node>& nodes = g.nodes();
   std::vector<ValueInfo> values = g.values();
@@ -98,33 +99,31 @@ StepProgram offload_residuals(StepProgram p, const std::vector<int>& host, const
   std::vector<char> offloaded(values.size(), 0);
   for (int v : host) offloaded[v] = 1;
   std::vector<Node> out;
-  int forward_end = p.forward_end, backward_end = p.backward_end;
+  std::vector<int> start(nodes.size() + 1);
   auto transfer = [&](int v, MemoryKind to, const std::string& group) {
     return memory_pass::add_transfer(out, values, v, to, group);
   };
   for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
     Node n = nodes[i];
-    const size_t before = out.size();
-    if (i >= p.forward_end)
+    start[i] = static_cast<int>(out.size());
+    const bool forward = p.is_forward(i);
+    if (!forward)
       for (int& v : n.inputs) {
         if (!offloaded[v]) continue;
         if (fetched[v] < 0 || i - last_use[v] > memory_pass::kFetchReuseNodes)
-          fetched[v] = transfer(to_host[v], MemoryKind::device, "residuals." + std::to_string(group_of[v]));
+          fetched[v] = transfer(to_host[v], MemoryKind::device, "residuals." + group_of[v]);
         last_use[v] = i;
         v = fetched[v];
       }
     out.push_back(n);
-    if (i < p.forward_end)
+    if (forward)
       for (int v : n.outputs)
         if (offloaded[v]) to_host[v] = transfer(v, MemoryKind::pinned_host, "");
-    const int added = static_cast<int>(out.size() - before) - 1;
-    if (i < p.forward_end) forward_end += added;
-    if (i < p.backward_end) backward_end += added;
   }
+  start[nodes.size()] = static_cast<int>(out.size());
   p.graph = memory_pass::rebuilt(std::move(out), std::move(values), g, g.outputs());
   p.categories.resize(p.graph->values().size(), MemoryCategory::activations);
-  p.forward_end = forward_end;
-  p.backward_end = backward_end;
+  p.remap_nodes(start);
   return p;
 }
 
@@ -144,12 +143,30 @@ StepProgram StepProgram::clone() const {
   c.n_batch = n_batch;
   c.paths = paths;
   c.grads = grads;
-  c.forward_end = forward_end;
-  c.backward_end = backward_end;
+  c.micro = micro;
   c.categories = categories;
   c.input_kinds = input_kinds;
   c.kinds = kinds;
   return c;
+}
+
+int StepProgram::forward_of(int i) const {
+  for (size_t k = 0; k < micro.size(); ++k)
+    if (i < micro[k].backward_end) return i >= begin(k) && i < micro[k].forward_end ? static_cast<int>(k) : -1;
+  return -1;
+}
+
+void StepProgram::remap_nodes(const std::vector<int>& start) {
+  for (Microbatch& m : micro) {
+    m.forward_end = start[m.forward_end];
+    m.backward_end = start[m.backward_end];
+  }
+}
+
+void StepProgram::remap_grads(const std::function<int(int)>& new_id) {
+  for (int& v : grads) v = new_id(v);
+  for (Microbatch& m : micro)
+    for (int& v : m.grads) v = new_id(v);
 }
 
 StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_flops) {
@@ -161,15 +178,22 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
     throw UserError("[remat] policy 'names' needs RematOptions::names: the px::tag names of the values to save");
   const Graph& g = *p.graph;
   const std::vector<Node>& nodes = g.nodes();
-  const int F = p.forward_end;
+  // The microbatch whose forward pass each node belongs to (-1: backward, update). Each
+  // microbatch's forward pass is rematerialized on its own, before its own backward pass.
+  const int N = static_cast<int>(nodes.size());
+  std::vector<int> micro_of(N, -1);
+  for (size_t k = 0; k < p.micro.size(); ++k)
+    for (int i = p.begin(k); i < p.micro[k].forward_end; ++i) micro_of[i] = static_cast<int>(k);
+  auto forward = [&](int i) { return i >= 0 && i < N && micro_of[i] >= 0; };
 
   // Functions wrapped by px::remat: their nodes follow their policy, whatever the step's.
   std::vector<Region> regions;
-  std::vector<int> region_of(F, -1);
+  std::vector<int> region_of(N, -1);
   {
     std::vector<int64_t> open_ids;
     std::vector<int> open;
-    for (int i = 0; i < F; ++i) {
+    for (int i = 0; i < N; ++i) {
+      if (!forward(i)) continue;
       const Node& n = nodes[i];
       if (is_tag(n, "remat_begin")) {
         const int64_t id = n.attrs.i("region");
@@ -191,9 +215,12 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
   if ((o.policy == RematPolicy::none || o.layers == 0) && regions.empty()) return p;
 
   // The layer of each forward node (-1: outside the layers); the boundary tags belong to none.
-  std::vector<int> layer(F, -1);
+  // Each microbatch counts its layers from 0.
+  std::vector<int> layer(N, -1);
   bool tagged = false;
-  for (int i = 0, cur = -1, count = 0; i < F; ++i) {
+  for (int i = 0, cur = -1, count = 0; i < N; ++i) {
+    if (!forward(i)) continue;
+    if (i == 0 || micro_of[i - 1] != micro_of[i]) cur = -1, count = 0;
     if (is_tag(nodes[i], "layer_input")) {
       cur = count++;
       if (o.layers >= 0 && cur >= o.layers) cur = -2;  // past the layers to rematerialize: saved
@@ -206,7 +233,8 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
     }
     layer[i] = cur;
   }
-  if (!tagged) layer.assign(F, 0);  // one layer: the whole forward pass
+  if (!tagged)  // one layer: the whole forward pass
+    for (int i = 0; i < N; ++i) layer[i] = forward(i) ? 0 : -1;
 
   std::vector<char> is_output(g.values().size(), 0);
   for (int v : g.outputs()) is_output[v] = 1;
@@ -219,7 +247,7 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
   };
   auto saved = [&](int v) {
     const int i = g.values()[v].producer;
-    if (i < 0 || i >= F || is_output[v]) return true;
+    if (!forward(i) || is_output[v]) return true;
     const Node& n = nodes[i];
     if (is_boundary(n)) return true;
     return policy_saves(policy_of(i), region_of[i] >= 0 ? regions[region_of[i]].names : o.names, n);
@@ -227,17 +255,18 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
   // `offload`: the values it saves, and the layer inputs its layers start from, go to the host.
   auto offloaded = [&](int v) {
     const int i = g.values()[v].producer;
-    if (i < 0 || i >= F || is_output[v]) return false;
+    if (!forward(i) || is_output[v]) return false;
     const Node& n = nodes[i];
     if (is_tag(n, "layer_input")) {
-      for (int j = i + 1; j < F; ++j)
+      for (int j = i + 1; forward(j); ++j)
         if (!is_boundary(nodes[j])) return policy_of(j) == RematPolicy::offload;
       return false;
     }
     return policy_of(i) == RematPolicy::offload && saved(v) && !is_boundary(n);
   };
 
-  std::vector<Node> out(nodes.begin(), nodes.begin() + F);
+  std::vector<Node> out;
+  out.reserve(nodes.size());
   std::vector<ValueInfo> values = g.values();
   std::vector<int> clone(values.size(), -1);  // forward value -> its recomputed copy
   double flops = 0;
@@ -275,30 +304,37 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
     }
     return clone[v];
   };
-  int backward_end = p.backward_end;
-  for (int i = F; i < static_cast<int>(nodes.size()); ++i) {
+  // Forward nodes stay as they are; the others read recomputed copies, emitted just before them.
+  std::vector<int> start(nodes.size() + 1);
+  for (int i = 0; i < N; ++i) {
     Node b = nodes[i];
-    const size_t before = out.size();
-    for (int& in : b.inputs)
-      if (!saved(in)) in = recompute(in);
-    if (i < p.backward_end) backward_end += static_cast<int>(out.size() - before);
+    start[i] = static_cast<int>(out.size());
+    if (!forward(i))
+      for (int& in : b.inputs)
+        if (!saved(in)) in = recompute(in);
     out.push_back(std::move(b));
   }
+  start[N] = static_cast<int>(out.size());
+  std::vector<char> read_back(values.size(), 0);  // read outside the forward passes
+  for (int i = 0; i < N; ++i)
+    if (!forward(i))
+      for (int j = start[i]; j < start[i + 1]; ++j)
+        for (int v : out[j].inputs) read_back[v] = 1;
   // Saved values the backward pass (or its recomputed copies) reads that `offload` keeps on the
-  // host, grouped by layer for prefetching.
-  std::vector<int> host, group_of(values.size(), 0);
-  std::vector<char> read_back(values.size(), 0);
-  for (size_t i = F; i < out.size(); ++i)
-    for (int v : out[i].inputs) read_back[v] = 1;
+  // host, grouped by layer (and microbatch) for prefetching.
+  std::vector<int> host;
+  std::vector<std::string> group_of(values.size());
   for (int v = 0; v < static_cast<int>(g.values().size()); ++v)
     if (read_back[v] && offloaded(v)) {
       host.push_back(v);
       const int i = g.values()[v].producer;
-      group_of[v] = region_of[i] >= 0 ? 100000 + region_of[i] : is_boundary(nodes[i]) && i + 1 < F ? layer[i + 1] : layer[i];
+      const int group =
+          region_of[i] >= 0 ? 100000 + region_of[i] : is_boundary(nodes[i]) && forward(i + 1) ? layer[i + 1] : layer[i];
+      group_of[v] = (micro_of[i] > 0 ? std::to_string(micro_of[i]) + "." : "") + std::to_string(group);
     }
   p.graph = memory_pass::rebuilt(std::move(out), std::move(values), g, g.outputs());
   p.categories.resize(p.graph->values().size(), MemoryCategory::activations);
-  p.backward_end = backward_end;
+  p.remap_nodes(start);
   if (recomputed_flops) *recomputed_flops = flops;
   if (!host.empty()) p = offload_residuals(std::move(p), host, group_of);
   return p;
@@ -344,7 +380,7 @@ StepProgram remat_automatic(StepProgram p, int64_t budget, const std::function<i
     throw UserError("[remat] policy 'auto' needs a budget: set RematOptions::budget_bytes or "
                     "CompileOptions::memory_limit_bytes (bytes per device)");
   auto with = [&](RematOptions o) { return remat_step(p.clone(), o); };
-  const int layers = count_layers(*p.graph, p.forward_end);
+  const int layers = count_layers(*p.graph, p.micro.at(0).forward_end);  // per microbatch
   // Full remat of the first k layers: the peak falls as k grows; the least k that fits.
   auto fits_with = [&](int k) { return peak_of(with({RematPolicy::full, {}, k, 0})) <= budget; };
   int64_t none_peak = peak_of(p);

@@ -23,12 +23,31 @@ struct StepProgram {
   size_t n_params = 0, n_state = 0, n_batch = 0;
   std::vector<std::string> paths;          // per param
   std::vector<int> grads;                  // per param: the value of its gradient (before clipping)
-  int forward_end = 0;                     // nodes [0, forward_end) compute the loss
-  int backward_end = 0;                    // nodes [forward_end, backward_end) the gradients; then clip and update
+  // The step's microbatches, in node order (one for an unsplit step). Microbatch k's forward nodes
+  // are [begin(k), forward_end): they slice its rows of the batch and compute its loss; its
+  // backward nodes [forward_end, backward_end) compute its gradients and add them to the sum of
+  // the earlier microbatches'. After the last microbatch: the mean loss and gradients, clipping
+  // and the update.
+  struct Microbatch {
+    int forward_end = 0, backward_end = 0;
+    std::vector<int> grads;  // per param: this microbatch's gradient (for one microbatch, = grads)
+  };
+  std::vector<Microbatch> micro;
   std::vector<MemoryCategory> categories;  // per value: params, optimizer state, gradients, activations, ...
   std::vector<MemoryKind> input_kinds;     // per graph input, where it lives (empty: all device)
   std::vector<MemoryKind> kinds;           // per value, where it is computed (empty: all device)
   StepProgram clone() const;               // a deep copy (the passes take programs by value)
+
+  int begin(size_t k) const { return k == 0 ? 0 : micro[k - 1].backward_end; }
+  int backward_end() const { return micro.empty() ? 0 : micro.back().backward_end; }
+  // The microbatch whose forward pass node i belongs to; -1 for the backward nodes and after.
+  int forward_of(int i) const;
+  bool is_forward(int i) const { return forward_of(i) >= 0; }
+  // After a pass that rebuilt the nodes: start[i] is where old node i's nodes begin in the new
+  // program (what the pass added before it included), start[old size] the new size.
+  void remap_nodes(const std::vector<int>& start);
+  // The same after a pass that renumbered the values: value v is now new_id[v].
+  void remap_grads(const std::function<int(int)>& new_id);
 };
 
 // The remat pass: the same step in which the backward pass reads only the forward values the

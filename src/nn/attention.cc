@@ -4,6 +4,7 @@
 #include <numbers>
 
 #include "parallax/nn/layers.h"
+#include "nn/heads.h"
 
 namespace px::nn {
 
@@ -126,12 +127,7 @@ void AttentionConfig::validate() const {
   auto fail = [](const std::string& m) { throw Error("[CausalSelfAttention] " + m); };
   if (d_model <= 0) fail("d_model must be positive, got " + std::to_string(d_model));
   if (n_heads <= 0) fail("n_heads must be positive, got " + std::to_string(n_heads));
-  if (n_kv_heads < 0) fail("n_kv_heads must be >= 0 (0 = n_heads), got " + std::to_string(n_kv_heads));
-  if (d_model % n_heads != 0)
-    fail("d_model (" + std::to_string(d_model) + ") must be divisible by n_heads (" + std::to_string(n_heads) + ")");
-  if (n_heads % kv_heads() != 0)
-    fail("n_heads (" + std::to_string(n_heads) + ") must be divisible by n_kv_heads (" + std::to_string(kv_heads()) +
-         ")");
+  check_heads(d_model, n_heads, n_kv_heads, fail);
   if (rope && head_dim() % 2 != 0)
     fail("rope needs an even head_dim = d_model / n_heads, got " + std::to_string(head_dim()));
   if (sliding_window < 0) fail("sliding_window must be >= 0 (0 = none), got " + std::to_string(sliding_window));

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <sstream>
 
+#include "nn/heads.h"
+
 namespace px::nn {
 
 // ---- configs ---------------------------------------------------------------------------------
@@ -19,12 +21,7 @@ void LmConfig::validate() const {
   positive("n_layers", n_layers);
   positive("d_ff", d_ff);
   positive("max_seq_len", max_seq_len);
-  if (n_kv_heads < 0) fail("n_kv_heads must be >= 0 (0 = n_heads), got " + std::to_string(n_kv_heads));
-  if (d_model % n_heads != 0)
-    fail("d_model (" + std::to_string(d_model) + ") must be divisible by n_heads (" + std::to_string(n_heads) + ")");
-  if (n_heads % kv_heads() != 0)
-    fail("n_heads (" + std::to_string(n_heads) + ") must be divisible by n_kv_heads (" + std::to_string(kv_heads()) +
-         ")");
+  check_heads(d_model, n_heads, n_kv_heads, fail);
   if (positions == PositionKind::rotary && head_dim() % 2 != 0)
     fail("rotary positions need an even head_dim = d_model / n_heads, got " + std::to_string(head_dim()));
   if (!(norm_eps > 0)) fail("norm_eps must be positive, got " + std::to_string(norm_eps));

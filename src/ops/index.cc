@@ -3,7 +3,7 @@
 // scatter_add alike, so that scatter_add stays the exact vjp of take; one_hot gives a zero row.
 #include "ir/primitive.h"
 #include "parallax/ops.h"
-#include "sharding/spmd_internal.h"
+#include "ops/local_form.h"
 
 namespace px {
 
@@ -142,6 +142,31 @@ Tensor one_hot(const Tensor& indices, int64_t depth, DType dtype) {
   return emit1("one_hot", {indices}, Attrs{{"depth", depth}, {"dtype", dtype}});
 }
 
+namespace {
+
+// take(table, idx) with the table's rows split: each device gathers the rows it holds and zeros
+// the rest, so the result is a partial sum over the split axes.
+std::vector<Tensor> take_local_form(const spmd::LocalContext& c, const LocalFormArgs& a) {
+  const std::vector<Tensor>& in = a.inputs;
+  local_form::LocalRows r = local_form::local_rows(c, in[1], a.graph.type(a.node.inputs[0]).shape[0],
+                                                   in[0].shape()[0], local_form::positional_axes(a));
+  Tensor got = take(in[0], r.rel);
+  return {where(local_form::mask_like(r.inside, got), got, zeros_like(got))};
+}
+
+// scatter_add(idx, updates) into a row-split result: each device adds the updates that land in
+// its block of rows.
+std::vector<Tensor> scatter_add_local_form(const spmd::LocalContext& c, const LocalFormArgs& a) {
+  const std::vector<Tensor>& in = a.inputs;
+  const int64_t local = a.want[0].shape[0];
+  local_form::LocalRows r = local_form::local_rows(c, in[0], a.graph.type(a.node.outputs[0]).shape[0], local,
+                                                   local_form::positional_axes(a));
+  Tensor upd = where(local_form::mask_like(r.inside, in[1]), in[1], zeros_like(in[1]));
+  return {scatter_add(r.rel, upd, local)};
+}
+
+}  // namespace
+
 void register_index_primitives() {
   // A row-split table (vocab-parallel embedding): each device looks up the rows it holds and
   // zeros the others, leaving partial sums. The rows yield their mesh axis to the indices' batch
@@ -158,7 +183,7 @@ void register_index_primitives() {
                               return r.operands.at(0).empty() ? std::vector<int>{} : std::vector<int>{r.operands[0][0]};
                             },
                             ShardingRule::Kind::reduction, true};
-  take_p.spmd.local_form = spmd::take_local_form;
+  take_p.spmd.local_form = take_local_form;
   register_primitive(std::move(take_p));
 
   // Split update rows leave partial sums; a row-split result keeps the updates landing in its rows.
@@ -175,7 +200,7 @@ void register_index_primitives() {
         return r.results.at(0).empty() ? std::vector<int>{} : std::vector<int>{r.results[0][0]};
       },
       ShardingRule::Kind::parallel, true};
-  scatter_p.spmd.local_form = spmd::scatter_add_local_form;
+  scatter_p.spmd.local_form = scatter_add_local_form;
   register_primitive(std::move(scatter_p));
 
   register_primitive({"one_hot", one_hot_infer, nullptr, one_hot_rule, nullptr});

@@ -5,7 +5,7 @@
 
 #include "ir/primitive.h"
 #include "parallax/ops.h"
-#include "sharding/spmd_internal.h"
+#include "ops/local_form.h"
 
 namespace px {
 
@@ -294,6 +294,42 @@ Attrs axis_attr(const Tensor& x, int64_t axis, const char* op) {
   return Attrs{{"axis", static_cast<int64_t>(normalize_axis(axis, x.rank(), op))}};
 }
 
+// Cross entropy (or its gradient) with the class dim split: the row max and the sum of
+// exponentials are all-reduced (max, then sum), and the label's logit comes from the device
+// that holds it. Ignored labels give 0 and out-of-range labels NaN, as the unsplit kernel does.
+Tensor vocab_cross_entropy(const spmd::LocalContext& c, const LocalFormArgs& a, bool grad) {
+  using local_form::i32_scalar;
+  const std::vector<int>& axes = local_form::positional_axes(a);
+  const Node& n = a.node;
+  const std::vector<Tensor>& in = a.inputs;
+  const int64_t classes = a.graph.type(n.inputs[0]).shape.back();
+  Tensor x = in[0].dtype() == DType::f32 ? in[0] : cast(in[0], DType::f32);
+  const int64_t last = x.rank() - 1, local_classes = x.shape().back();
+  const Tensor& labels = in[1];
+  Tensor m = c.all_reduce(max(x, {last}), axes, "max");
+  Tensor ex = exp(x - expand_dims(m, -1));
+  Tensor rel = labels - local_form::block_start(c, axes, local_classes);
+  Tensor hit = equal(iota(x.shape(), static_cast<int>(last), DType::i32), expand_dims(rel, -1));
+  Tensor ignored = equal(labels, i32_scalar(n.attrs.i("ignore_index")));
+  Tensor bad = logical_and(logical_not(ignored),
+                           logical_or(less(labels, i32_scalar(0)), greater_equal(labels, i32_scalar(classes))));
+  if (!grad) {
+    // One all-reduce for both sums: [..., 2] = (sum of exponentials, the label's logit).
+    Tensor xt = sum(where(hit, x, zeros_like(x)), {last});
+    Tensor both = c.all_reduce(concat({expand_dims(sum(ex, {last}), -1), expand_dims(xt, -1)}, -1), axes, "sum");
+    Tensor e = squeeze(slice_axis(both, last, 0, 1), last), t = squeeze(slice_axis(both, last, 1, 2), last);
+    Tensor loss = m + log(e) - t;
+    loss = where(ignored, zeros_like(loss), loss);
+    return where(bad, full_like(loss, NAN), loss);
+  }
+  Tensor e = c.all_reduce(sum(ex, {last}), axes, "sum");
+  Tensor ct = where(ignored, zeros_like(in[2]), in[2]);
+  Tensor y = ex * expand_dims(ct / e, -1);
+  y = where(hit, y - expand_dims(ct, -1), y);
+  y = where(local_form::mask_like(bad, y), full_like(y, NAN), y);
+  return in[0].dtype() == DType::f32 ? y : cast(y, in[0].dtype());
+}
+
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t axis) { return emit1("softmax", {x}, axis_attr(x, axis, "softmax")); }
@@ -434,37 +470,27 @@ void register_nn_primitives() {
   eltwise_prim("gelu", gelu_vjp, 10);
   eltwise_prim("gelu_grad", gelu_grad_vjp, 16);
   eltwise_prim("silu", silu_vjp, 5);
-  {
+  // The loss and its gradient: one rule, split over the classes by the same local form.
+  auto ce_prim = [&](const char* name, InferFn infer, VjpFn vjp, double flops_per_element, bool grad) {
     Primitive p;
-    p.name = "softmax_cross_entropy";
-    p.infer = infer_ce;
-    p.vjp = ce_vjp;
+    p.name = name;
+    p.infer = std::move(infer);
+    p.vjp = std::move(vjp);
     p.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
       return ce_rule(in, out);
     };
-    p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
-      return per_element_cost(in, out, 4);
+    p.cost = [flops_per_element](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
+      return per_element_cost(in, out, flops_per_element);
     };
     p.spmd.positional = split_classes;
-    p.spmd.local_form = spmd::cross_entropy_local_form;
-    p.tp.mixes_features = true;
-    register_primitive(std::move(p));
-  }
-  {
-    Primitive p;
-    p.name = "softmax_cross_entropy_grad";
-    p.infer = infer_ce_grad;
-    p.vjp = ce_grad_vjp;
-    p.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
-      return ce_rule(in, out);
+    p.spmd.local_form = [grad](const spmd::LocalContext& c, const LocalFormArgs& a) {
+      return std::vector<Tensor>{vocab_cross_entropy(c, a, grad)};
     };
-    p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
-      return per_element_cost(in, out, 6);
-    };
-    p.spmd.positional = split_classes;
-    p.spmd.local_form = spmd::cross_entropy_grad_local_form;
+    p.tp.mixes_features = !grad;
     register_primitive(std::move(p));
-  }
+  };
+  ce_prim("softmax_cross_entropy", infer_ce, ce_vjp, 4, false);
+  ce_prim("softmax_cross_entropy_grad", infer_ce_grad, ce_grad_vjp, 6, true);
 }
 
 }  // namespace px

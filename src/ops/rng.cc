@@ -5,7 +5,7 @@
 
 #include "ir/primitive.h"
 #include "parallax/ops.h"
-#include "sharding/spmd_internal.h"
+#include "ops/local_form.h"
 
 namespace px {
 
@@ -94,6 +94,25 @@ Tensor draw(const char* op, const Tensor& key, const Shape& shape, DType dtype, 
   return emit1(op, {key}, std::move(a));
 }
 
+// A random draw of this device's block: the global shape and the block's origin (per dim, the
+// start of its block) let the kernel compute the same values as the unsplit draw.
+std::vector<Tensor> draw_local_form(const spmd::LocalContext& c, const LocalFormArgs& args) {
+  const Node& n = args.node;
+  const TensorType& want = args.want[0];
+  const Shape& global = args.graph.type(n.outputs[0]).shape;
+  std::vector<Tensor> starts;
+  for (size_t d = 0; d < global.size(); ++d) {
+    int f = args.rule.results[0][d];
+    const auto& axes = f >= 0 ? args.factor_axes[f] : std::vector<int>{};
+    Tensor s = axes.empty() ? local_form::i32_scalar(0) : local_form::block_start(c, axes, want.shape[d]);
+    starts.push_back(reshape(s, {1}));
+  }
+  Attrs a = n.attrs;
+  a.set("shape", std::vector<int64_t>(want.shape.begin(), want.shape.end()));
+  a.set("global_shape", std::vector<int64_t>(global.begin(), global.end()));
+  return {c.local.emit(*n.prim, {args.inputs[0], concat(starts, 0)}, a).at(0)};
+}
+
 }  // namespace
 
 Tensor random_key(uint64_t seed) {
@@ -153,7 +172,7 @@ void register_rng_primitives() {
     };
     p.sharding = draw_rule;
     p.spmd.positional.factors = draw_positional;
-    p.spmd.local_form = spmd::draw_local_form;
+    p.spmd.local_form = draw_local_form;
     p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
       return draw_cost(in, out, 12);  // a quarter of a Philox block (10 rounds of 2 mul + xors) + scaling
     };
@@ -165,7 +184,7 @@ void register_rng_primitives() {
     p.infer = [](const std::vector<TensorType>& in, const Attrs& a) { return infer_draw("random_normal", in, a); };
     p.sharding = draw_rule;
     p.spmd.positional.factors = draw_positional;
-    p.spmd.local_form = spmd::draw_local_form;
+    p.spmd.local_form = draw_local_form;
     p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
       return draw_cost(in, out, 30);  // Philox plus log, sqrt and sin/cos of Box-Muller
     };

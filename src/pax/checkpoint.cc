@@ -82,10 +82,7 @@ std::vector<std::string> Checkpoints::set_aside_after(int64_t step) {
 
 std::string Checkpoints::restore(int64_t step, StepRunner& runner) const {
   try {
-    RestoreOptions ro;
-    ro.shardings = runner.shardings();
-    if (const ProcessWorld* w = launched_world()) ro.process = w->rank;
-    Checkpoint c = mgr_.restore(step, ro);
+    Checkpoint c = mgr_.restore(step, runner.restore_options());
     runner.restore(c);
     return c.data_state_json == "null" ? std::string() : c.data_state_json;
   } catch (const Error& e) {

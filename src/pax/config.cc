@@ -162,6 +162,8 @@ const std::vector<Field>& table() {
       int_field("memory.prefetch_depth", &E::memory, &MemoryConfig::prefetch_depth, 0, 64,
                 "offload: layers of params fetched ahead of the one computing"),
       int_field("train.steps", &E::train, &TrainConfig::steps, 1, kMaxSteps, "training steps"),
+      int_field("train.microbatches", &E::train, &TrainConfig::microbatches, 1, 1e6,
+                "gradient accumulation: each step's batch in this many microbatches, one update"),
       int_field("train.eval_interval", &E::train, &TrainConfig::eval_interval, 0, kMaxSteps,
                 "evaluate every N steps (0: at the end only)"),
       int_field("train.eval_batches", &E::train, &TrainConfig::eval_batches, 0, kBig,

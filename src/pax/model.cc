@@ -207,7 +207,9 @@ std::string human_bytes(int64_t b) {
 
 std::string PlanReport::text() const {
   std::ostringstream os;
-  os << "mesh: " << mesh << "  strategy: " << strategy << "\n";
+  os << "mesh: " << mesh << "  strategy: " << strategy;
+  if (microbatches > 1) os << "  microbatches: " << microbatches << " (gradient accumulation, one update per step)";
+  os << "\n";
   os << table << (table.empty() || table.back() == '\n' ? "" : "\n");
   os << "parameters: " << param_count << "\n";
   os << "per device: params " << human_bytes(param_bytes_per_device) << ", gradients "
@@ -245,6 +247,7 @@ PlanReport plan(const ExperimentConfig& c, const std::string& devices, const std
   setup.compute_dtype = c.model.dtype == "bf16" ? DType::bf16 : DType::f32;
   setup.sharding = sharding_options(c);
   setup.clip_norm = c.optimizer.clip_norm;
+  setup.microbatches = static_cast<int>(c.train.microbatches);
   const TrainStepOptions o = step_options(c);
   if (o.remat.policy != RematPolicy::automatic) setup.remat = o.remat;
   setup.offload = o.offload;
@@ -270,6 +273,7 @@ PlanReport plan_report(const ExperimentConfig& c, const nn::TransformerLm& model
   r.devices = mesh.size();
   r.mesh = mesh.to_string();
   r.strategy = c.sharding.strategy;
+  r.microbatches = c.train.microbatches;
   r.table = p.table() + p.explanation;
   r.param_bytes_per_device = p.param_bytes_per_device();
   r.gradient_bytes_per_device = r.param_bytes_per_device;  // gradients are placed like their params

@@ -25,14 +25,14 @@ class StepRunner {
   // Starts from the params of a Hugging Face model dir with fresh optimizer state. On a mesh each
   // device reads only its own shard of each tensor, so the whole model never sits in memory.
   void init_from_pretrained(const std::string& dir);
-  // The state as checkpoint entries: params by path (group "params"), optimizer state as
-  // "<path>.<slot>" (group "opt_state"), and the step.
-  Checkpoint snapshot() const;
-  // Where restored arrays go: this step's shardings.
-  std::map<std::string, Sharding> shardings() const;
+  // The state as checkpoint entries (TrainStep::checkpoint): params by path (group "params"),
+  // optimizer state as "<path>.<slot>" (group "opt_state"), the step and the optimizer.
+  Checkpoint snapshot() const { return step_.checkpoint(state_); }
+  // Where restored arrays go: this step's shardings and process.
+  RestoreOptions restore_options() const { return step_.restore_options(); }
   // Takes params, optimizer state and step from a restored checkpoint; throws naming a missing or
   // mistyped tensor (a different model or optimizer).
-  void restore(const Checkpoint& c);
+  void restore(const Checkpoint& c) { state_ = step_.restore(c); }
   // The sharding plan the step runs (on one device: a mesh of one device, all replicated).
   const ShardingPlan& plan() const { return step_.plan(); }
   // The devices this process runs the step on (their memory counters: px::memory_stats).
@@ -43,7 +43,6 @@ class StepRunner {
  private:
   TrainStep step_;
   TrainState state_;
-  std::vector<std::string> names_;
 };
 
 // Compiles the step for `model` on `mesh` and initializes params from train.seed.

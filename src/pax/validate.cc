@@ -1,6 +1,8 @@
 // The relations between config fields that no single field's range covers (heads divide the width,
 // the schedule's warmup fits its length, sharding rules parse), and what running needs beyond them.
 // Apart from the field table (config.cc), so that reading and writing configs needs no model code.
+#include <cstdlib>
+
 #include "parallax/pax.h"
 #include "parallax/sharding.h"
 #include "pax/model.h"
@@ -36,6 +38,23 @@ void validate(const ExperimentConfig& c) {
     throw Error("[pax] schedule.kind=" + c.schedule.kind + ": " + e.what() +
                 "; lower schedule.warmup_steps or raise train.steps (or schedule.total_steps)");
   }
+  const int64_t mb = c.train.microbatches, batch = c.data.batch;
+  if (batch % mb != 0)
+    throw Error("[pax] train.microbatches=" + std::to_string(mb) + " does not divide data.batch=" +
+                std::to_string(batch) + ": each step's batch is split into microbatches of equal rows; set "
+                "train.microbatches to a divisor of data.batch or data.batch to a multiple of it");
+  // Each data shard's rows are split into the microbatches: the data axis's size as the mesh names it.
+  const std::string axis = c.sharding.data_axis + ":";
+  const size_t at = c.sharding.mesh.find(axis);
+  const bool named = at != std::string::npos && (at == 0 || c.sharding.mesh[at - 1] == ',');
+  const int64_t shards = named ? std::atoll(c.sharding.mesh.c_str() + at + axis.size()) : 0;
+  if (shards > 1 && batch % shards == 0 && (batch / shards) % mb != 0)
+    throw Error("[pax] train.microbatches=" + std::to_string(mb) + " does not divide the " +
+                std::to_string(batch / shards) + " sequences of each of the " + std::to_string(shards) +
+                " data shards (data.batch=" + std::to_string(batch) + " over sharding.mesh " + c.sharding.mesh +
+                "): each shard's microbatches are its own rows; set data.batch to a multiple of " +
+                std::to_string(shards * mb) + " or train.microbatches to a divisor of " +
+                std::to_string(batch / shards));
   for (const std::string& r : c.sharding.rules) {
     size_t eq = r.find('=');
     if (eq == std::string::npos || eq == 0)

@@ -1,24 +1,53 @@
 // Mixed-precision pass: f32 matmuls take 16-bit operands and keep f32 results.
+#include <functional>
+#include <optional>
+
 #include "ir/primitive.h"
 #include "parallax/ops.h"
 #include "parallax/passes.h"
+#include "ops/prims.h"
 
 namespace px {
 
 namespace {
 
-// Per value of g, the id of the value that env gives it in the rewritten graph.
-void fill_value_map(const std::vector<Tensor>& env, std::vector<int>* value_map) {
-  if (!value_map) return;
-  value_map->assign(env.size(), -1);
-  for (size_t v = 0; v < env.size(); ++v)
-    if (env[v].defined()) (*value_map)[v] = env[v].id();
-}
-
 void identity_map(const Graph& g, std::vector<int>* value_map) {
   if (!value_map) return;
   value_map->resize(g.values().size());
   for (size_t v = 0; v < g.values().size(); ++v) (*value_map)[v] = static_cast<int>(v);
+}
+
+// Rebuilds g node by node: `rewrite(i, operands)` gives node i's results in the new graph, or
+// nothing to emit the node as it is (with its name). With value_map set, per value of g its id in
+// the result.
+using NodeRewrite = std::function<std::optional<std::vector<Tensor>>(size_t, const std::vector<Tensor>&)>;
+std::unique_ptr<Graph> replay(const Graph& g, std::vector<int>* value_map, const NodeRewrite& rewrite) {
+  auto out = std::make_unique<Graph>();
+  TraceScope scope(out.get());
+  std::vector<Tensor> env(g.values().size());
+  for (size_t i = 0; i < g.inputs().size(); ++i)
+    env[g.inputs()[i]] = out->input(g.type(g.inputs()[i]), g.input_names()[i]);
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
+    std::vector<Tensor> ins;
+    for (int v : n.inputs) ins.push_back(env[v]);
+    std::optional<std::vector<Tensor>> res = rewrite(i, ins);
+    if (!res) {
+      res = out->emit(*n.prim, ins, n.attrs);
+      if (!n.name.empty()) out->mutable_nodes().back().name = n.name;
+    }
+    for (size_t o = 0; o < res->size(); ++o) env[n.outputs[o]] = (*res)[o];
+  }
+  std::vector<Tensor> outs;
+  for (int v : g.outputs()) outs.push_back(env[v]);
+  out->set_outputs(outs);
+  out->verify();
+  if (value_map) {
+    value_map->assign(env.size(), -1);
+    for (size_t v = 0; v < env.size(); ++v)
+      if (env[v].defined()) (*value_map)[v] = env[v].id();
+  }
+  return out;
 }
 
 }  // namespace
@@ -30,34 +59,18 @@ std::unique_ptr<Graph> autocast(const Graph& g, DType compute, std::vector<int>*
     identity_map(g, value_map);
     return g.clone();
   }
-  auto out = std::make_unique<Graph>();
-  TraceScope scope(out.get());
-  std::vector<Tensor> env(g.values().size());
-  for (size_t i = 0; i < g.inputs().size(); ++i)
-    env[g.inputs()[i]] = out->input(g.type(g.inputs()[i]), g.input_names()[i]);
-  for (const Node& n : g.nodes()) {
-    std::vector<Tensor> ins;
-    for (int v : n.inputs) ins.push_back(env[v]);
-    std::vector<Tensor> res;
-    bool all_f32 = n.prim->name == "dot_general" && ins.size() == 2 && n.outputs.size() == 1 &&
-                   ins[0].dtype() == DType::f32 && ins[1].dtype() == DType::f32 &&
-                   g.type(n.outputs[0]).dtype == DType::f32;
-    if (all_f32) {
-      DotDims d{n.attrs.ints("lhs_contract"), n.attrs.ints("rhs_contract"), n.attrs.ints("lhs_batch"),
-                n.attrs.ints("rhs_batch")};
-      res = {dot_general(cast(ins[0], compute), cast(ins[1], compute), d, DType::f32)};
-    } else {
-      res = out->emit(*n.prim, ins, n.attrs);
-    }
-    if (!n.name.empty()) out->mutable_nodes().back().name = n.name;
-    for (size_t o = 0; o < res.size(); ++o) env[n.outputs[o]] = res[o];
-  }
-  std::vector<Tensor> outs;
-  for (int v : g.outputs()) outs.push_back(env[v]);
-  out->set_outputs(outs);
-  out->verify();
-  fill_value_map(env, value_map);
-  return out;
+  return replay(g, value_map, [&](size_t i, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
+    const Node& n = g.nodes()[i];
+    const bool all_f32 = n.prim == prims::dot_general() && ins.size() == 2 && n.outputs.size() == 1 &&
+                         ins[0].dtype() == DType::f32 && ins[1].dtype() == DType::f32 &&
+                         g.type(n.outputs[0]).dtype == DType::f32;
+    if (!all_f32) return std::nullopt;
+    DotDims d{n.attrs.ints("lhs_contract"), n.attrs.ints("rhs_contract"), n.attrs.ints("lhs_batch"),
+              n.attrs.ints("rhs_batch")};
+    Tensor r = dot_general(cast(ins[0], compute), cast(ins[1], compute), d, DType::f32);
+    if (!n.name.empty()) current_graph()->mutable_nodes().back().name = n.name;
+    return std::vector<Tensor>{r};
+  });
 }
 
 // An all-gather whose every reader casts its result to a narrower float type gathers the cast
@@ -73,14 +86,14 @@ std::unique_ptr<Graph> narrow_gathers(const Graph& g, std::vector<int>* value_ma
   bool any = false;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
-    if (n.prim->name != "all_gather" || g.type(n.outputs[0]).dtype != DType::f32 || is_output[n.outputs[0]] ||
+    if (n.prim->spmd.collective != CollectiveKind::all_gather || g.type(n.outputs[0]).dtype != DType::f32 || is_output[n.outputs[0]] ||
         users[n.outputs[0]].empty())
       continue;
     DType to = DType::f32;
     bool ok = true;
     for (int u : users[n.outputs[0]]) {
       const Node& c = g.nodes()[u];
-      DType d = c.prim->name == "cast" ? g.type(c.outputs[0]).dtype : DType::f32;
+      DType d = c.prim == prims::cast() ? g.type(c.outputs[0]).dtype : DType::f32;
       ok = ok && (d == DType::bf16 || d == DType::f16) && (to == DType::f32 || to == d);
       to = d;
     }
@@ -93,34 +106,16 @@ std::unique_ptr<Graph> narrow_gathers(const Graph& g, std::vector<int>* value_ma
     identity_map(g, value_map);
     return g.clone();
   }
-  auto out = std::make_unique<Graph>();
-  TraceScope scope(out.get());
-  std::vector<Tensor> env(g.values().size());
-  for (size_t i = 0; i < g.inputs().size(); ++i)
-    env[g.inputs()[i]] = out->input(g.type(g.inputs()[i]), g.input_names()[i]);
   std::vector<char> gathered_narrow(g.values().size(), 0);  // a gather result already in the narrow type
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
+  return replay(g, value_map, [&](size_t i, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
     const Node& n = g.nodes()[i];
-    std::vector<Tensor> ins;
-    for (int v : n.inputs) ins.push_back(env[v]);
-    std::vector<Tensor> res;
     if (narrow[i] != DType::f32) {
-      res = out->emit(*n.prim, {cast(ins[0], narrow[i])}, n.attrs);
       gathered_narrow[n.outputs[0]] = 1;
-    } else if (n.prim->name == "cast" && gathered_narrow[n.inputs[0]]) {
-      res = {ins[0]};  // the gather already holds this dtype
-    } else {
-      res = out->emit(*n.prim, ins, n.attrs);
-      if (!n.name.empty()) out->mutable_nodes().back().name = n.name;
+      return current_graph()->emit(*n.prim, {cast(ins[0], narrow[i])}, n.attrs);
     }
-    for (size_t o = 0; o < res.size(); ++o) env[n.outputs[o]] = res[o];
-  }
-  std::vector<Tensor> outs;
-  for (int v : g.outputs()) outs.push_back(env[v]);
-  out->set_outputs(outs);
-  out->verify();
-  fill_value_map(env, value_map);
-  return out;
+    if (n.prim == prims::cast() && gathered_narrow[n.inputs[0]]) return std::vector<Tensor>{ins[0]};  // already narrow
+    return std::nullopt;
+  });
 }
 
 }  // namespace px

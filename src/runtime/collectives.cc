@@ -2,18 +2,23 @@
 
 #include "core/box.h"
 #include "ir/primitive.h"
+#include "parallax/collectives.h"
 
 namespace px {
 
+std::string CollectiveOp::name() const { return transfer ? "transfer" : collective_name(kind); }
+
 CollectiveOp make_collective_op(const Graph& g, const Node& n, CollectiveGroups groups) {
+  if (!n.prim->spmd.collective)
+    throw Error("[compile] internal: '" + n.prim->name + "' is not a collective primitive");
   CollectiveOp c;
-  c.kind = n.prim->name;
+  c.kind = *n.prim->spmd.collective;
   c.dtype = g.type(n.inputs[0]).dtype;
   c.in_shape = g.type(n.inputs[0]).shape;
   c.out_shape = g.type(n.outputs[0]).shape;
   if (n.attrs.has("reduce")) c.op = n.attrs.s("reduce") == "max" ? ReduceOp::max : ReduceOp::sum;
   if (n.attrs.has("dim")) c.dim = static_cast<int>(n.attrs.i("dim"));
-  if (c.kind == "all_to_all") {
+  if (c.kind == CollectiveKind::all_to_all) {
     c.dim = static_cast<int>(n.attrs.i("split_dim"));
     c.concat_dim = static_cast<int>(n.attrs.i("concat_dim"));
   }
@@ -22,10 +27,11 @@ CollectiveOp make_collective_op(const Graph& g, const Node& n, CollectiveGroups 
   // Blocks exchanged must be contiguous: pack around dims that are not leading.
   int64_t outer = 1;
   for (int d = 0; d < c.dim; ++d) outer *= c.in_shape[d];
-  bool pack = (c.kind == "all_gather" || c.kind == "reduce_scatter") ? outer > 1 : c.kind == "all_to_all";
+  const bool gather = c.kind == CollectiveKind::all_gather, all_to_all = c.kind == CollectiveKind::all_to_all;
+  const bool pack = (gather || c.kind == CollectiveKind::reduce_scatter) ? outer > 1 : all_to_all;
   if (pack) {
-    c.scratch_in = numel(c.kind == "all_gather" ? c.out_shape : c.in_shape);
-    if (c.kind == "all_to_all") c.scratch_out = numel(c.in_shape);
+    c.scratch_in = numel(gather ? c.out_shape : c.in_shape);
+    if (all_to_all) c.scratch_out = numel(c.in_shape);
   }
   return c;
 }
@@ -50,9 +56,15 @@ CollectiveHandle start_collective(Communicator& comm, const CollectiveOp& c, con
   const int64_t es = dtype_size(c.dtype);
   const int64_t count = numel(c.in_shape);
   const DeviceGroups& groups = c.groups.groups;
-  if (c.kind == "all_reduce") return comm.start_all_reduce(ins, outs, count, c.dtype, c.op, groups);
-  if (c.kind == "collective_permute") return comm.start_permute(ins, outs, count, c.dtype, c.groups.pairs);
-  if (c.kind == "all_gather") {
+  switch (c.kind) {
+    case CollectiveKind::all_reduce: return comm.start_all_reduce(ins, outs, count, c.dtype, c.op, groups);
+    case CollectiveKind::permute: return comm.start_permute(ins, outs, count, c.dtype, c.groups.pairs);
+    case CollectiveKind::all_gather: break;
+    case CollectiveKind::reduce_scatter: break;
+    case CollectiveKind::all_to_all: break;
+    case CollectiveKind::broadcast: throw Error("[run] internal: broadcast is not a node of local programs");
+  }
+  if (c.kind == CollectiveKind::all_gather) {
     if (!c.scratch_in) return comm.start_all_gather(ins, outs, count, c.dtype, groups);
     // Gather whole blocks into scratch [n, in_shape], then interleave them along `dim`.
     comm.start_all_gather(ins, scratch_in, count, c.dtype, groups).wait();
@@ -64,7 +76,7 @@ CollectiveHandle start_collective(Communicator& comm, const CollectiveOp& c, con
     });
     return CollectiveHandle();
   }
-  if (c.kind == "reduce_scatter") {
+  if (c.kind == CollectiveKind::reduce_scatter) {
     if (!c.scratch_in) return comm.start_reduce_scatter(ins, outs, count, c.dtype, c.op, groups);
     Buffers packed(scratch_in.begin(), scratch_in.end());
     const int64_t block = numel(c.out_shape);
@@ -76,8 +88,8 @@ CollectiveHandle start_collective(Communicator& comm, const CollectiveOp& c, con
     });
     return comm.start_reduce_scatter(packed, outs, count, c.dtype, c.op, groups);
   }
-  if (c.kind == "all_to_all") {
-    // Pack the blocks of split_dim contiguously, exchange, and lay the received blocks along concat_dim.
+  {
+    // all_to_all: pack the blocks of split_dim contiguously, exchange, and lay the received blocks along concat_dim.
     Shape blk = c.in_shape;
     blk[c.dim] /= c.n;
     const int64_t block = numel(blk), bytes = count * es * static_cast<int64_t>(D);
@@ -97,7 +109,6 @@ CollectiveHandle start_collective(Communicator& comm, const CollectiveOp& c, con
     });
     return CollectiveHandle();
   }
-  throw Error("[run] internal: unknown collective '" + c.kind + "'");
 }
 
 }  // namespace px

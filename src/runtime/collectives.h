@@ -17,8 +17,12 @@ struct CollectiveGroups {
   std::vector<std::pair<int, int>> pairs;  // collective_permute: (source, target) positions
 };
 
+// A collective of the schedule as the runtime runs it: a CollectiveKind through the Communicator,
+// or (transfer) a copy between memory kinds on the backend's copy stream.
 struct CollectiveOp {
-  std::string kind;
+  CollectiveKind kind = CollectiveKind::all_reduce;
+  bool transfer = false;
+  std::string name() const;  // "all_gather", ... or "transfer" (timelines, errors)
   DType dtype = DType::f32;
   Shape in_shape, out_shape;
   int dim = -1, concat_dim = -1;
@@ -29,6 +33,7 @@ struct CollectiveOp {
   int64_t scratch_out = 0;
 };
 
+// The op of a collective node (a primitive whose spmd.collective is set).
 CollectiveOp make_collective_op(const Graph& g, const Node& n, CollectiveGroups groups);
 
 // Starts the collective for every local device at once (one buffer per device in each list;

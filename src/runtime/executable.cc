@@ -24,57 +24,13 @@
 #include "core/log.h"
 #include "ir/primitive.h"
 #include "parallax/passes.h"
+#include "runtime/compile_passes.h"
 #include "runtime/order.h"
 #include "runtime/plan.h"
 #include "runtime/program.h"
 #include "runtime/schedule.h"
 
 namespace px {
-
-const char* memory_category_name(MemoryCategory c) {
-  switch (c) {
-    case MemoryCategory::params:
-      return "params";
-    case MemoryCategory::gradients:
-      return "gradients";
-    case MemoryCategory::optimizer_state:
-      return "optimizer_state";
-    case MemoryCategory::activations:
-      return "activations";
-    case MemoryCategory::temporaries:
-      return "temporaries";
-    case MemoryCategory::collective_buffers:
-      return "collective_buffers";
-  }
-  return "?";
-}
-
-std::string MemoryReport::to_string() const {
-  std::ostringstream os;
-  os << "peak " << peak_bytes << " bytes per device (inputs " << input_bytes << ", outputs " << output_bytes
-     << ", arena " << arena_bytes << " of which " << arena_live_bytes << " live at the peak)\n";
-  if (floor_bytes > 0)
-    os << "floor " << floor_bytes << " bytes (the caller's arrays and what must be alive together in any order); "
-       << "peak / floor " << peak_over_floor() << "\n";
-  if (donated_bytes > 0) os << "donated: " << donated_bytes << " bytes of outputs written into their inputs\n";
-  for (int c = 0; c < kNumMemoryCategories; ++c)
-    os << "  " << memory_category_name(static_cast<MemoryCategory>(c)) << ": " << by_category[c]
-       << " bytes at the peak (arena at most " << arena_max_by_category[c] << " at once)\n";
-  if (host_peak_bytes() > 0 || transfer_bytes > 0)
-    os << "pinned_host " << host_peak_bytes() << " bytes (inputs " << host_input_bytes << ", outputs "
-       << host_output_bytes << ", arena " << host_arena_bytes << "); " << transfer_bytes
-       << " bytes transferred between memory kinds per run\n";
-  bool layers = false;
-  for (const Use& u : largest) layers = layers || !u.layer.empty();
-  if (layers) {
-    os << "largest at the peak, by category and layer:\n";
-    for (size_t i = 0; i < largest.size() && i < 8; ++i)
-      os << "  " << memory_category_name(largest[i].category) << " "
-         << (largest[i].layer.empty() ? std::string("(no layer)") : largest[i].layer) << ": " << largest[i].bytes
-         << " bytes\n";
-  }
-  return os.str();
-}
 
 namespace {
 
@@ -185,7 +141,7 @@ struct Executable::Impl {
   // failed run is not waited: its peers may be gone).
   void wait_pending() {
     for (size_t c = 0; c < handles.size() && c < colls.size(); ++c) {
-      if (colls[c].kind != "transfer" || !handles[c].pending()) continue;
+      if (!colls[c].transfer || !handles[c].pending()) continue;
       try {
         handles[c].wait();
       } catch (...) {
@@ -214,218 +170,44 @@ namespace {
 
 // Everything compile decides before it allocates: the prepared graph, the schedule, the
 // collectives, the buffer plan and the memory report (with the memory limit checked). Shared by
-// compile_on_devices and plan_program, so that a planned program is exactly what would run.
+// compile_on_devices and plan_program, so that a planned program is exactly what would run. The
+// passes in order (runtime/compile_passes.h says where each lives):
 std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptions& opt,
                                             const std::function<CollectiveGroups(const Node&)>& groups) {
   using Impl = Executable::Impl;
   auto impl = std::make_unique<Impl>();
   src.verify();
-  // Autocast, then CSE and DCE; value categories follow the values through both.
-  std::unique_ptr<Graph> prepared;
-  std::vector<int> to_prepared;  // per value of src, its id in prepared (-1: dropped)
-  if (opt.compute_dtype != DType::f32) {
-    std::vector<int> cast_map, narrow_map;
-    prepared = narrow_gathers(*autocast(src, opt.compute_dtype, &cast_map), &narrow_map);
-    to_prepared.assign(src.values().size(), -1);
-    for (size_t v = 0; v < cast_map.size(); ++v)
-      if (cast_map[v] >= 0) to_prepared[v] = narrow_map[cast_map[v]];
-    dump_pass("autocast", [&] { return prepared->to_string(); });
-  }
-  const Graph& in_graph = prepared ? *prepared : src;
-  std::vector<int> to_cse, to_dce;
-  if (opt.optimize) {
-    auto c = cse(in_graph, &to_cse);
-    impl->graph = dce(*c, &to_dce);
-  } else {
-    impl->graph = in_graph.clone();
-  }
-  const Graph& g = *impl->graph;
-  const auto& nodes = g.nodes();
-  const size_t nv = g.values().size();
-  // Per value of src, its value in g (-1: dropped).
-  auto final_of = [&](size_t v) {
-    int p = prepared ? to_prepared[v] : static_cast<int>(v);
-    if (p < 0) return -1;
-    return opt.optimize ? (to_cse[p] >= 0 ? to_dce[to_cse[p]] : -1) : p;
-  };
-  for (size_t given : {opt.value_categories.size(), opt.value_kinds.size(), opt.value_layers.size()})
-    if (given && given != src.values().size())
-      throw Error("[compile] value_categories, value_kinds and value_layers need one entry per value of the graph (" +
-                  std::to_string(src.values().size()) + "), got " + std::to_string(given));
-  // Memory kinds: as given, else a transfer's target, else host when every operand is on the host.
-  std::vector<signed char> given_kind(nv, -1);
-  for (size_t v = 0; v < opt.value_kinds.size(); ++v)
-    if (int w = final_of(v); w >= 0) given_kind[w] = static_cast<signed char>(opt.value_kinds[v]);
-  impl->buffer_kind.assign(nv, MemoryKind::device);
-  std::vector<MemoryKind>& kind = impl->buffer_kind;
-  for (int v : g.inputs())
-    if (given_kind[v] >= 0) kind[v] = static_cast<MemoryKind>(given_kind[v]);
-  for (const Node& n : nodes) {
-    MemoryKind k = MemoryKind::device;
-    if (n.prim->name == "transfer") {
-      k = parse_memory_kind(n.attrs.s("to"));
-    } else if (!n.inputs.empty()) {
-      bool host = true;
-      for (int v : n.inputs) host = host && kind[v] == MemoryKind::pinned_host;
-      if (host) k = MemoryKind::pinned_host;
-    }
-    for (int v : n.outputs)
-      kind[v] = n.prim->name != "transfer" && given_kind[v] >= 0 ? static_cast<MemoryKind>(given_kind[v]) : k;
-  }
-  for (int v : g.inputs()) impl->input_kind.push_back(kind[v]);
-  for (int v : g.outputs()) impl->output_kind.push_back(kind[v]);
-  std::vector<MemoryCategory> category(nv, MemoryCategory::temporaries);
-  if (!opt.value_categories.empty()) {
-    for (size_t v = 0; v < src.values().size(); ++v)
-      if (int w = final_of(v); w >= 0) category[w] = opt.value_categories[v];
-  } else {
-    for (int v : g.inputs()) category[v] = MemoryCategory::activations;
-  }
-  for (int v : g.outputs())
-    if (opt.value_categories.empty()) category[v] = MemoryCategory::activations;
-  std::vector<std::string> layer(nv);
-  for (size_t v = 0; v < opt.value_layers.size(); ++v)
-    if (int w = final_of(v); w >= 0) layer[w] = opt.value_layers[v];
-
-  // Update as gradients complete: the same values, the nodes that depend on a gradient moved up.
+  Simplified simple = simplify(src, opt);
+  const ValueFacts facts = value_facts(src, *simple.graph, simple.value_of, opt);
+  impl->graph = std::move(simple.graph);
+  Graph& g = *impl->graph;
   if (opt.update_as_gradients_complete)
-    if (std::unique_ptr<Graph> early = update_as_gradients_complete(g, category)) *impl->graph = std::move(*early);
+    if (std::unique_ptr<Graph> early = update_as_gradients_complete(g, facts.category)) g = std::move(*early);
   if (opt.optimize) dump_pass("optimize", [&] { return g.to_string(); });
+
   ScheduleOptions so;
   so.backend = impl->backend;
   so.fuse_elementwise = opt.fuse_elementwise;
   so.collective_lookahead = opt.collective_lookahead;
   so.prefetch_depth = opt.prefetch_depth;
+  so.value_kinds = &facts.kind;
   impl->units = make_schedule(g, so);
-  dump_pass("schedule", [&] {
-    std::ostringstream os;
-    for (size_t u = 0; u < impl->units.size(); ++u) {
-      const Unit& unit = impl->units[u];
-      os << u << ": " << unit.label << " (";
-      for (size_t k = 0; k < unit.in_values.size(); ++k) os << (k ? ", " : "") << "%" << unit.in_values[k];
-      os << ") ->";
-      for (int v : unit.out_values) os << " %" << v;
-      os << "\n";
-    }
-    return os.str();
-  });
-  std::vector<char> is_output(nv, 0);
-  for (int v : g.outputs()) is_output[v] = 1;
+  dump_pass("schedule", [&] { return schedule_text(impl->units); });
 
-  // Reshapes outside fused groups are views: their result shares the operand's storage.
-  impl->root.resize(nv);
-  for (size_t v = 0; v < nv; ++v) impl->root[v] = static_cast<int>(v);
-  for (const Unit& u : impl->units)
-    if (u.kind == Unit::Kind::view) impl->root[u.out_values[0]] = impl->root[u.in_values[0]];
-  const std::vector<int>& root = impl->root;
+  ProgramBuffers buffers = value_buffers(g, impl->units, facts);
+  LoweredCollectives colls = lower_collectives(g, impl->units, groups, buffers);
+  const Donation donation = donate(g, impl->units, buffers, opt.output_donors);
 
-  // Collectives: ops, scratch buffers (after the value buffers), blocks.
-  impl->buffer_bytes.assign(nv, 0);
-  for (size_t v = 0; v < nv; ++v) impl->buffer_bytes[v] = g.type(static_cast<int>(v)).nbytes();
-  impl->buffer_category = category;
-  impl->coll_of_unit.assign(impl->units.size(), -1);
-  std::map<int, int> coll_of_node;
-  std::vector<std::vector<int>>& scratch_of = impl->scratch_of;
-  for (size_t u = 0; u < impl->units.size(); ++u) {
-    const Unit& unit = impl->units[u];
-    if (unit.kind != Unit::Kind::collective_start && unit.kind != Unit::Kind::collective_wait) continue;
-    int node = unit.nodes[0];
-    auto it = coll_of_node.find(node);
-    if (it == coll_of_node.end() && nodes[node].prim->name == "transfer") {
-      // A copy between memory kinds, run by the backend's copy stream; its result is categorized
-      // as what it copies.
-      CollectiveOp c;
-      c.kind = "transfer";
-      c.dtype = g.type(nodes[node].inputs[0]).dtype;
-      c.in_shape = c.out_shape = g.type(nodes[node].inputs[0]).shape;
-      impl->colls.push_back(std::move(c));
-      it = coll_of_node.emplace(node, static_cast<int>(impl->colls.size()) - 1).first;
-      scratch_of.emplace_back();
-      int in = nodes[node].inputs[0], out = nodes[node].outputs[0];
-      if (category[out] == MemoryCategory::temporaries) impl->buffer_category[out] = category[in];
-      impl->report.transfer_bytes += g.type(in).nbytes();
-    } else if (it == coll_of_node.end()) {
-      if (!groups)
-        throw Error("[compile] the program has the collective '" + nodes[node].prim->name + "' (%" +
-                    std::to_string(nodes[node].outputs[0]) +
-                    "): compile it for a mesh with px::ShardedExecutable, not px::Executable");
-      impl->colls.push_back(make_collective_op(g, nodes[node], groups(nodes[node])));
-      it = coll_of_node.emplace(node, static_cast<int>(impl->colls.size()) - 1).first;
-      const CollectiveOp& c = impl->colls.back();
-      std::vector<int> scratch;
-      for (int64_t elems : {c.scratch_in, c.scratch_out}) {
-        if (!elems) continue;
-        scratch.push_back(static_cast<int>(impl->buffer_bytes.size()));
-        impl->buffer_bytes.push_back(elems * dtype_size(c.dtype));
-        impl->buffer_category.push_back(MemoryCategory::collective_buffers);
-        impl->buffer_kind.push_back(MemoryKind::device);
-      }
-      scratch_of.push_back(scratch);
-      for (int v : nodes[node].outputs)
-        if (category[v] == MemoryCategory::temporaries) impl->buffer_category[v] = MemoryCategory::collective_buffers;
-    }
-    impl->coll_of_unit[u] = it->second;
-  }
-  impl->handles.resize(impl->colls.size());
-  for (size_t u = 0; u < impl->units.size();) {
-    if (impl->coll_of_unit[u] >= 0) {
-      impl->blocks.push_back({static_cast<int>(u), static_cast<int>(u) + 1, true});
-      ++u;
-      continue;
-    }
-    size_t e = u;
-    while (e < impl->units.size() && impl->coll_of_unit[e] < 0) ++e;
-    impl->blocks.push_back({static_cast<int>(u), static_cast<int>(e), false});
-    u = e;
-  }
-
-  // Donation: output o written into input donor[o]'s array. In place when the input's last reader
-  // runs before the unit that writes the output (or is that unit, when it may alias); else the
-  // output is computed into the arena and copied into the array at the end.
-  impl->output_donor.assign(g.outputs().size(), -1);
-  std::vector<char> copy_at_end(g.outputs().size(), 0);
-  if (!opt.output_donors.empty()) {
-    if (opt.output_donors.size() != g.outputs().size())
-      throw Error("[compile] output_donors needs one entry per output (" + std::to_string(g.outputs().size()) +
-                  "), got " + std::to_string(opt.output_donors.size()));
-    std::vector<int> writer(nv, -1), last_read(nv, -1);
-    for (size_t u = 0; u < impl->units.size(); ++u) {
-      if (impl->units[u].kind == Unit::Kind::view) continue;  // reads nothing: its readers read the root
-      for (int v : impl->units[u].in_values) last_read[root[v]] = static_cast<int>(u);
-      for (int v : impl->units[u].out_values)
-        if (writer[v] < 0) writer[v] = static_cast<int>(u);
-    }
-    std::vector<char> returned(nv, 0), taken(g.inputs().size(), 0);
-    for (int v : g.outputs()) returned[root[v]] = 1;
-    for (size_t o = 0; o < g.outputs().size(); ++o) {
-      const int i = opt.output_donors[o];
-      if (i < 0) continue;
-      const int v = g.outputs()[o];
-      if (i >= static_cast<int>(g.inputs().size()) || taken[i])
-        throw Error("[compile] output_donors[" + std::to_string(o) + "] = " + std::to_string(i) +
-                    ": not an input, or an input donated to two outputs");
-      const int in = g.inputs()[i];
-      if (g.type(in) != g.type(v) || kind[in] != kind[v])
-        throw Error("[compile] output " + std::to_string(o) + " (" + type_str(g.type(v)) + " in " +
-                    memory_kind_name(kind[v]) + " memory) cannot be written into input " + std::to_string(i) + " (" +
-                    type_str(g.type(in)) + " in " + memory_kind_name(kind[in]) + " memory)");
-      taken[i] = 1;
-      impl->output_donor[o] = i;
-      if (g.values()[v].producer < 0) continue;  // an input returned: copied at the end
-      const int w = writer[v], last = last_read[in];
-      const bool in_place = !returned[in] && (last < w || (last == w && w >= 0 && impl->units[w].alias_safe));
-      copy_at_end[o] = !in_place;
-    }
-  }
-
-  // Returned values: the first position of each computed value is its home.
+  // Returned values: the first position of each computed value is its home (caller memory).
+  const size_t nv = g.values().size();
   std::vector<int> home_of(nv, -1);
   impl->output_values = g.outputs();
+  impl->output_donor = donation.output_donor;
   impl->home_at_pos.assign(g.outputs().size(), -1);
   for (size_t o = 0; o < g.outputs().size(); ++o) {
-    int v = g.outputs()[o];
+    const int v = g.outputs()[o];
     impl->output_bytes += g.type(v).nbytes();
-    if (copy_at_end[o]) {
+    if (donation.copy_at_end[o]) {
       impl->copies_at_end.push_back({v, static_cast<int>(o)});
       continue;
     }
@@ -435,154 +217,34 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
     impl->homes.push_back({v, static_cast<int>(o), -1, g.type(v).nbytes(), {}});
   }
   for (int v : g.inputs()) impl->input_bytes += g.type(v).nbytes();
-
-  // Buffer plan over the units, on storage roots; inputs and homes live in caller memory. A
-  // collective's operand and result are live from its start to its wait, its scratch too.
-  std::vector<char> external(impl->buffer_bytes.size(), 0);
+  std::vector<char> external(buffers.bytes.size(), 0);  // inputs and homes live in caller memory
   for (int v : g.inputs()) external[v] = 1;
   for (const Impl::Home& h : impl->homes) external[h.value] = 1;
-  std::vector<PlanStep> pst;
-  for (size_t u = 0; u < impl->units.size(); ++u) {
-    const Unit& unit = impl->units[u];
-    PlanStep ps;
-    for (int v : unit.in_values) ps.in.push_back(root[v]);
-    if (unit.kind != Unit::Kind::view) ps.out = unit.out_values;
-    int c = impl->coll_of_unit[u];
-    if (c >= 0) {
-      auto& sc = scratch_of[c];
-      (unit.kind == Unit::Kind::collective_start ? ps.out : ps.in)
-          .insert(unit.kind == Unit::Kind::collective_start ? ps.out.end() : ps.in.end(), sc.begin(), sc.end());
-    }
-    pst.push_back(std::move(ps));
-  }
-  std::vector<int> live_to_end;
-  for (int v : g.outputs()) live_to_end.push_back(root[v]);
-  // One arena per memory kind: each plan sees the other kind's buffers as external.
-  const std::vector<MemoryKind>& bkind = impl->buffer_kind;
-  bool any_host = false;
-  std::vector<char> ext_device = external, ext_host = external;
-  for (size_t b = 0; b < bkind.size(); ++b) {
-    const bool host = bkind[b < nv ? root[b] : b] == MemoryKind::pinned_host;
-    (host ? ext_device : ext_host)[b] = 1;
-    any_host = any_host || (host && !external[b]);
-  }
-  impl->plan = plan_buffers(impl->buffer_bytes, pst, ext_device, live_to_end);
-  if (any_host)
-    impl->host_plan = plan_buffers(impl->buffer_bytes, pst, ext_host, live_to_end);
-  else
-    impl->host_plan.offset.assign(impl->buffer_bytes.size(), -1);
 
-  // The memory report: caller arrays by their category, and the arena's buffers live at the peak.
-  MemoryReport& rep = impl->report;
-  for (int v : g.inputs())
-    (kind[v] == MemoryKind::device ? rep.input_bytes : rep.host_input_bytes) += g.type(v).nbytes();
-  auto counted_output = [&](size_t o) { return impl->output_donor[o] < 0; };  // a donated one: with its input
-  for (size_t o = 0; o < g.outputs().size(); ++o) {
-    const int v = g.outputs()[o];
-    if (!counted_output(o))
-      rep.donated_bytes += g.type(v).nbytes();
-    else
-      (kind[v] == MemoryKind::device ? rep.output_bytes : rep.host_output_bytes) += g.type(v).nbytes();
-  }
-  rep.arena_bytes = impl->plan.peak_bytes;
-  rep.host_arena_bytes = impl->host_plan.peak_bytes;
-  rep.arena_live_bytes = impl->plan.peak_live_bytes;
-  rep.peak_bytes = rep.input_bytes + rep.output_bytes + rep.arena_bytes;
-  for (int v : g.inputs())
-    if (kind[v] == MemoryKind::device) rep.by_category[static_cast<int>(category[v])] += g.type(v).nbytes();
-  for (size_t o = 0; o < g.outputs().size(); ++o)
-    if (const int v = g.outputs()[o]; kind[v] == MemoryKind::device && counted_output(o))
-      rep.by_category[static_cast<int>(category[v])] += g.type(v).nbytes();
-  for (int b : impl->plan.live_at_peak)
-    rep.by_category[static_cast<int>(impl->buffer_category[b])] += aligned_size(impl->buffer_bytes[b]);
-  {
-    // The same bytes by category and layer (collective scratch has no layer).
-    std::map<std::pair<int, std::string>, int64_t> use;
-    for (int v : g.inputs())
-      if (kind[v] == MemoryKind::device) use[{static_cast<int>(category[v]), layer[v]}] += g.type(v).nbytes();
-    for (size_t o = 0; o < g.outputs().size(); ++o)
-      if (const int v = g.outputs()[o]; kind[v] == MemoryKind::device && counted_output(o))
-        use[{static_cast<int>(category[v]), layer[v]}] += g.type(v).nbytes();
-    for (int b : impl->plan.live_at_peak)
-      use[{static_cast<int>(impl->buffer_category[b]), b < static_cast<int>(nv) ? layer[b] : std::string()}] +=
-          aligned_size(impl->buffer_bytes[b]);
-    for (auto& [key, bytes] : use) rep.largest.push_back({static_cast<MemoryCategory>(key.first), key.second, bytes});
-    std::stable_sort(rep.largest.begin(), rep.largest.end(),
-                     [](const MemoryReport::Use& a, const MemoryReport::Use& b) { return a.bytes > b.bytes; });
-  }
-  {
-    // Sweep the buffers' lifetimes for the most bytes of each category live at once.
-    std::vector<std::array<int64_t, kNumMemoryCategories>> delta(impl->units.size() + 1);
-    for (size_t b = 0; b < impl->buffer_bytes.size(); ++b) {
-      if (impl->plan.offset[b] < 0) continue;
-      int c = static_cast<int>(impl->buffer_category[b]);
-      delta[impl->plan.first_step[b]][c] += aligned_size(impl->buffer_bytes[b]);
-      delta[impl->plan.last_step[b] + 1][c] -= aligned_size(impl->buffer_bytes[b]);
-    }
-    std::array<int64_t, kNumMemoryCategories> cur{};
-    for (const auto& d : delta)
-      for (int c = 0; c < kNumMemoryCategories; ++c) {
-        cur[c] += d[c];
-        rep.arena_max_by_category[c] = std::max(rep.arena_max_by_category[c], cur[c]);
-      }
-  }
+  ArenaPlans plans = plan_arenas(g, impl->units, buffers, colls, external);
+  impl->report = memory_report(g, impl->units, buffers, colls, donation, plans, facts, opt.one_forward_pass);
+  check_limits(impl->report, opt, g, buffers, plans, facts);
 
-  {
-    // The floor: the caller's arrays and the arena bytes that must be alive together in any order.
-    // A training step's backward pass and update run after its forward pass (what remat saves is
-    // alive across), whatever else the dependences would allow.
-    // Copies and collectives are bound by their operands only.
-    std::vector<char> phase;
-    if (const std::vector<char> fwd = forward_nodes(g, category); !fwd.empty()) {
-      phase.assign(impl->units.size(), 0);
-      for (size_t u = 0; u < impl->units.size(); ++u) {
-        const Unit& unit = impl->units[u];
-        if (impl->coll_of_unit[u] >= 0) {
-          phase[u] = 2;
-          continue;
-        }
-        for (int node : unit.nodes) phase[u] = phase[u] || !fwd[node];
-      }
-    }
-    auto [must, unit] = must_live_bytes(impl->buffer_bytes, pst, ext_device, live_to_end, phase);
-    if (must < 0) must = impl->plan.peak_live_bytes;  // too many units to analyse: what the plan holds
-    rep.floor_bytes = rep.input_bytes + rep.output_bytes + must;
-    rep.floor_live_unit = unit;
-  }
-
-  if (opt.host_memory_limit_bytes > 0 && rep.host_peak_bytes() > opt.host_memory_limit_bytes)
-    throw UserError("[compile] the program needs " + std::to_string(rep.host_peak_bytes()) +
-                    " bytes of pinned_host memory per device, over the limit of " +
-                    std::to_string(opt.host_memory_limit_bytes) + " bytes:\n" + rep.to_string() +
-                    "Offload less (OffloadOptions), raise the limit, or shard the program over more devices.");
-  if (opt.memory_limit_bytes > 0 && rep.peak_bytes > opt.memory_limit_bytes) {
-    std::ostringstream os;
-    os << "[compile] the program needs " << rep.peak_bytes << " bytes per device, over the limit of "
-       << opt.memory_limit_bytes << " bytes:\n"
-       << rep.to_string() << "Largest buffers live at the peak:\n";
-    std::vector<int> big = impl->plan.live_at_peak;
-    std::sort(big.begin(), big.end(), [&](int a, int b) { return impl->buffer_bytes[a] > impl->buffer_bytes[b]; });
-    for (size_t i = 0; i < big.size() && i < 8; ++i) {
-      int b = big[i];
-      if (b < static_cast<int>(nv)) {
-        int p = g.values()[b].producer;
-        os << "  %" << b << " " << type_str(g.type(b)) << " " << impl->buffer_bytes[b] << " bytes from "
-           << (p >= 0 ? nodes[p].prim->name : std::string("input"))
-           << (layer[b].empty() ? std::string() : " in " + layer[b]) << "\n";
-      } else {
-        os << "  collective scratch " << impl->buffer_bytes[b] << " bytes\n";
-      }
-    }
-    std::vector<int> outs = g.outputs();
-    std::sort(outs.begin(), outs.end(), [&](int a, int b) { return g.type(a).nbytes() > g.type(b).nbytes(); });
-    for (size_t i = 0; i < outs.size() && i < 5; ++i) {
-      size_t pos = std::find(g.outputs().begin(), g.outputs().end(), outs[i]) - g.outputs().begin();
-      os << "  output " << pos << ": %" << outs[i] << " " << type_str(g.type(outs[i])) << " "
-         << g.type(outs[i]).nbytes() << " bytes\n";
-    }
-    os << "Raise the limit, shrink the batch, rematerialize activations (TrainStepOptions::remat) or shard the "
-          "program over more devices.";
-    throw UserError(os.str());
+  for (int v : g.inputs()) impl->input_kind.push_back(facts.kind[v]);
+  for (int v : g.outputs()) impl->output_kind.push_back(facts.kind[v]);
+  impl->root = std::move(buffers.root);
+  impl->buffer_bytes = std::move(buffers.bytes);
+  impl->buffer_category = std::move(buffers.category);
+  impl->buffer_kind = std::move(buffers.kind);
+  impl->colls = std::move(colls.ops);
+  impl->coll_of_unit = std::move(colls.of_unit);
+  impl->scratch_of = std::move(colls.scratch_of);
+  impl->plan = std::move(plans.device);
+  impl->host_plan = std::move(plans.host);
+  impl->handles.resize(impl->colls.size());
+  // Blocks of the run loop: runs of compute units between collective events.
+  for (size_t u = 0; u < impl->units.size();) {
+    size_t e = u + 1;
+    const bool collective = impl->coll_of_unit[u] >= 0;
+    if (!collective)
+      while (e < impl->units.size() && impl->coll_of_unit[e] < 0) ++e;
+    impl->blocks.push_back({static_cast<int>(u), static_cast<int>(e), collective});
+    u = e;
   }
   return impl;
 }
@@ -615,7 +277,7 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
     }
   std::unique_ptr<Impl> impl = plan_impl(src, limited, setup.groups);
   bool has_collectives = false;
-  for (const CollectiveOp& c : impl->colls) has_collectives = has_collectives || c.kind != "transfer";
+  for (const CollectiveOp& c : impl->colls) has_collectives = has_collectives || !c.transfer;
   if (has_collectives && !setup.comm)
     throw Error(
         "[compile] the program has collectives but no communicator to run them: compile it for a mesh "
@@ -751,6 +413,10 @@ void Executable::Impl::check_args(const std::vector<Array>& inputs, const std::v
     if (outputs[o].type() != g.type(v) || !outputs[o].defined())
       throw Error("[run] output array " + std::to_string(o) + " has type " + type_str(outputs[o].type()) +
                   (outputs[o].defined() ? "" : " and no data") + ", expected " + type_str(g.type(v)));
+    if (outputs[o].read_only())
+      throw UserError("[run] output array " + std::to_string(o) +
+                      " is read-only memory adopted from another library (Array::adopt), which a program never "
+                      "writes: pass an Array of its own (or donate a writable copy, Array::clone)");
     if (outputs[o].placement().kind != output_kind[o])
       throw Error("[run] output array " + std::to_string(o) + " is in " +
                   memory_kind_name(outputs[o].placement().kind) + " memory but the program writes it to " +
@@ -850,7 +516,7 @@ void Executable::Impl::run_collective(int u) {
     return;
   }
   const size_t D = devices.size();
-  if (colls[c].kind == "transfer") {
+  if (colls[c].transfer) {
     std::vector<CopyJob> jobs;
     const int64_t bytes = numel(colls[c].in_shape) * dtype_size(colls[c].dtype);
     for (size_t d = 0; d < D; ++d)
@@ -934,7 +600,7 @@ std::vector<Array> Executable::run(const std::vector<Array>& in) {
   for (int v : impl_->output_values) {
     const int donor = impl_->output_donor[outs.size()];
     if (donor >= 0 && donor < static_cast<int>(inputs.size()) && inputs[donor].defined() &&
-        inputs[donor].placement().kind == impl_->output_kind[outs.size()] &&
+        !inputs[donor].read_only() && inputs[donor].placement().kind == impl_->output_kind[outs.size()] &&
         inputs[donor].type() == impl_->graph->type(v))
       outs.push_back(inputs[donor]);
     else
@@ -1043,8 +709,7 @@ Timeline Executable::timeline() const {
     if (im.units[u].kind == Unit::Kind::collective_start) {
       started[c] = static_cast<int>(u);
     } else if (started[c] >= 0) {
-      const std::string& kind = im.colls[c].kind;
-      t.in_flight.push_back({kind, im.unit_begin[started[c]], im.unit_end[u], bytes});
+      t.in_flight.push_back({im.colls[c].name(), im.unit_begin[started[c]], im.unit_end[u], bytes});
       t.in_flight_s += im.unit_end[u] - im.unit_begin[started[c]];
     }
   }

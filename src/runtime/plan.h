@@ -24,6 +24,8 @@ struct BufferPlan {
 
 // `sizes` per buffer (bytes); `external` buffers live in caller memory; `live_to_end` stay live to
 // the end. A buffer is allocated at the first step that writes it and freed after its last reader.
+// Offsets: best fit in step order, or, when smaller, the largest buffers first over their known
+// lifetimes.
 BufferPlan plan_buffers(const std::vector<int64_t>& sizes, const std::vector<PlanStep>& steps,
                         const std::vector<char>& external, const std::vector<int>& live_to_end);
 

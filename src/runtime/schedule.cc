@@ -2,20 +2,22 @@
 
 #include <algorithm>
 #include <map>
+#include <sstream>
 
 #include "backend/backend.h"
 #include "core/env.h"
 #include "ir/primitive.h"
+#include "ops/prims.h"
 
 namespace px {
 
 namespace {
 
-bool is_transfer(const Node& n) { return n.prim->name == "transfer"; }
+bool is_transfer(const Node& n) { return n.prim == prims::transfer(); }
 bool is_fetch(const Node& n) { return is_transfer(n) && n.attrs.s("to") == "device"; }
 
-bool is_broadcast(const Node& n) { return n.prim->name == "broadcast_in_dim" && n.outputs.size() == 1; }
-bool is_reshape(const Node& n) { return n.prim->name == "reshape" && n.inputs.size() == 1 && n.outputs.size() == 1; }
+bool is_broadcast(const Node& n) { return n.prim == prims::broadcast_in_dim() && n.outputs.size() == 1; }
+bool is_reshape(const Node& n) { return n.prim == prims::reshape() && n.inputs.size() == 1 && n.outputs.size() == 1; }
 
 struct Group {
   std::vector<int> nodes;
@@ -86,8 +88,7 @@ std::vector<Group> form_groups(const Graph& g, const Backend& backend, bool fuse
 
 }  // namespace
 
-bool is_collective_primitive(const std::string& p) { return get_primitive(p).spmd.collective; }
-bool is_async_primitive(const Primitive& p) { return p.spmd.collective || p.name == "transfer"; }
+bool is_async_primitive(const Primitive& p) { return p.spmd.collective || &p == prims::transfer(); }
 
 std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
   const auto& nodes = g.nodes();
@@ -210,10 +211,54 @@ std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
     int start = slot[j] >= L ? slot_first_use[slot[j] - L] : ready;
     p.start = std::clamp(start, ready, p.wait);
   }
-  // A fetch read by a collective (an FSDP shard kept on the host) completes just before the
-  // collective starts, or before its first compute use if that comes first.
   std::vector<int> placed_of_node(nodes.size(), -1);
   for (size_t c = 0; c < placed.size(); ++c) placed_of_node[placed[c].node] = static_cast<int>(c);
+  // Ahead of use, but under the peak: the device bytes live while each compute unit runs, with
+  // every all-gather and fetch made at its first use, give the peak that none of them may raise.
+  // Each of them (in order of first use) then starts at the earliest position from the lookahead's
+  // on from which its result fits under that peak until its wait.
+  if (!late.empty()) {
+    std::vector<int> root(g.values().size());  // a view's storage is its operand's
+    for (size_t v = 0; v < root.size(); ++v) root[v] = static_cast<int>(v);
+    for (const Unit& u : compute)
+      if (u.kind == Unit::Kind::view) root[u.out_values[0]] = root[u.in_values[0]];
+    auto counted = [&](int v) {
+      return g.values()[v].producer >= 0 && !is_output[v] && root[v] == v &&
+             !(opt.value_kinds && (*opt.value_kinds)[v] == MemoryKind::pinned_host);
+    };
+    std::vector<int> first(g.values().size(), -1), last(g.values().size(), -1);
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const int c = placed_of_node[i];
+      const int made = c >= 0 ? placed[c].start : pos_of_node[i];
+      const int read = c >= 0 ? std::max(placed[c].wait - 1, placed[c].start) : pos_of_node[i];
+      for (int v : nodes[i].outputs) first[v] = made;
+      for (int v : nodes[i].inputs) last[root[v]] = std::max(last[root[v]], read);
+    }
+    for (int j : late)
+      for (int v : nodes[placed[j].node].outputs) first[v] = placed[j].wait;
+    std::vector<int64_t> live(n_compute + 1, 0);
+    for (size_t v = 0; v < first.size(); ++v) {
+      if (!counted(static_cast<int>(v)) || first[v] < 0 || first[v] >= n_compute) continue;
+      const int64_t b = g.type(static_cast<int>(v)).nbytes();
+      live[first[v]] += b;
+      live[std::min(std::max(last[v], first[v]), n_compute - 1) + 1] -= b;
+    }
+    for (int k = 1; k <= n_compute; ++k) live[k] += live[k - 1];
+    const int64_t cap = n_compute ? *std::max_element(live.begin(), live.begin() + n_compute) : 0;
+    for (int j : late) {
+      Placed& p = placed[j];
+      int64_t b = 0;
+      for (int v : nodes[p.node].outputs)
+        if (counted(v)) b += g.type(v).nbytes();
+      int s = p.wait;
+      while (s > p.start && live[s - 1] + b <= cap) --s;
+      for (int k = s; k < p.wait; ++k) live[k] += b;
+      p.start = s;
+    }
+  }
+
+  // A fetch read by a collective (an FSDP shard kept on the host) completes just before the
+  // collective starts, or before its first compute use if that comes first.
   for (int c : chained) {
     Placed& p = placed[c];
     int at = first_use_of[c];
@@ -259,6 +304,19 @@ std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
     if (k < n_compute) out.push_back(std::move(compute[k]));
   }
   return out;
+}
+
+std::string schedule_text(const std::vector<Unit>& units) {
+  std::ostringstream os;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const Unit& unit = units[u];
+    os << u << ": " << unit.label << " (";
+    for (size_t k = 0; k < unit.in_values.size(); ++k) os << (k ? ", " : "") << "%" << unit.in_values[k];
+    os << ") ->";
+    for (int v : unit.out_values) os << " %" << v;
+    os << "\n";
+  }
+  return os.str();
 }
 
 }  // namespace px

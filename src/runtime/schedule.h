@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/work.h"  // Unit
 #include "parallax/graph.h"
+#include "parallax/memory.h"
 
 namespace px {
 
@@ -25,27 +27,23 @@ struct ScheduleOptions {
   // Fetches to device memory (transfer nodes) start when the fetches `prefetch_depth` prefetch
   // groups (layers) before theirs are first used; transfers to the host start when ready.
   int prefetch_depth = 1;
+  // Either kind starts no earlier than that, and no earlier than its result fits under the peak
+  // that the program would have with every gather and fetch made at its first use: what is
+  // fetched or gathered ahead of use never raises the peak, it fills the room below it.
+  // Memory kinds per value (null: all device memory), for counting device bytes only.
+  const std::vector<MemoryKind>* value_kinds = nullptr;
   // A reduction is waited at most this many compute units after it starts (or at its first use).
   int overlap_units = 2;
 };
 
-struct Unit {
-  enum class Kind { kernel, fused, view, collective_start, collective_wait };
-  Kind kind = Kind::kernel;
-  std::vector<int> nodes;      // graph nodes it runs (fused: members in order)
-  std::vector<int> in_values;  // operands read from outside the unit
-  std::vector<int> out_values; // results written (fused: only those read outside the group)
-  std::string label;
-  bool alias_safe = false;  // a result may share its buffer with an operand (fused loops, in_place primitives)
-};
-
-// True for the primitives that run through a Communicator rather than as kernels.
-bool is_collective_primitive(const std::string& prim);
 // Collectives and transfers between memory kinds: scheduled as a start and a wait.
 bool is_async_primitive(const Primitive& p);
 
 // Orders the graph's nodes into units. Compute units keep the graph's order (a fused group runs at
 // its last member); collective starts and waits are placed among them as described above.
 std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt);
+
+// One line per unit: "index: label (%operands) -> %results" (the schedule's PX_DUMP file).
+std::string schedule_text(const std::vector<Unit>& units);
 
 }  // namespace px

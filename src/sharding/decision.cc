@@ -56,7 +56,7 @@ std::unique_ptr<Graph> annotate(const Graph& g, const ShardingDecision& d, std::
     Attrs a{{"spec", c.spec.to_string()}};
     if (c.readers_begin >= 0) a.set("reads", int64_t{1});  // a layout for some readers, not the value's own
     if (c.regather) a.set("regather", int64_t{1});
-    return out->emit(get_primitive("sharding_constraint"), {x}, a).at(0);
+    return out->emit(*prims::sharding_constraint(), {x}, a).at(0);
   };
   auto produced = [&](int v) {
     if (pin[v] >= 0 && bucket_of[v] < 0) env[v] = constrain(env[v], d.constraints[pin[v]]);

@@ -24,21 +24,6 @@ std::string devices_text(int64_t n) { return std::to_string(n) + (n == 1 ? " dev
 
 }  // namespace
 
-std::string DeviceSet::to_string() const {
-  std::string s = platform + ":" + std::to_string(count);
-  return processes == 1 ? s : s + " over " + std::to_string(processes) + " processes";
-}
-
-DeviceSet parse_devices(const std::string& text) {
-  auto [platform, count] = parse_device_text(text, "[devices] ");
-  return DeviceSet{platform, count};
-}
-
-DeviceSet default_devices() {
-  if (!env().devices_error.empty()) throw UserError(env().devices_error);
-  return DeviceSet{env().device_platform, env().device_count};
-}
-
 Mesh Mesh::create(const std::vector<std::pair<std::string, int64_t>>& axes, const DeviceSet& devices) {
   if (devices.platform != "cpu")
     throw Error("[mesh] platform '" + devices.platform + "' is not supported yet; meshes are made on cpu devices (" +

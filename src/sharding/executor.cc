@@ -38,7 +38,7 @@ std::function<CollectiveGroups(const Node&)> collective_groups(const Mesh& mesh)
       groups = slot;
     }
     cg.groups = *groups;
-    if (n.prim->name == "collective_permute") {
+    if (n.prim == prims::collective_permute()) {
       const auto& p = n.attrs.ints("pairs");
       for (const auto& grp : cg.groups)
         for (size_t k = 0; k + 1 < p.size(); k += 2) cg.pairs.push_back({grp[p[k]], grp[p[k + 1]]});
@@ -173,7 +173,7 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
     // caller holds them: the program writes them in place.
     const int donor = m.exe->output_donor(static_cast<int>(o));
     for (size_t d = 0; reuse && d < have.size(); ++d) {
-      const bool donated = donor >= 0 && static_cast<size_t>(donor) < nin &&
+      const bool donated = donor >= 0 && static_cast<size_t>(donor) < nin && !have[d].read_only() &&
                            inputs[donor].shards().size() == have.size() &&
                            inputs[donor].shards()[d].raw() == have[d].raw();
       reuse = have[d].type() == g.type(v) && (have[d].sole_owner() || donated) && have[d].placement().kind == kind;

@@ -10,6 +10,7 @@
 #include "parallax/spmd.h"
 #include "sharding/prims.h"
 #include "sharding/spmd_internal.h"
+#include "ops/prims.h"
 
 namespace px {
 
@@ -48,13 +49,13 @@ class Partitioner {
   void emit_node(int index) {
     const Node& n = g_.nodes()[index];
     reason_ = "%" + std::to_string(n.outputs.empty() ? -1 : n.outputs[0]) + " " + n.prim->name;
-    if (n.prim->name == "sharding_constraint") {
+    if (n.prim == prims::sharding_constraint()) {
       int v = n.outputs[0];
       values_[v] = {reshard(n.inputs[0], prop_.spec[v], false, n.attrs.i("regather", 0) != 0), prop_.spec[v], {}, ""};
       return;
     }
     NodeRule r = node_rule(g_, n);
-    if (n.prim->name == "iota") {
+    if (n.prim == prims::iota()) {
       emit_iota(n, r);
       return;
     }
@@ -255,7 +256,9 @@ class Partitioner {
   }
 
   LocalContext local_context() {
-    return {local_, mesh_, em_.coords(), [this](const Tensor& x, const std::vector<int>& axes, const std::string& op) {
+    std::vector<int64_t> sizes;
+    for (const MeshAxis& a : mesh_.axes()) sizes.push_back(a.size);
+    return {local_, std::move(sizes), em_.coords(), [this](const Tensor& x, const std::vector<int>& axes, const std::string& op) {
               return record("all_reduce", axes, x, -1, -1, op, reason_,
                             [&] { return em_.all_reduce(x, axis_names(mesh_, axes), op); });
             }};
@@ -266,7 +269,7 @@ class Partitioner {
     Attrs a = n.attrs;
     if (a.has("shape") && out.size() == 1 && n.outputs.size() == 1 && a.ints("shape") == g_.type(n.outputs[0]).shape)
       a.set("shape", std::vector<int64_t>(out[0].shape.begin(), out[0].shape.end()));
-    if (n.prim->name == "slice") {
+    if (n.prim == prims::slice()) {
       std::vector<int64_t> limits = a.ints("limits");
       const Shape& global = g_.type(n.inputs[0]).shape;
       for (size_t d = 0; d < limits.size(); ++d)
@@ -406,7 +409,7 @@ SpmdProgram partition(const Graph& g, const ShardingDecision& d, const std::vect
     for (const Node& n : a.nodes())
       for (int o : n.outputs)
         if (cat[o] < 0)
-          cat[o] = n.prim->name == "sharding_constraint" && n.attrs.has("reads")
+          cat[o] = n.prim == prims::sharding_constraint() && n.attrs.has("reads")
                        ? static_cast<int>(MemoryCategory::collective_buffers)
                        : (n.inputs.empty() ? static_cast<int>(MemoryCategory::temporaries) : cat[n.inputs[0]]);
     p.local_categories.assign(p.local->values().size(), MemoryCategory::temporaries);

@@ -30,7 +30,6 @@ std::vector<std::string> split_axes(const std::string& s) {
   return out;
 }
 
-bool is_collective(const std::string& p) { return get_primitive(p).spmd.collective; }
 
 namespace {
 
@@ -67,7 +66,8 @@ std::vector<TensorType> identity_infer(const std::vector<TensorType>& in, const 
 
 // Local-graph primitives: not differentiable, never sharded again, default cost. Collectives run
 // through the Communicator; local_slice is an ordinary kernel.
-void register_local(const std::string& name, InferFn infer, bool collective = true, bool no_cse = false) {
+void register_local(const std::string& name, InferFn infer, std::optional<CollectiveKind> collective,
+                    bool no_cse = false) {
   Primitive p;
   p.name = name;
   p.infer = std::move(infer);
@@ -104,14 +104,14 @@ void register_prims() {
     group_of("all_reduce", a);
     check_reduce("all_reduce", a);
     return identity_infer(in, a);
-  });
+  }, CollectiveKind::all_reduce);
   register_local("all_gather", [](const std::vector<TensorType>& in, const Attrs& a) {
     expect_n("all_gather", in, 1);
     int d = checked_dim("all_gather", in[0], a, "dim");
     TensorType t = in[0];
     t.shape[d] *= group_of("all_gather", a);
     return std::vector<TensorType>{t};
-  }, /*collective=*/true, /*no_cse=*/true);  // a second gather of one value is on purpose (ZeRO-3 gathers again for the backward pass)
+  }, CollectiveKind::all_gather, /*no_cse=*/true);  // a second gather of one value is on purpose (ZeRO-3 gathers again for the backward pass)
   register_local("reduce_scatter", [](const std::vector<TensorType>& in, const Attrs& a) {
     expect_n("reduce_scatter", in, 1);
     check_reduce("reduce_scatter", a);
@@ -121,7 +121,7 @@ void register_prims() {
     TensorType t = in[0];
     t.shape[d] /= g;
     return std::vector<TensorType>{t};
-  });
+  }, CollectiveKind::reduce_scatter);
   register_local("all_to_all", [](const std::vector<TensorType>& in, const Attrs& a) {
     expect_n("all_to_all", in, 1);
     int s = checked_dim("all_to_all", in[0], a, "split_dim");
@@ -132,7 +132,7 @@ void register_prims() {
     t.shape[s] /= g;
     t.shape[c] *= g;
     return std::vector<TensorType>{t};
-  });
+  }, CollectiveKind::all_to_all);
   // pairs: flattened (source, target) indices within each group; targets not listed get zeros.
   register_local("collective_permute", [](const std::vector<TensorType>& in, const Attrs& a) {
     expect_n("collective_permute", in, 1);
@@ -144,7 +144,7 @@ void register_prims() {
         throw Error("[collective_permute] index " + std::to_string(x) + " is outside the group of " +
                     std::to_string(g));
     return identity_infer(in, a);
-  });
+  }, CollectiveKind::permute);
   register_local("local_slice", [](const std::vector<TensorType>& in, const Attrs& a) {
     expect_n("local_slice", in, 2);
     if (in[1].dtype != DType::i32 || in[1].rank() != 1)
@@ -155,7 +155,7 @@ void register_prims() {
     TensorType t = in[0];
     t.shape[d] /= g;
     return std::vector<TensorType>{t};
-  }, false);
+  }, std::nullopt);
 }
 
 void register_kernels() {
@@ -196,5 +196,16 @@ Tensor with_sharding_constraint(const Tensor& x, const PartitionSpec& spec) {
   if (!x.defined()) throw Error("[sharding_constraint] the value is undefined");
   return emit1("sharding_constraint", {x}, Attrs{{"spec", spec.to_string()}});
 }
+
+namespace prims {
+const Primitive* sharding_constraint() {
+  static const Primitive* p = (ensure_sharding_registered(), &get_primitive("sharding_constraint"));
+  return p;
+}
+const Primitive* collective_permute() {
+  static const Primitive* p = (ensure_sharding_registered(), &get_primitive("collective_permute"));
+  return p;
+}
+}  // namespace prims
 
 }  // namespace px

@@ -21,8 +21,12 @@ void ensure_sharding_registered();
 std::string join_axes(const std::vector<std::string>& axes);  // "data,model"
 std::vector<std::string> split_axes(const std::string& s);
 
-// True for the primitives that the sharded executor runs through a Communicator (their
-// SpmdTraits::collective).
-bool is_collective(const std::string& prim);
+
+// Typed handles to the primitives registered here (registering them on first use), for the
+// sharding passes that recognise them (src/ops/prims.h has the others').
+namespace prims {
+const Primitive* sharding_constraint();
+const Primitive* collective_permute();
+}  // namespace prims
 
 }  // namespace px

@@ -1,6 +1,7 @@
 // Sharding propagation: forward and backward passes over the graph that refine each value's
 // spec from its neighbours through the nodes' factor rules, until nothing changes.
 #include "sharding/spmd_internal.h"
+#include "sharding/prims.h"
 
 namespace px::spmd {
 
@@ -43,7 +44,7 @@ Propagation propagate(const Graph& g, const Mesh& mesh, const std::vector<Spec>&
   }
   const auto& nodes = g.nodes();
   for (const Node& n : nodes) {
-    if (n.prim->name != "sharding_constraint") continue;
+    if (n.prim != prims::sharding_constraint()) continue;
     int v = n.outputs[0];
     Sharding s(mesh, PartitionSpec::parse(n.attrs.s("spec")));
     s.validate(g.type(v),

@@ -57,14 +57,8 @@ Propagation propagate(const Graph& g, const Mesh& mesh, const std::vector<Spec>&
 
 // ---- local forms (local_forms.cc) --------------------------------------------------------------
 
-// What a local form needs from the partitioner: the local graph, the mesh, the device-coordinates
-// input and an all-reduce that is recorded like every other collective.
-struct LocalContext {
-  Graph& local;
-  const Mesh& mesh;
-  Tensor coords;
-  std::function<Tensor(const Tensor&, const std::vector<int>& axes, const std::string& reduce)> all_reduce;
-};
+// LocalContext (src/ir/primitive.h): what a local form gets from the partitioner.
+
 // Whether n, with factors assigned as fa, must be emitted by its primitive's local form instead
 // of as itself: one of its positional factors is split.
 bool needs_local_form(const Node& n, const ShardingRule& r, const FactorAxes& fa);
@@ -73,13 +67,6 @@ bool needs_local_form(const Node& n, const ShardingRule& r, const FactorAxes& fa
 std::vector<Tensor> local_form(const LocalContext& c, const Node& n, const Graph& g, const ShardingRule& r,
                                const FactorAxes& fa, const std::vector<Tensor>& in,
                                const std::vector<TensorType>& want);
-
-// The local forms of the op families, attached to their primitives at registration (src/ops/).
-std::vector<Tensor> take_local_form(const LocalContext& c, const LocalFormArgs& a);
-std::vector<Tensor> scatter_add_local_form(const LocalContext& c, const LocalFormArgs& a);
-std::vector<Tensor> cross_entropy_local_form(const LocalContext& c, const LocalFormArgs& a);
-std::vector<Tensor> cross_entropy_grad_local_form(const LocalContext& c, const LocalFormArgs& a);
-std::vector<Tensor> draw_local_form(const LocalContext& c, const LocalFormArgs& a);
 
 // Conversions with the public Sharding (axis names).
 Spec to_spec(const Sharding& s, int rank);

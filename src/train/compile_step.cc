@@ -51,6 +51,7 @@ Lowered lower(const StepProgram& p, const ShardingPlan& plan, const std::vector<
   ShardingDecision d = decide_train_step(p, plan, state_specs, batch_types, bucket_bytes_for(plan, options.sharding));
   l.local = partition(*p.graph, d, p.categories);
   l.compile = options.compile;
+  l.compile.one_forward_pass = p.micro.size() <= 1;
   offload_local(l.local, p, offload, l.compile);
   l.compile.output_donors = l.local.output_donors;  // the state, donated (planned once)
   dump_pass("offload", [&] { return l.local.local->to_string(); });
@@ -80,14 +81,14 @@ int64_t memory_limit(const TrainStepOptions& options, const Mesh& mesh) {
 // Over the limit: the error says what is at the peak and which settings would fit, each with its
 // planned peak.
 [[noreturn]] void over_limit(const MemoryReport& report, int64_t limit, const TrainStepOptions& options,
-                             const std::function<StepProgram()>& traced,
+                             const std::function<StepProgram(int microbatches)>& traced,
                              const std::function<int64_t(const StepProgram&, const OffloadOptions&)>& peak_with,
                              const StepProgram& program, int devices) {
   DumpCandidates candidates;
   std::string alternatives;
   for (RematPolicy p : {RematPolicy::dots_saveable, RematPolicy::full, RematPolicy::nothing_saveable}) {
     if (p == options.remat.policy) continue;
-    const int64_t q = peak_with(remat_step(traced(), {p, {}}), options.offload);
+    const int64_t q = peak_with(remat_step(traced(options.microbatches), {p, {}}), options.offload);
     alternatives += fmt::format("\n  remat {}: {} bytes{}", remat_policy_name(p), q, q <= limit ? " (fits)" : "");
   }
   OffloadOptions all = options.offload;
@@ -95,8 +96,19 @@ int64_t memory_limit(const TrainStepOptions& options, const Mesh& mesh) {
   all.optimizer_state = true;
   const int64_t q = peak_with(program, all);
   alternatives += fmt::format("\n  offload params and optimizer state: {} bytes{}", q, q <= limit ? " (fits)" : "");
-  const int64_t both = peak_with(remat_step(traced(), {RematPolicy::full, {}}), all);
+  const int64_t both = peak_with(remat_step(traced(options.microbatches), {RematPolicy::full, {}}), all);
   alternatives += fmt::format("\n  remat full and offload both: {} bytes{}", both, both <= limit ? " (fits)" : "");
+  // More microbatches, where they divide each device's rows: one microbatch's activations at a time.
+  for (int m : {2 * options.microbatches, 4 * options.microbatches}) {
+    StepProgram p;
+    try {
+      p = remat_step(traced(m), options.remat);
+    } catch (const UserError&) {
+      continue;
+    }
+    const int64_t q = peak_with(p, options.offload);
+    alternatives += fmt::format("\n  microbatches {}: {} bytes{}", m, q, q <= limit ? " (fits)" : "");
+  }
   // FSDP over n times the devices splits params, gradients and optimizer state n ways more (an
   // estimate from the split above: activations stay as they are, collective buffers are left out).
   auto at_peak = [&](MemoryCategory c) { return report.by_category[static_cast<int>(c)]; };
@@ -110,11 +122,34 @@ int64_t memory_limit(const TrainStepOptions& options, const Mesh& mesh) {
   throw UserError(fmt::format(
       "[TrainStep] the step needs {} bytes per device with remat {}{}, over the memory limit of {} bytes. "
       "At the peak:\n{}Planned peaks with other settings:{}\nSet TrainStepOptions::remat (RematPolicy::automatic "
-      "picks the least recompute that fits) or TrainStepOptions::offload, shrink the batch, or shard the step over "
+      "picks the least recompute that fits) or TrainStepOptions::offload, raise TrainStepOptions::microbatches, "
+      "shrink the batch, or shard the step over "
       "more devices (TrainStepOptions::mesh with FSDP)",
       report.peak_bytes, remat_policy_name(options.remat.policy),
       options.offload.params.empty() && !options.offload.optimizer_state ? "" : " and the offload set", limit,
       report.to_string(), alternatives));
+}
+
+// Each device's microbatch is a slice of its own rows: microbatches must divide them.
+void check_rows_per_device(const ShardingPlan& plan, const std::vector<TensorType>& batch_types, int microbatches) {
+  int64_t devices = 1;
+  std::string axes;
+  for (const std::string& a : plan.batch_axes) {
+    devices *= plan.mesh.axis_size(a);
+    axes += (axes.empty() ? "" : ", ") + a;
+  }
+  if (microbatches <= 1 || devices <= 1) return;
+  for (size_t i = 0; i < batch_types.size(); ++i) {
+    const TensorType& t = batch_types[i];
+    if (t.rank() == 0 || t.shape[0] % devices != 0) continue;  // the batch split says what is wrong
+    const int64_t rows = t.shape[0] / devices;
+    if (rows % microbatches != 0)
+      throw UserError(fmt::format(
+          "[TrainStep] microbatches = {} does not divide the rows of batch array {} ({}) that each device holds: "
+          "it is split over the batch axes ({}) of {} devices, {} rows each, and each device's microbatch is a "
+          "slice of its own rows; use a batch size that is a multiple of {} or a microbatch count that divides {}",
+          microbatches, i, type_str(t), axes, devices, rows, devices * microbatches, rows));
+  }
 }
 
 }  // namespace
@@ -130,8 +165,8 @@ DecidedStep decide_step(nn::ParamStore& store, const optim::Optimizer& opt, cons
 
   // 1. Trace and differentiate.
   DecidedStep d;
-  d.program =
-      trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "TrainStep", options.skip_nonfinite);
+  d.program = trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "TrainStep",
+                               options.skip_nonfinite, options.microbatches);
 
   // 2-3. Remat and the sharding decision. A recipe's plan needs only the forward program, so it
   // comes first and remat `auto` measures each candidate under it. AUTO plans the whole step, so
@@ -154,6 +189,7 @@ DecidedStep decide_step(nn::ParamStore& store, const optim::Optimizer& opt, cons
       });
     }
   }
+  check_rows_per_device(d.plan, batch_types, options.microbatches);
   d.state_specs = state_specs_for(d.plan, slots, types);
   if (remat_auto) {
     auto peak_of = [&](const StepProgram& p) {
@@ -192,9 +228,10 @@ CompiledStep compile_step(nn::ParamStore& store, const optim::Optimizer& opt, co
       report = plan_program(*l.local.local, unlimited, collective_groups(mesh)).report;
     }
     if (report.peak_bytes > limit) {
-      auto traced = [&] {
+      auto traced = [&](int microbatches) {  // throws px::UserError where they do not divide the rows
+        check_rows_per_device(d.plan, batch_types, microbatches);
         return trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "TrainStep",
-                                options.skip_nonfinite);
+                                options.skip_nonfinite, microbatches);
       };
       auto peak_with = [&](const StepProgram& p, const OffloadOptions& o) {
         return planned(p, d.plan, d.state_specs, batch_types, options, o).peak_bytes;

@@ -41,6 +41,7 @@ std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg_in, const Mesh& mes
   TrainStep::LossFn loss = [&](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); };
   TrainStepOptions to;
   to.clip_norm = setup.clip_norm;
+  to.microbatches = setup.microbatches;
   to.remat = setup.remat;
   to.offload = setup.offload;
   to.compile.compute_dtype = setup.compute_dtype;
@@ -58,6 +59,7 @@ std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg_in, const Mesh& mes
       DecidedStep d = detail::decide_step(model.store(), *opt, loss, batch_types, o);
       SpmdProgram prog = partition(*d.program.graph, d.decision, d.program.categories);
       CompileOptions c = to.compile;
+      c.one_forward_pass = d.program.micro.size() <= 1;
       offload_local(prog, d.program, to.offload, c);
       rc.cost = cost_program(prog, cluster, c);
       rc.param_bytes_per_device = d.plan.param_bytes_per_device();
@@ -86,7 +88,9 @@ AutoPlan plan_auto(const nn::LmConfig& cfg_in, const Mesh& mesh_in, const Cluste
     forwards.push_back(nn::trace_with_params(
         model.store(), [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{loss(b)}; }, batch_types));
     auto program = std::make_shared<const StepProgram>(remat_step(
-        trace_train_step(model.store(), *opt, loss, batch_types, setup.clip_norm, "plan_auto", false), setup.remat));
+        trace_train_step(model.store(), *opt, loss, batch_types, setup.clip_norm, "plan_auto", false,
+                         setup.microbatches),
+        setup.remat));
     std::vector<TensorType> types = model.store().types();
     return autoshard::model_of(program, opt->state_slots(types), types, batch_types, cluster, setup.sharding, compile,
                                setup.offload);

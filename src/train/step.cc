@@ -1,15 +1,38 @@
 // The run loop of a training step, on one device as on any mesh: the program compile_step made,
 // run over this process's shards of params, optimizer state and batch.
+#include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <limits>
 #include <map>
 #include <sstream>
 
+#include "checkpoint/layout.h"
 #include "core/exclusive.h"
-#include "train/state_file.h"
 #include "runtime/program.h"
 #include "train/steps.h"
 
 namespace px::detail {
+
+int32_t traced_step(int64_t step, const std::string& who) {
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max() - 1;
+  if (step < 0 || step > kMax)
+    throw UserError("[" + who + "] the state's step is " + std::to_string(step) + "; it must be in [0, " +
+                    std::to_string(kMax) +
+                    "] (the traced step counter is i32 and the update uses step + 1); start from a state with a "
+                    "smaller step");
+  return static_cast<int32_t>(step);
+}
+
+StepMetrics step_metrics(float loss, float grad_norm, float lr, bool skip) {
+  StepMetrics m;
+  m.loss = loss;
+  m.grad_norm = grad_norm;
+  m.lr = lr;
+  m.finite = std::isfinite(loss) && std::isfinite(grad_norm);
+  m.skipped = skip && !m.finite;
+  return m;
+}
 
 Step::Step(nn::ParamStore& store, optim::OptimizerPtr opt, TrainStep::LossFn loss_fn,
            std::vector<TensorType> batch_types, const TrainStepOptions& options)
@@ -170,31 +193,130 @@ std::vector<Array> Step::gather_opt_state(const TrainState& s) const {
   return out;
 }
 
+ckpt::StateLayout Step::layout() const {
+  ckpt::StateLayout l;
+  l.names = store_.paths();
+  l.types = store_.types();
+  l.n_params = l.names.size();
+  l.optimizer = opt_->name();
+  const std::vector<std::string> paths = l.names;
+  for (const optim::StateSlot& s : opt_->state_slots(l.types)) {
+    l.names.push_back(paths[s.param] + "." + s.name);
+    l.types.push_back(s.type);
+  }
+  return l;
+}
+
+Checkpoint Step::checkpoint(const TrainState& state, const std::string& who) const {
+  const ckpt::StateLayout l = layout();
+  if (state.params.size() != c_.n_params || state.opt_state.size() != c_.n_state)
+    throw Error("[" + who + "] the state does not belong to this step (make it with TrainStep::init)");
+  Checkpoint c(state.step);
+  c.optimizer = l.optimizer;
+  for (size_t i = 0; i < l.names.size(); ++i) {
+    const bool param = i < c_.n_params;
+    const ShardedArray& a = param ? state.params[i] : state.opt_state[i - c_.n_params];
+    if (a.shards().empty())
+      throw Error("[" + who + "] the state's tensor '" + l.names[i] +
+                  "' was never set: give every param with set_param (or make the state with TrainStep::init)");
+    if (a.type() != l.types[i])
+      throw Error("[" + who + "] the state's tensor '" + l.names[i] + "' is " + type_str(a.type()) +
+                  " but this step has " + type_str(l.types[i]) +
+                  "; the state does not belong to this step (make it with TrainStep::init)");
+    c.add(l.names[i], a, param ? ckpt::kParamsGroup : ckpt::kOptStateGroup);
+  }
+  return c;
+}
+
+RestoreOptions Step::restore_options() const {
+  RestoreOptions o;
+  const ckpt::StateLayout l = layout();
+  for (size_t i = 0; i < l.names.size(); ++i) o.shardings[l.names[i]] = c_.exe->in_sharding(static_cast<int>(i));
+  o.process = c_.exe->process();
+  return o;
+}
+
+TrainState Step::restore(Checkpoint c, const std::string& where) const {
+  const ckpt::StateLayout l = layout();
+  ckpt::check_state(ckpt::array_infos(c), c.optimizer, l, where);
+  try {
+    traced_step(c.step, "TrainStep::load");
+  } catch (const UserError& e) {
+    throw UserError(where + ": " + e.what());
+  }
+  std::map<std::string, size_t> index;
+  for (size_t k = 0; k < c.entries.size(); ++k) index[c.entries[k].name] = k;
+  const int proc = c_.exe->process();
+  TrainState s;
+  s.step = c.step;
+  for (size_t i = 0; i < l.names.size(); ++i) {
+    ShardedArray& a = c.entries[index.at(l.names[i])].array;
+    const Sharding& want = c_.exe->in_sharding(static_cast<int>(i));
+    ShardedArray got;
+    if (a.sharding() == want && a.process() == proc) {
+      got = std::move(a);
+    } else if (a.mesh().size() == 1 && a.sharding().partial.empty()) {
+      got = shard(a.shards()[0], want, proc);  // a whole array: split here, then dropped
+      a = ShardedArray();
+    } else {
+      throw UserError(where + ": tensor '" + l.names[i] + "' is split as " + a.sharding().to_string() +
+                      " but this step holds it as " + want.to_string() +
+                      "; read the checkpoint with TrainStep::restore_options() (or load it with TrainStep::load)");
+    }
+    (i < c_.n_params ? s.params : s.opt_state).push_back(std::move(got));
+  }
+  return s;
+}
+
+namespace {
+
+bool is_safetensors(const std::string& path) { return path.ends_with(".safetensors"); }
+
+// A checkpoint directory, or the newest committed one in a directory of them (a manager's or
+// pax's JOB_DIR/checkpoints).
+std::string checkpoint_dir(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec))
+    throw UserError("[TrainStep::load] " + path +
+                    " is a file, not a checkpoint directory; TrainStep::save writes a directory, and a single "
+                    "safetensors file (save's export) loads from a path ending in \".safetensors\"");
+  if (fs::is_directory(path, ec) && !ckpt::is_committed(path)) {
+    const std::vector<int64_t> steps = ckpt::committed_steps(path);
+    if (!steps.empty()) return path + "/" + ckpt::step_dir_name(steps.back());
+  }
+  return path;  // read_checkpoint_info says what is wrong with it
+}
+
+}  // namespace
+
 void Step::save(const std::string& path, const TrainState& state) const {
-  // write_checkpoint rejects a state of another step (counts or types) with the caller's name.
-  // Over several processes the gathers are collectives; process 0 writes, and nobody returns
-  // before the file is there (a load right after sees it).
-  std::vector<Array> params = gather_params(state), opt_state = gather_opt_state(state);
-  if (c_.exe->process() == 0)
-    write_checkpoint(path, checkpoint_layout(store_, *opt_), params, opt_state, state.step, "TrainStep");
-  if (c_.plan.mesh.num_processes() > 1) c_.exe->communicator().barrier();
+  Checkpoint c = checkpoint(state, "TrainStep::save");
+  const bool several = c_.plan.mesh.num_processes() > 1;
+  if (is_safetensors(path)) {
+    // An export: full arrays, gathered (collectives over several processes); process 0 writes.
+    Checkpoint full(c.step);
+    full.optimizer = c.optimizer;
+    for (const CheckpointEntry& e : c.entries) full.add(e.name, gather(e.array, c_.exe->communicator()), e.group);
+    if (c_.exe->process() == 0) export_safetensors(full, path, /*group=*/"");
+  } else {
+    CheckpointOptions o;
+    o.processes.index = c_.exe->process();
+    if (several) o.processes.barrier = [this](const std::string&) { c_.exe->communicator().barrier(); };
+    write_checkpoint(path, c, o);
+  }
+  // Nobody returns before the checkpoint is committed (a load right after sees it).
+  if (several) c_.exe->communicator().barrier();
 }
 
 TrainState Step::load(const std::string& path) const {
-  FullState full = read_checkpoint(path, checkpoint_layout(store_, *opt_));
-  TrainState s;
-  // Each full array is dropped once sharded, so the full and the sharded state never both exist whole.
-  for (size_t i = 0; i < c_.n_params; ++i) {
-    s.params.push_back(shard(full.params[i], c_.exe->in_sharding(static_cast<int>(i)), c_.exe->process()));
-    full.params[i] = Array();
-  }
-  for (size_t i = 0; i < c_.n_state; ++i) {
-    s.opt_state.push_back(
-        shard(full.opt_state[i], c_.exe->in_sharding(static_cast<int>(c_.n_params + i)), c_.exe->process()));
-    full.opt_state[i] = Array();
-  }
-  s.step = full.step;
-  return s;
+  if (is_safetensors(path)) return restore(import_safetensors(path), path);
+  const std::string dir = checkpoint_dir(path);
+  // Names, types and optimizer from the metadata first: a checkpoint of another model fails here
+  // naming the tensor, before any chunk is read.
+  CheckpointInfo info = read_checkpoint_info(dir);
+  ckpt::check_state(info.arrays, info.optimizer, layout(), dir);
+  return restore(read_checkpoint(dir, restore_options()), dir);
 }
 
 std::string Step::collectives_table() const {

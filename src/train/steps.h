@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/state.h"
 #include "parallax/parallel.h"
 #include "memory/step_program.h"
 #include "parallax/train.h"
@@ -18,9 +19,11 @@ namespace px {
 
 // Traces the whole step into one program. `who` names the caller in errors. With skip_nonfinite,
 // the new params and state equal the old ones when the loss or the gradient norm is not finite.
+// With microbatches = m > 1, each batch array's rows are split into m microbatches (rows k, k + m,
+// ...), each run forward and backward in turn, and the gradients averaged before one update.
 StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                              const std::vector<TensorType>& batch_types, double clip_norm,
-                             const std::string& who = "TrainStep", bool skip_nonfinite = false);
+                             const std::string& who = "TrainStep", bool skip_nonfinite = false, int microbatches = 1);
 
 }  // namespace px
 
@@ -41,6 +44,14 @@ struct IndexUse {
 };
 std::vector<IndexUse> index_uses(const Graph& g);
 void check_indices(const std::vector<IndexUse>& uses, size_t first, const std::vector<Array>& batch);
+
+// The traced step input (i32, the count of updates so far) for `step`; throws px::UserError naming
+// `who` when it does not fit (the step computes step + 1, so at most 2^31 - 2).
+int32_t traced_step(int64_t step, const std::string& who);
+
+// Metrics from the step's first three outputs (loss, grad norm, lr); `skip` says whether the graph
+// was traced with skip_nonfinite (then a non-finite step left params and state unchanged).
+StepMetrics step_metrics(float loss, float grad_norm, float lr, bool skip);
 
 // What the pipeline leaves: the plan, the traced step and the compiled program.
 struct CompiledStep {
@@ -69,6 +80,12 @@ class Step {
   std::vector<Array> gather_opt_state(const TrainState& s) const;
   void save(const std::string& path, const TrainState& state) const;
   TrainState load(const std::string& path) const;
+  // The checkpoint layout: params by path, then optimizer state "<path>.<slot>".
+  ckpt::StateLayout layout() const;
+  Checkpoint checkpoint(const TrainState& state, const std::string& who) const;
+  RestoreOptions restore_options() const;
+  // `where` names the checkpoint in errors; whole arrays off this step's shardings are split.
+  TrainState restore(Checkpoint c, const std::string& where) const;
 
   nn::ParamStore& store() const { return store_; }
   const optim::Optimizer& optimizer() const { return *opt_; }

@@ -8,18 +8,53 @@
 #include <limits>
 
 #include "core/dump.h"
-#include "train/state_file.h"
 #include "parallax/autodiff.h"
 #include "parallax/ops.h"
 
 namespace px {
 
+namespace {
+
+// Microbatch k of m of a batch input: its rows k, k + m, k + 2m, ... ([B, ...] as [B/m, m, ...],
+// index k of dim 1). Where the batch is split over devices along dim 0, each device's rows of a
+// microbatch are rows it holds, so slicing needs no communication. A scalar goes whole to each.
+Tensor microbatch_rows(const Tensor& x, int k, int m) {
+  if (x.rank() == 0) return x;
+  Shape rows = x.shape();
+  rows[0] /= m;
+  Shape split = rows;
+  split.insert(split.begin() + 1, m);
+  std::vector<int64_t> starts(split.size(), 0), limits = split;
+  starts[1] = k;
+  limits[1] = k + 1;
+  return reshape(slice(reshape(x, split), starts, limits), rows);
+}
+
+// px::UserError unless microbatches >= 1 divides every batch array's leading dim.
+void check_microbatches(int microbatches, const std::vector<TensorType>& batch_types, const std::string& who) {
+  if (microbatches < 1)
+    throw UserError(fmt::format("[{}] microbatches must be >= 1 (1: the whole batch at once), got {}", who,
+                                microbatches));
+  for (size_t i = 0; i < batch_types.size(); ++i) {
+    const TensorType& t = batch_types[i];
+    if (t.rank() > 0 && t.shape[0] % microbatches != 0)
+      throw UserError(fmt::format(
+          "[{}] microbatches = {} does not divide batch array {} ({}): its leading dim {} is split into {} "
+          "microbatches of equal rows; use a batch size that is a multiple of {} or a microbatch count that divides {}",
+          who, microbatches, i, type_str(t), t.shape[0], microbatches, microbatches, t.shape[0]));
+  }
+}
+
+}  // namespace
+
 StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                              const std::vector<TensorType>& batch_types, double clip_norm, const std::string& who,
-                             bool skip_nonfinite) {
+                             bool skip_nonfinite, int microbatches) {
   if (!(clip_norm >= 0.0) || !std::isfinite(clip_norm))
     throw UserError(
         fmt::format("[{}] clip_norm must be a finite number >= 0 (0: no clipping), got {}", who, clip_norm));
+  check_microbatches(microbatches, batch_types, who);
+  const int m = microbatches;
   std::vector<TensorType> param_types = store.types();
   std::vector<optim::StateSlot> slots = opt.state_slots(param_types);
   StepProgram p;
@@ -39,6 +74,7 @@ StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
   for (size_t i = 0; i < batch_types.size(); ++i) names.push_back("batch." + std::to_string(i));
   types.push_back({DType::i32, {}});
   names.push_back("step");
+  std::vector<int> sums;  // the gradients summed over the microbatches so far
 
   p.graph = trace(
       [&](const std::vector<Tensor>& in) {
@@ -48,16 +84,47 @@ StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
         std::vector<Tensor> batch(in.begin() + n_params + n_state, in.end() - 1);
         Tensor step = in.back();
         nn::ParamBinding bound = store.bind(params);
-        Tensor loss = loss_fn(batch);
-        if (loss.numel() != 1) throw Error("[" + who + "] the loss must be a scalar, got " + type_str(loss.type()));
-        loss = cast(reshape(loss, {}), DType::f32);
-        p.forward_end = static_cast<int>(g.nodes().size());
-        std::vector<Tensor> grads = gradients(loss, params);
-        p.backward_end = static_cast<int>(g.nodes().size());
-        for (size_t i = 0; i < grads.size(); ++i) {
-          if (!grads[i].defined()) throw Error("[" + who + "] param '" + p.paths[i] + "' is not a float tensor");
-          p.grads.push_back(grads[i].id());
+        // Each microbatch's forward pass, then its backward pass, so that its activations are
+        // freed before the next one's forward pass; its gradients are added to the earlier ones'.
+        // The loss and gradients are the means over the microbatches: with a loss that is a mean
+        // over the rows (tokens) of equal microbatches, those of the whole batch.
+        Tensor loss;
+        std::vector<Tensor> grads;
+        for (int k = 0; k < m; ++k) {
+          std::vector<Tensor> rows = batch;
+          if (m > 1)
+            for (Tensor& b : rows) b = microbatch_rows(b, k, m);
+          Tensor lk = loss_fn(rows);
+          if (lk.numel() != 1) throw Error("[" + who + "] the loss must be a scalar, got " + type_str(lk.type()));
+          lk = cast(reshape(lk, {}), DType::f32);
+          StepProgram::Microbatch mb;
+          mb.forward_end = static_cast<int>(g.nodes().size());
+          std::vector<Tensor> gk = gradients(lk, params);
+          for (size_t i = 0; i < gk.size(); ++i) {
+            if (!gk[i].defined()) throw Error("[" + who + "] param '" + p.paths[i] + "' is not a float tensor");
+            mb.grads.push_back(gk[i].id());
+          }
+          if (k == 0) {
+            loss = lk;
+            grads = gk;
+          } else {
+            loss = loss + lk;
+            for (size_t i = 0; i < gk.size(); ++i) {
+              grads[i] = grads[i] + gk[i];
+              sums.push_back(grads[i].id());
+            }
+          }
+          if (m > 1 && k == m - 1) {
+            loss = loss / static_cast<double>(m);
+            for (Tensor& gr : grads) {
+              gr = gr / static_cast<double>(m);
+              sums.push_back(gr.id());
+            }
+          }
+          mb.backward_end = static_cast<int>(g.nodes().size());
+          p.micro.push_back(std::move(mb));
         }
+        for (const Tensor& gr : grads) p.grads.push_back(gr.id());
         Tensor norm;
         if (clip_norm > 0) {
           optim::Clipped c = optim::clip_by_global_norm(grads, clip_norm);
@@ -81,23 +148,35 @@ StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
       },
       types, names);
 
+  // Each microbatch computes its own values: a value that does not depend on its rows (a bias
+  // broadcast to the microbatch's shape) would otherwise be merged by CSE with the first
+  // microbatch's and kept alive from there to its last use in the last microbatch.
+  for (size_t k = 1; k < p.micro.size(); ++k)
+    for (int i = p.begin(k); i < p.micro[k].backward_end; ++i)
+      p.graph->mutable_nodes()[i].attrs.set("microbatch", static_cast<int64_t>(k));
+
   // What each value holds, for the per-device memory report.
   const Graph& g = *p.graph;
   p.categories.assign(g.values().size(), MemoryCategory::temporaries);
-  for (int i = 0; i < p.graph->nodes().size(); ++i)
-    if (i < p.forward_end)
+  for (int i = 0; i < static_cast<int>(g.nodes().size()); ++i)
+    if (p.is_forward(i))
       for (int v : g.nodes()[i].outputs) p.categories[v] = MemoryCategory::activations;
   for (size_t i = 0; i < g.inputs().size(); ++i)
     p.categories[g.inputs()[i]] = i < n_params             ? MemoryCategory::params
                                   : i < n_params + n_state ? MemoryCategory::optimizer_state
                                                            : MemoryCategory::activations;
-  for (int v : p.grads) p.categories[v] = MemoryCategory::gradients;
+  for (const StepProgram::Microbatch& mb : p.micro)
+    for (int v : mb.grads) p.categories[v] = MemoryCategory::gradients;
+  for (int v : sums) p.categories[v] = MemoryCategory::gradients;
   for (size_t o = 3; o < g.outputs().size(); ++o)
     p.categories[g.outputs()[o]] = o < 3 + n_params ? MemoryCategory::params : MemoryCategory::optimizer_state;
   dump_pass("trace_autodiff", [&] {
-    return "# forward: nodes [0, " + std::to_string(p.forward_end) + "), backward: [" + std::to_string(p.forward_end) +
-           ", " + std::to_string(p.backward_end) + "), clipping and update: [" + std::to_string(p.backward_end) + ", " +
-           std::to_string(g.nodes().size()) + ")\n" + g.to_string();
+    std::string head;
+    for (size_t k = 0; k < p.micro.size(); ++k)
+      head += fmt::format("{}forward: nodes [{}, {}), backward: [{}, {}), ",
+                          p.micro.size() > 1 ? fmt::format("microbatch {}: ", k) : "", p.begin(k),
+                          p.micro[k].forward_end, p.micro[k].forward_end, p.micro[k].backward_end);
+    return fmt::format("# {}clipping and update: [{}, {})\n", head, p.backward_end(), g.nodes().size()) + g.to_string();
   });
   return p;
 }

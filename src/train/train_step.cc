@@ -2,43 +2,9 @@
 // mesh of one device; the state is each param as this process's shards on every mesh.
 #include <algorithm>
 
-#include "train/state_file.h"
-#include "parallax/io.h"
 #include "train/steps.h"
 
 namespace px {
-
-namespace detail {
-
-CheckpointLayout checkpoint_layout(const nn::ParamStore& store, const optim::Optimizer& opt) {
-  CheckpointLayout l;
-  l.names = store.paths();
-  l.types = store.types();
-  l.n_params = l.names.size();
-  l.optimizer = opt.name();
-  std::vector<std::string> paths = l.names;
-  for (const optim::StateSlot& s : opt.state_slots(store.types())) {
-    l.names.push_back(paths[s.param] + "." + s.name);
-    l.types.push_back(s.type);
-  }
-  return l;
-}
-
-void write_checkpoint(const std::string& path, const CheckpointLayout& layout, const std::vector<Array>& params,
-                      const std::vector<Array>& opt_state, int64_t step, const std::string& who) {
-  if (params.size() != layout.n_params || params.size() + opt_state.size() != layout.names.size())
-    throw Error("[" + who + "::save] the state does not belong to this step (make it with " + who + "::init)");
-  std::vector<Array> arrays = params;
-  arrays.insert(arrays.end(), opt_state.begin(), opt_state.end());
-  for (size_t i = 0; i < arrays.size(); ++i)
-    if (arrays[i].type() != layout.types[i])
-      throw Error("[" + who + "::save] the state's tensor '" + layout.names[i] + "' is " + type_str(arrays[i].type()) +
-                  " but this step has " + type_str(layout.types[i]) +
-                  "; the state does not belong to this step (make it with " + who + "::init)");
-  save_safetensors(path, layout.names, arrays, {{"step", std::to_string(step)}, {"optimizer", layout.optimizer}});
-}
-
-}  // namespace detail
 
 TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss_fn,
                      std::vector<TensorType> batch_types, TrainStepOptions options) {
@@ -67,12 +33,19 @@ std::vector<Array> TrainStep::gather_params(const TrainState& s) const { return 
 std::vector<Array> TrainStep::gather_opt_state(const TrainState& s) const { return step_->gather_opt_state(s); }
 
 std::vector<std::string> TrainStep::state_names() const {
-  detail::CheckpointLayout l = detail::checkpoint_layout(step_->store(), optimizer());
+  const ckpt::StateLayout l = step_->layout();
   return std::vector<std::string>(l.names.begin() + static_cast<std::ptrdiff_t>(l.n_params), l.names.end());
 }
 
-void TrainStep::save(const std::string& path, const TrainState& state) const { step_->save(path, state); }
-TrainState TrainStep::load(const std::string& path) const { return step_->load(path); }
+void TrainStep::save(const std::string& dir, const TrainState& state) const { step_->save(dir, state); }
+TrainState TrainStep::load(const std::string& dir) const { return step_->load(dir); }
+Checkpoint TrainStep::checkpoint(const TrainState& state) const {
+  return step_->checkpoint(state, "TrainStep::checkpoint");
+}
+RestoreOptions TrainStep::restore_options() const { return step_->restore_options(); }
+TrainState TrainStep::restore(const Checkpoint& c) const {
+  return step_->restore(c, "[TrainStep::restore] the checkpoint of step " + std::to_string(c.step));
+}
 const ShardingPlan& TrainStep::plan() const { return step_->plan(); }
 std::string TrainStep::collectives_table() const { return step_->collectives_table(); }
 const Graph& TrainStep::graph() const { return step_->graph(); }

@@ -256,8 +256,8 @@ void check_training(const std::vector<std::pair<std::string, int64_t>>& axes, Sh
       std::filesystem::create_directories(dir);
     }
     w.communicator->barrier();
-    step.save(dir + "/state.safetensors", s);
-    TrainState l = step.load(dir + "/state.safetensors");
+    step.save(dir + "/state", s);
+    TrainState l = step.load(dir + "/state");
     for (size_t i = 0; i < s.params.size(); ++i) {
       ASSERT_EQ(l.params[i].shards().size(), s.params[i].shards().size());
       for (size_t j = 0; j < s.params[i].shards().size(); ++j)

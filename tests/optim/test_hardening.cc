@@ -4,14 +4,16 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <limits>
+#include <sstream>
 #include <thread>
 
+#include "parallax/checkpoint.h"
 #include "parallax/io.h"
 #include "parallax/nn.h"
 #include "parallax/train.h"
 #include "testing.h"
-#include "train/state_file.h"
 
 namespace px {
 namespace {
@@ -42,6 +44,16 @@ std::vector<Array> batch(float scale = 1.0f, int32_t label = 1) {
   return {Array::from_f32(v, {2, 4}), Array::from_i32({0, label}, {2})};
 }
 
+std::string read_text_file(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+void write_text_file(const std::string& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+}
+
 std::string tmp(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("px_hardening_" + std::to_string(::getpid()) + "_" + name))
       .string();
@@ -68,29 +80,102 @@ TEST(Checkpoint, ExtraTensorsAreRejected) {
   Model three(3), two(2);
   TrainStep big(three.root.store(), optim::sgd({.lr = 0.1, .momentum = 0.9}), three.loss(), kBatch);
   TrainStep small(two.root.store(), optim::sgd({.lr = 0.1, .momentum = 0.9}), two.loss(), kBatch);
-  std::string p = tmp("three.safetensors");
-  big.save(p, big.init(1));
-  std::string e = error_of([&] { small.load(p); });
-  EXPECT_TRUE(has(e, "'l.2.w'") && has(e, "do not have")) << e;
-  EXPECT_NO_THROW(big.load(p));
-  std::filesystem::remove(p);
+  for (std::string p : {tmp("three"), tmp("three.safetensors")}) {  // a checkpoint, and the export
+    big.save(p, big.init(1));
+    std::string e = error_of([&] { small.load(p); });
+    EXPECT_TRUE(has(e, p + ": has 4 tensors") && has(e, "'l.2.w'") && has(e, "do not have")) << e;
+    EXPECT_THROW(small.load(p), UserError);
+    EXPECT_NO_THROW(big.load(p));
+    std::filesystem::remove_all(p);
+  }
 }
 
 TEST(Checkpoint, StepIsParsedStrictlyAndNeverTruncated) {
   Model m(1);
   TrainStep step(m.root.store(), optim::sgd({.lr = 0.1}), m.loss(), kBatch);
   TrainState s = step.init(1);
+  // A safetensors state (save's export, or a file of the single-file format) carries the step as text.
   std::string p = tmp("step.safetensors");
   std::vector<std::string> names = m.root.store().paths();
-  for (std::string bad : {"12abc", "-7", "", " 3", "+3", "2147483647", "99999999999999999999", "0x10"}) {
+  for (std::string bad : {"12abc", "-7", "", " 3", "+3", "99999999999999999999", "0x10"}) {
     save_safetensors(p, names, step.gather_params(s), {{"step", bad}, {"optimizer", step.optimizer().name()}});
     std::string e = error_of([&] { step.load(p); });
-    EXPECT_TRUE(has(e, "metadata 'step'")) << "'" << bad << "': " << e;
+    EXPECT_TRUE(has(e, "the metadata's step '" + bad + "' is not a step")) << "'" << bad << "': " << e;
   }
+  save_safetensors(p, names, step.gather_params(s), {{"step", "2147483647"}, {"optimizer", step.optimizer().name()}});
+  std::string e = error_of([&] { step.load(p); });
+  EXPECT_TRUE(has(e, p + ": [TrainStep::load] the state's step is 2147483647; it must be in [0, 2147483646]")) << e;
   save_safetensors(p, names, step.gather_params(s), {{"step", "2147483646"}, {"optimizer", step.optimizer().name()}});
   EXPECT_EQ(step.load(p).step, 2147483646);
   std::filesystem::remove(p);
-  EXPECT_EQ(detail::parse_checkpoint_step("0", "f"), 0);
+  // A checkpoint directory holds it as a JSON integer: the same limits on load.
+  const std::string dir = tmp("step");
+  s.step = 2147483647;
+  step.save(dir, s);
+  e = error_of([&] { step.load(dir); });
+  EXPECT_TRUE(has(e, dir + ": [TrainStep::load] the state's step is 2147483647")) << e;
+  s.step = 2147483646;
+  step.save(dir, s);  // replaces the committed checkpoint there
+  EXPECT_EQ(step.load(dir).step, 2147483646);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Checkpoint, DamagedOrMisplacedCheckpointsAreClearErrors) {
+  Model m(2);
+  TrainStep step(m.root.store(), optim::sgd({.lr = 0.1, .momentum = 0.9}), m.loss(), kBatch);
+  TrainState s = step.init(1);
+  step(s, batch());
+  const std::string dir = tmp("damaged");
+  std::filesystem::remove_all(dir);
+  step.save(dir, s);
+  const std::string chunk = dir + "/l.1.w/c/0/0";
+  ASSERT_TRUE(std::filesystem::exists(chunk));
+
+  // A corrupt chunk: the checksum fails, naming the array and the chunk file.
+  std::string bytes = read_text_file(chunk);
+  std::string flipped = bytes;
+  flipped[flipped.size() / 2] ^= 0x20;
+  write_text_file(chunk, flipped);
+  std::string e = error_of([&] { step.load(dir); });
+  EXPECT_TRUE(has(e, "array 'l.1.w' chunk c/0/0 (file " + chunk + "): checksum mismatch")) << e;
+  // A truncated chunk, then a missing one.
+  write_text_file(chunk, bytes.substr(0, bytes.size() / 2));
+  e = error_of([&] { step.load(dir); });
+  EXPECT_TRUE(has(e, "array 'l.1.w' chunk c/0/0 (file " + chunk + "): checksum mismatch")) << e;
+  std::filesystem::remove(chunk);
+  e = error_of([&] { step.load(dir); });
+  EXPECT_TRUE(has(e, "the chunk file is missing")) << e;
+  // Truncated metadata.
+  step.save(dir, s);
+  const std::string meta = dir + "/metadata.json";
+  write_text_file(meta, read_text_file(meta).substr(0, 40));
+  e = error_of([&] { step.load(dir); });
+  EXPECT_TRUE(has(e, meta + ": not valid JSON (truncated?)")) << e;
+  // No commit marker: a save that did not finish.
+  step.save(dir, s);
+  std::filesystem::remove(dir + "/COMMITTED");
+  e = error_of([&] { step.load(dir); });
+  EXPECT_TRUE(has(e, "is not a committed checkpoint")) << e;
+  // ... which save does not delete (nor any other directory or file that is not a checkpoint).
+  e = error_of([&] { step.save(dir, s); });
+  EXPECT_TRUE(has(e, dir + " exists and is not a committed checkpoint")) << e;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/metadata.json"));
+  std::filesystem::remove_all(dir);
+  // A file that is not a checkpoint directory, and a path with nothing there.
+  write_text_file(dir, "x");
+  e = error_of([&] { step.load(dir); });
+  EXPECT_TRUE(has(e, "is a file, not a checkpoint directory") && has(e, ".safetensors")) << e;
+  std::filesystem::remove(dir);
+  e = error_of([&] { step.load(dir + ".missing"); });
+  EXPECT_TRUE(has(e, dir + ".missing")) << e;
+  // Intact again: loads equal to the state saved.
+  step.save(dir, s);
+  TrainState l = step.load(dir);
+  EXPECT_EQ(l.step, 1);
+  for (size_t i = 0; i < s.params.size(); ++i) EXPECT_EQ(l.params[i].shards()[0].to_f32(), s.params[i].shards()[0].to_f32());
+  for (size_t i = 0; i < s.opt_state.size(); ++i)
+    EXPECT_EQ(l.opt_state[i].shards()[0].to_f32(), s.opt_state[i].shards()[0].to_f32());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TrainSteps, StepsThatDoNotFitTheTracedCounterAreAnError) {

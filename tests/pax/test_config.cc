@@ -89,6 +89,25 @@ TEST(PaxConfig, RelationsAndUnavailableFeaturesAreChecked) {
   EXPECT_NE(error_of([&] { validate(c); }).find("sharding.rules"), std::string::npos);
 }
 
+// train.microbatches divides the batch and each data shard's rows; pax plan shows it.
+TEST(PaxConfig, MicrobatchesDivideTheBatchAndEachDataShard) {
+  ExperimentConfig c = tiny();
+  set_field(c, "data.batch", "8");
+  EXPECT_NE(error_of([&] { set_field(c, "train.microbatches", "0"); }).find("train.microbatches"), std::string::npos);
+  set_field(c, "train.microbatches", "3");
+  EXPECT_NE(error_of([&] { validate(c); }).find("train.microbatches=3 does not divide data.batch=8"),
+            std::string::npos);
+  set_field(c, "train.microbatches", "4");
+  EXPECT_EQ(error_of([&] { validate(c); }), "<no error>");
+  set_field(c, "sharding.mesh", "data:4");
+  const std::string e = error_of([&] { validate(c); });
+  EXPECT_NE(e.find("does not divide the 2 sequences of each of the 4 data shards"), std::string::npos) << e;
+  EXPECT_NE(e.find("data.batch to a multiple of 16"), std::string::npos) << e;
+  set_field(c, "train.microbatches", "2");
+  EXPECT_EQ(error_of([&] { validate(c); }), "<no error>");
+  EXPECT_NE(plan(c).text().find("microbatches: 2"), std::string::npos) << plan(c).text();
+}
+
 // Every numeric field: a value past its range names the field, the value and the range (step
 // counts end below INT32_MAX, the step counter's limit); hex, inf and nan are not numbers here.
 // Unclosed quotes are errors; one pair of quotes around a string is taken off. A misspelt field

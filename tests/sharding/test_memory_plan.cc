@@ -40,6 +40,11 @@ TEST(MemoryPlan, FsdpPeakIsAFractionOfDdpAndEqualsTheMeasuredHighWaterMark) {
   MemoryReport d = ddp->sharded_executable().memory(), s = fsdp->sharded_executable().memory();
   std::cout << "DDP  " << d.to_string() << "FSDP " << s.to_string();
   EXPECT_LE(static_cast<double>(s.peak_bytes), 0.35 * static_cast<double>(d.peak_bytes));
+  // What the schedule and the buffer plan add to what must be alive: the tied embedding is gathered
+  // again for the head instead of held through the forward pass, the head's backward gather waits
+  // for room under the peak, and the arena places the largest buffers first.
+  EXPECT_LE(s.peak_over_floor(), 1.05);
+  EXPECT_LE(d.peak_over_floor(), 1.05);
   // The split accounts for every byte in use at the peak.
   for (const MemoryReport* r : {&d, &s}) {
     EXPECT_EQ(sum(r->by_category), r->input_bytes + r->output_bytes + r->arena_live_bytes);
@@ -66,34 +71,42 @@ TEST(MemoryPlan, FsdpPeakIsAFractionOfDdpAndEqualsTheMeasuredHighWaterMark) {
 }
 
 // A 4-layer model under FSDP: with lookahead 1 at most two layers' gathered weights are alive at
-// once; gathering everything up front (a lookahead as long as the program) holds all layers.
+// once; a lookahead as long as the program gathers further ahead, as far as the room under the
+// peak allows: gathering ahead of use never raises the peak over gathering at first use.
 TEST(MemoryPlan, FsdpGathersAreFreedAfterUseAndPrefetchedByTheLookahead) {
   Fixture f(nn::gpt2_config("gpt_4", 512, 128, 4, 4, 512, 32));
   Mesh mesh = Mesh::cpu({{"data", 4}});
-  int64_t layer = 0, all_layers = 0;
+  int64_t layer = 0;
   const std::vector<std::string> paths = f.model.store().paths();
   const std::vector<TensorType> types = f.model.store().types();
-  for (size_t i = 0; i < paths.size(); ++i) {
-    const std::string& p = paths[i];
-    int64_t b = types[i].nbytes();
-    if (p.rfind("blocks.0.", 0) == 0) layer += b;
-    if (p.rfind("blocks.", 0) == 0) all_layers += b;
-  }
+  for (size_t i = 0; i < paths.size(); ++i)
+    if (paths[i].rfind("blocks.0.", 0) == 0) layer += types[i].nbytes();
+  auto at_use = make_step(f, mesh, ShardingStrategy::FSDP, 0);
   auto one = make_step(f, mesh, ShardingStrategy::FSDP, 1);
   auto eager = make_step(f, mesh, ShardingStrategy::FSDP, 1000);
-  int64_t held =
-      one->sharded_executable().memory().arena_max_by_category[static_cast<int>(MemoryCategory::collective_buffers)];
-  int64_t held_eager =
-      eager->sharded_executable().memory().arena_max_by_category[static_cast<int>(MemoryCategory::collective_buffers)];
-  std::cout << "one layer " << layer << " bytes; gathered at once: lookahead 1 " << held << ", eager " << held_eager
+  auto gathered = [](const TrainStep& s) {
+    return s.sharded_executable().memory().arena_max_by_category[static_cast<int>(MemoryCategory::collective_buffers)];
+  };
+  const int64_t held0 = gathered(*at_use), held = gathered(*one), held_eager = gathered(*eager);
+  const int64_t peak0 = at_use->sharded_executable().memory().peak_bytes;
+  std::cout << "one layer " << layer << " bytes; gathered at once: lookahead 0 " << held0 << ", 1 " << held
+            << ", eager " << held_eager << "; peaks " << peak0 << ", "
+            << one->sharded_executable().memory().peak_bytes << ", " << eager->sharded_executable().memory().peak_bytes
             << "\n";
-  EXPECT_GT(held, 0);
+  EXPECT_GT(held0, 0);
   EXPECT_LE(held, 2 * layer);
-  EXPECT_GE(held_eager, all_layers);
-  // Both give the same step.
-  TrainState a = one->init(0), b = eager->init(0);
+  EXPECT_GT(held_eager, held);
+  // The bytes live at once stay those of gathering at first use (the arena around them may
+  // fragment more when every gap below the peak is filled).
+  const int64_t live0 = at_use->sharded_executable().memory().arena_live_bytes;
+  for (const TrainStep* s : {one.get(), eager.get()})
+    EXPECT_LE(s->sharded_executable().memory().arena_live_bytes, live0);
+  // All three give the same step.
+  TrainState a = one->init(0), b = eager->init(0), c = at_use->init(0);
   auto batch = f.batch(0);
-  EXPECT_EQ((*one)(a, batch).loss, (*eager)(b, batch).loss);
+  const float loss = (*one)(a, batch).loss;
+  EXPECT_EQ(loss, (*eager)(b, batch).loss);
+  EXPECT_EQ(loss, (*at_use)(c, batch).loss);
 }
 
 // Under bf16 compute FSDP gathers bf16 weights (half the bytes moved and held): a cast commutes

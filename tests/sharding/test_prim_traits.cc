@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "ir/primitive.h"
+#include "ops/local_form.h"
 #include "parallax/parallel.h"
 #include "parallax/spmd.h"
 #include "sharding/prims.h"
@@ -65,10 +66,7 @@ Primitive add_position_prim() {
   p.spmd.local_form = [](const spmd::LocalContext& c, const LocalFormArgs& a) {
     const std::vector<int>& axes = a.factor_axes.at(a.rule.results[0][0]);
     const int64_t block = a.want[0].shape[0];
-    Tensor k = full({}, 0.0, DType::i32);  // this device's block index over axes, first major
-    for (int ax : axes)
-      k = k * static_cast<double>(c.mesh.axes()[ax].size) + reshape(slice_axis(c.coords, 0, ax, ax + 1), {});
-    Tensor index = iota({block}, 0, DType::i32) + k * static_cast<double>(block);
+    Tensor index = iota({block}, 0, DType::i32) + local_form::block_start(c, axes, block);
     return std::vector<Tensor>{a.inputs[0] + cast(index, DType::f32)};
   };
   return p;
@@ -226,9 +224,12 @@ TEST(PrimTraits, BuiltInPrimitivesDeclareHowTheyAreSplit) {
   }
   EXPECT_EQ(prim("take").spmd.positional.split_as, ShardingRule::Kind::reduction);
   EXPECT_TRUE(prim("take").spmd.positional.late);
-  for (const char* name : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute"})
-    EXPECT_TRUE(is_collective(name)) << name;
-  EXPECT_FALSE(is_collective("local_slice"));
+  const std::pair<const char*, CollectiveKind> collectives[] = {
+      {"all_reduce", CollectiveKind::all_reduce}, {"all_gather", CollectiveKind::all_gather},
+      {"reduce_scatter", CollectiveKind::reduce_scatter}, {"all_to_all", CollectiveKind::all_to_all},
+      {"collective_permute", CollectiveKind::permute}};
+  for (auto [name, kind] : collectives) EXPECT_EQ(prim(name).spmd.collective, kind) << name;
+  EXPECT_FALSE(prim("local_slice").spmd.collective);
   for (const char* name : {"reduce_sum", "reduce_max", "layer_norm", "rms_norm", "softmax", "log_softmax",
                            "softmax_cross_entropy"})
     EXPECT_TRUE(prim(name).tp.mixes_features) << name;

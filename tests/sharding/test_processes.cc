@@ -198,6 +198,7 @@ void check_two_processes(ShardingStrategy strategy) {
     std::string remote_error;
     int64_t shards = 0;
     bool reloaded_same = false;
+    int64_t save_load_collectives = 0;
   };
   const std::string dir = temp_dir(strategy_name(strategy));
   std::vector<Result> got(2);
@@ -217,16 +218,46 @@ void check_two_processes(ShardingStrategy strategy) {
     got[p].remote_error = error_of([&] { s.params[0].shard(p == 0 ? 2 : 0); });
     got[p].params = step.gather_params(s);  // a collective: both processes call it
     got[p].state = step.gather_opt_state(s);
-    // Every process saves (process 0 writes the file) and loads its own shards back.
-    step.save(dir + "/state.safetensors", s);
-    TrainState l = step.load(dir + "/state.safetensors");
+    // Every process saves its own shards (process 0 commits) and loads its own shards back,
+    // without a collective: nothing is gathered.
+    comm.reset_stats();
+    step.save(dir + "/state", s);
+    TrainState l = step.load(dir + "/state");
+    for (int k = 0; k < kNumCollectiveKinds; ++k)
+      got[p].save_load_collectives +=
+          comm.stats().per_device.empty() ? 0 : comm.stats().total(static_cast<CollectiveKind>(k)).calls;
     bool same = l.step == s.step;
     for (size_t i = 0; i < s.params.size(); ++i)
       same = same && l.params[i].process() == p && local_values(l.params[i]) == local_values(s.params[i]);
     for (size_t i = 0; i < s.opt_state.size(); ++i)
       same = same && local_values(l.opt_state[i]) == local_values(s.opt_state[i]);
+    // The single-file export (gathered; process 0 writes) reads back the same shards too.
+    step.save(dir + "/state.safetensors", s);
+    TrainState x = step.load(dir + "/state.safetensors");
+    for (size_t i = 0; i < s.params.size(); ++i) same = same && local_values(x.params[i]) == local_values(s.params[i]);
+    for (size_t i = 0; i < s.opt_state.size(); ++i)
+      same = same && local_values(x.opt_state[i]) == local_values(s.opt_state[i]);
     got[p].reloaded_same = same;
   });
+  // On disk, one chunk per distinct shard: the first split param's (or the first one's under DDP).
+  const CheckpointInfo info = read_checkpoint_info(dir + "/state");
+  EXPECT_EQ(info.step, steps);
+  EXPECT_EQ(info.optimizer, opt()->name());
+  size_t split_param = 0;
+  for (size_t i = 0; i < f.model.store().size(); ++i)
+    if (!ref.sharded_executable().in_sharding(static_cast<int>(i)).is_fully_replicated()) {
+      split_param = i;
+      break;
+    }
+  const Sharding& w = ref.sharded_executable().in_sharding(static_cast<int>(split_param));
+  const std::string name = f.model.store().paths()[split_param];
+  int64_t chunks = 0, distinct = 1;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir + "/state/" + name + "/c"))
+    chunks += e.is_regular_file();
+  for (size_t d = 0; d < f.model.store().types()[split_param].shape.size(); ++d)
+    distinct *= w.num_shards(static_cast<int>(d));
+  EXPECT_EQ(chunks, distinct) << name << " " << w.to_string();
+  if (strategy == ShardingStrategy::FSDP) EXPECT_GT(distinct, 1) << "no param of the FSDP plan is split";
   std::filesystem::remove_all(dir);
   const std::string what = std::string(strategy_name(strategy)) + " on " + split.to_string();
   for (int p = 0; p < 2; ++p) {
@@ -240,6 +271,7 @@ void check_two_processes(ShardingStrategy strategy) {
     EXPECT_EQ(r.shards, 2 * static_cast<int64_t>(r.param_positions.size())) << what;
     EXPECT_TRUE(has(r.remote_error, "lives in process " + std::to_string(1 - p))) << r.remote_error;
     EXPECT_TRUE(r.reloaded_same) << what << " process " << p << ": save and load changed the state";
+    EXPECT_EQ(r.save_load_collectives, 0) << what << " process " << p << ": save or load gathered";
     ASSERT_EQ(r.params.size(), want_params.size());
     for (size_t i = 0; i < want_params.size(); ++i)
       EXPECT_EQ(r.params[i].to_f32(), want_params[i].to_f32()) << what << " param " << i << " process " << p;

@@ -162,17 +162,21 @@ TEST(Recipes, FsdpGathersParamsAndReduceScattersGradients) {
   TrainState s = step.init(0);
   step.sharded_executable().reset_stats();
   step(s, f.batch(0));
-  int64_t sharded = 0, replicated = 0, lookup_only = 0;
+  int64_t sharded = 0, replicated = 0, lookup_only = 0, tied = 0;
   for (const auto& p : step.plan().params) {
     (p.spec.is_replicated() ? replicated : sharded) += p.type.nbytes();
     if (p.path == "pos_embed.table" && !p.spec.is_replicated()) lookup_only += p.type.nbytes();
+    if (p.path == "embed.table" && !p.spec.is_replicated()) tied += p.type.nbytes();
   }
+  ASSERT_GT(tied, 0);
   const CollectiveStats& st = step.sharded_executable().stats();
   // ZeRO-3: each sharded param gathered for the forward pass and again for the backward pass
   // (payload = the gathered param), except the position table, which only a lookup reads (its
-  // gradient is a scatter of the cotangents); each gradient reduce-scattered once (payload = the
-  // full gradient); replicated params' gradients all-reduced, plus scalars.
-  EXPECT_EQ(st.total(CollectiveKind::all_gather).payload_bytes, 8 * (2 * sharded - lookup_only))
+  // gradient is a scatter of the cotangents), and the tied embedding, gathered for the lookup,
+  // again for the head (not held through the forward pass) and again for the head's backward
+  // pass; each gradient reduce-scattered once (payload = the full gradient); replicated params'
+  // gradients all-reduced, plus scalars.
+  EXPECT_EQ(st.total(CollectiveKind::all_gather).payload_bytes, 8 * (2 * sharded - lookup_only + tied))
       << step.collectives_table();
   // GPT's tied embedding gradient has two summands (the lookup's scatter_add and the logits
   // matmul): they are added as partial sums and reduce-scattered once, like every other gradient.

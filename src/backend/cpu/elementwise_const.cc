@@ -7,33 +7,13 @@
 #include <memory>
 
 #include "backend/cpu/kernel.h"
+#include "backend/cpu/loops.h"
 
 namespace px::cpu {
 
 namespace {
 
 constexpr int64_t kChunk = 1 << 14;  // elements per parallel work unit
-
-// The bytes of `v` in dtype `d` (at most 4).
-uint32_t pattern_of(double v, DType d) {
-  uint32_t bits = 0;
-  switch (d) {
-    case DType::f32: {
-      float f = static_cast<float>(v);
-      std::memcpy(&bits, &f, 4);
-      break;
-    }
-    case DType::bf16: bits = f32_to_bf16(static_cast<float>(v)); break;
-    case DType::f16: bits = f32_to_f16(static_cast<float>(v)); break;
-    case DType::i32: {
-      double c = std::isnan(v) ? 0.0 : std::clamp(v, -2147483648.0, 2147483647.0);
-      bits = static_cast<uint32_t>(static_cast<int32_t>(c));
-      break;
-    }
-    case DType::boolean: bits = v != 0.0; break;
-  }
-  return bits;
-}
 
 // Fills n elements of size esize (1, 2 or 4 bytes) with the value whose bytes are at src.
 void fill(void* dst, const void* src, int64_t esize, int64_t n) {
@@ -52,7 +32,7 @@ void fill(void* dst, const void* src, int64_t esize, int64_t n) {
 
 Kernel make_full(const KernelSpec& s) {
   const TensorType& t = s.out.at(0);
-  uint32_t bits = pattern_of(s.attrs.f("value"), t.dtype);
+  uint32_t bits = element_bits(s.attrs.f("value"), t.dtype);
   int64_t esize = dtype_size(t.dtype), count = t.numel();
   return [=](const void* const*, void* const* out) {
     int64_t chunks = (count + kChunk - 1) / kChunk;
@@ -80,7 +60,7 @@ Kernel make_iota(const KernelSpec& s) {
   int64_t esize = dtype_size(t.dtype);
   // One precomputed value per position along the axis, in the target dtype.
   auto line = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) (*line)[i] = pattern_of(static_cast<double>(i), t.dtype);
+  for (int64_t i = 0; i < n; ++i) (*line)[i] = element_bits(static_cast<double>(i), t.dtype);
   return [=](const void* const*, void* const* out) {
     std::byte* o = static_cast<std::byte*>(out[0]);
     int64_t rows = outer * n;

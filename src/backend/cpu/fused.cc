@@ -11,6 +11,7 @@
 
 #include "backend/cpu/kernel.h"
 #include "ir/primitive.h"
+#include "ops/prims.h"
 
 namespace px::cpu {
 
@@ -193,7 +194,7 @@ Program build_program(const Graph& g, const FusedGroup& group) {
   };
   for (int ni : group.nodes) {
     const Node& n = g.nodes()[ni];
-    if (n.prim->name == "reshape") root_map[n.outputs.at(0)] = root(n.inputs.at(0));
+    if (n.prim == prims::reshape()) root_map[n.outputs.at(0)] = root(n.inputs.at(0));
   }
   std::unordered_map<int, int> last_read;
   for (size_t i = 0; i < group.nodes.size(); ++i)
@@ -244,7 +245,7 @@ Program build_program(const Graph& g, const FusedGroup& group) {
     if (out_t.numel() != p.count) throw Error("[fused] group mixes element counts");
     auto eo = ext_out_index.find(out);
 
-    if (n.prim->name == "reshape") {
+    if (n.prim == prims::reshape()) {
       int slot = operand_slot(n.inputs.at(0), n.prim->name);
       slot_of[out] = slot;
       if (eo != ext_out_index.end()) {
@@ -257,7 +258,7 @@ Program build_program(const Graph& g, const FusedGroup& group) {
       continue;  // nothing to free: the operand's root lives on under the new name
     }
     Op op{Op::compute};
-    if (n.prim->name == "broadcast_in_dim") {
+    if (n.prim == prims::broadcast_in_dim()) {
       auto e = ext_in_index.find(n.inputs.at(0));
       if (e == ext_in_index.end()) throw Error("[fused] broadcast_in_dim of a value computed in the group");
       op.kind = Op::broadcast;

@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "backend/cpu/kernel.h"
+#include "backend/cpu/loops.h"
 
 namespace px::cpu {
 
@@ -28,18 +29,7 @@ constexpr int64_t kFewUnits = 64;         // below this many work units, split t
 
 template <class F>
 void parallel_items(int64_t n, int64_t work_total, F&& f) {
-  if (n <= 0) return;
-  int64_t chunks = std::min<int64_t>({num_threads(), n, std::max<int64_t>(1, work_total / (1 << 14))});
-  if (chunks <= 1) {
-    f(int64_t{0}, n);
-    return;
-  }
-#pragma omp parallel num_threads(static_cast <int>(chunks))
-  {
-    int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    int64_t b = n * t / nt, e = n * (t + 1) / nt;
-    if (b < e) f(b, e);
-  }
+  parallel_ranges(n, work_total, int64_t{1} << 14, f);
 }
 
 // ---- element sources ----------------------------------------------------------------------------

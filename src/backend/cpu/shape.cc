@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "backend/cpu/kernel.h"
+#include "backend/cpu/loops.h"
 
 namespace px::cpu {
 
@@ -29,18 +30,7 @@ Ints row_major_strides(const Shape& s) {
 // work (bytes moved) makes threads worth waking.
 template <class F>
 void parallel_ranges(int64_t n, int64_t bytes_total, F&& f) {
-  if (n <= 0) return;
-  int64_t chunks = std::min<int64_t>({num_threads(), n, std::max<int64_t>(1, bytes_total / kMinBytesPerThread)});
-  if (chunks <= 1) {
-    f(int64_t{0}, n);
-    return;
-  }
-#pragma omp parallel num_threads(static_cast <int>(chunks))
-  {
-    int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    int64_t b = n * t / nt, e = n * (t + 1) / nt;
-    if (b < e) f(b, e);
-  }
+  cpu::parallel_ranges(n, bytes_total, kMinBytesPerThread, f);
 }
 
 void parallel_memcpy(void* dst, const void* src, int64_t bytes) {
@@ -373,31 +363,6 @@ Kernel make_slice(const KernelSpec& spec) {
   return [cp](const void* const* in, void* const* out) { run_copy(cp, in[0], out[0]); };
 }
 
-// The pad value as the bytes of one element of dtype d.
-uint32_t fill_pattern(double v, DType d) {
-  uint32_t bits = 0;
-  switch (d) {
-    case DType::f32: {
-      float f = static_cast<float>(v);
-      std::memcpy(&bits, &f, 4);
-      break;
-    }
-    case DType::bf16:
-      bits = f32_to_bf16(static_cast<float>(v));
-      break;
-    case DType::f16:
-      bits = f32_to_f16(static_cast<float>(v));
-      break;
-    case DType::i32:
-      bits = static_cast<uint32_t>(static_cast<int32_t>(v));
-      break;
-    case DType::boolean:
-      bits = v != 0.0;
-      break;
-  }
-  return bits;
-}
-
 template <class T>
 void fill(T* dst, int64_t n, T v) {
   parallel_ranges(n, n * static_cast<int64_t>(sizeof(T)),
@@ -432,7 +397,7 @@ Kernel make_pad(const KernelSpec& spec) {
   }
   int64_t esize = dtype_size(t.dtype);
   CopyPlan cp = make_copy_plan(t.shape, row_major_strides(t.shape), dst, 0, off, esize);
-  uint32_t bits = fill_pattern(spec.attrs.f("value", 0.0), t.dtype);
+  uint32_t bits = element_bits(spec.attrs.f("value", 0.0), t.dtype);
   int64_t out_n = spec.out[0].numel();
   bool needs_fill = out_n > t.numel();
   return [cp, bits, out_n, esize, needs_fill](const void* const* in, void* const* out) {

@@ -108,15 +108,6 @@ std::string StepCost::to_string() const {
 
 namespace {
 
-CollectiveKind kind_of(const std::string& prim) {
-  if (prim == "all_reduce") return CollectiveKind::all_reduce;
-  if (prim == "all_gather") return CollectiveKind::all_gather;
-  if (prim == "reduce_scatter") return CollectiveKind::reduce_scatter;
-  if (prim == "all_to_all") return CollectiveKind::all_to_all;
-  if (prim == "collective_permute") return CollectiveKind::permute;
-  throw Error("[cost] no cost model for the collective '" + prim + "'");
-}
-
 // The slowest link among the axes a collective runs over (a ring over them crosses each).
 Link group_link(const Mesh& mesh, const std::vector<std::string>& axes) {
   Link l{0, 0};
@@ -206,13 +197,13 @@ StepCost cost_program(const SpmdProgram& program, const Cluster& cluster, const 
   for (size_t c = 0; c < plan.collectives.size(); ++c) {
     const CollectiveOp& op = plan.collectives[c];
     const Node& n = g.nodes()[node_of[c]];
-    if (op.kind == "transfer") {  // offload: a copy between device and pinned host memory
+    if (op.transfer) {  // offload: a copy between device and pinned host memory
       const double bw = dev.host_link_bandwidth > 0 ? dev.host_link_bandwidth : dev.memory_bandwidth;
       coll_s[c] = static_cast<double>(numel(op.in_shape) * dtype_size(op.dtype)) / bw;
       out.transfer_s += coll_s[c];
       continue;
     }
-    const CollectiveKind k = kind_of(op.kind);
+    const CollectiveKind k = op.kind;
     const int64_t es = dtype_size(op.dtype);
     const int64_t count = numel(op.in_shape);
     StepCost::Comm& e = out.collectives[static_cast<int>(k)];
@@ -251,7 +242,7 @@ StepCost cost_program(const SpmdProgram& program, const Cluster& cluster, const 
       double s = unit_seconds(g, unit, dev, out);
       out.compute_s += s;
       t += s;
-    } else if (unit.kind == Unit::Kind::collective_start && plan.collectives[c].kind == "transfer") {
+    } else if (unit.kind == Unit::Kind::collective_start && plan.collectives[c].transfer) {
       done[c] = copy_free = std::max(t, copy_free) + coll_s[c];  // the copy engine, one copy at a time
     } else if (unit.kind == Unit::Kind::collective_start) {
       if (cluster.overlap_collectives) {

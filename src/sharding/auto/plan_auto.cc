@@ -34,6 +34,7 @@ autoshard::Model autoshard::model_of(std::shared_ptr<const StepProgram> program,
     ShardingDecision d = decide_train_step(*program, plan, specs, batch_types, bucket_bytes_for(plan, sharding));
     SpmdProgram local = partition(*program->graph, d, program->categories);
     CompileOptions c = compile;
+    c.one_forward_pass = program->micro.size() <= 1;
     offload_local(local, *program, offload, c);
     return cost_program(local, cluster, c);
   };

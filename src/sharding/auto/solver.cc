@@ -28,6 +28,7 @@
 #include "core/log.h"
 #include "ir/primitive.h"
 #include "sharding/recipes/tp.h"
+#include "ops/prims.h"
 
 namespace px::autoshard {
 namespace {
@@ -153,7 +154,7 @@ class Search {
     // Sequence parallelism: the values between blocks (tagged layer_input) split over the sequence
     // on the tensor-parallel axis, a decision without params.
     for (const Node& n : p.forward->nodes())
-      if (n.prim->name == "tag" && n.attrs.s("name") == "layer_input" && p.forward->type(n.outputs[0]).rank() == 3) {
+      if (n.prim == prims::tag() && n.attrs.s("name") == "layer_input" && p.forward->type(n.outputs[0]).rank() == 3) {
         Unit s;
         s.sequence = true;
         s.layered = true;

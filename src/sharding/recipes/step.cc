@@ -22,6 +22,7 @@
 #include "sharding/auto/solver.h"
 #include "sharding/groups.h"
 #include "sharding/recipes/step.h"
+#include "ops/prims.h"
 
 namespace px {
 namespace {
@@ -140,9 +141,10 @@ void sequence_parallel_gathers(const StepProgram& p, const ShardingPlan& plan,
   // gradient reads the output gradient gathered over the sequence, so that each device adds into
   // its own rows instead of into a whole table that is then reduce-scattered.
   std::set<int> lookup_indices;
-  for (int n = 0; n < p.forward_end; ++n) {
+  for (int n = 0; n < p.backward_end(); ++n) {
+    if (!p.is_forward(n)) continue;
     const Node& node = g.nodes()[n];
-    if (node.prim->name != "take" || node.inputs.size() != 2) continue;
+    if (node.prim != prims::take() || node.inputs.size() != 2) continue;
     auto it = param_of.find(node.inputs[0]);
     if (it == param_of.end() || !on_sp_axis(plan.params[it->second].spec[0]) ||
         g.type(node.outputs[0]).rank() != rank)
@@ -150,16 +152,18 @@ void sequence_parallel_gathers(const StepProgram& p, const ShardingPlan& plan,
     out.push_back({node.outputs[0], *whole, -1, -1, false});
     lookup_indices.insert(node.inputs[1]);
   }
-  for (int n = p.forward_end; n < p.backward_end; ++n) {
+  for (int n = 0; n < p.backward_end(); ++n) {
+    if (p.is_forward(n)) continue;
     const Node& node = g.nodes()[n];
-    if (node.prim->name == "scatter_add" && node.inputs.size() == 2 && lookup_indices.count(node.inputs[0]) &&
+    if (node.prim == prims::scatter_add() && node.inputs.size() == 2 && lookup_indices.count(node.inputs[0]) &&
         g.type(node.inputs[1]).rank() == rank)
       out.push_back({node.inputs[1], *whole, n, n + 1, false});
   }
   std::set<std::pair<int, bool>> done;  // (activation, in the backward pass)
-  for (int n = 0; n < p.backward_end; ++n) {
+  for (int n = 0, k = 0; n < p.backward_end(); ++n) {
+    while (n >= p.micro[k].backward_end) ++k;  // the microbatch of node n
     const Node& node = g.nodes()[n];
-    if (node.prim->name != "dot_general" || node.inputs.size() != 2) continue;
+    if (node.prim != prims::dot_general() || node.inputs.size() != 2) continue;
     for (int side = 0; side < 2; ++side) {
       auto it = param_of.find(node.inputs[side]);
       int act = node.inputs[1 - side];
@@ -181,9 +185,9 @@ void sequence_parallel_gathers(const StepProgram& p, const ShardingPlan& plan,
       }
       PartitionSpec read(std::move(dims));
       for (bool backward : {false, true}) {
-        if (backward < (n >= p.forward_end) || !done.insert({act, backward}).second) continue;
-        if (backward) out.push_back({act, read, p.forward_end, p.backward_end, true});
-        else out.push_back({act, read, 0, p.forward_end, false});
+        if (backward < !p.is_forward(n) || !done.insert({act, backward}).second) continue;
+        if (backward) out.push_back({act, read, p.micro[k].forward_end, p.micro[k].backward_end, true});
+        else out.push_back({act, read, p.begin(k), p.micro[k].forward_end, false});
       }
     }
   }
@@ -207,24 +211,46 @@ ShardingDecision decide_train_step(const StepProgram& p, const ShardingPlan& pla
   for (const auto& s : state_specs) d.outputs.push_back(Sharding(mesh, s));
   const Graph& g = *p.graph;
   for (size_t i = 0; i < plan.params.size(); ++i) {
-    // FSDP: a param split over the batch axes is gathered for the forward pass and gathered again
-    // for the backward pass (ZeRO-3: the first gather is freed after its last forward use).
+    // FSDP: a param split over the batch axes is gathered once per cluster of nearby readers in
+    // each pass and freed after the cluster (ZeRO-3): a layer's weights for its forward pass and
+    // again for its backward pass, the tied embedding for the lookup, again for the head, and again
+    // for the head's backward pass. With microbatches, each microbatch's passes gather their own.
     PartitionSpec use = use_spec(plan.params[i].spec, plan.batch_axes);
-    if (use != plan.params[i].spec) {
-      int v = g.inputs()[i];
-      d.constraints.push_back({v, use, 0, p.forward_end, false});
-      d.constraints.push_back({v, use, p.forward_end, p.backward_end, true});
+    const bool split = use != plan.params[i].spec;
+    if (split) {
+      const int v = g.inputs()[i];
+      bool first = true;
+      for (size_t k = 0; k < p.micro.size(); ++k) {
+        for (auto [lo, hi] : {std::pair{p.begin(k), p.micro[k].forward_end},
+                              std::pair{p.micro[k].forward_end, p.micro[k].backward_end}}) {
+          std::vector<int> readers;
+          for (int n = lo; n < hi; ++n)
+            if (std::count(g.nodes()[n].inputs.begin(), g.nodes()[n].inputs.end(), v)) readers.push_back(n);
+          for (size_t r = 0; r < readers.size();) {
+            size_t e = r + 1;
+            while (e < readers.size() && readers[e] - readers[e - 1] <= memory_pass::kFetchReuseNodes) ++e;
+            d.constraints.push_back({v, use, readers[r], readers[e - 1] + 1, !first});
+            first = false;
+            r = e;
+          }
+        }
+      }
     }
     // Each gradient pinned to its param's layout: one all-reduce (replicated) or reduce-scatter
-    // (FSDP), shared by the norm and the update.
+    // (FSDP), shared by the norm and the update. With microbatches, a gradient that its reduction
+    // splits (FSDP) is reduce-scattered per microbatch and summed in shards; the others are summed
+    // whole, as partial sums, and reduced once.
+    if (split && p.micro.size() > 1)
+      for (const StepProgram::Microbatch& m : p.micro)
+        d.constraints.push_back({m.grads[i], plan.params[i].spec, -1, -1, false});
     d.constraints.push_back({p.grads[i], plan.params[i].spec, -1, -1, false});
   }
   // Tagged forward values with a required layout (e.g. sequence parallelism between blocks).
   std::vector<std::pair<const PathRule*, int>> matched;  // rule, the tagged value's rank
   if (!plan.activations.empty())
-    for (int n = 0; n < p.forward_end; ++n) {
+    for (int n = 0; n < p.backward_end(); ++n) {
       const Node& node = g.nodes()[n];
-      if (node.prim->name != "tag") continue;
+      if (!p.is_forward(n) || node.prim != prims::tag()) continue;
       const std::string& name = node.attrs.s("name");
       for (const auto& r : plan.activations)
         if (glob_match(r.pattern, name)) {
@@ -401,6 +427,12 @@ std::vector<Array> ShardedFunction::operator()(std::vector<Array>& params, std::
       throw UserError("[jit] argument " + std::to_string(i) + " ('" + names_[i] +
                       "') has no data: it was donated to an earlier call (ForwardOptions::donate), which released "
                       "it; pass the array that call returned instead");
+  for (int i : donate_)
+    if (static_cast<size_t>(i) < in.size() && in[i].read_only())
+      throw UserError("[jit] argument " + std::to_string(i) + " ('" + names_[i] +
+                      "') is donated (ForwardOptions::donate) but is read-only memory adopted from another library "
+                      "(Array::adopt): the program would write its result into it; pass a writable copy "
+                      "(Array::clone)");
   std::vector<Array> out = run(in, !donate_.empty());
   // Released: the donated buffers now hold outputs.
   for (int i : donate_) {

@@ -22,8 +22,8 @@ struct DecidedStep {
 };
 
 // The recipe's decision for a traced training step: inputs laid out by the plan (optimizer state
-// as its param, the batch over the batch axes), FSDP params gathered for the forward and again for
-// the backward pass, every gradient pinned to its param's layout, DDP buckets.
+// as its param, the batch over the batch axes), FSDP params gathered per cluster of nearby readers
+// in the forward and again in the backward pass, every gradient pinned to its param's layout, DDP buckets.
 ShardingDecision decide_train_step(const StepProgram& program, const ShardingPlan& plan,
                                    const std::vector<PartitionSpec>& state_specs,
                                    const std::vector<TensorType>& batch_types, int64_t bucket_bytes);

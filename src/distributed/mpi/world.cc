@@ -13,7 +13,7 @@
 #include <fmt/format.h>
 
 #include "core/env.h"
-#include "distributed/mpi.h"
+#include "distributed/mpi/mpi.h"
 #include "parallax/distributed.h"
 
 #ifndef PX_VERSION

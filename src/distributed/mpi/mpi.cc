@@ -2,7 +2,7 @@
 // bytes each process needs with point-to-point messages; the caller computes its outputs from
 // everyone's inputs at wait(), with the in-process memory operations, so results are bitwise the
 // in-process ones.
-#include "distributed/mpi.h"
+#include "distributed/mpi/mpi.h"
 
 #include <mpi.h>
 

@@ -1,0 +1,95 @@
+// Pipeline schedules: which forward and backward pass of which microbatch each device of a pipeline
+// runs, in what order. A schedule is data: it can be printed, checked and simulated (unit costs give
+// its bubble and the activations each device holds) before any program is compiled for it.
+//
+//   px::pipeline::Schedule s = px::pipeline::make_schedule(px::pipeline::Kind::one_f_one_b, 4, 8);
+//   std::cout << s.to_string();                    // one line per device: F0 F1 F2 F3 B0 F4 B1 ...
+//   px::pipeline::Simulation r = px::pipeline::simulate(s);
+//   r.bubble;                                      // idle fraction, (S-1)/(M+S-1) for 1F1B
+//
+// Stages: with D devices and V virtual stages per device (interleaved schedules) the model is cut
+// into S = D * V stages; device d holds stages d, d + D, d + 2D, ... (the looped placement of
+// Megatron-LM's interleaved 1F1B and of Pax's circular pipeline). Without interleaving, device d
+// holds stage d.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace px::pipeline {
+
+enum class Kind {
+  gpipe,        // every forward, then every backward: holds all M microbatches' activations
+  one_f_one_b,  // 1F1B (PipeDream-flush): warm up, then one forward and one backward in turn
+  interleaved,  // interleaved 1F1B: V stages per device, a smaller bubble for more messages
+  zero_bubble,  // ZB-H1: the backward split into its input-gradient (I) and weight-gradient (W)
+                // parts, the W parts deferred into the bubbles; no device holds more microbatches
+                // than 1F1B's first (D), later devices hold more than under 1F1B
+};
+const char* kind_name(Kind k);
+Kind parse_kind(const std::string& name);  // "gpipe", "1f1b", "interleaved", "zero_bubble"; throws px::UserError
+
+enum class Op : uint8_t {
+  forward,          // F: the stage's forward pass of a microbatch
+  backward,         // B: its whole backward pass (input and weight gradients)
+  backward_input,   // I: the input gradient only (what the previous stage waits for)
+  backward_weight,  // W: the weight gradient only (nobody waits for it)
+};
+
+struct Action {
+  Op op;
+  int microbatch;
+  int stage;  // 0 .. S-1, over the whole pipeline
+  bool operator==(const Action&) const = default;
+};
+
+struct Schedule {
+  Kind kind = Kind::one_f_one_b;
+  int devices = 1;
+  int virtual_stages = 1;  // per device
+  int microbatches = 1;
+  std::vector<std::vector<Action>> per_device;  // what each device runs, in order
+
+  int stages() const { return devices * virtual_stages; }
+  int device_of(int stage) const { return stage % devices; }
+  // One line per device, e.g. "device 0: F0 F1 B0 F2 B1 B2"; with V > 1 or to name stages,
+  // actions read "F3.s4" (microbatch 3 of stage 4); I and W for the split backward.
+  std::string to_string() const;
+};
+
+// Builds a schedule; throws px::UserError naming the problem for devices < 1, microbatches < 1,
+// virtual_stages < 1, virtual_stages > 1 with a kind other than interleaved, and interleaved with
+// microbatches not a multiple of devices.
+Schedule make_schedule(Kind kind, int devices, int microbatches, int virtual_stages = 1);
+
+// The time of each action in units (the same for every stage), and of one point-to-point message
+// between neighbouring stages on different devices.
+struct Costs {
+  double forward = 1.0;
+  double backward_input = 1.0;   // B = I + W
+  double backward_weight = 1.0;
+  double message = 0.0;
+};
+
+struct Simulation {
+  double makespan = 0;
+  std::vector<double> busy;               // per device: time spent running actions
+  double bubble = 0;                      // idle fraction: 1 - sum(busy) / (devices * makespan)
+  std::vector<int> peak_activations;      // per device: most microbatch-stages whose forward has run
+                                          // and whose backward (B, or W when split) has not
+  std::vector<std::vector<double>> start;  // per device, per action: when it starts
+};
+
+// Runs the schedule on the costs, each device in its order, each action as soon as what it needs
+// is done: F(m, s) needs F(m, s-1); B or I of (m, s) needs F(m, s) and the input gradient of
+// (m, s+1); W(m, s) needs I(m, s). Throws px::Error when the schedule is not a valid one: an
+// action missing or repeated, or an order that deadlocks (naming each device's next action).
+Simulation simulate(const Schedule& s, const Costs& costs = {});
+
+// The bubble (idle fraction) the schedule kind has in theory with the given costs:
+// (S-1)/(M+S-1) for GPipe and 1F1B, (D-1)/(V*M+D-1) interleaved, and for ZB-H1
+// (D-1)(F+I-W) / (M(F+I+W) + (D-1)(F+I-W)).
+double bubble_theory(Kind kind, int devices, int microbatches, int virtual_stages = 1, const Costs& costs = {});
+
+}  // namespace px::pipeline

@@ -1,0 +1,98 @@
+// The passes that compile a local program, each in its own file, run in this order by plan_impl
+// (runtime/executable.cc), which is the one place that lists them:
+//
+//   simplify          autocast, gather narrowing, CSE, DCE                    simplify.cc
+//   value_facts       memory kind, category and layer of every value          value_facts.cc
+//   order             updates as gradients complete                           order.cc
+//   schedule          units: kernels, fused groups, views, collective events  schedule.cc
+//   lower_collectives collective ops, packing scratch, transfers              lower_collectives.cc
+//   donate            which outputs are written into donated inputs           donation.cc
+//   plan_arenas       one buffer plan per memory kind                         plan.cc
+//   memory_report     per-device bytes by category and layer, the floor       memory_report.cc
+//   check_limits      the memory limits, with what is live at the peak        memory_report.cc
+//
+// Internal to the runtime: the sharding layer reaches them through plan_program (runtime/program.h).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallax/runtime.h"
+#include "runtime/collectives.h"
+#include "runtime/plan.h"
+#include "runtime/schedule.h"
+
+namespace px {
+
+// The graph compile runs, and per value of the source graph its value there (-1: dropped).
+struct Simplified {
+  std::unique_ptr<Graph> graph;
+  std::vector<int> value_of;
+};
+Simplified simplify(const Graph& src, const CompileOptions& opt);
+
+// What is known of each value of the simplified graph: CompileOptions' per-value tables (given for
+// the source graph) carried over, and memory kinds propagated: a transfer's target, else host when
+// every operand lives on the host.
+struct ValueFacts {
+  std::vector<MemoryKind> kind;
+  std::vector<MemoryCategory> category;
+  std::vector<std::string> layer;  // "" when no layer is known
+};
+ValueFacts value_facts(const Graph& src, const Graph& g, const std::vector<int>& value_of, const CompileOptions& opt);
+
+// The buffers of a scheduled program: ids [0, values) are values, stored at their root (a view
+// shares its operand's storage), then the collectives' packing scratch.
+struct ProgramBuffers {
+  std::vector<int> root;  // per value
+  std::vector<int64_t> bytes;
+  std::vector<MemoryCategory> category;
+  std::vector<MemoryKind> kind;
+};
+ProgramBuffers value_buffers(const Graph& g, const std::vector<Unit>& units, const ValueFacts& facts);
+
+// Collective events of the schedule as ops the communicator runs; copies between memory kinds
+// ("transfer") run on the backend's copy stream. Adds each op's packing scratch to `buffers`.
+struct LoweredCollectives {
+  std::vector<CollectiveOp> ops;                // in order of first start
+  std::vector<int> of_unit;                     // per unit: the op it starts or waits, else -1
+  std::vector<std::vector<int>> scratch_of;     // per op: its scratch buffer ids
+  int64_t transfer_bytes = 0;                   // bytes copied between memory kinds per run
+};
+LoweredCollectives lower_collectives(const Graph& g, const std::vector<Unit>& units,
+                                     const std::function<CollectiveGroups(const Node&)>& groups, ProgramBuffers& buffers);
+
+// Output o is written into input output_donor[o]'s array (-1: not donated); in place when that
+// input's last reader runs before the writer, else computed into the arena and copied at the end.
+struct Donation {
+  std::vector<int> output_donor;
+  std::vector<char> copy_at_end;
+};
+Donation donate(const Graph& g, const std::vector<Unit>& units, const ProgramBuffers& buffers,
+                const std::vector<int>& output_donors);
+
+// One arena per memory kind over the units; `external` buffers live in caller memory.
+struct ArenaPlans {
+  std::vector<PlanStep> steps;  // per unit: the buffers it reads and writes
+  std::vector<char> external_to_device;
+  std::vector<int> live_to_end;
+  BufferPlan device, host;
+};
+ArenaPlans plan_arenas(const Graph& g, const std::vector<Unit>& units, const ProgramBuffers& buffers,
+                       const LoweredCollectives& colls, const std::vector<char>& external);
+
+// The per-device memory report: caller arrays by category, the arenas' buffers live at the peak,
+// the largest users by category and layer, and the floor (with `one_forward_pass`, a training
+// step's backward pass and update count as running after its one forward pass).
+MemoryReport memory_report(const Graph& g, const std::vector<Unit>& units, const ProgramBuffers& buffers,
+                           const LoweredCollectives& colls, const Donation& donation, const ArenaPlans& plans,
+                           const ValueFacts& facts, bool one_forward_pass);
+
+// Throws px::UserError when the report is over opt's device or host limit, naming what is live at
+// the peak and what would help.
+void check_limits(const MemoryReport& report, const CompileOptions& opt, const Graph& g, const ProgramBuffers& buffers,
+                  const ArenaPlans& plans, const ValueFacts& facts);
+
+}  // namespace px
