@@ -33,28 +33,37 @@ ShardingOptions auto_options(const std::string& cluster) {
   return o;
 }
 
+std::string compute_bound_cluster();
+
 // 3 AdamW steps with AUTO's plan equal the unsharded run, and every param's reason says AUTO
-// decided it. On the cpu cluster (devices share the host's rates) splitting is predicted to pay
-// and the plan must split something; on GPU presets a tiny model is bound by kernel launches and
-// AUTO may rightly keep it whole on every device (no collective at all).
-void check_auto(const Reference& ref, const Mesh& mesh, const std::string& cluster) {
+// decided it. On a compute-bound cluster file splitting is predicted to pay and the plan must
+// split something. On the machine's calibrated `cpu` cluster and on GPU presets whether it pays
+// for a tiny model depends on the measured rates (a fast host beside slow in-process collectives
+// rightly keeps it whole, like DDP), so only equality is asserted there.
+void check_auto(const Reference& ref, const Mesh& mesh, const std::string& cluster, bool must_split = false) {
   ShardingPlan plan = check_sharded(ref, mesh, ShardingStrategy::AUTO, auto_options(cluster));
   EXPECT_EQ(plan.strategy, ShardingStrategy::AUTO);
-  if (cluster == "cpu") EXPECT_GE(count_split(plan), 1) << plan.table() << plan.explanation;
+  if (must_split) EXPECT_GE(count_split(plan), 1) << plan.table() << plan.explanation;
   for (const auto& p : plan.params) EXPECT_EQ(p.reason.rfind("auto", 0), 0u) << p.path << ": " << p.reason;
   EXPECT_NE(plan.explanation.find("why: "), std::string::npos) << plan.explanation;
 }
 
 TEST(AutoSharding, TinyGptTrainsLikeOneDevice) {
   Reference ref = run_reference(nn::gpt2_tiny(), 3);
+  const std::string cluster = compute_bound_cluster();
+  check_auto(ref, Mesh::cpu({{"data", 4}}), cluster, /*must_split=*/true);
   check_auto(ref, Mesh::cpu({{"data", 4}}), "cpu");
   check_auto(ref, Mesh::cpu({{"data", 2}, {"model", 2}}), "h100x8");
+  std::filesystem::remove(cluster);
 }
 
 TEST(AutoSharding, TinyLlamaTrainsLikeOneDevice) {
   Reference ref = run_reference(nn::llama_tiny(), 3);
+  const std::string cluster = compute_bound_cluster();
+  check_auto(ref, Mesh::cpu({{"data", 2}, {"model", 2}}), cluster, /*must_split=*/true);
   check_auto(ref, Mesh::cpu({{"data", 2}, {"model", 2}}), "cpu");
   check_auto(ref, Mesh::cpu({{"data", 4}}), "h200x8");
+  std::filesystem::remove(cluster);
 }
 
 TEST(AutoSharding, MicroModelsOnThreeAxesTrainLikeOneDevice) {
