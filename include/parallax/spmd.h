@@ -25,7 +25,10 @@ class Communicator;
 
 // One collective inserted by the partitioner, for inspection and tests.
 struct CollectiveRecord {
-  std::string kind;               // "all_reduce", "all_gather", ... or "local_slice"
+  // The collective, or none for a local slice (a replicated value cut to this device's part: no
+  // communication).
+  std::optional<CollectiveKind> kind;
+  bool local_slice() const { return !kind; }
   std::vector<std::string> axes;  // mesh axes of the group
   TensorType operand;             // local type of the operand
   TensorType result;              // local type of the result

@@ -61,11 +61,11 @@ Tensor CollectiveEmitter::local_slice(const Tensor& x, const std::vector<std::st
 
 std::string CollectiveRecord::to_string() const {
   std::ostringstream os;
-  os << kind;
+  os << (kind ? collective_name(*kind) : "local_slice");
   if (!reduce.empty()) os << "(" << reduce << ")";
   os << " over ";
   for (size_t i = 0; i < axes.size(); ++i) os << (i ? "," : "") << "'" << axes[i] << "'";
-  if (kind == "all_to_all")
+  if (kind == CollectiveKind::all_to_all)
     os << " split " << dim << " concat " << concat_dim;
   else if (dim >= 0)
     os << " dim " << dim;

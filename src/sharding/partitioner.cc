@@ -165,14 +165,14 @@ class Partitioner {
         bool all_partial = true;
         for (int a : extra) all_partial = all_partial && std::count(partial.begin(), partial.end(), a);
         if (!all_partial || t.shape()[d] % shards_of(mesh_, extra) != 0) continue;
-        t = record("reduce_scatter", extra, t, static_cast<int>(d), -1, cur.reduce, why,
+        t = record(CollectiveKind::reduce_scatter, extra, t, static_cast<int>(d), -1, cur.reduce, why,
                    [&] { return em_.reduce_scatter(t, axis_names(mesh_, extra), static_cast<int>(d), cur.reduce); });
         c[d] = want[d];
         for (int a : extra) partial.erase(std::find(partial.begin(), partial.end(), a));
         break;
       }
       if (!partial.empty())
-        t = record("all_reduce", partial, t, -1, -1, cur.reduce, why,
+        t = record(CollectiveKind::all_reduce, partial, t, -1, -1, cur.reduce, why,
                    [&] { return em_.all_reduce(t, axis_names(mesh_, partial), cur.reduce); });
     }
     // Move an axis from one dim to another with an all-to-all.
@@ -184,7 +184,7 @@ class Partitioner {
         for (size_t d2 = 0; d2 < c.size() && !moved; ++d2) {
           if (d2 == d1 || !is_prefix(c[d2], want[d2]) || want[d2].size() <= c[d2].size() || want[d2][c[d2].size()] != x)
             continue;
-          t = record("all_to_all", {x}, t, static_cast<int>(d2), static_cast<int>(d1), "", why, [&] {
+          t = record(CollectiveKind::all_to_all, {x}, t, static_cast<int>(d2), static_cast<int>(d1), "", why, [&] {
             return em_.all_to_all(t, axis_names(mesh_, {x}), static_cast<int>(d2), static_cast<int>(d1));
           });
           c[d1].pop_back();
@@ -199,14 +199,14 @@ class Partitioner {
       while (common < c[d].size() && common < want[d].size() && c[d][common] == want[d][common]) ++common;
       if (common == c[d].size()) continue;
       std::vector<int> extra(c[d].begin() + common, c[d].end());
-      t = record("all_gather", extra, t, static_cast<int>(d), -1, "", why,
+      t = record(CollectiveKind::all_gather, extra, t, static_cast<int>(d), -1, "", why,
                  [&] { return em_.all_gather(t, axis_names(mesh_, extra), static_cast<int>(d)); });
       c[d].resize(common);
     }
     for (size_t d = 0; d < c.size(); ++d) {
       if (c[d].size() == want[d].size()) continue;
       std::vector<int> extra(want[d].begin() + c[d].size(), want[d].end());
-      t = record("local_slice", extra, t, static_cast<int>(d), -1, "", why,
+      t = record(std::nullopt, extra, t, static_cast<int>(d), -1, "", why,
                  [&] { return em_.local_slice(t, axis_names(mesh_, extra), static_cast<int>(d)); });
       c[d] = want[d];
     }
@@ -216,7 +216,7 @@ class Partitioner {
 
  private:
   // Emits one collective (nothing over a group of one device) and records it.
-  Tensor record(const std::string& kind, const std::vector<int>& axes, const Tensor& in, int dim, int concat_dim,
+  Tensor record(std::optional<CollectiveKind> kind, const std::vector<int>& axes, const Tensor& in, int dim, int concat_dim,
                 const std::string& reduce, const std::string& why, const std::function<Tensor()>& emit) {
     if (shards_of(mesh_, axes) == 1) return in;
     Tensor out = emit();
@@ -246,7 +246,7 @@ class Partitioner {
     Tensor line = emit1(
         "iota", {}, Attrs{{"shape", std::vector<int64_t>{t.shape[axis]}}, {"axis", int64_t{0}}, {"dtype", t.dtype}});
     if (!spec[axis].empty())
-      line = record("local_slice", spec[axis], line, 0, -1, "", reason_ + " (sharded iota)",
+      line = record(std::nullopt, spec[axis], line, 0, -1, "", reason_ + " (sharded iota)",
                     [&] { return em_.local_slice(line, axis_names(mesh_, spec[axis]), 0); });
     Tensor out = t.rank() == 1 ? line
                                : emit1("broadcast_in_dim", {line},
@@ -259,7 +259,7 @@ class Partitioner {
     std::vector<int64_t> sizes;
     for (const MeshAxis& a : mesh_.axes()) sizes.push_back(a.size);
     return {local_, std::move(sizes), em_.coords(), [this](const Tensor& x, const std::vector<int>& axes, const std::string& op) {
-              return record("all_reduce", axes, x, -1, -1, op, reason_,
+              return record(CollectiveKind::all_reduce, axes, x, -1, -1, op, reason_,
                             [&] { return em_.all_reduce(x, axis_names(mesh_, axes), op); });
             }};
   }

@@ -326,12 +326,12 @@ std::string Step::collectives_table() const {
   };
   std::map<std::string, Row> planned;
   for (const CollectiveRecord& c : c_.exe->program().collectives) {
-    if (c.kind == "local_slice") continue;
-    std::string key = c.kind;
+    if (c.local_slice()) continue;
+    std::string key = collective_name(*c.kind);
     for (size_t i = 0; i < c.axes.size(); ++i) key += (i ? "," : " over ") + c.axes[i];
     Row& r = planned[key];
     ++r.count;
-    const TensorType& t = c.kind == "all_gather" ? c.result : c.operand;
+    const TensorType& t = c.kind == CollectiveKind::all_gather ? c.result : c.operand;
     r.bytes += numel(t.shape) * dtype_size(t.dtype);
   }
   os << "planned collectives per step (payload bytes per device):\n";

@@ -114,9 +114,9 @@ TEST(Partitioner, DataParallelGradientsAreAllReducedOnce) {
   auto p = part(step, {f32({16, 8}), f32({8, 4})}, kMesh, {{"data"}, {}});
   int weight_reduces = 0, other = 0;
   for (auto& c : p.collectives) {
-    if (c.kind == "all_reduce" && c.axes == std::vector<std::string>{"data"} && c.operand == f32({8, 4}))
+    if (c.kind == CollectiveKind::all_reduce && c.axes == std::vector<std::string>{"data"} && c.operand == f32({8, 4}))
       ++weight_reduces;
-    else if (!(c.kind == "all_reduce" && c.operand.numel() == 1))
+    else if (!(c.kind == CollectiveKind::all_reduce && c.operand.numel() == 1))
       ++other;
   }
   EXPECT_EQ(weight_reduces, 1) << p.summary();

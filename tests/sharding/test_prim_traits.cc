@@ -148,7 +148,7 @@ TEST(PrimTraits, ASplitReductionCombinesAsThePrimitiveDeclares) {
   // No declared way to combine partial results: the reduced dim is gathered first instead.
   SpmdProgram plain = reduce_cols("test_rowplain");
   ASSERT_EQ(plain.collectives.size(), 1u) << plain.summary();
-  EXPECT_EQ(plain.collectives[0].kind, "all_gather");
+  EXPECT_EQ(plain.collectives[0].kind, CollectiveKind::all_gather);
   EXPECT_EQ(plain.collectives[0].dim, 1);
   EXPECT_EQ(plain.local->type(plain.local->outputs()[0]), f32({8}));
 }

@@ -31,7 +31,7 @@ TEST(Recipes, GptTpIsVocabParallelWithoutGathers) {
   TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, {.mesh = mesh, .strategy = ShardingStrategy::TP});
   int gathers = 0;
   for (const CollectiveRecord& c : step.sharded_executable().program().collectives)
-    gathers += c.kind == "all_gather" || c.kind == "all_to_all";
+    gathers += c.kind == CollectiveKind::all_gather || c.kind == CollectiveKind::all_to_all;
   EXPECT_EQ(gathers, 0) << step.sharded_executable().program().summary();
 }
 TEST(Recipes, LlamaDdpTpFsdpTp) {
@@ -204,16 +204,16 @@ TEST(Recipes, SequenceParallelActivationRulesTrainLikeOneDevice) {
     // gathered in their place and nothing is moved with all-to-alls.
     int gathers = 0, scatters = 0;
     for (const auto& c : step.sharded_executable().program().collectives) {
-      EXPECT_NE(c.kind, "all_to_all") << c.to_string() << " " << c.reason;
+      EXPECT_NE(c.kind, CollectiveKind::all_to_all) << c.to_string() << " " << c.reason;
       if (c.axes != std::vector<std::string>{"model"} || c.operand.rank() != 3) continue;
-      if (c.kind == "all_gather" || c.kind == "reduce_scatter") EXPECT_EQ(c.dim, 1) << c.to_string();
-      gathers += c.kind == "all_gather";
-      scatters += c.kind == "reduce_scatter";
+      if (c.kind == CollectiveKind::all_gather || c.kind == CollectiveKind::reduce_scatter) EXPECT_EQ(c.dim, 1) << c.to_string();
+      gathers += c.kind == CollectiveKind::all_gather;
+      scatters += c.kind == CollectiveKind::reduce_scatter;
     }
     EXPECT_GE(gathers, 2 * cfg.n_layers) << step.sharded_executable().program().summary().substr(0, 4000);
     EXPECT_GE(scatters, 2 * cfg.n_layers) << step.sharded_executable().program().summary().substr(0, 4000);
     for (const auto& c : step.sharded_executable().program().collectives)
-      if (c.kind == "all_gather" && c.axes == std::vector<std::string>{"model"})
+      if (c.kind == CollectiveKind::all_gather && c.axes == std::vector<std::string>{"model"})
         for (const auto& pp : plan.params)
           EXPECT_FALSE(c.reason.find("needs %" + std::to_string(&pp - plan.params.data()) + " as") !=
                            std::string::npos && !pp.spec.is_replicated())

@@ -79,7 +79,7 @@ void expect_close(const Outcome& want, const Outcome& got, const std::string& wh
 }
 
 // Collectives of a kind over arrays (not scalars: each microbatch's loss reduces its own token count).
-int count(const std::vector<CollectiveRecord>& cs, const std::string& kind) {
+int count(const std::vector<CollectiveRecord>& cs, CollectiveKind kind) {
   int n = 0;
   for (const CollectiveRecord& c : cs) n += c.kind == kind && c.operand.rank() > 0;
   return n;
@@ -90,7 +90,7 @@ int count(const std::vector<CollectiveRecord>& cs, const std::string& kind) {
 int64_t batch_collective_bytes(const Outcome& r) {
   int64_t n = 0;
   for (const CollectiveRecord& c : r.collectives)
-    if (c.kind != "local_slice" && c.operand.dtype == DType::i32) n += c.operand.nbytes();
+    if (!c.local_slice() && c.operand.dtype == DType::i32) n += c.operand.nbytes();
   return n;
 }
 void expect_no_batch_collective(const Outcome& r, const std::string& what) {
@@ -119,16 +119,16 @@ TEST(Microbatches, DdpReducesOnceAndSlicesItsOwnRows) {
     expect_close(whole, ddp, what);
     expect_no_batch_collective(ddp, what);
     // The microbatch gradients are summed as partial sums and all-reduced once.
-    EXPECT_EQ(count(ddp.collectives, "all_reduce"), count(ddp1.collectives, "all_reduce")) << what;
-    EXPECT_EQ(count(ddp.collectives, "all_gather"), 0) << what;
+    EXPECT_EQ(count(ddp.collectives, CollectiveKind::all_reduce), count(ddp1.collectives, CollectiveKind::all_reduce)) << what;
+    EXPECT_EQ(count(ddp.collectives, CollectiveKind::all_gather), 0) << what;
   }
   // Gradients reduced in buckets (DDP over a slow link): the summed gradients, once.
   const Outcome bucketed =
       train(testing::on_mesh(mesh, ShardingStrategy::DDP, {.bucket_bytes = 1 << 16}, {.microbatches = 2}));
   expect_close(whole, bucketed, "DDP cpu:2 with buckets, microbatches 2");
   const Outcome bucketed1 = train(testing::on_mesh(mesh, ShardingStrategy::DDP, {.bucket_bytes = 1 << 16}));
-  EXPECT_EQ(count(bucketed.collectives, "all_reduce"), count(bucketed1.collectives, "all_reduce"));
-  EXPECT_LT(count(bucketed.collectives, "all_reduce"), count(ddp1.collectives, "all_reduce"));
+  EXPECT_EQ(count(bucketed.collectives, CollectiveKind::all_reduce), count(bucketed1.collectives, CollectiveKind::all_reduce));
+  EXPECT_LT(count(bucketed.collectives, CollectiveKind::all_reduce), count(ddp1.collectives, CollectiveKind::all_reduce));
 }
 
 // 32 sequences: each microbatch's activations outweigh the weights, so its weight gradients are
@@ -140,7 +140,7 @@ TEST(Microbatches, FsdpGathersPerMicrobatchAndSumsShards) {
   const Mesh mesh = Mesh::cpu({{"data", 2}});
   const ShardingOptions small{.fsdp_min_bytes = 1024};
   const Outcome fsdp1 = train(testing::on_mesh(mesh, ShardingStrategy::FSDP, small), batch);
-  ASSERT_GT(count(fsdp1.collectives, "all_gather"), 0);
+  ASSERT_GT(count(fsdp1.collectives, CollectiveKind::all_gather), 0);
   for (int m : {2, 4}) {
     const std::string what = "FSDP cpu:2, microbatches " + std::to_string(m);
     const Outcome fsdp = train(testing::on_mesh(mesh, ShardingStrategy::FSDP, small, {.microbatches = m}), batch);
@@ -148,9 +148,9 @@ TEST(Microbatches, FsdpGathersPerMicrobatchAndSumsShards) {
     expect_no_batch_collective(fsdp, what);
     // ZeRO-3 per microbatch: each split param gathered for its forward and backward passes, each
     // microbatch's gradient reduce-scattered and summed in shards.
-    EXPECT_EQ(count(fsdp.collectives, "all_gather"), m * count(fsdp1.collectives, "all_gather")) << what;
-    EXPECT_EQ(count(fsdp.collectives, "reduce_scatter"), m * count(fsdp1.collectives, "reduce_scatter")) << what;
-    EXPECT_EQ(count(fsdp.collectives, "all_to_all"), 0) << what;
+    EXPECT_EQ(count(fsdp.collectives, CollectiveKind::all_gather), m * count(fsdp1.collectives, CollectiveKind::all_gather)) << what;
+    EXPECT_EQ(count(fsdp.collectives, CollectiveKind::reduce_scatter), m * count(fsdp1.collectives, CollectiveKind::reduce_scatter)) << what;
+    EXPECT_EQ(count(fsdp.collectives, CollectiveKind::all_to_all), 0) << what;
   }
 }
 

@@ -524,7 +524,7 @@ Cluster calibrate_cpu() {
       };
       auto f = jit(fn, ShardingStrategy::DDP, {}, {}, {{DType::f32, {2, 16}}}, Mesh::cpu({{"data", 2}}));
       double steps = 0;  // collectives over the two devices
-      for (const CollectiveRecord& r : f->executable().program().collectives) steps += r.kind != "local_slice";
+      for (const CollectiveRecord& r : f->executable().program().collectives) steps += !r.local_slice();
       std::vector<Array> args{Array::from_f32(std::vector<float>(32, 0.f), {2, 16})};
       return std::pair{time_calls([&] { (*f)({}, args); }, 0.03), steps};
     };
