@@ -94,7 +94,6 @@ int main(int argc, char** argv) {
         px::RematOptions chosen;
         auto peak_of = [](const px::StepProgram& sp) {
           px::CompileOptions c;
-          c.value_categories = sp.categories;
           // As TrainStep compiles it: the new params and optimizer state donated into the old ones.
           c.output_donors.assign(sp.graph->outputs().size(), -1);
           for (size_t k = 0; k < sp.n_params + sp.n_state; ++k) c.output_donors[3 + k] = static_cast<int>(k);

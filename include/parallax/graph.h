@@ -68,6 +68,18 @@ struct ValueInfo {
   TensorType type;
   int producer = -1;  // node index, -1 for graph inputs
   int output_index = 0;
+  // What the passes decided about the value, carried by every pass that rebuilds the graph and
+  // shown by Graph::to_string (when not the default): the memory it lives in (offload), what it
+  // holds (a training step's params, gradients, ...: the memory report's categories) and the
+  // layer it belongs to ("blocks.3"; "" when none).
+  MemoryKind kind = MemoryKind::device;
+  MemoryCategory category = MemoryCategory::temporaries;
+  std::string layer;
+  void copy_facts(const ValueInfo& o) {
+    kind = o.kind;
+    category = o.category;
+    layer = o.layer;
+  }
 };
 
 // A symbolic value during tracing: a handle to a value of a Graph. Ops on Tensors validate
@@ -115,6 +127,9 @@ class Graph {
   std::vector<Node>& mutable_nodes() { return nodes_; }
   const std::vector<ValueInfo>& values() const { return values_; }
   const TensorType& type(int value) const { return values_.at(value).type; }
+  ValueInfo& mutable_value(int value) { return values_.at(value); }  // for passes that set facts
+  // Copies the facts of every value of `from` onto its new id in this graph (new_id[v] < 0: dropped).
+  void copy_facts(const Graph& from, const std::vector<int>& new_id);
   const std::vector<int>& inputs() const { return inputs_; }
   const std::vector<std::string>& input_names() const { return input_names_; }
   const std::vector<int>& outputs() const { return outputs_; }

@@ -16,6 +16,11 @@ enum class MemoryKind : uint8_t { device, pinned_host };
 const char* memory_kind_name(MemoryKind k);
 MemoryKind parse_memory_kind(const std::string& name);  // "device" or "pinned_host"; throws naming both
 
+// What a buffer holds, for the memory report: every byte a device uses for a step is one of these.
+enum class MemoryCategory : uint8_t { params, gradients, optimizer_state, activations, temporaries, collective_buffers };
+constexpr int kNumMemoryCategories = 6;
+const char* memory_category_name(MemoryCategory c);
+
 // A device (global id, as in Mesh::device_ids) and a memory kind on it.
 struct Placement {
   int device = 0;

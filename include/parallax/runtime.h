@@ -14,11 +14,6 @@
 
 namespace px {
 
-// What a buffer holds, for the memory report: every byte a device uses for a step is one of these.
-enum class MemoryCategory : uint8_t { params, gradients, optimizer_state, activations, temporaries, collective_buffers };
-constexpr int kNumMemoryCategories = 6;
-const char* memory_category_name(MemoryCategory c);
-
 // One device's memory for one run, known at compile time: the caller's input and output arrays
 // plus the executable's arena (the buffer plan). `by_category` splits the bytes in use at the
 // peak: inputs and outputs by what they hold, and the arena buffers live at that moment.
@@ -34,7 +29,7 @@ struct MemoryReport {
   int64_t host_input_bytes = 0, host_output_bytes = 0, host_arena_bytes = 0;
   int64_t host_peak_bytes() const { return host_input_bytes + host_output_bytes + host_arena_bytes; }
   int64_t transfer_bytes = 0;  // bytes moved between memory kinds per run
-  // Device memory at the peak by category and layer (CompileOptions::value_layers), largest first.
+  // Device memory at the peak by category and layer (ValueInfo::layer), largest first.
   struct Use {
     MemoryCategory category;
     std::string layer;  // "" when no layer is known
@@ -96,22 +91,18 @@ struct CompileOptions {
   // Neither starts earlier than its result fits under the peak the program has with every gather
   // and fetch at its first use: ahead of use never raises the peak.
   int prefetch_depth = 1;
-  // Optional: what each value of the graph holds (size = number of values), for memory().
-  std::vector<MemoryCategory> value_categories;
-  // Optional: the memory kind of each value (size = number of values; see offload_step). Graph
-  // inputs and outputs in pinned_host are read from and written to caller arrays placed there
-  // (input_kind / output_kind); other values get their own arena per kind. Default: device.
-  std::vector<MemoryKind> value_kinds;
-  // Optional: the layer each value belongs to (size = number of values), for MemoryReport::largest
-  // and the over-limit error; TrainStep fills it from param paths ("blocks.3").
-  std::vector<std::string> value_layers;
+  // What each value holds, where it lives and the layer it belongs to are facts on the graph's
+  // values (ValueInfo: category, kind, layer), set by the passes before compile (a training step's
+  // trace, offload) or by hand (g.mutable_value(v).kind = MemoryKind::pinned_host): graph inputs
+  // and outputs in pinned_host are read from and written to caller arrays placed there
+  // (input_kind / output_kind); other values get their own arena per kind.
   // Donation (jax.jit's donate_argnums): per output position, the input whose array it is written
   // into, or -1 (size 0 or one entry per output). A donated pair has one type and memory kind; the
   // caller passes input i's array again as output o to run_into, and the plan counts it once. The
   // result is written in place when the schedule reads the input for the last time before (or in
   // the in-place unit that) writes it, else into the arena and copied at the end (both planned).
   std::vector<int> output_donors;
-  // Training steps (values labelled gradients in value_categories): every node that depends on a
+  // Training steps (values whose ValueInfo::category is gradients): every node that depends on a
   // gradient (norms, clipping, the optimizer update) runs as soon as its operands are ready, so
   // that a gradient is freed when its update has read it rather than after the whole backward pass.
   bool update_as_gradients_complete = true;

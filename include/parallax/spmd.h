@@ -72,8 +72,6 @@ struct PartitionOptions {
 struct SpmdProgram {
   Mesh mesh;
   std::unique_ptr<Graph> local;  // inputs: the local shards of the global inputs, then coords
-  // What each local value holds (empty: unknown), for the per-device memory report.
-  std::vector<MemoryCategory> local_categories;
   // Per output, the input whose arrays it is written into (empty: none), used when the compile
   // options give none (CompileOptions::output_donors); a training step donates its state.
   std::vector<int> output_donors;
@@ -115,9 +113,9 @@ struct ShardingDecision {
 // The decision applied as sharding_constraint nodes: a pure graph pass (its result is what
 // PX_DUMP shows as "annotate"). `value_map` receives each value's id in the result.
 std::unique_ptr<Graph> annotate(const Graph& g, const ShardingDecision& d, std::vector<int>* value_map = nullptr);
-// annotate + partition. `categories` (optional, per value of g) label the local program's values.
-SpmdProgram partition(const Graph& g, const ShardingDecision& d, const std::vector<MemoryCategory>& categories = {},
-                      CollectiveEmitter* emitter = nullptr);
+// annotate + partition. The local program's values carry the facts of g's (ValueInfo: category,
+// memory kind, layer).
+SpmdProgram partition(const Graph& g, const ShardingDecision& d, CollectiveEmitter* emitter = nullptr);
 
 // How the virtual devices of one process share the cores (never more threads than cores):
 // over_devices runs the devices of a segment in parallel, each on one thread; within_kernels runs

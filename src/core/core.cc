@@ -1,3 +1,4 @@
+#include "core/enum_names.h"
 #include "parallax/core.h"
 
 #include <algorithm>
@@ -20,20 +21,15 @@ int64_t dtype_size(DType d) {
   return 0;
 }
 
-const char* dtype_name(DType d) {
-  switch (d) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
-    case DType::boolean: return "bool";
-  }
-  return "?";
-}
+namespace {
+constexpr const char* kDTypeNames[] = {"f32", "bf16", "f16", "i32", "bool"};
+static_assert(std::size(kDTypeNames) == static_cast<size_t>(DType::boolean) + 1);
+}  // namespace
+
+const char* dtype_name(DType d) { return enum_name(d, kDTypeNames); }
 
 DType dtype_from_name(const std::string& n) {
-  for (DType d : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::boolean})
-    if (n == dtype_name(d)) return d;
+  if (auto d = enum_from_name<DType>(n, kDTypeNames)) return *d;
   throw Error("unknown dtype '" + n + "'; use one of f32, bf16, f16, i32, bool");
 }
 

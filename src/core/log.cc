@@ -1,3 +1,4 @@
+#include "core/enum_names.h"
 #include "core/log.h"
 
 #include <atomic>
@@ -42,20 +43,15 @@ const char* basename_of(const char* path) {
 }
 }  // namespace
 
-const char* log_level_name(LogLevel l) {
-  switch (l) {
-    case LogLevel::debug: return "debug";
-    case LogLevel::info: return "info";
-    case LogLevel::warn: return "warn";
-    case LogLevel::error: return "error";
-    case LogLevel::off: return "off";
-  }
-  return "?";
-}
+namespace {
+constexpr const char* kLevelNames[] = {"debug", "info", "warn", "error", "off"};
+static_assert(std::size(kLevelNames) == static_cast<size_t>(LogLevel::off) + 1);
+}  // namespace
+
+const char* log_level_name(LogLevel l) { return enum_name(l, kLevelNames); }
 
 LogLevel log_level_from_name(const std::string& name) {
-  for (LogLevel l : {LogLevel::debug, LogLevel::info, LogLevel::warn, LogLevel::error, LogLevel::off})
-    if (name == log_level_name(l)) return l;
+  if (auto l = enum_from_name<LogLevel>(name, kLevelNames)) return *l;
   if (name == "warning") return LogLevel::warn;
   throw Error("[log] unknown log level '" + name + "'; use one of debug, info, warn, error, off");
 }

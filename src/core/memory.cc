@@ -2,6 +2,8 @@
 // device's high-water mark can be read back and compared with the buffer plan.
 #include "parallax/memory.h"
 
+#include "core/enum_names.h"
+
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -32,6 +34,13 @@ Counter& counter(const Placement& p) {
 }  // namespace
 
 const char* memory_kind_name(MemoryKind k) { return k == MemoryKind::device ? "device" : "pinned_host"; }
+
+const char* memory_category_name(MemoryCategory c) {
+  static constexpr const char* names[] = {"params",      "gradients",   "optimizer_state",
+                                          "activations", "temporaries", "collective_buffers"};
+  static_assert(std::size(names) == kNumMemoryCategories);
+  return enum_name(c, names);
+}
 
 MemoryKind parse_memory_kind(const std::string& name) {
   if (name == "device") return MemoryKind::device;

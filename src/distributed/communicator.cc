@@ -1,5 +1,6 @@
 // The Communicator's non-virtual front: argument checks and byte accounting, shared by every
 // implementation so that all of them count the same way.
+#include "core/enum_names.h"
 #include "distributed/communicator.h"
 
 #include <sstream>
@@ -7,21 +8,10 @@
 namespace px {
 
 const char* collective_name(CollectiveKind k) {
-  switch (k) {
-    case CollectiveKind::all_reduce:
-      return "all_reduce";
-    case CollectiveKind::all_gather:
-      return "all_gather";
-    case CollectiveKind::reduce_scatter:
-      return "reduce_scatter";
-    case CollectiveKind::all_to_all:
-      return "all_to_all";
-    case CollectiveKind::permute:
-      return "permute";
-    case CollectiveKind::broadcast:
-      return "broadcast";
-  }
-  return "?";
+  static constexpr const char* names[] = {"all_reduce", "all_gather", "reduce_scatter",
+                                          "all_to_all", "permute",    "broadcast"};
+  static_assert(std::size(names) == kNumCollectiveKinds);
+  return enum_name(k, names);
 }
 
 CollectiveStats::Entry CollectiveStats::total(CollectiveKind k) const {

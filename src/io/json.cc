@@ -1,3 +1,4 @@
+#include "core/enum_names.h"
 #include "io/json.h"
 
 #include <charconv>
@@ -51,25 +52,11 @@ const Value* Value::find(const std::string& key) const {
   return nullptr;
 }
 
-const char* kind_name(Value::Kind k) {
-  switch (k) {
-    case Value::Kind::null:
-      return "null";
-    case Value::Kind::boolean:
-      return "a boolean";
-    case Value::Kind::integer:
-      return "an integer";
-    case Value::Kind::number:
-      return "a number";
-    case Value::Kind::string:
-      return "a string";
-    case Value::Kind::array:
-      return "an array";
-    case Value::Kind::object:
-      return "an object";
-  }
-  return "?";
-}
+constexpr const char* kKindNames[] = {"null",     "a boolean", "an integer", "a number",
+                                      "a string", "an array",  "an object"};
+static_assert(std::size(kKindNames) == static_cast<size_t>(Value::Kind::object) + 1);
+
+const char* kind_name(Value::Kind k) { return enum_name(k, kKindNames); }
 
 void write_string(std::string& out, const std::string& s) {
   static const char* hex = "0123456789abcdef";

@@ -1,6 +1,7 @@
 // The safetensors format: an 8-byte little-endian header length N, N bytes of JSON
 // ({"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}),
 // then the raw row-major little-endian data, offsets relative to the end of the header.
+#include "core/enum_names.h"
 #include "parallax/io.h"
 
 #include <fcntl.h>
@@ -98,19 +99,9 @@ int64_t to_nonneg_int(const json::Value& v, const std::string& what,
 }  // namespace
 
 const char* safetensors_dtype(DType d) {
-  switch (d) {
-    case DType::f32:
-      return "F32";
-    case DType::bf16:
-      return "BF16";
-    case DType::f16:
-      return "F16";
-    case DType::i32:
-      return "I32";
-    case DType::boolean:
-      return "BOOL";
-  }
-  return "?";
+  static constexpr const char* names[] = {"F32", "BF16", "F16", "I32", "BOOL"};  // in DType's order
+  static_assert(std::size(names) == static_cast<size_t>(DType::boolean) + 1);
+  return enum_name(d, names);
 }
 
 const Array& SafetensorsFile::get(const std::string& name) const {

@@ -1,4 +1,5 @@
 // Zarr v3 metadata (zarr.json) for checkpoint arrays and groups, and the default chunk keys.
+#include "core/enum_names.h"
 #include <nlohmann/json.hpp>
 
 #include "io/json_number.h"
@@ -9,19 +10,9 @@ namespace px::zarr {
 using nlohmann::json;
 
 const char* data_type_name(DType d) {
-  switch (d) {
-    case DType::f32:
-      return "float32";
-    case DType::bf16:
-      return "uint16";
-    case DType::f16:
-      return "float16";
-    case DType::i32:
-      return "int32";
-    case DType::boolean:
-      return "bool";
-  }
-  return "?";
+  static constexpr const char* names[] = {"float32", "uint16", "float16", "int32", "bool"};  // in DType's order
+  static_assert(std::size(names) == static_cast<size_t>(DType::boolean) + 1);
+  return enum_name(d, names);
 }
 
 std::string array_metadata(const ArrayMeta& m) {

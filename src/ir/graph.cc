@@ -215,19 +215,36 @@ void Graph::reset_ids(std::vector<Node> nodes, std::vector<ValueInfo> values, st
   outputs_ = std::move(outputs);
 }
 
+void Graph::copy_facts(const Graph& from, const std::vector<int>& new_id) {
+  for (size_t v = 0; v < new_id.size() && v < from.values().size(); ++v)
+    if (new_id[v] >= 0) values_.at(new_id[v]).copy_facts(from.values()[v]);
+}
+
+namespace {
+// " {params, pinned_host, blocks.3}": the value's facts that are not the defaults, else "".
+std::string facts_str(const ValueInfo& info) {
+  std::string s;
+  auto add = [&](const std::string& f) { s += (s.empty() ? " {" : ", ") + f; };
+  if (info.category != MemoryCategory::temporaries) add(memory_category_name(info.category));
+  if (info.kind != MemoryKind::device) add(memory_kind_name(info.kind));
+  if (!info.layer.empty()) add(info.layer);
+  return s.empty() ? s : s + "}";
+}
+}  // namespace
+
 std::string Graph::to_string() const {
   std::ostringstream os;
   auto v = [&](int id) { return "%" + std::to_string(id); };
+  auto typed = [&](int id) { return v(id) + ": " + type_str(type(id)) + facts_str(values_[id]); };
   os << "graph(";
   for (size_t i = 0; i < inputs_.size(); ++i) {
-    os << (i ? ", " : "") << v(inputs_[i]) << ": " << type_str(type(inputs_[i]));
+    os << (i ? ", " : "") << typed(inputs_[i]);
     if (!input_names_[i].empty()) os << " \"" << input_names_[i] << "\"";
   }
   os << ") {\n";
   for (const Node& n : nodes_) {
     os << "  ";
-    for (size_t i = 0; i < n.outputs.size(); ++i)
-      os << (i ? ", " : "") << v(n.outputs[i]) << ": " << type_str(type(n.outputs[i]));
+    for (size_t i = 0; i < n.outputs.size(); ++i) os << (i ? ", " : "") << typed(n.outputs[i]);
     os << " = " << n.prim->name << n.attrs.to_string();
     for (int in : n.inputs) os << " " << v(in);
     if (!n.name.empty()) os << "  # " << n.name;
@@ -343,7 +360,9 @@ std::unique_ptr<Graph> rebuild(const Graph& g, const std::vector<char>& keep, co
       int old = n.outputs[o];
       remap[old] = static_cast<int>(values.size());
       if (value_map) (*value_map)[old] = remap[old];
-      values.push_back({g.values()[old].type, static_cast<int>(nodes.size()), static_cast<int>(o)});
+      values.push_back(g.values()[old]);
+      values.back().producer = static_cast<int>(nodes.size());
+      values.back().output_index = static_cast<int>(o);
       n.outputs[o] = remap[old];
     }
     nodes.push_back(std::move(n));
@@ -401,8 +420,12 @@ std::unique_ptr<Graph> cse(const Graph& g, std::vector<int>* value_map) {
     }
     if (!merged) seen.emplace(h, static_cast<int>(i));
   }
-  // Rewrite uses through canon, then drop merged nodes.
+  // Rewrite uses through canon, then drop merged nodes; a canonical value without a category takes
+  // the one of a value merged into it.
   auto tmp = g.clone();
+  for (size_t v = 0; v < canon.size(); ++v)
+    if (ValueInfo& c = tmp->mutable_value(canon[v]); c.category == MemoryCategory::temporaries)
+      c.copy_facts(g.values()[v]);
   for (Node& n : tmp->mutable_nodes())
     for (int& in : n.inputs) in = canon[in];
   std::vector<int> outs;

@@ -1,3 +1,4 @@
+#include "core/enum_names.h"
 #include "ir/primitive.h"
 
 #include <sstream>
@@ -63,15 +64,9 @@ std::vector<int> positional_factors(const Primitive& p, const ShardingRule& r, c
 }
 
 const char* partial_reduce_name(PartialReduce r) {
-  switch (r) {
-    case PartialReduce::sum:
-      return "sum";
-    case PartialReduce::max:
-      return "max";
-    case PartialReduce::none:
-      break;
-  }
-  return "";
+  static constexpr const char* names[] = {"", "sum", "max"};
+  static_assert(std::size(names) == static_cast<size_t>(PartialReduce::max) + 1);
+  return enum_name(r, names, "");
 }
 
 std::string ShardingRule::to_string() const {

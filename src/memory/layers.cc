@@ -41,8 +41,8 @@ std::vector<char> phases(const StepProgram& p) {
   std::vector<char> loss(g.values().size(), 0), grads(g.values().size(), 0);
   bool any_grad = false;
   loss[g.outputs().at(0)] = 1;
-  for (size_t v = 0; v < p.categories.size() && v < grads.size(); ++v)
-    if (p.categories[v] == MemoryCategory::gradients) grads[v] = 1, any_grad = true;
+  for (size_t v = 0; v < grads.size(); ++v)
+    if (g.values()[v].category == MemoryCategory::gradients) grads[v] = 1, any_grad = true;
   if (!any_grad) {
     if (p.backward_end() == 0)
       throw InternalError("[memory] the program marks neither its gradients nor its forward and backward nodes");
@@ -57,8 +57,8 @@ std::vector<char> phases(const StepProgram& p) {
   return phase;
 }
 
-std::vector<std::string> value_layers(const StepProgram& p) {
-  const Graph& g = *p.graph;
+void label_layers(StepProgram& p) {
+  Graph& g = *p.graph;
   const size_t nv = g.values().size();
   // Layers are ranked in the order their params are declared (embedding, blocks, head).
   std::vector<std::string> names;
@@ -104,10 +104,7 @@ std::vector<std::string> value_layers(const StepProgram& p) {
   // The new params and optimizer state (outputs 3, 4, ...) belong where the old ones do.
   const size_t n_io = std::min(g.inputs().size(), g.outputs().size() >= 3 ? g.outputs().size() - 3 : size_t{0});
   for (size_t i = 0; i < p.n_params + p.n_state && i < n_io; ++i) rank[g.outputs()[3 + i]] = rank[g.inputs()[i]];
-  std::vector<std::string> out(nv);
-  for (size_t v = 0; v < nv; ++v)
-    if (rank[v] >= 0) out[v] = names[rank[v]];
-  return out;
+  for (size_t v = 0; v < nv; ++v) g.mutable_value(static_cast<int>(v)).layer = rank[v] >= 0 ? names[rank[v]] : "";
 }
 
 }  // namespace px::memory_pass

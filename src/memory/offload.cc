@@ -29,7 +29,8 @@ int add_transfer(std::vector<Node>& nodes, std::vector<ValueInfo>& values, int v
   t.inputs = {v};
   const int id = static_cast<int>(values.size());
   t.outputs = {id};
-  values.push_back({values[v].type, -1, 0});
+  values.push_back(values[v]);  // the same facts, but where it is sent
+  values.back().kind = to;
   nodes.push_back(std::move(t));
   return id;
 }
@@ -58,7 +59,7 @@ Tensor to_memory(const Tensor& x, MemoryKind kind, const std::string& group) {
 namespace {
 
 // The step traced again with every node `which` selects replaced by its primitive's
-// decomposition; categories, gradients and node ranges follow the values and nodes.
+// decomposition; the values' facts, the gradients and the node ranges follow the values and nodes.
 StepProgram decompose_nodes(StepProgram p, const std::function<bool(const Node&)>& which) {
   const Graph& g = *p.graph;
   if (std::none_of(g.nodes().begin(), g.nodes().end(), which)) return p;
@@ -83,10 +84,10 @@ StepProgram decompose_nodes(StepProgram p, const std::function<bool(const Node&)
   for (int v : g.outputs()) outs.push_back(env[v]);
   out->set_outputs(outs);
   out->verify();
-  std::vector<MemoryCategory> cat(out->values().size(), MemoryCategory::temporaries);
-  for (size_t v = 0; v < env.size() && v < p.categories.size(); ++v)
-    if (env[v].defined()) cat[env[v].id()] = p.categories[v];
-  p.categories = std::move(cat);
+  std::vector<int> new_id(env.size(), -1);
+  for (size_t v = 0; v < env.size(); ++v)
+    if (env[v].defined()) new_id[v] = env[v].id();
+  out->copy_facts(g, new_id);
   p.remap_grads([&](int v) { return env[v].id(); });
   p.remap_nodes(start);
   p.graph = std::move(out);
@@ -117,7 +118,6 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
   if (o.optimizer_state)
     for (size_t i = p.n_params; i < p.n_params + p.n_state; ++i) in_kind[i] = MemoryKind::pinned_host;
   any = any || (o.optimizer_state && p.n_state > 0);
-  p.input_kinds = in_kind;
   if (!any) return p;
   // With the optimizer state on the device, an update that reads an offloaded param is split into
   // its elementwise parts: the ones that read the param (new = old - step) run on the host, the
@@ -135,8 +135,7 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
 
   const std::vector<Node>& nodes = g.nodes();
   std::vector<ValueInfo> values = g.values();
-  std::vector<MemoryKind> kind(values.size(), MemoryKind::device);
-  for (size_t i = 0; i < n_in; ++i) kind[g.inputs()[i]] = in_kind[i];
+  for (size_t i = 0; i < n_in; ++i) values[g.inputs()[i]].kind = in_kind[i];
   // The group (layer) of every value that is a param, for the fetches' prefetch groups.
   std::vector<std::string> group_of(values.size());
   for (size_t i = 0; i < p.n_params; ++i) group_of[g.inputs()[i]] = memory_pass::layer_of(p.paths[i]);
@@ -146,11 +145,9 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
   out.reserve(nodes.size() * 2);
   auto add_transfer = [&](int v, MemoryKind to, const std::string& group) {
     const int nv = memory_pass::add_transfer(out, values, v, to, group);
-    kind.push_back(to);
     group_of.push_back(group_of[v]);
-    p.categories.push_back(p.categories[v] == MemoryCategory::params || p.categories[v] == MemoryCategory::optimizer_state
-                               ? p.categories[v]
-                               : MemoryCategory::temporaries);
+    MemoryCategory& c = values[nv].category;
+    if (c != MemoryCategory::params && c != MemoryCategory::optimizer_state) c = MemoryCategory::temporaries;
     return nv;
   };
   // Per value: its current copy on the other memory kind and the last node that read it.
@@ -165,7 +162,7 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
     Node n = nodes[i];
     start[i] = static_cast<int>(out.size());
     if (n.prim == prims::transfer()) {  // already placed (remat offload of saved residuals)
-      kind[n.outputs[0]] = parse_memory_kind(n.attrs.s("to"));
+      values[n.outputs[0]].kind = parse_memory_kind(n.attrs.s("to"));
       out.push_back(std::move(n));
       continue;
     }
@@ -173,11 +170,11 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
     // offloaded param (new = old - step) do, so a param is not fetched for its update and its new
     // value is computed where it lives.
     bool reads_host = false;
-    for (int v : n.inputs) reads_host = reads_host || kind[v] == MemoryKind::pinned_host;
+    for (int v : n.inputs) reads_host = reads_host || values[v].kind == MemoryKind::pinned_host;
     const MemoryKind where =
         phase[i] == 2 && (host_update || reads_host) ? MemoryKind::pinned_host : MemoryKind::device;
     for (int& v : n.inputs) {
-      if (kind[v] == where) continue;
+      if (values[v].kind == where) continue;
       if (where == MemoryKind::device) {
         Copy& c = fetched[v];
         if (c.value < 0 || i - c.last_use > memory_pass::kFetchReuseNodes) c.value = add_transfer(v, MemoryKind::device, group_of[v]);
@@ -189,7 +186,7 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
         v = c.value;
       }
     }
-    for (int v : n.outputs) kind[v] = where;
+    for (int v : n.outputs) values[v].kind = where;
     out.push_back(std::move(n));
   }
   start[nodes.size()] = static_cast<int>(out.size());
@@ -198,11 +195,10 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
   for (size_t k = 3; k < outputs.size(); ++k) {
     const MemoryKind want = in_kind[k - 3];
     int& v = outputs[k];
-    if (kind[v] != want) v = add_transfer(v, want, "");
+    if (values[v].kind != want) v = add_transfer(v, want, "");
   }
   p.graph = memory_pass::rebuilt(std::move(out), std::move(values), g, std::move(outputs));
   p.remap_nodes(start);
-  p.kinds = std::move(kind);
   return p;
 }
 

@@ -1,5 +1,6 @@
 // The remat pass over a traced training step: the backward pass reads only the forward values
 // the policy saves and recomputes the others from them, just before their first use there.
+#include "core/enum_names.h"
 #include <atomic>
 #include <string>
 #include <vector>
@@ -11,33 +12,16 @@
 
 namespace px {
 
-const char* remat_policy_name(RematPolicy p) {
-  switch (p) {
-    case RematPolicy::none:
-      return "none";
-    case RematPolicy::full:
-      return "full";
-    case RematPolicy::nothing_saveable:
-      return "nothing_saveable";
-    case RematPolicy::dots_saveable:
-      return "dots_saveable";
-    case RematPolicy::dots_with_no_batch_dims_saveable:
-      return "dots_with_no_batch_dims_saveable";
-    case RematPolicy::names:
-      return "names";
-    case RematPolicy::offload:
-      return "offload";
-    case RematPolicy::automatic:
-      return "auto";
-  }
-  return "?";
-}
+namespace {
+constexpr const char* kPolicyNames[] = {"none",          "full",  "nothing_saveable", "dots_saveable",
+                                        "dots_with_no_batch_dims_saveable", "names", "offload", "auto"};
+static_assert(std::size(kPolicyNames) == static_cast<size_t>(RematPolicy::automatic) + 1);
+}  // namespace
+
+const char* remat_policy_name(RematPolicy p) { return enum_name(p, kPolicyNames); }
 
 RematPolicy parse_remat_policy(const std::string& name) {
-  for (RematPolicy p : {RematPolicy::none, RematPolicy::full, RematPolicy::nothing_saveable, RematPolicy::dots_saveable,
-                        RematPolicy::dots_with_no_batch_dims_saveable, RematPolicy::names, RematPolicy::offload,
-                        RematPolicy::automatic})
-    if (name == remat_policy_name(p)) return p;
+  if (auto p = enum_from_name<RematPolicy>(name, kPolicyNames)) return *p;
   throw UserError("[remat] unknown policy '" + name +
                   "'; the policies are none, full, nothing_saveable, dots_saveable, "
                   "dots_with_no_batch_dims_saveable, names, offload, auto");
@@ -122,7 +106,6 @@ StepProgram offload_residuals(StepProgram p, const std::vector<int>& host, const
   }
   start[nodes.size()] = static_cast<int>(out.size());
   p.graph = memory_pass::rebuilt(std::move(out), std::move(values), g, g.outputs());
-  p.categories.resize(p.graph->values().size(), MemoryCategory::activations);
   p.remap_nodes(start);
   return p;
 }
@@ -144,9 +127,6 @@ StepProgram StepProgram::clone() const {
   c.paths = paths;
   c.grads = grads;
   c.micro = micro;
-  c.categories = categories;
-  c.input_kinds = input_kinds;
-  c.kinds = kinds;
   return c;
 }
 
@@ -296,7 +276,7 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
       for (int& o : c.outputs) {
         outs.push_back(values[o].type);
         clone[o] = static_cast<int>(values.size());
-        values.push_back({values[o].type, -1, 0});
+        values.push_back(values[o]);  // the same facts: an activation where the original lives
         o = clone[o];
       }
       flops += cost_of(*c.prim, ins, outs, c.attrs).flops;
@@ -333,7 +313,6 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
       group_of[v] = (micro_of[i] > 0 ? std::to_string(micro_of[i]) + "." : "") + std::to_string(group);
     }
   p.graph = memory_pass::rebuilt(std::move(out), std::move(values), g, g.outputs());
-  p.categories.resize(p.graph->values().size(), MemoryCategory::activations);
   p.remap_nodes(start);
   if (recomputed_flops) *recomputed_flops = flops;
   if (!host.empty()) p = offload_residuals(std::move(p), host, group_of);

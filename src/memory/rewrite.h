@@ -19,7 +19,7 @@ namespace px::memory_pass {
 constexpr int kFetchReuseNodes = 24;
 
 // Appends a `transfer` of value v to `to` (with an optional prefetch group) to `nodes`, adding its
-// result to `values`; returns the result's id.
+// result to `values` (v's facts, living in `to`); returns the result's id.
 int add_transfer(std::vector<Node>& nodes, std::vector<ValueInfo>& values, int v, MemoryKind to,
                  const std::string& group = "");
 
@@ -36,8 +36,8 @@ std::string layer_of(const std::string& path);
 // traced program's node ranges.
 std::vector<char> phases(const StepProgram& p);
 
-// Per value: the layer it belongs to (see layer_of; "" for the batch and what depends on no
-// param), for the memory report (CompileOptions::value_layers).
-std::vector<std::string> value_layers(const StepProgram& p);
+// Sets the layer of every value of p's graph (see layer_of; "" for the batch and what depends on
+// no param), for the memory report's largest users and the over-limit error.
+void label_layers(StepProgram& p);
 
 }  // namespace px::memory_pass

@@ -33,9 +33,7 @@ struct StepProgram {
     std::vector<int> grads;  // per param: this microbatch's gradient (for one microbatch, = grads)
   };
   std::vector<Microbatch> micro;
-  std::vector<MemoryCategory> categories;  // per value: params, optimizer state, gradients, activations, ...
-  std::vector<MemoryKind> input_kinds;     // per graph input, where it lives (empty: all device)
-  std::vector<MemoryKind> kinds;           // per value, where it is computed (empty: all device)
+  // What each value holds and where it lives are facts on the graph's values (ValueInfo).
   StepProgram clone() const;               // a deep copy (the passes take programs by value)
 
   int begin(size_t k) const { return k == 0 ? 0 : micro[k - 1].backward_end; }

@@ -3,6 +3,7 @@
 // Designated initializers leave the fields they do not name at their defaults, on purpose.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
+#include "core/enum_names.h"
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -273,16 +274,9 @@ void check_value(const FieldInfo& f, const FieldValue& v) {
 }  // namespace
 
 const char* field_type_name(FieldType t) {
-  switch (t) {
-    case FieldType::integer: return "int";
-    case FieldType::floating: return "float";
-    case FieldType::string: return "string";
-    case FieldType::boolean: return "bool";
-    case FieldType::enumeration: return "enum";
-    case FieldType::list: return "list";
-    case FieldType::mesh: return "mesh";
-  }
-  return "?";
+  static constexpr const char* names[] = {"int", "float", "string", "bool", "enum", "list", "mesh"};
+  static_assert(std::size(names) == static_cast<size_t>(FieldType::mesh) + 1);
+  return enum_name(t, names);
 }
 
 std::string FieldInfo::allowed() const {

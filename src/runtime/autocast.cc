@@ -18,8 +18,8 @@ void identity_map(const Graph& g, std::vector<int>* value_map) {
 }
 
 // Rebuilds g node by node: `rewrite(i, operands)` gives node i's results in the new graph, or
-// nothing to emit the node as it is (with its name). With value_map set, per value of g its id in
-// the result.
+// nothing to emit the node as it is (with its name). Values keep their facts. With value_map set,
+// per value of g its id in the result.
 using NodeRewrite = std::function<std::optional<std::vector<Tensor>>(size_t, const std::vector<Tensor>&)>;
 std::unique_ptr<Graph> replay(const Graph& g, std::vector<int>* value_map, const NodeRewrite& rewrite) {
   auto out = std::make_unique<Graph>();
@@ -42,11 +42,11 @@ std::unique_ptr<Graph> replay(const Graph& g, std::vector<int>* value_map, const
   for (int v : g.outputs()) outs.push_back(env[v]);
   out->set_outputs(outs);
   out->verify();
-  if (value_map) {
-    value_map->assign(env.size(), -1);
-    for (size_t v = 0; v < env.size(); ++v)
-      if (env[v].defined()) (*value_map)[v] = env[v].id();
-  }
+  std::vector<int> new_id(env.size(), -1);
+  for (size_t v = 0; v < env.size(); ++v)
+    if (env[v].defined()) new_id[v] = env[v].id();
+  out->copy_facts(g, new_id);
+  if (value_map) *value_map = std::move(new_id);
   return out;
 }
 

@@ -2,7 +2,7 @@
 // (runtime/executable.cc), which is the one place that lists them:
 //
 //   simplify          autocast, gather narrowing, CSE, DCE                    simplify.cc
-//   value_facts       memory kind, category and layer of every value          value_facts.cc
+//   place_values      memory kind of every value, categories of a plain jit   place_values.cc
 //   order             updates as gradients complete                           order.cc
 //   schedule          units: kernels, fused groups, views, collective events  schedule.cc
 //   lower_collectives collective ops, packing scratch, transfers              lower_collectives.cc
@@ -26,22 +26,14 @@
 
 namespace px {
 
-// The graph compile runs, and per value of the source graph its value there (-1: dropped).
-struct Simplified {
-  std::unique_ptr<Graph> graph;
-  std::vector<int> value_of;
-};
-Simplified simplify(const Graph& src, const CompileOptions& opt);
+// The graph compile runs; its values keep the facts of the source's (ValueInfo).
+std::unique_ptr<Graph> simplify(const Graph& src, const CompileOptions& opt);
 
-// What is known of each value of the simplified graph: CompileOptions' per-value tables (given for
-// the source graph) carried over, and memory kinds propagated: a transfer's target, else host when
-// every operand lives on the host.
-struct ValueFacts {
-  std::vector<MemoryKind> kind;
-  std::vector<MemoryCategory> category;
-  std::vector<std::string> layer;  // "" when no layer is known
-};
-ValueFacts value_facts(const Graph& src, const Graph& g, const std::vector<int>& value_of, const CompileOptions& opt);
+// Sets the memory kind of every value the program computes: a transfer's target, else the host
+// when the value is marked so or every operand lives there, else the device. A program whose
+// values carry no category (a jit function, not a training step) gets its caller's arrays
+// (inputs and outputs) labelled activations.
+void place_values(Graph& g);
 
 // The buffers of a scheduled program: ids [0, values) are values, stored at their root (a view
 // shares its operand's storage), then the collectives' packing scratch.
@@ -51,7 +43,7 @@ struct ProgramBuffers {
   std::vector<MemoryCategory> category;
   std::vector<MemoryKind> kind;
 };
-ProgramBuffers value_buffers(const Graph& g, const std::vector<Unit>& units, const ValueFacts& facts);
+ProgramBuffers value_buffers(const Graph& g, const std::vector<Unit>& units);
 
 // Collective events of the schedule as ops the communicator runs; copies between memory kinds
 // ("transfer") run on the backend's copy stream. Adds each op's packing scratch to `buffers`.
@@ -88,11 +80,11 @@ ArenaPlans plan_arenas(const Graph& g, const std::vector<Unit>& units, const Pro
 // step's backward pass and update count as running after its one forward pass).
 MemoryReport memory_report(const Graph& g, const std::vector<Unit>& units, const ProgramBuffers& buffers,
                            const LoweredCollectives& colls, const Donation& donation, const ArenaPlans& plans,
-                           const ValueFacts& facts, bool one_forward_pass);
+                           bool one_forward_pass);
 
 // Throws px::UserError when the report is over opt's device or host limit, naming what is live at
 // the peak and what would help.
 void check_limits(const MemoryReport& report, const CompileOptions& opt, const Graph& g, const ProgramBuffers& buffers,
-                  const ArenaPlans& plans, const ValueFacts& facts);
+                  const ArenaPlans& plans);
 
 }  // namespace px

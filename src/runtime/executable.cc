@@ -177,12 +177,11 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
   using Impl = Executable::Impl;
   auto impl = std::make_unique<Impl>();
   src.verify();
-  Simplified simple = simplify(src, opt);
-  const ValueFacts facts = value_facts(src, *simple.graph, simple.value_of, opt);
-  impl->graph = std::move(simple.graph);
+  impl->graph = simplify(src, opt);
   Graph& g = *impl->graph;
+  place_values(g);
   if (opt.update_as_gradients_complete)
-    if (std::unique_ptr<Graph> early = update_as_gradients_complete(g, facts.category)) g = std::move(*early);
+    if (std::unique_ptr<Graph> early = update_as_gradients_complete(g)) g = std::move(*early);
   if (opt.optimize) dump_pass("optimize", [&] { return g.to_string(); });
 
   ScheduleOptions so;
@@ -190,11 +189,10 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
   so.fuse_elementwise = opt.fuse_elementwise;
   so.collective_lookahead = opt.collective_lookahead;
   so.prefetch_depth = opt.prefetch_depth;
-  so.value_kinds = &facts.kind;
   impl->units = make_schedule(g, so);
   dump_pass("schedule", [&] { return schedule_text(impl->units); });
 
-  ProgramBuffers buffers = value_buffers(g, impl->units, facts);
+  ProgramBuffers buffers = value_buffers(g, impl->units);
   LoweredCollectives colls = lower_collectives(g, impl->units, groups, buffers);
   const Donation donation = donate(g, impl->units, buffers, opt.output_donors);
 
@@ -222,11 +220,11 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
   for (const Impl::Home& h : impl->homes) external[h.value] = 1;
 
   ArenaPlans plans = plan_arenas(g, impl->units, buffers, colls, external);
-  impl->report = memory_report(g, impl->units, buffers, colls, donation, plans, facts, opt.one_forward_pass);
-  check_limits(impl->report, opt, g, buffers, plans, facts);
+  impl->report = memory_report(g, impl->units, buffers, colls, donation, plans, opt.one_forward_pass);
+  check_limits(impl->report, opt, g, buffers, plans);
 
-  for (int v : g.inputs()) impl->input_kind.push_back(facts.kind[v]);
-  for (int v : g.outputs()) impl->output_kind.push_back(facts.kind[v]);
+  for (int v : g.inputs()) impl->input_kind.push_back(g.values()[v].kind);
+  for (int v : g.outputs()) impl->output_kind.push_back(g.values()[v].kind);
   impl->root = std::move(buffers.root);
   impl->buffer_bytes = std::move(buffers.bytes);
   impl->buffer_category = std::move(buffers.category);

@@ -9,7 +9,7 @@
 
 namespace px {
 
-ProgramBuffers value_buffers(const Graph& g, const std::vector<Unit>& units, const ValueFacts& facts) {
+ProgramBuffers value_buffers(const Graph& g, const std::vector<Unit>& units) {
   const size_t nv = g.values().size();
   ProgramBuffers b;
   // Reshapes outside fused groups are views: their result shares the operand's storage.
@@ -19,8 +19,10 @@ ProgramBuffers value_buffers(const Graph& g, const std::vector<Unit>& units, con
     if (u.kind == Unit::Kind::view) b.root[u.out_values[0]] = b.root[u.in_values[0]];
   b.bytes.resize(nv);
   for (size_t v = 0; v < nv; ++v) b.bytes[v] = g.type(static_cast<int>(v)).nbytes();
-  b.category = facts.category;
-  b.kind = facts.kind;
+  for (const ValueInfo& info : g.values()) {
+    b.category.push_back(info.category);
+    b.kind.push_back(info.kind);
+  }
   return b;
 }
 

@@ -12,24 +12,6 @@
 
 namespace px {
 
-const char* memory_category_name(MemoryCategory c) {
-  switch (c) {
-    case MemoryCategory::params:
-      return "params";
-    case MemoryCategory::gradients:
-      return "gradients";
-    case MemoryCategory::optimizer_state:
-      return "optimizer_state";
-    case MemoryCategory::activations:
-      return "activations";
-    case MemoryCategory::temporaries:
-      return "temporaries";
-    case MemoryCategory::collective_buffers:
-      return "collective_buffers";
-  }
-  return "?";
-}
-
 std::string MemoryReport::to_string() const {
   std::ostringstream os;
   os << "peak " << peak_bytes << " bytes per device (inputs " << input_bytes << ", outputs " << output_bytes
@@ -59,23 +41,21 @@ std::string MemoryReport::to_string() const {
 
 MemoryReport memory_report(const Graph& g, const std::vector<Unit>& units, const ProgramBuffers& buffers,
                            const LoweredCollectives& colls, const Donation& donation, const ArenaPlans& plans,
-                           const ValueFacts& facts, bool one_forward_pass) {
+                           bool one_forward_pass) {
   const size_t nv = g.values().size();
-  const std::vector<MemoryKind>& kind = facts.kind;
-  const std::vector<MemoryCategory>& category = facts.category;
-  const std::vector<std::string>& layer = facts.layer;
+  auto on_device = [&](int v) { return g.values()[v].kind == MemoryKind::device; };
   MemoryReport rep;
   rep.transfer_bytes = colls.transfer_bytes;
   // The caller's arrays by their category (a donated output lives in its input's array).
   auto counted_output = [&](size_t o) { return donation.output_donor[o] < 0; };
   for (int v : g.inputs())
-    (kind[v] == MemoryKind::device ? rep.input_bytes : rep.host_input_bytes) += g.type(v).nbytes();
+    (on_device(v) ? rep.input_bytes : rep.host_input_bytes) += g.type(v).nbytes();
   for (size_t o = 0; o < g.outputs().size(); ++o) {
     const int v = g.outputs()[o];
     if (!counted_output(o))
       rep.donated_bytes += g.type(v).nbytes();
     else
-      (kind[v] == MemoryKind::device ? rep.output_bytes : rep.host_output_bytes) += g.type(v).nbytes();
+      (on_device(v) ? rep.output_bytes : rep.host_output_bytes) += g.type(v).nbytes();
   }
   rep.arena_bytes = plans.device.peak_bytes;
   rep.host_arena_bytes = plans.host.peak_bytes;
@@ -88,12 +68,13 @@ MemoryReport memory_report(const Graph& g, const std::vector<Unit>& units, const
     use[{static_cast<int>(c), l}] += bytes;
   };
   for (int v : g.inputs())
-    if (kind[v] == MemoryKind::device) count(category[v], layer[v], g.type(v).nbytes());
+    if (on_device(v)) count(g.values()[v].category, g.values()[v].layer, g.type(v).nbytes());
   for (size_t o = 0; o < g.outputs().size(); ++o)
-    if (const int v = g.outputs()[o]; kind[v] == MemoryKind::device && counted_output(o))
-      count(category[v], layer[v], g.type(v).nbytes());
+    if (const int v = g.outputs()[o]; on_device(v) && counted_output(o))
+      count(g.values()[v].category, g.values()[v].layer, g.type(v).nbytes());
   for (int b : plans.device.live_at_peak)
-    count(buffers.category[b], b < static_cast<int>(nv) ? layer[b] : std::string(), aligned_size(buffers.bytes[b]));
+    count(buffers.category[b], b < static_cast<int>(nv) ? g.values()[b].layer : std::string(),
+          aligned_size(buffers.bytes[b]));
   for (auto& [key, bytes] : use) rep.largest.push_back({static_cast<MemoryCategory>(key.first), key.second, bytes});
   std::stable_sort(rep.largest.begin(), rep.largest.end(),
                    [](const MemoryReport::Use& a, const MemoryReport::Use& b) { return a.bytes > b.bytes; });
@@ -116,7 +97,7 @@ MemoryReport memory_report(const Graph& g, const std::vector<Unit>& units, const
   // alive across), whatever else the dependences would allow. Copies and collectives are bound by
   // their operands only. A step of several microbatches has several forward passes: no phases.
   std::vector<char> phase;
-  if (const std::vector<char> fwd = one_forward_pass ? forward_nodes(g, category) : std::vector<char>();
+  if (const std::vector<char> fwd = one_forward_pass ? forward_nodes(g) : std::vector<char>();
       !fwd.empty()) {
     phase.assign(units.size(), 0);
     for (size_t u = 0; u < units.size(); ++u) {
@@ -135,7 +116,7 @@ MemoryReport memory_report(const Graph& g, const std::vector<Unit>& units, const
 }
 
 void check_limits(const MemoryReport& rep, const CompileOptions& opt, const Graph& g, const ProgramBuffers& buffers,
-                  const ArenaPlans& plans, const ValueFacts& facts) {
+                  const ArenaPlans& plans) {
   if (opt.host_memory_limit_bytes > 0 && rep.host_peak_bytes() > opt.host_memory_limit_bytes)
     throw UserError("[compile] the program needs " + std::to_string(rep.host_peak_bytes()) +
                     " bytes of pinned_host memory per device, over the limit of " +
@@ -155,7 +136,7 @@ void check_limits(const MemoryReport& rep, const CompileOptions& opt, const Grap
       const int p = g.values()[b].producer;
       os << "  %" << b << " " << type_str(g.type(b)) << " " << buffers.bytes[b] << " bytes from "
          << (p >= 0 ? g.nodes()[p].prim->name : std::string("input"))
-         << (facts.layer[b].empty() ? std::string() : " in " + facts.layer[b]) << "\n";
+         << (g.values()[b].layer.empty() ? std::string() : " in " + g.values()[b].layer) << "\n";
     } else {
       os << "  collective scratch " << buffers.bytes[b] << " bytes\n";
     }

@@ -5,18 +5,21 @@
 
 namespace px {
 
-std::unique_ptr<Graph> update_as_gradients_complete(const Graph& g, const std::vector<MemoryCategory>& category) {
+namespace {
+bool is_gradient(const Graph& g, int v) { return g.values()[v].category == MemoryCategory::gradients; }
+}  // namespace
+
+std::unique_ptr<Graph> update_as_gradients_complete(const Graph& g) {
   const auto& nodes = g.nodes();
   const auto& values = g.values();
   const int n = static_cast<int>(nodes.size());
-  if (category.size() != values.size()) return nullptr;
   std::vector<int> producer(values.size(), -1);  // from the nodes (a pass may leave ValueInfo::producer stale)
   for (int i = 0; i < n; ++i)
     for (int v : nodes[i].outputs) producer[v] = i;
   // Nodes that lead to a gradient (the backward pass; a gradient may also be read on the way to
   // another one, e.g. a bias's gradient that is a view of the layer's output gradient).
   std::vector<char> to_grad(n, 0), needed(values.size(), 0);
-  for (size_t v = 0; v < values.size(); ++v) needed[v] = category[v] == MemoryCategory::gradients;
+  for (size_t v = 0; v < values.size(); ++v) needed[v] = is_gradient(g, static_cast<int>(v));
   for (int i = n - 1; i >= 0; --i) {
     for (int v : nodes[i].outputs) to_grad[i] = to_grad[i] || needed[v];
     if (to_grad[i])
@@ -27,7 +30,7 @@ std::unique_ptr<Graph> update_as_gradients_complete(const Graph& g, const std::v
   std::vector<char> in_r(n, 0), from_grad(values.size(), 0);
   bool any = false;
   for (int i = 0; i < n; ++i) {
-    for (int v : nodes[i].inputs) in_r[i] = in_r[i] || from_grad[v] || category[v] == MemoryCategory::gradients;
+    for (int v : nodes[i].inputs) in_r[i] = in_r[i] || from_grad[v] || is_gradient(g, v);
     in_r[i] = in_r[i] && !to_grad[i];
     if (in_r[i])
       for (int v : nodes[i].outputs) from_grad[v] = 1;
@@ -78,7 +81,7 @@ std::unique_ptr<Graph> update_as_gradients_complete(const Graph& g, const std::v
     for (int v : nodes[i].outputs)
       if (!is_output[v]) made += g.type(v).nbytes();
     for (int v : nodes[i].inputs)
-      if (from_grad[v] || category[v] == MemoryCategory::gradients) read += g.type(v).nbytes();
+      if (from_grad[v] || is_gradient(g, v)) read += g.type(v).nbytes();
     if (made <= read) continue;
     int first = -1;
     for (int v : nodes[i].outputs)
@@ -136,14 +139,13 @@ std::unique_ptr<Graph> update_as_gradients_complete(const Graph& g, const std::v
   return out;
 }
 
-std::vector<char> forward_nodes(const Graph& g, const std::vector<MemoryCategory>& category) {
+std::vector<char> forward_nodes(const Graph& g) {
   const auto& nodes = g.nodes();
   const int n = static_cast<int>(nodes.size());
-  if (category.size() != g.values().size()) return {};
   std::vector<char> from_grad(g.values().size(), 0);
   bool any = false;
-  for (size_t v = 0; v < category.size(); ++v) {
-    from_grad[v] = category[v] == MemoryCategory::gradients;
+  for (size_t v = 0; v < from_grad.size(); ++v) {
+    from_grad[v] = is_gradient(g, static_cast<int>(v));
     any = any || from_grad[v];
   }
   if (!any) return {};

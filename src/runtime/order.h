@@ -14,13 +14,12 @@ namespace px {
 // freed while the backward pass goes on, instead of all gradients being alive at its end. The
 // nodes such a node needs that nothing else reads (the learning rate from the step counter) move
 // with it, just before their first reader. Every other node keeps its place. Value ids do not
-// change (only the order of the nodes and their producer indices), so per-value options still
-// apply. Returns null when the order stays as it is.
-std::unique_ptr<Graph> update_as_gradients_complete(const Graph& g, const std::vector<MemoryCategory>& category);
+// change (only the order of the nodes and their producer indices). Returns null when the order stays as it is.
+std::unique_ptr<Graph> update_as_gradients_complete(const Graph& g);
 
-// The forward pass of a training step (values labelled `gradients` in `category`): per node, 1 when
+// The forward pass of a training step (values labelled `gradients`): per node, 1 when
 // it leads to a graph output that depends on no gradient (the loss; the learning rate), else 0.
 // Empty when no value is a gradient. The floor (MemoryReport::floor_bytes) runs the rest after it.
-std::vector<char> forward_nodes(const Graph& g, const std::vector<MemoryCategory>& category);
+std::vector<char> forward_nodes(const Graph& g);
 
 }  // namespace px

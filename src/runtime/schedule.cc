@@ -224,7 +224,7 @@ std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
       if (u.kind == Unit::Kind::view) root[u.out_values[0]] = root[u.in_values[0]];
     auto counted = [&](int v) {
       return g.values()[v].producer >= 0 && !is_output[v] && root[v] == v &&
-             !(opt.value_kinds && (*opt.value_kinds)[v] == MemoryKind::pinned_host);
+             g.values()[v].kind != MemoryKind::pinned_host;
     };
     std::vector<int> first(g.values().size(), -1), last(g.values().size(), -1);
     for (size_t i = 0; i < nodes.size(); ++i) {

@@ -29,9 +29,8 @@ struct ScheduleOptions {
   int prefetch_depth = 1;
   // Either kind starts no earlier than that, and no earlier than its result fits under the peak
   // that the program would have with every gather and fetch made at its first use: what is
-  // fetched or gathered ahead of use never raises the peak, it fills the room below it.
-  // Memory kinds per value (null: all device memory), for counting device bytes only.
-  const std::vector<MemoryKind>* value_kinds = nullptr;
+  // fetched or gathered ahead of use never raises the peak, it fills the room below it (device
+  // bytes only: the values' memory kinds are on the graph).
   // A reduction is waited at most this many compute units after it starts (or at its first use).
   int overlap_units = 2;
 };

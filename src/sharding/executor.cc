@@ -121,8 +121,6 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram progra
       par == DeviceParallelism::over_devices || (par == DeviceParallelism::automatic && D > 1 && D >= threads);
   setup.groups = collective_groups(mesh);
   CompileOptions opt = copt;
-  if (opt.value_categories.empty() && !impl->prog.local_categories.empty())
-    opt.value_categories = impl->prog.local_categories;
   if (opt.output_donors.empty()) opt.output_donors = impl->prog.output_donors;
   impl->exe = compile_on_devices(*impl->prog.local, opt, setup);
   impl->ins.resize(static_cast<size_t>(D));

@@ -301,7 +301,7 @@ std::string input_label(const Graph& g, size_t i) {
 namespace {
 
 SpmdProgram partition_impl(const Graph& g, const Mesh& mesh, const std::vector<Sharding>& in_shardings,
-                           const PartitionOptions& opt, std::vector<int>* local_of) {
+                           const PartitionOptions& opt) {
   ensure_sharding_registered();
   g.verify();
   if (in_shardings.size() != g.inputs().size())
@@ -370,10 +370,10 @@ SpmdProgram partition_impl(const Graph& g, const Mesh& mesh, const std::vector<S
   local.set_outputs(outs);
   local.verify();
   for (size_t v = 0; v < g.values().size(); ++v) p.value_shardings.push_back(to_sharding(mesh, prop.spec[v]));
-  if (local_of) {
-    local_of->assign(g.values().size(), -1);
-    for (size_t v = 0; v < g.values().size(); ++v) (*local_of)[v] = part.local_id(static_cast<int>(v));
-  }
+  // A local value holds what the global value it is a shard of holds, where that one lives.
+  std::vector<int> local_of(g.values().size());
+  for (size_t v = 0; v < g.values().size(); ++v) local_of[v] = part.local_id(static_cast<int>(v));
+  local.copy_facts(g, local_of);
   return p;
 }
 
@@ -381,41 +381,33 @@ SpmdProgram partition_impl(const Graph& g, const Mesh& mesh, const std::vector<S
 
 SpmdProgram partition(const Graph& g, const Mesh& mesh, const std::vector<Sharding>& in_shardings,
                       const PartitionOptions& opt) {
-  return partition_impl(g, mesh, in_shardings, opt, nullptr);
+  return partition_impl(g, mesh, in_shardings, opt);
 }
 
-SpmdProgram partition(const Graph& g, const ShardingDecision& d, const std::vector<MemoryCategory>& categories,
-                      CollectiveEmitter* emitter) {
+SpmdProgram partition(const Graph& g, const ShardingDecision& d, CollectiveEmitter* emitter) {
   dump_pass("sharding_decision", [&] { return d.to_string(g); });
   std::vector<int> to_annotated;
   std::unique_ptr<Graph> annotated = annotate(g, d, &to_annotated);
+  // The values' facts carry over; a constraint's result holds what its operand holds, except a
+  // value read in another layout (a gathered param), which is a collective buffer.
+  annotated->copy_facts(g, to_annotated);
+  std::vector<char> mapped(annotated->values().size(), 0);
+  for (int v : to_annotated)
+    if (v >= 0) mapped[v] = 1;
+  for (const Node& n : annotated->nodes())
+    for (int o : n.outputs) {
+      if (mapped[o]) continue;
+      ValueInfo& info = annotated->mutable_value(o);
+      if (!n.inputs.empty()) info.copy_facts(annotated->values()[n.inputs[0]]);
+      if (n.prim == prims::sharding_constraint() && n.attrs.has("reads"))
+        info.category = MemoryCategory::collective_buffers;
+    }
   dump_pass("annotate", [&] { return annotated->to_string(); });
   PartitionOptions opt;
   opt.out_shardings = d.outputs;
   opt.emitter = emitter;
-  std::vector<int> local_of;
-  SpmdProgram p = partition_impl(*annotated, d.mesh, d.inputs, opt, categories.empty() ? nullptr : &local_of);
+  SpmdProgram p = partition_impl(*annotated, d.mesh, d.inputs, opt);
   dump_pass("partition", [&] { return p.summary(); });
-  if (!categories.empty()) {
-    if (categories.size() != g.values().size())
-      throw Error("[partition] internal: " + std::to_string(categories.size()) + " value categories for " +
-                  std::to_string(g.values().size()) + " values");
-    // Categories of the annotated program: the traced values', then constraints: a value read in
-    // another layout (a gathered param) is a collective buffer, a pinned one keeps its category.
-    const Graph& a = *annotated;
-    std::vector<int> cat(a.values().size(), -1);
-    for (size_t v = 0; v < g.values().size(); ++v)
-      if (to_annotated[v] >= 0) cat[to_annotated[v]] = static_cast<int>(categories[v]);
-    for (const Node& n : a.nodes())
-      for (int o : n.outputs)
-        if (cat[o] < 0)
-          cat[o] = n.prim == prims::sharding_constraint() && n.attrs.has("reads")
-                       ? static_cast<int>(MemoryCategory::collective_buffers)
-                       : (n.inputs.empty() ? static_cast<int>(MemoryCategory::temporaries) : cat[n.inputs[0]]);
-    p.local_categories.assign(p.local->values().size(), MemoryCategory::temporaries);
-    for (size_t v = 0; v < a.values().size(); ++v)
-      if (local_of[v] >= 0 && cat[v] >= 0) p.local_categories[local_of[v]] = static_cast<MemoryCategory>(cat[v]);
-  }
   return p;
 }
 

@@ -1,6 +1,7 @@
 // Pipeline schedules as data (include/parallax/pipeline.h): GPipe, 1F1B and interleaved 1F1B by
 // their closed forms, ZB-H1 by list scheduling on unit costs, and one simulator that checks any
 // schedule (every action once, no deadlock) and measures its bubble and held activations.
+#include "core/enum_names.h"
 #include "parallax/pipeline.h"
 
 #include <algorithm>
@@ -125,19 +126,13 @@ Schedule zero_bubble(int D, int M) {
 
 }  // namespace
 
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::gpipe: return "gpipe";
-    case Kind::one_f_one_b: return "1f1b";
-    case Kind::interleaved: return "interleaved";
-    case Kind::zero_bubble: return "zero_bubble";
-  }
-  return "?";
-}
+constexpr const char* kKindNames[] = {"gpipe", "1f1b", "interleaved", "zero_bubble"};
+static_assert(std::size(kKindNames) == static_cast<size_t>(Kind::zero_bubble) + 1);
+
+const char* kind_name(Kind k) { return enum_name(k, kKindNames); }
 
 Kind parse_kind(const std::string& name) {
-  for (Kind k : {Kind::gpipe, Kind::one_f_one_b, Kind::interleaved, Kind::zero_bubble})
-    if (name == kind_name(k)) return k;
+  if (auto k = enum_from_name<Kind>(name, kKindNames)) return *k;
   throw UserError("[pipeline] unknown schedule '" + name + "': use gpipe, 1f1b, interleaved or zero_bubble");
 }
 

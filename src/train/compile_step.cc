@@ -49,7 +49,7 @@ Lowered lower(const StepProgram& p, const ShardingPlan& plan, const std::vector<
               const OffloadOptions& offload) {
   Lowered l;
   ShardingDecision d = decide_train_step(p, plan, state_specs, batch_types, bucket_bytes_for(plan, options.sharding));
-  l.local = partition(*p.graph, d, p.categories);
+  l.local = partition(*p.graph, d);
   l.compile = options.compile;
   l.compile.one_forward_pass = p.micro.size() <= 1;
   offload_local(l.local, p, offload, l.compile);

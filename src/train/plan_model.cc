@@ -57,7 +57,7 @@ std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg_in, const Mesh& mes
       o.strategy = s;
       o.sharding = setup.sharding;
       DecidedStep d = detail::decide_step(model.store(), *opt, loss, batch_types, o);
-      SpmdProgram prog = partition(*d.program.graph, d.decision, d.program.categories);
+      SpmdProgram prog = partition(*d.program.graph, d.decision);
       CompileOptions c = to.compile;
       c.one_forward_pass = d.program.micro.size() <= 1;
       offload_local(prog, d.program, to.offload, c);

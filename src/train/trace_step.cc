@@ -155,21 +155,21 @@ StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
     for (int i = p.begin(k); i < p.micro[k].backward_end; ++i)
       p.graph->mutable_nodes()[i].attrs.set("microbatch", static_cast<int64_t>(k));
 
-  // What each value holds, for the per-device memory report.
-  const Graph& g = *p.graph;
-  p.categories.assign(g.values().size(), MemoryCategory::temporaries);
+  // What each value holds, for the per-device memory report (the rest are temporaries).
+  Graph& g = *p.graph;
+  auto label = [&](int v, MemoryCategory c) { g.mutable_value(v).category = c; };
   for (int i = 0; i < static_cast<int>(g.nodes().size()); ++i)
     if (p.is_forward(i))
-      for (int v : g.nodes()[i].outputs) p.categories[v] = MemoryCategory::activations;
+      for (int v : g.nodes()[i].outputs) label(v, MemoryCategory::activations);
   for (size_t i = 0; i < g.inputs().size(); ++i)
-    p.categories[g.inputs()[i]] = i < n_params             ? MemoryCategory::params
-                                  : i < n_params + n_state ? MemoryCategory::optimizer_state
-                                                           : MemoryCategory::activations;
+    label(g.inputs()[i], i < n_params             ? MemoryCategory::params
+                         : i < n_params + n_state ? MemoryCategory::optimizer_state
+                                                  : MemoryCategory::activations);
   for (const StepProgram::Microbatch& mb : p.micro)
-    for (int v : mb.grads) p.categories[v] = MemoryCategory::gradients;
-  for (int v : sums) p.categories[v] = MemoryCategory::gradients;
+    for (int v : mb.grads) label(v, MemoryCategory::gradients);
+  for (int v : sums) label(v, MemoryCategory::gradients);
   for (size_t o = 3; o < g.outputs().size(); ++o)
-    p.categories[g.outputs()[o]] = o < 3 + n_params ? MemoryCategory::params : MemoryCategory::optimizer_state;
+    label(g.outputs()[o], o < 3 + n_params ? MemoryCategory::params : MemoryCategory::optimizer_state);
   dump_pass("trace_autodiff", [&] {
     std::string head;
     for (size_t k = 0; k < p.micro.size(); ++k)

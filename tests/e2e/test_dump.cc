@@ -64,6 +64,14 @@ TEST(Dump, EveryStepWritesItsPipelineInOrder) {
   EXPECT_EQ(files_in(dir, "train_step."), step_files("train_step"));
   EXPECT_NE(read(dir / "train_step.00.trace_autodiff.txt").find("# pass: trace_autodiff"), std::string::npos);
   EXPECT_EQ(read(dir / "train_step.04.partition.txt").find("all_reduce"), std::string::npos);
+  // What the passes decide about a value travels on the program and shows in each dump after it:
+  // what it holds (from the trace on) and its layer (from offload on).
+  const std::string traced = read(dir / "train_step.00.trace_autodiff.txt");
+  for (const char* fact : {"{params}", "{optimizer_state}", "{gradients}", "{activations}"})
+    EXPECT_NE(traced.find(fact), std::string::npos) << fact;
+  const std::string local = read(dir / "train_step.05.offload.txt");
+  EXPECT_NE(local.find("{params, blocks.0} \"blocks.0."), std::string::npos);
+  EXPECT_NE(local.find("{gradients, blocks.1}"), std::string::npos);
 
   // DDP over two devices: the gradients' all-reduces appear at partition and in the schedule.
   TrainStep ddp(f.model.store(), recipe_check::opt(), f.loss, f.batch_types,
@@ -98,6 +106,14 @@ TEST(Dump, EveryStepWritesItsPipelineInOrder) {
   EXPECT_EQ(files_in(dir, "train_step_5."), step_files("train_step_5"));
   EXPECT_FALSE(files_in(dir / "candidates", "train_step_5.").empty());
   ::unsetenv("PX_DUMP_CANDIDATES");
+
+  // Offloaded optimizer state: where each value lives shows too.
+  TrainStepOptions host;
+  host.offload.optimizer_state = true;
+  TrainStep offloaded(f.model.store(), recipe_check::opt(), f.loss, f.batch_types, host);
+  const std::string placed = read(dir / "train_step_6.05.offload.txt");
+  EXPECT_NE(placed.find("{optimizer_state, pinned_host, blocks.0}"), std::string::npos);
+  EXPECT_NE(placed.find("{params, blocks.0}"), std::string::npos);
   fs::remove_all(dir);
 }
 

@@ -289,10 +289,8 @@ TEST(Offload, BadOptionsAndMisplacedArraysGetClearErrors) {
         return std::vector<Tensor>{to_memory(w * 2.0f, MemoryKind::pinned_host)};
       },
       {{DType::f32, {4}}});
-  CompileOptions c;
-  c.value_kinds.assign(g->values().size(), MemoryKind::device);
-  c.value_kinds[g->inputs()[0]] = MemoryKind::pinned_host;
-  auto exe = Executable::compile(*g, c);
+  g->mutable_value(g->inputs()[0]).kind = MemoryKind::pinned_host;
+  auto exe = Executable::compile(*g, {});
   EXPECT_EQ(exe->input_kind(0), MemoryKind::pinned_host);
   EXPECT_EQ(exe->output_kind(0), MemoryKind::pinned_host);
   Array x = Array::from_f32({1, 2, 3, 4}, {4});

@@ -32,7 +32,7 @@ autoshard::Model autoshard::model_of(std::shared_ptr<const StepProgram> program,
   m.cost = [=](const ShardingPlan& plan) {
     std::vector<PartitionSpec> specs = state_specs_for(plan, slots, param_types);
     ShardingDecision d = decide_train_step(*program, plan, specs, batch_types, bucket_bytes_for(plan, sharding));
-    SpmdProgram local = partition(*program->graph, d, program->categories);
+    SpmdProgram local = partition(*program->graph, d);
     CompileOptions c = compile;
     c.one_forward_pass = program->micro.size() <= 1;
     offload_local(local, *program, offload, c);

@@ -1,5 +1,6 @@
 // The recipes: each param's PartitionSpec from the strategy, the traced forward program (TP reads
 // which matmul consumes each param and which matmul that feeds) and the user's override rules.
+#include "core/enum_names.h"
 #include <algorithm>
 #include <map>
 #include <set>
@@ -11,23 +12,12 @@
 
 namespace px {
 
-const char* strategy_name(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::AUTO:
-      return "AUTO";
-    case ShardingStrategy::DDP:
-      return "DDP";
-    case ShardingStrategy::FSDP:
-      return "FSDP";
-    case ShardingStrategy::TP:
-      return "TP";
-    case ShardingStrategy::FSDP_TP:
-      return "FSDP_TP";
-    case ShardingStrategy::MANUAL:
-      return "MANUAL";
-  }
-  return "?";
-}
+namespace {
+constexpr const char* kStrategyNames[] = {"AUTO", "DDP", "FSDP", "TP", "FSDP_TP", "MANUAL"};
+static_assert(std::size(kStrategyNames) == static_cast<size_t>(ShardingStrategy::MANUAL) + 1);
+}  // namespace
+
+const char* strategy_name(ShardingStrategy s) { return enum_name(s, kStrategyNames); }
 
 namespace {
 

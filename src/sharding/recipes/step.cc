@@ -292,16 +292,12 @@ void offload_local(SpmdProgram& local, const StepProgram& global, const OffloadO
   lp.n_state = global.n_state;
   lp.n_batch = global.n_batch;
   lp.paths = global.paths;
-  lp.categories = local.local_categories;
   if (!o.params.empty() || o.optimizer_state) {
     lp = offload_step(std::move(lp), o);
-    c.value_kinds = lp.kinds;
     c.prefetch_depth = o.prefetch_depth;
   }
-  c.value_layers = memory_pass::value_layers(lp);
+  memory_pass::label_layers(lp);
   local.local = std::move(lp.graph);
-  local.local_categories = lp.categories;
-  c.value_categories = lp.categories;
   // Donation: the new params and optimizer state (outputs 3...) are written into the arrays of the
   // old ones (inputs 0...); detail::Step runs the step so, and the cost model plans it so.
   local.output_donors.assign(local.local->outputs().size(), -1);
