@@ -1,4 +1,3 @@
-#include "core/enum_names.h"
 #include "parallax/core.h"
 
 #include <algorithm>
@@ -7,6 +6,8 @@
 
 #include <cstdlib>
 #include <sstream>
+
+#include "core/enum_names.h"
 
 namespace px {
 

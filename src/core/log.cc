@@ -1,4 +1,3 @@
-#include "core/enum_names.h"
 #include "core/log.h"
 
 #include <atomic>
@@ -8,6 +7,7 @@
 #include <ctime>
 #include <mutex>
 
+#include "core/enum_names.h"
 #include "core/env.h"
 
 namespace px {

@@ -2,7 +2,6 @@
 // device's high-water mark can be read back and compared with the buffer plan.
 #include "parallax/memory.h"
 
-#include "core/enum_names.h"
 
 #include <array>
 #include <atomic>
@@ -11,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/enum_names.h"
 #include "core/env.h"
 #include "parallax/core.h"
 

@@ -1,9 +1,10 @@
 // The Communicator's non-virtual front: argument checks and byte accounting, shared by every
 // implementation so that all of them count the same way.
-#include "core/enum_names.h"
 #include "distributed/communicator.h"
 
 #include <sstream>
+
+#include "core/enum_names.h"
 
 namespace px {
 

@@ -1,10 +1,10 @@
-#include "core/enum_names.h"
 #include "io/json.h"
 
 #include <charconv>
 #include <cmath>
 #include <set>
 
+#include "core/enum_names.h"
 #include "parallax/core.h"
 
 namespace px::json {

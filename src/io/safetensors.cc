@@ -1,7 +1,6 @@
 // The safetensors format: an 8-byte little-endian header length N, N bytes of JSON
 // ({"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}),
 // then the raw row-major little-endian data, offsets relative to the end of the header.
-#include "core/enum_names.h"
 #include "parallax/io.h"
 
 #include <fcntl.h>
@@ -16,6 +15,7 @@
 #include <functional>
 #include <set>
 
+#include "core/enum_names.h"
 #include "io/json.h"
 #include "io/regular_file.h"
 

@@ -1,7 +1,7 @@
 // Zarr v3 metadata (zarr.json) for checkpoint arrays and groups, and the default chunk keys.
-#include "core/enum_names.h"
 #include <nlohmann/json.hpp>
 
+#include "core/enum_names.h"
 #include "io/json_number.h"
 #include "io/zarr.h"
 

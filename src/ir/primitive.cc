@@ -1,7 +1,8 @@
-#include "core/enum_names.h"
 #include "ir/primitive.h"
 
 #include <sstream>
+
+#include "core/enum_names.h"
 
 namespace px {
 

@@ -1,10 +1,10 @@
 // The remat pass over a traced training step: the backward pass reads only the forward values
 // the policy saves and recomputes the others from them, just before their first use there.
-#include "core/enum_names.h"
 #include <atomic>
 #include <string>
 #include <vector>
 
+#include "core/enum_names.h"
 #include "ir/primitive.h"
 #include "memory/rewrite.h"
 #include "memory/step_program.h"

@@ -9,6 +9,7 @@
 
 namespace px::prims {
 
+const Primitive* add();
 const Primitive* attention();
 const Primitive* broadcast_in_dim();
 const Primitive* cast();
@@ -17,9 +18,12 @@ const Primitive* iota();
 const Primitive* reshape();
 const Primitive* scatter_add();
 const Primitive* slice();
+const Primitive* softmax_cross_entropy();
+const Primitive* softmax_cross_entropy_grad();
 const Primitive* tag();
 const Primitive* take();
 const Primitive* transfer();
+const Primitive* transpose();
 
 // True when the node runs the given primitive.
 inline bool is(const Node& n, const Primitive* p) { return n.prim == p; }

@@ -3,7 +3,6 @@
 // Designated initializers leave the fields they do not name at their defaults, on purpose.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
-#include "core/enum_names.h"
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -11,6 +10,7 @@
 #include <memory>
 #include <sstream>
 
+#include "core/enum_names.h"
 #include "parallax/pax.h"
 #include "pax/suggest.h"
 

@@ -1,7 +1,6 @@
 // Pipeline schedules as data (include/parallax/pipeline.h): GPipe, 1F1B and interleaved 1F1B by
 // their closed forms, ZB-H1 by list scheduling on unit costs, and one simulator that checks any
 // schedule (every action once, no deadlock) and measures its bubble and held activations.
-#include "core/enum_names.h"
 #include "parallax/pipeline.h"
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include <map>
 #include <sstream>
 
+#include "core/enum_names.h"
 #include "parallax/core.h"
 
 namespace px::pipeline {

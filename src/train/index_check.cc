@@ -9,14 +9,17 @@
 #include <vector>
 
 #include "ir/primitive.h"
+#include "ops/prims.h"
+#include "sharding/prims.h"
 #include "train/steps.h"
 
 namespace px::detail {
 
 // Per graph input: the tightest index use it reaches through ops that only move values.
 std::vector<IndexUse> index_uses(const Graph& g) {
-  static const std::set<std::string> moves = {"reshape",      "slice",       "transpose", "broadcast_in_dim",
-                                              "broadcast_to", "expand_dims", "squeeze",   "sharding_constraint"};
+  const std::set<const Primitive*> moves = {prims::reshape(),          prims::slice(),
+                                             prims::transpose(),        prims::broadcast_in_dim(),
+                                             prims::sharding_constraint()};
   std::vector<int> origin(g.values().size(), -1);  // the graph input a value carries unchanged
   for (size_t i = 0; i < g.inputs().size(); ++i) origin[g.inputs()[i]] = static_cast<int>(i);
   std::vector<IndexUse> uses(g.inputs().size());
@@ -27,13 +30,13 @@ std::vector<IndexUse> index_uses(const Graph& g) {
     if (u.bound < 0 || bound < u.bound) u = {bound, allowed, std::move(use)};
   };
   for (const Node& n : g.nodes()) {
-    const std::string& p = n.prim->name;
+    const Primitive* p = n.prim;
     if (moves.count(p) && !n.inputs.empty())
       for (int o : n.outputs) origin[o] = origin[n.inputs[0]];
-    if (p == "take")
+    if (p == prims::take())
       bind(n.inputs[1], g.type(n.inputs[0]).shape[0], std::numeric_limits<int64_t>::min(),
            "take, the rows of " + type_str(g.type(n.inputs[0])));
-    if (p == "softmax_cross_entropy" || p == "softmax_cross_entropy_grad")
+    if (p == prims::softmax_cross_entropy() || p == prims::softmax_cross_entropy_grad())
       bind(n.inputs[1], g.type(n.inputs[0]).shape.back(), n.attrs.i("ignore_index"),
            "softmax_cross_entropy, the classes of " + type_str(g.type(n.inputs[0])));
   }

@@ -8,11 +8,11 @@ import tempfile
 
 
 class Checks:
-    def __init__(self, root, script):
-        self.root, self.script, self.failures = root, script, []
+    def __init__(self, root, script, args=()):
+        self.root, self.script, self.args, self.failures = root, script, list(args), []
 
     def check(self, name, root, want_ok, want_text=""):
-        r = subprocess.run([sys.executable, self.script, "--root", root], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, self.script, "--root", root] + self.args, capture_output=True, text=True)
         out = r.stdout + r.stderr
         if (r.returncode == 0) != want_ok or want_text not in out:
             self.failures.append(f"{name}: exit {r.returncode}, expected {'0' if want_ok else '1'}"

@@ -1,12 +1,13 @@
 // The recipes: each param's PartitionSpec from the strategy, the traced forward program (TP reads
 // which matmul consumes each param and which matmul that feeds) and the user's override rules.
-#include "core/enum_names.h"
 #include <algorithm>
 #include <map>
 #include <set>
 #include <sstream>
 
+#include "core/enum_names.h"
 #include "ir/primitive.h"
+#include "ops/prims.h"
 #include "parallax/parallel.h"
 #include "sharding/recipes/tp.h"
 
@@ -24,7 +25,6 @@ namespace {
 // The Megatron pattern is anchored on three primitives by name: the weight matmul (dot_general),
 // the table lookup (take) and the bias add (add) are what TP splits, not properties that another
 // primitive could declare. Everything the analysis passes through is read from TpTraits.
-std::string prim_name(const Node& n) { return n.prim ? n.prim->name : ""; }
 
 using View = TpTraits::View;
 // Whether the analysis sees a param through n's result: ops that keep its dims, or with
@@ -80,7 +80,7 @@ std::vector<ParamMatmul> find_param_matmuls(const GraphIndex& ix) {
   std::vector<ParamMatmul> out;
   for (int n = 0; n < static_cast<int>(ix.g.nodes().size()); ++n) {
     const Node& node = ix.g.nodes()[n];
-    if (prim_name(node) != "dot_general" || node.inputs.size() != 2) continue;
+    if (node.prim != prims::dot_general() || node.inputs.size() != 2) continue;
     for (int side = 0; side < 2; ++side) {
       int p = ix.param_through(node.inputs[side], View::same_dims);
       if (p < 0 || ix.g.type(node.inputs[side]).rank() != 2) continue;
@@ -115,7 +115,7 @@ std::vector<TpAssignment> derive_tp(const GraphIndex& ix, const std::vector<std:
   // Tables read by take are split by rows (vocab-parallel lookup: each device looks up the rows
   // it holds, one all-reduce sums the parts); a tied table's logits are then vocab-parallel too.
   for (const Node& n : ix.g.nodes())
-    if (prim_name(n) == "take") {
+    if (n.prim == prims::take()) {
       int p = ix.param_through(n.inputs[0], View::same_dims);
       if (p >= 0) a[p] = {TpAssignment::embedding, 0, "vocab-parallel embedding"};
     }
@@ -164,7 +164,7 @@ std::vector<TpAssignment> derive_tp(const GraphIndex& ix, const std::vector<std:
       a[mms[i].param] = {TpAssignment::vocab, mms[i].free_dim, "vocab-parallel logits"};
   // Biases added to a column-split output are split the same way.
   for (const Node& n : ix.g.nodes()) {
-    if (prim_name(n) != "add" || n.inputs.size() != 2) continue;
+    if (n.prim != prims::add() || n.inputs.size() != 2) continue;
     for (int s = 0; s < 2; ++s) {
       int b = ix.param_through(n.inputs[s], View::layout);
       if (b < 0 || ix.g.type(ix.g.inputs()[b]).rank() != 1 || a[b].kind != TpAssignment::none) continue;
