@@ -20,14 +20,19 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 // bench-gpt (DESIGN.md section 10) unless overridden: --steps --warmup --vocab --d --heads
 // --layers --ff --seq --batch, and --dtype f32|bf16|both where the benchmark takes it.
 // --flavour llama gives the Llama flavour of equal size (RMSNorm, SwiGLU, rotary positions, untied
-// head, no biases, --kv_heads 2; SwiGLU's d_ff 1536 = 2/3 of 4d rounded up to a multiple of 256,
-// so that its three matrices hold about what GELU's two of 2048 do).
+// head, no biases, --kv_heads 2; SwiGLU's d_ff = 2/3 of 4d rounded up to a multiple of 256, 1536
+// at d 512, so that its three matrices hold about what GELU's two of 4d do).
+// --size gpt2_small sets GPT-2 small's shape first (124M params: vocab 50257, d 768, 12 heads, 12
+// layers, d_ff 3072, seq 1024; the Llama flavour with 4 kv heads and d_ff 2048) at batch 2 (2048
+// tokens a step, seconds on a 2-core machine); the other flags then override it. --size bench
+// (the default) is the bench-gpt shape above.
 struct GptArgs {
   std::string dtype = "both";
   std::string flavour = "gpt2";  // gpt2 | llama
+  std::string size = "bench";    // bench | gpt2_small
   int steps = 5, warmup = 2;
   int64_t vocab = 8192, d = 512, heads = 8, kv_heads = 2, layers = 6, ff = 0, seq = 256, batch = 8;
-  int64_t d_ff() const { return ff > 0 ? ff : flavour == "llama" ? 1536 : 2048; }
+  int64_t d_ff() const { return ff > 0 ? ff : flavour == "llama" ? (8 * d / 3 + 255) / 256 * 256 : 4 * d; }
   nn::LmConfig config() const {
     if (flavour == "llama") return nn::llama_config("bench-llama", vocab, d, heads, kv_heads, layers, d_ff(), seq);
     return nn::gpt2_config("bench-gpt", vocab, d, heads, layers, d_ff(), seq);
@@ -51,11 +56,22 @@ inline GptArgs parse_gpt_args(int argc, char** argv, const char* prog, GptArgs a
     std::fprintf(stderr, "%s: %s (see the header of bench/%s.cc)\n", prog, msg.c_str(), prog);
     std::exit(2);
   };
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--size") {
+      a.size = argv[i + 1];
+      if (a.size == "gpt2_small") {
+        a.vocab = 50257, a.d = 768, a.heads = 12, a.kv_heads = 4, a.layers = 12, a.seq = 1024, a.batch = 2;
+      } else if (a.size != "bench") {
+        fail("--size must be bench or gpt2_small, not '" + a.size + "'");
+      }
+    }
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     if (i + 1 >= argc) fail("flag " + k + " needs a value");
     std::string v = argv[++i];
     int64_t n = std::atoll(v.c_str());
+    if (k == "--size")
+      continue;  // applied above, before the flags that override it
     if (k == "--dtype" && takes_dtype)
       a.dtype = v;
     else if (k == "--flavour")

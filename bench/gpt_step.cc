@@ -5,6 +5,9 @@
 //
 //   build/bench/gpt_step [--flavour gpt2|llama] [--dtype f32|bf16|both] [--steps 5] [--warmup 2] [--layers 6] [--batch
 //   8] ...
+//   build/bench/gpt_step --size gpt2_small [--batch 2] ...   # GPT-2 small's shape (124M params, seq 1024)
+// Each result names its shape (vocab, d, heads, kv_heads, layers, ff, seq, batch), which
+// bench/gpt_vs_torch.sh hands to the PyTorch peer.
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
@@ -58,13 +61,18 @@ void run(const px::bench::GptArgs& a, px::DType compute, const Limits& lim) {
   const double fma = bf16 && lim.fma.bf16_gflops > 0 ? lim.fma.bf16_gflops : lim.fma.f32_gflops;
   const double gemm_peak = bf16 && lim.gemm_bf16_gflops > 0 ? lim.gemm_bf16_gflops : lim.gemm_gflops;
   std::printf(
-      "{\"bench\": \"gpt_step\", \"flavour\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"params\": %.0f, "
+      "{\"bench\": \"gpt_step\", \"flavour\": \"%s\", \"size\": \"%s\", \"vocab\": %lld, \"d\": %lld, "
+      "\"heads\": %lld, \"kv_heads\": %lld, \"layers\": %lld, \"ff\": %lld, \"seq\": %lld, \"batch\": %lld, "
+      "\"dtype\": \"%s\", \"threads\": %d, \"params\": %.0f, "
       "\"step_s\": %.4f, "
       "\"tokens_per_s\": %.1f, \"gflops\": %.1f, \"fma_peak_gflops\": %.1f, \"fraction_of_fma_peak\": %.3f, "
       "\"isa\": \"%s\", \"gemm_peak_gflops\": %.1f, \"fraction_of_peak\": %.3f, \"gemm_step_shapes_gflops\": %.1f, "
       "\"fraction_of_gemm_step_shapes\": %s, \"peak_bytes\": %lld, \"kernels\": %d, \"compile_s\": %.2f, "
       "\"loss\": %.4f}\n",
-      a.flavour.c_str(), compute == px::DType::f32 ? "f32" : "bf16", omp_get_max_threads(), n, dt, tokens / dt, gflops,
+      a.flavour.c_str(), a.size.c_str(), static_cast<long long>(a.vocab), static_cast<long long>(a.d),
+      static_cast<long long>(a.heads), static_cast<long long>(a.kv_heads), static_cast<long long>(a.layers),
+      static_cast<long long>(a.d_ff()), static_cast<long long>(a.seq), static_cast<long long>(a.batch),
+      compute == px::DType::f32 ? "f32" : "bf16", omp_get_max_threads(), n, dt, tokens / dt, gflops,
       fma, gflops / fma, lim.fma.isa.c_str(), gemm_peak, gflops / gemm_peak, lim.gemm_step_gflops,
       // The shapes are timed in f32 (sgemm): a bf16 step has no fraction of them.
       compute == px::DType::f32 ? std::to_string(gflops / lim.gemm_step_gflops).c_str() : "null",

@@ -2,6 +2,9 @@
 # bench-gpt against the PyTorch peer in one run, same workload and thread count, and the ratios.
 #   bash bench/gpt_vs_torch.sh [build dir] [python with torch]
 #   FLAVOUR=llama bash bench/gpt_vs_torch.sh ...   # the Llama flavour of equal size
+#   SIZE=gpt2_small bash bench/gpt_vs_torch.sh ...  # GPT-2 small's shape (124M params, seq 1024, batch 2)
+# The peer runs the shape our run reports (its JSON names vocab, d, heads, ... : gpt_common.h is
+# the one place a size is defined).
 # The GPT peer runs from ../shared/peers/gpt_torch.py, the Llama one from bench/peers/llama_torch.py
 # (the same model in PyTorch: RMSNorm, rotary, GQA through scaled_dot_product_attention, SwiGLU), with a PyTorch installed by pip in a virtual
 # environment outside the repo (it is a benchmark peer, not a dependency):
@@ -20,12 +23,19 @@ case "$FLAVOUR" in
   llama) PEER=bench/peers/llama_torch.py ;;
   *) echo "FLAVOUR must be gpt2 or llama, not '$FLAVOUR'" >&2; exit 2 ;;
 esac
+SIZE=${SIZE:-bench}
 THREADS=${THREADS:-2}
 export OMP_NUM_THREADS=$THREADS PX_NUM_THREADS=$THREADS
 
-ours=$("$BUILD"/bench/gpt_step --flavour "$FLAVOUR" --dtype both --steps 5 --warmup 2)
-# PyTorch eager and compiled (torch.compile: PyTorch at its fastest), per dtype.
-peer() { "$PY" "$PEER" --threads "$THREADS" "$@"; }
+ours=$("$BUILD"/bench/gpt_step --flavour "$FLAVOUR" --size "$SIZE" --dtype both --steps 5 --warmup 2)
+shape=$(python3 -c '
+import json, sys
+o = json.loads(sys.argv[1].splitlines()[0])
+keys = ["vocab", "d", "heads", "layers", "ff", "seq", "batch"] + (["kv_heads"] if o["flavour"] == "llama" else [])
+print(" ".join(f"--{k} {o[k]}" for k in keys))' "$ours")
+# PyTorch eager and compiled (torch.compile: PyTorch at its fastest), per dtype, on our shape.
+# shellcheck disable=SC2086
+peer() { "$PY" "$PEER" --threads "$THREADS" $shape "$@"; }
 torch_f32=$(peer --dtype f32 --steps 5 --warmup 2)
 torch_f32_c=$(peer --dtype f32 --steps 5 --warmup 2 --compile 1)
 if grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
@@ -45,7 +55,7 @@ eager = {d["dtype"]: d for d in (json.loads(sys.argv[2]), json.loads(sys.argv[4]
 compiled = {d["dtype"]: d for d in (json.loads(a) for a in (sys.argv[3], sys.argv[5]) if a.strip())}
 for o in ours:
     e, c = eager[o["dtype"]], compiled.get(o["dtype"])
-    print(json.dumps({"bench": "gpt_vs_torch", "flavour": o["flavour"], "dtype": o["dtype"], "threads": o["threads"], "isa": o["isa"],
+    print(json.dumps({"bench": "gpt_vs_torch", "flavour": o["flavour"], "size": o["size"], "dtype": o["dtype"], "threads": o["threads"], "isa": o["isa"],
                       "fma_peak_gflops": o["fma_peak_gflops"],
                       "gemm_step_shapes_gflops": o["gemm_step_shapes_gflops"],
                       "tokens_per_s": o["tokens_per_s"], "fraction_of_fma_peak": o["fraction_of_fma_peak"],
