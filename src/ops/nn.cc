@@ -237,13 +237,22 @@ std::vector<TensorType> infer_ce(const std::vector<TensorType>& in, const Attrs&
   return {TensorType{DType::f32, in[1].shape}};
 }
 
-std::vector<TensorType> infer_ce_grad(const std::vector<TensorType>& in, const Attrs&) {
+// The gradient has the logits' type, or `out_dtype` (a float type: compile writes the head's
+// gradient in bf16 when every reader would cast it so, runtime/autocast.cc).
+std::vector<TensorType> infer_ce_grad(const std::vector<TensorType>& in, const Attrs& a) {
   if (in.size() != 3) throw Error("[softmax_cross_entropy_grad] takes logits, labels and the loss cotangent");
   check_ce("softmax_cross_entropy_grad", in[0], in[1]);
   if (in[2] != TensorType{DType::f32, in[1].shape})
     throw Error("[softmax_cross_entropy_grad] cotangent must be f32" + shape_str(in[1].shape) + ", got " +
                 type_str(in[2]));
-  return {in[0]};
+  TensorType out = in[0];
+  if (a.has("out_dtype")) {
+    out.dtype = a.dtype("out_dtype");
+    if (!is_float(out.dtype))
+      throw Error(std::string("[softmax_cross_entropy_grad] out_dtype must be f32, bf16 or f16, got ") +
+                  dtype_name(out.dtype));
+  }
+  return {out};
 }
 
 // logits [..., V] and labels [...]: leading dims parallel, the class dim whole.

@@ -73,21 +73,24 @@ std::unique_ptr<Graph> autocast(const Graph& g, DType compute, std::vector<int>*
   });
 }
 
-// An all-gather whose every reader casts its result to a narrower float type gathers the cast
-// operand instead: under bf16 compute, FSDP moves and holds bf16 weights, not f32.
-std::unique_ptr<Graph> narrow_gathers(const Graph& g, std::vector<int>* value_map) {
+// A value whose every reader casts it to the same narrower float type is made narrow: an all-gather
+// gathers the cast operand instead (under bf16 compute, FSDP moves and holds bf16 weights, not
+// f32), the cross-entropy gradient is written in that type (the rounding the cast did, in the
+// kernel's store).
+std::unique_ptr<Graph> narrow_producers(const Graph& g, std::vector<int>* value_map) {
   std::vector<std::vector<int>> users(g.values().size());
   for (size_t i = 0; i < g.nodes().size(); ++i)
     for (int v : g.nodes()[i].inputs) users[v].push_back(static_cast<int>(i));
   std::vector<char> is_output(g.values().size(), 0);
   for (int v : g.outputs()) is_output[v] = 1;
-  // The narrow type each gather can move, or f32 when it cannot.
+  // The narrow type each gather can move or loss gradient write, or f32 when it cannot.
+  auto gathers = [](const Node& n) { return n.prim->spmd.collective == CollectiveKind::all_gather; };
   std::vector<DType> narrow(g.nodes().size(), DType::f32);
   bool any = false;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
-    if (n.prim->spmd.collective != CollectiveKind::all_gather || g.type(n.outputs[0]).dtype != DType::f32 || is_output[n.outputs[0]] ||
-        users[n.outputs[0]].empty())
+    if (!(gathers(n) || n.prim == prims::softmax_cross_entropy_grad()) || n.outputs.size() != 1 ||
+        g.type(n.outputs[0]).dtype != DType::f32 || is_output[n.outputs[0]] || users[n.outputs[0]].empty())
       continue;
     DType to = DType::f32;
     bool ok = true;
@@ -106,14 +109,17 @@ std::unique_ptr<Graph> narrow_gathers(const Graph& g, std::vector<int>* value_ma
     identity_map(g, value_map);
     return g.clone();
   }
-  std::vector<char> gathered_narrow(g.values().size(), 0);  // a gather result already in the narrow type
+  std::vector<char> made_narrow(g.values().size(), 0);  // a result already in the narrow type
   return replay(g, value_map, [&](size_t i, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
     const Node& n = g.nodes()[i];
     if (narrow[i] != DType::f32) {
-      gathered_narrow[n.outputs[0]] = 1;
-      return current_graph()->emit(*n.prim, {cast(ins[0], narrow[i])}, n.attrs);
+      made_narrow[n.outputs[0]] = 1;
+      if (gathers(n)) return current_graph()->emit(*n.prim, {cast(ins[0], narrow[i])}, n.attrs);
+      Attrs a = n.attrs;
+      a.set("out_dtype", narrow[i]);
+      return current_graph()->emit(*n.prim, ins, std::move(a));
     }
-    if (n.prim == prims::cast() && gathered_narrow[n.inputs[0]]) return std::vector<Tensor>{ins[0]};  // already narrow
+    if (n.prim == prims::cast() && made_narrow[n.inputs[0]]) return std::vector<Tensor>{ins[0]};  // already narrow
     return std::nullopt;
   });
 }

@@ -19,9 +19,11 @@ struct DeviceSetup {
   bool over_devices = false;  // run the devices of a block in parallel, one thread each
 };
 
-// After autocast: all-gathers whose readers all cast to bf16/f16 gather the cast operand. With
-// value_map set it also returns, per value of g, its id in the result.
-std::unique_ptr<Graph> narrow_gathers(const Graph& g, std::vector<int>* value_map = nullptr);
+// After autocast: a value that every reader casts to the same bf16/f16 type is made in that type
+// where its producer can: an all-gather gathers the cast operand (FSDP moves and holds 16-bit
+// weights), the cross-entropy gradient writes it (out_dtype: the head's f32 gradient, vocabulary
+// wide, is never stored). With value_map set it also returns, per value of g, its id in the result.
+std::unique_ptr<Graph> narrow_producers(const Graph& g, std::vector<int>* value_map = nullptr);
 
 // What compile decides for a program before it allocates anything: the prepared graph (after
 // autocast, CSE and DCE), its schedule, its collectives and the per-device memory report of its

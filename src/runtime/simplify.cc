@@ -1,4 +1,5 @@
-// The first compile pass: autocast to the compute dtype (with all-gathers narrowed to it), then
+// The first compile pass: autocast to the compute dtype, values that every reader casts to 16 bits
+// made in 16 bits (gathers, the loss gradient: also where the model casts itself), then
 // common-subexpression and dead-code elimination. Each keeps the values' facts (ValueInfo).
 #include "core/dump.h"
 #include "parallax/passes.h"
@@ -8,13 +9,10 @@
 namespace px {
 
 std::unique_ptr<Graph> simplify(const Graph& src, const CompileOptions& opt) {
-  std::unique_ptr<Graph> cast;
-  if (opt.compute_dtype != DType::f32) {
-    cast = narrow_gathers(*autocast(src, opt.compute_dtype));
-    dump_pass("autocast", [&] { return cast->to_string(); });
-  }
-  const Graph& in = cast ? *cast : src;
-  return opt.optimize ? dce(*cse(in)) : in.clone();
+  std::unique_ptr<Graph> cast = opt.compute_dtype != DType::f32 ? autocast(src, opt.compute_dtype) : nullptr;
+  std::unique_ptr<Graph> narrow = narrow_producers(cast ? *cast : src);
+  if (cast) dump_pass("autocast", [&] { return narrow->to_string(); });
+  return opt.optimize ? dce(*cse(*narrow)) : std::move(narrow);
 }
 
 }  // namespace px

@@ -1,6 +1,8 @@
 // The fused-loop engine on real ops: fused and unfused runs agree bit for bit (16-bit, integer
 // and bool intermediates included), broadcasts of external operands fuse as strided loads, and
 // the autocast pass gives bf16/f16 matmuls with f32 results.
+#include <cstring>
+
 #include "ir/primitive.h"
 #include "parallax/passes.h"
 #include "testing.h"
@@ -243,6 +245,59 @@ TEST(Autocast, Bf16ProgramMatchesF32WithinTolerance) {
       if (n.prim->name != "cast")
         for (int v : n.outputs)
           if (is_float(exe->graph().type(v).dtype)) EXPECT_EQ(exe->graph().type(v).dtype, DType::f32) << n.prim->name;
+  }
+}
+
+// Under bf16 compute the head's gradient is written in bf16 by the cross-entropy gradient itself
+// (its readers, the backward matmuls, cast it anyway): the same bits as the f32 gradient cast, and
+// the f32 gradient is never stored.
+TEST(Autocast, TheLossGradientIsWrittenInTheComputeTypeWithTheCastsBits) {
+  const int64_t rows = 6, d = 16, vocab = 300;
+  auto loss = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{sum(softmax_cross_entropy(matmul(in[0], in[1]), in[2]))};
+  };
+  auto g = trace(value_and_grad(loss, {0, 1}),
+                 {{DType::f32, {rows, d}}, {DType::f32, {d, vocab}}, {DType::i32, {rows}}});
+  std::vector<int32_t> labels(rows);
+  for (int64_t r = 0; r < rows; ++r) labels[r] = static_cast<int32_t>((r * 97) % vocab);
+  std::vector<Array> in = {random_array({rows, d}, DType::f32, 21), random_array({d, vocab}, DType::f32, 22),
+                           Array::from_i32(labels, {rows})};
+  for (DType half : {DType::bf16, DType::f16}) {
+    CompileOptions opt;
+    opt.compute_dtype = half;
+    auto exe = Executable::compile(*g, opt);
+    int narrowed = 0;
+    for (const Node& n : exe->graph().nodes())
+      if (n.prim->name == "softmax_cross_entropy_grad") {
+        EXPECT_EQ(exe->graph().type(n.outputs[0]).dtype, half);
+        ++narrowed;
+      }
+    EXPECT_EQ(narrowed, 1) << exe->graph().to_string();
+    // The reference: the casts autocast places, with the f32 gradient also returned (so that it is
+    // stored in f32 and cast, not narrowed).
+    std::unique_ptr<Graph> cast = autocast(*g, half);
+    std::vector<int> outs = cast->outputs();
+    for (const Node& n : cast->nodes())
+      if (n.prim->name == "softmax_cross_entropy_grad") outs.push_back(n.outputs[0]);
+    cast->reset_ids(cast->nodes(), cast->values(), cast->inputs(), cast->input_names(), outs);
+    auto reference = Executable::compile(*cast);
+    auto ref = reference->run(in);
+    auto got = exe->run(in);
+    ASSERT_EQ(got.size() + 1, ref.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].type(), ref[i].type());
+      EXPECT_EQ(std::memcmp(got[i].raw(), ref[i].raw(), static_cast<size_t>(got[i].nbytes())), 0)
+          << dtype_name(half) << " output " << i;
+    }
+  }
+  try {
+    Graph h;
+    Tensor logits = h.input({DType::f32, {2, 5}}), lab = h.input({DType::i32, {2}}), ct = h.input({DType::f32, {2}});
+    h.emit(get_primitive("softmax_cross_entropy_grad"), {logits, lab, ct},
+           Attrs{{"ignore_index", int64_t{-100}}, {"out_dtype", DType::i32}});
+    FAIL() << "an integer out_dtype was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out_dtype must be f32, bf16 or f16, got i32"), std::string::npos) << e.what();
   }
 }
 

@@ -178,9 +178,11 @@ Kernel ce_kernel(const KernelSpec& spec, bool grad) {
   const TensorType& t = spec.in[0];
   const int64_t v = t.shape.back();
   const int64_t rows = spec.in[1].numel();
-  const DType dt = t.dtype;
+  const DType dt = t.dtype, odt = grad ? spec.out[0].dtype : DType::f32;
   const int64_t ignore = spec.attrs.i("ignore_index");
-  auto scratch = std::make_shared<Scratch>(dt == DType::f32 ? 0 : 2 * v);
+  // Per thread: the row in f32 when the logits are narrower, the gradient row when it is stored narrower.
+  const int64_t x_room = dt == DType::f32 ? 0 : v;
+  auto scratch = std::make_shared<Scratch>(x_room + (odt == DType::f32 ? 0 : v));
   const int nt = scratch->threads;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   return [=](const void* const* in, void* const* out) {
@@ -191,11 +193,10 @@ Kernel ce_kernel(const KernelSpec& spec, bool grad) {
       const bool ignored = label == ignore;
       const bool bad = !ignored && (label < 0 || label >= v);  // surfaces as NaN, never a crash
       const float* x;
-      float* s = nullptr;
+      float* s = x_room + (odt == DType::f32 ? 0 : v) > 0 ? scratch->get() : nullptr;
       if (dt == DType::f32) {
         x = static_cast<const float*>(in[0]) + r * v;
       } else {
-        s = scratch->get();
         load_f32(in[0], dt, r * v, s, v);
         x = s;
       }
@@ -210,7 +211,7 @@ Kernel ce_kernel(const KernelSpec& spec, bool grad) {
         static_cast<float*>(out[0])[r] = loss;
         return;
       }
-      float* y = dt == DType::f32 ? static_cast<float*>(out[0]) + r * v : s + v;
+      float* y = odt == DType::f32 ? static_cast<float*>(out[0]) + r * v : s + x_room;
       const float c = ignored ? 0.0f : ct[r];
       if (bad) {
         for (int64_t i = 0; i < v; ++i) y[i] = nan;
@@ -222,7 +223,7 @@ Kernel ce_kernel(const KernelSpec& spec, bool grad) {
         for (int64_t i = 0; i < v; ++i) y[i] *= scale;
         y[label] -= c;
       }
-      if (dt != DType::f32) store_f32(y, out[0], dt, r * v, v);
+      if (odt != DType::f32) store_f32(y, out[0], odt, r * v, v);
     });
   };
 }
