@@ -13,8 +13,8 @@
 namespace px {
 
 namespace {
-constexpr const char* kPolicyNames[] = {"none",          "full",  "nothing_saveable", "dots_saveable",
-                                        "dots_with_no_batch_dims_saveable", "names", "offload", "auto"};
+constexpr const char* kPolicyNames[] = {
+    "none", "full", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable", "names", "offload", "auto"};
 static_assert(std::size(kPolicyNames) == static_cast<size_t>(RematPolicy::automatic) + 1);
 }  // namespace
 
