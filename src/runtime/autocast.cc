@@ -77,7 +77,7 @@ std::unique_ptr<Graph> autocast(const Graph& g, DType compute, std::vector<int>*
 // gathers the cast operand instead (under bf16 compute, FSDP moves and holds bf16 weights, not
 // f32), the cross-entropy gradient is written in that type (the rounding the cast did, in the
 // kernel's store).
-std::unique_ptr<Graph> narrow_producers(const Graph& g, std::vector<int>* value_map) {
+std::unique_ptr<Graph> narrow_producers(const Graph& g) {
   std::vector<std::vector<int>> users(g.values().size());
   for (size_t i = 0; i < g.nodes().size(); ++i)
     for (int v : g.nodes()[i].inputs) users[v].push_back(static_cast<int>(i));
@@ -105,12 +105,9 @@ std::unique_ptr<Graph> narrow_producers(const Graph& g, std::vector<int>* value_
       any = true;
     }
   }
-  if (!any) {
-    identity_map(g, value_map);
-    return g.clone();
-  }
+  if (!any) return nullptr;
   std::vector<char> made_narrow(g.values().size(), 0);  // a result already in the narrow type
-  return replay(g, value_map, [&](size_t i, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
+  return replay(g, nullptr, [&](size_t i, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
     const Node& n = g.nodes()[i];
     if (narrow[i] != DType::f32) {
       made_narrow[n.outputs[0]] = 1;

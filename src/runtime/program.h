@@ -22,8 +22,8 @@ struct DeviceSetup {
 // After autocast: a value that every reader casts to the same bf16/f16 type is made in that type
 // where its producer can: an all-gather gathers the cast operand (FSDP moves and holds 16-bit
 // weights), the cross-entropy gradient writes it (out_dtype: the head's f32 gradient, vocabulary
-// wide, is never stored). With value_map set it also returns, per value of g, its id in the result.
-std::unique_ptr<Graph> narrow_producers(const Graph& g, std::vector<int>* value_map = nullptr);
+// wide, is never stored). Null when no value narrows: g is then the graph to use.
+std::unique_ptr<Graph> narrow_producers(const Graph& g);
 
 // What compile decides for a program before it allocates anything: the prepared graph (after
 // autocast, CSE and DCE), its schedule, its collectives and the per-device memory report of its

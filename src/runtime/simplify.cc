@@ -10,9 +10,11 @@ namespace px {
 
 std::unique_ptr<Graph> simplify(const Graph& src, const CompileOptions& opt) {
   std::unique_ptr<Graph> cast = opt.compute_dtype != DType::f32 ? autocast(src, opt.compute_dtype) : nullptr;
-  std::unique_ptr<Graph> narrow = narrow_producers(cast ? *cast : src);
-  if (cast) dump_pass("autocast", [&] { return narrow->to_string(); });
-  return opt.optimize ? dce(*cse(*narrow)) : std::move(narrow);
+  const Graph* in = cast ? cast.get() : &src;
+  std::unique_ptr<Graph> narrow = narrow_producers(*in);
+  if (narrow) in = narrow.get();
+  if (cast) dump_pass("autocast", [&] { return in->to_string(); });
+  return opt.optimize ? dce(*cse(*in)) : in->clone();
 }
 
 }  // namespace px
