@@ -7,6 +7,20 @@
 //   px::pipeline::Simulation r = px::pipeline::simulate(s);
 //   r.bubble;                                      // idle fraction, (S-1)/(M+S-1) for 1F1B
 //
+// Training with a pipeline: give TrainStep a mesh whose `stage` axis has the devices and say how
+// (TrainStepOptions::pipeline, below). The model's numbered layers ("blocks.3") are split into
+// contiguous stages (embedding with the first, final norm and head with the last); each stage's
+// forward, backward and update are programs of their own, compiled through the same passes as any
+// step, and each device runs its stages' programs in the schedule's order, activations and their
+// gradients passed between neighbouring stages as messages.
+//
+//   px::TrainStepOptions o;
+//   o.mesh = px::Mesh({{"stage", 4}});
+//   o.microbatches = 8;
+//   o.pipeline.schedule = px::pipeline::Kind::one_f_one_b;
+//   px::TrainStep step(store, opt, loss, batch_types, o);
+//   step.pipeline_report().to_string();           // stages, planned memory, measured bubble
+//
 // Stages: with D devices and V virtual stages per device (interleaved schedules) the model is cut
 // into S = D * V stages; device d holds stages d, d + D, d + 2D, ... (the looped placement of
 // Megatron-LM's interleaved 1F1B and of Pax's circular pipeline). Without interleaving, device d
@@ -92,4 +106,47 @@ Simulation simulate(const Schedule& s, const Costs& costs = {});
 // (D-1)(F+I-W) / (M(F+I+W) + (D-1)(F+I-W)).
 double bubble_theory(Kind kind, int devices, int microbatches, int virtual_stages = 1, const Costs& costs = {});
 
+// "F3" (forward of microbatch 3), "B3", "I3", "W3"; with `stage`, "F3.s4".
+std::string action_name(const Action& a, bool with_stage = false);
+
 }  // namespace px::pipeline
+
+namespace px {
+
+// How a step on a mesh with a `stage` axis is pipelined (TrainStepOptions::pipeline).
+struct PipelineOptions {
+  pipeline::Kind schedule = pipeline::Kind::one_f_one_b;
+  int virtual_stages = 1;  // stages per device (the interleaved schedule): stages = devices * this
+  // Numbered layers per stage, one entry per stage (their sum: the model's numbered layers);
+  // empty: an even split, which needs the stage count to divide the layers.
+  std::vector<int> layers_per_stage;
+};
+
+// What a pipelined step planned and what its last run measured (TrainStep::pipeline_report()).
+struct PipelineReport {
+  pipeline::Schedule schedule;
+  std::vector<std::vector<std::string>> stage_layers;  // per stage: the layers it holds
+  // Per device: bytes of params and optimizer state its stages read, of the gradient sums, of its
+  // programs' working memory (arenas), and the most bytes of activations, gradients and messages
+  // it holds at once (planned from the schedule before running; measured on the last run).
+  std::vector<int64_t> state_bytes, accumulator_bytes, arena_bytes, planned_held_bytes, measured_held_bytes;
+  int64_t planned_peak(int device) const;   // state + accumulators + arenas + planned held
+  int64_t measured_peak(int device) const;  // the same with the measured held bytes (0 before a run)
+  int64_t message_bytes = 0;  // sent between devices per step (activations and their gradients)
+  int messages = 0;
+  // The last run, per device: each action (and "update") with when it began and ended, in seconds
+  // since the step began.
+  struct Span {
+    std::string name;  // "F3", "B3.s4", "update"
+    double begin_s = 0, end_s = 0;
+  };
+  std::vector<std::vector<Span>> timeline;
+  double schedule_s = 0;  // from the first action's start to the last action's end
+  // Idle fraction of the devices over the schedule (the update excluded): 1 - busy / (D * schedule_s).
+  double bubble_measured() const;
+  double bubble_theory() const;  // pipeline::bubble_theory of the schedule with unit costs
+  std::string to_string() const;
+  std::string chrome_trace() const;  // one track per device (chrome://tracing, ui.perfetto.dev)
+};
+
+}  // namespace px

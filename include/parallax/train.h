@@ -24,6 +24,7 @@
 #include "parallax/nn/module.h"
 #include "parallax/optim.h"
 #include "parallax/parallel.h"
+#include "parallax/pipeline.h"
 #include "parallax/remat.h"
 #include "parallax/runtime.h"
 #include "parallax/strategy.h"
@@ -51,6 +52,10 @@ struct TrainStepOptions {
   // were (the step is counted in TrainState::skipped, not in TrainState::step).
   bool skip_nonfinite = false;
   CompileOptions compile;  // e.g. .compute_dtype = DType::bf16 for mixed precision
+  // On a mesh with a `stage` axis: the schedule and the layer split (parallax/pipeline.h). The
+  // microbatches above are the pipeline's; each device runs its stages' programs in the schedule's
+  // order, and the state is held once per process (each stage's programs read their params).
+  PipelineOptions pipeline;
 };
 
 // The training state: params (in the store's declaration order) and optimizer state, each this
@@ -138,6 +143,10 @@ class TrainStep {
   // Collectives of one step: planned (partitioner, bytes per device) and counted at run time.
   std::string collectives_table() const;
   const Graph& graph() const;  // the traced step (global shapes, before partitioning)
+  bool pipelined() const;      // the mesh has a `stage` axis
+  // A pipelined step's stages, planned memory per device and last run's timeline; throws
+  // px::UserError for a step that is not pipelined.
+  const PipelineReport& pipeline_report() const;
   // The compiled local program (what each device runs: its memory report, profile and timeline)
   // and the sharded executable around it (shardings, collectives, the devices it runs).
   const Executable& executable() const;

@@ -21,6 +21,7 @@
 #include "runtime/program.h"
 #include "sharding/groups.h"
 #include "sharding/recipes/step.h"
+#include "train/pipeline_step.h"
 #include "train/steps.h"
 
 namespace px::detail {
@@ -152,7 +153,84 @@ void check_rows_per_device(const ShardingPlan& plan, const std::vector<TensorTyp
   }
 }
 
+bool has_stage_axis(const Mesh& mesh) {
+  for (const MeshAxis& a : mesh.axes())
+    if (a.name == "stage") return true;
+  return false;
+}
+
+// A mesh with a `stage` axis: the step of one microbatch, traced and remat'd as any step, cut into
+// stage programs that each compile through the runtime's passes (stage_programs.cc).
+CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
+                               const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
+  const Mesh& mesh = *options.mesh;
+  for (const MeshAxis& a : mesh.axes())
+    if (a.name != "stage" && a.size > 1)
+      throw UserError(fmt::format(
+          "[pipeline] the mesh {} has a `stage` axis and axis '{}' of size {}: a pipelined step runs on a mesh whose "
+          "only axis larger than 1 is `stage` (data, FSDP and tensor parallelism inside a stage are not built); use "
+          "a mesh of the `stage` axis alone, or drop the `stage` axis",
+          mesh.to_string(), a.name, a.size));
+  if (mesh.num_processes() > 1)
+    throw UserError("[pipeline] the mesh " + mesh.to_string() +
+                    " spans several processes: a pipelined step runs its stages in one process; use a mesh of one "
+                    "process");
+  if (options.strategy == ShardingStrategy::AUTO)
+    throw UserError(
+        "[pipeline] AUTO does not plan a mesh with a `stage` axis: give the stage count and schedule yourself "
+        "(strategy DDP, TrainStepOptions::pipeline), or drop the `stage` axis and let AUTO shard");
+  if (options.remat.policy == RematPolicy::automatic)
+    throw UserError(
+        "[pipeline] remat `auto` is not planned per stage: give a remat policy (e.g. full) for a pipelined step");
+  if (!options.offload.params.empty() || options.offload.optimizer_state)
+    throw UserError("[pipeline] offload is not built for pipelined steps: drop TrainStepOptions::offload");
+  check_microbatches(options.microbatches, batch_types, "TrainStep");
+  const int M = options.microbatches;
+  const pipeline::Schedule schedule = pipeline::make_schedule(
+      options.pipeline.schedule, static_cast<int>(mesh.axis_size("stage")), M, options.pipeline.virtual_stages);
+  std::vector<TensorType> micro_types = batch_types;
+  for (TensorType& t : micro_types)
+    if (t.rank() > 0) t.shape[0] /= M;
+
+  StepProgram p = trace_train_step(store, opt, loss_fn, micro_types, options.clip_norm, "TrainStep",
+                                   options.skip_nonfinite, 1);
+  p = remat_step(std::move(p), options.remat);
+  dump_pass("remat", [&] { return p.graph->to_string(); });
+  CompiledStep c;
+  c.plan = one_device_plan(store);
+  c.plan.mesh = mesh;
+  c.state_specs = state_specs_for(c.plan, opt.state_slots(store.types()), store.types());
+  c.n_params = p.n_params;
+  c.n_state = p.n_state;
+  c.index_uses = index_uses(*p.graph);
+  c.graph = p.graph->clone();
+  const size_t n_inputs = p.graph->inputs().size();
+  StagedStep staged = stage_programs(std::move(p), schedule, options.pipeline, options.compile);
+  for (ParamPlacement& pp : c.plan.params)
+    for (size_t st = 0; st < staged.stage_layers.size(); ++st)
+      for (const std::string& l : staged.stage_layers[st])
+        if (l == memory_pass::layer_of(pp.path))
+          pp.reason = fmt::format("stage {} (device {})", st, schedule.device_of(static_cast<int>(st)));
+  c.pipeline = std::make_unique<PipelineRunner>(std::move(staged));
+  const PipelineReport& r = c.pipeline->report();
+  const int64_t limit = memory_limit(options, mesh);
+  for (int d = 0; d < schedule.devices; ++d)
+    if (limit > 0 && r.planned_peak(d) > limit)
+      throw UserError(fmt::format(
+          "[TrainStep] the pipelined step needs {} bytes on device {}, over the memory limit of {} bytes:\n{}"
+          "Raise the microbatch count (smaller microbatches), use 1F1B rather than GPipe, set a remat policy, or "
+          "use more stages",
+          r.planned_peak(d), d, limit, r.to_string()));
+  c.in_shardings.assign(n_inputs, Sharding::replicated(Mesh()));
+  return c;
+}
+
 }  // namespace
+
+CompiledStep::CompiledStep() = default;
+CompiledStep::CompiledStep(CompiledStep&&) noexcept = default;
+CompiledStep& CompiledStep::operator=(CompiledStep&&) noexcept = default;
+CompiledStep::~CompiledStep() = default;
 
 DecidedStep decide_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                         const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
@@ -210,6 +288,7 @@ DecidedStep decide_step(nn::ParamStore& store, const optim::Optimizer& opt, cons
 CompiledStep compile_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                           const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
   DumpProgram dump("train_step");
+  if (options.mesh && has_stage_axis(*options.mesh)) return compile_pipelined(store, opt, loss_fn, batch_types, options);
   // 1-3. Trace, remat, decide.
   DecidedStep d = decide_step(store, opt, loss_fn, batch_types, options);
   const Mesh& mesh = d.plan.mesh;
@@ -250,6 +329,8 @@ CompiledStep compile_step(nn::ParamStore& store, const optim::Optimizer& opt, co
   c.graph = std::move(d.program.graph);
   c.exe = ShardedExecutable::compile(std::move(l.local), l.compile, options.sharding.device_parallelism,
                                      options.sharding.communicator);
+  for (size_t i = 0; i < c.graph->inputs().size(); ++i) c.in_shardings.push_back(c.exe->in_sharding(static_cast<int>(i)));
+  c.process = c.exe->process();
   return c;
 }
 

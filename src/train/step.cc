@@ -10,6 +10,7 @@
 #include "checkpoint/layout.h"
 #include "core/exclusive.h"
 #include "runtime/program.h"
+#include "train/pipeline_step.h"
 #include "train/steps.h"
 
 namespace px::detail {
@@ -48,23 +49,25 @@ TrainState Step::begin_state() const {
   return s;
 }
 
-namespace {
+MemoryKind Step::input_kind(size_t i) const {
+  return c_.exe ? c_.exe->executable().input_kind(static_cast<int>(i)) : MemoryKind::device;
+}
 
 // Input `i`'s shards moved to the memory kind the step keeps it in (offload: pinned_host) now, one
 // param at a time, so that a model whose state only fits offloaded can be initialized.
-ShardedArray placed(ShardedArray a, const ShardedExecutable& exe, size_t i) {
-  const MemoryKind want = exe.executable().input_kind(static_cast<int>(i));
+ShardedArray Step::placed(ShardedArray a, size_t i) const {
+  const MemoryKind want = input_kind(i);
   for (Array& sh : a.mutable_shards())
     if (sh.placement().kind != want) sh = sh.to({sh.placement().device, want});
   return a;
 }
 
-}  // namespace
+Array Step::gathered(const ShardedArray& a) const { return c_.exe ? gather(a, c_.exe->communicator()) : gather(a); }
 
 void Step::set_param(TrainState& s, int i, const Array& full) const {
   check_param(s, i, full.type());
-  const int proc = c_.exe->process();
-  s.params[i] = placed(shard(full, c_.exe->in_sharding(i), proc), *c_.exe, i);
+  const int proc = c_.process;
+  s.params[i] = placed(shard(full, c_.in_shardings[i], proc), i);
   // Its optimizer slots, fresh: the optimizer's state for this param alone, in slot order.
   std::vector<Array> st = opt_->init_state({full});
   size_t k = 0;
@@ -72,24 +75,22 @@ void Step::set_param(TrainState& s, int i, const Array& full) const {
   for (size_t j = 0; j < slots.size(); ++j)
     if (slots[j].param == i) {
       if (k >= st.size()) throw InternalError("[TrainStep] set_param: optimizer slots do not line up");
-      s.opt_state[j] = placed(shard(st[k++], c_.exe->in_sharding(static_cast<int>(c_.n_params + j)), proc), *c_.exe,
-                              c_.n_params + j);
+      s.opt_state[j] = placed(shard(st[k++], c_.in_shardings[c_.n_params + j], proc), c_.n_params + j);
     }
 }
 
 void Step::set_param(TrainState& s, int i, const BoxReader& read) const {
   const std::vector<TensorType> types = store_.types();
   check_param(s, i, i >= 0 && static_cast<size_t>(i) < types.size() ? types[i] : TensorType{});
-  const int proc = c_.exe->process();
-  s.params[i] = placed(shard(types[i], read, c_.exe->in_sharding(i), proc), *c_.exe, i);
+  const int proc = c_.process;
+  s.params[i] = placed(shard(types[i], read, c_.in_shardings[i], proc), i);
   auto zeros = [](const std::vector<int64_t>&, Array& out) {
     if (out.nbytes()) std::memset(out.raw(), 0, static_cast<size_t>(out.nbytes()));
   };
   const std::vector<optim::StateSlot> slots = opt_->state_slots(types);
   for (size_t j = 0; j < slots.size(); ++j)
     if (slots[j].param == i)
-      s.opt_state[j] = placed(shard(slots[j].type, zeros, c_.exe->in_sharding(static_cast<int>(c_.n_params + j)), proc),
-                              *c_.exe, c_.n_params + j);
+      s.opt_state[j] = placed(shard(slots[j].type, zeros, c_.in_shardings[c_.n_params + j], proc), c_.n_params + j);
 }
 
 void Step::check_param(const TrainState& s, int i, const TensorType& type) const {
@@ -105,14 +106,14 @@ void Step::check_param(const TrainState& s, int i, const TensorType& type) const
 }
 
 const Sharding& Step::batch_sharding(int i) const {
-  return c_.exe->in_sharding(static_cast<int>(c_.n_params + c_.n_state) + i);
+  return c_.in_shardings.at(c_.n_params + c_.n_state + static_cast<size_t>(i));
 }
 
 StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch) {
   ExclusiveCall call(busy_, "training step");  // out_ is reused by every call
   if (state.params.size() != c_.n_params || state.opt_state.size() != c_.n_state)
     throw Error("[TrainStep] the state does not belong to this step (make it with TrainStep::init)");
-  const Mesh& mesh = c_.plan.mesh;
+  const Mesh& mesh = c_.in_shardings.at(0).mesh;  // the state's (a pipeline holds it once per process)
   for (size_t i = 0; i < c_.n_params; ++i) {
     const ShardedArray& p = state.params[i];
     if (p.shards().empty())
@@ -139,7 +140,7 @@ StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch)
   size_t k = 0;
   for (auto* group : {&state.params, &state.opt_state})
     for (ShardedArray& a : *group) {
-      const MemoryKind want = c_.exe->executable().input_kind(static_cast<int>(k++));
+      const MemoryKind want = input_kind(k++);
       for (Array& sh : a.mutable_shards())
         if (sh.placement().kind != want) sh = sh.to({sh.placement().device, want});
     }
@@ -152,14 +153,15 @@ StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch)
       for (const Array& sh : a.shards()) sole = sole && sh.sole_owner();
       donate.push_back(sole);
     }
+  if (c_.pipeline) return run_pipelined(state, batch);
   std::vector<ShardedArray> in;
   in.reserve(c_.n_params + c_.n_state + batch.size() + 1);
   for (auto& p : state.params) in.push_back(p);
   for (auto& s : state.opt_state) in.push_back(s);
   for (size_t i = 0; i < batch.size(); ++i)
-    in.push_back(shard(batch[i], batch_sharding(static_cast<int>(i)), c_.exe->process()));
+    in.push_back(shard(batch[i], batch_sharding(static_cast<int>(i)), c_.process));
   Array step = Array::from_i32({traced_step(state.step, "TrainStep")}, {});
-  in.push_back(shard(step, c_.exe->in_sharding(static_cast<int>(in.size())), c_.exe->process()));
+  in.push_back(shard(step, c_.in_shardings.at(in.size()), c_.process));
   // Donation: the new params and state are written into the arrays of the old ones, in place (the
   // plan counts them once); the metrics land in the arrays of the last step.
   std::vector<ShardedArray>& out = out_;
@@ -173,23 +175,68 @@ StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch)
   for (size_t i = 0; i < c_.n_params; ++i) state.params[i] = std::move(out[3 + i]);
   for (size_t i = 0; i < c_.n_state; ++i) state.opt_state[i] = std::move(out[3 + c_.n_params + i]);
   out.resize(3);
+  count(state, m);
+  return m;
+}
+
+void Step::count(TrainState& state, const StepMetrics& m) {
   if (m.skipped)
     ++state.skipped;
   else
     ++state.step;
   ++steps_run_;
+}
+
+// The state is held once per process (whole arrays); each stage's programs read their params.
+StepMetrics Step::run_pipelined(TrainState& state, const std::vector<Array>& batch) {
+  std::vector<Array> in;
+  for (auto* group : {&state.params, &state.opt_state})
+    for (const ShardedArray& a : *group) in.push_back(a.shards().at(0));
+  in.push_back(Array::from_i32({traced_step(state.step, "TrainStep")}, {}));
+  std::vector<Array> out = c_.pipeline->run(in, batch);
+  const StepMetrics m = step_metrics(out[0].to_f32()[0], out[1].to_f32()[0], out[2].to_f32()[0], skip_nonfinite_);
+  for (size_t i = 0; i < c_.n_params + c_.n_state; ++i) {
+    ShardedArray& a = i < c_.n_params ? state.params[i] : state.opt_state[i - c_.n_params];
+    a = ShardedArray(a.type(), a.sharding(), {std::move(out[3 + i])}, c_.process);
+  }
+  count(state, m);
   return m;
+}
+
+int64_t Step::peak_bytes() const {
+  if (!c_.pipeline) return c_.exe->memory().peak_bytes;
+  int64_t peak = 0;
+  for (int d = 0; d < c_.pipeline->report().schedule.devices; ++d) peak = std::max(peak, c_.pipeline->report().planned_peak(d));
+  return peak;
+}
+
+const PipelineReport& Step::pipeline_report() const {
+  if (!c_.pipeline)
+    throw UserError("[TrainStep] this step is not pipelined: pipeline_report() is for a step on a mesh with a `stage` axis");
+  return c_.pipeline->report();
+}
+
+const ShardedExecutable& Step::executable() const {
+  if (!c_.exe)
+    throw UserError(
+        "[TrainStep] a pipelined step has no single executable: each stage's forward, backward and update are "
+        "programs of their own; read pipeline_report() for its memory and timeline");
+  return *c_.exe;
+}
+
+ShardedExecutable& Step::executable() {
+  return const_cast<ShardedExecutable&>(static_cast<const Step*>(this)->executable());
 }
 
 std::vector<Array> Step::gather_params(const TrainState& s) const {
   std::vector<Array> out;
-  for (const auto& p : s.params) out.push_back(gather(p, c_.exe->communicator()));
+  for (const auto& p : s.params) out.push_back(gathered(p));
   return out;
 }
 
 std::vector<Array> Step::gather_opt_state(const TrainState& s) const {
   std::vector<Array> out;
-  for (const auto& p : s.opt_state) out.push_back(gather(p, c_.exe->communicator()));
+  for (const auto& p : s.opt_state) out.push_back(gathered(p));
   return out;
 }
 
@@ -231,8 +278,8 @@ Checkpoint Step::checkpoint(const TrainState& state, const std::string& who) con
 RestoreOptions Step::restore_options() const {
   RestoreOptions o;
   const ckpt::StateLayout l = layout();
-  for (size_t i = 0; i < l.names.size(); ++i) o.shardings[l.names[i]] = c_.exe->in_sharding(static_cast<int>(i));
-  o.process = c_.exe->process();
+  for (size_t i = 0; i < l.names.size(); ++i) o.shardings[l.names[i]] = c_.in_shardings.at(i);
+  o.process = c_.process;
   return o;
 }
 
@@ -246,12 +293,12 @@ TrainState Step::restore(Checkpoint c, const std::string& where) const {
   }
   std::map<std::string, size_t> index;
   for (size_t k = 0; k < c.entries.size(); ++k) index[c.entries[k].name] = k;
-  const int proc = c_.exe->process();
+  const int proc = c_.process;
   TrainState s;
   s.step = c.step;
   for (size_t i = 0; i < l.names.size(); ++i) {
     ShardedArray& a = c.entries[index.at(l.names[i])].array;
-    const Sharding& want = c_.exe->in_sharding(static_cast<int>(i));
+    const Sharding& want = c_.in_shardings.at(i);
     ShardedArray got;
     if (a.sharding() == want && a.process() == proc) {
       got = std::move(a);
@@ -297,11 +344,11 @@ void Step::save(const std::string& path, const TrainState& state) const {
     // An export: full arrays, gathered (collectives over several processes); process 0 writes.
     Checkpoint full(c.step);
     full.optimizer = c.optimizer;
-    for (const CheckpointEntry& e : c.entries) full.add(e.name, gather(e.array, c_.exe->communicator()), e.group);
-    if (c_.exe->process() == 0) export_safetensors(full, path, /*group=*/"");
+    for (const CheckpointEntry& e : c.entries) full.add(e.name, gathered(e.array), e.group);
+    if (c_.process == 0) export_safetensors(full, path, /*group=*/"");
   } else {
     CheckpointOptions o;
-    o.processes.index = c_.exe->process();
+    o.processes.index = c_.process;
     if (several) o.processes.barrier = [this](const std::string&) { c_.exe->communicator().barrier(); };
     write_checkpoint(path, c, o);
   }
@@ -321,6 +368,12 @@ TrainState Step::load(const std::string& path) const {
 
 std::string Step::collectives_table() const {
   std::ostringstream os;
+  if (c_.pipeline) {
+    const PipelineReport& r = c_.pipeline->report();
+    os << "a pipelined step: no collectives; " << r.messages << " messages between stages per step, " << r.message_bytes
+       << " bytes\n";
+    return os.str();
+  }
   struct Row {
     int64_t count = 0, bytes = 0;
   };

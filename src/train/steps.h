@@ -25,9 +25,14 @@ StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
                              const std::vector<TensorType>& batch_types, double clip_norm,
                              const std::string& who = "TrainStep", bool skip_nonfinite = false, int microbatches = 1);
 
+// px::UserError unless microbatches >= 1 divides every batch array's leading dim.
+void check_microbatches(int microbatches, const std::vector<TensorType>& batch_types, const std::string& who);
+
 }  // namespace px
 
 namespace px::detail {
+
+class PipelineRunner;
 
 // The first passes (trace and autodiff, remat, the sharding decision) without compiling: what
 // the cost model and pax's plan read.
@@ -55,10 +60,17 @@ StepMetrics step_metrics(float loss, float grad_norm, float lr, bool skip);
 
 // What the pipeline leaves: the plan, the traced step and the compiled program.
 struct CompiledStep {
+  CompiledStep();
+  CompiledStep(CompiledStep&&) noexcept;
+  CompiledStep& operator=(CompiledStep&&) noexcept;
+  ~CompiledStep();
   ShardingPlan plan;                       // each param's spec (one device: all replicated)
   std::vector<PartitionSpec> state_specs;  // per optimizer-state slot
   std::unique_ptr<Graph> graph;            // the traced step, global shapes, after remat
   std::unique_ptr<ShardedExecutable> exe;  // the local program, compiled for this process's devices
+  std::unique_ptr<PipelineRunner> pipeline;  // instead of exe on a mesh with a `stage` axis
+  std::vector<Sharding> in_shardings;        // per input of the traced step: how the caller's arrays are split
+  int process = 0;                           // the mesh process this step runs
   size_t n_params = 0, n_state = 0;
   std::vector<IndexUse> index_uses;  // per input of the traced step
 };
@@ -92,14 +104,23 @@ class Step {
   const ShardingPlan& plan() const { return c_.plan; }
   std::string collectives_table() const;
   const Graph& graph() const { return *c_.graph; }
-  const ShardedExecutable& executable() const { return *c_.exe; }
-  ShardedExecutable& executable() { return *c_.exe; }
+  // Throws px::UserError for a pipelined step (one program per stage and part).
+  const ShardedExecutable& executable() const;
+  ShardedExecutable& executable();
+  int64_t peak_bytes() const;  // per device, planned
+  bool pipelined() const { return c_.pipeline != nullptr; }
+  const PipelineReport& pipeline_report() const;
   const Sharding& batch_sharding(int i) const;
   int64_t steps_run() const { return steps_run_; }
-  int process() const { return c_.exe->process(); }
+  int process() const { return c_.process; }
 
  private:
   void check_param(const TrainState& s, int i, const TensorType& type) const;
+  MemoryKind input_kind(size_t i) const;
+  ShardedArray placed(ShardedArray a, size_t i) const;
+  Array gathered(const ShardedArray& a) const;
+  StepMetrics run_pipelined(TrainState& state, const std::vector<Array>& batch);
+  void count(TrainState& state, const StepMetrics& m);
   nn::ParamStore& store_;
   optim::OptimizerPtr opt_;
   std::vector<TensorType> batch_types_;

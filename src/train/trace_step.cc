@@ -30,7 +30,8 @@ Tensor microbatch_rows(const Tensor& x, int k, int m) {
   return reshape(slice(reshape(x, split), starts, limits), rows);
 }
 
-// px::UserError unless microbatches >= 1 divides every batch array's leading dim.
+}  // namespace
+
 void check_microbatches(int microbatches, const std::vector<TensorType>& batch_types, const std::string& who) {
   if (microbatches < 1)
     throw UserError(fmt::format("[{}] microbatches must be >= 1 (1: the whole batch at once), got {}", who,
@@ -44,8 +45,6 @@ void check_microbatches(int microbatches, const std::vector<TensorType>& batch_t
           who, microbatches, i, type_str(t), t.shape[0], microbatches, microbatches, t.shape[0]));
   }
 }
-
-}  // namespace
 
 StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                              const std::vector<TensorType>& batch_types, double clip_norm, const std::string& who,

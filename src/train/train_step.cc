@@ -52,7 +52,9 @@ const Graph& TrainStep::graph() const { return step_->graph(); }
 const Executable& TrainStep::executable() const { return step_->executable().executable(); }
 const ShardedExecutable& TrainStep::sharded_executable() const { return step_->executable(); }
 ShardedExecutable& TrainStep::sharded_executable() { return step_->executable(); }
-int64_t TrainStep::peak_bytes() const { return step_->executable().memory().peak_bytes; }
+int64_t TrainStep::peak_bytes() const { return step_->peak_bytes(); }
+bool TrainStep::pipelined() const { return step_->pipelined(); }
+const PipelineReport& TrainStep::pipeline_report() const { return step_->pipeline_report(); }
 const optim::Optimizer& TrainStep::optimizer() const { return step_->optimizer(); }
 const Sharding& TrainStep::batch_sharding(int i) const { return step_->batch_sharding(i); }
 int64_t TrainStep::steps_run() const { return step_->steps_run(); }

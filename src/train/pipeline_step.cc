@@ -1,0 +1,414 @@
+// The run loop of a pipelined step: one thread per device runs its stages' programs in the
+// schedule's order; a value another device reads is sent as a message when it is computed and
+// received when the reader's action starts. What a device holds (activations, gradients, messages
+// received) is counted at every action, as the plan counts it from the schedule.
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "train/pipeline_step.h"
+
+namespace px {
+
+int64_t PipelineReport::planned_peak(int d) const {
+  return state_bytes.at(d) + accumulator_bytes.at(d) + arena_bytes.at(d) + planned_held_bytes.at(d);
+}
+
+int64_t PipelineReport::measured_peak(int d) const {
+  if (measured_held_bytes.empty()) return 0;
+  return state_bytes.at(d) + accumulator_bytes.at(d) + arena_bytes.at(d) + measured_held_bytes.at(d);
+}
+
+double PipelineReport::bubble_measured() const {
+  if (timeline.empty() || schedule_s <= 0) return 0;
+  double busy = 0;
+  for (const auto& dev : timeline)
+    for (const Span& s : dev)
+      if (s.name != "update") busy += s.end_s - s.begin_s;
+  return 1.0 - busy / (static_cast<double>(timeline.size()) * schedule_s);
+}
+
+double PipelineReport::bubble_theory() const {
+  return pipeline::bubble_theory(schedule.kind, schedule.devices, schedule.microbatches, schedule.virtual_stages);
+}
+
+std::string PipelineReport::to_string() const {
+  std::ostringstream os;
+  os << "pipeline: " << pipeline::kind_name(schedule.kind) << ", " << schedule.devices << " devices, "
+     << schedule.stages() << " stages, " << schedule.microbatches << " microbatches\n";
+  for (size_t s = 0; s < stage_layers.size(); ++s)
+    os << fmt::format("  stage {} (device {}): {}\n", s, schedule.device_of(static_cast<int>(s)),
+                      fmt::join(stage_layers[s], ", "));
+  for (int d = 0; d < schedule.devices; ++d) {
+    os << fmt::format(
+        "  device {}: planned peak {} bytes (params and optimizer state {}, gradient sums {}, programs {}, held "
+        "{})",
+        d, planned_peak(d), state_bytes[d], accumulator_bytes[d], arena_bytes[d], planned_held_bytes[d]);
+    if (!measured_held_bytes.empty()) os << fmt::format(", measured peak {} bytes", measured_peak(d));
+    os << "\n";
+  }
+  os << fmt::format("  messages per step: {} ({} bytes)\n", messages, message_bytes);
+  os << fmt::format("  bubble: {:.3f} in theory (unit costs)", bubble_theory());
+  if (!timeline.empty()) os << fmt::format(", {:.3f} measured over {:.4f} s", bubble_measured(), schedule_s);
+  os << "\n";
+  return os.str();
+}
+
+std::string PipelineReport::chrome_trace() const {
+  std::ostringstream os;
+  os << "{\"traceEvents\":[";
+  bool first = true;
+  for (size_t d = 0; d < timeline.size(); ++d) {
+    os << (first ? "" : ",")
+       << fmt::format("{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":{},\"args\":{{\"name\":\"device {}\"}}}}",
+                      d, d);
+    first = false;
+    for (const Span& s : timeline[d])
+      os << fmt::format(",{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":0,\"tid\":{},\"ts\":{:.3f},\"dur\":{:.3f}}}", s.name,
+                        d, s.begin_s * 1e6, (s.end_s - s.begin_s) * 1e6);
+  }
+  os << "]}";
+  return os.str();
+}
+
+namespace pipeline {
+
+std::string action_name(const Action& a, bool with_stage) {
+  const char* letter = a.op == Op::forward          ? "F"
+                       : a.op == Op::backward       ? "B"
+                       : a.op == Op::backward_input ? "I"
+                                                    : "W";
+  return fmt::format("{}{}{}", letter, a.microbatch, with_stage ? fmt::format(".s{}", a.stage) : "");
+}
+
+}  // namespace pipeline
+
+namespace detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Microbatch k of m of a batch array: its rows k, k + m, ... (the rows trace_train_step slices).
+Array microbatch_rows(const Array& x, int k, int m) {
+  if (m == 1 || x.shape().empty()) return x;
+  Shape rows = x.shape();
+  rows[0] /= m;
+  Array out(x.dtype(), rows);
+  const int64_t row = x.shape()[0] ? x.nbytes() / x.shape()[0] : 0;
+  const auto* src = static_cast<const std::byte*>(x.raw());
+  auto* dst = static_cast<std::byte*>(out.raw());
+  for (int64_t r = 0; r < rows[0]; ++r)
+    std::memcpy(dst + r * row, src + (r * m + k) * row, static_cast<size_t>(row));
+  return out;
+}
+
+// Which programs of a device an action runs: its part's program of the stage, then (after the
+// stage's last backward part of a microbatch) the gradient sums.
+int program_of(const StagedStep& s, const pipeline::Action& a) {
+  switch (a.op) {
+    case pipeline::Op::forward: return s.forward[a.stage];
+    case pipeline::Op::backward: return s.backward[a.stage];
+    case pipeline::Op::backward_input: return s.backward_input[a.stage];
+    case pipeline::Op::backward_weight: return s.backward_weight[a.stage];
+  }
+  return -1;
+}
+
+bool ends_backward(const StagedStep& s, const pipeline::Action& a) {
+  return a.op == (s.schedule.kind == pipeline::Kind::zero_bubble ? pipeline::Op::backward_weight
+                                                                   : pipeline::Op::backward);
+}
+
+}  // namespace
+
+// Who reads what, per device: the counts the run loop and the plan both walk by.
+struct Readers {
+  std::vector<std::map<int, int>> micro, step;        // per device: value -> readers there
+  std::vector<std::vector<int>> micro_remote, step_remote;  // per value: other devices reading it
+};
+
+namespace {
+
+Readers readers_of(const StagedStep& s) {
+  const int D = s.schedule.devices;
+  const size_t nv = s.graph->values().size();
+  Readers r;
+  r.micro.resize(D);
+  r.step.resize(D);
+  r.micro_remote.resize(nv);
+  r.step_remote.resize(nv);
+  for (const StageProgram& p : s.programs) {
+    if (p.part == StagePart::accumulate || p.part == StagePart::mean) continue;
+    const int d = s.schedule.device_of(p.stage);
+    auto& counts = p.part == StagePart::update ? r.step[d] : r.micro[d];
+    for (int v : p.inputs)
+      if (s.graph->values()[v].producer >= 0) ++counts[v];
+  }
+  for (int v : s.accumulated) ++r.micro[s.schedule.device_of(s.stage_of_value[v])][v];
+  for (size_t v = 0; v < nv; ++v) {
+    const int st = s.stage_of_value[v];
+    if (st < 0) continue;
+    const int home = s.schedule.device_of(st);
+    for (int d = 0; d < D; ++d) {
+      if (d == home) continue;
+      if (r.micro[d].count(static_cast<int>(v))) r.micro_remote[v].push_back(d);
+      if (r.step[d].count(static_cast<int>(v))) r.step_remote[v].push_back(d);
+    }
+  }
+  return r;
+}
+
+// The held bytes of device d over the schedule, walked as the run loop walks it.
+int64_t plan_held(const StagedStep& s, const Readers& r, int d) {
+  std::map<std::pair<int, int>, int> held;
+  int64_t bytes = 0, peak = 0;
+  auto nb = [&](int v) { return s.graph->type(v).nbytes(); };
+  auto release = [&](int v, int m) {
+    auto it = held.find({v, m});
+    if (it != held.end() && --it->second == 0) {
+      bytes -= nb(v);
+      held.erase(it);
+    }
+  };
+  for (const pipeline::Action& a : s.schedule.per_device[d]) {
+    const int k = program_of(s, a);
+    if (k >= 0) {
+      const StageProgram& p = s.programs[k];
+      for (int v : p.inputs)
+        if (s.graph->values()[v].producer >= 0 && held.emplace(std::pair{v, a.microbatch}, r.micro[d].at(v)).second)
+          bytes += nb(v);
+      int64_t out = 0;
+      for (int v : p.outputs) out += nb(v);
+      peak = std::max(peak, bytes + out);
+      for (int v : p.outputs) {
+        auto it = r.micro[d].find(v);
+        if (it != r.micro[d].end()) {
+          held.emplace(std::pair{v, a.microbatch}, it->second);
+          bytes += nb(v);
+        }
+      }
+      for (int v : p.inputs)
+        if (s.graph->values()[v].producer >= 0) release(v, a.microbatch);
+    }
+    if (ends_backward(s, a))
+      for (int v : s.accumulated)
+        if (s.stage_of_value[v] == a.stage) release(v, a.microbatch);
+  }
+  return peak;
+}
+
+}  // namespace
+
+PipelineRunner::PipelineRunner(StagedStep s) : s_(std::move(s)) {
+  const int D = s_.schedule.devices, M = s_.schedule.microbatches;
+  const Graph& g = *s_.graph;
+  const Readers r = readers_of(s_);
+  report_.schedule = s_.schedule;
+  report_.stage_layers = s_.stage_layers;
+  report_.state_bytes.assign(D, 0);
+  report_.accumulator_bytes.assign(D, 0);
+  report_.arena_bytes.assign(D, 0);
+  report_.planned_held_bytes.assign(D, 0);
+  std::vector<std::set<int>> state_read(D);
+  for (const StageProgram& p : s_.programs) {
+    const int d = s_.schedule.device_of(p.stage);
+    if (p.exe) report_.arena_bytes[d] += p.exe->peak_bytes();
+    for (int v : p.inputs) {
+      const int input = g.values()[v].producer < 0 ? g.values()[v].output_index : -1;
+      if (input >= 0 && static_cast<size_t>(input) < s_.n_params + s_.n_state) state_read[d].insert(v);
+    }
+  }
+  for (int d = 0; d < D; ++d) {
+    for (int v : state_read[d]) report_.state_bytes[d] += g.type(v).nbytes();
+    report_.planned_held_bytes[d] = plan_held(s_, r, d);
+  }
+  for (int v : s_.accumulated) report_.accumulator_bytes[s_.schedule.device_of(s_.stage_of_value[v])] += g.type(v).nbytes();
+  for (size_t v = 0; v < g.values().size(); ++v) {
+    const int64_t b = g.type(static_cast<int>(v)).nbytes();
+    report_.messages += static_cast<int>(M * r.micro_remote[v].size() + r.step_remote[v].size());
+    report_.message_bytes += b * static_cast<int64_t>(M * r.micro_remote[v].size() + r.step_remote[v].size());
+  }
+}
+
+std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const std::vector<Array>& batch) {
+  const StagedStep& s = s_;
+  const Graph& g = *s.graph;
+  const int D = s.schedule.devices, M = s.schedule.microbatches;
+  const size_t n_state = s.n_params + s.n_state;
+  const Readers r = readers_of(s);
+  std::vector<char> is_output(g.values().size(), 0);
+  for (int v : g.outputs()) is_output[v] = 1;
+  std::vector<std::vector<Array>> micro(static_cast<size_t>(M));
+  for (int m = 0; m < M; ++m)
+    for (const Array& b : batch) micro[m].push_back(microbatch_rows(b, m, M));
+  // The graph input a value is, from the caller's arrays.
+  auto input_array = [&](int v, int m) -> const Array& {
+    const size_t i = static_cast<size_t>(g.values()[v].output_index);
+    if (i < n_state) return state[i];
+    if (i < n_state + s.n_batch) return micro.at(m)[i - n_state];
+    return state.back();  // the step counter
+  };
+
+  // Messages between devices, keyed by (value, microbatch or -1 for the update, receiver).
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::tuple<int, int, int>, Array> box;
+  std::map<int, Array> results;
+  bool failed = false;
+  std::exception_ptr failure;
+  auto send = [&](int v, int m, int to, const Array& a) {
+    std::lock_guard<std::mutex> lock(mu);
+    box[{v, m, to}] = a;
+    cv.notify_all();
+  };
+  auto receive = [&](int v, int m, int at) {
+    std::unique_lock<std::mutex> lock(mu);
+    const auto key = std::make_tuple(v, m, at);
+    cv.wait(lock, [&] { return failed || box.count(key); });
+    if (!box.count(key)) throw Error("[pipeline] stopped: another device failed");
+    Array a = std::move(box[key]);
+    box.erase(key);
+    return a;
+  };
+
+  std::vector<std::vector<PipelineReport::Span>> timeline(D);
+  std::vector<int64_t> held_peak(D, 0);
+  const auto t0 = Clock::now();
+  auto since = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  int team = 0;
+#pragma omp parallel num_threads(D)
+  {
+    const int d = omp_get_thread_num();
+#pragma omp single
+    team = omp_get_num_threads();
+    try {
+      if (team != D)
+        throw Error(fmt::format("[pipeline] the step needs one thread per device ({}), OpenMP gave {}", D, team));
+      // What this device holds: (value, microbatch) -> array and readers left; -1: the update's.
+      struct Held {
+        Array a;
+        int left;
+      };
+      std::map<std::pair<int, int>, Held> held;
+      int64_t bytes = 0;
+      auto take = [&](int v, int m) -> const Array& {
+        auto it = held.find({v, m});
+        if (it != held.end()) return it->second.a;
+        Array a = receive(v, m, d);
+        const int left = (m < 0 ? r.step[d] : r.micro[d]).at(v);
+        if (m >= 0) bytes += a.nbytes();
+        return held.emplace(std::pair{v, m}, Held{std::move(a), left}).first->second.a;
+      };
+      auto release = [&](int v, int m) {
+        auto it = held.find({v, m});
+        if (it == held.end() || --it->second.left > 0) return;
+        if (m >= 0) bytes -= it->second.a.nbytes();
+        held.erase(it);
+      };
+      auto put = [&](int v, int m, Array a) {
+        for (int to : (m < 0 ? r.step_remote : r.micro_remote)[v]) send(v, m, to, a);
+        if (m < 0 && is_output[v]) {
+          std::lock_guard<std::mutex> lock(mu);
+          results[v] = a;
+        }
+        const auto& here = m < 0 ? r.step[d] : r.micro[d];
+        auto it = here.find(v);
+        if (it == here.end()) return;
+        if (m >= 0) bytes += a.nbytes();
+        held[{v, m}] = Held{std::move(a), it->second};
+      };
+      auto run_program = [&](int k, int m) {
+        const StageProgram& p = s.programs[k];
+        std::vector<Array> in;
+        for (int v : p.inputs) in.push_back(g.values()[v].producer < 0 ? input_array(v, std::max(m, 0)) : take(v, m));
+        std::vector<Array> out = p.exe->run(in);
+        int64_t out_bytes = 0;
+        for (const Array& a : out) out_bytes += a.nbytes();
+        if (m >= 0) held_peak[d] = std::max(held_peak[d], bytes + out_bytes);
+        for (size_t o = 0; o < out.size(); ++o) put(p.outputs[o], m, std::move(out[o]));
+        for (int v : p.inputs)
+          if (g.values()[v].producer >= 0) release(v, m);
+      };
+      std::map<int, Array> sums;  // per accumulated value of this device's stages
+      for (const pipeline::Action& a : s.schedule.per_device[d]) {
+        const double begin = since();
+        const int k = program_of(s, a);
+        if (k >= 0 && s.programs[k].exe) run_program(k, a.microbatch);
+        if (ends_backward(s, a)) {
+          // The loss and gradients of this microbatch, added to the earlier ones' (as the step on
+          // one device adds them); after the last, divided by the count.
+          std::vector<int> vals;
+          for (int v : s.accumulated)
+            if (s.stage_of_value[v] == a.stage) vals.push_back(v);
+          if (!vals.empty()) {
+            std::vector<Array> cur;
+            for (int v : vals) {
+              cur.push_back(take(v, a.microbatch));
+              release(v, a.microbatch);
+            }
+            if (a.microbatch == 0 || M == 1) {
+              for (size_t i = 0; i < vals.size(); ++i) sums[vals[i]] = cur[i].sole_owner() ? cur[i] : cur[i].clone();
+            } else {
+              std::vector<Array> in, out;
+              for (int v : vals) in.push_back(sums.at(v)), out.push_back(sums.at(v));
+              in.insert(in.end(), cur.begin(), cur.end());
+              s.programs[s.accumulate[a.stage]].exe->run_into(in, out);
+            }
+            if (a.microbatch == M - 1) {
+              if (M > 1) {
+                std::vector<Array> io;
+                for (int v : vals) io.push_back(sums.at(v));
+                std::vector<Array> out = io;
+                s.programs[s.mean[a.stage]].exe->run_into(io, out);
+              }
+              for (int v : vals) put(v, -1, sums.at(v));
+            }
+          }
+        }
+        timeline[d].push_back({pipeline::action_name(a, s.schedule.virtual_stages > 1), begin, since()});
+      }
+      const double begin = since();
+      for (int k : s.updates)
+        if (s.schedule.device_of(s.programs[k].stage) == d) run_program(k, -1);
+      timeline[d].push_back({"update", begin, since()});
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!failed) failure = std::current_exception();
+      failed = true;
+      cv.notify_all();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+
+  report_.timeline = std::move(timeline);
+  report_.measured_held_bytes = held_peak;
+  double first = 1e30, last = 0;
+  for (const auto& dev : report_.timeline)
+    for (const PipelineReport::Span& sp : dev)
+      if (sp.name != "update") first = std::min(first, sp.begin_s), last = std::max(last, sp.end_s);
+  report_.schedule_s = last > first ? last - first : 0;
+
+  std::vector<Array> out;
+  for (int v : g.outputs()) {
+    if (g.values()[v].producer < 0) {
+      out.push_back(input_array(v, 0));
+      continue;
+    }
+    auto it = results.find(v);
+    if (it == results.end()) throw InternalError(fmt::format("[pipeline] output %{} was not computed", v));
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+}  // namespace detail
+}  // namespace px

@@ -1,0 +1,73 @@
+// Pipeline parallelism (internal): the traced step of one microbatch cut into stage programs
+// (stage_programs.cc) and the run loop that runs them in a schedule's order, one thread per
+// device, messages between stages (pipeline_step.cc).
+//
+// Every node of the traced step gets a stage: the stage of the layer its value belongs to
+// (memory_pass::label_layers), moved so that forward values only flow to the same or later stages
+// and backward values to the same or earlier ones. The nodes of one stage and phase are one
+// program: its forward (F) and backward (B; for the zero-bubble schedule the input-gradient part I,
+// what earlier stages wait for, and the weight-gradient part W). Each microbatch's loss and
+// gradients are summed on their stage (an accumulate program, the same additions as the
+// microbatched step on one device) and divided by the microbatch count (a mean program); the
+// update is cut by stage into levels, a level reading other stages' values of earlier levels only
+// (the clipping norm sums every stage's part).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "memory/step_program.h"
+#include "parallax/pipeline.h"
+#include "parallax/runtime.h"
+#include "parallax/train.h"
+
+namespace px::detail {
+
+enum class StagePart { forward, backward, backward_input, backward_weight, update, accumulate, mean };
+
+// One program of the pipelined step, over values of the traced step.
+struct StageProgram {
+  StagePart part = StagePart::forward;
+  int stage = 0;
+  int level = 0;                     // update: programs of a level read other stages' earlier levels
+  std::vector<int> inputs, outputs;  // value ids of the traced step, in the program's order
+  std::unique_ptr<Executable> exe;   // null when the stage has no nodes of this part
+};
+
+struct StagedStep {
+  std::unique_ptr<Graph> graph;  // the traced step of one microbatch (after remat)
+  size_t n_params = 0, n_state = 0, n_batch = 0;
+  pipeline::Schedule schedule;
+  std::vector<std::vector<std::string>> stage_layers;
+  std::vector<StageProgram> programs;
+  // Per stage: the program index of each part (-1: none).
+  std::vector<int> forward, backward, backward_input, backward_weight, accumulate, mean;
+  std::vector<int> updates;      // update programs by level, then stage
+  std::vector<int> accumulated;  // values summed over microbatches: the loss and each gradient
+  std::vector<int> stage_of_value;  // per value of the graph: the stage computing it (-1: input)
+};
+
+// Cuts `p` (traced for one microbatch, after remat) into stage programs for `schedule`, compiled
+// with `copt`. Throws px::UserError for a model without numbered layers, more stages than layers
+// or a split that does not add up.
+StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, const PipelineOptions& options,
+                          const CompileOptions& copt);
+
+// Runs a staged step over whole arrays: state is params, optimizer state and the step counter
+// (i32), batch the whole batch (split into microbatches here). Returns the traced step's outputs:
+// loss, gradient norm, learning rate, new params, new state.
+class PipelineRunner {
+ public:
+  explicit PipelineRunner(StagedStep s);
+  std::vector<Array> run(const std::vector<Array>& state, const std::vector<Array>& batch);
+  const PipelineReport& report() const { return report_; }
+  const StagedStep& staged() const { return s_; }
+
+ private:
+  StagedStep s_;
+  PipelineReport report_;
+};
+
+}  // namespace px::detail

@@ -1,0 +1,393 @@
+// The pipeline pass: the traced step of one microbatch cut into stage programs (see pipeline_step.h).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "core/dump.h"
+#include "memory/rewrite.h"
+#include "parallax/ops.h"
+#include "train/pipeline_step.h"
+
+namespace px::detail {
+
+namespace {
+
+constexpr int kUnset = -1;
+
+// "blocks.3": a layer whose last name part is a number.
+bool numbered(const std::string& layer) {
+  const size_t dot = layer.rfind('.');
+  const std::string last = dot == std::string::npos ? layer : layer.substr(dot + 1);
+  return !last.empty() && last.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// The stage of every layer of the params (declaration order): numbered layers by the split, a
+// layer before the first numbered one with the first stage, any other with the numbered layer
+// before it (final norm and head with the last stage).
+std::map<std::string, int> split_layers(const std::vector<std::string>& paths, int stages,
+                                        const std::vector<int>& per_stage,
+                                        std::vector<std::vector<std::string>>& stage_layers) {
+  std::vector<std::string> layers;
+  for (const std::string& p : paths) {
+    const std::string l = memory_pass::layer_of(p);
+    if (std::find(layers.begin(), layers.end(), l) == layers.end()) layers.push_back(l);
+  }
+  const int n = static_cast<int>(std::count_if(layers.begin(), layers.end(), numbered));
+  if (n == 0)
+    throw UserError(
+        "[pipeline] the model has no layer boundaries: a `stage` axis splits a model's numbered layers (params "
+        "named like 'blocks.3.attn.wq') into stages, and none of its params is in one; use a mesh without a "
+        "`stage` axis for this model");
+  if (stages > n)
+    throw UserError(fmt::format(
+        "[pipeline] {} stages but the model has {} numbered layers: each stage needs at least one; use at most {} "
+        "stages (devices on the `stage` axis times pipeline.virtual_stages)",
+        stages, n, n));
+  std::vector<int> split = per_stage;
+  if (split.empty()) {
+    if (n % stages != 0) {
+      std::vector<int> example(stages, n / stages);
+      for (int s = 0; s < n % stages; ++s) ++example[s];
+      throw UserError(fmt::format(
+          "[pipeline] the model's {} numbered layers do not split evenly into {} stages: set "
+          "TrainStepOptions::pipeline.layers_per_stage (pax: pipeline.layers_per_stage), one count per stage, "
+          "e.g. [{}], or use a stage count that divides {}",
+          n, stages, fmt::join(example, ", "), n));
+    }
+    split.assign(stages, n / stages);
+  }
+  int sum = 0;
+  for (int k : split) sum += k;
+  if (static_cast<int>(split.size()) != stages || sum != n ||
+      std::any_of(split.begin(), split.end(), [](int k) { return k < 1; }))
+    throw UserError(fmt::format(
+        "[pipeline] layers_per_stage [{}] does not fit: it needs one count of at least 1 per stage ({} stages) "
+        "adding up to the model's {} numbered layers",
+        fmt::join(split, ", "), stages, n));
+  std::map<std::string, int> stage_of;
+  stage_layers.assign(static_cast<size_t>(stages), {});
+  int stage = 0, used = 0;
+  for (const std::string& l : layers) {
+    if (numbered(l)) {
+      if (used == split[stage]) ++stage, used = 0;
+      ++used;
+    }
+    stage_of[l] = stage;
+    stage_layers[stage].push_back(l);
+  }
+  return stage_of;
+}
+
+// Per node: its stage. A forward node runs with the deepest layer it depends on; a backward node
+// with the latest stage that uses the forward values it reads (a stage's input belongs to the
+// stage reading it; params do not count: a tied embedding's gradient in the head belongs to the
+// head), an update node with the first stage of the params
+// and optimizer state it reads. Forward values flow to the same or later stages, backward values
+// to the same or earlier ones; a node none of this places (a constant, the batch's targets) runs
+// with its readers.
+std::vector<int> node_stages(const Graph& g, const std::vector<char>& phase, const std::map<std::string, int>& stage_of,
+                             const std::vector<char>& live) {
+  const auto& nodes = g.nodes();
+  const int n = static_cast<int>(nodes.size());
+  std::vector<int> st(n, kUnset);
+  std::vector<int> used_until(g.values().size(), kUnset);  // a forward value: the last stage reading it
+  auto producer = [&](int v) { return g.values()[v].producer; };
+  auto layer_stage = [&](int v) {
+    auto it = stage_of.find(g.values()[v].layer);
+    return it == stage_of.end() ? kUnset : it->second;
+  };
+  auto lower = [](int a, int b) { return a == kUnset ? b : b == kUnset ? a : std::min(a, b); };
+  for (int i = 0; i < n; ++i) {
+    int s = kUnset;
+    if (phase[i] == 0)
+      for (int v : nodes[i].outputs) s = std::max(s, layer_stage(v));
+    for (int v : nodes[i].inputs) {
+      const int q = producer(v);
+      if (phase[i] == 2 && q < 0) s = lower(s, layer_stage(v));
+      if (q < 0 || st[q] == kUnset) continue;
+      if (phase[q] == 0 && phase[i] == 0) s = std::max(s, st[q]);
+      if (phase[q] == 0 && phase[i] == 1) s = std::max(s, used_until[v]);
+    }
+    for (int v : nodes[i].inputs) {
+      const int q = producer(v);
+      if (q < 0 || st[q] == kUnset) continue;
+      if (phase[i] == 1 && phase[q] == 1) s = lower(s, st[q]);
+    }
+    if (phase[i] == 2 && s == kUnset) {  // no param: where all its operands are, else with its readers
+      std::set<int> at;
+      for (int v : nodes[i].inputs)
+        if (producer(v) >= 0) at.insert(st[producer(v)]);
+      if (at.size() == 1) s = *at.begin();
+    }
+    st[i] = s;
+    if (phase[i] == 0 && s != kUnset) {
+      for (int v : nodes[i].outputs) used_until[v] = std::max(used_until[v], s);
+      for (int v : nodes[i].inputs)
+        if (producer(v) >= 0) used_until[v] = std::max(used_until[v], s);
+    }
+  }
+  std::vector<std::vector<int>> readers(g.values().size());
+  for (int i = 0; i < n; ++i)
+    if (live[i])
+      for (int v : nodes[i].inputs) readers[v].push_back(i);
+  for (int i = n - 1; i >= 0; --i) {
+    if (st[i] != kUnset) continue;
+    int s = kUnset;
+    for (int v : nodes[i].outputs)
+      for (int r : readers[v]) {
+        if (st[r] == kUnset) continue;
+        s = s == kUnset ? st[r] : phase[i] == 1 ? std::max(s, st[r]) : std::min(s, st[r]);
+      }
+    st[i] = s == kUnset ? 0 : s;
+  }
+  for (int i = 0; i < n; ++i)
+    for (int v : nodes[i].inputs) {
+      const int q = producer(v);
+      if (q < 0 || !live[i]) continue;
+      if ((phase[i] == 0 && phase[q] == 0 && st[q] > st[i]) || (phase[i] == 1 && phase[q] == 1 && st[q] < st[i]))
+        throw InternalError(fmt::format("[pipeline] node {} ({}) on stage {} reads %{} of stage {} against the flow",
+                                        i, nodes[i].prim ? "op" : "?", st[i], v, st[q]));
+    }
+  return st;
+}
+
+std::unique_ptr<Graph> subgraph(const Graph& g, const std::vector<int>& nodes, const std::vector<int>& inputs,
+                                const std::vector<int>& outputs) {
+  auto sub = std::make_unique<Graph>();
+  std::vector<int> id(g.values().size(), -1);
+  for (int v : inputs) {
+    const int p = g.values()[v].producer;
+    const std::string name =
+        p < 0 ? g.input_names()[g.values()[v].output_index] : fmt::format("%{}", v);
+    id[v] = sub->input(g.type(v), name).id();
+  }
+  for (int i : nodes) {
+    Node n = g.nodes()[i];
+    for (int& v : n.inputs) v = id.at(v);
+    const int at = static_cast<int>(sub->nodes().size());
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      const int v = n.outputs[k];
+      n.outputs[k] = id[v] = sub->add_value(g.type(v), at, static_cast<int>(k));
+    }
+    sub->add_node(std::move(n));
+  }
+  std::vector<Tensor> outs;
+  for (int v : outputs) outs.push_back(sub->tensor(id.at(v)));
+  sub->set_outputs(outs);
+  sub->copy_facts(g, id);
+  sub->verify();
+  return sub;
+}
+
+const char* part_name(StagePart p) {
+  switch (p) {
+    case StagePart::forward: return "forward";
+    case StagePart::backward: return "backward";
+    case StagePart::backward_input: return "backward_input";
+    case StagePart::backward_weight: return "backward_weight";
+    case StagePart::update: return "update";
+    case StagePart::accumulate: return "accumulate";
+    case StagePart::mean: return "mean";
+  }
+  return "?";
+}
+
+}  // namespace
+
+StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, const PipelineOptions& options,
+                          const CompileOptions& copt) {
+  const int S = schedule.stages(), M = schedule.microbatches;
+  StagedStep r;
+  r.schedule = schedule;
+  r.n_params = p.n_params;
+  r.n_state = p.n_state;
+  r.n_batch = p.n_batch;
+  const std::map<std::string, int> stage_of = split_layers(p.paths, S, options.layers_per_stage, r.stage_layers);
+  memory_pass::label_layers(p);
+  const std::vector<char> phase = memory_pass::phases(p);
+  const Graph& g = *p.graph;
+  const auto& nodes = g.nodes();
+  const int n = static_cast<int>(nodes.size());
+  // Nodes nothing reads (autodiff leaves some: the gradient of an integer count) run nowhere.
+  std::vector<char> live(n, 0), needed_value(g.values().size(), 0);
+  for (int v : g.outputs()) needed_value[v] = 1;
+  for (int v : p.grads) needed_value[v] = 1;
+  for (int i = n - 1; i >= 0; --i) {
+    for (int v : nodes[i].outputs) live[i] = live[i] || needed_value[v];
+    if (live[i])
+      for (int v : nodes[i].inputs) needed_value[v] = 1;
+  }
+  const std::vector<int> st = node_stages(g, phase, stage_of, live);
+
+  // Parts: forward, backward (the zero-bubble schedule: split into what other stages wait for, I,
+  // and the rest, W) and update levels.
+  const bool split_backward = schedule.kind == pipeline::Kind::zero_bubble;
+  std::vector<StagePart> part(n);
+  std::vector<int> level(n, 0);
+  std::vector<char> needed(g.values().size(), 0);
+  if (split_backward)
+    for (int i = 0; i < n; ++i)
+      for (int v : live[i] && phase[i] == 1 ? nodes[i].inputs : std::vector<int>{}) {
+        const int q = g.values()[v].producer;
+        if (q >= 0 && phase[q] == 1 && st[q] != st[i]) needed[v] = 1;
+      }
+  for (int i = n - 1; i >= 0; --i) {
+    if (phase[i] != 1 || !live[i]) continue;
+    bool input_part = false;
+    for (int v : nodes[i].outputs) input_part = input_part || needed[v];
+    part[i] = !split_backward ? StagePart::backward : input_part ? StagePart::backward_input : StagePart::backward_weight;
+    if (input_part)
+      for (int v : nodes[i].inputs) {
+        const int q = g.values()[v].producer;
+        if (q >= 0 && phase[q] == 1 && st[q] == st[i]) needed[v] = 1;
+      }
+  }
+  for (int i = 0; i < n; ++i) {
+    if (phase[i] == 0) part[i] = StagePart::forward;
+    if (phase[i] != 2) continue;
+    part[i] = StagePart::update;
+    for (int v : nodes[i].inputs) {
+      const int q = g.values()[v].producer;
+      if (q >= 0 && phase[q] == 2) level[i] = std::max(level[i], level[q] + (st[q] != st[i] ? 1 : 0));
+    }
+  }
+
+  // Programs: one per (part, stage, level), nodes in program order.
+  std::map<std::tuple<int, int, int>, int> index;
+  std::vector<std::vector<int>> members;
+  std::vector<int> program_of(n);
+  for (int i = 0; i < n; ++i) {
+    program_of[i] = -1;
+    if (!live[i]) continue;
+    auto key = std::make_tuple(part[i] == StagePart::update ? 1 : 0, part[i] == StagePart::update ? level[i] : 0,
+                               static_cast<int>(part[i]) * S + st[i]);
+    auto [it, added] = index.emplace(key, static_cast<int>(r.programs.size()));
+    if (added) {
+      StageProgram sp;
+      sp.part = part[i];
+      sp.stage = st[i];
+      sp.level = level[i];
+      r.programs.push_back(std::move(sp));
+      members.emplace_back();
+    }
+    program_of[i] = it->second;
+    members[it->second].push_back(i);
+  }
+  r.stage_of_value.assign(g.values().size(), -1);
+  for (int i = 0; i < n; ++i)
+    for (int v : nodes[i].outputs) r.stage_of_value[v] = st[i];
+
+  // Summed over microbatches: the loss and each gradient.
+  std::set<int> acc = {g.outputs().at(0)};
+  for (int v : p.grads) acc.insert(v);
+  r.accumulated.assign(acc.begin(), acc.end());
+  std::set<int> graph_outputs(g.outputs().begin(), g.outputs().end());
+  std::vector<std::set<int>> read_by(g.values().size());
+  for (int i = 0; i < n; ++i)
+    if (live[i])
+      for (int v : nodes[i].inputs) read_by[v].insert(program_of[i]);
+
+  auto is_micro = [](StagePart q) { return q != StagePart::update; };
+  for (size_t k = 0; k < r.programs.size(); ++k) {
+    StageProgram& sp = r.programs[k];
+    std::set<int> seen;
+    for (int i : members[k])
+      for (int v : nodes[i].inputs) {
+        const int q = g.values()[v].producer;
+        if ((q >= 0 && program_of[q] == static_cast<int>(k)) || !seen.insert(v).second) continue;
+        if (q >= 0 && !is_micro(sp.part) && is_micro(part[q]) && !acc.count(v))
+          throw InternalError(fmt::format("[pipeline] the update reads %{}, a value of one microbatch", v));
+        sp.inputs.push_back(v);
+      }
+    for (int i : members[k])
+      for (int v : nodes[i].outputs) {
+        bool out = graph_outputs.count(v) || acc.count(v);
+        for (int reader : read_by[v]) out = out || reader != static_cast<int>(k);
+        if (out) sp.outputs.push_back(v);
+        if (graph_outputs.count(v) && is_micro(sp.part) && !acc.count(v))
+          throw InternalError(fmt::format("[pipeline] output %{} is computed per microbatch", v));
+      }
+  }
+
+  // Compile each program through the runtime's passes.
+  CompileOptions o = copt;
+  o.output_donors.clear();
+  o.memory_limit_bytes = o.host_memory_limit_bytes = 0;
+  o.one_forward_pass = false;
+  std::string dump;
+  for (size_t k = 0; k < r.programs.size(); ++k) {
+    StageProgram& sp = r.programs[k];
+    std::unique_ptr<Graph> sub = subgraph(g, members[k], sp.inputs, sp.outputs);
+    const std::string name = fmt::format("stage{}.{}{}", sp.stage, part_name(sp.part),
+                                         sp.part == StagePart::update ? fmt::format(".level{}", sp.level) : "");
+    if (dumping()) dump += fmt::format("# {}\n{}\n", name, sub->to_string());
+    DumpProgram scope("train_step." + name);
+    sp.exe = Executable::compile(*sub, o);
+  }
+  dump_pass("pipeline_stages", [&] { return dump; });
+
+  // Per stage: the program of each part, the accumulate and mean programs.
+  auto per_stage = [&](StagePart q) {
+    std::vector<int> v(S, -1);
+    for (size_t k = 0; k < r.programs.size(); ++k)
+      if (r.programs[k].part == q) v[r.programs[k].stage] = static_cast<int>(k);
+    return v;
+  };
+  r.forward = per_stage(StagePart::forward);
+  r.backward = per_stage(StagePart::backward);
+  r.backward_input = per_stage(StagePart::backward_input);
+  r.backward_weight = per_stage(StagePart::backward_weight);
+  std::vector<std::pair<std::pair<int, int>, int>> ups;
+  for (size_t k = 0; k < r.programs.size(); ++k)
+    if (r.programs[k].part == StagePart::update)
+      ups.push_back({{r.programs[k].level, r.programs[k].stage}, static_cast<int>(k)});
+  std::sort(ups.begin(), ups.end());
+  for (auto& u : ups) r.updates.push_back(u.second);
+  r.accumulate.assign(S, -1);
+  r.mean.assign(S, -1);
+  if (M > 1) {
+    for (int s = 0; s < S; ++s) {
+      std::vector<int> vals;
+      for (int v : r.accumulated)
+        if (r.stage_of_value[v] == s) vals.push_back(v);
+      if (vals.empty()) continue;
+      std::vector<TensorType> types;
+      for (int v : vals) types.push_back(g.type(v));
+      const size_t k = vals.size();
+      // The same additions and division as the microbatched step on one device (trace_step.cc).
+      std::vector<TensorType> two = types;
+      two.insert(two.end(), types.begin(), types.end());
+      auto sum = trace(
+          [&](const std::vector<Tensor>& in) {
+            std::vector<Tensor> out;
+            for (size_t i = 0; i < k; ++i) out.push_back(in[i] + in[k + i]);
+            return out;
+          },
+          two);
+      auto mean = trace(
+          [&](const std::vector<Tensor>& in) {
+            std::vector<Tensor> out;
+            for (size_t i = 0; i < k; ++i) out.push_back(in[i] / static_cast<double>(M));
+            return out;
+          },
+          types);
+      CompileOptions in_place = o;
+      for (size_t i = 0; i < k; ++i) in_place.output_donors.push_back(static_cast<int>(i));
+      for (auto [q, graph] : {std::pair{StagePart::accumulate, sum.get()}, std::pair{StagePart::mean, mean.get()}}) {
+        StageProgram sp;
+        sp.part = q;
+        sp.stage = s;
+        sp.inputs = sp.outputs = vals;
+        sp.exe = Executable::compile(*graph, in_place);
+        (q == StagePart::accumulate ? r.accumulate : r.mean)[s] = static_cast<int>(r.programs.size());
+        r.programs.push_back(std::move(sp));
+      }
+    }
+  }
+  r.graph = std::move(p.graph);
+  return r;
+}
+
+}  // namespace px::detail

@@ -1,0 +1,163 @@
+// Pipeline parallelism (TrainStepOptions::pipeline on a mesh with a `stage` axis): every schedule
+// trains GPT and Llama to the same losses and params as one device running the same microbatches,
+// the memory planned per device from the schedule is what the run holds, and bad settings get
+// errors that name the fix.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "../sharding/recipe_check.h"
+#include "parallax/parallel.h"
+#include "parallax/train.h"
+
+namespace px {
+namespace {
+
+using recipe_check::Fixture;
+using recipe_check::opt;
+
+nn::LmConfig gpt4() { return nn::gpt2_config("gpt_pipe", 256, 64, 4, 4, 128, 16); }
+nn::LmConfig llama4() { return nn::llama_config("llama_pipe", 256, 64, 4, 2, 4, 96, 16); }
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("not a UserError: ") + e.what();
+  }
+  return "";
+}
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+struct Trained {
+  std::vector<StepMetrics> metrics;
+  std::vector<Array> params, state;
+};
+
+Trained train(const nn::LmConfig& cfg, TrainStepOptions o, int steps, std::string* report = nullptr) {
+  Fixture f(cfg, 8);
+  o.clip_norm = 1.0;
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, o);
+  TrainState s = step.init(0);
+  Trained r;
+  for (int i = 0; i < steps; ++i) r.metrics.push_back(step(s, f.batch(i)));
+  r.params = step.gather_params(s);
+  r.state = step.gather_opt_state(s);
+  if (report && step.pipelined()) {
+    const PipelineReport& p = step.pipeline_report();
+    *report = p.to_string();
+    for (int d = 0; d < p.schedule.devices; ++d)
+      EXPECT_EQ(p.planned_peak(d), p.measured_peak(d)) << "device " << d << "\n" << *report;
+  }
+  return r;
+}
+
+TrainStepOptions pipelined(int devices, int microbatches, pipeline::Kind kind, int virtual_stages = 1) {
+  TrainStepOptions o;
+  o.mesh = Mesh({{"stage", devices}});
+  o.microbatches = microbatches;
+  o.pipeline.schedule = kind;
+  o.pipeline.virtual_stages = virtual_stages;
+  return o;
+}
+
+void expect_equal(const Trained& want, const Trained& got, const std::string& what) {
+  ASSERT_EQ(want.metrics.size(), got.metrics.size());
+  for (size_t i = 0; i < want.metrics.size(); ++i) {
+    EXPECT_NEAR(want.metrics[i].loss, got.metrics[i].loss, 1e-6 * std::abs(want.metrics[i].loss)) << what << " " << i;
+    EXPECT_NEAR(want.metrics[i].grad_norm, got.metrics[i].grad_norm, 1e-6 * std::abs(want.metrics[i].grad_norm))
+        << what << " " << i;
+  }
+  for (size_t i = 0; i < want.params.size(); ++i)
+    EXPECT_TRUE(testing::all_close(got.params[i].to_f32(), want.params[i].to_f32(), 1e-6, 1e-6)) << what << " param " << i;
+  for (size_t i = 0; i < want.state.size(); ++i)
+    EXPECT_TRUE(testing::all_close(got.state[i].to_f32(), want.state[i].to_f32(), 1e-6, 1e-6)) << what << " state " << i;
+}
+
+TEST(Pipeline, EveryScheduleEqualsOneDeviceWithTheSameMicrobatches) {
+  for (const nn::LmConfig& cfg : {gpt4(), llama4()}) {
+    TrainStepOptions one;
+    one.microbatches = 4;
+    const Trained want = train(cfg, one, 5);
+    for (auto [kind, devices, v] : {std::tuple{pipeline::Kind::gpipe, 4, 1}, std::tuple{pipeline::Kind::one_f_one_b, 4, 1},
+                                    std::tuple{pipeline::Kind::interleaved, 2, 2},
+                                    std::tuple{pipeline::Kind::zero_bubble, 4, 1}}) {
+      std::string report;
+      const Trained got = train(cfg, pipelined(devices, 4, kind, v), 5, &report);
+      expect_equal(want, got, cfg.name + " " + pipeline::kind_name(kind));
+      if (kind == pipeline::Kind::one_f_one_b) std::cout << report;
+    }
+  }
+}
+
+TEST(Pipeline, OneDeviceStageAxisAndMicrobatchCountsStillEqual) {
+  // Uneven layers_per_stage, one microbatch (no sums), and remat inside the stages.
+  TrainStepOptions one;
+  one.microbatches = 2;
+  const Trained want = train(gpt4(), one, 3);
+  TrainStepOptions o = pipelined(2, 2, pipeline::Kind::one_f_one_b);
+  o.pipeline.layers_per_stage = {1, 3};
+  o.remat.policy = RematPolicy::full;
+  std::string report;
+  expect_equal(want, train(gpt4(), o, 3, &report), "layers 1+3 with remat");
+  EXPECT_TRUE(has(report, "stage 1 (device 1): blocks.1, blocks.2, blocks.3, final_norm")) << report;
+  const Trained single = train(gpt4(), {}, 2);
+  expect_equal(single, train(gpt4(), pipelined(2, 1, pipeline::Kind::gpipe), 2), "one microbatch");
+}
+
+TEST(Pipeline, MemoryPlannedFromTheScheduleGpipeHoldsMoreThan1F1B) {
+  Fixture f(gpt4(), 8);
+  auto held = [&](pipeline::Kind k) {
+    TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, pipelined(4, 8, k));
+    TrainState s = step.init(0);
+    step(s, f.batch(0));
+    const PipelineReport& r = step.pipeline_report();
+    for (int d = 0; d < 4; ++d) EXPECT_EQ(r.planned_peak(d), r.measured_peak(d)) << pipeline::kind_name(k) << " " << d;
+    EXPECT_EQ(r.timeline.size(), 4u);
+    EXPECT_GT(r.schedule_s, 0);
+    EXPECT_GE(r.bubble_measured(), 0);
+    EXPECT_LT(r.bubble_measured(), 1);
+    EXPECT_TRUE(has(r.chrome_trace(), "\"name\":\"F0\"")) << r.chrome_trace().substr(0, 300);
+    return r.planned_held_bytes[0];
+  };
+  // GPipe keeps all 8 microbatches' activations on the first device, 1F1B at most 4.
+  EXPECT_GT(held(pipeline::Kind::gpipe), held(pipeline::Kind::one_f_one_b) * 13 / 10);
+}
+
+TEST(Pipeline, BadSettingsNameTheFix) {
+  Fixture f(gpt4(), 8);
+  auto make = [&](TrainStepOptions o, Fixture& fx) {
+    return error_of([&] { TrainStep(fx.model.store(), opt(), fx.loss, fx.batch_types, o); });
+  };
+  std::string e = make(pipelined(3, 4, pipeline::Kind::one_f_one_b), f);
+  EXPECT_TRUE(has(e, "4 numbered layers do not split evenly into 3 stages") && has(e, "layers_per_stage")) << e;
+  e = make(pipelined(4, 4, pipeline::Kind::interleaved, 2), f);
+  EXPECT_TRUE(has(e, "8 stages but the model has 4 numbered layers")) << e;
+  e = make(pipelined(2, 3, pipeline::Kind::one_f_one_b), f);
+  EXPECT_TRUE(has(e, "microbatches = 3 does not divide")) << e;
+  TrainStepOptions bad_split = pipelined(2, 2, pipeline::Kind::gpipe);
+  bad_split.pipeline.layers_per_stage = {1, 2};
+  e = make(bad_split, f);
+  EXPECT_TRUE(has(e, "layers_per_stage [1, 2] does not fit")) << e;
+  TrainStepOptions two_axes = pipelined(2, 2, pipeline::Kind::gpipe);
+  two_axes.mesh = Mesh({{"stage", 2}, {"data", 2}});
+  e = make(two_axes, f);
+  EXPECT_TRUE(has(e, "only axis larger than 1 is `stage`")) << e;
+  // A model without numbered layers.
+  nn::Scope root;
+  nn::Param w = root.sub("proj").param("w", {DType::f32, {4, 4}}, nn::Init{.kind = nn::Init::Kind::ones});
+  TrainStep::LossFn loss = [&](const std::vector<Tensor>& b) { return mean(matmul(b[0], w)); };
+  e = error_of([&] {
+    TrainStep(root.store(), opt(), loss, {{DType::f32, {4, 4}}}, pipelined(2, 2, pipeline::Kind::gpipe));
+  });
+  EXPECT_TRUE(has(e, "no layer boundaries")) << e;
+  // Not pipelined: no report.
+  TrainStep plain(f.model.store(), opt(), f.loss, f.batch_types);
+  EXPECT_TRUE(has(error_of([&] { plain.pipeline_report(); }), "not pipelined"));
+}
+
+}  // namespace
+}  // namespace px
