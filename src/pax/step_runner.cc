@@ -35,6 +35,20 @@ TrainStepOptions options_on(const ExperimentConfig& c, const Mesh& mesh) {
   o.strategy = strategy_of(c);
   o.sharding = sharding_options(c);
   if (mesh.num_processes() > 1) o.sharding.communicator = process_world().communicator;
+  o.pipeline.schedule = pipeline::parse_kind(c.sharding.schedule);
+  o.pipeline.virtual_stages = static_cast<int>(c.sharding.virtual_stages);
+  for (const std::string& k : c.sharding.layers_per_stage) {
+    size_t used = 0;
+    int n = -1;
+    try {
+      n = std::stoi(k, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != k.size() || n < 1)
+      throw UserError("[pax] sharding.layers_per_stage has '" + k +
+                      "': give whole numbers of at least 1, one per stage, e.g. --set sharding.layers_per_stage=2,2");
+    o.pipeline.layers_per_stage.push_back(n);
+  }
   return o;
 }
 
@@ -51,6 +65,7 @@ void StepRunner::init_from_pretrained(const std::string& dir) {
 }
 
 std::vector<int> StepRunner::device_ids() const {
+  if (step_.pipelined()) return {0};  // one process holds the state and runs every stage
   const Mesh& m = step_.sharded_executable().program().mesh;
   std::vector<int> ids;
   for (int p : step_.sharded_executable().positions()) ids.push_back(m.device_ids()[p]);

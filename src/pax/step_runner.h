@@ -35,6 +35,7 @@ class StepRunner {
   void restore(const Checkpoint& c) { state_ = step_.restore(c); }
   // The sharding plan the step runs (on one device: a mesh of one device, all replicated).
   const ShardingPlan& plan() const { return step_.plan(); }
+  const TrainStep& train_step() const { return step_; }
   // The devices this process runs the step on (their memory counters: px::memory_stats).
   std::vector<int> device_ids() const;
   // The compiled step (one device's program on a mesh): its profile and timeline under PX_PROFILE=1.

@@ -616,11 +616,18 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
   report_committed(ckpt.finish());  // the last checkpoint is committed (or its error thrown) before train returns
   if (env().profile && result.last_step > start) {
     // PX_PROFILE=1: where the step's time went, and the last step unit by unit (every process its own).
-    const Executable& exe = runner->executable();
-    if (primary) write_file(dir + "/profile.txt", exe.profile_report(40));
-    write_file(dir + (world && world->size > 1 ? "/timeline_rank" + std::to_string(world->rank) + ".json"
-                                               : std::string("/timeline.json")),
-               exe.timeline().chrome_trace());
+    const std::string timeline = dir + (world && world->size > 1
+                                            ? "/timeline_rank" + std::to_string(world->rank) + ".json"
+                                            : std::string("/timeline.json"));
+    if (runner->train_step().pipelined()) {  // every device's schedule, action by action
+      const PipelineReport& r = runner->train_step().pipeline_report();
+      if (primary) write_file(dir + "/profile.txt", r.to_string());
+      write_file(timeline, r.chrome_trace());
+    } else {
+      const Executable& exe = runner->executable();
+      if (primary) write_file(dir + "/profile.txt", exe.profile_report(40));
+      write_file(timeline, exe.timeline().chrome_trace());
+    }
   }
   report.end_progress();
   if (!result.interrupted)

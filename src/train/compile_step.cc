@@ -235,6 +235,10 @@ CompiledStep::~CompiledStep() = default;
 DecidedStep decide_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                         const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
   const Mesh mesh = options.mesh ? *options.mesh : Mesh();
+  if (options.mesh && has_stage_axis(*options.mesh))
+    throw UserError("[plan] a mesh with a `stage` axis is planned when its step is built (TrainStep: pipeline_report(); "
+                    "pax: train with PX_PROFILE=1 writes it to profile.txt); the plan of shardings covers meshes "
+                    "without one");
   const bool one_device = !options.mesh;
   const bool auto_plan = !one_device && options.strategy == ShardingStrategy::AUTO;
   const bool remat_auto = options.remat.policy == RematPolicy::automatic;

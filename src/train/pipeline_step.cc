@@ -326,10 +326,12 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
         if (m >= 0) bytes += a.nbytes();
         held[{v, m}] = Held{std::move(a), it->second};
       };
+      double ready = 0;  // when the running action's inputs had all arrived
       auto run_program = [&](int k, int m) {
         const StageProgram& p = s.programs[k];
         std::vector<Array> in;
         for (int v : p.inputs) in.push_back(g.values()[v].producer < 0 ? input_array(v, std::max(m, 0)) : take(v, m));
+        ready = since();
         std::vector<Array> out = p.exe->run(in);
         int64_t out_bytes = 0;
         for (const Array& a : out) out_bytes += a.nbytes();
@@ -340,7 +342,7 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
       };
       std::map<int, Array> sums;  // per accumulated value of this device's stages
       for (const pipeline::Action& a : s.schedule.per_device[d]) {
-        const double begin = since();
+        ready = since();
         const int k = program_of(s, a);
         if (k >= 0 && s.programs[k].exe) run_program(k, a.microbatch);
         if (ends_backward(s, a)) {
@@ -374,7 +376,8 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
             }
           }
         }
-        timeline[d].push_back({pipeline::action_name(a, s.schedule.virtual_stages > 1), begin, since()});
+        // From when its messages had arrived: waiting for them is the bubble.
+        timeline[d].push_back({pipeline::action_name(a, s.schedule.virtual_stages > 1), ready, since()});
       }
       const double begin = since();
       for (int k : s.updates)
