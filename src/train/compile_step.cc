@@ -164,13 +164,16 @@ bool has_stage_axis(const Mesh& mesh) {
 CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                                const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
   const Mesh& mesh = *options.mesh;
+  std::vector<std::string> beside;
+  int64_t replicas = 1;
   for (const MeshAxis& a : mesh.axes())
-    if (a.name != "stage" && a.size > 1)
-      throw UserError(fmt::format(
-          "[pipeline] the mesh {} has a `stage` axis and axis '{}' of size {}: a pipelined step runs on a mesh whose "
-          "only axis larger than 1 is `stage` (data, FSDP and tensor parallelism inside a stage are not built); use "
-          "a mesh of the `stage` axis alone, or drop the `stage` axis",
-          mesh.to_string(), a.name, a.size));
+    if (a.name != "stage" && a.size > 1) beside.push_back(a.name), replicas = a.size;
+  if (beside.size() > 1 || (!beside.empty() && options.strategy != ShardingStrategy::DDP))
+    throw UserError(fmt::format(
+        "[pipeline] the mesh {} with strategy {}: beside the `stage` axis a pipelined step takes one batch axis "
+        "with DDP inside each stage (FSDP and tensor parallelism inside a stage are not built); use a mesh like "
+        "{{stage: 2, data: 2}} with strategy DDP",
+        mesh.to_string(), strategy_name(options.strategy)));
   if (mesh.num_processes() > 1)
     throw UserError("[pipeline] the mesh " + mesh.to_string() +
                     " spans several processes: a pipelined step runs its stages in one process; use a mesh of one "
@@ -186,6 +189,18 @@ CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& op
     throw UserError("[pipeline] offload is not built for pipelined steps: drop TrainStepOptions::offload");
   check_microbatches(options.microbatches, batch_types, "TrainStep");
   const int M = options.microbatches;
+  if (replicas > 1) {  // each device's microbatches are made of its own rows
+    for (size_t i = 0; i < batch_types.size(); ++i)
+      if (batch_types[i].rank() > 0 && batch_types[i].shape[0] % replicas != 0)
+        throw UserError(fmt::format(
+            "[pipeline] batch array {} ({}) does not split over the {} devices of axis '{}': use a batch size that is "
+            "a multiple of {}",
+            i, type_str(batch_types[i]), replicas, beside[0], replicas * M));
+    ShardingPlan rows;
+    rows.mesh = mesh;
+    rows.batch_axes = beside;
+    check_rows_per_device(rows, batch_types, M);
+  }
   const pipeline::Schedule schedule = pipeline::make_schedule(
       options.pipeline.schedule, static_cast<int>(mesh.axis_size("stage")), M, options.pipeline.virtual_stages);
   std::vector<TensorType> micro_types = batch_types;
@@ -205,7 +220,7 @@ CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& op
   c.index_uses = index_uses(*p.graph);
   c.graph = p.graph->clone();
   const size_t n_inputs = p.graph->inputs().size();
-  StagedStep staged = stage_programs(std::move(p), schedule, options.pipeline, options.compile);
+  StagedStep staged = stage_programs(std::move(p), schedule, options.pipeline, mesh, options.compile);
   for (ParamPlacement& pp : c.plan.params)
     for (size_t st = 0; st < staged.stage_layers.size(); ++st)
       for (const std::string& l : staged.stage_layers[st])

@@ -97,17 +97,19 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Microbatch k of m of a batch array: its rows k, k + m, ... (the rows trace_train_step slices).
-Array microbatch_rows(const Array& x, int k, int m) {
-  if (m == 1 || x.shape().empty()) return x;
+// Replica r's rows of microbatch k of m (a batch split over `replicas` devices along dim 0, each
+// device's microbatch made of its own rows k, k + m, ...: the rows trace_train_step slices).
+Array microbatch_rows(const Array& x, int r, int replicas, int k, int m) {
+  if ((m == 1 && replicas == 1) || x.shape().empty()) return x;
   Shape rows = x.shape();
-  rows[0] /= m;
+  const int64_t per_replica = rows[0] / replicas;
+  rows[0] = per_replica / m;
   Array out(x.dtype(), rows);
   const int64_t row = x.shape()[0] ? x.nbytes() / x.shape()[0] : 0;
   const auto* src = static_cast<const std::byte*>(x.raw());
   auto* dst = static_cast<std::byte*>(out.raw());
-  for (int64_t r = 0; r < rows[0]; ++r)
-    std::memcpy(dst + r * row, src + (r * m + k) * row, static_cast<size_t>(row));
+  for (int64_t j = 0; j < rows[0]; ++j)
+    std::memcpy(dst + j * row, src + (r * per_replica + j * m + k) * row, static_cast<size_t>(row));
   return out;
 }
 
@@ -167,11 +169,11 @@ Readers readers_of(const StagedStep& s) {
   return r;
 }
 
-// The held bytes of device d over the schedule, walked as the run loop walks it.
+// The held bytes of one device of group d over the schedule, walked as the run loop walks it.
 int64_t plan_held(const StagedStep& s, const Readers& r, int d) {
   std::map<std::pair<int, int>, int> held;
   int64_t bytes = 0, peak = 0;
-  auto nb = [&](int v) { return s.graph->type(v).nbytes(); };
+  auto nb = [&](int v) { return s.device_bytes[v]; };
   auto release = [&](int v, int m) {
     auto it = held.find({v, m});
     if (it != held.end() && --it->second == 0) {
@@ -221,7 +223,8 @@ PipelineRunner::PipelineRunner(StagedStep s) : s_(std::move(s)) {
   std::vector<std::set<int>> state_read(D);
   for (const StageProgram& p : s_.programs) {
     const int d = s_.schedule.device_of(p.stage);
-    if (p.exe) report_.arena_bytes[d] += p.exe->peak_bytes();
+    if (p.exe) report_.arena_bytes[d] += p.exe->executable().peak_bytes();
+    if (p.local) report_.arena_bytes[d] += p.local->peak_bytes();
     for (int v : p.inputs) {
       const int input = g.values()[v].producer < 0 ? g.values()[v].output_index : -1;
       if (input >= 0 && static_cast<size_t>(input) < s_.n_params + s_.n_state) state_read[d].insert(v);
@@ -233,39 +236,46 @@ PipelineRunner::PipelineRunner(StagedStep s) : s_(std::move(s)) {
   }
   for (int v : s_.accumulated) report_.accumulator_bytes[s_.schedule.device_of(s_.stage_of_value[v])] += g.type(v).nbytes();
   for (size_t v = 0; v < g.values().size(); ++v) {
-    const int64_t b = g.type(static_cast<int>(v)).nbytes();
-    report_.messages += static_cast<int>(M * r.micro_remote[v].size() + r.step_remote[v].size());
-    report_.message_bytes += b * static_cast<int64_t>(M * r.micro_remote[v].size() + r.step_remote[v].size());
+    const int64_t n = static_cast<int64_t>(M * r.micro_remote[v].size() + r.step_remote[v].size());
+    report_.messages += static_cast<int>(n) * s_.replicas;
+    report_.message_bytes += s_.device_bytes[v] * s_.replicas * n;
   }
 }
 
 std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const std::vector<Array>& batch) {
   const StagedStep& s = s_;
   const Graph& g = *s.graph;
-  const int D = s.schedule.devices, M = s.schedule.microbatches;
+  const int D = s.schedule.devices, M = s.schedule.microbatches, R = s.replicas;
   const size_t n_state = s.n_params + s.n_state;
   const Readers r = readers_of(s);
   std::vector<char> is_output(g.values().size(), 0);
   for (int v : g.outputs()) is_output[v] = 1;
-  std::vector<std::vector<Array>> micro(static_cast<size_t>(M));
+  // Per microbatch and batch input: each replica's rows.
+  std::vector<std::vector<std::vector<Array>>> micro(static_cast<size_t>(M));
   for (int m = 0; m < M; ++m)
-    for (const Array& b : batch) micro[m].push_back(microbatch_rows(b, m, M));
-  // The graph input a value is, from the caller's arrays.
-  auto input_array = [&](int v, int m) -> const Array& {
-    const size_t i = static_cast<size_t>(g.values()[v].output_index);
-    if (i < n_state) return state[i];
-    if (i < n_state + s.n_batch) return micro.at(m)[i - n_state];
-    return state.back();  // the step counter
+    for (const Array& b : batch) {
+      micro[m].emplace_back();
+      for (int rep = 0; rep < R; ++rep) micro[m].back().push_back(microbatch_rows(b, rep, R, m, M));
+    }
+  // A graph input as program k's input i: the caller's arrays on the program's devices.
+  auto input_array = [&](int v, int m, const ShardedExecutable& exe, int i) {
+    const size_t at = static_cast<size_t>(g.values()[v].output_index);
+    std::vector<Array> shards;
+    if (at >= n_state && at < n_state + s.n_batch)
+      shards = micro.at(std::max(m, 0))[at - n_state];
+    else
+      shards.assign(R, at < n_state ? state[at] : state.back());  // params and state, the step counter
+    return ShardedArray(g.type(v), exe.in_sharding(i), std::move(shards));
   };
 
-  // Messages between devices, keyed by (value, microbatch or -1 for the update, receiver).
+  // Messages between device groups, keyed by (value, microbatch or -1 for the update, receiver).
   std::mutex mu;
   std::condition_variable cv;
-  std::map<std::tuple<int, int, int>, Array> box;
-  std::map<int, Array> results;
+  std::map<std::tuple<int, int, int>, ShardedArray> box;
+  std::map<int, ShardedArray> results;
   bool failed = false;
   std::exception_ptr failure;
-  auto send = [&](int v, int m, int to, const Array& a) {
+  auto send = [&](int v, int m, int to, const ShardedArray& a) {
     std::lock_guard<std::mutex> lock(mu);
     box[{v, m, to}] = a;
     cv.notify_all();
@@ -275,7 +285,7 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
     const auto key = std::make_tuple(v, m, at);
     cv.wait(lock, [&] { return failed || box.count(key); });
     if (!box.count(key)) throw Error("[pipeline] stopped: another device failed");
-    Array a = std::move(box[key]);
+    ShardedArray a = std::move(box[key]);
     box.erase(key);
     return a;
   };
@@ -292,29 +302,35 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
     team = omp_get_num_threads();
     try {
       if (team != D)
-        throw Error(fmt::format("[pipeline] the step needs one thread per device ({}), OpenMP gave {}", D, team));
-      // What this device holds: (value, microbatch) -> array and readers left; -1: the update's.
+        throw Error(fmt::format("[pipeline] the step needs one thread per device group ({}), OpenMP gave {}", D, team));
+      const Mesh& group = s.groups[d];
+      // What this group holds: (value, microbatch) -> arrays and readers left; -1: the update's.
       struct Held {
-        Array a;
+        ShardedArray a;
         int left;
       };
       std::map<std::pair<int, int>, Held> held;
-      int64_t bytes = 0;
-      auto take = [&](int v, int m) -> const Array& {
+      int64_t bytes = 0;  // per device
+      auto take = [&](int v, int m) -> const ShardedArray& {
         auto it = held.find({v, m});
         if (it != held.end()) return it->second.a;
-        Array a = receive(v, m, d);
+        // A message: copied onto this group's devices.
+        ShardedArray got = receive(v, m, d);
+        std::vector<Array> shards;
+        for (size_t i = 0; i < got.shards().size(); ++i)
+          shards.push_back(got.shards()[i].to(Placement{group.device_ids()[i], got.shards()[i].placement().kind}));
+        ShardedArray a(got.type(), Sharding(group, got.sharding().spec), std::move(shards));
         const int left = (m < 0 ? r.step[d] : r.micro[d]).at(v);
-        if (m >= 0) bytes += a.nbytes();
+        if (m >= 0) bytes += a.shards()[0].nbytes();
         return held.emplace(std::pair{v, m}, Held{std::move(a), left}).first->second.a;
       };
       auto release = [&](int v, int m) {
         auto it = held.find({v, m});
         if (it == held.end() || --it->second.left > 0) return;
-        if (m >= 0) bytes -= it->second.a.nbytes();
+        if (m >= 0) bytes -= it->second.a.shards()[0].nbytes();
         held.erase(it);
       };
-      auto put = [&](int v, int m, Array a) {
+      auto put = [&](int v, int m, ShardedArray a) {
         for (int to : (m < 0 ? r.step_remote : r.micro_remote)[v]) send(v, m, to, a);
         if (m < 0 && is_output[v]) {
           std::lock_guard<std::mutex> lock(mu);
@@ -323,24 +339,37 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
         const auto& here = m < 0 ? r.step[d] : r.micro[d];
         auto it = here.find(v);
         if (it == here.end()) return;
-        if (m >= 0) bytes += a.nbytes();
+        if (m >= 0) bytes += a.shards()[0].nbytes();
         held[{v, m}] = Held{std::move(a), it->second};
       };
       double ready = 0;  // when the running action's inputs had all arrived
       auto run_program = [&](int k, int m) {
         const StageProgram& p = s.programs[k];
-        std::vector<Array> in;
-        for (int v : p.inputs) in.push_back(g.values()[v].producer < 0 ? input_array(v, std::max(m, 0)) : take(v, m));
+        std::vector<ShardedArray> in;
+        for (size_t i = 0; i < p.inputs.size(); ++i) {
+          const int v = p.inputs[i];
+          in.push_back(g.values()[v].producer < 0 ? input_array(v, m, *p.exe, static_cast<int>(i)) : take(v, m));
+        }
         ready = since();
-        std::vector<Array> out = p.exe->run(in);
+        std::vector<ShardedArray> out = p.exe->run(in);
         int64_t out_bytes = 0;
-        for (const Array& a : out) out_bytes += a.nbytes();
+        for (const ShardedArray& a : out) out_bytes += a.shards()[0].nbytes();
         if (m >= 0) held_peak[d] = std::max(held_peak[d], bytes + out_bytes);
         for (size_t o = 0; o < out.size(); ++o) put(p.outputs[o], m, std::move(out[o]));
         for (int v : p.inputs)
           if (g.values()[v].producer >= 0) release(v, m);
       };
-      std::map<int, Array> sums;  // per accumulated value of this device's stages
+      // Runs an accumulate or mean program on each device's copy, in place.
+      auto on_each_device = [&](Executable& exe, const std::vector<ShardedArray*>& sums,
+                                const std::vector<ShardedArray>& add) {
+        for (int rep = 0; rep < R; ++rep) {
+          std::vector<Array> in, out;
+          for (ShardedArray* a : sums) in.push_back(a->shards()[rep]), out.push_back(a->shards()[rep]);
+          for (const ShardedArray& a : add) in.push_back(a.shards()[rep]);
+          exe.run_into(in, out);
+        }
+      };
+      std::map<int, ShardedArray> sums;  // per accumulated value of this group's stages
       for (const pipeline::Action& a : s.schedule.per_device[d]) {
         ready = since();
         const int k = program_of(s, a);
@@ -352,25 +381,28 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
           for (int v : s.accumulated)
             if (s.stage_of_value[v] == a.stage) vals.push_back(v);
           if (!vals.empty()) {
-            std::vector<Array> cur;
+            std::vector<ShardedArray> cur;
             for (int v : vals) {
               cur.push_back(take(v, a.microbatch));
               release(v, a.microbatch);
             }
             if (a.microbatch == 0 || M == 1) {
-              for (size_t i = 0; i < vals.size(); ++i) sums[vals[i]] = cur[i].sole_owner() ? cur[i] : cur[i].clone();
+              for (size_t i = 0; i < vals.size(); ++i) {
+                ShardedArray c = cur[i];
+                for (Array& sh : c.mutable_shards())
+                  if (!sh.sole_owner()) sh = sh.clone();
+                sums[vals[i]] = std::move(c);
+              }
             } else {
-              std::vector<Array> in, out;
-              for (int v : vals) in.push_back(sums.at(v)), out.push_back(sums.at(v));
-              in.insert(in.end(), cur.begin(), cur.end());
-              s.programs[s.accumulate[a.stage]].exe->run_into(in, out);
+              std::vector<ShardedArray*> acc;
+              for (int v : vals) acc.push_back(&sums.at(v));
+              on_each_device(*s.programs[s.accumulate[a.stage]].local, acc, cur);
             }
             if (a.microbatch == M - 1) {
               if (M > 1) {
-                std::vector<Array> io;
-                for (int v : vals) io.push_back(sums.at(v));
-                std::vector<Array> out = io;
-                s.programs[s.mean[a.stage]].exe->run_into(io, out);
+                std::vector<ShardedArray*> acc;
+                for (int v : vals) acc.push_back(&sums.at(v));
+                on_each_device(*s.programs[s.mean[a.stage]].local, acc, {});
               }
               for (int v : vals) put(v, -1, sums.at(v));
             }
@@ -403,12 +435,13 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
   std::vector<Array> out;
   for (int v : g.outputs()) {
     if (g.values()[v].producer < 0) {
-      out.push_back(input_array(v, 0));
+      const size_t at = static_cast<size_t>(g.values()[v].output_index);
+      out.push_back(at < n_state ? state[at] : state.back());
       continue;
     }
     auto it = results.find(v);
     if (it == results.end()) throw InternalError(fmt::format("[pipeline] output %{} was not computed", v));
-    out.push_back(it->second);
+    out.push_back(it->second.shards().at(0));
   }
   return out;
 }

@@ -11,6 +11,11 @@
 // microbatched step on one device) and divided by the microbatch count (a mean program); the
 // update is cut by stage into levels, a level reading other stages' values of earlier levels only
 // (the clipping norm sums every stage's part).
+//
+// A pipeline device is a group of devices: the mesh's positions at one `stage` coordinate. With a
+// batch axis beside `stage` (data parallelism inside each stage), every program is partitioned over
+// its group like any step (batch rows split, params replicated, each microbatch's gradients
+// all-reduced in its backward program) and compiled as a ShardedExecutable.
 #pragma once
 
 #include <map>
@@ -21,6 +26,7 @@
 #include "memory/step_program.h"
 #include "parallax/pipeline.h"
 #include "parallax/runtime.h"
+#include "parallax/spmd.h"
 #include "parallax/train.h"
 
 namespace px::detail {
@@ -33,13 +39,17 @@ struct StageProgram {
   int stage = 0;
   int level = 0;                     // update: programs of a level read other stages' earlier levels
   std::vector<int> inputs, outputs;  // value ids of the traced step, in the program's order
-  std::unique_ptr<Executable> exe;   // null when the stage has no nodes of this part
+  std::unique_ptr<ShardedExecutable> exe;  // over the stage's device group
+  std::unique_ptr<Executable> local;       // accumulate and mean: run on each device's copy
 };
 
 struct StagedStep {
   std::unique_ptr<Graph> graph;  // the traced step of one microbatch (after remat)
   size_t n_params = 0, n_state = 0, n_batch = 0;
   pipeline::Schedule schedule;
+  std::vector<Mesh> groups;  // per pipeline device: its devices, over the batch axis (if any)
+  std::string batch_axis;    // "" without data parallelism inside the stages
+  int replicas = 1;          // devices per group
   std::vector<std::vector<std::string>> stage_layers;
   std::vector<StageProgram> programs;
   // Per stage: the program index of each part (-1: none).
@@ -47,13 +57,15 @@ struct StagedStep {
   std::vector<int> updates;      // update programs by level, then stage
   std::vector<int> accumulated;  // values summed over microbatches: the loss and each gradient
   std::vector<int> stage_of_value;  // per value of the graph: the stage computing it (-1: input)
+  std::vector<int64_t> device_bytes;  // per value crossing programs: bytes on each device of its group
 };
 
-// Cuts `p` (traced for one microbatch, after remat) into stage programs for `schedule`, compiled
-// with `copt`. Throws px::UserError for a model without numbered layers, more stages than layers
-// or a split that does not add up.
+// Cuts `p` (traced for one microbatch of each device's rows, after remat) into stage programs for
+// `schedule` on `mesh` (a `stage` axis and at most one batch axis larger than 1), compiled with
+// `copt`. Throws px::UserError for a model without numbered layers, more stages than layers or a
+// split that does not add up.
 StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, const PipelineOptions& options,
-                          const CompileOptions& copt);
+                          const Mesh& mesh, const CompileOptions& copt);
 
 // Runs a staged step over whole arrays: state is params, optimizer state and the step counter
 // (i32), batch the whole batch (split into microbatches here). Returns the traced step's outputs:

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "core/dump.h"
@@ -197,7 +198,7 @@ const char* part_name(StagePart p) {
 }  // namespace
 
 StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, const PipelineOptions& options,
-                          const CompileOptions& copt) {
+                          const Mesh& mesh, const CompileOptions& copt) {
   const int S = schedule.stages(), M = schedule.microbatches;
   StagedStep r;
   r.schedule = schedule;
@@ -311,20 +312,78 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
       }
   }
 
-  // Compile each program through the runtime's passes.
+  // The device groups: the mesh's positions at each `stage` coordinate, over the batch axis.
+  const std::vector<MeshAxis>& axes = mesh.axes();
+  size_t stage_dim = 0;
+  for (size_t a = 0; a < axes.size(); ++a) {
+    if (axes[a].name == "stage") stage_dim = a;
+    if (axes[a].name != "stage" && axes[a].size > 1) r.batch_axis = axes[a].name, r.replicas = static_cast<int>(axes[a].size);
+  }
+  for (int d = 0; d < schedule.devices; ++d) {
+    std::vector<int> ids;
+    for (int q = 0; q < mesh.size(); ++q)
+      if (mesh.coords(q)[stage_dim] == d) ids.push_back(mesh.device_ids()[q]);
+    r.groups.push_back(r.batch_axis.empty() ? Mesh({}, ids, mesh.platform())
+                                            : Mesh({{r.batch_axis, r.replicas}}, ids, mesh.platform()));
+  }
+
+  // Partition and compile each program through the runtime's passes, producers first: a value
+  // crossing programs keeps the layout its producer gives it; params are replicated, the batch
+  // split over the batch axis, and the loss and gradients of a microbatch replicated (all-reduced).
   CompileOptions o = copt;
   o.output_donors.clear();
   o.memory_limit_bytes = o.host_memory_limit_bytes = 0;
   o.one_forward_pass = false;
+  std::vector<std::optional<PartitionSpec>> spec_of(g.values().size());
+  std::vector<int> order, waiting(r.programs.size(), 0);
+  std::vector<std::vector<int>> consumers(r.programs.size());
+  for (size_t k = 0; k < r.programs.size(); ++k)
+    for (int v : r.programs[k].inputs) {
+      const int q = g.values()[v].producer;
+      if (q < 0) continue;
+      consumers[program_of[q]].push_back(static_cast<int>(k));
+      ++waiting[k];
+    }
+  for (size_t k = 0; k < r.programs.size(); ++k)
+    if (waiting[k] == 0) order.push_back(static_cast<int>(k));
+  for (size_t i = 0; i < order.size(); ++i)
+    for (int c : consumers[order[i]])
+      if (--waiting[c] == 0) order.push_back(c);
+  if (order.size() != r.programs.size()) throw InternalError("[pipeline] the stage programs depend on each other in a cycle");
+  r.device_bytes.assign(g.values().size(), 0);
   std::string dump;
-  for (size_t k = 0; k < r.programs.size(); ++k) {
+  for (int k : order) {
     StageProgram& sp = r.programs[k];
+    const Mesh& group = r.groups[schedule.device_of(sp.stage)];
     std::unique_ptr<Graph> sub = subgraph(g, members[k], sp.inputs, sp.outputs);
     const std::string name = fmt::format("stage{}.{}{}", sp.stage, part_name(sp.part),
                                          sp.part == StagePart::update ? fmt::format(".level{}", sp.level) : "");
-    if (dumping()) dump += fmt::format("# {}\n{}\n", name, sub->to_string());
+    if (dumping()) dump += fmt::format("# {} on {}\n{}\n", name, group.to_string(), sub->to_string());
+    std::vector<Sharding> in;
+    for (int v : sp.inputs) {
+      const ValueInfo& info = g.values()[v];
+      PartitionSpec spec;
+      if (info.producer >= 0) {
+        spec = spec_of[v].value();
+      } else if (static_cast<size_t>(info.output_index) >= p.n_params + p.n_state &&
+                 static_cast<size_t>(info.output_index) < p.n_params + p.n_state + p.n_batch && info.type.rank() > 0 &&
+                 !r.batch_axis.empty()) {
+        spec = PartitionSpec({PartitionSpec::Dim(r.batch_axis)});
+      }
+      in.emplace_back(group, spec);
+    }
+    PartitionOptions popt;
+    for (int v : sp.outputs)
+      popt.out_shardings.push_back(acc.count(v) ? std::optional<Sharding>(Sharding::replicated(group)) : std::nullopt);
     DumpProgram scope("train_step." + name);
-    sp.exe = Executable::compile(*sub, o);
+    SpmdProgram prog = partition(*sub, group, in, popt);
+    for (size_t i = 0; i < sp.outputs.size(); ++i) {
+      spec_of[sp.outputs[i]] = prog.out_shardings[i].spec;
+      r.device_bytes[sp.outputs[i]] = TensorType{g.type(sp.outputs[i]).dtype,
+                                                 prog.out_shardings[i].local_shape(g.type(sp.outputs[i]).shape)}
+                                          .nbytes();
+    }
+    sp.exe = ShardedExecutable::compile(std::move(prog), o, DeviceParallelism::within_kernels);
   }
   dump_pass("pipeline_stages", [&] { return dump; });
 
@@ -380,7 +439,7 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
         sp.part = q;
         sp.stage = s;
         sp.inputs = sp.outputs = vals;
-        sp.exe = Executable::compile(*graph, in_place);
+        sp.local = Executable::compile(*graph, in_place);
         (q == StagePart::accumulate ? r.accumulate : r.mean)[s] = static_cast<int>(r.programs.size());
         r.programs.push_back(std::move(sp));
       }
