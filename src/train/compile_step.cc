@@ -164,68 +164,60 @@ bool has_stage_axis(const Mesh& mesh) {
 CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                                const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
   const Mesh& mesh = *options.mesh;
-  std::vector<std::string> beside;
-  int64_t replicas = 1;
-  for (const MeshAxis& a : mesh.axes())
-    if (a.name != "stage" && a.size > 1) beside.push_back(a.name), replicas = a.size;
-  if (beside.size() > 1 || (!beside.empty() && options.strategy != ShardingStrategy::DDP))
-    throw UserError(fmt::format(
-        "[pipeline] the mesh {} with strategy {}: beside the `stage` axis a pipelined step takes one batch axis "
-        "with DDP inside each stage (FSDP and tensor parallelism inside a stage are not built); use a mesh like "
-        "{{stage: 2, data: 2}} with strategy DDP",
-        mesh.to_string(), strategy_name(options.strategy)));
-  if (mesh.num_processes() > 1)
-    throw UserError("[pipeline] the mesh " + mesh.to_string() +
-                    " spans several processes: a pipelined step runs its stages in one process; use a mesh of one "
-                    "process");
   if (options.strategy == ShardingStrategy::AUTO)
     throw UserError(
         "[pipeline] AUTO does not plan a mesh with a `stage` axis: give the stage count and schedule yourself "
-        "(strategy DDP, TrainStepOptions::pipeline), or drop the `stage` axis and let AUTO shard");
-  if (options.remat.policy == RematPolicy::automatic)
-    throw UserError(
-        "[pipeline] remat `auto` is not planned per stage: give a remat policy (e.g. full) for a pipelined step");
-  if (!options.offload.params.empty() || options.offload.optimizer_state)
-    throw UserError("[pipeline] offload is not built for pipelined steps: drop TrainStepOptions::offload");
+        "(a recipe inside the stages, TrainStepOptions::pipeline), or drop the `stage` axis and let AUTO shard");
   check_microbatches(options.microbatches, batch_types, "TrainStep");
   const int M = options.microbatches;
-  if (replicas > 1) {  // each device's microbatches are made of its own rows
-    for (size_t i = 0; i < batch_types.size(); ++i)
-      if (batch_types[i].rank() > 0 && batch_types[i].shape[0] % replicas != 0)
-        throw UserError(fmt::format(
-            "[pipeline] batch array {} ({}) does not split over the {} devices of axis '{}': use a batch size that is "
-            "a multiple of {}",
-            i, type_str(batch_types[i]), replicas, beside[0], replicas * M));
-    ShardingPlan rows;
-    rows.mesh = mesh;
-    rows.batch_axes = beside;
-    check_rows_per_device(rows, batch_types, M);
-  }
   const pipeline::Schedule schedule = pipeline::make_schedule(
       options.pipeline.schedule, static_cast<int>(mesh.axis_size("stage")), M, options.pipeline.virtual_stages);
   std::vector<TensorType> micro_types = batch_types;
   for (TensorType& t : micro_types)
     if (t.rank() > 0) t.shape[0] /= M;
 
+  // The recipe's plan for one stage's devices (the mesh without its `stage` axis).
+  std::vector<MeshAxis> others;
+  for (const MeshAxis& a : mesh.axes())
+    if (a.name != "stage") others.push_back(a);
+  const Mesh group(others);
+  ShardingPlan plan = one_device_plan(store);  // a stage on one device: every param whole
+  plan.mesh = group;
+  if (group.size() > 1) {
+    DumpCandidates quiet;  // the forward program is not a pass of this step
+    auto fwd = nn::trace_with_params(
+        store, [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{loss_fn(b)}; }, micro_types);
+    plan = plan_sharding(*fwd, store.paths(), group, options.strategy, options.sharding);
+  }
+  int64_t shards = 1;
+  for (const std::string& a : plan.batch_axes) shards *= group.axis_size(a);
+  for (size_t i = 0; i < batch_types.size(); ++i)
+    if (batch_types[i].rank() > 0 && batch_types[i].shape[0] % shards != 0)
+      throw UserError(fmt::format(
+          "[pipeline] batch array {} ({}) does not split over the {} devices of the batch axes inside a stage: use a "
+          "batch size that is a multiple of {}",
+          i, type_str(batch_types[i]), shards, shards * M));
+  check_rows_per_device(plan, batch_types, M);  // each device's microbatches are made of its own rows
+
   StepProgram p = trace_train_step(store, opt, loss_fn, micro_types, options.clip_norm, "TrainStep",
                                    options.skip_nonfinite, 1);
   p = remat_step(std::move(p), options.remat);
   dump_pass("remat", [&] { return p.graph->to_string(); });
   CompiledStep c;
-  c.plan = one_device_plan(store);
+  c.plan = plan;
   c.plan.mesh = mesh;
-  c.state_specs = state_specs_for(c.plan, opt.state_slots(store.types()), store.types());
+  c.state_specs = state_specs_for(plan, opt.state_slots(store.types()), store.types());
   c.n_params = p.n_params;
   c.n_state = p.n_state;
   c.index_uses = index_uses(*p.graph);
   c.graph = p.graph->clone();
   const size_t n_inputs = p.graph->inputs().size();
-  StagedStep staged = stage_programs(std::move(p), schedule, options.pipeline, mesh, options.compile);
+  StagedStep staged = stage_programs(std::move(p), schedule, options.pipeline, mesh, plan, c.state_specs, options.compile);
   for (ParamPlacement& pp : c.plan.params)
     for (size_t st = 0; st < staged.stage_layers.size(); ++st)
       for (const std::string& l : staged.stage_layers[st])
         if (l == memory_pass::layer_of(pp.path))
-          pp.reason = fmt::format("stage {} (device {})", st, schedule.device_of(static_cast<int>(st)));
+          pp.reason = fmt::format("stage {} (device group {}), {}", st, schedule.device_of(static_cast<int>(st)), pp.reason);
   c.pipeline = std::make_unique<PipelineRunner>(std::move(staged));
   const PipelineReport& r = c.pipeline->report();
   const int64_t limit = memory_limit(options, mesh);

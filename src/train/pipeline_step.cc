@@ -97,19 +97,22 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Replica r's rows of microbatch k of m (a batch split over `replicas` devices along dim 0, each
-// device's microbatch made of its own rows k, k + m, ...: the rows trace_train_step slices).
-Array microbatch_rows(const Array& x, int r, int replicas, int k, int m) {
-  if ((m == 1 && replicas == 1) || x.shape().empty()) return x;
+// Microbatch k of m of a batch array whose rows are split `shards` ways: each shard's rows k, k + m,
+// ... of its own rows, the shards' in order (the rows trace_train_step slices, so that each device's
+// microbatch is made of rows it holds).
+Array microbatch_rows(const Array& x, int shards, int k, int m) {
+  if (m == 1 || x.shape().empty()) return x;
   Shape rows = x.shape();
-  const int64_t per_replica = rows[0] / replicas;
-  rows[0] = per_replica / m;
+  const int64_t per_shard = rows[0] / shards;
+  rows[0] /= m;
   Array out(x.dtype(), rows);
   const int64_t row = x.shape()[0] ? x.nbytes() / x.shape()[0] : 0;
   const auto* src = static_cast<const std::byte*>(x.raw());
   auto* dst = static_cast<std::byte*>(out.raw());
-  for (int64_t j = 0; j < rows[0]; ++j)
-    std::memcpy(dst + j * row, src + (r * per_replica + j * m + k) * row, static_cast<size_t>(row));
+  for (int64_t j = 0; j < rows[0]; ++j) {
+    const int64_t shard = j / (per_shard / m), in_shard = j % (per_shard / m);
+    std::memcpy(dst + j * row, src + (shard * per_shard + in_shard * m + k) * row, static_cast<size_t>(row));
+  }
   return out;
 }
 
@@ -231,41 +234,44 @@ PipelineRunner::PipelineRunner(StagedStep s) : s_(std::move(s)) {
     }
   }
   for (int d = 0; d < D; ++d) {
-    for (int v : state_read[d]) report_.state_bytes[d] += g.type(v).nbytes();
+    for (int v : state_read[d])
+      report_.state_bytes[d] +=
+          TensorType{g.type(v).dtype,
+                     Sharding(s_.groups[d], s_.input_specs[g.values()[v].output_index]).local_shape(g.type(v).shape)}
+              .nbytes();
     report_.planned_held_bytes[d] = plan_held(s_, r, d);
   }
-  for (int v : s_.accumulated) report_.accumulator_bytes[s_.schedule.device_of(s_.stage_of_value[v])] += g.type(v).nbytes();
+  for (int v : s_.accumulated) report_.accumulator_bytes[s_.schedule.device_of(s_.stage_of_value[v])] += s_.device_bytes[v];
+  const int G = s_.groups[0].size();
   for (size_t v = 0; v < g.values().size(); ++v) {
     const int64_t n = static_cast<int64_t>(M * r.micro_remote[v].size() + r.step_remote[v].size());
-    report_.messages += static_cast<int>(n) * s_.replicas;
-    report_.message_bytes += s_.device_bytes[v] * s_.replicas * n;
+    report_.messages += static_cast<int>(n) * G;
+    report_.message_bytes += s_.device_bytes[v] * G * n;
   }
 }
 
 std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const std::vector<Array>& batch) {
   const StagedStep& s = s_;
   const Graph& g = *s.graph;
-  const int D = s.schedule.devices, M = s.schedule.microbatches, R = s.replicas;
+  const int D = s.schedule.devices, M = s.schedule.microbatches;
   const size_t n_state = s.n_params + s.n_state;
   const Readers r = readers_of(s);
   std::vector<char> is_output(g.values().size(), 0);
   for (int v : g.outputs()) is_output[v] = 1;
-  // Per microbatch and batch input: each replica's rows.
-  std::vector<std::vector<std::vector<Array>>> micro(static_cast<size_t>(M));
+  // Per microbatch and batch input: its rows, each device's from the rows it holds.
+  std::vector<std::vector<Array>> micro(static_cast<size_t>(M));
   for (int m = 0; m < M; ++m)
-    for (const Array& b : batch) {
-      micro[m].emplace_back();
-      for (int rep = 0; rep < R; ++rep) micro[m].back().push_back(microbatch_rows(b, rep, R, m, M));
-    }
-  // A graph input as program k's input i: the caller's arrays on the program's devices.
+    for (const Array& b : batch) micro[m].push_back(microbatch_rows(b, s.batch_shards, m, M));
+  // A graph input as program k's input i: the caller's arrays on the program's devices (a
+  // replicated array is the caller's on each, a split one its shards).
   auto input_array = [&](int v, int m, const ShardedExecutable& exe, int i) {
     const size_t at = static_cast<size_t>(g.values()[v].output_index);
-    std::vector<Array> shards;
-    if (at >= n_state && at < n_state + s.n_batch)
-      shards = micro.at(std::max(m, 0))[at - n_state];
-    else
-      shards.assign(R, at < n_state ? state[at] : state.back());  // params and state, the step counter
-    return ShardedArray(g.type(v), exe.in_sharding(i), std::move(shards));
+    const Array& whole = at >= n_state && at < n_state + s.n_batch ? micro.at(std::max(m, 0))[at - n_state]
+                         : at < n_state                             ? state[at]
+                                                                    : state.back();
+    const Sharding& sh = exe.in_sharding(i);
+    if (!sh.is_fully_replicated()) return shard(whole, sh);
+    return ShardedArray(g.type(v), sh, std::vector<Array>(static_cast<size_t>(sh.mesh.size()), whole));
   };
 
   // Messages between device groups, keyed by (value, microbatch or -1 for the update, receiver).
@@ -362,7 +368,7 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
       // Runs an accumulate or mean program on each device's copy, in place.
       auto on_each_device = [&](Executable& exe, const std::vector<ShardedArray*>& sums,
                                 const std::vector<ShardedArray>& add) {
-        for (int rep = 0; rep < R; ++rep) {
+        for (int rep = 0; rep < group.size(); ++rep) {
           std::vector<Array> in, out;
           for (ShardedArray* a : sums) in.push_back(a->shards()[rep]), out.push_back(a->shards()[rep]);
           for (const ShardedArray& a : add) in.push_back(a.shards()[rep]);
@@ -441,7 +447,7 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
     }
     auto it = results.find(v);
     if (it == results.end()) throw InternalError(fmt::format("[pipeline] output %{} was not computed", v));
-    out.push_back(it->second.shards().at(0));
+    out.push_back(it->second.sharding().is_fully_replicated() ? it->second.shards().at(0) : gather(it->second));
   }
   return out;
 }

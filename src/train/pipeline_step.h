@@ -12,10 +12,11 @@
 // update is cut by stage into levels, a level reading other stages' values of earlier levels only
 // (the clipping norm sums every stage's part).
 //
-// A pipeline device is a group of devices: the mesh's positions at one `stage` coordinate. With a
-// batch axis beside `stage` (data parallelism inside each stage), every program is partitioned over
-// its group like any step (batch rows split, params replicated, each microbatch's gradients
-// all-reduced in its backward program) and compiled as a ShardedExecutable.
+// A pipeline device is a group of devices: the mesh's positions at one `stage` coordinate, over the
+// mesh's other axes. Every program is partitioned over its group like any step, by the recipe's
+// plan for the group's mesh (DDP, FSDP, tensor parallelism: each param's spec, the batch split over
+// the batch axes, each microbatch's gradients reduced to their param's spec in its backward
+// program), and compiled as a ShardedExecutable.
 #pragma once
 
 #include <map>
@@ -47,9 +48,8 @@ struct StagedStep {
   std::unique_ptr<Graph> graph;  // the traced step of one microbatch (after remat)
   size_t n_params = 0, n_state = 0, n_batch = 0;
   pipeline::Schedule schedule;
-  std::vector<Mesh> groups;  // per pipeline device: its devices, over the batch axis (if any)
-  std::string batch_axis;    // "" without data parallelism inside the stages
-  int replicas = 1;          // devices per group
+  std::vector<Mesh> groups;  // per pipeline device: its devices, over the mesh's other axes
+  int batch_shards = 1;      // the batch's rows are split this many ways in a group
   std::vector<std::vector<std::string>> stage_layers;
   std::vector<StageProgram> programs;
   // Per stage: the program index of each part (-1: none).
@@ -58,14 +58,16 @@ struct StagedStep {
   std::vector<int> accumulated;  // values summed over microbatches: the loss and each gradient
   std::vector<int> stage_of_value;  // per value of the graph: the stage computing it (-1: input)
   std::vector<int64_t> device_bytes;  // per value crossing programs: bytes on each device of its group
+  std::vector<PartitionSpec> input_specs;  // per graph input: params and state by the plan, the batch
 };
 
 // Cuts `p` (traced for one microbatch of each device's rows, after remat) into stage programs for
-// `schedule` on `mesh` (a `stage` axis and at most one batch axis larger than 1), compiled with
-// `copt`. Throws px::UserError for a model without numbered layers, more stages than layers or a
-// split that does not add up.
+// `schedule` on `mesh` (a `stage` axis and others), each partitioned by `plan` (made for the mesh of
+// one group) and compiled with `copt`. Throws px::UserError for a model without numbered layers,
+// more stages than layers or a split that does not add up.
 StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, const PipelineOptions& options,
-                          const Mesh& mesh, const CompileOptions& copt);
+                          const Mesh& mesh, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
+                          const CompileOptions& copt);
 
 // Runs a staged step over whole arrays: state is params, optimizer state and the step counter
 // (i32), batch the whole batch (split into microbatches here). Returns the traced step's outputs:

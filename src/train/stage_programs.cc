@@ -198,7 +198,8 @@ const char* part_name(StagePart p) {
 }  // namespace
 
 StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, const PipelineOptions& options,
-                          const Mesh& mesh, const CompileOptions& copt) {
+                          const Mesh& mesh, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
+                          const CompileOptions& copt) {
   const int S = schedule.stages(), M = schedule.microbatches;
   StagedStep r;
   r.schedule = schedule;
@@ -312,20 +313,41 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
       }
   }
 
-  // The device groups: the mesh's positions at each `stage` coordinate, over the batch axis.
+  // The device groups: the mesh's positions at each `stage` coordinate, over the other axes.
   const std::vector<MeshAxis>& axes = mesh.axes();
   size_t stage_dim = 0;
+  std::vector<MeshAxis> others;
   for (size_t a = 0; a < axes.size(); ++a) {
-    if (axes[a].name == "stage") stage_dim = a;
-    if (axes[a].name != "stage" && axes[a].size > 1) r.batch_axis = axes[a].name, r.replicas = static_cast<int>(axes[a].size);
+    if (axes[a].name == "stage")
+      stage_dim = a;
+    else
+      others.push_back(axes[a]);
   }
   for (int d = 0; d < schedule.devices; ++d) {
     std::vector<int> ids;
     for (int q = 0; q < mesh.size(); ++q)
       if (mesh.coords(q)[stage_dim] == d) ids.push_back(mesh.device_ids()[q]);
-    r.groups.push_back(r.batch_axis.empty() ? Mesh({}, ids, mesh.platform())
-                                            : Mesh({{r.batch_axis, r.replicas}}, ids, mesh.platform()));
+    r.groups.push_back(Mesh(others, ids, mesh.platform()));
   }
+  for (const std::string& a : plan.batch_axes) r.batch_shards *= static_cast<int>(plan.mesh.axis_size(a));
+  // Params and state by the plan, the batch's rows over its batch axes, the step counter replicated.
+  const size_t n_io = p.n_params + p.n_state;
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    if (i < p.n_params)
+      r.input_specs.push_back(plan.params[i].spec);
+    else if (i < n_io)
+      r.input_specs.push_back(state_specs[i - p.n_params]);
+    else if (i < n_io + p.n_batch && g.type(g.inputs()[i]).rank() > 0 && !plan.batch_axes.empty())
+      r.input_specs.push_back(PartitionSpec({PartitionSpec::Dim(plan.batch_axes)}));
+    else
+      r.input_specs.emplace_back();
+  }
+  // What each program must leave: a microbatch's gradient reduced to its param's spec, the loss
+  // replicated, the new params and state as the old.
+  std::map<int, PartitionSpec> out_spec;
+  for (size_t i = 0; i < p.grads.size(); ++i) out_spec[p.grads[i]] = plan.params[i].spec;
+  out_spec[g.outputs()[0]] = PartitionSpec();
+  for (size_t i = 0; i < n_io && 3 + i < g.outputs().size(); ++i) out_spec.emplace(g.outputs()[3 + i], r.input_specs[i]);
 
   // Partition and compile each program through the runtime's passes, producers first: a value
   // crossing programs keeps the layout its producer gives it; params are replicated, the batch
@@ -362,19 +384,14 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
     std::vector<Sharding> in;
     for (int v : sp.inputs) {
       const ValueInfo& info = g.values()[v];
-      PartitionSpec spec;
-      if (info.producer >= 0) {
-        spec = spec_of[v].value();
-      } else if (static_cast<size_t>(info.output_index) >= p.n_params + p.n_state &&
-                 static_cast<size_t>(info.output_index) < p.n_params + p.n_state + p.n_batch && info.type.rank() > 0 &&
-                 !r.batch_axis.empty()) {
-        spec = PartitionSpec({PartitionSpec::Dim(r.batch_axis)});
-      }
-      in.emplace_back(group, spec);
+      in.emplace_back(group, info.producer >= 0 ? spec_of[v].value() : r.input_specs.at(info.output_index));
     }
     PartitionOptions popt;
-    for (int v : sp.outputs)
-      popt.out_shardings.push_back(acc.count(v) ? std::optional<Sharding>(Sharding::replicated(group)) : std::nullopt);
+    for (int v : sp.outputs) {
+      auto it = out_spec.find(v);
+      popt.out_shardings.push_back(it == out_spec.end() ? std::nullopt
+                                                        : std::optional<Sharding>(Sharding(group, it->second)));
+    }
     DumpProgram scope("train_step." + name);
     SpmdProgram prog = partition(*sub, group, in, popt);
     for (size_t i = 0; i < sp.outputs.size(); ++i) {
@@ -412,8 +429,9 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
       for (int v : r.accumulated)
         if (r.stage_of_value[v] == s) vals.push_back(v);
       if (vals.empty()) continue;
-      std::vector<TensorType> types;
-      for (int v : vals) types.push_back(g.type(v));
+      std::vector<TensorType> types;  // as each device holds them
+      for (int v : vals)
+        types.push_back({g.type(v).dtype, Sharding(r.groups[0], spec_of[v].value()).local_shape(g.type(v).shape)});
       const size_t k = vals.size();
       // The same additions and division as the microbatched step on one device (trace_step.cc).
       std::vector<TensorType> two = types;

@@ -97,12 +97,12 @@ TEST(Pipeline, EveryScheduleEqualsOneDeviceWithTheSameMicrobatches) {
   }
 }
 
-// 3-D parallelism's first two: stages over `stage`, data parallelism inside each stage. Equal to
+// 3-D parallelism: stages over `stage`, data, FSDP or tensor parallelism inside each stage. Equal to
 // one device and to DDP over the same axis, with the same microbatches, up to the order of the sums
 // over rows (each microbatch's gradients are all-reduced in its backward program): 3 steps, as the
 // sharded-equality tests, since AdamW carries that noise further every step (plain DDP on data:2
 // leaves the tolerance on Llama's embedding after 5).
-TEST(Pipeline, StagesWithDataParallelismEqualOneDevice) {
+TEST(Pipeline, StagesWithDataFsdpOrTensorParallelismEqualOneDevice) {
   for (const nn::LmConfig& cfg : {gpt4(), llama4()}) {
     TrainStepOptions one;
     one.microbatches = 2;
@@ -119,7 +119,32 @@ TEST(Pipeline, StagesWithDataParallelismEqualOneDevice) {
       expect_equal(want, got, what + " vs one device", /*sum_order=*/true);
       expect_equal(ddp_run, got, what + " vs data:2", /*sum_order=*/true);
     }
+    // FSDP and tensor parallelism inside the stages: params split by the recipe's plan.
+    for (auto [strategy, axis] : {std::pair{ShardingStrategy::FSDP, "data"}, std::pair{ShardingStrategy::TP, "model"}}) {
+      TrainStepOptions o = pipelined(2, 2, pipeline::Kind::one_f_one_b);
+      o.mesh = Mesh({{"stage", 2}, {axis, 2}});
+      o.strategy = strategy;
+      std::string report;
+      expect_equal(want, train(cfg, o, 3, &report),
+                   cfg.name + " stage:2," + axis + ":2 " + strategy_name(strategy), /*sum_order=*/true);
+    }
   }
+}
+
+TEST(Pipeline, FsdpInsideStagesSplitsTheirState) {
+  Fixture f(gpt4(), 8);
+  auto state_bytes = [&](ShardingStrategy strategy) {
+    TrainStepOptions o = pipelined(2, 2, pipeline::Kind::one_f_one_b);
+    o.mesh = Mesh({{"stage", 2}, {"data", 2}});
+    o.strategy = strategy;
+    TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, o);
+    bool split = false;
+    for (const ParamPlacement& p : step.plan().params) split = split || !p.spec.is_replicated();
+    EXPECT_EQ(split, strategy == ShardingStrategy::FSDP) << step.table();
+    EXPECT_TRUE(has(step.table(), "stage 1 (device group 1)")) << step.table();
+    return step.pipeline_report().state_bytes[0];
+  };
+  EXPECT_LT(state_bytes(ShardingStrategy::FSDP), state_bytes(ShardingStrategy::DDP) * 6 / 10);
 }
 
 TEST(Pipeline, OneDeviceStageAxisAndMicrobatchCountsStillEqual) {
@@ -171,15 +196,10 @@ TEST(Pipeline, BadSettingsNameTheFix) {
   bad_split.pipeline.layers_per_stage = {1, 2};
   e = make(bad_split, f);
   EXPECT_TRUE(has(e, "layers_per_stage [1, 2] does not fit")) << e;
-  TrainStepOptions three_axes = pipelined(2, 2, pipeline::Kind::gpipe);
-  three_axes.mesh = Mesh({{"stage", 2}, {"data", 2}, {"model", 2}});
-  e = make(three_axes, f);
-  EXPECT_TRUE(has(e, "one batch axis with DDP inside each stage")) << e;
-  TrainStepOptions fsdp = pipelined(2, 2, pipeline::Kind::gpipe);
-  fsdp.mesh = Mesh({{"stage", 2}, {"data", 2}});
-  fsdp.strategy = ShardingStrategy::FSDP;
-  e = make(fsdp, f);
-  EXPECT_TRUE(has(e, "one batch axis with DDP inside each stage")) << e;
+  TrainStepOptions auto_plan = pipelined(2, 2, pipeline::Kind::gpipe);
+  auto_plan.strategy = ShardingStrategy::AUTO;
+  e = make(auto_plan, f);
+  EXPECT_TRUE(has(e, "AUTO does not plan a mesh with a `stage` axis")) << e;
   TrainStepOptions rows = pipelined(2, 8, pipeline::Kind::gpipe);
   rows.mesh = Mesh({{"stage", 2}, {"data", 2}});
   e = make(rows, f);
