@@ -203,6 +203,7 @@ struct PlanReport {
   int64_t peak_bytes_per_device = 0;              // the whole step's peak, activations included
   int64_t device_memory_bytes = 0;                // the cluster's device memory
   std::string cost_note;                          // why there is no prediction, when there is none
+  std::string pipeline;  // a mesh with a `stage` axis: stages, memory per device group, bubble (PipelineReport)
   std::string text() const;        // the whole report as `pax plan` prints it
 };
 // `devices`: "cpu:N" or "" (= as many virtual devices as the mesh needs, for planning).

@@ -100,6 +100,8 @@ struct Simulation {
 // (m, s+1); W(m, s) needs I(m, s). Throws px::Error when the schedule is not a valid one: an
 // action missing or repeated, or an order that deadlocks (naming each device's next action).
 Simulation simulate(const Schedule& s, const Costs& costs = {});
+// The same with each stage's own costs (one per stage; `message`: a message from that stage).
+Simulation simulate(const Schedule& s, const std::vector<Costs>& per_stage);
 
 // The bubble (idle fraction) the schedule kind has in theory with the given costs:
 // (S-1)/(M+S-1) for GPipe and 1F1B, (D-1)/(V*M+D-1) interleaved, and for ZB-H1
@@ -130,9 +132,10 @@ struct PipelineReport {
   // programs' working memory (arenas), and the most bytes of activations, gradients and messages
   // it holds at once (planned from the schedule before running; measured on the last run).
   std::vector<int64_t> state_bytes, accumulator_bytes, arena_bytes, planned_held_bytes, measured_held_bytes;
+  std::vector<int64_t> param_bytes;  // per device: of its params (a part of state_bytes)
   int64_t planned_peak(int device) const;   // state + accumulators + arenas + planned held
   int64_t measured_peak(int device) const;  // the same with the measured held bytes (0 before a run)
-  int64_t message_bytes = 0;  // sent between devices per step (activations and their gradients)
+  int64_t message_bytes = 0;  // sent between devices per step, over all devices (activations and their gradients)
   int messages = 0;
   // The last run, per device: each action (and "update") with when it began and ended, in seconds
   // since the step began.
@@ -142,6 +145,9 @@ struct PipelineReport {
   };
   std::vector<std::vector<Span>> timeline;
   double schedule_s = 0;  // from the first action's start to the last action's end
+  // Planned for a cluster (px::plan_pipeline, pax plan --cluster): each stage program timed by the
+  // cost model (auto.h), played in the schedule's order with messages over the `stage` axis's link.
+  double predicted_step_s = 0, predicted_schedule_s = 0, predicted_bubble = 0;
   // Idle fraction of the devices over the schedule (the update excluded): 1 - busy / (D * schedule_s).
   double bubble_measured() const;
   double bubble_theory() const;  // pipeline::bubble_theory of the schedule with unit costs

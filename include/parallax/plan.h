@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "parallax/auto.h"
+#include "parallax/pipeline.h"
 #include "parallax/nn/transformer.h"
 
 namespace px {
@@ -33,5 +34,12 @@ std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg, const Mesh& mesh, 
 // Deep models are searched on a copy with fewer layers (identical layers are linked) and the
 // chosen plan is costed on the whole model.
 AutoPlan plan_auto(const nn::LmConfig& cfg, const Mesh& mesh, const Cluster& cluster, const StepSetup& setup = {});
+
+// A pipelined step (a mesh with a `stage` axis; `strategy` inside each stage) planned without
+// allocating anything: its stages, each device group's planned memory and messages, and with a
+// cluster (whose links the mesh carries: Cluster::apply) the predicted step time and bubble, each
+// stage program timed by the cost model and played in the schedule's order.
+PipelineReport plan_pipeline(const nn::LmConfig& cfg, const Mesh& mesh, ShardingStrategy strategy,
+                             const StepSetup& setup, const PipelineOptions& pipeline, const Cluster* cluster = nullptr);
 
 }  // namespace px

@@ -125,6 +125,39 @@ ExperimentConfig c4_16b() {
   return c;
 }
 
+// paxml c4.py C4SpmdPipelineGpt3SmallAdam64Replicas (its docstring: "GPT-3 XL", 1.3B; its sizes
+// make 2.9B): 24 layers of d 3072 (24
+// heads of 128, MLP 12288), vocabulary 50257 padded to 50304 (a multiple of 64: it splits over the
+// model axis, where GSPMD splits unevenly), sequences of 2048, bf16; the seed's ICI mesh
+// [stage 4, replica 1, data 4, model 4] (64 devices), each stage's weights split over data and model;
+// 512 sequences a step in 32 microbatches of 16; Adam (0.9, 0.95, 1e-8), weight decay 0.1, clip 1,
+// lr 2e-4 warmed up over 265 steps then cosine to 10% at 108600; everything recomputed (SAVE_NOTHING).
+// The seed pipelines GPipe-style; 1F1B here (the same step, fewer microbatches held at once).
+ExperimentConfig c4_pipeline_gpt3_xl() {
+  ExperimentConfig c = c4_1b();
+  c.model = {.flavour = "gpt2", .vocab_size = 50304, .d_model = 3072, .n_heads = 24, .n_layers = 24, .d_ff = 12288,
+             .seq_len = 2048, .dtype = "bf16"};
+  c.data.batch = 512;
+  c.optimizer = {.name = "adam", .lr = 2e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
+                 .clip_norm = 1.0};
+  c.schedule = {.kind = "warmup_cosine", .warmup_steps = 265, .min_fraction = 0.1, .total_steps = 108600};
+  c.sharding = {.mesh = "stage:4,data:4,model:4", .strategy = "fsdp_tp", .schedule = "1f1b"};
+  c.memory.remat = "full";
+  c.train = {.steps = 108600, .microbatches = 32, .eval_interval = 100, .eval_batches = 100,
+             .checkpoint_interval = 200, .checkpoint_keep = 5, .summary_interval = 1};
+  return c;
+}
+
+// The README's tiny GCIDE model pipelined over two devices: one layer per stage, 1F1B over 4
+// microbatches of 2 sequences (pax train --devices cpu:2).
+ExperimentConfig gcide_tiny_pipelined() {
+  ExperimentConfig c = gcide_tiny();
+  c.sharding.mesh = "stage:2";
+  c.sharding.schedule = "1f1b";
+  c.train.microbatches = 4;
+  return c;
+}
+
 }  // namespace
 
 void register_builtin_experiments() {
@@ -133,6 +166,9 @@ void register_builtin_experiments() {
   register_experiment("gcide.TransformerLmTiny",
                       "2-layer GPT (d 128, vocab 4096) on the GCIDE dictionary text; the README's main job",
                       gcide_tiny);
+  register_experiment("gcide.TransformerLmTinyPipelined",
+                      "gcide.TransformerLmTiny pipelined: stage:2 (one layer each), 1F1B over 4 microbatches",
+                      gcide_tiny_pipelined);
   register_experiment("gcide.Gpt25M", "12-layer GPT (d 384, vocab 8000, ~25M params) on GCIDE", gcide_25m);
   register_experiment("lm_cloud.LmCloudTransformerAdam",
                       "Pax seed: 10 layers, d 1024, vocab 32000, seq 1024, Adam, data parallel (DDP)", lm_cloud_adam);
@@ -143,6 +179,10 @@ void register_builtin_experiments() {
   register_experiment("lm_cloud.LmCloudSpmd2BLimitSteps", "LmCloudSpmd2B stopped at 300 steps", lm_cloud_2b_limit);
   register_experiment("c4.C4Spmd1BAdam4Replicas",
                       "Pax seed: 13 layers, d 2560, ~1B params on C4 (data.paths), mesh data:4", c4_1b);
+  register_experiment("c4.C4SpmdPipelineGpt3SmallAdam64Replicas",
+                      "Pax seed: 24 layers, d 3072, ~2.9B params on C4, pipelined: stage:4 x data:4 x model:4, "
+                      "32 microbatches",
+                      c4_pipeline_gpt3_xl);
   register_experiment("c4.C4Spmd16BAdam32Replicas",
                       "Pax seed: 36 layers, d 6144, ~16B params on C4 (data.paths), mesh data:16 x model:2", c4_16b);
 }

@@ -157,6 +157,25 @@ ShardingOptions sharding_options(const ExperimentConfig& c) {
   return o;
 }
 
+PipelineOptions pipeline_options(const ExperimentConfig& c) {
+  PipelineOptions o;
+  o.schedule = pipeline::parse_kind(c.sharding.schedule);
+  o.virtual_stages = static_cast<int>(c.sharding.virtual_stages);
+  for (const std::string& k : c.sharding.layers_per_stage) {
+    size_t used = 0;
+    int n = -1;
+    try {
+      n = std::stoi(k, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != k.size() || n < 1)
+      throw UserError("[pax] sharding.layers_per_stage has '" + k +
+                      "': give whole numbers of at least 1, one per stage, e.g. --set sharding.layers_per_stage=2,2");
+    o.layers_per_stage.push_back(n);
+  }
+  return o;
+}
+
 ShardingPlan sharding_plan(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh,
                            const std::string& cluster) {
   if (c.sharding.strategy == "auto") return auto_plan(c, model, mesh, cluster);
@@ -212,6 +231,16 @@ std::string PlanReport::text() const {
   os << "\n";
   os << table << (table.empty() || table.back() == '\n' ? "" : "\n");
   os << "parameters: " << param_count << "\n";
+  if (!pipeline.empty()) {  // a mesh with a `stage` axis: per stage and device group
+    os << pipeline;
+    if (!cluster.empty())
+      os << "predicted on " << cluster << ": step " << fmt::format("{:.4g}", step_s) << " s; peak per device "
+         << human_bytes(peak_bytes_per_device) << " of " << human_bytes(device_memory_bytes)
+         << (peak_bytes_per_device <= device_memory_bytes ? " (fits)" : " (DOES NOT FIT)") << "\n";
+    else
+      os << "predicted step time: " << cost_note << "\n";
+    return os.str();
+  }
   os << "per device: params " << human_bytes(param_bytes_per_device) << ", gradients "
      << human_bytes(gradient_bytes_per_device) << ", optimizer state " << human_bytes(optimizer_bytes_per_device)
      << ", total " << human_bytes(param_bytes_per_device + gradient_bytes_per_device + optimizer_bytes_per_device)
@@ -229,17 +258,9 @@ std::string PlanReport::text() const {
   return os.str();
 }
 
-PlanReport plan(const ExperimentConfig& c, const std::string& devices, const std::string& cluster) {
-  validate(c);
-  Mesh mesh = make_mesh(c, resolve_devices(c, devices, /*for_planning=*/true));
-  nn::TransformerLm model(lm_config(c));  // declares params; allocates nothing
-  PlanReport r = plan_report(c, model, sharding_plan(c, model, mesh, cluster));
-  if (cluster.empty()) return r;
-  if (c.sharding.strategy == "auto") {
-    r.cost_note = "AUTO's prediction on " + cluster + " is in its explanation above";
-    return r;
-  }
-  Cluster cl = load_cluster(cluster);
+namespace {
+
+StepSetup step_setup(const ExperimentConfig& c) {
   StepSetup setup;
   setup.batch = c.data.batch;
   setup.seq = c.model.seq_len;
@@ -251,6 +272,61 @@ PlanReport plan(const ExperimentConfig& c, const std::string& devices, const std
   const TrainStepOptions o = step_options(c);
   if (o.remat.policy != RematPolicy::automatic) setup.remat = o.remat;
   setup.offload = o.offload;
+  return setup;
+}
+
+bool has_stage_axis(const Mesh& mesh) {
+  for (const MeshAxis& a : mesh.axes())
+    if (a.name == "stage") return true;
+  return false;
+}
+
+// A mesh with a `stage` axis: the pipeline planned (and predicted on the cluster, when given).
+PlanReport plan_pipelined(const ExperimentConfig& c, const Mesh& mesh, const nn::TransformerLm& model,
+                          const std::string& cluster) {
+  PlanReport r;
+  r.param_count = model.store().param_count();
+  r.devices = mesh.size();
+  r.mesh = mesh.to_string();
+  r.strategy = c.sharding.strategy;
+  r.microbatches = c.train.microbatches;
+  std::optional<Cluster> cl;
+  if (!cluster.empty()) cl = load_cluster(cluster);
+  const PipelineReport p = plan_pipeline(lm_config(c), cl ? cl->apply(mesh) : mesh, strategy_of(c), step_setup(c),
+                                         pipeline_options(c), cl ? &*cl : nullptr);
+  r.pipeline = p.to_string();
+  for (int d = 0; d < p.schedule.devices; ++d) {
+    r.peak_bytes_per_device = std::max(r.peak_bytes_per_device, p.planned_peak(d));
+    r.param_bytes_per_device = std::max(r.param_bytes_per_device, p.param_bytes[d]);
+    r.optimizer_bytes_per_device = std::max(r.optimizer_bytes_per_device, p.state_bytes[d] - p.param_bytes[d]);
+  }
+  r.gradient_bytes_per_device = r.param_bytes_per_device;
+  if (cl) {
+    r.cluster = cl->name;
+    r.step_s = p.predicted_step_s;
+    r.compute_s = p.predicted_schedule_s;
+    r.device_memory_bytes = cl->device.memory_bytes;
+  } else {
+    r.cost_note = "pass --cluster (cpu, h100x8, h200x8, tpuv4 or a .toml file)";
+  }
+  return r;
+}
+
+}  // namespace
+
+PlanReport plan(const ExperimentConfig& c, const std::string& devices, const std::string& cluster) {
+  validate(c);
+  Mesh mesh = make_mesh(c, resolve_devices(c, devices, /*for_planning=*/true));
+  nn::TransformerLm model(lm_config(c));  // declares params; allocates nothing
+  if (has_stage_axis(mesh)) return plan_pipelined(c, mesh, model, cluster);
+  PlanReport r = plan_report(c, model, sharding_plan(c, model, mesh, cluster));
+  if (cluster.empty()) return r;
+  if (c.sharding.strategy == "auto") {
+    r.cost_note = "AUTO's prediction on " + cluster + " is in its explanation above";
+    return r;
+  }
+  Cluster cl = load_cluster(cluster);
+  const StepSetup setup = step_setup(c);
   std::vector<RecipeCost> costs = cost_recipes(lm_config(c), cl.apply(mesh), cl, setup, {strategy_of(c)});
   if (costs.empty() || !costs[0].applies) {
     r.cost_note = "not predicted: " + (costs.empty() ? std::string("no cost") : costs[0].reason);

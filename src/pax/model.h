@@ -8,6 +8,7 @@
 #include "parallax/optim.h"
 #include "parallax/parallel.h"
 #include "parallax/pax.h"
+#include "parallax/pipeline.h"
 
 namespace px::pax {
 
@@ -26,6 +27,9 @@ DeviceSet resolve_devices(const ExperimentConfig& c, const std::string& text, bo
 Mesh make_mesh(const ExperimentConfig& c, const DeviceSet& devices);
 ShardingStrategy strategy_of(const ExperimentConfig& c);
 ShardingOptions sharding_options(const ExperimentConfig& c);
+// The pipeline settings (sharding.schedule, virtual_stages, layers_per_stage) for a mesh with a
+// `stage` axis; throws px::UserError naming a layers_per_stage item that is not a count.
+PipelineOptions pipeline_options(const ExperimentConfig& c);
 // The placement of every param from shapes alone (nothing allocated).
 // AUTO solves for the whole step on `cluster` ("": sharding.cluster).
 ShardingPlan sharding_plan(const ExperimentConfig& c, nn::TransformerLm& model, const Mesh& mesh,

@@ -35,20 +35,7 @@ TrainStepOptions options_on(const ExperimentConfig& c, const Mesh& mesh) {
   o.strategy = strategy_of(c);
   o.sharding = sharding_options(c);
   if (mesh.num_processes() > 1) o.sharding.communicator = process_world().communicator;
-  o.pipeline.schedule = pipeline::parse_kind(c.sharding.schedule);
-  o.pipeline.virtual_stages = static_cast<int>(c.sharding.virtual_stages);
-  for (const std::string& k : c.sharding.layers_per_stage) {
-    size_t used = 0;
-    int n = -1;
-    try {
-      n = std::stoi(k, &used);
-    } catch (const std::exception&) {
-    }
-    if (used != k.size() || n < 1)
-      throw UserError("[pax] sharding.layers_per_stage has '" + k +
-                      "': give whole numbers of at least 1, one per stage, e.g. --set sharding.layers_per_stage=2,2");
-    o.pipeline.layers_per_stage.push_back(n);
-  }
+  o.pipeline = pipeline_options(c);
   return o;
 }
 

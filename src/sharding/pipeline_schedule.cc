@@ -194,7 +194,13 @@ Schedule make_schedule(Kind kind, int devices, int microbatches, int virtual_sta
 }
 
 Simulation simulate(const Schedule& s, const Costs& costs) {
+  return simulate(s, std::vector<Costs>(static_cast<size_t>(std::max(s.stages(), 1)), costs));
+}
+
+Simulation simulate(const Schedule& s, const std::vector<Costs>& per_stage) {
   const int D = s.devices, S = s.stages(), M = s.microbatches;
+  if (static_cast<int>(per_stage.size()) != S)
+    throw Error("[pipeline] " + std::to_string(per_stage.size()) + " stage costs for " + std::to_string(S) + " stages");
   if (static_cast<int>(s.per_device.size()) != D)
     throw Error("[pipeline] the schedule lists " + std::to_string(s.per_device.size()) + " devices, expected " +
                 std::to_string(D));
@@ -252,10 +258,10 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
         bool ready = true;
         for (auto [e, from] : deps) {
           if (e < 0) ready = false;
-          t = std::max(t, e + (s.device_of(from) != d ? costs.message : 0.0));
+          t = std::max(t, e + (s.device_of(from) != d ? per_stage[from].message : 0.0));
         }
         if (!ready) break;
-        const double e = t + duration(a.op, costs);
+        const double e = t + duration(a.op, per_stage[st]);
         at(static_cast<int>(a.op), m, st) = e;
         r.start[d].push_back(t);
         r.busy[d] += e - t;

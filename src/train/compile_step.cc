@@ -159,15 +159,52 @@ bool has_stage_axis(const Mesh& mesh) {
   return false;
 }
 
-// A mesh with a `stage` axis: the step of one microbatch, traced and remat'd as any step, cut into
-// stage programs that each compile through the runtime's passes (stage_programs.cc).
+// A mesh with a `stage` axis: the pipeline's programs compiled, the state held whole in this process.
 CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                                const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
+  PipelinedStep b = build_pipelined(store, opt, loss_fn, batch_types, options);
+  CompiledStep c;
+  c.plan = std::move(b.plan);
+  c.state_specs = std::move(b.state_specs);
+  c.n_params = b.staged.n_params;
+  c.n_state = b.staged.n_state;
+  c.index_uses = index_uses(*b.graph);
+  c.in_shardings.assign(b.graph->inputs().size(), Sharding::replicated(Mesh()));
+  c.graph = std::move(b.graph);
+  c.pipeline = std::make_unique<PipelineRunner>(std::move(b.staged));
+  const PipelineReport& r = c.pipeline->report();
+  const int64_t limit = memory_limit(options, c.plan.mesh);
+  for (int d = 0; d < r.schedule.devices; ++d)
+    if (limit > 0 && r.planned_peak(d) > limit)
+      throw UserError(fmt::format(
+          "[TrainStep] the pipelined step needs {} bytes on device group {}, over the memory limit of {} bytes:\n{}"
+          "Raise the microbatch count (smaller microbatches), use 1F1B rather than GPipe, set a remat policy, or "
+          "use more stages",
+          r.planned_peak(d), d, limit, r.to_string()));
+  return c;
+}
+
+}  // namespace
+
+// The pipeline pass (see pipeline_step.h): the step of one microbatch, traced and remat'd as any
+// step, cut into stage programs that each go through the runtime's passes (stage_programs.cc).
+PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
+                              const std::vector<TensorType>& batch_types, const TrainStepOptions& options,
+                              const Cluster* cluster, bool compile) {
   const Mesh& mesh = *options.mesh;
   if (options.strategy == ShardingStrategy::AUTO)
     throw UserError(
         "[pipeline] AUTO does not plan a mesh with a `stage` axis: give the stage count and schedule yourself "
         "(a recipe inside the stages, TrainStepOptions::pipeline), or drop the `stage` axis and let AUTO shard");
+  if (mesh.num_processes() > 1)
+    throw UserError("[pipeline] the mesh " + mesh.to_string() +
+                    " spans several processes: a pipelined step runs its stages in one process; use a mesh of one "
+                    "process");
+  if (options.remat.policy == RematPolicy::automatic)
+    throw UserError(
+        "[pipeline] remat `auto` is not planned per stage: give a remat policy (e.g. full) for a pipelined step");
+  if (!options.offload.params.empty() || options.offload.optimizer_state)
+    throw UserError("[pipeline] offload is not built for pipelined steps: drop TrainStepOptions::offload");
   check_microbatches(options.microbatches, batch_types, "TrainStep");
   const int M = options.microbatches;
   const pipeline::Schedule schedule = pipeline::make_schedule(
@@ -203,36 +240,20 @@ CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& op
                                    options.skip_nonfinite, 1);
   p = remat_step(std::move(p), options.remat);
   dump_pass("remat", [&] { return p.graph->to_string(); });
-  CompiledStep c;
-  c.plan = plan;
-  c.plan.mesh = mesh;
-  c.state_specs = state_specs_for(plan, opt.state_slots(store.types()), store.types());
-  c.n_params = p.n_params;
-  c.n_state = p.n_state;
-  c.index_uses = index_uses(*p.graph);
-  c.graph = p.graph->clone();
-  const size_t n_inputs = p.graph->inputs().size();
-  StagedStep staged = stage_programs(std::move(p), schedule, options.pipeline, mesh, plan, c.state_specs, options.compile);
-  for (ParamPlacement& pp : c.plan.params)
-    for (size_t st = 0; st < staged.stage_layers.size(); ++st)
-      for (const std::string& l : staged.stage_layers[st])
+  PipelinedStep r;
+  r.state_specs = state_specs_for(plan, opt.state_slots(store.types()), store.types());
+  r.graph = p.graph->clone();
+  r.staged = stage_programs(std::move(p), schedule, options.pipeline, mesh, plan, r.state_specs, options.compile,
+                            cluster, compile);
+  r.plan = std::move(plan);
+  r.plan.mesh = mesh;
+  for (ParamPlacement& pp : r.plan.params)
+    for (size_t st = 0; st < r.staged.stage_layers.size(); ++st)
+      for (const std::string& l : r.staged.stage_layers[st])
         if (l == memory_pass::layer_of(pp.path))
           pp.reason = fmt::format("stage {} (device group {}), {}", st, schedule.device_of(static_cast<int>(st)), pp.reason);
-  c.pipeline = std::make_unique<PipelineRunner>(std::move(staged));
-  const PipelineReport& r = c.pipeline->report();
-  const int64_t limit = memory_limit(options, mesh);
-  for (int d = 0; d < schedule.devices; ++d)
-    if (limit > 0 && r.planned_peak(d) > limit)
-      throw UserError(fmt::format(
-          "[TrainStep] the pipelined step needs {} bytes on device {}, over the memory limit of {} bytes:\n{}"
-          "Raise the microbatch count (smaller microbatches), use 1F1B rather than GPipe, set a remat policy, or "
-          "use more stages",
-          r.planned_peak(d), d, limit, r.to_string()));
-  c.in_shardings.assign(n_inputs, Sharding::replicated(Mesh()));
-  return c;
+  return r;
 }
-
-}  // namespace
 
 CompiledStep::CompiledStep() = default;
 CompiledStep::CompiledStep(CompiledStep&&) noexcept = default;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <algorithm>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -55,7 +56,10 @@ std::string PipelineReport::to_string() const {
     if (!measured_held_bytes.empty()) os << fmt::format(", measured peak {} bytes", measured_peak(d));
     os << "\n";
   }
-  os << fmt::format("  messages per step: {} ({} bytes)\n", messages, message_bytes);
+  os << fmt::format("  messages per step: {} ({} bytes, all devices)\n", messages, message_bytes);
+  if (predicted_step_s > 0)
+    os << fmt::format("  predicted: step {:.4g} s (schedule {:.4g} s, bubble {:.3f})\n", predicted_step_s,
+                      predicted_schedule_s, predicted_bubble);
   os << fmt::format("  bubble: {:.3f} in theory (unit costs)", bubble_theory());
   if (!timeline.empty()) os << fmt::format(", {:.3f} measured over {:.4f} s", bubble_measured(), schedule_s);
   os << "\n";
@@ -213,42 +217,68 @@ int64_t plan_held(const StagedStep& s, const Readers& r, int d) {
 
 }  // namespace
 
-PipelineRunner::PipelineRunner(StagedStep s) : s_(std::move(s)) {
-  const int D = s_.schedule.devices, M = s_.schedule.microbatches;
-  const Graph& g = *s_.graph;
-  const Readers r = readers_of(s_);
-  report_.schedule = s_.schedule;
-  report_.stage_layers = s_.stage_layers;
-  report_.state_bytes.assign(D, 0);
-  report_.accumulator_bytes.assign(D, 0);
-  report_.arena_bytes.assign(D, 0);
-  report_.planned_held_bytes.assign(D, 0);
+PipelineReport pipeline_report(const StagedStep& s) {
+  const int D = s.schedule.devices, S = s.schedule.stages(), M = s.schedule.microbatches;
+  const Graph& g = *s.graph;
+  const Readers r = readers_of(s);
+  PipelineReport rep;
+  rep.schedule = s.schedule;
+  rep.stage_layers = s.stage_layers;
+  rep.state_bytes.assign(D, 0);
+  rep.accumulator_bytes.assign(D, 0);
+  rep.arena_bytes.assign(D, 0);
+  rep.planned_held_bytes.assign(D, 0);
+  rep.param_bytes.assign(D, 0);
   std::vector<std::set<int>> state_read(D);
-  for (const StageProgram& p : s_.programs) {
-    const int d = s_.schedule.device_of(p.stage);
-    if (p.exe) report_.arena_bytes[d] += p.exe->executable().peak_bytes();
-    if (p.local) report_.arena_bytes[d] += p.local->peak_bytes();
+  for (const StageProgram& p : s.programs) {
+    const int d = s.schedule.device_of(p.stage);
+    rep.arena_bytes[d] += p.arena_bytes;
     for (int v : p.inputs) {
       const int input = g.values()[v].producer < 0 ? g.values()[v].output_index : -1;
-      if (input >= 0 && static_cast<size_t>(input) < s_.n_params + s_.n_state) state_read[d].insert(v);
+      if (input >= 0 && static_cast<size_t>(input) < s.n_params + s.n_state) state_read[d].insert(v);
     }
   }
   for (int d = 0; d < D; ++d) {
-    for (int v : state_read[d])
-      report_.state_bytes[d] +=
-          TensorType{g.type(v).dtype,
-                     Sharding(s_.groups[d], s_.input_specs[g.values()[v].output_index]).local_shape(g.type(v).shape)}
-              .nbytes();
-    report_.planned_held_bytes[d] = plan_held(s_, r, d);
+    for (int v : state_read[d]) {
+      const size_t at = static_cast<size_t>(g.values()[v].output_index);
+      const int64_t b =
+          TensorType{g.type(v).dtype, Sharding(s.groups[d], s.input_specs[at]).local_shape(g.type(v).shape)}.nbytes();
+      rep.state_bytes[d] += b;
+      if (at < s.n_params) rep.param_bytes[d] += b;
+    }
+    rep.planned_held_bytes[d] = plan_held(s, r, d);
   }
-  for (int v : s_.accumulated) report_.accumulator_bytes[s_.schedule.device_of(s_.stage_of_value[v])] += s_.device_bytes[v];
-  const int G = s_.groups[0].size();
+  for (int v : s.accumulated) rep.accumulator_bytes[s.schedule.device_of(s.stage_of_value[v])] += s.device_bytes[v];
+  const int G = s.groups[0].size();
+  std::vector<int64_t> sent(S, 0);  // per stage: bytes per device its microbatch sends to other devices
   for (size_t v = 0; v < g.values().size(); ++v) {
     const int64_t n = static_cast<int64_t>(M * r.micro_remote[v].size() + r.step_remote[v].size());
-    report_.messages += static_cast<int>(n) * G;
-    report_.message_bytes += s_.device_bytes[v] * G * n;
+    rep.messages += static_cast<int>(n) * G;
+    rep.message_bytes += s.device_bytes[v] * G * n;
+    if (s.stage_of_value[v] >= 0) sent[s.stage_of_value[v]] += s.device_bytes[v] * static_cast<int64_t>(r.micro_remote[v].size());
   }
+  // The prediction: each stage's programs timed by the cost model, played in the schedule's order.
+  if (s.stage_link) {
+    std::vector<pipeline::Costs> costs(S);
+    auto secs = [&](const std::vector<int>& of, int st) { return of[st] >= 0 ? s.programs[of[st]].seconds : 0.0; };
+    for (int st = 0; st < S; ++st) {
+      pipeline::Costs& c = costs[st];
+      c.forward = secs(s.forward, st);
+      c.backward_input = s.schedule.kind == pipeline::Kind::zero_bubble ? secs(s.backward_input, st) : secs(s.backward, st);
+      c.backward_weight = s.schedule.kind == pipeline::Kind::zero_bubble ? secs(s.backward_weight, st) : 0.0;
+      c.message = sent[st] > 0 ? collective_seconds(CollectiveKind::permute, 2, sent[st], *s.stage_link) : 0.0;
+    }
+    const pipeline::Simulation sim = pipeline::simulate(s.schedule, costs);
+    std::vector<double> update(D, 0.0);
+    for (int k : s.updates) update[s.schedule.device_of(s.programs[k].stage)] += s.programs[k].seconds;
+    rep.predicted_schedule_s = sim.makespan;
+    rep.predicted_bubble = sim.bubble;
+    rep.predicted_step_s = sim.makespan + *std::max_element(update.begin(), update.end());
+  }
+  return rep;
 }
+
+PipelineRunner::PipelineRunner(StagedStep s) : s_(std::move(s)), report_(pipeline_report(s_)) {}
 
 std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const std::vector<Array>& batch) {
   const StagedStep& s = s_;

@@ -21,10 +21,12 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "memory/step_program.h"
+#include "parallax/auto.h"
 #include "parallax/pipeline.h"
 #include "parallax/runtime.h"
 #include "parallax/spmd.h"
@@ -40,8 +42,10 @@ struct StageProgram {
   int stage = 0;
   int level = 0;                     // update: programs of a level read other stages' earlier levels
   std::vector<int> inputs, outputs;  // value ids of the traced step, in the program's order
-  std::unique_ptr<ShardedExecutable> exe;  // over the stage's device group
+  std::unique_ptr<ShardedExecutable> exe;  // over the stage's device group (null when only planned)
   std::unique_ptr<Executable> local;       // accumulate and mean: run on each device's copy
+  int64_t arena_bytes = 0;                 // working memory per device, planned
+  double seconds = 0;                      // predicted on the cluster it was planned for (0: none)
 };
 
 struct StagedStep {
@@ -59,15 +63,34 @@ struct StagedStep {
   std::vector<int> stage_of_value;  // per value of the graph: the stage computing it (-1: input)
   std::vector<int64_t> device_bytes;  // per value crossing programs: bytes on each device of its group
   std::vector<PartitionSpec> input_specs;  // per graph input: params and state by the plan, the batch
+  std::optional<Link> stage_link;          // planned for a cluster: the link messages cross
 };
 
 // Cuts `p` (traced for one microbatch of each device's rows, after remat) into stage programs for
 // `schedule` on `mesh` (a `stage` axis and others), each partitioned by `plan` (made for the mesh of
 // one group) and compiled with `copt`. Throws px::UserError for a model without numbered layers,
 // more stages than layers or a split that does not add up.
+// With `cluster`, each program's time is predicted on it; without `compile`, nothing is compiled
+// or allocated (planning only: the report, not run).
 StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, const PipelineOptions& options,
                           const Mesh& mesh, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
-                          const CompileOptions& copt);
+                          const CompileOptions& copt, const Cluster* cluster = nullptr, bool compile = true);
+
+// The pipeline pass of a training step on a mesh with a `stage` axis: checks, the recipe's plan for
+// one stage's devices, the step of one microbatch traced and remat'd, then cut (compile_step.cc).
+struct PipelinedStep {
+  ShardingPlan plan;  // on the whole mesh: each param's spec inside its stage
+  std::vector<PartitionSpec> state_specs;
+  std::unique_ptr<Graph> graph;  // the traced step of one microbatch, after remat
+  StagedStep staged;
+};
+PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
+                              const std::vector<TensorType>& batch_types, const TrainStepOptions& options,
+                              const Cluster* cluster = nullptr, bool compile = true);
+
+// What the staged step plans: stages, memory per device, messages and, when planned for a cluster,
+// the predicted step time and bubble.
+PipelineReport pipeline_report(const StagedStep& s);
 
 // Runs a staged step over whole arrays: state is params, optimizer state and the step counter
 // (i32), batch the whole batch (split into microbatches here). Returns the traced step's outputs:

@@ -6,6 +6,7 @@
 #include "parallax/nn.h"
 #include "parallax/plan.h"
 #include "sharding/auto/solver.h"
+#include "train/pipeline_step.h"
 #include "train/steps.h"
 
 namespace px {
@@ -111,6 +112,24 @@ AutoPlan plan_auto(const nn::LmConfig& cfg_in, const Mesh& mesh_in, const Cluste
   p.memory_limit = autoshard::memory_limit_of(setup.sharding, cluster, mesh);
   p.options = setup.sharding;
   return autoshard::solve(p);
+}
+
+PipelineReport plan_pipeline(const nn::LmConfig& cfg_in, const Mesh& mesh, ShardingStrategy strategy,
+                             const StepSetup& setup, const PipelineOptions& pipeline, const Cluster* cluster) {
+  const auto [cfg, opt, batch_types] = setup_of(cfg_in, setup, "plan_pipeline");
+  nn::TransformerLm model(cfg);  // declares params (types and paths); allocates none
+  TrainStep::LossFn loss = [&](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); };
+  TrainStepOptions o;
+  o.mesh = mesh;
+  o.strategy = strategy;
+  o.sharding = setup.sharding;
+  o.clip_norm = setup.clip_norm;
+  o.microbatches = setup.microbatches;
+  o.remat = setup.remat;
+  o.compile.compute_dtype = setup.compute_dtype;
+  o.pipeline = pipeline;
+  detail::PipelinedStep p = detail::build_pipelined(model.store(), *opt, loss, batch_types, o, cluster, /*compile=*/false);
+  return detail::pipeline_report(p.staged);
 }
 
 }  // namespace px

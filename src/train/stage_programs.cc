@@ -8,6 +8,8 @@
 
 #include "core/dump.h"
 #include "memory/rewrite.h"
+#include "runtime/program.h"
+#include "sharding/groups.h"
 #include "parallax/ops.h"
 #include "train/pipeline_step.h"
 
@@ -199,7 +201,7 @@ const char* part_name(StagePart p) {
 
 StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, const PipelineOptions& options,
                           const Mesh& mesh, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
-                          const CompileOptions& copt) {
+                          const CompileOptions& copt, const Cluster* cluster, bool compile) {
   const int S = schedule.stages(), M = schedule.microbatches;
   StagedStep r;
   r.schedule = schedule;
@@ -400,8 +402,15 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
                                                  prog.out_shardings[i].local_shape(g.type(sp.outputs[i]).shape)}
                                           .nbytes();
     }
-    sp.exe = ShardedExecutable::compile(std::move(prog), o, DeviceParallelism::within_kernels);
+    if (cluster) sp.seconds = cost_program(prog, *cluster, o).step_s;
+    if (compile) {
+      sp.exe = ShardedExecutable::compile(std::move(prog), o, DeviceParallelism::within_kernels);
+      sp.arena_bytes = sp.exe->executable().peak_bytes();
+    } else {
+      sp.arena_bytes = plan_program(*prog.local, o, collective_groups(group)).report.arena_bytes;
+    }
   }
+  if (cluster) r.stage_link = mesh.axes()[stage_dim].link;
   dump_pass("pipeline_stages", [&] { return dump; });
 
   // Per stage: the program of each part, the accumulate and mean programs.
@@ -423,7 +432,7 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
   for (auto& u : ups) r.updates.push_back(u.second);
   r.accumulate.assign(S, -1);
   r.mean.assign(S, -1);
-  if (M > 1) {
+  if (M > 1 && compile) {
     for (int s = 0; s < S; ++s) {
       std::vector<int> vals;
       for (int v : r.accumulated)
@@ -458,6 +467,7 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
         sp.stage = s;
         sp.inputs = sp.outputs = vals;
         sp.local = Executable::compile(*graph, in_place);
+        sp.arena_bytes = sp.local->peak_bytes();
         (q == StagePart::accumulate ? r.accumulate : r.mean)[s] = static_cast<int>(r.programs.size());
         r.programs.push_back(std::move(sp));
       }

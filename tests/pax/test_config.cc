@@ -308,5 +308,33 @@ TEST(PaxPlan, EveryShippedExperimentPlansFromShapesInSeconds) {
   EXPECT_NEAR(plan(experiment("gcide.Gpt25M")).param_count / 1e6, 25, 3);
 }
 
+// The seed's pipelined experiment planned on its own mesh (64 devices, 4 stages of 6 layers, data
+// and model axes inside each stage) from shapes alone: per stage layers, per device group memory,
+// the bubble, and on a cluster the predicted step time.
+TEST(PaxPlan, ThePipelinedSeedPlansPerStageInSeconds) {
+  const ExperimentConfig c = experiment("c4.C4SpmdPipelineGpt3SmallAdam64Replicas");
+  auto t0 = std::chrono::steady_clock::now();
+  PlanReport r = plan(c, "", "tpuv4");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  EXPECT_EQ(r.devices, 64);
+  EXPECT_NEAR(r.param_count / 1e9, 2.9, 0.1);
+  const std::string t = r.text();
+  for (const char* want : {"pipeline: 1f1b, 4 devices, 4 stages, 32 microbatches",
+                           "stage 0 (device 0): embed, pos_embed, blocks.0, blocks.1, blocks.2, blocks.3, blocks.4, blocks.5",
+                           "stage 3 (device 3): blocks.18", "device 3: planned peak", "bubble:", "predicted on tpuv4: step"})
+    EXPECT_NE(t.find(want), std::string::npos) << want << "\n" << t;
+  EXPECT_GT(r.step_s, 0);
+  EXPECT_GT(r.peak_bytes_per_device, r.param_bytes_per_device + r.optimizer_bytes_per_device);
+  // FSDP x TP inside each stage: a device holds a 16th of its stage's params.
+  EXPECT_NEAR(static_cast<double>(r.param_bytes_per_device), r.param_count * 4.0 / 4 / 16, r.param_count * 0.02);
+  // Bad pipeline settings name the fix.
+  ExperimentConfig uneven = c;
+  uneven.sharding.mesh = "stage:5,data:4,model:4";
+  EXPECT_NE(error_of([&] { plan(uneven); }).find("do not split evenly into 5 stages"), std::string::npos);
+  ExperimentConfig bad = c;
+  bad.sharding.layers_per_stage = {"6", "six", "6", "6"};
+  EXPECT_NE(error_of([&] { plan(bad); }).find("sharding.layers_per_stage has 'six'"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace px::pax

@@ -52,6 +52,30 @@ TEST(PaxTrainer, KeepsTheNewestCheckpointsAndResumesFromTheLatest) {
   EXPECT_NE(log.str().find("already trained to step 8"), std::string::npos);
 }
 
+// A `stage` axis in sharding.mesh pipelines the run: the same losses as one device running the
+// same microbatches, checkpoints it resumes from, and PX_PROFILE's files name the stages.
+TEST(PaxTrainer, APipelinedRunTrainsAndResumesLikeOneDevice) {
+  ExperimentConfig one = small();
+  apply_override(one, "model.n_layers=2");
+  apply_override(one, "train.microbatches=2");
+  ExperimentConfig piped = one;
+  apply_override(piped, "sharding.mesh=stage:2");
+  apply_override(piped, "sharding.schedule=zero_bubble");
+  std::ostringstream log;
+  TrainResult a = train(one, {.job_dir = fresh("one"), .progress = false, .out = &log});
+  const std::string d = fresh("piped");
+  TrainResult b = train(piped, {.job_dir = d, .devices = "cpu:2", .progress = false, .out = &log});
+  EXPECT_EQ(b.last_step, 6);
+  EXPECT_NEAR(a.last_loss, b.last_loss, 1e-5 * std::abs(a.last_loss));
+  ASSERT_TRUE(a.last_eval_loss && b.last_eval_loss);
+  EXPECT_NEAR(*a.last_eval_loss, *b.last_eval_loss, 1e-5 * std::abs(*a.last_eval_loss));
+  ExperimentConfig more = piped;
+  apply_override(more, "train.steps=8");
+  TrainResult c = train(more, {.job_dir = d, .devices = "cpu:2", .progress = false, .out = &log});
+  EXPECT_EQ(c.first_step, 6);
+  EXPECT_EQ(c.last_step, 8);
+}
+
 TEST(PaxTrainer, EvaluatesTheWholeSplitOrTheStatedNumberOfBatches) {
   const std::string d = fresh("eval");
   std::ostringstream log;

@@ -9,6 +9,7 @@
 
 #include "../sharding/recipe_check.h"
 #include "parallax/parallel.h"
+#include "parallax/plan.h"
 #include "parallax/train.h"
 
 namespace px {
@@ -179,6 +180,31 @@ TEST(Pipeline, MemoryPlannedFromTheScheduleGpipeHoldsMoreThan1F1B) {
   };
   // GPipe keeps all 8 microbatches' activations on the first device, 1F1B at most 4.
   EXPECT_GT(held(pipeline::Kind::gpipe), held(pipeline::Kind::one_f_one_b) * 13 / 10);
+}
+
+// Planned from shapes alone (px::plan_pipeline: nothing compiled or allocated) as the built step
+// plans it; on a cluster, a predicted step time that the bubble makes longer than its busiest stage.
+TEST(Pipeline, PlannedWithoutCompilingAsTheBuiltStepPlans) {
+  Fixture f(gpt4(), 8);
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, pipelined(4, 4, pipeline::Kind::one_f_one_b));
+  StepSetup setup;
+  setup.batch = 8;
+  setup.optimizer = opt();
+  setup.microbatches = 4;
+  PipelineOptions po;
+  const Cluster cluster = cluster_preset("h100x8");
+  const Mesh mesh = cluster.apply(Mesh({{"stage", 4}}));
+  const PipelineReport planned = plan_pipeline(gpt4(), mesh, ShardingStrategy::DDP, setup, po, &cluster);
+  const PipelineReport& built = step.pipeline_report();
+  for (int d = 0; d < 4; ++d) {
+    EXPECT_EQ(planned.state_bytes[d], built.state_bytes[d]) << d;
+    EXPECT_EQ(planned.planned_held_bytes[d], built.planned_held_bytes[d]) << d;
+    EXPECT_EQ(planned.planned_peak(d), built.planned_peak(d)) << d << "\n" << planned.to_string() << built.to_string();
+  }
+  EXPECT_GT(planned.predicted_step_s, planned.predicted_schedule_s);
+  EXPECT_GT(planned.predicted_bubble, 0);
+  EXPECT_LT(planned.predicted_bubble, 1);
+  EXPECT_TRUE(has(planned.to_string(), "predicted: step")) << planned.to_string();
 }
 
 TEST(Pipeline, BadSettingsNameTheFix) {
