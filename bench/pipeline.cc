@@ -6,8 +6,10 @@
 //
 //   build/bench/pipeline [--devices 4] [--microbatches 8] [--layers 8] [--d 256] [--seq 128]
 //                        [--batch 16] [--steps 3] [--schedules gpipe,1f1b,interleaved,zero_bubble]
+//                        [--layers_per_stage 3,2,2,1] [--trace_dir DIR]  (a chrome trace per schedule)
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
@@ -40,7 +42,8 @@ std::string join(const std::vector<int64_t>& v) {
 int main(int argc, char** argv) {
   int devices = 4, microbatches = 8, layers = 8, steps = 3;
   int64_t d = 256, seq = 128, batch = 16;
-  std::string schedules = "gpipe,1f1b,interleaved,zero_bubble";
+  std::string schedules = "gpipe,1f1b,interleaved,zero_bubble", trace_dir;
+  std::vector<int> layers_per_stage;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i], v = argv[i + 1];
     if (f == "--devices") devices = std::stoi(v);
@@ -51,6 +54,11 @@ int main(int argc, char** argv) {
     else if (f == "--batch") batch = std::stoll(v);
     else if (f == "--steps") steps = std::stoi(v);
     else if (f == "--schedules") schedules = v;
+    else if (f == "--trace_dir") trace_dir = v;
+    else if (f == "--layers_per_stage") {
+      std::stringstream list(v);
+      for (std::string k; std::getline(list, k, ',');) layers_per_stage.push_back(std::stoi(k));
+    }
     else {
       std::fprintf(stderr, "pipeline: unknown flag %s\n", f.c_str());
       return 2;
@@ -82,6 +90,9 @@ int main(int argc, char** argv) {
          << ",\"bubble_theory\":" << r.bubble_theory() << ",\"schedule_s\":" << r.schedule_s
          << ",\"peak_bytes_planned\":" << join(planned) << ",\"peak_bytes_measured\":" << join(measured)
          << ",\"messages\":" << r.messages << ",\"message_bytes\":" << r.message_bytes;
+      if (!trace_dir.empty()) {
+        std::ofstream(trace_dir + "/pipeline_" + name + ".json") << r.chrome_trace();
+      }
     } else {
       os << ",\"peak_bytes_planned\":[" << step.peak_bytes() << "]";
     }
@@ -99,6 +110,7 @@ int main(int argc, char** argv) {
     o.microbatches = microbatches;
     o.pipeline.schedule = px::pipeline::parse_kind(name);
     o.pipeline.virtual_stages = o.pipeline.schedule == px::pipeline::Kind::interleaved ? 2 : 1;
+    if (o.pipeline.virtual_stages == 1) o.pipeline.layers_per_stage = layers_per_stage;
     run(name, o);
   }
   return 0;
