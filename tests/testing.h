@@ -36,6 +36,19 @@ inline std::string error_of(const std::function<void()>& f) {
   return "<no error>";
 }
 
+// The message of the px::UserError that f throws (bad input must throw one), "not a UserError: ..."
+// for another exception, "" for none.
+inline std::string user_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("not a UserError: ") + e.what();
+  }
+  return "";
+}
+
 // The Python of the test virtual environment (scripts/setup_test_venv.sh makes it): PX_TEST_PYTHON
 // when set, else <repo>/.venv-test/bin/python (PX_TEST_VENV_PYTHON, compiled in by
 // tests/CMakeLists.txt). Interop tests fail, not skip, when it lacks a package: CI runs the

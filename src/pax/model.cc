@@ -260,6 +260,17 @@ std::string PlanReport::text() const {
 
 namespace {
 
+// What every plan report says first: the model's size, the mesh, the strategy, the microbatches.
+PlanReport report_head(const ExperimentConfig& c, const nn::TransformerLm& model, const Mesh& mesh) {
+  PlanReport r;
+  r.param_count = model.store().param_count();
+  r.devices = mesh.size();
+  r.mesh = mesh.to_string();
+  r.strategy = c.sharding.strategy;
+  r.microbatches = c.train.microbatches;
+  return r;
+}
+
 StepSetup step_setup(const ExperimentConfig& c) {
   StepSetup setup;
   setup.batch = c.data.batch;
@@ -284,12 +295,7 @@ bool has_stage_axis(const Mesh& mesh) {
 // A mesh with a `stage` axis: the pipeline planned (and predicted on the cluster, when given).
 PlanReport plan_pipelined(const ExperimentConfig& c, const Mesh& mesh, const nn::TransformerLm& model,
                           const std::string& cluster) {
-  PlanReport r;
-  r.param_count = model.store().param_count();
-  r.devices = mesh.size();
-  r.mesh = mesh.to_string();
-  r.strategy = c.sharding.strategy;
-  r.microbatches = c.train.microbatches;
+  PlanReport r = report_head(c, model, mesh);
   std::optional<Cluster> cl;
   if (!cluster.empty()) cl = load_cluster(cluster);
   const PipelineReport p = plan_pipeline(lm_config(c), cl ? cl->apply(mesh) : mesh, strategy_of(c), step_setup(c),
@@ -343,13 +349,7 @@ PlanReport plan(const ExperimentConfig& c, const std::string& devices, const std
 }
 
 PlanReport plan_report(const ExperimentConfig& c, const nn::TransformerLm& model, const ShardingPlan& p) {
-  const Mesh& mesh = p.mesh;
-  PlanReport r;
-  r.param_count = model.store().param_count();
-  r.devices = mesh.size();
-  r.mesh = mesh.to_string();
-  r.strategy = c.sharding.strategy;
-  r.microbatches = c.train.microbatches;
+  PlanReport r = report_head(c, model, p.mesh);
   r.table = p.table() + p.explanation;
   r.param_bytes_per_device = p.param_bytes_per_device();
   r.gradient_bytes_per_device = r.param_bytes_per_device;  // gradients are placed like their params

@@ -18,16 +18,6 @@ using recipe_check::Fixture;
 using recipe_check::gpt_micro;
 using recipe_check::opt;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("not a UserError: ") + e.what();
-  }
-  return "";
-}
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 constexpr int kSteps = 3;
@@ -183,7 +173,7 @@ TEST(Microbatches, PlannedPeakFallsWithTheMicrobatchCount) {
   Fixture f(cfg, 32);
   TrainStepOptions limited;
   limited.compile.memory_limit_bytes = m4.peak;
-  const std::string e = error_of([&] { TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, limited); });
+  const std::string e = testing::user_error_of([&] { TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, limited); });
   EXPECT_TRUE(has(e, "microbatches 4: " + std::to_string(m4.peak) + " bytes (fits)")) << e;
   EXPECT_TRUE(has(e, "microbatches 2: ")) << e;
   std::cout << "planned peak per device, gpt_micro batch 32: microbatches 1: " << m1.peak
@@ -235,13 +225,13 @@ TEST(Microbatches, BadCountsAreRefusedWithTheFix) {
   auto make = [&](TrainStepOptions o) {
     return [&f, o] { TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, o); };
   };
-  std::string e = error_of(make({.microbatches = 0}));
+  std::string e = testing::user_error_of(make({.microbatches = 0}));
   EXPECT_TRUE(has(e, "microbatches must be >= 1, got 0") || has(e, "microbatches must be >= 1")) << e;
-  e = error_of(make({.microbatches = 3}));
+  e = testing::user_error_of(make({.microbatches = 3}));
   EXPECT_TRUE(has(e, "microbatches = 3 does not divide batch array 0")) << e;
   EXPECT_TRUE(has(e, "leading dim 8")) << e;
   // 8 rows over 2 devices: 4 each, which 8 microbatches do not divide.
-  e = error_of(make(testing::on_mesh(Mesh::cpu({{"data", 2}}), ShardingStrategy::DDP, {}, {.microbatches = 8})));
+  e = testing::user_error_of(make(testing::on_mesh(Mesh::cpu({{"data", 2}}), ShardingStrategy::DDP, {}, {.microbatches = 8})));
   EXPECT_TRUE(has(e, "does not divide the rows of batch array 0")) << e;
   EXPECT_TRUE(has(e, "4 rows each")) << e;
 }

@@ -21,16 +21,6 @@ using recipe_check::opt;
 nn::LmConfig gpt4() { return nn::gpt2_config("gpt_pipe", 256, 64, 4, 4, 128, 16); }
 nn::LmConfig llama4() { return nn::llama_config("llama_pipe", 256, 64, 4, 2, 4, 96, 16); }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("not a UserError: ") + e.what();
-  }
-  return "";
-}
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 struct Trained {
@@ -210,7 +200,7 @@ TEST(Pipeline, PlannedWithoutCompilingAsTheBuiltStepPlans) {
 TEST(Pipeline, BadSettingsNameTheFix) {
   Fixture f(gpt4(), 8);
   auto make = [&](TrainStepOptions o, Fixture& fx) {
-    return error_of([&] { TrainStep(fx.model.store(), opt(), fx.loss, fx.batch_types, o); });
+    return testing::user_error_of([&] { TrainStep(fx.model.store(), opt(), fx.loss, fx.batch_types, o); });
   };
   std::string e = make(pipelined(3, 4, pipeline::Kind::one_f_one_b), f);
   EXPECT_TRUE(has(e, "4 numbered layers do not split evenly into 3 stages") && has(e, "layers_per_stage")) << e;
@@ -234,13 +224,13 @@ TEST(Pipeline, BadSettingsNameTheFix) {
   nn::Scope root;
   nn::Param w = root.sub("proj").param("w", {DType::f32, {4, 4}}, nn::Init{.kind = nn::Init::Kind::ones});
   TrainStep::LossFn loss = [&](const std::vector<Tensor>& b) { return mean(matmul(b[0], w)); };
-  e = error_of([&] {
+  e = testing::user_error_of([&] {
     TrainStep(root.store(), opt(), loss, {{DType::f32, {4, 4}}}, pipelined(2, 2, pipeline::Kind::gpipe));
   });
   EXPECT_TRUE(has(e, "no layer boundaries")) << e;
   // Not pipelined: no report.
   TrainStep plain(f.model.store(), opt(), f.loss, f.batch_types);
-  EXPECT_TRUE(has(error_of([&] { plain.pipeline_report(); }), "not pipelined"));
+  EXPECT_TRUE(has(testing::user_error_of([&] { plain.pipeline_report(); }), "not pipelined"));
 }
 
 }  // namespace
