@@ -63,7 +63,9 @@ class CollectiveEmitter {
 };
 
 struct PartitionOptions {
-  // Required shardings of the outputs (unset: whatever propagation chose, never partial).
+  // Required shardings of the outputs (unset: whatever propagation chose, never partial). One with
+  // partial axes stays a partial sum over them where the value is one, laid out as asked, else is
+  // reduced to its spec: SpmdProgram::out_shardings says which.
   std::vector<std::optional<Sharding>> out_shardings;
   CollectiveEmitter* emitter = nullptr;  // default: emits the collective primitives
 };

@@ -139,6 +139,16 @@ class Partitioner {
   // The local id of global value v (-1 when it has none).
   int local_id(int v) const { return values_[v].t.defined() ? values_[v].t.id() : -1; }
 
+  // An output asked to stay partial over `partial` (sorted axis ids): kept so when v is a sum
+  // partial over exactly those axes and laid out as `want`, else reduced to `want`; `kept` says which.
+  Tensor output(int v, const Spec& want_in, const std::vector<int>& partial, bool& kept) {
+    Spec want = want_in;
+    want.resize(g_.type(v).shape.size());
+    const Local& cur = values_[v];
+    kept = !partial.empty() && cur.partial == partial && cur.reduce == "sum" && cur.spec == want;
+    return kept ? cur.t : reshard(v, want);
+  }
+
   // The local value of global value v laid out as `want`: reduced, unless keep_partial (then its
   // partial axes stay partial and only the dims are resharded). `fresh` emits new collectives
   // even when an earlier reader resharded v the same way (a regather, after the first was freed).
@@ -321,13 +331,15 @@ SpmdProgram partition_impl(const Graph& g, const Mesh& mesh, const std::vector<S
     in_specs.push_back(to_spec(s, t.rank()));
   }
   std::vector<std::optional<Spec>> out_specs(g.outputs().size());
+  std::vector<std::vector<int>> out_partial(g.outputs().size());
   for (size_t o = 0; o < opt.out_shardings.size(); ++o) {
     if (!opt.out_shardings[o]) continue;
     const Sharding& s = *opt.out_shardings[o];
     TensorType t = g.type(g.outputs()[o]);
     s.validate(t, "output " + std::to_string(o));
-    if (!s.partial.empty()) throw Error("[partition] output " + std::to_string(o) + " cannot be requested partial");
     out_specs[o] = to_spec(s, t.rank());
+    out_partial[o] = axis_ids(mesh, s.partial);
+    std::sort(out_partial[o].begin(), out_partial[o].end());
   }
   Propagation prop = propagate(g, mesh, in_specs, out_specs);
 
@@ -364,8 +376,9 @@ SpmdProgram partition_impl(const Graph& g, const Mesh& mesh, const std::vector<S
     int v = g.outputs()[o];
     Spec want = out_specs[o] ? *out_specs[o] : prop.spec[v];
     part.set_reason("output " + std::to_string(o));
-    outs.push_back(part.reshard(v, want));
-    p.out_shardings.push_back(to_sharding(mesh, want));
+    bool kept = false;
+    outs.push_back(part.output(v, want, out_partial[o], kept));
+    p.out_shardings.push_back(to_sharding(mesh, want, kept ? out_partial[o] : std::vector<int>{}));
   }
   local.set_outputs(outs);
   local.verify();

@@ -271,6 +271,8 @@ PipelineReport pipeline_report(const StagedStep& s) {
     const pipeline::Simulation sim = pipeline::simulate(s.schedule, costs);
     std::vector<double> update(D, 0.0);
     for (int k : s.updates) update[s.schedule.device_of(s.programs[k].stage)] += s.programs[k].seconds;
+    for (int k : s.reduce)
+      if (k >= 0) update[s.schedule.device_of(s.programs[k].stage)] += s.programs[k].seconds;
     rep.predicted_schedule_s = sim.makespan;
     rep.predicted_bubble = sim.bubble;
     rep.predicted_step_s = sim.makespan + *std::max_element(update.begin(), update.end());
@@ -435,6 +437,13 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
               on_each_device(*s.programs[s.accumulate[a.stage]].local, acc, cur);
             }
             if (a.microbatch == M - 1) {
+              if (s.reduce[a.stage] >= 0) {  // the sums left partial over the batch axes, reduced once
+                const StageProgram& red = s.programs[s.reduce[a.stage]];
+                std::vector<ShardedArray> in;
+                for (int v : red.inputs) in.push_back(sums.at(v));
+                std::vector<ShardedArray> out = red.exe->run(in);
+                for (size_t i = 0; i < out.size(); ++i) sums[red.inputs[i]] = std::move(out[i]);
+              }
               if (M > 1) {
                 std::vector<ShardedArray*> acc;
                 for (int v : vals) acc.push_back(&sums.at(v));

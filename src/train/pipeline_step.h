@@ -34,7 +34,7 @@
 
 namespace px::detail {
 
-enum class StagePart { forward, backward, backward_input, backward_weight, update, accumulate, mean };
+enum class StagePart { forward, backward, backward_input, backward_weight, update, accumulate, mean, reduce };
 
 // One program of the pipelined step, over values of the traced step.
 struct StageProgram {
@@ -57,7 +57,7 @@ struct StagedStep {
   std::vector<std::vector<std::string>> stage_layers;
   std::vector<StageProgram> programs;
   // Per stage: the program index of each part (-1: none).
-  std::vector<int> forward, backward, backward_input, backward_weight, accumulate, mean;
+  std::vector<int> forward, backward, backward_input, backward_weight, accumulate, mean, reduce;
   std::vector<int> updates;      // update programs by level, then stage
   std::vector<int> accumulated;  // values summed over microbatches: the loss and each gradient
   std::vector<int> stage_of_value;  // per value of the graph: the stage computing it (-1: input)

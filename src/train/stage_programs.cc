@@ -193,6 +193,7 @@ const char* part_name(StagePart p) {
     case StagePart::update: return "update";
     case StagePart::accumulate: return "accumulate";
     case StagePart::mean: return "mean";
+    case StagePart::reduce: return "reduce";
   }
   return "?";
 }
@@ -344,12 +345,23 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
     else
       r.input_specs.emplace_back();
   }
-  // What each program must leave: a microbatch's gradient reduced to its param's spec, the loss
-  // replicated, the new params and state as the old.
-  std::map<int, PartitionSpec> out_spec;
-  for (size_t i = 0; i < p.grads.size(); ++i) out_spec[p.grads[i]] = plan.params[i].spec;
-  out_spec[g.outputs()[0]] = PartitionSpec();
-  for (size_t i = 0; i < n_io && 3 + i < g.outputs().size(); ++i) out_spec.emplace(g.outputs()[3 + i], r.input_specs[i]);
+  // What each program must leave: a microbatch's gradient laid out as its param and the loss
+  // replicated, each left a partial sum over the batch axes where it is one (summed over the
+  // microbatches first, reduced once a step by the stage's reduce program); the new params and
+  // state as the old.
+  std::map<int, Sharding> out_sharding;
+  auto partial_beside = [&](const PartitionSpec& spec) {  // the batch axes the spec does not split over
+    std::vector<std::string> axes;
+    const std::vector<std::string> used = spec.used_axes();
+    for (const std::string& a : plan.batch_axes)
+      if (std::find(used.begin(), used.end(), a) == used.end()) axes.push_back(a);
+    return axes;
+  };
+  for (size_t i = 0; i < p.grads.size(); ++i)
+    out_sharding[p.grads[i]] = Sharding(Mesh(), plan.params[i].spec, partial_beside(plan.params[i].spec));
+  out_sharding[g.outputs()[0]] = Sharding(Mesh(), PartitionSpec(), plan.batch_axes);
+  for (size_t i = 0; i < n_io && 3 + i < g.outputs().size(); ++i)
+    out_sharding.emplace(g.outputs()[3 + i], Sharding(Mesh(), r.input_specs[i]));
 
   // Partition and compile each program through the runtime's passes, producers first: a value
   // crossing programs keeps the layout its producer gives it; params are replicated, the batch
@@ -359,6 +371,7 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
   o.memory_limit_bytes = o.host_memory_limit_bytes = 0;
   o.one_forward_pass = false;
   std::vector<std::optional<PartitionSpec>> spec_of(g.values().size());
+  std::vector<std::vector<std::string>> partial_of(g.values().size());
   std::vector<int> order, waiting(r.programs.size(), 0);
   std::vector<std::vector<int>> consumers(r.programs.size());
   for (size_t k = 0; k < r.programs.size(); ++k)
@@ -375,6 +388,16 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
       if (--waiting[c] == 0) order.push_back(c);
   if (order.size() != r.programs.size()) throw InternalError("[pipeline] the stage programs depend on each other in a cycle");
   r.device_bytes.assign(g.values().size(), 0);
+  // Compiled (or only planned) and timed on the cluster.
+  auto finish = [&](StageProgram& sp, SpmdProgram prog, const Mesh& group) {
+    if (cluster) sp.seconds = cost_program(prog, *cluster, o).step_s;
+    if (compile) {
+      sp.exe = ShardedExecutable::compile(std::move(prog), o, DeviceParallelism::within_kernels);
+      sp.arena_bytes = sp.exe->executable().peak_bytes();
+    } else {
+      sp.arena_bytes = plan_program(*prog.local, o, collective_groups(group)).report.arena_bytes;
+    }
+  };
   std::string dump;
   for (int k : order) {
     StageProgram& sp = r.programs[k];
@@ -390,25 +413,21 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
     }
     PartitionOptions popt;
     for (int v : sp.outputs) {
-      auto it = out_spec.find(v);
-      popt.out_shardings.push_back(it == out_spec.end() ? std::nullopt
-                                                        : std::optional<Sharding>(Sharding(group, it->second)));
+      auto it = out_sharding.find(v);
+      popt.out_shardings.push_back(
+          it == out_sharding.end() ? std::nullopt
+                                   : std::optional<Sharding>(Sharding(group, it->second.spec, it->second.partial)));
     }
     DumpProgram scope("train_step." + name);
     SpmdProgram prog = partition(*sub, group, in, popt);
     for (size_t i = 0; i < sp.outputs.size(); ++i) {
       spec_of[sp.outputs[i]] = prog.out_shardings[i].spec;
+      partial_of[sp.outputs[i]] = prog.out_shardings[i].partial;
       r.device_bytes[sp.outputs[i]] = TensorType{g.type(sp.outputs[i]).dtype,
                                                  prog.out_shardings[i].local_shape(g.type(sp.outputs[i]).shape)}
                                           .nbytes();
     }
-    if (cluster) sp.seconds = cost_program(prog, *cluster, o).step_s;
-    if (compile) {
-      sp.exe = ShardedExecutable::compile(std::move(prog), o, DeviceParallelism::within_kernels);
-      sp.arena_bytes = sp.exe->executable().peak_bytes();
-    } else {
-      sp.arena_bytes = plan_program(*prog.local, o, collective_groups(group)).report.arena_bytes;
-    }
+    finish(sp, std::move(prog), group);
   }
   if (cluster) r.stage_link = mesh.axes()[stage_dim].link;
   dump_pass("pipeline_stages", [&] { return dump; });
@@ -430,6 +449,32 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
       ups.push_back({{r.programs[k].level, r.programs[k].stage}, static_cast<int>(k)});
   std::sort(ups.begin(), ups.end());
   for (auto& u : ups) r.updates.push_back(u.second);
+  // Per stage: one reduce of the sums left partial over the batch axes (the loss, DDP's gradients).
+  r.reduce.assign(S, -1);
+  for (int st = 0; st < S; ++st) {
+    std::vector<int> vals;
+    for (int v : r.accumulated)
+      if (r.stage_of_value[v] == st && !partial_of[v].empty()) vals.push_back(v);
+    if (vals.empty()) continue;
+    std::vector<TensorType> types;
+    for (int v : vals) types.push_back(g.type(v));
+    auto same = trace([](const std::vector<Tensor>& in) { return in; }, types);
+    const Mesh& group = r.groups[schedule.device_of(st)];
+    std::vector<Sharding> in;
+    PartitionOptions popt;
+    for (int v : vals) {
+      in.emplace_back(group, spec_of[v].value(), partial_of[v]);
+      popt.out_shardings.push_back(Sharding(group, spec_of[v].value()));
+    }
+    StageProgram sp;
+    sp.part = StagePart::reduce;
+    sp.stage = st;
+    sp.inputs = sp.outputs = vals;
+    DumpProgram scope(fmt::format("train_step.stage{}.reduce", st));
+    finish(sp, partition(*same, group, in, popt), group);
+    r.reduce[st] = static_cast<int>(r.programs.size());
+    r.programs.push_back(std::move(sp));
+  }
   r.accumulate.assign(S, -1);
   r.mean.assign(S, -1);
   if (M > 1 && compile) {
