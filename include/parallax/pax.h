@@ -204,6 +204,9 @@ struct PlanReport {
   int64_t device_memory_bytes = 0;                // the cluster's device memory
   std::string cost_note;                          // why there is no prediction, when there is none
   std::string pipeline;  // a mesh with a `stage` axis: stages, memory per device group, bubble (PipelineReport)
+  // sharding.strategy=auto on a cluster: the fastest pipelined plan of the same devices that fits
+  // (px::search_pipelines), its prediction beside AUTO's and the --set that trains it.
+  std::string pipelined;
   std::string text() const;        // the whole report as `pax plan` prints it
 };
 // `devices`: "cpu:N" or "" (= as many virtual devices as the mesh needs, for planning).

@@ -42,4 +42,22 @@ AutoPlan plan_auto(const nn::LmConfig& cfg, const Mesh& mesh, const Cluster& clu
 PipelineReport plan_pipeline(const nn::LmConfig& cfg, const Mesh& mesh, ShardingStrategy strategy,
                              const StepSetup& setup, const PipelineOptions& pipeline, const Cluster* cluster = nullptr);
 
+// AUTO's pipelined candidates for `devices` devices of `cluster`: every stage count S > 1 dividing
+// both the devices and the layers (the `stage` axis outermost, so that a stage's devices are
+// neighbours), the other devices a `data` axis with DDP or FSDP inside the stages, 1F1B and
+// zero-bubble, 2S and 4S microbatches where they divide each device's rows; each planned and
+// predicted by plan_pipeline. Fastest first, those that fit the cluster's memory before the rest;
+// stops adding candidates after time_limit_s.
+struct PipelineCandidate {
+  Mesh mesh;
+  ShardingStrategy strategy = ShardingStrategy::DDP;
+  PipelineOptions pipeline;
+  int microbatches = 1;
+  PipelineReport report;
+  bool fits = false;
+  std::string settings() const;  // pax's flags: "--set sharding.mesh=stage:8,data:8 --set sharding.strategy=ddp ..."
+};
+std::vector<PipelineCandidate> search_pipelines(const nn::LmConfig& cfg, int64_t devices, const Cluster& cluster,
+                                                const StepSetup& setup, double time_limit_s = 20);
+
 }  // namespace px

@@ -255,6 +255,7 @@ std::string PlanReport::text() const {
     os << "predicted step time: " << (cost_note.empty() ? "pass --cluster (cpu, h100x8, h200x8, tpuv4 or a .toml file)" : cost_note)
        << "\n";
   }
+  os << pipelined;
   return os.str();
 }
 
@@ -325,10 +326,26 @@ PlanReport plan(const ExperimentConfig& c, const std::string& devices, const std
   Mesh mesh = make_mesh(c, resolve_devices(c, devices, /*for_planning=*/true));
   nn::TransformerLm model(lm_config(c));  // declares params; allocates nothing
   if (has_stage_axis(mesh)) return plan_pipelined(c, mesh, model, cluster);
-  PlanReport r = plan_report(c, model, sharding_plan(c, model, mesh, cluster));
+  const ShardingPlan sp = sharding_plan(c, model, mesh, cluster);
+  const double plan_step_s = sp.predicted_step_s;  // AUTO's prediction
+  PlanReport r = plan_report(c, model, sp);
   if (cluster.empty()) return r;
   if (c.sharding.strategy == "auto") {
     r.cost_note = "AUTO's prediction on " + cluster + " is in its explanation above";
+    // Beside the plan on this mesh: the same devices pipelined, when that is predicted faster.
+    const Cluster cl = load_cluster(cluster);
+    const double auto_s = r.step_s > 0 ? r.step_s : plan_step_s;
+    const std::vector<PipelineCandidate> piped = search_pipelines(lm_config(c), mesh.size(), cl, step_setup(c));
+    if (!piped.empty() && piped[0].fits) {
+      const PipelineCandidate& best = piped[0];
+      r.pipelined = fmt::format(
+          "pipelined, the fastest of {} candidates: {}: predicted {:.4g} s per step (bubble {:.3f}){}\n  {}\n",
+          piped.size(), best.mesh.to_string(), best.report.predicted_step_s, best.report.predicted_bubble,
+          auto_s > 0 ? fmt::format(", {} than the plan above ({:.4g} s)",
+                                   best.report.predicted_step_s < auto_s ? "faster" : "slower", auto_s)
+                     : "",
+          best.settings());
+    }
     return r;
   }
   Cluster cl = load_cluster(cluster);

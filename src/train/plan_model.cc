@@ -1,6 +1,9 @@
 // The model-level planning API (parallax/plan.h): a TransformerLm next-token step traced from its
 // config (params declared, never allocated), then costed per recipe or searched by AUTO exactly as
 // TrainStep on the mesh would decide it.
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <chrono>
 
 #include "parallax/nn.h"
@@ -112,6 +115,54 @@ AutoPlan plan_auto(const nn::LmConfig& cfg_in, const Mesh& mesh_in, const Cluste
   p.memory_limit = autoshard::memory_limit_of(setup.sharding, cluster, mesh);
   p.options = setup.sharding;
   return autoshard::solve(p);
+}
+
+std::string PipelineCandidate::settings() const {
+  std::string m;
+  for (const MeshAxis& a : mesh.axes()) m += (m.empty() ? "" : ",") + a.name + ":" + std::to_string(a.size);
+  return fmt::format("--set sharding.mesh={} --set sharding.strategy={} --set sharding.schedule={} --set train.microbatches={}", m,
+                     strategy == ShardingStrategy::FSDP ? "fsdp" : "ddp", pipeline::kind_name(pipeline.schedule),
+                     microbatches);
+}
+
+std::vector<PipelineCandidate> search_pipelines(const nn::LmConfig& cfg, int64_t devices, const Cluster& cluster,
+                                                const StepSetup& setup, double time_limit_s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<PipelineCandidate> out;
+  for (int64_t S = 2; S <= devices && S <= cfg.n_layers; ++S) {
+    if (devices % S != 0 || cfg.n_layers % S != 0) continue;
+    const int64_t rest = devices / S;
+    const Mesh mesh = cluster.apply(rest > 1 ? Mesh({{"stage", S}, {"data", rest}}) : Mesh({{"stage", S}}));
+    const int64_t capacity = cluster.device_on(mesh).memory_bytes;
+    for (ShardingStrategy strategy : {ShardingStrategy::DDP, ShardingStrategy::FSDP}) {
+      if (rest == 1 && strategy == ShardingStrategy::FSDP) continue;
+      for (pipeline::Kind kind : {pipeline::Kind::one_f_one_b, pipeline::Kind::zero_bubble})
+        for (int64_t M : {2 * S, 4 * S}) {
+          if (setup.batch % rest != 0 || (setup.batch / rest) % M != 0) continue;
+          if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > time_limit_s) break;
+          PipelineCandidate c;
+          c.mesh = mesh;
+          c.strategy = strategy;
+          c.pipeline.schedule = kind;
+          c.microbatches = static_cast<int>(M);
+          StepSetup s = setup;
+          s.microbatches = c.microbatches;
+          try {
+            c.report = plan_pipeline(cfg, mesh, strategy, s, c.pipeline, &cluster);
+          } catch (const UserError&) {
+            continue;  // the recipe or the split does not apply to this shape
+          }
+          c.fits = true;
+          for (int d = 0; d < c.report.schedule.devices; ++d) c.fits = c.fits && c.report.planned_peak(d) <= capacity;
+          out.push_back(std::move(c));
+        }
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const PipelineCandidate& a, const PipelineCandidate& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.report.predicted_step_s < b.report.predicted_step_s;
+  });
+  return out;
 }
 
 PipelineReport plan_pipeline(const nn::LmConfig& cfg_in, const Mesh& mesh, ShardingStrategy strategy,
