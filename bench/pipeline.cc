@@ -1,10 +1,11 @@
-// Pipeline schedules on a GPT (f32, AdamW): per schedule the step time, the bubble measured from
+// Pipeline schedules on a GPT (f32, AdamW; a small vocabulary by default, so that the stages, one of
+// which holds the head, cost about the same): per schedule the step time, the bubble measured from
 // the timeline (idle fraction of the devices over the schedule) against its theory with unit
 // costs, and each device's planned and measured peak; first, one device running the same
 // microbatches. One JSON line per row. The devices are threads of this process sharing its cores:
 // with more devices than cores the busy time of an action includes waiting for a core.
 //
-//   build/bench/pipeline [--devices 4] [--microbatches 8] [--layers 8] [--d 256] [--seq 128]
+//   build/bench/pipeline [--devices 4] [--microbatches 8] [--layers 8] [--d 256] [--seq 128] [--vocab 256]
 //                        [--batch 16] [--steps 3] [--schedules gpipe,1f1b,interleaved,zero_bubble]
 //                        [--layers_per_stage 3,2,2,1] [--trace_dir DIR]  (a chrome trace per schedule)
 #include <chrono>
@@ -41,7 +42,7 @@ std::string join(const std::vector<int64_t>& v) {
 
 int main(int argc, char** argv) {
   int devices = 4, microbatches = 8, layers = 8, steps = 3;
-  int64_t d = 256, seq = 128, batch = 16;
+  int64_t d = 256, seq = 128, batch = 16, vocab = 256;
   std::string schedules = "gpipe,1f1b,interleaved,zero_bubble", trace_dir;
   std::vector<int> layers_per_stage;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -50,6 +51,7 @@ int main(int argc, char** argv) {
     else if (f == "--microbatches") microbatches = std::stoi(v);
     else if (f == "--layers") layers = std::stoi(v);
     else if (f == "--d") d = std::stoll(v);
+    else if (f == "--vocab") vocab = std::stoll(v);
     else if (f == "--seq") seq = std::stoll(v);
     else if (f == "--batch") batch = std::stoll(v);
     else if (f == "--steps") steps = std::stoi(v);
@@ -64,7 +66,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const px::nn::LmConfig cfg = px::nn::gpt2_config("pipeline_bench", 2048, d, 4, layers, 4 * d, seq);
+  const px::nn::LmConfig cfg = px::nn::gpt2_config("pipeline_bench", vocab, d, 4, layers, 4 * d, seq);
   px::nn::TransformerLm model(cfg);
   const std::vector<px::TensorType> types{{px::DType::i32, {batch, seq}}, {px::DType::i32, {batch, seq}}};
   auto loss = [&](const std::vector<px::Tensor>& b) { return px::nn::next_token_loss(model, b[0], b[1]); };
