@@ -84,6 +84,7 @@ struct ShardingConfig {
   int64_t fsdp_min_bytes = 4096;
   std::vector<std::string> rules;  // "glob=P(...)", e.g. "blocks.*.mlp.fc.w=P(None, 'model')"
   std::string cluster = "cpu";     // auto: the cluster plans are costed for (a preset or a .toml file)
+  bool auto_pipeline = false;      // auto: also plan the devices pipelined, train that when faster
   // A mesh with a `stage` axis pipelines the model (docs/pipeline.md): the schedule, stages per
   // device (interleaved) and numbered layers per stage ([]: an even split).
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zero_bubble

@@ -152,6 +152,8 @@ const std::vector<Field>& table() {
                  "overrides 'glob=P(...)', first match wins"),
       str_field("sharding.cluster", &E::sharding, &ShardingConfig::cluster,
                 "auto: the cluster plans are costed for (cpu, h100x8, h200x8, tpuv4 or a .toml file)"),
+      bool_field("sharding.auto_pipeline", &E::sharding, &ShardingConfig::auto_pipeline,
+                 "auto: also plan the devices pipelined (stages x data) and train that when predicted faster"),
       enum_field("sharding.schedule", &E::sharding, &ShardingConfig::schedule,
                  {"gpipe", "1f1b", "interleaved", "zero_bubble"}, "a mesh with a `stage` axis: the pipeline schedule"),
       int_field("sharding.virtual_stages", &E::sharding, &ShardingConfig::virtual_stages, 1, 64,

@@ -148,6 +148,7 @@ ShardingOptions sharding_options(const ExperimentConfig& c) {
   o.model_axis = c.sharding.model_axis;
   o.fsdp_min_bytes = c.sharding.fsdp_min_bytes;
   o.auto_cluster = c.sharding.cluster;
+  o.auto_pipeline = c.sharding.auto_pipeline;
   for (const std::string& r : c.sharding.rules) {
     size_t eq = r.find('=');
     std::string glob = r.substr(0, eq), spec = r.substr(eq + 1);

@@ -15,6 +15,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
 
 #include "core/dump.h"
 #include "memory/rewrite.h"
@@ -184,6 +187,56 @@ CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& op
   return c;
 }
 
+// AUTO with ShardingOptions::auto_pipeline: the fastest pipelined plan of the mesh's devices that
+// fits, when it is predicted faster than `flat_s` (the best plan on the mesh as given).
+std::optional<TrainStepOptions> faster_pipeline(nn::ParamStore& store, const optim::Optimizer& opt,
+                                                const TrainStep::LossFn& loss_fn,
+                                                const std::vector<TensorType>& batch_types,
+                                                const TrainStepOptions& options, double flat_s, std::string& why) {
+  DumpCandidates quiet;
+  const Mesh& mesh = *options.mesh;
+  const Cluster cluster = load_cluster(options.sharding.auto_cluster);
+  const int64_t n = mesh.size();
+  std::optional<TrainStepOptions> best;
+  double best_s = flat_s;
+  for (int64_t S = 2; S <= n; ++S) {
+    if (n % S != 0) continue;
+    const int64_t rest = n / S;
+    const Mesh m = cluster.apply(rest > 1 ? Mesh({{"stage", S}, {"data", rest}}, mesh.device_ids(), mesh.platform())
+                                          : Mesh({{"stage", S}}, mesh.device_ids(), mesh.platform()));
+    const int64_t capacity = options.sharding.auto_memory_limit_bytes > 0 ? options.sharding.auto_memory_limit_bytes
+                                                                            : cluster.device_on(m).memory_bytes;
+    for (ShardingStrategy strategy : {ShardingStrategy::DDP, ShardingStrategy::FSDP})
+      for (pipeline::Kind kind : {pipeline::Kind::one_f_one_b, pipeline::Kind::zero_bubble})
+        for (int64_t M : {2 * S, 4 * S}) {
+          if (rest == 1 && strategy == ShardingStrategy::FSDP) continue;
+          TrainStepOptions o = options;
+          o.mesh = m;
+          o.strategy = strategy;
+          o.microbatches = static_cast<int>(M);
+          o.pipeline = PipelineOptions{};
+          o.pipeline.schedule = kind;
+          PipelineReport r;
+          try {
+            r = pipeline_report(build_pipelined(store, opt, loss_fn, batch_types, o, &cluster, false).staged);
+          } catch (const UserError&) {
+            continue;  // a split, microbatch count or recipe that does not apply
+          }
+          bool fits = true;
+          for (int d = 0; d < r.schedule.devices; ++d) fits = fits && r.planned_peak(d) <= capacity;
+          if (!fits || r.predicted_step_s >= best_s) continue;
+          best_s = r.predicted_step_s;
+          why = fmt::format(
+              "AUTO: pipelined on {}, {} inside the stages, {}, {} microbatches: predicted {:.4g} s per step on {}, "
+              "against {} for the best plan on the mesh as given\n",
+              m.to_string(), strategy_name(strategy), pipeline::kind_name(kind), M, best_s, cluster.name,
+              std::isfinite(flat_s) ? fmt::format("{:.4g} s", flat_s) : std::string("none that fits"));
+          best = o;
+        }
+  }
+  return best;
+}
+
 }  // namespace
 
 // The pipeline pass (see pipeline_step.h): the step of one microbatch, traced and remat'd as any
@@ -321,8 +374,27 @@ CompiledStep compile_step(nn::ParamStore& store, const optim::Optimizer& opt, co
                           const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
   DumpProgram dump("train_step");
   if (options.mesh && has_stage_axis(*options.mesh)) return compile_pipelined(store, opt, loss_fn, batch_types, options);
-  // 1-3. Trace, remat, decide.
-  DecidedStep d = decide_step(store, opt, loss_fn, batch_types, options);
+  // 1-3. Trace, remat, decide. AUTO may pipeline the mesh's devices instead (auto_pipeline).
+  const bool try_pipeline = options.mesh && options.strategy == ShardingStrategy::AUTO &&
+                            options.sharding.auto_pipeline && options.mesh->num_processes() == 1;
+  DecidedStep d;
+  std::optional<UserError> flat_error;
+  try {
+    d = decide_step(store, opt, loss_fn, batch_types, options);
+  } catch (const UserError& e) {
+    if (!try_pipeline) throw;
+    flat_error = e;  // nothing fits as given: a pipeline may
+  }
+  if (try_pipeline) {
+    std::string why;
+    const double flat_s = flat_error ? std::numeric_limits<double>::infinity() : d.plan.predicted_step_s;
+    if (std::optional<TrainStepOptions> piped = faster_pipeline(store, opt, loss_fn, batch_types, options, flat_s, why)) {
+      CompiledStep c = compile_pipelined(store, opt, loss_fn, batch_types, *piped);
+      c.plan.explanation = why + (flat_error ? "" : d.plan.explanation);
+      return c;
+    }
+    if (flat_error) throw *flat_error;
+  }
   const Mesh& mesh = d.plan.mesh;
 
   // 4-5. Partition (dumped as sharding_decision, annotate, partition) and offload.
