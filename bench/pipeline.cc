@@ -7,7 +7,7 @@
 //
 //   build/bench/pipeline [--devices 4] [--microbatches 8] [--layers 8] [--d 256] [--seq 128] [--vocab 256]
 //                        [--batch 16] [--steps 3] [--schedules gpipe,1f1b,interleaved,zero_bubble]
-//                        [--layers_per_stage 3,2,2,1] [--trace_dir DIR]  (a chrome trace per schedule)
+//                        [--layers_per_stage 3,2,2,1 | --balance 1] [--trace_dir DIR]  (a chrome trace per schedule)
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
   int64_t d = 256, seq = 128, batch = 16, vocab = 256;
   std::string schedules = "gpipe,1f1b,interleaved,zero_bubble", trace_dir;
   std::vector<int> layers_per_stage;
+  bool balance = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i], v = argv[i + 1];
     if (f == "--devices") devices = std::stoi(v);
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
     else if (f == "--steps") steps = std::stoi(v);
     else if (f == "--schedules") schedules = v;
     else if (f == "--trace_dir") trace_dir = v;
+    else if (f == "--balance") balance = v == "1" || v == "true";
     else if (f == "--layers_per_stage") {
       std::stringstream list(v);
       for (std::string k; std::getline(list, k, ',');) layers_per_stage.push_back(std::stoi(k));
@@ -113,6 +115,7 @@ int main(int argc, char** argv) {
     o.pipeline.schedule = px::pipeline::parse_kind(name);
     o.pipeline.virtual_stages = o.pipeline.schedule == px::pipeline::Kind::interleaved ? 2 : 1;
     if (o.pipeline.virtual_stages == 1) o.pipeline.layers_per_stage = layers_per_stage;
+    o.pipeline.balance = balance && o.pipeline.virtual_stages == 1;
     run(name, o);
   }
   return 0;

@@ -90,6 +90,7 @@ struct ShardingConfig {
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zero_bubble
   int64_t virtual_stages = 1;
   std::vector<std::string> layers_per_stage;
+  bool balance_stages = false;  // split the layers by cost instead (PipelineOptions::balance)
 };
 
 struct MemoryConfig {

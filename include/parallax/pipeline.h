@@ -122,6 +122,10 @@ struct PipelineOptions {
   // Numbered layers per stage, one entry per stage (their sum: the model's numbered layers);
   // empty: an even split, which needs the stage count to divide the layers.
   std::vector<int> layers_per_stage;
+  // Split by cost instead: the step's FLOPs per layer (the embedding counted with the first stage,
+  // the head and the loss with the last), contiguous stages whose costliest is as cheap as it can
+  // be. Needs layers_per_stage empty.
+  bool balance = false;
 };
 
 // What a pipelined step planned and what its last run measured (TrainStep::pipeline_report()).

@@ -158,6 +158,8 @@ const std::vector<Field>& table() {
                  {"gpipe", "1f1b", "interleaved", "zero_bubble"}, "a mesh with a `stage` axis: the pipeline schedule"),
       int_field("sharding.virtual_stages", &E::sharding, &ShardingConfig::virtual_stages, 1, 64,
                 "interleaved schedule: stages per device"),
+      bool_field("sharding.balance_stages", &E::sharding, &ShardingConfig::balance_stages,
+                 "split the layers into stages by cost (embedding with the first, head with the last)"),
       list_field("sharding.layers_per_stage", &E::sharding, &ShardingConfig::layers_per_stage,
                  "numbered layers per pipeline stage, e.g. 3,3,2 ([]: an even split)"),
       enum_field("memory.remat", &E::memory, &MemoryConfig::remat,

@@ -162,6 +162,7 @@ PipelineOptions pipeline_options(const ExperimentConfig& c) {
   PipelineOptions o;
   o.schedule = pipeline::parse_kind(c.sharding.schedule);
   o.virtual_stages = static_cast<int>(c.sharding.virtual_stages);
+  o.balance = c.sharding.balance_stages;
   for (const std::string& k : c.sharding.layers_per_stage) {
     size_t used = 0;
     int n = -1;

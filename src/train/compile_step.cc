@@ -216,6 +216,7 @@ std::optional<TrainStepOptions> faster_pipeline(nn::ParamStore& store, const opt
           o.microbatches = static_cast<int>(M);
           o.pipeline = PipelineOptions{};
           o.pipeline.schedule = kind;
+          o.pipeline.balance = true;
           PipelineReport r;
           try {
             r = pipeline_report(build_pipelined(store, opt, loss_fn, batch_types, o, &cluster, false).staged);

@@ -120,9 +120,10 @@ AutoPlan plan_auto(const nn::LmConfig& cfg_in, const Mesh& mesh_in, const Cluste
 std::string PipelineCandidate::settings() const {
   std::string m;
   for (const MeshAxis& a : mesh.axes()) m += (m.empty() ? "" : ",") + a.name + ":" + std::to_string(a.size);
-  return fmt::format("--set sharding.mesh={} --set sharding.strategy={} --set sharding.schedule={} --set train.microbatches={}", m,
-                     strategy == ShardingStrategy::FSDP ? "fsdp" : "ddp", pipeline::kind_name(pipeline.schedule),
-                     microbatches);
+  return fmt::format(
+      "--set sharding.mesh={} --set sharding.strategy={} --set sharding.schedule={} --set train.microbatches={}{}", m,
+      strategy == ShardingStrategy::FSDP ? "fsdp" : "ddp", pipeline::kind_name(pipeline.schedule), microbatches,
+      pipeline.balance ? " --set sharding.balance_stages=true" : "");
 }
 
 std::vector<PipelineCandidate> search_pipelines(const nn::LmConfig& cfg, int64_t devices, const Cluster& cluster,
@@ -144,6 +145,7 @@ std::vector<PipelineCandidate> search_pipelines(const nn::LmConfig& cfg, int64_t
           c.mesh = mesh;
           c.strategy = strategy;
           c.pipeline.schedule = kind;
+          c.pipeline.balance = true;
           c.microbatches = static_cast<int>(M);
           StepSetup s = setup;
           s.microbatches = c.microbatches;

@@ -2,11 +2,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
 
 #include "core/dump.h"
+#include "ir/primitive.h"
 #include "memory/rewrite.h"
 #include "runtime/program.h"
 #include "sharding/groups.h"
@@ -184,6 +186,61 @@ std::unique_ptr<Graph> subgraph(const Graph& g, const std::vector<int>& nodes, c
   return sub;
 }
 
+// The split whose costliest stage costs least: each numbered layer's FLOPs over the whole step
+// (forward, backward and update nodes by the layer of their value), what comes before the first
+// numbered layer with the first stage, the rest (final norm, head, loss) with the last.
+std::vector<int> balanced_split(StepProgram& p, int stages) {
+  memory_pass::label_layers(p);
+  const Graph& g = *p.graph;
+  std::vector<std::string> layers;
+  std::set<std::string> first;  // the layers declared before the first numbered one (embeddings)
+  for (const std::string& path : p.paths) {
+    const std::string l = memory_pass::layer_of(path);
+    if (!numbered(l) && layers.empty()) first.insert(l);
+    if (numbered(l) && std::find(layers.begin(), layers.end(), l) == layers.end()) layers.push_back(l);
+  }
+  const int n = static_cast<int>(layers.size());
+  if (n < stages || stages < 1) return {};  // split_layers says what is wrong
+  std::map<std::string, int> index;
+  for (int i = 0; i < n; ++i) index[layers[i]] = i;
+  std::vector<double> cost(n, 0.0);
+  double before = 0, after = 0;
+  for (const Node& node : g.nodes()) {
+    std::vector<TensorType> ins, outs;
+    for (int v : node.inputs) ins.push_back(g.type(v));
+    for (int v : node.outputs) outs.push_back(g.type(v));
+    const double f = cost_of(*node.prim, ins, outs, node.attrs).flops;
+    const std::string& l = node.outputs.empty() ? std::string() : g.values()[node.outputs[0]].layer;
+    auto it = index.find(l);
+    if (it != index.end())
+      cost[it->second] += f;
+    else if (first.count(l))
+      before += f;
+    else
+      after += f;
+  }
+  // best[k][j]: the least costliest stage splitting layers [0, j) into k stages.
+  std::vector<double> prefix(n + 1, 0.0);
+  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + cost[i];
+  const double kInf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(n + 1, kInf));
+  std::vector<std::vector<int>> cut(stages + 1, std::vector<int>(n + 1, 0));
+  best[0][0] = 0;
+  for (int k = 1; k <= stages; ++k)
+    for (int j = k; j <= n; ++j)
+      for (int i = k - 1; i < j; ++i) {
+        const double c = prefix[j] - prefix[i] + (k == 1 ? before : 0) + (k == stages && j == n ? after : 0);
+        const double m = std::max(best[k - 1][i], c);
+        if (m < best[k][j]) best[k][j] = m, cut[k][j] = i;
+      }
+  std::vector<int> split(stages);
+  for (int k = stages, j = n; k > 0; --k) {
+    split[k - 1] = j - cut[k][j];
+    j = cut[k][j];
+  }
+  return split;
+}
+
 const char* part_name(StagePart p) {
   switch (p) {
     case StagePart::forward: return "forward";
@@ -209,7 +266,12 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
   r.n_params = p.n_params;
   r.n_state = p.n_state;
   r.n_batch = p.n_batch;
-  const std::map<std::string, int> stage_of = split_layers(p.paths, S, options.layers_per_stage, r.stage_layers);
+  if (options.balance && !options.layers_per_stage.empty())
+    throw UserError(
+        "[pipeline] pipeline.balance and pipeline.layers_per_stage are both set: balance chooses the split by "
+        "cost, layers_per_stage gives it; set one");
+  const std::vector<int> split = options.balance ? balanced_split(p, S) : options.layers_per_stage;
+  const std::map<std::string, int> stage_of = split_layers(p.paths, S, split, r.stage_layers);
   memory_pass::label_layers(p);
   const std::vector<char> phase = memory_pass::phases(p);
   const Graph& g = *p.graph;

@@ -125,6 +125,24 @@ TEST(Pipeline, StagesWithDataFsdpOrTensorParallelismEqualOneDevice) {
   }
 }
 
+// balance: a head as costly as several blocks (vocabulary 8192 at d 64) goes to a last stage with
+// fewer blocks; the result is still one device's.
+TEST(Pipeline, ABalancedSplitGivesTheHeadsStageFewerLayers) {
+  const nn::LmConfig heavy_head = nn::gpt2_config("gpt_heavy_head", 8192, 64, 4, 4, 128, 16);
+  TrainStepOptions o = pipelined(2, 2, pipeline::Kind::one_f_one_b);
+  o.pipeline.balance = true;
+  std::string report;
+  TrainStepOptions one;
+  one.microbatches = 2;
+  expect_equal(train(heavy_head, one, 2), train(heavy_head, o, 2, &report), "balanced");
+  EXPECT_TRUE(has(report, "stage 0 (device 0): embed, pos_embed, blocks.0, blocks.1, blocks.2\n")) << report;
+  EXPECT_TRUE(has(report, "stage 1 (device 1): blocks.3, final_norm\n")) << report;
+  Fixture f(gpt4(), 8);
+  o.pipeline.layers_per_stage = {2, 2};
+  EXPECT_TRUE(has(testing::user_error_of([&] { TrainStep(f.model.store(), opt(), f.loss, f.batch_types, o); }),
+                  "pipeline.balance and pipeline.layers_per_stage are both set"));
+}
+
 TEST(Pipeline, FsdpInsideStagesSplitsTheirState) {
   Fixture f(gpt4(), 8);
   auto state_bytes = [&](ShardingStrategy strategy) {
