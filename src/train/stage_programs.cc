@@ -186,9 +186,10 @@ std::unique_ptr<Graph> subgraph(const Graph& g, const std::vector<int>& nodes, c
   return sub;
 }
 
-// The split whose costliest stage costs least: each numbered layer's FLOPs over the whole step
-// (forward, backward and update nodes by the layer of their value), what comes before the first
-// numbered layer with the first stage, the rest (final norm, head, loss) with the last.
+// The split whose costliest stage costs least: each numbered layer's forward FLOPs (a forward value
+// belongs to the deepest layer it depends on; its backward costs about twice its forward, in every
+// layer alike), what comes before the first numbered layer with the first stage, the rest (final
+// norm, head, loss) with the last.
 std::vector<int> balanced_split(StepProgram& p, int stages) {
   memory_pass::label_layers(p);
   const Graph& g = *p.graph;
@@ -205,7 +206,10 @@ std::vector<int> balanced_split(StepProgram& p, int stages) {
   for (int i = 0; i < n; ++i) index[layers[i]] = i;
   std::vector<double> cost(n, 0.0);
   double before = 0, after = 0;
-  for (const Node& node : g.nodes()) {
+  const std::vector<char> phase = memory_pass::phases(p);
+  for (size_t k = 0; k < g.nodes().size(); ++k) {
+    const Node& node = g.nodes()[k];
+    if (phase[k] != 0) continue;
     std::vector<TensorType> ins, outs;
     for (int v : node.inputs) ins.push_back(g.type(v));
     for (int v : node.outputs) outs.push_back(g.type(v));
