@@ -139,12 +139,6 @@ bool ends_backward(const StagedStep& s, const pipeline::Action& a) {
 
 }  // namespace
 
-// Who reads what, per device: the counts the run loop and the plan both walk by.
-struct Readers {
-  std::vector<std::map<int, int>> micro, step;        // per device: value -> readers there
-  std::vector<std::vector<int>> micro_remote, step_remote;  // per value: other devices reading it
-};
-
 namespace {
 
 Readers readers_of(const StagedStep& s) {
@@ -280,16 +274,18 @@ PipelineReport pipeline_report(const StagedStep& s) {
   return rep;
 }
 
-PipelineRunner::PipelineRunner(StagedStep s) : s_(std::move(s)), report_(pipeline_report(s_)) {}
+PipelineRunner::PipelineRunner(StagedStep s)
+    : s_(std::move(s)), report_(pipeline_report(s_)), readers_(readers_of(s_)), is_output_(s_.graph->values().size(), 0) {
+  for (int v : s_.graph->outputs()) is_output_[v] = 1;
+}
 
 std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const std::vector<Array>& batch) {
   const StagedStep& s = s_;
   const Graph& g = *s.graph;
   const int D = s.schedule.devices, M = s.schedule.microbatches;
   const size_t n_state = s.n_params + s.n_state;
-  const Readers r = readers_of(s);
-  std::vector<char> is_output(g.values().size(), 0);
-  for (int v : g.outputs()) is_output[v] = 1;
+  const Readers& r = readers_;
+  const std::vector<char>& is_output = is_output_;
   // Per microbatch and batch input: its rows, each device's from the rows it holds.
   std::vector<std::vector<Array>> micro(static_cast<size_t>(M));
   for (int m = 0; m < M; ++m)

@@ -92,6 +92,12 @@ PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt
 // the predicted step time and bubble.
 PipelineReport pipeline_report(const StagedStep& s);
 
+// Who reads what, per device group: the counts the run loop and the plan both walk by.
+struct Readers {
+  std::vector<std::map<int, int>> micro, step;              // per group: value -> its programs reading it
+  std::vector<std::vector<int>> micro_remote, step_remote;  // per value: other groups reading it
+};
+
 // Runs a staged step over whole arrays: state is params, optimizer state and the step counter
 // (i32), batch the whole batch (split into microbatches here). Returns the traced step's outputs:
 // loss, gradient norm, learning rate, new params, new state.
@@ -105,6 +111,8 @@ class PipelineRunner {
  private:
   StagedStep s_;
   PipelineReport report_;
+  Readers readers_;               // fixed by the programs: computed once
+  std::vector<char> is_output_;  // per value: an output of the step
 };
 
 }  // namespace px::detail
