@@ -31,6 +31,10 @@
 #include <string>
 #include <vector>
 
+namespace px {
+class Mesh;
+}
+
 namespace px::pipeline {
 
 enum class Kind {
@@ -107,6 +111,9 @@ Simulation simulate(const Schedule& s, const std::vector<Costs>& per_stage);
 // (S-1)/(M+S-1) for GPipe and 1F1B, (D-1)/(V*M+D-1) interleaved, and for ZB-H1
 // (D-1)(F+I-W) / (M(F+I+W) + (D-1)(F+I-W)).
 double bubble_theory(Kind kind, int devices, int microbatches, int virtual_stages = 1, const Costs& costs = {});
+
+// A mesh with a `stage` axis: a step on it is pipelined.
+bool has_stage_axis(const Mesh& mesh);
 
 // "F3" (forward of microbatch 3), "B3", "I3", "W3"; with `stage`, "F3.s4".
 std::string action_name(const Action& a, bool with_stage = false);

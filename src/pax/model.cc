@@ -289,12 +289,6 @@ StepSetup step_setup(const ExperimentConfig& c) {
   return setup;
 }
 
-bool has_stage_axis(const Mesh& mesh) {
-  for (const MeshAxis& a : mesh.axes())
-    if (a.name == "stage") return true;
-  return false;
-}
-
 // A mesh with a `stage` axis: the pipeline planned (and predicted on the cluster, when given).
 PlanReport plan_pipelined(const ExperimentConfig& c, const Mesh& mesh, const nn::TransformerLm& model,
                           const std::string& cluster) {
@@ -327,7 +321,7 @@ PlanReport plan(const ExperimentConfig& c, const std::string& devices, const std
   validate(c);
   Mesh mesh = make_mesh(c, resolve_devices(c, devices, /*for_planning=*/true));
   nn::TransformerLm model(lm_config(c));  // declares params; allocates nothing
-  if (has_stage_axis(mesh)) return plan_pipelined(c, mesh, model, cluster);
+  if (pipeline::has_stage_axis(mesh)) return plan_pipelined(c, mesh, model, cluster);
   const ShardingPlan sp = sharding_plan(c, model, mesh, cluster);
   const double plan_step_s = sp.predicted_step_s;  // AUTO's prediction
   PlanReport r = plan_report(c, model, sp);

@@ -15,12 +15,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <optional>
 
 #include "core/dump.h"
 #include "memory/rewrite.h"
+#include "parallax/plan.h"
 #include "runtime/program.h"
 #include "sharding/groups.h"
 #include "sharding/recipes/step.h"
@@ -156,12 +158,6 @@ void check_rows_per_device(const ShardingPlan& plan, const std::vector<TensorTyp
   }
 }
 
-bool has_stage_axis(const Mesh& mesh) {
-  for (const MeshAxis& a : mesh.axes())
-    if (a.name == "stage") return true;
-  return false;
-}
-
 // A mesh with a `stage` axis: the pipeline's programs compiled, the state held whole in this process.
 CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                                const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
@@ -193,49 +189,24 @@ std::optional<TrainStepOptions> faster_pipeline(nn::ParamStore& store, const opt
                                                 const TrainStep::LossFn& loss_fn,
                                                 const std::vector<TensorType>& batch_types,
                                                 const TrainStepOptions& options, double flat_s, std::string& why) {
-  DumpCandidates quiet;
-  const Mesh& mesh = *options.mesh;
   const Cluster cluster = load_cluster(options.sharding.auto_cluster);
-  const int64_t n = mesh.size();
-  std::optional<TrainStepOptions> best;
-  double best_s = flat_s;
-  for (int64_t S = 2; S <= n; ++S) {
-    if (n % S != 0) continue;
-    const int64_t rest = n / S;
-    const Mesh m = cluster.apply(rest > 1 ? Mesh({{"stage", S}, {"data", rest}}, mesh.device_ids(), mesh.platform())
-                                          : Mesh({{"stage", S}}, mesh.device_ids(), mesh.platform()));
-    const int64_t capacity = options.sharding.auto_memory_limit_bytes > 0 ? options.sharding.auto_memory_limit_bytes
-                                                                            : cluster.device_on(m).memory_bytes;
-    for (ShardingStrategy strategy : {ShardingStrategy::DDP, ShardingStrategy::FSDP})
-      for (pipeline::Kind kind : {pipeline::Kind::one_f_one_b, pipeline::Kind::zero_bubble})
-        for (int64_t M : {2 * S, 4 * S}) {
-          if (rest == 1 && strategy == ShardingStrategy::FSDP) continue;
-          TrainStepOptions o = options;
-          o.mesh = m;
-          o.strategy = strategy;
-          o.microbatches = static_cast<int>(M);
-          o.pipeline = PipelineOptions{};
-          o.pipeline.schedule = kind;
-          o.pipeline.balance = true;
-          PipelineReport r;
-          try {
-            r = pipeline_report(build_pipelined(store, opt, loss_fn, batch_types, o, &cluster, false).staged);
-          } catch (const UserError&) {
-            continue;  // a split, microbatch count or recipe that does not apply
-          }
-          bool fits = true;
-          for (int d = 0; d < r.schedule.devices; ++d) fits = fits && r.planned_peak(d) <= capacity;
-          if (!fits || r.predicted_step_s >= best_s) continue;
-          best_s = r.predicted_step_s;
-          why = fmt::format(
-              "AUTO: pipelined on {}, {} inside the stages, {}, {} microbatches: predicted {:.4g} s per step on {}, "
-              "against {} for the best plan on the mesh as given\n",
-              m.to_string(), strategy_name(strategy), pipeline::kind_name(kind), M, best_s, cluster.name,
-              std::isfinite(flat_s) ? fmt::format("{:.4g} s", flat_s) : std::string("none that fits"));
-          best = o;
-        }
-  }
-  return best;
+  const std::vector<PipelineCandidate> candidates =
+      pipeline_candidates(store, opt, loss_fn, batch_types, options, cluster, [](int64_t) { return true; },
+                          std::numeric_limits<double>::infinity());
+  if (candidates.empty() || !candidates[0].fits || !(candidates[0].report.predicted_step_s < flat_s)) return {};
+  const PipelineCandidate& c = candidates[0];
+  why = fmt::format(
+      "AUTO: pipelined on {}, {} inside the stages, {}, {} microbatches: predicted {:.4g} s per step on {}, against "
+      "{} for the best plan on the mesh as given\n",
+      c.mesh.to_string(), strategy_name(c.strategy), pipeline::kind_name(c.pipeline.schedule), c.microbatches,
+      c.report.predicted_step_s, cluster.name,
+      std::isfinite(flat_s) ? fmt::format("{:.4g} s", flat_s) : std::string("none that fits"));
+  TrainStepOptions o = options;
+  o.mesh = c.mesh;
+  o.strategy = c.strategy;
+  o.microbatches = c.microbatches;
+  o.pipeline = c.pipeline;
+  return o;
 }
 
 }  // namespace
@@ -309,6 +280,60 @@ PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt
   return r;
 }
 
+std::vector<PipelineCandidate> pipeline_candidates(nn::ParamStore& store, const optim::Optimizer& opt,
+                                                   const TrainStep::LossFn& loss_fn,
+                                                   const std::vector<TensorType>& batch_types,
+                                                   const TrainStepOptions& base, const Cluster& cluster,
+                                                   const std::function<bool(int64_t)>& stages_ok,
+                                                   double time_limit_s) {
+  DumpCandidates quiet;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Mesh& mesh = *base.mesh;
+  const int64_t n = mesh.size();
+  const int64_t rows = !batch_types.empty() && batch_types[0].rank() > 0 ? batch_types[0].shape[0] : 0;
+  std::vector<PipelineCandidate> out;
+  for (int64_t S = 2; S <= n; ++S) {
+    if (n % S != 0 || !stages_ok(S)) continue;
+    const int64_t rest = n / S;
+    const Mesh m = cluster.apply(rest > 1 ? Mesh({{"stage", S}, {"data", rest}}, mesh.device_ids(), mesh.platform())
+                                          : Mesh({{"stage", S}}, mesh.device_ids(), mesh.platform()));
+    const int64_t capacity = base.sharding.auto_memory_limit_bytes > 0 ? base.sharding.auto_memory_limit_bytes
+                                                                         : cluster.device_on(m).memory_bytes;
+    for (ShardingStrategy strategy : {ShardingStrategy::DDP, ShardingStrategy::FSDP}) {
+      if (rest == 1 && strategy == ShardingStrategy::FSDP) continue;
+      for (pipeline::Kind kind : {pipeline::Kind::one_f_one_b, pipeline::Kind::zero_bubble})
+        for (int64_t M : {2 * S, 4 * S}) {
+          if (rows % rest != 0 || (rows / rest) % M != 0) continue;
+          if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > time_limit_s) break;
+          PipelineCandidate c;
+          c.mesh = m;
+          c.strategy = strategy;
+          c.pipeline.schedule = kind;
+          c.pipeline.balance = true;
+          c.microbatches = static_cast<int>(M);
+          TrainStepOptions o = base;
+          o.mesh = m;
+          o.strategy = strategy;
+          o.microbatches = c.microbatches;
+          o.pipeline = c.pipeline;
+          try {
+            c.report = pipeline_report(build_pipelined(store, opt, loss_fn, batch_types, o, &cluster, false).staged);
+          } catch (const UserError&) {
+            continue;  // a split, microbatch count or recipe that does not apply
+          }
+          c.fits = true;
+          for (int d = 0; d < c.report.schedule.devices; ++d) c.fits = c.fits && c.report.planned_peak(d) <= capacity;
+          out.push_back(std::move(c));
+        }
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const PipelineCandidate& a, const PipelineCandidate& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.report.predicted_step_s < b.report.predicted_step_s;
+  });
+  return out;
+}
+
 CompiledStep::CompiledStep() = default;
 CompiledStep::CompiledStep(CompiledStep&&) noexcept = default;
 CompiledStep& CompiledStep::operator=(CompiledStep&&) noexcept = default;
@@ -317,7 +342,7 @@ CompiledStep::~CompiledStep() = default;
 DecidedStep decide_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                         const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
   const Mesh mesh = options.mesh ? *options.mesh : Mesh();
-  if (options.mesh && has_stage_axis(*options.mesh))
+  if (options.mesh && pipeline::has_stage_axis(*options.mesh))
     throw UserError("[plan] a mesh with a `stage` axis is planned when its step is built (TrainStep: pipeline_report(); "
                     "pax: train with PX_PROFILE=1 writes it to profile.txt); the plan of shardings covers meshes "
                     "without one");
@@ -374,7 +399,7 @@ DecidedStep decide_step(nn::ParamStore& store, const optim::Optimizer& opt, cons
 CompiledStep compile_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                           const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
   DumpProgram dump("train_step");
-  if (options.mesh && has_stage_axis(*options.mesh)) return compile_pipelined(store, opt, loss_fn, batch_types, options);
+  if (options.mesh && pipeline::has_stage_axis(*options.mesh)) return compile_pipelined(store, opt, loss_fn, batch_types, options);
   // 1-3. Trace, remat, decide. AUTO may pipeline the mesh's devices instead (auto_pipeline).
   const bool try_pipeline = options.mesh && options.strategy == ShardingStrategy::AUTO &&
                             options.sharding.auto_pipeline && options.mesh->num_processes() == 1;

@@ -85,6 +85,12 @@ std::string PipelineReport::chrome_trace() const {
 
 namespace pipeline {
 
+bool has_stage_axis(const Mesh& mesh) {
+  for (const MeshAxis& a : mesh.axes())
+    if (a.name == "stage") return true;
+  return false;
+}
+
 std::string action_name(const Action& a, bool with_stage) {
   const char* letter = a.op == Op::forward          ? "F"
                        : a.op == Op::backward       ? "B"

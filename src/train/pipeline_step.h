@@ -19,6 +19,7 @@
 // program), and compiled as a ShardedExecutable.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -28,6 +29,7 @@
 #include "memory/step_program.h"
 #include "parallax/auto.h"
 #include "parallax/pipeline.h"
+#include "parallax/plan.h"
 #include "parallax/runtime.h"
 #include "parallax/spmd.h"
 #include "parallax/train.h"
@@ -87,6 +89,17 @@ struct PipelinedStep {
 PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                               const std::vector<TensorType>& batch_types, const TrainStepOptions& options,
                               const Cluster* cluster = nullptr, bool compile = true);
+
+// AUTO's pipelined candidates for base.mesh's devices (px::search_pipelines says which): every
+// stage count S > 1 dividing the devices that `stages_ok` accepts, each planned (nothing compiled)
+// and predicted on `cluster`; fastest first, those that fit (base.sharding.auto_memory_limit_bytes,
+// else the cluster's memory) before the rest; stops adding candidates after time_limit_s.
+std::vector<PipelineCandidate> pipeline_candidates(nn::ParamStore& store, const optim::Optimizer& opt,
+                                                   const TrainStep::LossFn& loss_fn,
+                                                   const std::vector<TensorType>& batch_types,
+                                                   const TrainStepOptions& base, const Cluster& cluster,
+                                                   const std::function<bool(int64_t)>& stages_ok,
+                                                   double time_limit_s);
 
 // What the staged step plans: stages, memory per device, messages and, when planned for a cluster,
 // the predicted step time and bubble.

@@ -36,6 +36,21 @@ SetupOf setup_of(const nn::LmConfig& cfg_in, const StepSetup& setup, const char*
   return r;
 }
 
+// What a StepSetup asks of a pipelined step on `mesh`.
+TrainStepOptions pipelined_options(const Mesh& mesh, ShardingStrategy strategy, const StepSetup& setup,
+                                   const PipelineOptions& pipeline) {
+  TrainStepOptions o;
+  o.mesh = mesh;
+  o.strategy = strategy;
+  o.sharding = setup.sharding;
+  o.clip_norm = setup.clip_norm;
+  o.microbatches = setup.microbatches;
+  o.remat = setup.remat;
+  o.compile.compute_dtype = setup.compute_dtype;
+  o.pipeline = pipeline;
+  return o;
+}
+
 }  // namespace
 
 std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg_in, const Mesh& mesh, const Cluster& cluster,
@@ -126,45 +141,16 @@ std::string PipelineCandidate::settings() const {
       pipeline.balance ? " --set sharding.balance_stages=true" : "");
 }
 
-std::vector<PipelineCandidate> search_pipelines(const nn::LmConfig& cfg, int64_t devices, const Cluster& cluster,
+std::vector<PipelineCandidate> search_pipelines(const nn::LmConfig& cfg_in, int64_t devices, const Cluster& cluster,
                                                 const StepSetup& setup, double time_limit_s) {
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<PipelineCandidate> out;
-  for (int64_t S = 2; S <= devices && S <= cfg.n_layers; ++S) {
-    if (devices % S != 0 || cfg.n_layers % S != 0) continue;
-    const int64_t rest = devices / S;
-    const Mesh mesh = cluster.apply(rest > 1 ? Mesh({{"stage", S}, {"data", rest}}) : Mesh({{"stage", S}}));
-    const int64_t capacity = cluster.device_on(mesh).memory_bytes;
-    for (ShardingStrategy strategy : {ShardingStrategy::DDP, ShardingStrategy::FSDP}) {
-      if (rest == 1 && strategy == ShardingStrategy::FSDP) continue;
-      for (pipeline::Kind kind : {pipeline::Kind::one_f_one_b, pipeline::Kind::zero_bubble})
-        for (int64_t M : {2 * S, 4 * S}) {
-          if (setup.batch % rest != 0 || (setup.batch / rest) % M != 0) continue;
-          if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > time_limit_s) break;
-          PipelineCandidate c;
-          c.mesh = mesh;
-          c.strategy = strategy;
-          c.pipeline.schedule = kind;
-          c.pipeline.balance = true;
-          c.microbatches = static_cast<int>(M);
-          StepSetup s = setup;
-          s.microbatches = c.microbatches;
-          try {
-            c.report = plan_pipeline(cfg, mesh, strategy, s, c.pipeline, &cluster);
-          } catch (const UserError&) {
-            continue;  // the recipe or the split does not apply to this shape
-          }
-          c.fits = true;
-          for (int d = 0; d < c.report.schedule.devices; ++d) c.fits = c.fits && c.report.planned_peak(d) <= capacity;
-          out.push_back(std::move(c));
-        }
-    }
-  }
-  std::stable_sort(out.begin(), out.end(), [](const PipelineCandidate& a, const PipelineCandidate& b) {
-    if (a.fits != b.fits) return a.fits;
-    return a.report.predicted_step_s < b.report.predicted_step_s;
-  });
-  return out;
+  const auto [cfg, opt, batch_types] = setup_of(cfg_in, setup, "search_pipelines");
+  nn::TransformerLm model(cfg);  // declares params (types and paths); allocates none
+  TrainStep::LossFn loss = [&](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); };
+  const int64_t layers = cfg.n_layers;
+  return detail::pipeline_candidates(model.store(), *opt, loss, batch_types,
+                                     pipelined_options(Mesh({{"data", devices}}), ShardingStrategy::DDP, setup, {}),
+                                     cluster, [&](int64_t S) { return S <= layers && layers % S == 0; },
+                                     time_limit_s);
 }
 
 PipelineReport plan_pipeline(const nn::LmConfig& cfg_in, const Mesh& mesh, ShardingStrategy strategy,
@@ -172,16 +158,9 @@ PipelineReport plan_pipeline(const nn::LmConfig& cfg_in, const Mesh& mesh, Shard
   const auto [cfg, opt, batch_types] = setup_of(cfg_in, setup, "plan_pipeline");
   nn::TransformerLm model(cfg);  // declares params (types and paths); allocates none
   TrainStep::LossFn loss = [&](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); };
-  TrainStepOptions o;
-  o.mesh = mesh;
-  o.strategy = strategy;
-  o.sharding = setup.sharding;
-  o.clip_norm = setup.clip_norm;
-  o.microbatches = setup.microbatches;
-  o.remat = setup.remat;
-  o.compile.compute_dtype = setup.compute_dtype;
-  o.pipeline = pipeline;
-  detail::PipelinedStep p = detail::build_pipelined(model.store(), *opt, loss, batch_types, o, cluster, /*compile=*/false);
+  detail::PipelinedStep p = detail::build_pipelined(model.store(), *opt, loss, batch_types,
+                                                    pipelined_options(mesh, strategy, setup, pipeline), cluster,
+                                                    /*compile=*/false);
   return detail::pipeline_report(p.staged);
 }
 
