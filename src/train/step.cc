@@ -136,6 +136,7 @@ StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch)
       throw Error("[TrainStep] batch array " + std::to_string(i) + " has type " + type_str(batch[i].type()) +
                   ", the step was traced for " + type_str(batch_types_[i]));
   check_indices(c_.index_uses, c_.n_params + c_.n_state, batch);
+  if (c_.pipeline) return run_pipelined(state, batch);  // its state stays where it is, never donated
   // Params and state live where the step keeps them (offload: pinned_host); moved there once.
   size_t k = 0;
   for (auto* group : {&state.params, &state.opt_state})
@@ -153,7 +154,6 @@ StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch)
       for (const Array& sh : a.shards()) sole = sole && sh.sole_owner();
       donate.push_back(sole);
     }
-  if (c_.pipeline) return run_pipelined(state, batch);
   std::vector<ShardedArray> in;
   in.reserve(c_.n_params + c_.n_state + batch.size() + 1);
   for (auto& p : state.params) in.push_back(p);
