@@ -190,9 +190,9 @@ std::optional<TrainStepOptions> faster_pipeline(nn::ParamStore& store, const opt
                                                 const std::vector<TensorType>& batch_types,
                                                 const TrainStepOptions& options, double flat_s, std::string& why) {
   const Cluster cluster = load_cluster(options.sharding.auto_cluster);
-  const std::vector<PipelineCandidate> candidates =
-      pipeline_candidates(store, opt, loss_fn, batch_types, options, cluster, [](int64_t) { return true; },
-                          std::numeric_limits<double>::infinity());
+  const std::vector<PipelineCandidate> candidates = pipeline_candidates(
+      store, opt, loss_fn, batch_types, options, cluster, [](int64_t) { return true; },
+      std::numeric_limits<double>::infinity());
   if (candidates.empty() || !candidates[0].fits || !(candidates[0].report.predicted_step_s < flat_s)) return {};
   const PipelineCandidate& c = candidates[0];
   why = fmt::format(
@@ -261,8 +261,8 @@ PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt
           i, type_str(batch_types[i]), shards, shards * M));
   check_rows_per_device(plan, batch_types, M);  // each device's microbatches are made of its own rows
 
-  StepProgram p = trace_train_step(store, opt, loss_fn, micro_types, options.clip_norm, "TrainStep",
-                                   options.skip_nonfinite, 1);
+  StepProgram p =
+      trace_train_step(store, opt, loss_fn, micro_types, options.clip_norm, "TrainStep", options.skip_nonfinite, 1);
   p = remat_step(std::move(p), options.remat);
   dump_pass("remat", [&] { return p.graph->to_string(); });
   PipelinedStep r;
@@ -276,7 +276,8 @@ PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt
     for (size_t st = 0; st < r.staged.stage_layers.size(); ++st)
       for (const std::string& l : r.staged.stage_layers[st])
         if (l == memory_pass::layer_of(pp.path))
-          pp.reason = fmt::format("stage {} (device group {}), {}", st, schedule.device_of(static_cast<int>(st)), pp.reason);
+          pp.reason =
+              fmt::format("stage {} (device group {}), {}", st, schedule.device_of(static_cast<int>(st)), pp.reason);
   return r;
 }
 
@@ -284,47 +285,65 @@ std::vector<PipelineCandidate> pipeline_candidates(nn::ParamStore& store, const 
                                                    const TrainStep::LossFn& loss_fn,
                                                    const std::vector<TensorType>& batch_types,
                                                    const TrainStepOptions& base, const Cluster& cluster,
-                                                   const std::function<bool(int64_t)>& stages_ok,
-                                                   double time_limit_s) {
+                                                   const std::function<bool(int64_t)>& stages_ok, double time_limit_s) {
   DumpCandidates quiet;
   const auto t0 = std::chrono::steady_clock::now();
   const Mesh& mesh = *base.mesh;
   const int64_t n = mesh.size();
   const int64_t rows = !batch_types.empty() && batch_types[0].rank() > 0 ? batch_types[0].shape[0] : 0;
+  // What the params, their gradient sums and the optimizer state take: a device holds at least its
+  // share of them (1 / S of the layers, split over the devices its recipe splits them over), so
+  // a candidate over the memory on that alone is not planned.
+  int64_t state_bytes = 0;
+  const std::vector<TensorType> types = store.types();
+  for (const TensorType& t : types) state_bytes += 2 * t.nbytes();
+  for (const optim::StateSlot& slot : opt.state_slots(types)) state_bytes += slot.type.nbytes();
   std::vector<PipelineCandidate> out;
   for (int64_t S = 2; S <= n; ++S) {
     if (n % S != 0 || !stages_ok(S)) continue;
     const int64_t rest = n / S;
-    const Mesh m = cluster.apply(rest > 1 ? Mesh({{"stage", S}, {"data", rest}}, mesh.device_ids(), mesh.platform())
-                                          : Mesh({{"stage", S}}, mesh.device_ids(), mesh.platform()));
-    const int64_t capacity = base.sharding.auto_memory_limit_bytes > 0 ? base.sharding.auto_memory_limit_bytes
+    // Inside a stage: its devices over `data` (DDP, FSDP), or tensor parallel over a node's
+    // devices (`model`, TP or FSDP_TP) and the rest over `data`.
+    std::vector<int64_t> tensor_parallel = {1};
+    if (cluster.devices_per_node > 1 && rest % cluster.devices_per_node == 0)
+      tensor_parallel.push_back(cluster.devices_per_node);
+    for (int64_t t : tensor_parallel) {
+      std::vector<MeshAxis> axes = {{"stage", S}};
+      if (rest / t > 1) axes.push_back({"data", rest / t});
+      if (t > 1) axes.push_back({"model", t});
+      const Mesh m = cluster.apply(Mesh(axes, mesh.device_ids(), mesh.platform()));
+      const int64_t capacity = base.sharding.auto_memory_limit_bytes > 0 ? base.sharding.auto_memory_limit_bytes
                                                                          : cluster.device_on(m).memory_bytes;
-    for (ShardingStrategy strategy : {ShardingStrategy::DDP, ShardingStrategy::FSDP}) {
-      if (rest == 1 && strategy == ShardingStrategy::FSDP) continue;
-      for (pipeline::Kind kind : {pipeline::Kind::one_f_one_b, pipeline::Kind::zero_bubble})
-        for (int64_t M : {2 * S, 4 * S}) {
-          if (rows % rest != 0 || (rows / rest) % M != 0) continue;
-          if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > time_limit_s) break;
-          PipelineCandidate c;
-          c.mesh = m;
-          c.strategy = strategy;
-          c.pipeline.schedule = kind;
-          c.pipeline.balance = true;
-          c.microbatches = static_cast<int>(M);
-          TrainStepOptions o = base;
-          o.mesh = m;
-          o.strategy = strategy;
-          o.microbatches = c.microbatches;
-          o.pipeline = c.pipeline;
-          try {
-            c.report = pipeline_report(build_pipelined(store, opt, loss_fn, batch_types, o, &cluster, false).staged);
-          } catch (const UserError&) {
-            continue;  // a split, microbatch count or recipe that does not apply
+      const int64_t dp = rest / t;  // devices the batch splits over
+      for (ShardingStrategy strategy : t > 1 ? std::vector{ShardingStrategy::TP, ShardingStrategy::FSDP_TP}
+                                             : std::vector{ShardingStrategy::DDP, ShardingStrategy::FSDP}) {
+        const bool fsdp = strategy == ShardingStrategy::FSDP || strategy == ShardingStrategy::FSDP_TP;
+        if ((dp == 1 && fsdp) || state_bytes / (S * (fsdp ? rest : t)) > capacity) continue;
+        for (pipeline::Kind kind : {pipeline::Kind::one_f_one_b, pipeline::Kind::zero_bubble})
+          for (int64_t M : {2 * S, 4 * S}) {
+            if (rows % dp != 0 || (rows / dp) % M != 0) continue;
+            if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > time_limit_s) break;
+            PipelineCandidate c;
+            c.mesh = m;
+            c.strategy = strategy;
+            c.pipeline.schedule = kind;
+            c.pipeline.balance = true;
+            c.microbatches = static_cast<int>(M);
+            TrainStepOptions o = base;
+            o.mesh = m;
+            o.strategy = strategy;
+            o.microbatches = c.microbatches;
+            o.pipeline = c.pipeline;
+            try {
+              c.report = pipeline_report(build_pipelined(store, opt, loss_fn, batch_types, o, &cluster, false).staged);
+            } catch (const UserError&) {
+              continue;  // a split, microbatch count or recipe that does not apply
+            }
+            c.fits = true;
+            for (int d = 0; d < c.report.schedule.devices; ++d) c.fits = c.fits && c.report.planned_peak(d) <= capacity;
+            out.push_back(std::move(c));
           }
-          c.fits = true;
-          for (int d = 0; d < c.report.schedule.devices; ++d) c.fits = c.fits && c.report.planned_peak(d) <= capacity;
-          out.push_back(std::move(c));
-        }
+      }
     }
   }
   std::stable_sort(out.begin(), out.end(), [](const PipelineCandidate& a, const PipelineCandidate& b) {
@@ -343,9 +362,10 @@ DecidedStep decide_step(nn::ParamStore& store, const optim::Optimizer& opt, cons
                         const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
   const Mesh mesh = options.mesh ? *options.mesh : Mesh();
   if (options.mesh && pipeline::has_stage_axis(*options.mesh))
-    throw UserError("[plan] a mesh with a `stage` axis is planned when its step is built (TrainStep: pipeline_report(); "
-                    "pax: train with PX_PROFILE=1 writes it to profile.txt); the plan of shardings covers meshes "
-                    "without one");
+    throw UserError(
+        "[plan] a mesh with a `stage` axis is planned when its step is built (TrainStep: pipeline_report(); "
+        "pax: train with PX_PROFILE=1 writes it to profile.txt); the plan of shardings covers meshes "
+        "without one");
   const bool one_device = !options.mesh;
   const bool auto_plan = !one_device && options.strategy == ShardingStrategy::AUTO;
   const bool remat_auto = options.remat.policy == RematPolicy::automatic;
@@ -354,8 +374,8 @@ DecidedStep decide_step(nn::ParamStore& store, const optim::Optimizer& opt, cons
 
   // 1. Trace and differentiate.
   DecidedStep d;
-  d.program = trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "TrainStep",
-                               options.skip_nonfinite, options.microbatches);
+  d.program = trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "TrainStep", options.skip_nonfinite,
+                               options.microbatches);
 
   // 2-3. Remat and the sharding decision. A recipe's plan needs only the forward program, so it
   // comes first and remat `auto` measures each candidate under it. AUTO plans the whole step, so
@@ -399,7 +419,8 @@ DecidedStep decide_step(nn::ParamStore& store, const optim::Optimizer& opt, cons
 CompiledStep compile_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                           const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
   DumpProgram dump("train_step");
-  if (options.mesh && pipeline::has_stage_axis(*options.mesh)) return compile_pipelined(store, opt, loss_fn, batch_types, options);
+  if (options.mesh && pipeline::has_stage_axis(*options.mesh))
+    return compile_pipelined(store, opt, loss_fn, batch_types, options);
   // 1-3. Trace, remat, decide. AUTO may pipeline the mesh's devices instead (auto_pipeline).
   const bool try_pipeline = options.mesh && options.strategy == ShardingStrategy::AUTO &&
                             options.sharding.auto_pipeline && options.mesh->num_processes() == 1;
@@ -414,7 +435,8 @@ CompiledStep compile_step(nn::ParamStore& store, const optim::Optimizer& opt, co
   if (try_pipeline) {
     std::string why;
     const double flat_s = flat_error ? std::numeric_limits<double>::infinity() : d.plan.predicted_step_s;
-    if (std::optional<TrainStepOptions> piped = faster_pipeline(store, opt, loss_fn, batch_types, options, flat_s, why)) {
+    if (std::optional<TrainStepOptions> piped =
+            faster_pipeline(store, opt, loss_fn, batch_types, options, flat_s, why)) {
       CompiledStep c = compile_pipelined(store, opt, loss_fn, batch_types, *piped);
       c.plan.explanation = why + (flat_error ? "" : d.plan.explanation);
       return c;
@@ -459,7 +481,8 @@ CompiledStep compile_step(nn::ParamStore& store, const optim::Optimizer& opt, co
   c.graph = std::move(d.program.graph);
   c.exe = ShardedExecutable::compile(std::move(l.local), l.compile, options.sharding.device_parallelism,
                                      options.sharding.communicator);
-  for (size_t i = 0; i < c.graph->inputs().size(); ++i) c.in_shardings.push_back(c.exe->in_sharding(static_cast<int>(i)));
+  for (size_t i = 0; i < c.graph->inputs().size(); ++i)
+    c.in_shardings.push_back(c.exe->in_sharding(static_cast<int>(i)));
   c.process = c.exe->process();
   return c;
 }

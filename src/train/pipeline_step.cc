@@ -5,10 +5,10 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <algorithm>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -72,8 +72,9 @@ std::string PipelineReport::chrome_trace() const {
   bool first = true;
   for (size_t d = 0; d < timeline.size(); ++d) {
     os << (first ? "" : ",")
-       << fmt::format("{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":{},\"args\":{{\"name\":\"device {}\"}}}}",
-                      d, d);
+       << fmt::format(
+              "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":{},\"args\":{{\"name\":\"device {}\"}}}}", d,
+              d);
     first = false;
     for (const Span& s : timeline[d])
       os << fmt::format(",{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":0,\"tid\":{},\"ts\":{:.3f},\"dur\":{:.3f}}}", s.name,
@@ -92,10 +93,7 @@ bool has_stage_axis(const Mesh& mesh) {
 }
 
 std::string action_name(const Action& a, bool with_stage) {
-  const char* letter = a.op == Op::forward          ? "F"
-                       : a.op == Op::backward       ? "B"
-                       : a.op == Op::backward_input ? "I"
-                                                    : "W";
+  const char* letter = a.op == Op::forward ? "F" : a.op == Op::backward ? "B" : a.op == Op::backward_input ? "I" : "W";
   return fmt::format("{}{}{}", letter, a.microbatch, with_stage ? fmt::format(".s{}", a.stage) : "");
 }
 
@@ -130,17 +128,21 @@ Array microbatch_rows(const Array& x, int shards, int k, int m) {
 // stage's last backward part of a microbatch) the gradient sums.
 int program_of(const StagedStep& s, const pipeline::Action& a) {
   switch (a.op) {
-    case pipeline::Op::forward: return s.forward[a.stage];
-    case pipeline::Op::backward: return s.backward[a.stage];
-    case pipeline::Op::backward_input: return s.backward_input[a.stage];
-    case pipeline::Op::backward_weight: return s.backward_weight[a.stage];
+    case pipeline::Op::forward:
+      return s.forward[a.stage];
+    case pipeline::Op::backward:
+      return s.backward[a.stage];
+    case pipeline::Op::backward_input:
+      return s.backward_input[a.stage];
+    case pipeline::Op::backward_weight:
+      return s.backward_weight[a.stage];
   }
   return -1;
 }
 
 bool ends_backward(const StagedStep& s, const pipeline::Action& a) {
-  return a.op == (s.schedule.kind == pipeline::Kind::zero_bubble ? pipeline::Op::backward_weight
-                                                                   : pipeline::Op::backward);
+  return a.op ==
+         (s.schedule.kind == pipeline::Kind::zero_bubble ? pipeline::Op::backward_weight : pipeline::Op::backward);
 }
 
 }  // namespace
@@ -156,7 +158,8 @@ Readers readers_of(const StagedStep& s) {
   r.micro_remote.resize(nv);
   r.step_remote.resize(nv);
   for (const StageProgram& p : s.programs) {
-    if (p.part == StagePart::accumulate || p.part == StagePart::mean) continue;
+    // The gradient sums' programs read the sums, not a microbatch's values.
+    if (p.part == StagePart::accumulate || p.part == StagePart::mean || p.part == StagePart::reduce) continue;
     const int d = s.schedule.device_of(p.stage);
     auto& counts = p.part == StagePart::update ? r.step[d] : r.micro[d];
     for (int v : p.inputs)
@@ -255,7 +258,8 @@ PipelineReport pipeline_report(const StagedStep& s) {
     const int64_t n = static_cast<int64_t>(M * r.micro_remote[v].size() + r.step_remote[v].size());
     rep.messages += static_cast<int>(n) * G;
     rep.message_bytes += s.device_bytes[v] * G * n;
-    if (s.stage_of_value[v] >= 0) sent[s.stage_of_value[v]] += s.device_bytes[v] * static_cast<int64_t>(r.micro_remote[v].size());
+    if (s.stage_of_value[v] >= 0)
+      sent[s.stage_of_value[v]] += s.device_bytes[v] * static_cast<int64_t>(r.micro_remote[v].size());
   }
   // The prediction: each stage's programs timed by the cost model, played in the schedule's order.
   if (s.stage_link) {
@@ -264,7 +268,8 @@ PipelineReport pipeline_report(const StagedStep& s) {
     for (int st = 0; st < S; ++st) {
       pipeline::Costs& c = costs[st];
       c.forward = secs(s.forward, st);
-      c.backward_input = s.schedule.kind == pipeline::Kind::zero_bubble ? secs(s.backward_input, st) : secs(s.backward, st);
+      c.backward_input =
+          s.schedule.kind == pipeline::Kind::zero_bubble ? secs(s.backward_input, st) : secs(s.backward, st);
       c.backward_weight = s.schedule.kind == pipeline::Kind::zero_bubble ? secs(s.backward_weight, st) : 0.0;
       c.message = sent[st] > 0 ? collective_seconds(CollectiveKind::permute, 2, sent[st], *s.stage_link) : 0.0;
     }
@@ -281,7 +286,10 @@ PipelineReport pipeline_report(const StagedStep& s) {
 }
 
 PipelineRunner::PipelineRunner(StagedStep s)
-    : s_(std::move(s)), report_(pipeline_report(s_)), readers_(readers_of(s_)), is_output_(s_.graph->values().size(), 0) {
+    : s_(std::move(s)),
+      report_(pipeline_report(s_)),
+      readers_(readers_of(s_)),
+      is_output_(s_.graph->values().size(), 0) {
   for (int v : s_.graph->outputs()) is_output_[v] = 1;
 }
 
@@ -301,8 +309,8 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
   auto input_array = [&](int v, int m, const ShardedExecutable& exe, int i) {
     const size_t at = static_cast<size_t>(g.values()[v].output_index);
     const Array& whole = at >= n_state && at < n_state + s.n_batch ? micro.at(std::max(m, 0))[at - n_state]
-                         : at < n_state                             ? state[at]
-                                                                    : state.back();
+                         : at < n_state                            ? state[at]
+                                                                   : state.back();
     const Sharding& sh = exe.in_sharding(i);
     if (!sh.is_fully_replicated()) return shard(whole, sh);
     return ShardedArray(g.type(v), sh, std::vector<Array>(static_cast<size_t>(sh.mesh.size()), whole));

@@ -3,6 +3,8 @@
 // TrainStep on the mesh would decide it.
 #include <fmt/format.h>
 
+#include <cctype>
+
 #include <algorithm>
 #include <chrono>
 
@@ -106,10 +108,10 @@ AutoPlan plan_auto(const nn::LmConfig& cfg_in, const Mesh& mesh_in, const Cluste
     TrainStep::LossFn loss = [&](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); };
     forwards.push_back(nn::trace_with_params(
         model.store(), [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{loss(b)}; }, batch_types));
-    auto program = std::make_shared<const StepProgram>(remat_step(
-        trace_train_step(model.store(), *opt, loss, batch_types, setup.clip_norm, "plan_auto", false,
-                         setup.microbatches),
-        setup.remat));
+    auto program = std::make_shared<const StepProgram>(
+        remat_step(trace_train_step(model.store(), *opt, loss, batch_types, setup.clip_norm, "plan_auto", false,
+                                    setup.microbatches),
+                   setup.remat));
     std::vector<TensorType> types = model.store().types();
     return autoshard::model_of(program, opt->state_slots(types), types, batch_types, cluster, setup.sharding, compile,
                                setup.offload);
@@ -133,11 +135,12 @@ AutoPlan plan_auto(const nn::LmConfig& cfg_in, const Mesh& mesh_in, const Cluste
 }
 
 std::string PipelineCandidate::settings() const {
-  std::string m;
+  std::string m, recipe = strategy_name(strategy);
   for (const MeshAxis& a : mesh.axes()) m += (m.empty() ? "" : ",") + a.name + ":" + std::to_string(a.size);
+  for (char& ch : recipe) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   return fmt::format(
       "--set sharding.mesh={} --set sharding.strategy={} --set sharding.schedule={} --set train.microbatches={}{}", m,
-      strategy == ShardingStrategy::FSDP ? "fsdp" : "ddp", pipeline::kind_name(pipeline.schedule), microbatches,
+      recipe, pipeline::kind_name(pipeline.schedule), microbatches,
       pipeline.balance ? " --set sharding.balance_stages=true" : "");
 }
 
@@ -147,10 +150,10 @@ std::vector<PipelineCandidate> search_pipelines(const nn::LmConfig& cfg_in, int6
   nn::TransformerLm model(cfg);  // declares params (types and paths); allocates none
   TrainStep::LossFn loss = [&](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); };
   const int64_t layers = cfg.n_layers;
-  return detail::pipeline_candidates(model.store(), *opt, loss, batch_types,
-                                     pipelined_options(Mesh({{"data", devices}}), ShardingStrategy::DDP, setup, {}),
-                                     cluster, [&](int64_t S) { return S <= layers && layers % S == 0; },
-                                     time_limit_s);
+  return detail::pipeline_candidates(
+      model.store(), *opt, loss, batch_types,
+      pipelined_options(Mesh({{"data", devices}}), ShardingStrategy::DDP, setup, {}), cluster,
+      [&](int64_t S) { return S <= layers && layers % S == 0; }, time_limit_s);
 }
 
 PipelineReport plan_pipeline(const nn::LmConfig& cfg_in, const Mesh& mesh, ShardingStrategy strategy,

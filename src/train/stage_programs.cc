@@ -10,9 +10,10 @@
 #include "core/dump.h"
 #include "ir/primitive.h"
 #include "memory/rewrite.h"
+#include "parallax/ops.h"
 #include "runtime/program.h"
 #include "sharding/groups.h"
-#include "parallax/ops.h"
+#include "sharding/recipes/step.h"
 #include "train/pipeline_step.h"
 
 namespace px::detail {
@@ -86,12 +87,12 @@ std::map<std::string, int> split_layers(const std::vector<std::string>& paths, i
 }
 
 // Per node: its stage. A forward node runs with the deepest layer it depends on; a backward node
-// with the latest stage that uses the forward values it reads (a stage's input belongs to the
-// stage reading it; params do not count: a tied embedding's gradient in the head belongs to the
-// head), an update node with the first stage of the params
-// and optimizer state it reads. Forward values flow to the same or later stages, backward values
-// to the same or earlier ones; a node none of this places (a constant, the batch's targets) runs
-// with its readers.
+// with the latest stage whose forward pass reads the forward values, params and batch it reads (a
+// stage's input belongs to the stage reading it; a tied embedding, read by the first and the last
+// stage, has its head's gradient on the last), but never later than the backward values it reads;
+// an update node with the first stage of the params and optimizer state it reads. Forward values flow to the same or
+// later stages, backward values to the same or earlier ones; a node none of this places (a constant, the batch's
+// targets) runs with its readers.
 std::vector<int> node_stages(const Graph& g, const std::vector<char>& phase, const std::map<std::string, int>& stage_of,
                              const std::vector<char>& live) {
   const auto& nodes = g.nodes();
@@ -111,6 +112,7 @@ std::vector<int> node_stages(const Graph& g, const std::vector<char>& phase, con
     for (int v : nodes[i].inputs) {
       const int q = producer(v);
       if (phase[i] == 2 && q < 0) s = lower(s, layer_stage(v));
+      if (phase[i] == 1 && q < 0 && used_until[v] != kUnset) s = std::max(s, used_until[v]);
       if (q < 0 || st[q] == kUnset) continue;
       if (phase[q] == 0 && phase[i] == 0) s = std::max(s, st[q]);
       if (phase[q] == 0 && phase[i] == 1) s = std::max(s, used_until[v]);
@@ -129,8 +131,7 @@ std::vector<int> node_stages(const Graph& g, const std::vector<char>& phase, con
     st[i] = s;
     if (phase[i] == 0 && s != kUnset) {
       for (int v : nodes[i].outputs) used_until[v] = std::max(used_until[v], s);
-      for (int v : nodes[i].inputs)
-        if (producer(v) >= 0) used_until[v] = std::max(used_until[v], s);
+      for (int v : nodes[i].inputs) used_until[v] = std::max(used_until[v], s);
     }
   }
   std::vector<std::vector<int>> readers(g.values().size());
@@ -152,20 +153,19 @@ std::vector<int> node_stages(const Graph& g, const std::vector<char>& phase, con
       const int q = producer(v);
       if (q < 0 || !live[i]) continue;
       if ((phase[i] == 0 && phase[q] == 0 && st[q] > st[i]) || (phase[i] == 1 && phase[q] == 1 && st[q] < st[i]))
-        throw InternalError(fmt::format("[pipeline] node {} ({}) on stage {} reads %{} of stage {} against the flow",
-                                        i, nodes[i].prim ? "op" : "?", st[i], v, st[q]));
+        throw InternalError(fmt::format("[pipeline] node {} ({}) on stage {} reads %{} of stage {} against the flow", i,
+                                        nodes[i].prim ? "op" : "?", st[i], v, st[q]));
     }
   return st;
 }
 
 std::unique_ptr<Graph> subgraph(const Graph& g, const std::vector<int>& nodes, const std::vector<int>& inputs,
-                                const std::vector<int>& outputs) {
+                                const std::vector<int>& outputs, std::vector<int>& id) {
   auto sub = std::make_unique<Graph>();
-  std::vector<int> id(g.values().size(), -1);
+  id.assign(g.values().size(), -1);
   for (int v : inputs) {
     const int p = g.values()[v].producer;
-    const std::string name =
-        p < 0 ? g.input_names()[g.values()[v].output_index] : fmt::format("%{}", v);
+    const std::string name = p < 0 ? g.input_names()[g.values()[v].output_index] : fmt::format("%{}", v);
     id[v] = sub->input(g.type(v), name).id();
   }
   for (int i : nodes) {
@@ -184,6 +184,40 @@ std::unique_ptr<Graph> subgraph(const Graph& g, const std::vector<int>& nodes, c
   sub->copy_facts(g, id);
   sub->verify();
   return sub;
+}
+
+// The decision for one stage program (`nodes` of `g`, `id` mapping g's values to the program's):
+// its inputs and outputs as given, and the constraints of the step's decision `whole` that fall on
+// its nodes: a value it computes laid out as required (gradients excepted: their layout is the
+// program's outputs'), a value read in a layout by its readers among these nodes.
+ShardingDecision program_decision(const ShardingDecision& whole, const Graph& g, const std::vector<int>& nodes,
+                                  const std::vector<int>& id, const std::set<int>& grads, const Mesh& group,
+                                  std::vector<Sharding> in, std::vector<std::optional<Sharding>> outs) {
+  ShardingDecision d;
+  d.mesh = group;
+  d.inputs = std::move(in);
+  d.outputs = std::move(outs);
+  std::vector<int> at(g.nodes().size(), -1);  // node of g -> its index in the program
+  for (size_t j = 0; j < nodes.size(); ++j) at[nodes[j]] = static_cast<int>(j);
+  for (const ValueConstraint& c : whole.constraints) {
+    const int v = id[c.value];
+    if (v < 0) continue;
+    if (c.readers_begin < 0) {
+      const int q = g.values()[c.value].producer;
+      if (q >= 0 && at[q] >= 0 && !grads.count(c.value)) d.constraints.push_back({v, c.spec, -1, -1, false});
+      continue;
+    }
+    int first = -1, last = -1;
+    for (int i = c.readers_begin; i < c.readers_end; ++i) {
+      if (at[i] < 0) continue;
+      const auto& ins = g.nodes()[i].inputs;
+      if (std::find(ins.begin(), ins.end(), c.value) == ins.end()) continue;
+      if (first < 0) first = at[i];
+      last = at[i];
+    }
+    if (first >= 0) d.constraints.push_back({v, c.spec, first, last + 1, c.regather});
+  }
+  return d;
 }
 
 // The split whose costliest stage costs least: each numbered layer's forward FLOPs (a forward value
@@ -247,14 +281,22 @@ std::vector<int> balanced_split(StepProgram& p, int stages) {
 
 const char* part_name(StagePart p) {
   switch (p) {
-    case StagePart::forward: return "forward";
-    case StagePart::backward: return "backward";
-    case StagePart::backward_input: return "backward_input";
-    case StagePart::backward_weight: return "backward_weight";
-    case StagePart::update: return "update";
-    case StagePart::accumulate: return "accumulate";
-    case StagePart::mean: return "mean";
-    case StagePart::reduce: return "reduce";
+    case StagePart::forward:
+      return "forward";
+    case StagePart::backward:
+      return "backward";
+    case StagePart::backward_input:
+      return "backward_input";
+    case StagePart::backward_weight:
+      return "backward_weight";
+    case StagePart::update:
+      return "update";
+    case StagePart::accumulate:
+      return "accumulate";
+    case StagePart::mean:
+      return "mean";
+    case StagePart::reduce:
+      return "reduce";
   }
   return "?";
 }
@@ -308,7 +350,9 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
     if (phase[i] != 1 || !live[i]) continue;
     bool input_part = false;
     for (int v : nodes[i].outputs) input_part = input_part || needed[v];
-    part[i] = !split_backward ? StagePart::backward : input_part ? StagePart::backward_input : StagePart::backward_weight;
+    part[i] = !split_backward ? StagePart::backward
+              : input_part    ? StagePart::backward_input
+                              : StagePart::backward_weight;
     if (input_part)
       for (int v : nodes[i].inputs) {
         const int q = g.values()[v].producer;
@@ -436,6 +480,13 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
   o.output_donors.clear();
   o.memory_limit_bytes = o.host_memory_limit_bytes = 0;
   o.one_forward_pass = false;
+  // The recipe's layouts inside the step (FSDP: a param gathered where it is read; activation
+  // rules), each program given those of its own nodes. The gradients are laid out by the outputs.
+  std::vector<TensorType> batch_types;
+  for (size_t i = 0; i < p.n_batch; ++i) batch_types.push_back(g.type(g.inputs()[n_io + i]));
+  const ShardingDecision whole = decide_train_step(p, plan, state_specs, batch_types, /*bucket_bytes=*/0);
+  std::set<int> grads(p.grads.begin(), p.grads.end());
+  for (const StepProgram::Microbatch& m : p.micro) grads.insert(m.grads.begin(), m.grads.end());
   std::vector<std::optional<PartitionSpec>> spec_of(g.values().size());
   std::vector<std::vector<std::string>> partial_of(g.values().size());
   std::vector<int> order, waiting(r.programs.size(), 0);
@@ -452,7 +503,8 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
   for (size_t i = 0; i < order.size(); ++i)
     for (int c : consumers[order[i]])
       if (--waiting[c] == 0) order.push_back(c);
-  if (order.size() != r.programs.size()) throw InternalError("[pipeline] the stage programs depend on each other in a cycle");
+  if (order.size() != r.programs.size())
+    throw InternalError("[pipeline] the stage programs depend on each other in a cycle");
   r.device_bytes.assign(g.values().size(), 0);
   // Compiled (or only planned) and timed on the cluster.
   auto finish = [&](StageProgram& sp, SpmdProgram prog, const Mesh& group) {
@@ -468,7 +520,8 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
   for (int k : order) {
     StageProgram& sp = r.programs[k];
     const Mesh& group = r.groups[schedule.device_of(sp.stage)];
-    std::unique_ptr<Graph> sub = subgraph(g, members[k], sp.inputs, sp.outputs);
+    std::vector<int> id;  // value of the traced step -> of the program
+    std::unique_ptr<Graph> sub = subgraph(g, members[k], sp.inputs, sp.outputs, id);
     const std::string name = fmt::format("stage{}.{}{}", sp.stage, part_name(sp.part),
                                          sp.part == StagePart::update ? fmt::format(".level{}", sp.level) : "");
     if (dumping()) dump += fmt::format("# {} on {}\n{}\n", name, group.to_string(), sub->to_string());
@@ -477,21 +530,21 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
       const ValueInfo& info = g.values()[v];
       in.emplace_back(group, info.producer >= 0 ? spec_of[v].value() : r.input_specs.at(info.output_index));
     }
-    PartitionOptions popt;
+    std::vector<std::optional<Sharding>> outs;
     for (int v : sp.outputs) {
       auto it = out_sharding.find(v);
-      popt.out_shardings.push_back(
-          it == out_sharding.end() ? std::nullopt
-                                   : std::optional<Sharding>(Sharding(group, it->second.spec, it->second.partial)));
+      outs.push_back(it == out_sharding.end()
+                         ? std::nullopt
+                         : std::optional<Sharding>(Sharding(group, it->second.spec, it->second.partial)));
     }
     DumpProgram scope("train_step." + name);
-    SpmdProgram prog = partition(*sub, group, in, popt);
+    SpmdProgram prog = partition(*sub, program_decision(whole, g, members[k], id, grads, group, in, outs));
     for (size_t i = 0; i < sp.outputs.size(); ++i) {
       spec_of[sp.outputs[i]] = prog.out_shardings[i].spec;
       partial_of[sp.outputs[i]] = prog.out_shardings[i].partial;
-      r.device_bytes[sp.outputs[i]] = TensorType{g.type(sp.outputs[i]).dtype,
-                                                 prog.out_shardings[i].local_shape(g.type(sp.outputs[i]).shape)}
-                                          .nbytes();
+      r.device_bytes[sp.outputs[i]] =
+          TensorType{g.type(sp.outputs[i]).dtype, prog.out_shardings[i].local_shape(g.type(sp.outputs[i]).shape)}
+              .nbytes();
     }
     finish(sp, std::move(prog), group);
   }
