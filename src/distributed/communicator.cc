@@ -41,6 +41,16 @@ std::string CollectiveStats::to_string() const {
   return os.str();
 }
 
+void Communicator::send(int to, int64_t, const void*, int64_t) {
+  throw Error("[" + name() + "] has no point-to-point messages (to process " + std::to_string(to) +
+              "): its positions are all in one process");
+}
+
+void Communicator::receive(int from, int64_t, void*, int64_t) {
+  throw Error("[" + name() + "] has no point-to-point messages (from process " + std::to_string(from) +
+              "): its positions are all in one process");
+}
+
 Communicator::Communicator(std::vector<int> local_positions, int64_t world_size)
     : local_(std::move(local_positions)), world_(world_size) {
   index_.assign(static_cast<size_t>(world_), -1);

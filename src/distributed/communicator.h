@@ -65,6 +65,17 @@ class Communicator {
                  const DeviceGroups& groups);
   virtual void barrier() = 0;
 
+  // Point-to-point messages between processes, for values whose time only the sender knows (a
+  // pipeline's activations and gradients between stages): send queues a copy of `bytes` bytes for
+  // process `to` and returns at once; receive blocks until the message `from` sent with the same
+  // tag is in `out` (it must be `bytes` long), and fails with a px::Error after timeout_s(). A tag
+  // names one message between two processes until it is received; messages of one tag between two
+  // processes arrive in the order sent. Unlike the collectives, any thread may call these, several
+  // at once. A communicator of one process has nobody to message: these throw.
+  virtual int process_index() const { return 0; }
+  virtual void send(int to, int64_t tag, const void* data, int64_t bytes);
+  virtual void receive(int from, int64_t tag, void* out, int64_t bytes);
+
   // Non-blocking forms: the schedule starts a collective, runs independent compute, then waits.
   // By default a call completes when it starts (the in-process communicator: its collectives are
   // memory copies on the same cores, so there is nothing to overlap); MPI and NCCL override these.

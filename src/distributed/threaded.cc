@@ -5,9 +5,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -77,9 +80,33 @@ class Rendezvous {
     set_broken(why);
   }
 
+  // Point-to-point: a mailbox of copies, keyed by (from, to, tag), each key a queue in send order.
+  void post(int from, int to, int64_t tag, const void* data, int64_t bytes) {
+    const auto* b = static_cast<const std::byte*>(data);
+    std::lock_guard<std::mutex> l(m_);
+    mail_[{from, to, tag}].emplace_back(b, b + bytes);
+    cv_.notify_all();
+  }
+  void take(int from, int to, int64_t tag, void* out, int64_t bytes) {
+    std::unique_lock<std::mutex> l(m_);
+    const std::tuple<int, int, int64_t> key{from, to, tag};
+    auto arrived = [&] { return broken_ || !mail_[key].empty(); };
+    if (!cv_.wait_for(l, std::chrono::duration<double>(timeout_), arrived))
+      set_broken(fmt::format("[threaded] process {} waited {} s for message {} from process {}; the sender stopped", to,
+                             timeout_, tag, from));
+    if (mail_[key].empty()) throw Error(why_);
+    std::vector<std::byte> m = std::move(mail_[key].front());
+    mail_[key].pop_front();
+    if (static_cast<int64_t>(m.size()) != bytes)
+      throw Error(fmt::format("[threaded] message {} from process {} has {} bytes; process {} expected {}", tag, from,
+                              m.size(), to, bytes));
+    if (bytes) std::memcpy(out, m.data(), static_cast<size_t>(bytes));
+  }
+
   // Before a new run: nobody is waiting, the barrier starts afresh.
   void reset() {
     std::lock_guard<std::mutex> l(m_);
+    mail_.clear();
     broken_ = false;
     why_.clear();
     arrived_ = 0;
@@ -105,6 +132,7 @@ class Rendezvous {
   uint64_t generation_ = 0;
   bool broken_ = false;
   std::string why_;
+  std::map<std::tuple<int, int, int64_t>, std::deque<std::vector<std::byte>>> mail_;
 };
 
 class ThreadedCommunicator final : public Communicator {
@@ -117,6 +145,15 @@ class ThreadedCommunicator final : public Communicator {
     return "threaded(process " + std::to_string(process_) + " of " + std::to_string(rv_->size()) + ")";
   }
   void restart() { seq_ = 0; }  // a new run: calls are numbered afresh on every process
+  int process_index() const override { return process_; }
+  void send(int to, int64_t tag, const void* data, int64_t bytes) override {
+    check_peer(to);
+    rv_->post(process_, to, tag, data, bytes);
+  }
+  void receive(int from, int64_t tag, void* out, int64_t bytes) override {
+    check_peer(from);
+    rv_->take(from, process_, tag, out, bytes);
+  }
   void barrier() override {
     if (rv_->size() == 1) return;
     Rendezvous::Call c{"barrier", 0, DType::f32, ++seq_, nullptr};
@@ -161,6 +198,12 @@ class ThreadedCommunicator final : public Communicator {
   }
 
  private:
+  void check_peer(int q) const {
+    if (q < 0 || q >= rv_->size() || q == process_)
+      throw Error(fmt::format("[threaded] process {} cannot message process {} (processes 0..{})", process_, q,
+                              rv_->size() - 1));
+  }
+
   // Whether any group has members in two processes. Every process decides the same (the groups
   // are the same everywhere), so they all meet, or none does.
   bool crosses(const DeviceGroups& groups) const {

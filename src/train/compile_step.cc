@@ -158,7 +158,7 @@ void check_rows_per_device(const ShardingPlan& plan, const std::vector<TensorTyp
   }
 }
 
-// A mesh with a `stage` axis: the pipeline's programs compiled, the state held whole in this process.
+// A mesh with a `stage` axis: the pipeline's programs compiled, the state held whole in each process.
 CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                                const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
   PipelinedStep b = build_pipelined(store, opt, loss_fn, batch_types, options);
@@ -170,7 +170,8 @@ CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& op
   c.index_uses = index_uses(*b.graph);
   c.in_shardings.assign(b.graph->inputs().size(), Sharding::replicated(Mesh()));
   c.graph = std::move(b.graph);
-  c.pipeline = std::make_unique<PipelineRunner>(std::move(b.staged));
+  c.pipeline = std::make_unique<PipelineRunner>(
+      std::move(b.staged), c.plan.mesh.num_processes() > 1 ? options.sharding.communicator : nullptr);
   const PipelineReport& r = c.pipeline->report();
   const int64_t limit = memory_limit(options, c.plan.mesh);
   for (int d = 0; d < r.schedule.devices; ++d)
@@ -221,10 +222,10 @@ PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt
     throw UserError(
         "[pipeline] AUTO does not plan a mesh with a `stage` axis: give the stage count and schedule yourself "
         "(a recipe inside the stages, TrainStepOptions::pipeline), or drop the `stage` axis and let AUTO shard");
-  if (mesh.num_processes() > 1)
+  if (mesh.num_processes() > 1 && !options.sharding.communicator)
     throw UserError("[pipeline] the mesh " + mesh.to_string() +
-                    " spans several processes: a pipelined step runs its stages in one process; use a mesh of one "
-                    "process");
+                    " spans several processes: give this process's communicator (ShardingOptions::communicator, "
+                    "e.g. px::process_world().communicator)");
   if (options.remat.policy == RematPolicy::automatic)
     throw UserError(
         "[pipeline] remat `auto` is not planned per stage: give a remat policy (e.g. full) for a pipelined step");

@@ -31,10 +31,13 @@ int64_t PipelineReport::measured_peak(int d) const {
 double PipelineReport::bubble_measured() const {
   if (timeline.empty() || schedule_s <= 0) return 0;
   double busy = 0;
-  for (const auto& dev : timeline)
+  int devices = 0;  // the devices timed here (over several processes: this process's)
+  for (const auto& dev : timeline) {
+    devices += !dev.empty();
     for (const Span& s : dev)
       if (s.name != "update") busy += s.end_s - s.begin_s;
-  return 1.0 - busy / (static_cast<double>(timeline.size()) * schedule_s);
+  }
+  return devices ? 1.0 - busy / (static_cast<double>(devices) * schedule_s) : 0;
 }
 
 double PipelineReport::bubble_theory() const {
@@ -285,12 +288,79 @@ PipelineReport pipeline_report(const StagedStep& s) {
   return rep;
 }
 
-PipelineRunner::PipelineRunner(StagedStep s)
+PipelineRunner::PipelineRunner(StagedStep s, Communicator* comm)
     : s_(std::move(s)),
       report_(pipeline_report(s_)),
       readers_(readers_of(s_)),
-      is_output_(s_.graph->values().size(), 0) {
-  for (int v : s_.graph->outputs()) is_output_[v] = 1;
+      is_output_(s_.graph->values().size(), 0),
+      comm_(comm) {
+  const Graph& g = *s_.graph;
+  for (int v : g.outputs()) is_output_[v] = 1;
+  if (s_.process_of_group.empty()) s_.process_of_group.assign(s_.groups.size(), 0);
+  processes_ = 1 + *std::max_element(s_.process_of_group.begin(), s_.process_of_group.end());
+  if (processes_ > 1 && !comm_)
+    throw InternalError("[pipeline] a pipeline over several processes needs this process's communicator");
+  process_ = comm_ ? comm_->process_index() : 0;
+  auto process_of = [&](int stage) { return s_.process_of_group[s_.schedule.device_of(stage)]; };
+  // The values another process reads, numbered for their message tags.
+  message_index_.assign(g.values().size(), -1);
+  int messages = 0;
+  for (size_t v = 0; v < g.values().size(); ++v) {
+    if (s_.stage_of_value[v] < 0) continue;
+    bool remote = false;
+    for (const auto* readers : {&readers_.micro_remote[v], &readers_.step_remote[v]})
+      for (int d : *readers) remote = remote || s_.process_of_group[d] != process_of(s_.stage_of_value[v]);
+    if (remote) message_index_[v] = messages++;
+  }
+  // Who updates each state input, and whose programs read it.
+  const size_t n_state = s_.n_params + s_.n_state;
+  state_owner_.assign(n_state, -1);
+  state_readers_.assign(n_state, {});
+  for (size_t j = 0; j < n_state && 3 + j < g.outputs().size(); ++j) {
+    const int v = g.outputs()[3 + j];
+    if (g.values()[v].producer >= 0) state_owner_[j] = process_of(s_.stage_of_value[v]);
+  }
+  for (const StageProgram& p : s_.programs)
+    for (int v : p.inputs) {
+      const ValueInfo& info = g.values()[v];
+      if (info.producer >= 0 || static_cast<size_t>(info.output_index) >= n_state) continue;
+      std::vector<int>& r = state_readers_[info.output_index];
+      if (std::find(r.begin(), r.end(), process_of(p.stage)) == r.end()) r.push_back(process_of(p.stage));
+    }
+}
+
+// Tags: a message of value v for microbatch m (-1: the step's) to group `to`, one per shard; then
+// the step's outputs; then current_state's arrays.
+int64_t PipelineRunner::message_tag(int v, int m, int to, int shard) const {
+  const int64_t M = s_.schedule.microbatches, D = s_.schedule.devices, G = s_.groups[0].size();
+  return ((static_cast<int64_t>(message_index_.at(v)) * (M + 1) + (m + 1)) * D + to) * G + shard;
+}
+
+namespace {
+int64_t first_free_tag(const std::vector<int>& message_index, const pipeline::Schedule& sc, int64_t group_size) {
+  const int64_t n = 1 + *std::max_element(message_index.begin(), message_index.end());
+  return n * (sc.microbatches + 1) * sc.devices * group_size;
+}
+}  // namespace
+
+std::vector<Array> PipelineRunner::current_state(const std::vector<Array>& state) const {
+  if (processes_ == 1) return state;
+  const int64_t base = first_free_tag(message_index_, s_.schedule, s_.groups[0].size()) +
+                       static_cast<int64_t>(s_.graph->outputs().size());
+  std::vector<Array> out = state;
+  for (size_t j = 0; j < state_owner_.size() && j < state.size(); ++j) {
+    const int owner = state_owner_[j];
+    if (owner < 0) continue;
+    if (owner == process_) {
+      for (int q = 0; q < processes_; ++q)
+        if (q != process_) comm_->send(q, base + static_cast<int64_t>(j), state[j].raw(), state[j].nbytes());
+    } else {
+      Array a(state[j].dtype(), state[j].shape());
+      comm_->receive(owner, base + static_cast<int64_t>(j), a.raw(), a.nbytes());
+      out[j] = std::move(a);
+    }
+  }
+  return out;
 }
 
 std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const std::vector<Array>& batch) {
@@ -324,11 +394,28 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
   bool failed = false;
   std::exception_ptr failure;
   auto send = [&](int v, int m, int to, const ShardedArray& a) {
+    if (s.process_of_group[to] != process_) {
+      for (size_t i = 0; i < a.shards().size(); ++i)
+        comm_->send(s.process_of_group[to], message_tag(v, m, to, static_cast<int>(i)), a.shards()[i].raw(),
+                    a.shards()[i].nbytes());
+      return;
+    }
     std::lock_guard<std::mutex> lock(mu);
     box[{v, m, to}] = a;
     cv.notify_all();
   };
   auto receive = [&](int v, int m, int at) {
+    const int from = s.process_of_group[s.schedule.device_of(s.stage_of_value[v])];
+    if (from != process_) {  // from another process: its shards, laid out as its group holds them
+      const Sharding sh(s.groups[at], s.value_spec[v]);
+      const TensorType local{g.type(v).dtype, sh.local_shape(g.type(v).shape)};
+      std::vector<Array> shards;
+      for (int i = 0; i < sh.mesh.size(); ++i) {
+        shards.emplace_back(local.dtype, local.shape);
+        comm_->receive(from, message_tag(v, m, at, i), shards.back().raw(), shards.back().nbytes());
+      }
+      return ShardedArray(g.type(v), sh, std::move(shards));
+    }
     std::unique_lock<std::mutex> lock(mu);
     const auto key = std::make_tuple(v, m, at);
     cv.wait(lock, [&] { return failed || box.count(key); });
@@ -342,15 +429,20 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
   std::vector<int64_t> held_peak(D, 0);
   const auto t0 = Clock::now();
   auto since = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  // One thread per device group of this process.
+  std::vector<int> mine;
+  for (int d = 0; d < D; ++d)
+    if (s.process_of_group[d] == process_) mine.push_back(d);
+  const int L = static_cast<int>(mine.size());
   int team = 0;
-#pragma omp parallel num_threads(D)
+#pragma omp parallel num_threads(L)
   {
-    const int d = omp_get_thread_num();
+    const int d = mine[omp_get_thread_num()];
 #pragma omp single
     team = omp_get_num_threads();
     try {
-      if (team != D)
-        throw Error(fmt::format("[pipeline] the step needs one thread per device group ({}), OpenMP gave {}", D, team));
+      if (team != L)
+        throw Error(fmt::format("[pipeline] the step needs one thread per device group ({}), OpenMP gave {}", L, team));
       const Mesh& group = s.groups[d];
       // What this group holds: (value, microbatch) -> arrays and readers left; -1: the update's.
       struct Held {
@@ -487,16 +579,39 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
       if (sp.name != "update") first = std::min(first, sp.begin_s), last = std::max(last, sp.end_s);
   report_.schedule_s = last > first ? last - first : 0;
 
+  // The step's outputs. Over several processes: the loss, gradient norm and learning rate from
+  // where they are computed to every process; a new state array to the processes reading it; the
+  // other state arrays updated elsewhere stay as they were here (current_state fetches them).
+  const int64_t out_tag = processes_ > 1 ? first_free_tag(message_index_, s.schedule, s.groups[0].size()) : 0;
   std::vector<Array> out;
-  for (int v : g.outputs()) {
+  for (size_t o = 0; o < g.outputs().size(); ++o) {
+    const int v = g.outputs()[o];
     if (g.values()[v].producer < 0) {
       const size_t at = static_cast<size_t>(g.values()[v].output_index);
       out.push_back(at < n_state ? state[at] : state.back());
       continue;
     }
+    const int owner = s.process_of_group[s.schedule.device_of(s.stage_of_value[v])];
+    std::vector<int> to;  // the other processes needing it
+    if (o < 3)
+      for (int q = 0; q < processes_; ++q) to.push_back(q);
+    else
+      to = state_readers_.at(o - 3);
+    to.erase(std::remove(to.begin(), to.end(), owner), to.end());
+    if (owner != process_) {
+      if (std::find(to.begin(), to.end(), process_) == to.end()) {
+        out.push_back(state.at(o - 3));  // updated by its owner: this copy is not current
+        continue;
+      }
+      Array a(g.type(v).dtype, g.type(v).shape);
+      comm_->receive(owner, out_tag + static_cast<int64_t>(o), a.raw(), a.nbytes());
+      out.push_back(std::move(a));
+      continue;
+    }
     auto it = results.find(v);
     if (it == results.end()) throw InternalError(fmt::format("[pipeline] output %{} was not computed", v));
     out.push_back(it->second.sharding().is_fully_replicated() ? it->second.shards().at(0) : gather(it->second));
+    for (int q : to) comm_->send(q, out_tag + static_cast<int64_t>(o), out.back().raw(), out.back().nbytes());
   }
   return out;
 }

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "distributed/communicator.h"
 #include "memory/step_program.h"
 #include "parallax/auto.h"
 #include "parallax/pipeline.h"
@@ -42,8 +43,8 @@ enum class StagePart { forward, backward, backward_input, backward_weight, updat
 struct StageProgram {
   StagePart part = StagePart::forward;
   int stage = 0;
-  int level = 0;                     // update: programs of a level read other stages' earlier levels
-  std::vector<int> inputs, outputs;  // value ids of the traced step, in the program's order
+  int level = 0;                           // update: programs of a level read other stages' earlier levels
+  std::vector<int> inputs, outputs;        // value ids of the traced step, in the program's order
   std::unique_ptr<ShardedExecutable> exe;  // over the stage's device group (null when only planned)
   std::unique_ptr<Executable> local;       // accumulate and mean: run on each device's copy
   int64_t arena_bytes = 0;                 // working memory per device, planned
@@ -54,16 +55,18 @@ struct StagedStep {
   std::unique_ptr<Graph> graph;  // the traced step of one microbatch (after remat)
   size_t n_params = 0, n_state = 0, n_batch = 0;
   pipeline::Schedule schedule;
-  std::vector<Mesh> groups;  // per pipeline device: its devices, over the mesh's other axes
-  int batch_shards = 1;      // the batch's rows are split this many ways in a group
+  std::vector<Mesh> groups;           // per pipeline device: its devices, over the mesh's other axes
+  std::vector<int> process_of_group;  // per pipeline device: the process running it (0 in one process)
+  int batch_shards = 1;               // the batch's rows are split this many ways in a group
   std::vector<std::vector<std::string>> stage_layers;
   std::vector<StageProgram> programs;
   // Per stage: the program index of each part (-1: none).
   std::vector<int> forward, backward, backward_input, backward_weight, accumulate, mean, reduce;
-  std::vector<int> updates;      // update programs by level, then stage
-  std::vector<int> accumulated;  // values summed over microbatches: the loss and each gradient
-  std::vector<int> stage_of_value;  // per value of the graph: the stage computing it (-1: input)
-  std::vector<int64_t> device_bytes;  // per value crossing programs: bytes on each device of its group
+  std::vector<int> updates;                // update programs by level, then stage
+  std::vector<int> accumulated;            // values summed over microbatches: the loss and each gradient
+  std::vector<int> stage_of_value;         // per value of the graph: the stage computing it (-1: input)
+  std::vector<int64_t> device_bytes;       // per value crossing programs: bytes on each device of its group
+  std::vector<PartitionSpec> value_spec;   // per value crossing programs: its layout on its group
   std::vector<PartitionSpec> input_specs;  // per graph input: params and state by the plan, the batch
   std::optional<Link> stage_link;          // planned for a cluster: the link messages cross
 };
@@ -98,8 +101,7 @@ std::vector<PipelineCandidate> pipeline_candidates(nn::ParamStore& store, const 
                                                    const TrainStep::LossFn& loss_fn,
                                                    const std::vector<TensorType>& batch_types,
                                                    const TrainStepOptions& base, const Cluster& cluster,
-                                                   const std::function<bool(int64_t)>& stages_ok,
-                                                   double time_limit_s);
+                                                   const std::function<bool(int64_t)>& stages_ok, double time_limit_s);
 
 // What the staged step plans: stages, memory per device, messages and, when planned for a cluster,
 // the predicted step time and bubble.
@@ -114,18 +116,37 @@ struct Readers {
 // Runs a staged step over whole arrays: state is params, optimizer state and the step counter
 // (i32), batch the whole batch (split into microbatches here). Returns the traced step's outputs:
 // loss, gradient norm, learning rate, new params, new state.
+//
+// Over several processes (`comm`: this process's communicator; each process holds whole device
+// groups) every process holds the whole state and runs its own groups; a message to a group of
+// another process is a point-to-point message. The loss, gradient norm and learning rate reach
+// every process; a new param or optimizer state reaches the processes whose programs read it (a
+// tied embedding); the others keep their copy of one updated elsewhere, which current_state
+// brings up to date.
 class PipelineRunner {
  public:
-  explicit PipelineRunner(StagedStep s);
+  explicit PipelineRunner(StagedStep s, Communicator* comm = nullptr);
   std::vector<Array> run(const std::vector<Array>& state, const std::vector<Array>& batch);
+  // The state as its owners hold it (params, optimizer state): every process calls it, in the same
+  // order; each gets every array from the process that updates it. In one process: `state`.
+  std::vector<Array> current_state(const std::vector<Array>& state) const;
   const PipelineReport& report() const { return report_; }
   const StagedStep& staged() const { return s_; }
+  int process() const { return process_; }
+  int num_processes() const { return processes_; }
+  Communicator* communicator() const { return comm_; }
 
  private:
+  int64_t message_tag(int v, int m, int to, int shard) const;
   StagedStep s_;
   PipelineReport report_;
-  Readers readers_;               // fixed by the programs: computed once
+  Readers readers_;              // fixed by the programs: computed once
   std::vector<char> is_output_;  // per value: an output of the step
+  Communicator* comm_ = nullptr;
+  int process_ = 0, processes_ = 1;
+  std::vector<int> message_index_;               // per value sent to another process: its number
+  std::vector<int> state_owner_;                 // per state input: the process updating it (-1: none)
+  std::vector<std::vector<int>> state_readers_;  // per state input: the processes whose programs read it
 };
 
 }  // namespace px::detail

@@ -438,9 +438,19 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
   }
   for (int d = 0; d < schedule.devices; ++d) {
     std::vector<int> ids;
-    for (int q = 0; q < mesh.size(); ++q)
-      if (mesh.coords(q)[stage_dim] == d) ids.push_back(mesh.device_ids()[q]);
+    int process = -1;
+    for (int q = 0; q < mesh.size(); ++q) {
+      if (mesh.coords(q)[stage_dim] != d) continue;
+      ids.push_back(mesh.device_ids()[q]);
+      if (process >= 0 && mesh.process_of(q) != process)
+        throw UserError(fmt::format(
+            "[pipeline] device group {} (stage coordinate {}) spans processes {} and {} of {}: a process must hold "
+            "whole device groups; put the `stage` axis first (e.g. stage:2,data:2 over 2 processes)",
+            d, d, process, mesh.process_of(q), mesh.to_string()));
+      process = mesh.process_of(q);
+    }
     r.groups.push_back(Mesh(others, ids, mesh.platform()));
+    r.process_of_group.push_back(process);
   }
   for (const std::string& a : plan.batch_axes) r.batch_shards *= static_cast<int>(plan.mesh.axis_size(a));
   // Params and state by the plan, the batch's rows over its batch axes, the step counter replicated.
@@ -550,6 +560,9 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
   }
   if (cluster) r.stage_link = mesh.axes()[stage_dim].link;
   dump_pass("pipeline_stages", [&] { return dump; });
+  r.value_spec.resize(g.values().size());
+  for (size_t v = 0; v < g.values().size(); ++v)
+    if (spec_of[v]) r.value_spec[v] = *spec_of[v];
 
   // Per stage: the program of each part, the accumulate and mean programs.
   auto per_stage = [&](StagePart q) {

@@ -206,13 +206,15 @@ StepMetrics Step::run_pipelined(TrainState& state, const std::vector<Array>& bat
 int64_t Step::peak_bytes() const {
   if (!c_.pipeline) return c_.exe->memory().peak_bytes;
   int64_t peak = 0;
-  for (int d = 0; d < c_.pipeline->report().schedule.devices; ++d) peak = std::max(peak, c_.pipeline->report().planned_peak(d));
+  for (int d = 0; d < c_.pipeline->report().schedule.devices; ++d)
+    peak = std::max(peak, c_.pipeline->report().planned_peak(d));
   return peak;
 }
 
 const PipelineReport& Step::pipeline_report() const {
   if (!c_.pipeline)
-    throw UserError("[TrainStep] this step is not pipelined: pipeline_report() is for a step on a mesh with a `stage` axis");
+    throw UserError(
+        "[TrainStep] this step is not pipelined: pipeline_report() is for a step on a mesh with a `stage` axis");
   return c_.pipeline->report();
 }
 
@@ -230,14 +232,43 @@ ShardedExecutable& Step::executable() {
 
 std::vector<Array> Step::gather_params(const TrainState& s) const {
   std::vector<Array> out;
+  if (c_.pipeline) {
+    out = current_state(s);
+    out.resize(c_.n_params);
+    return out;
+  }
   for (const auto& p : s.params) out.push_back(gathered(p));
   return out;
 }
 
 std::vector<Array> Step::gather_opt_state(const TrainState& s) const {
   std::vector<Array> out;
+  if (c_.pipeline) {
+    out = current_state(s);
+    out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(c_.n_params));
+    return out;
+  }
   for (const auto& p : s.opt_state) out.push_back(gathered(p));
   return out;
+}
+
+// A pipelined step's state as its owners hold it: every process holds whole arrays, current for
+// its own stages (over several processes, a collective that fetches the others').
+std::vector<Array> Step::current_state(const TrainState& s) const {
+  std::vector<Array> whole;
+  for (auto* group : {&s.params, &s.opt_state})
+    for (const ShardedArray& a : *group) {
+      if (a.shards().empty()) throw Error("[TrainStep] the state was never set: make it with TrainStep::init");
+      whole.push_back(a.shards().at(0));
+    }
+  return c_.pipeline->current_state(whole);
+}
+
+int Step::rank() const { return c_.pipeline ? c_.pipeline->process() : c_.process; }
+
+Communicator* Step::communicator() const {
+  if (c_.plan.mesh.num_processes() == 1) return nullptr;
+  return c_.pipeline ? c_.pipeline->communicator() : &c_.exe->communicator();
 }
 
 ckpt::StateLayout Step::layout() const {
@@ -270,7 +301,19 @@ Checkpoint Step::checkpoint(const TrainState& state, const std::string& who) con
       throw Error("[" + who + "] the state's tensor '" + l.names[i] + "' is " + type_str(a.type()) +
                   " but this step has " + type_str(l.types[i]) +
                   "; the state does not belong to this step (make it with TrainStep::init)");
-    c.add(l.names[i], a, param ? ckpt::kParamsGroup : ckpt::kOptStateGroup);
+  }
+  // A pipeline over several processes: the first process writes the whole state, fetched from the
+  // processes updating it; the others write nothing.
+  std::vector<Array> current;
+  if (c_.pipeline && c_.pipeline->num_processes() > 1) {
+    current = current_state(state);
+    if (rank() != 0) return c;
+  }
+  for (size_t i = 0; i < l.names.size(); ++i) {
+    const bool param = i < c_.n_params;
+    const ShardedArray& a = param ? state.params[i] : state.opt_state[i - c_.n_params];
+    c.add(l.names[i], current.empty() ? a : ShardedArray(a.type(), a.sharding(), {current[i]}, a.process()),
+          param ? ckpt::kParamsGroup : ckpt::kOptStateGroup);
   }
   return c;
 }
@@ -345,15 +388,15 @@ void Step::save(const std::string& path, const TrainState& state) const {
     Checkpoint full(c.step);
     full.optimizer = c.optimizer;
     for (const CheckpointEntry& e : c.entries) full.add(e.name, gathered(e.array), e.group);
-    if (c_.process == 0) export_safetensors(full, path, /*group=*/"");
+    if (rank() == 0) export_safetensors(full, path, /*group=*/"");
   } else {
     CheckpointOptions o;
-    o.processes.index = c_.process;
-    if (several) o.processes.barrier = [this](const std::string&) { c_.exe->communicator().barrier(); };
+    o.processes.index = rank();
+    if (several) o.processes.barrier = [this](const std::string&) { communicator()->barrier(); };
     write_checkpoint(path, c, o);
   }
   // Nobody returns before the checkpoint is committed (a load right after sees it).
-  if (several) c_.exe->communicator().barrier();
+  if (several) communicator()->barrier();
 }
 
 TrainState Step::load(const std::string& path) const {

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "checkpoint/state.h"
-#include "parallax/parallel.h"
 #include "memory/step_program.h"
+#include "parallax/parallel.h"
 #include "parallax/train.h"
 #include "sharding/recipes/step.h"
 
@@ -64,10 +64,10 @@ struct CompiledStep {
   CompiledStep(CompiledStep&&) noexcept;
   CompiledStep& operator=(CompiledStep&&) noexcept;
   ~CompiledStep();
-  ShardingPlan plan;                       // each param's spec (one device: all replicated)
-  std::vector<PartitionSpec> state_specs;  // per optimizer-state slot
-  std::unique_ptr<Graph> graph;            // the traced step, global shapes, after remat
-  std::unique_ptr<ShardedExecutable> exe;  // the local program, compiled for this process's devices
+  ShardingPlan plan;                         // each param's spec (one device: all replicated)
+  std::vector<PartitionSpec> state_specs;    // per optimizer-state slot
+  std::unique_ptr<Graph> graph;              // the traced step, global shapes, after remat
+  std::unique_ptr<ShardedExecutable> exe;    // the local program, compiled for this process's devices
   std::unique_ptr<PipelineRunner> pipeline;  // instead of exe on a mesh with a `stage` axis
   std::vector<Sharding> in_shardings;        // per input of the traced step: how the caller's arrays are split
   int process = 0;                           // the mesh process this step runs
@@ -113,6 +113,8 @@ class Step {
   const Sharding& batch_sharding(int i) const;
   int64_t steps_run() const { return steps_run_; }
   int process() const { return c_.process; }
+  int rank() const;                    // this process's index among the mesh's processes
+  Communicator* communicator() const;  // over several processes; else null
 
  private:
   void check_param(const TrainState& s, int i, const TensorType& type) const;
@@ -120,6 +122,7 @@ class Step {
   ShardedArray placed(ShardedArray a, size_t i) const;
   Array gathered(const ShardedArray& a) const;
   StepMetrics run_pipelined(TrainState& state, const std::vector<Array>& batch);
+  std::vector<Array> current_state(const TrainState& s) const;
   void count(TrainState& state, const StepMetrics& m);
   nn::ParamStore& store_;
   optim::OptimizerPtr opt_;

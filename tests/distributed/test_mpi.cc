@@ -317,6 +317,61 @@ TEST(MpiRanks, AutoOverProcessesEqualsOneProcessBitwise) {
   check_training({{"data", -1}, {"model", 2}}, ShardingStrategy::AUTO);
 }
 
+// Pipeline stages in different processes: stage:S over the S processes (each holding one stage's
+// devices over `data`), 1F1B with 2S microbatches, equal to the same pipeline in one process; the
+// state gathered and saved by the processes (the first writes it, fetched from each stage) is the
+// one process's.
+TEST(MpiRanks, PipelineOverProcessesEqualsOneProcess) {
+  REQUIRE_MPIRUN();
+  using namespace recipe_check;
+  const ProcessWorld& w = process_world();
+  const int S = w.size;
+  const int64_t per = w.devices.count / w.size;  // devices per process
+  const nn::LmConfig cfg = nn::gpt2_config("gpt_pipe", 256, 64, 4, 2 * S, 128, 16);
+  const int M = 2 * S;
+  std::vector<std::pair<std::string, int64_t>> axes = {{"stage", S}};
+  if (per > 1) axes.push_back({"data", per});
+  TrainStepOptions o;
+  o.microbatches = M;
+  o.clip_norm = 1.0;
+  o.mesh = Mesh::create(axes, w.devices);
+  o.sharding.communicator = w.communicator;
+  Fixture pf(cfg, per * M);
+  TrainStep step(pf.model.store(), opt(), pf.loss, pf.batch_types, o);
+  ASSERT_TRUE(step.pipelined());
+  TrainState s = step.init(0);
+  std::vector<StepMetrics> got;
+  for (int i = 0; i < 3; ++i) got.push_back(step(s, pf.batch(i)));
+  const std::vector<Array> params = step.gather_params(s);
+  const char* job = std::getenv("PMIX_NAMESPACE");
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("px_mpi_pipeline_" + std::string(job ? job : "0"))).string();
+  if (w.rank == 0) std::filesystem::remove_all(dir);
+  w.communicator->barrier();
+  step.save(dir, s);
+  const std::vector<Array> loaded = step.gather_params(step.load(dir));
+  w.communicator->barrier();
+  if (w.rank == 0) std::filesystem::remove_all(dir);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(loaded[i].to_f32(), params[i].to_f32()) << "loaded param " << i;
+  if (w.rank != 0) return;
+
+  Fixture f(cfg, per * M);
+  TrainStepOptions one = o;
+  one.mesh = Mesh::create(axes, DeviceSet{"cpu", w.devices.count, 1});
+  one.sharding.communicator = nullptr;
+  TrainStep ref(f.model.store(), opt(), f.loss, f.batch_types, one);
+  TrainState rs = ref.init(0);
+  for (int i = 0; i < 3; ++i) {
+    const StepMetrics want = ref(rs, f.batch(i));
+    EXPECT_NEAR(got[i].loss, want.loss, 1e-6 * std::abs(want.loss)) << "step " << i;
+    EXPECT_NEAR(got[i].grad_norm, want.grad_norm, 1e-6 * std::abs(want.grad_norm)) << "step " << i;
+  }
+  const std::vector<Array> want = ref.gather_params(rs);
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_TRUE(testing::all_close(params[i].to_f32(), want[i].to_f32(), 1e-6, 1e-6)) << "param " << i;
+  std::printf("pipeline %s over %d processes: equal to one process\n", one.mesh->to_string().c_str(), w.size);
+}
+
 // The text of the process holding position 0 reaches every process, whatever the others pass.
 TEST(MpiRanks, SharedTextComesFromTheFirstProcess) {
   REQUIRE_MPIRUN();

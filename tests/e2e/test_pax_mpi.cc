@@ -119,6 +119,30 @@ TEST(PaxMpi, TwoProcessesTrainAndResumeLikeOne) {
   fs::remove_all(two);
 }
 
+// A pipeline under mpirun: each process runs one stage (model.n_layers=2 over stage:2), messages
+// between them; the run, its checkpoint and its resumption equal the one-process pipeline's.
+TEST(PaxMpi, PipelineStagesInTwoProcessesTrainAndResumeLikeOne) {
+  if (mpirun().empty()) GTEST_SKIP() << "mpirun (openmpi-bin) is not installed";
+  const std::string one = job("pipe_one"), two = job("pipe_two");
+  const std::string extra =
+      "--set model.n_layers=2 --set sharding.mesh=stage:2 --set sharding.strategy=ddp --set train.microbatches=2";
+  Result a = train(false, one, extra + " --set train.steps=4");
+  ASSERT_EQ(a.rc, 0) << a.out;
+  Result b = train(true, two, extra + " --set train.steps=4");
+  ASSERT_EQ(b.rc, 0) << b.out;
+  EXPECT_NE(b.out.find("Mesh{stage: 2} on cpu:2 over 2 processes"), std::string::npos) << b.out;
+  EXPECT_EQ(losses(two), losses(one));
+  EXPECT_GE(losses(two).size(), 4u);
+  EXPECT_TRUE(fs::exists(two + "/checkpoints/checkpoint_00000003/COMMITTED"));
+  b = train(true, two, extra + " --set train.steps=6");
+  ASSERT_EQ(b.rc, 0) << b.out;
+  EXPECT_NE(b.out.find("resumed at step"), std::string::npos) << b.out;
+  a = train(false, one, extra + " --set train.steps=6");
+  EXPECT_EQ(losses(two), losses(one));
+  fs::remove_all(one);
+  fs::remove_all(two);
+}
+
 // AUTO under mpirun: the process holding position 0 solves, the other takes its plan; the run
 // equals the one-process run of the same config (a preset cluster: the same plan in both).
 TEST(PaxMpi, AutoOnTwoProcessesTrainsLikeOne) {

@@ -6,11 +6,13 @@
 
 #include <unistd.h>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "../sharding/recipe_check.h"
+#include "distributed/threaded.h"
 #include "parallax/parallel.h"
 #include "parallax/plan.h"
 #include "parallax/train.h"
@@ -350,6 +352,62 @@ TEST(Pipeline, OnASlowLinkGpt3LayersArePredictedFastestPipelined) {
   ASSERT_TRUE(piped[0].fits) << piped[0].report.to_string();
   EXPECT_LT(piped[0].report.predicted_step_s, flat.cost.step_s) << piped[0].report.to_string() << flat.explain();
   EXPECT_TRUE(has(piped[0].mesh.to_string(), "model: 8")) << piped[0].mesh.to_string();
+}
+
+// Stages in two processes (a threaded world: each process a thread with its own communicator, as
+// under mpirun) of stage:2,data:2, one stage of 2 devices each: activations and gradients cross
+// as point-to-point messages, the loss, norm and the tied embedding reach both, and the state each
+// process gathers or saves (the first process writes it, fetched from the stage updating it)
+// equals the pipeline in one process bitwise. Over MPI: MpiRanks.PipelineOverProcesses*.
+TEST(Pipeline, StagesInTwoProcessesEqualOneProcessBitwise) {
+  TrainStepOptions o = pipelined(2, 2, pipeline::Kind::one_f_one_b);
+  o.mesh = Mesh({{"stage", 2}, {"data", 2}});
+  const Trained want = train(gpt4(), o, 3);
+  const Mesh split = o.mesh->with_processes(2);
+  const std::string dir = ::testing::TempDir() + "/px_pipeline_procs_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::vector<Trained> got(2);
+  std::vector<std::vector<Array>> loaded(2);
+  auto world = make_threaded_world(split.process_layout());
+  world->run([&](int p, Communicator& comm) {
+    Fixture f(gpt4(), 8);
+    TrainStepOptions po = o;
+    po.mesh = split;
+    po.clip_norm = 1.0;
+    po.sharding.communicator = &comm;
+    TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, po);
+    TrainState s = step.init(0);
+    for (int i = 0; i < 3; ++i) got[p].metrics.push_back(step(s, f.batch(i)));
+    got[p].params = step.gather_params(s);
+    got[p].state = step.gather_opt_state(s);
+    step.save(dir, s);
+    loaded[p] = step.gather_params(step.load(dir));
+  });
+  for (int p = 0; p < 2; ++p) {
+    for (size_t i = 0; i < want.metrics.size(); ++i) {
+      EXPECT_EQ(got[p].metrics[i].loss, want.metrics[i].loss) << "process " << p << " step " << i;
+      EXPECT_EQ(got[p].metrics[i].grad_norm, want.metrics[i].grad_norm) << "process " << p << " step " << i;
+    }
+    for (size_t i = 0; i < want.params.size(); ++i) {
+      EXPECT_EQ(got[p].params[i].to_f32(), want.params[i].to_f32()) << "process " << p << " param " << i;
+      EXPECT_EQ(loaded[p][i].to_f32(), want.params[i].to_f32()) << "process " << p << " loaded param " << i;
+    }
+    for (size_t i = 0; i < want.state.size(); ++i)
+      EXPECT_EQ(got[p].state[i].to_f32(), want.state[i].to_f32()) << "process " << p << " state " << i;
+  }
+  std::filesystem::remove_all(dir);
+  // A device group split over processes is refused, naming the fix.
+  const Mesh across = Mesh({{"data", 2}, {"stage", 2}}).with_processes(2);
+  auto world2 = make_threaded_world(across.process_layout());
+  std::vector<std::string> errors(2);
+  world2->run([&](int p, Communicator& comm) {
+    Fixture f(gpt4(), 8);
+    TrainStepOptions po = o;
+    po.mesh = across;
+    po.sharding.communicator = &comm;
+    errors[p] = testing::user_error_of([&] { TrainStep(f.model.store(), opt(), f.loss, f.batch_types, po); });
+  });
+  for (const std::string& e : errors) EXPECT_TRUE(has(e, "put the `stage` axis first")) << e;
 }
 
 TEST(Pipeline, BadSettingsNameTheFix) {

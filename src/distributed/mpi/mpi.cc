@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -156,6 +157,22 @@ struct Job {
   std::string error;
 };
 
+// A point-to-point message (Communicator::send / receive): the progress thread posts it and
+// tests it between collectives until it completes or times out.
+struct Message {
+  bool receive = false;
+  int peer = 0;
+  int tag = 0;
+  std::vector<std::byte> copy;  // a send's bytes until they are out; a receive's as they come in
+  int64_t bytes = 0;
+  std::vector<MPI_Request> requests;
+  std::chrono::steady_clock::time_point deadline;
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::string error;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(std::vector<int> proc, int rank, int nprocs, std::vector<std::string> hosts, MpiCommunicatorOptions o,
@@ -167,6 +184,7 @@ class MpiCommunicator final : public Communicator {
         hosts_(std::move(hosts)),
         options_(o) {
     MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &p2p_comm_);
     void* ub = nullptr;
     int flag = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
@@ -183,7 +201,27 @@ class MpiCommunicator final : public Communicator {
     worker_.join();
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized && !g_broken) MPI_Comm_free(&comm_);
+    if (!finalized && !g_broken) {
+      MPI_Comm_free(&comm_);
+      MPI_Comm_free(&p2p_comm_);
+    }
+  }
+
+  int process_index() const override { return rank_; }
+  void send(int to, int64_t tag, const void* data, int64_t bytes) override {
+    auto msg = message(false, to, tag, bytes);
+    const auto* b = static_cast<const std::byte*>(data);
+    msg->copy.assign(b, b + bytes);
+    queue_message(msg);
+  }
+  void receive(int from, int64_t tag, void* out, int64_t bytes) override {
+    auto msg = message(true, from, tag, bytes);
+    msg->copy.resize(static_cast<size_t>(bytes));  // received here: a receive that times out leaves no request on `out`
+    queue_message(msg);
+    std::unique_lock<std::mutex> l(msg->m);
+    msg->cv.wait(l, [&] { return msg->done; });
+    if (!msg->error.empty()) throw Error(msg->error);
+    if (bytes) std::memcpy(out, msg->copy.data(), static_cast<size_t>(bytes));
   }
 
   std::string name() const override { return fmt::format("mpi(rank {} of {})", rank_, nprocs_); }
@@ -351,17 +389,118 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  // The progress thread: runs the crossing calls' transfers one after another, in call order.
+  std::shared_ptr<Message> message(bool receive, int peer, int64_t tag, int64_t bytes) {
+    if (peer < 0 || peer >= nprocs_ || peer == rank_)
+      throw Error(fmt::format("[mpi] rank {} cannot message rank {} (ranks 0..{})", rank_, peer, nprocs_ - 1));
+    if (g_broken) {
+      std::string why = broken_why();
+      throw Error(why.empty() ? "[mpi] a collective of this process failed before; the job cannot continue" : why);
+    }
+    auto msg = std::make_shared<Message>();
+    msg->receive = receive;
+    msg->peer = peer;
+    msg->tag = static_cast<int>(tag % tag_ub_);
+    msg->bytes = bytes;
+    return msg;
+  }
+  void queue_message(const std::shared_ptr<Message>& msg) {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      messages_.push_back(msg);
+    }
+    cv_.notify_all();
+  }
+
+  // Posts a message's pieces (MPI counts are ints) on the point-to-point communicator.
+  void post_message(Message& msg) {
+    msg.deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                          std::chrono::duration<double>(options_.timeout_s));
+    std::byte* p = msg.copy.data();
+    for (int64_t off = 0; off == 0 || off < msg.bytes; off += kMaxMessage) {
+      const int n = static_cast<int>(std::min(kMaxMessage, msg.bytes - off));
+      MPI_Request r;
+      const int rc = msg.receive ? MPI_Irecv(p + off, n, MPI_BYTE, msg.peer, msg.tag, p2p_comm_, &r)
+                                 : MPI_Isend(p + off, n, MPI_BYTE, msg.peer, msg.tag, p2p_comm_, &r);
+      if (rc != MPI_SUCCESS)
+        throw Error(fmt::format("[mpi] posting a message to rank {} failed (MPI error {})", msg.peer, rc));
+      msg.requests.push_back(r);
+      if (msg.bytes == 0) break;
+    }
+  }
+
+  static void complete(Message& msg, std::string error) {
+    {
+      std::lock_guard<std::mutex> l(msg.m);
+      msg.error = std::move(error);
+      msg.done = true;
+    }
+    msg.cv.notify_all();
+  }
+
+  // Tests the messages in flight: those complete are handed back; one past its deadline breaks
+  // the communicator (its peer is gone or never sends).
+  void progress_messages() {
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < in_flight_.size();) {
+      Message& msg = *in_flight_[i];
+      int flag = 0;
+      MPI_Testall(static_cast<int>(msg.requests.size()), msg.requests.data(), &flag, MPI_STATUSES_IGNORE);
+      if (!flag && now < msg.deadline) {
+        ++i;
+        continue;
+      }
+      std::string error;
+      if (!flag) {
+        error = fmt::format(
+            "[mpi] rank {}: a message {} rank {}{} (tag {}, {} bytes) timed out after {} s: the rank has died, hangs, "
+            "or runs another step; raise PX_COLLECTIVE_TIMEOUT_S if it is only slow",
+            rank_, msg.receive ? "from" : "to", msg.peer,
+            msg.peer < static_cast<int>(hosts_.size()) && !hosts_[msg.peer].empty() ? " (host " + hosts_[msg.peer] + ")"
+                                                                                    : "",
+            msg.tag, msg.bytes, options_.timeout_s);
+        {
+          std::lock_guard<std::mutex> l(m_);
+          if (why_.empty()) why_ = error;
+        }
+        g_broken = true;
+        lost_.push_back(in_flight_[i]);  // its requests may still touch its bytes: kept for the rest of the run
+      }
+      complete(msg, std::move(error));
+      in_flight_.erase(in_flight_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+
+  // The progress thread: runs the crossing calls' transfers one after another, in call order, and
+  // posts and tests the point-to-point messages between them.
   void loop() {
     for (;;) {
       std::shared_ptr<Job> job;
+      std::deque<std::shared_ptr<Message>> posts;
       {
         std::unique_lock<std::mutex> l(m_);
-        cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        job = queue_.front();
-        queue_.pop_front();
+        auto ready = [&] { return stop_ || !queue_.empty() || !messages_.empty(); };
+        if (in_flight_.empty())
+          cv_.wait(l, ready);
+        else
+          cv_.wait_for(l, std::chrono::microseconds(50), ready);
+        if (stop_ && queue_.empty()) return;
+        posts.swap(messages_);
+        if (!queue_.empty()) {
+          job = queue_.front();
+          queue_.pop_front();
+        }
       }
+      for (auto& msg : posts) {
+        try {
+          if (g_broken) throw Error(broken_why());
+          post_message(*msg);
+          in_flight_.push_back(msg);
+        } catch (const std::exception& e) {
+          complete(*msg, e.what());
+        }
+      }
+      if (!in_flight_.empty()) progress_messages();
+      if (!job) continue;
       std::string error;
       try {
         if (g_broken)
@@ -488,6 +627,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::string> hosts_;
   MpiCommunicatorOptions options_;
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm p2p_comm_ = MPI_COMM_NULL;  // point-to-point messages: their own tags
   int64_t tag_ub_ = 32767;
   int64_t seq_ = 0;  // crossing calls made (the caller's thread)
 
@@ -495,6 +635,9 @@ class MpiCommunicator final : public Communicator {
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
+  std::deque<std::shared_ptr<Message>> messages_;    // queued by callers, posted by the progress thread
+  std::vector<std::shared_ptr<Message>> in_flight_;  // the progress thread's
+  std::vector<std::shared_ptr<Message>> lost_;       // timed out
   bool stop_ = false;
   std::string why_;
   std::thread worker_;
