@@ -48,9 +48,11 @@ struct ShardingOptions {
   double auto_time_limit_s = 10;
   int64_t auto_memory_limit_bytes = 0;
   // AUTO in one process also plans the mesh's devices pipelined (a `stage` axis outermost over
-  // every count dividing the devices, DDP or FSDP inside, 1F1B or zero-bubble, 2S or 4S
-  // microbatches; docs/pipeline.md) and trains the pipelined plan when it fits and is predicted
-  // faster than the best plan on the mesh as given.
+  // every count dividing the devices; DDP or FSDP inside, or TP / FSDP_TP over a node's devices;
+  // 1F1B or zero-bubble, 2S or 4S microbatches; docs/pipeline.md) and trains the pipelined plan
+  // when it fits and is predicted faster than the best plan on the mesh as given. Not with `rules`
+  // (they name the mesh's axes). Off by default: on virtual CPU devices sharing a host the
+  // pipeline's threads contend for its cores, which the cost model does not see.
   bool auto_pipeline = false;
 };
 

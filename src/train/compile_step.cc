@@ -422,9 +422,11 @@ CompiledStep compile_step(nn::ParamStore& store, const optim::Optimizer& opt, co
   DumpProgram dump("train_step");
   if (options.mesh && pipeline::has_stage_axis(*options.mesh))
     return compile_pipelined(store, opt, loss_fn, batch_types, options);
-  // 1-3. Trace, remat, decide. AUTO may pipeline the mesh's devices instead (auto_pipeline).
+  // 1-3. Trace, remat, decide. AUTO may pipeline the mesh's devices instead (auto_pipeline), unless
+  // the user's rules name the mesh's axes.
   const bool try_pipeline = options.mesh && options.strategy == ShardingStrategy::AUTO &&
-                            options.sharding.auto_pipeline && options.mesh->num_processes() == 1;
+                            options.sharding.auto_pipeline && options.mesh->num_processes() == 1 &&
+                            options.sharding.rules.empty() && options.sharding.activation_rules.empty();
   DecidedStep d;
   std::optional<UserError> flat_error;
   try {

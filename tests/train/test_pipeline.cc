@@ -324,7 +324,10 @@ latency_s = 1e-4
   // train() clips at 1; this step does not: the first step's loss (before any update) is the same,
   // the later ones differ by the clipping.
   EXPECT_NEAR(want.metrics[0].loss, got.metrics[0].loss, 1e-5 * std::abs(want.metrics[0].loss));
-  // Without auto_pipeline AUTO plans the mesh as given.
+  // With rules (which name the mesh's axes), or without auto_pipeline, AUTO plans the mesh as given.
+  o.sharding.rules = {{"embed.table", PartitionSpec()}};
+  EXPECT_FALSE(TrainStep(f.model.store(), opt(), f.loss, f.batch_types, o).pipelined());
+  o.sharding.rules.clear();
   o.sharding.auto_pipeline = false;
   TrainStep flat(f.model.store(), opt(), f.loss, f.batch_types, o);
   EXPECT_FALSE(flat.pipelined());
