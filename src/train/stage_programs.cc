@@ -186,6 +186,25 @@ std::unique_ptr<Graph> subgraph(const Graph& g, const std::vector<int>& nodes, c
   return sub;
 }
 
+// `spec` with a group axis it leaves unused (size > 1) added to the last dim that the axis still
+// divides: the layout a message is sent in, each device its slice. None when no axis is left.
+std::optional<PartitionSpec> sliced_spec(const PartitionSpec& spec, const Shape& shape, const Mesh& group) {
+  const std::vector<std::string> used = spec.used_axes();
+  std::vector<PartitionSpec::Dim> dims = spec.dims();
+  dims.resize(shape.size());
+  for (const MeshAxis& a : group.axes()) {
+    if (a.size < 2 || std::find(used.begin(), used.end(), a.name) != used.end()) continue;
+    for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+      int64_t ways = a.size;
+      for (const std::string& x : dims[d].axes) ways *= group.axis_size(x);
+      if (shape[d] % ways != 0) continue;
+      dims[d].axes.push_back(a.name);
+      return PartitionSpec(std::move(dims));
+    }
+  }
+  return std::nullopt;
+}
+
 // The decision for one stage program (`nodes` of `g`, `id` mapping g's values to the program's):
 // its inputs and outputs as given, and the constraints of the step's decision `whole` that fall on
 // its nodes: a value it computes laid out as required (gradients excepted: their layout is the
@@ -497,6 +516,7 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
   const ShardingDecision whole = decide_train_step(p, plan, state_specs, batch_types, /*bucket_bytes=*/0);
   std::set<int> grads(p.grads.begin(), p.grads.end());
   for (const StepProgram::Microbatch& m : p.micro) grads.insert(m.grads.begin(), m.grads.end());
+  std::map<int, PartitionSpec> sent_split;  // value -> its layout where read, when sent split
   std::vector<std::optional<PartitionSpec>> spec_of(g.values().size());
   std::vector<std::vector<std::string>> partial_of(g.values().size());
   std::vector<int> order, waiting(r.programs.size(), 0);
@@ -547,8 +567,50 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
                          ? std::nullopt
                          : std::optional<Sharding>(Sharding(group, it->second.spec, it->second.partial)));
     }
+    // A value another stage reads and that this group holds whole on some axis (tensor
+    // parallelism's activations, replicated over `model`) is sent split over that axis, each
+    // device its slice, and gathered by the reader's group over its own devices: a message of
+    // 1 / t the bytes. The partitioner's layout first; then, where that applies, the split asked.
+    ShardingDecision decision = program_decision(whole, g, members[k], id, grads, group, in, outs);
+    for (size_t i = 0; i < sp.inputs.size(); ++i) {  // a value received split: gathered where read
+      auto it = sent_split.find(sp.inputs[i]);
+      if (it == sent_split.end()) continue;
+      const int v = id[sp.inputs[i]];
+      int first = -1, last = -1;
+      for (size_t j = 0; j < sub->nodes().size(); ++j)
+        for (int x : sub->nodes()[j].inputs)
+          if (x == v) {
+            if (first < 0) first = static_cast<int>(j);
+            last = static_cast<int>(j);
+          }
+      if (first >= 0) decision.constraints.push_back({v, it->second, first, last + 1, false});
+    }
+    bool crossing = false;
+    for (int v : sp.outputs)
+      for (int reader : read_by[v]) crossing = crossing || r.programs[reader].stage != sp.stage;
+    if (crossing && group.size() > 1) {
+      std::vector<std::optional<Sharding>> split = decision.outputs;
+      bool any = false;
+      SpmdProgram first;
+      {
+        DumpCandidates quiet;
+        first = partition(*sub, decision);
+      }
+      for (size_t i = 0; i < sp.outputs.size(); ++i) {
+        const int v = sp.outputs[i];
+        bool other_stage = false;
+        for (int reader : read_by[v]) other_stage = other_stage || r.programs[reader].stage != sp.stage;
+        if (!other_stage || split[i] || !first.out_shardings[i].partial.empty()) continue;
+        if (std::optional<PartitionSpec> sliced = sliced_spec(first.out_shardings[i].spec, g.type(v).shape, group)) {
+          split[i] = Sharding(group, *sliced);
+          sent_split[v] = first.out_shardings[i].spec;
+          any = true;
+        }
+      }
+      if (any) decision.outputs = std::move(split);
+    }
     DumpProgram scope("train_step." + name);
-    SpmdProgram prog = partition(*sub, program_decision(whole, g, members[k], id, grads, group, in, outs));
+    SpmdProgram prog = partition(*sub, decision);
     for (size_t i = 0; i < sp.outputs.size(); ++i) {
       spec_of[sp.outputs[i]] = prog.out_shardings[i].spec;
       partial_of[sp.outputs[i]] = prog.out_shardings[i].partial;

@@ -266,6 +266,18 @@ TEST(Pipeline, FsdpInsideStagesKeepsActivationsSplitByTheBatch) {
     EXPECT_LE(fsdp.planned_held_bytes[d], ddp.planned_held_bytes[d]) << fsdp.to_string() << ddp.to_string();
 }
 
+// Tensor parallelism inside the stages: an activation the group holds whole on `model` is sent
+// split over it (each device its slice, gathered on arrival), so two devices per stage send about
+// the bytes one device per stage does (scalars, such as the clipping norm's parts, go whole), not
+// twice them.
+TEST(Pipeline, TensorParallelStagesSendActivationsSplit) {
+  const PipelineReport one = plan_pipeline(gpt4(), Mesh({{"stage", 2}}), ShardingStrategy::DDP, small_setup(8, 2), {});
+  const PipelineReport tp =
+      plan_pipeline(gpt4(), Mesh({{"stage", 2}, {"model", 2}}), ShardingStrategy::TP, small_setup(8, 2), {});
+  EXPECT_LT(tp.message_bytes, one.message_bytes * 11 / 10) << tp.to_string() << one.to_string();
+  EXPECT_EQ(tp.messages, 2 * one.messages) << tp.to_string() << one.to_string();
+}
+
 // 1F1B holds at most S microbatches on a device whatever their count: with the same rows per
 // microbatch, 2 and 8 microbatches hold the same bytes (DDP inside: each microbatch's gradients are
 // freed once added to the sums that are reduced once a step).
@@ -282,9 +294,10 @@ TEST(Pipeline, OneFOneBHoldsTheSameForMoreMicrobatches) {
 }
 
 // AUTO with auto_pipeline: on slow devices in nodes of 2 joined by a slower link, the 4 devices
-// train fastest as 2 stages of 2 (the stages across the link, tensor parallel inside a node: only
-// activations cross the link; without stages the batch split all-reduces every gradient across
-// it): AUTO trains that, equal to one device with the microbatches it chose, and says why.
+// train fastest as 2 stages of 2 (the stages across the link, the work of a stage split inside a
+// node: only activations cross the link; without stages the batch split all-reduces every
+// gradient across it): AUTO trains that, equal to one device with the microbatches it chose, and
+// says why.
 TEST(Pipeline, AutoTrainsAPipelineWhenItIsPredictedFaster) {
   const std::string cluster = ::testing::TempDir() + "/slow_nodes_" + std::to_string(::getpid()) + ".toml";
   std::ofstream(cluster) << R"(name = "slow_nodes"
@@ -310,9 +323,8 @@ latency_s = 1e-4
   Fixture f(gpt4(), 8);
   TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, o);
   ASSERT_TRUE(step.pipelined()) << step.plan().explanation;
-  // The stages across the slow link, tensor parallel inside each node.
-  EXPECT_TRUE(has(step.plan().explanation, "AUTO: pipelined on Mesh{stage: 2, model: 2} on cpu:4, TP inside"))
-      << step.plan().explanation;
+  // Two stages, across the slow link; inside each node the devices split the stage's work.
+  EXPECT_TRUE(has(step.plan().explanation, "AUTO: pipelined on Mesh{stage: 2, ")) << step.plan().explanation;
   TrainStepOptions one;
   one.microbatches = step.pipeline_report().schedule.microbatches;
   const Trained want = train(gpt4(), one, 3);
@@ -362,13 +374,15 @@ TEST(Pipeline, OnASlowLinkGpt3LayersArePredictedFastestPipelined) {
 // as point-to-point messages, the loss, norm and the tied embedding reach both, and the state each
 // process gathers or saves (the first process writes it, fetched from the stage updating it)
 // equals the pipeline in one process bitwise. Over MPI: MpiRanks.PipelineOverProcesses*.
-TEST(Pipeline, StagesInTwoProcessesEqualOneProcessBitwise) {
+void check_two_processes(const std::string& axis, ShardingStrategy strategy) {
   TrainStepOptions o = pipelined(2, 2, pipeline::Kind::one_f_one_b);
-  o.mesh = Mesh({{"stage", 2}, {"data", 2}});
+  o.mesh = Mesh({{"stage", 2}, {axis, 2}});
+  o.strategy = strategy;
   const Trained want = train(gpt4(), o, 3);
   const Mesh split = o.mesh->with_processes(2);
-  const std::string dir = ::testing::TempDir() + "/px_pipeline_procs_" + std::to_string(::getpid());
+  const std::string dir = ::testing::TempDir() + "/px_pipeline_procs_" + axis + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
+  const std::string what = std::string(strategy_name(strategy)) + " on " + split.to_string();
   std::vector<Trained> got(2);
   std::vector<std::vector<Array>> loaded(2);
   auto world = make_threaded_world(split.process_layout());
@@ -388,18 +402,24 @@ TEST(Pipeline, StagesInTwoProcessesEqualOneProcessBitwise) {
   });
   for (int p = 0; p < 2; ++p) {
     for (size_t i = 0; i < want.metrics.size(); ++i) {
-      EXPECT_EQ(got[p].metrics[i].loss, want.metrics[i].loss) << "process " << p << " step " << i;
-      EXPECT_EQ(got[p].metrics[i].grad_norm, want.metrics[i].grad_norm) << "process " << p << " step " << i;
+      EXPECT_EQ(got[p].metrics[i].loss, want.metrics[i].loss) << what << " process " << p << " step " << i;
+      EXPECT_EQ(got[p].metrics[i].grad_norm, want.metrics[i].grad_norm) << what << " process " << p << " step " << i;
     }
     for (size_t i = 0; i < want.params.size(); ++i) {
-      EXPECT_EQ(got[p].params[i].to_f32(), want.params[i].to_f32()) << "process " << p << " param " << i;
-      EXPECT_EQ(loaded[p][i].to_f32(), want.params[i].to_f32()) << "process " << p << " loaded param " << i;
+      EXPECT_EQ(got[p].params[i].to_f32(), want.params[i].to_f32()) << what << " process " << p << " param " << i;
+      EXPECT_EQ(loaded[p][i].to_f32(), want.params[i].to_f32()) << what << " process " << p << " loaded param " << i;
     }
     for (size_t i = 0; i < want.state.size(); ++i)
-      EXPECT_EQ(got[p].state[i].to_f32(), want.state[i].to_f32()) << "process " << p << " state " << i;
+      EXPECT_EQ(got[p].state[i].to_f32(), want.state[i].to_f32()) << what << " process " << p << " state " << i;
   }
   std::filesystem::remove_all(dir);
+}
+
+TEST(Pipeline, StagesInTwoProcessesEqualOneProcessBitwise) {
+  check_two_processes("data", ShardingStrategy::DDP);
+  check_two_processes("model", ShardingStrategy::TP);  // activations sent split over `model`
   // A device group split over processes is refused, naming the fix.
+  TrainStepOptions o = pipelined(2, 2, pipeline::Kind::one_f_one_b);
   const Mesh across = Mesh({{"data", 2}, {"stage", 2}}).with_processes(2);
   auto world2 = make_threaded_world(across.process_layout());
   std::vector<std::string> errors(2);
