@@ -318,30 +318,27 @@ TEST(MpiRanks, AutoOverProcessesEqualsOneProcessBitwise) {
 }
 
 // Pipeline stages in different processes: stage:S over the S processes (each holding one stage's
-// devices over `data`), 1F1B with 2S microbatches, equal to the same pipeline in one process; the
-// state gathered and saved by the processes (the first writes it, fetched from each stage) is the
-// one process's.
-TEST(MpiRanks, PipelineOverProcessesEqualsOneProcess) {
-  REQUIRE_MPIRUN();
+// devices over `data`), 1F1B with 2S microbatches, 20 steps of GPT and Llama equal to the same
+// pipeline in one process; the state gathered and saved by the processes (the first writes it,
+// fetched from each stage) is the one process's.
+void check_pipeline(const nn::LmConfig& cfg, int microbatches) {
   using namespace recipe_check;
   const ProcessWorld& w = process_world();
-  const int S = w.size;
+  const int S = w.size, steps = 20;
   const int64_t per = w.devices.count / w.size;  // devices per process
-  const nn::LmConfig cfg = nn::gpt2_config("gpt_pipe", 256, 64, 4, 2 * S, 128, 16);
-  const int M = 2 * S;
   std::vector<std::pair<std::string, int64_t>> axes = {{"stage", S}};
   if (per > 1) axes.push_back({"data", per});
   TrainStepOptions o;
-  o.microbatches = M;
+  o.microbatches = microbatches;
   o.clip_norm = 1.0;
   o.mesh = Mesh::create(axes, w.devices);
   o.sharding.communicator = w.communicator;
-  Fixture pf(cfg, per * M);
+  Fixture pf(cfg, per * microbatches);
   TrainStep step(pf.model.store(), opt(), pf.loss, pf.batch_types, o);
   ASSERT_TRUE(step.pipelined());
   TrainState s = step.init(0);
   std::vector<StepMetrics> got;
-  for (int i = 0; i < 3; ++i) got.push_back(step(s, pf.batch(i)));
+  for (int i = 0; i < steps; ++i) got.push_back(step(s, pf.batch(i)));
   const std::vector<Array> params = step.gather_params(s);
   const char* job = std::getenv("PMIX_NAMESPACE");
   const std::string dir =
@@ -355,21 +352,29 @@ TEST(MpiRanks, PipelineOverProcessesEqualsOneProcess) {
   for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(loaded[i].to_f32(), params[i].to_f32()) << "loaded param " << i;
   if (w.rank != 0) return;
 
-  Fixture f(cfg, per * M);
+  Fixture f(cfg, per * microbatches);
   TrainStepOptions one = o;
   one.mesh = Mesh::create(axes, DeviceSet{"cpu", w.devices.count, 1});
   one.sharding.communicator = nullptr;
   TrainStep ref(f.model.store(), opt(), f.loss, f.batch_types, one);
   TrainState rs = ref.init(0);
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < steps; ++i) {
     const StepMetrics want = ref(rs, f.batch(i));
-    EXPECT_NEAR(got[i].loss, want.loss, 1e-6 * std::abs(want.loss)) << "step " << i;
-    EXPECT_NEAR(got[i].grad_norm, want.grad_norm, 1e-6 * std::abs(want.grad_norm)) << "step " << i;
+    EXPECT_NEAR(got[i].loss, want.loss, 1e-6 * std::abs(want.loss)) << cfg.name << " step " << i;
+    EXPECT_NEAR(got[i].grad_norm, want.grad_norm, 1e-6 * std::abs(want.grad_norm)) << cfg.name << " step " << i;
   }
   const std::vector<Array> want = ref.gather_params(rs);
   for (size_t i = 0; i < want.size(); ++i)
-    EXPECT_TRUE(testing::all_close(params[i].to_f32(), want[i].to_f32(), 1e-6, 1e-6)) << "param " << i;
-  std::printf("pipeline %s over %d processes: equal to one process\n", one.mesh->to_string().c_str(), w.size);
+    EXPECT_TRUE(testing::all_close(params[i].to_f32(), want[i].to_f32(), 1e-6, 1e-6)) << cfg.name << " param " << i;
+  std::printf("pipeline %s %s over %d processes, %d steps: equal to one process\n", cfg.name.c_str(),
+              one.mesh->to_string().c_str(), w.size, steps);
+}
+
+TEST(MpiRanks, PipelineOverProcessesEqualsOneProcess) {
+  REQUIRE_MPIRUN();
+  const int S = process_world().size;
+  check_pipeline(nn::gpt2_config("gpt_pipe", 256, 64, 4, 2 * S, 128, 16), 2 * S);
+  check_pipeline(nn::llama_config("llama_pipe", 256, 64, 4, 2, 2 * S, 96, 16), 2 * S);
 }
 
 // The text of the process holding position 0 reaches every process, whatever the others pass.
