@@ -191,10 +191,33 @@ std::optional<TrainStepOptions> faster_pipeline(nn::ParamStore& store, const opt
                                                 const std::vector<TensorType>& batch_types,
                                                 const TrainStepOptions& options, double flat_s, std::string& why) {
   const Cluster cluster = load_cluster(options.sharding.auto_cluster);
-  const std::vector<PipelineCandidate> candidates = pipeline_candidates(
+  std::vector<PipelineCandidate> candidates = pipeline_candidates(
       store, opt, loss_fn, batch_types, options, cluster, [](int64_t) { return true; },
       std::numeric_limits<double>::infinity());
-  if (candidates.empty() || !candidates[0].fits || !(candidates[0].report.predicted_step_s < flat_s)) return {};
+  if (candidates.empty() || !candidates[0].fits) return {};
+  // The recipes ranked the stage counts, schedules and microbatch counts; AUTO's own search then
+  // plans inside the stages of the fastest (one solve), kept when predicted faster still.
+  if (candidates[0].mesh.size() > candidates[0].report.schedule.devices) {
+    PipelineCandidate c = candidates[0];
+    TrainStepOptions o = options;
+    o.mesh = c.mesh;
+    o.strategy = c.strategy = ShardingStrategy::AUTO;
+    o.microbatches = c.microbatches;
+    o.pipeline = c.pipeline;
+    try {
+      DumpCandidates quiet;
+      c.report = pipeline_report(build_pipelined(store, opt, loss_fn, batch_types, o, &cluster, false).staged);
+      const int64_t capacity = options.sharding.auto_memory_limit_bytes > 0 ? options.sharding.auto_memory_limit_bytes
+                                                                            : cluster.device_on(c.mesh).memory_bytes;
+      bool fits = true;
+      for (int d = 0; d < c.report.schedule.devices; ++d) fits = fits && c.report.planned_peak(d) <= capacity;
+      if (fits && c.report.predicted_step_s < candidates[0].report.predicted_step_s)
+        candidates.insert(candidates.begin(), std::move(c));
+    } catch (const UserError&) {
+      // nothing AUTO finds fits there: the recipe's candidate stays
+    }
+  }
+  if (!(candidates[0].report.predicted_step_s < flat_s)) return {};
   const PipelineCandidate& c = candidates[0];
   why = fmt::format(
       "AUTO: pipelined on {}, {} inside the stages, {}, {} microbatches: predicted {:.4g} s per step on {}, against "
@@ -218,10 +241,6 @@ PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt
                               const std::vector<TensorType>& batch_types, const TrainStepOptions& options,
                               const Cluster* cluster, bool compile) {
   const Mesh& mesh = *options.mesh;
-  if (options.strategy == ShardingStrategy::AUTO)
-    throw UserError(
-        "[pipeline] AUTO does not plan a mesh with a `stage` axis: give the stage count and schedule yourself "
-        "(a recipe inside the stages, TrainStepOptions::pipeline), or drop the `stage` axis and let AUTO shard");
   if (mesh.num_processes() > 1 && !options.sharding.communicator)
     throw UserError("[pipeline] the mesh " + mesh.to_string() +
                     " spans several processes: give this process's communicator (ShardingOptions::communicator, "
@@ -247,10 +266,25 @@ PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt
   ShardingPlan plan = one_device_plan(store);  // a stage on one device: every param whole
   plan.mesh = group;
   if (group.size() > 1) {
-    DumpCandidates quiet;  // the forward program is not a pass of this step
+    DumpCandidates quiet;  // the forward program and AUTO's candidates are not passes of this step
     auto fwd = nn::trace_with_params(
         store, [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{loss_fn(b)}; }, micro_types);
-    plan = plan_sharding(*fwd, store.paths(), group, options.strategy, options.sharding);
+    if (options.strategy != ShardingStrategy::AUTO) {
+      plan = plan_sharding(*fwd, store.paths(), group, options.strategy, options.sharding);
+    } else {
+      // AUTO inside the stages: its search for the step of one microbatch on a stage's devices
+      // (the whole model costed there: each stage's params get the same layouts). Over several
+      // processes the first solves and sends its plan.
+      const StepProgram micro_step = remat_step(
+          trace_train_step(store, opt, loss_fn, micro_types, options.clip_norm, "TrainStep", options.skip_nonfinite, 1),
+          options.remat);
+      const std::vector<TensorType> types = store.types();
+      plan = solve_auto_once(options.sharding, mesh, store.paths(), types, [&] {
+        return solve_train_step(*fwd, micro_step, opt.state_slots(types), types, micro_types, group, options.sharding,
+                                options.compile);
+      });
+      plan.mesh = group;
+    }
   }
   int64_t shards = 1;
   for (const std::string& a : plan.batch_axes) shards *= group.axis_size(a);
@@ -309,9 +343,9 @@ std::vector<PipelineCandidate> pipeline_candidates(nn::ParamStore& store, const 
     if (cluster.devices_per_node > 1 && rest % cluster.devices_per_node == 0)
       tensor_parallel.push_back(cluster.devices_per_node);
     for (int64_t t : tensor_parallel) {
-      std::vector<MeshAxis> axes = {{"stage", S}};
-      if (rest / t > 1) axes.push_back({"data", rest / t});
-      if (t > 1) axes.push_back({"model", t});
+      std::vector<MeshAxis> axes = {{"stage", S, {}}};
+      if (rest / t > 1) axes.push_back({"data", rest / t, {}});
+      if (t > 1) axes.push_back({"model", t, {}});
       const Mesh m = cluster.apply(Mesh(axes, mesh.device_ids(), mesh.platform()));
       const int64_t capacity = base.sharding.auto_memory_limit_bytes > 0 ? base.sharding.auto_memory_limit_bytes
                                                                          : cluster.device_on(m).memory_bytes;

@@ -152,7 +152,7 @@ std::vector<PipelineCandidate> search_pipelines(const nn::LmConfig& cfg_in, int6
   const int64_t layers = cfg.n_layers;
   return detail::pipeline_candidates(
       model.store(), *opt, loss, batch_types,
-      pipelined_options(Mesh({{"data", devices}}), ShardingStrategy::DDP, setup, {}), cluster,
+      pipelined_options(Mesh({{"data", devices, {}}}), ShardingStrategy::DDP, setup, {}), cluster,
       [&](int64_t S) { return S <= layers && layers % S == 0; }, time_limit_s);
 }
 

@@ -51,6 +51,24 @@ Trained train(const nn::LmConfig& cfg, TrainStepOptions o, int steps, std::strin
   return r;
 }
 
+// A cluster where compute is slow beside the links: splitting a stage's work over its devices pays.
+std::string compute_bound_cluster() {
+  const std::string path = ::testing::TempDir() + "/px_pipeline_compute_bound_" + std::to_string(::getpid()) + ".toml";
+  std::ofstream(path) << R"(name = "compute_bound"
+overlap_collectives = false
+[device]
+matmul_flops_f32 = 1e9
+vector_flops = 1e9
+memory_bandwidth = 1e11
+memory_bytes = 16e9
+launch_s = 1e-6
+[intra_node]
+bandwidth_bytes_per_s = 1e11
+latency_s = 1e-6
+)";
+  return path;
+}
+
 TrainStepOptions pipelined(int devices, int microbatches, pipeline::Kind kind, int virtual_stages = 1) {
   TrainStepOptions o;
   o.mesh = Mesh({{"stage", devices}});
@@ -118,16 +136,27 @@ TEST(Pipeline, StagesWithDataFsdpOrTensorParallelismEqualOneDevice) {
       expect_equal(want, got, what + " vs one device", /*sum_order=*/true);
       expect_equal(ddp_run, got, what + " vs data:2", /*sum_order=*/true);
     }
-    // FSDP and tensor parallelism inside the stages: params split by the recipe's plan.
-    for (auto [strategy, axis] :
-         {std::pair{ShardingStrategy::FSDP, "data"}, std::pair{ShardingStrategy::TP, "model"}}) {
+    // FSDP, tensor parallelism and AUTO inside the stages: params split by the plan for a stage's
+    // devices (AUTO's: its search, on a compute-bound cluster where splitting pays).
+    const std::string cluster = compute_bound_cluster();
+    for (auto [strategy, axis] : {std::pair{ShardingStrategy::FSDP, "data"}, std::pair{ShardingStrategy::TP, "model"},
+                                  std::pair{ShardingStrategy::AUTO, "model"}}) {
       TrainStepOptions o = pipelined(2, 2, pipeline::Kind::one_f_one_b);
       o.mesh = Mesh({{"stage", 2}, {axis, 2}});
       o.strategy = strategy;
+      o.sharding.auto_cluster = cluster;
       std::string report;
       expect_equal(want, train(cfg, o, 3, &report), cfg.name + " stage:2," + axis + ":2 " + strategy_name(strategy),
                    /*sum_order=*/true);
+      if (strategy == ShardingStrategy::AUTO) {
+        Fixture f(cfg, 8);
+        TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, o);
+        int split = 0;
+        for (const ParamPlacement& p : step.plan().params) split += !p.spec.is_replicated();
+        EXPECT_GT(split, 0) << step.table();
+      }
     }
+    std::remove(cluster.c_str());
   }
 }
 
@@ -448,10 +477,6 @@ TEST(Pipeline, BadSettingsNameTheFix) {
   bad_split.pipeline.layers_per_stage = {1, 2};
   e = make(bad_split, f);
   EXPECT_TRUE(has(e, "layers_per_stage [1, 2] does not fit")) << e;
-  TrainStepOptions auto_plan = pipelined(2, 2, pipeline::Kind::gpipe);
-  auto_plan.strategy = ShardingStrategy::AUTO;
-  e = make(auto_plan, f);
-  EXPECT_TRUE(has(e, "AUTO does not plan a mesh with a `stage` axis")) << e;
   TrainStepOptions rows = pipelined(2, 8, pipeline::Kind::gpipe);
   rows.mesh = Mesh({{"stage", 2}, {"data", 2}});
   e = make(rows, f);
