@@ -141,19 +141,20 @@ const std::vector<Field>& table() {
                   "floor of the decay, as a fraction of the peak"),
       int_field("schedule.total_steps", &E::schedule, &ScheduleConfig::total_steps, 0, kMaxSteps,
                 "warmup_cosine: end of the decay (0: train.steps)"),
-      mesh_field("sharding.mesh", &E::sharding, &ShardingConfig::mesh, "device mesh, e.g. data:4,model:2 (\"\": one device)"),
+      mesh_field("sharding.mesh", &E::sharding, &ShardingConfig::mesh,
+                 "device mesh, e.g. data:4,model:2 (\"\": one device)"),
       enum_field("sharding.strategy", &E::sharding, &ShardingConfig::strategy,
                  {"ddp", "fsdp", "tp", "fsdp_tp", "manual", "auto"}, "sharding recipe"),
       str_field("sharding.data_axis", &E::sharding, &ShardingConfig::data_axis, "batch axis of the mesh"),
       str_field("sharding.model_axis", &E::sharding, &ShardingConfig::model_axis, "tensor-parallel axis"),
       int_field("sharding.fsdp_min_bytes", &E::sharding, &ShardingConfig::fsdp_min_bytes, 0, kBig,
                 "FSDP keeps smaller params replicated"),
-      list_field("sharding.rules", &E::sharding, &ShardingConfig::rules,
-                 "overrides 'glob=P(...)', first match wins"),
+      list_field("sharding.rules", &E::sharding, &ShardingConfig::rules, "overrides 'glob=P(...)', first match wins"),
       str_field("sharding.cluster", &E::sharding, &ShardingConfig::cluster,
                 "auto: the cluster plans are costed for (cpu, h100x8, h200x8, tpuv4 or a .toml file)"),
       bool_field("sharding.auto_pipeline", &E::sharding, &ShardingConfig::auto_pipeline,
-                 "auto: also plan the devices pipelined (stages x data) and train that when predicted faster"),
+                 "auto: also plan the devices pipelined (stages x data or model inside, AUTO in the stages of the "
+                 "best) and train that when predicted faster"),
       enum_field("sharding.schedule", &E::sharding, &ShardingConfig::schedule,
                  {"gpipe", "1f1b", "interleaved", "zero_bubble"}, "a mesh with a `stage` axis: the pipeline schedule"),
       int_field("sharding.virtual_stages", &E::sharding, &ShardingConfig::virtual_stages, 1, 64,
@@ -276,8 +277,11 @@ void check_value(const FieldInfo& f, const FieldValue& v) {
         throw Error("[pax] " + f.path + "='" + s + "' is not allowed; allowed: " + f.allowed());
       break;
     }
-    case FieldType::mesh: check_mesh_text(f.path, std::get<std::string>(v)); break;
-    default: break;
+    case FieldType::mesh:
+      check_mesh_text(f.path, std::get<std::string>(v));
+      break;
+    default:
+      break;
   }
 }
 
@@ -291,17 +295,23 @@ const char* field_type_name(FieldType t) {
 
 std::string FieldInfo::allowed() const {
   switch (type) {
-    case FieldType::integer: return "an int in [" + fmt_num(min) + ", " + fmt_num(max) + "]";
-    case FieldType::floating: return "a float in [" + fmt_num(min) + ", " + fmt_num(max) + "]";
-    case FieldType::boolean: return "true or false";
+    case FieldType::integer:
+      return "an int in [" + fmt_num(min) + ", " + fmt_num(max) + "]";
+    case FieldType::floating:
+      return "a float in [" + fmt_num(min) + ", " + fmt_num(max) + "]";
+    case FieldType::boolean:
+      return "true or false";
     case FieldType::enumeration: {
       std::string s = "one of ";
       for (size_t i = 0; i < choices.size(); ++i) s += (i ? ", " : "") + choices[i];
       return s;
     }
-    case FieldType::list: return "a comma-separated list (a,b,c) or [] for none";
-    case FieldType::mesh: return "a mesh like data:4,model:2, or \"\" for one device";
-    case FieldType::string: return "any text";
+    case FieldType::list:
+      return "a comma-separated list (a,b,c) or [] for none";
+    case FieldType::mesh:
+      return "a mesh like data:4,model:2, or \"\" for one device";
+    case FieldType::string:
+      return "any text";
   }
   return "";
 }
@@ -401,7 +411,8 @@ void set_field(ExperimentConfig& c, const std::string& path, const std::string& 
   // them on when the whole --set is quoted: --set 'data.cache_dir="/x y"'); numbers and bools
   // are written bare.
   auto unquote = [](std::string t) {
-    if (t.size() >= 2 && (t.front() == '"' || t.front() == '\'') && t.back() == t.front()) t = t.substr(1, t.size() - 2);
+    if (t.size() >= 2 && (t.front() == '"' || t.front() == '\'') && t.back() == t.front())
+      t = t.substr(1, t.size() - 2);
     return t;
   };
   FieldValue v;
@@ -436,9 +447,12 @@ void set_field(ExperimentConfig& c, const std::string& path, const std::string& 
       break;
     }
     case FieldType::boolean: {
-      if (text == "true" || text == "1") v = true;
-      else if (text == "false" || text == "0") v = false;
-      else throw bad("a bool");
+      if (text == "true" || text == "1")
+        v = true;
+      else if (text == "false" || text == "0")
+        v = false;
+      else
+        throw bad("a bool");
       break;
     }
     case FieldType::list: {
@@ -479,7 +493,9 @@ void set_field(ExperimentConfig& c, const std::string& path, const std::string& 
       v = items;
       break;
     }
-    default: v = unquote(text); break;
+    default:
+      v = unquote(text);
+      break;
   }
   check_value(info, v);
   f.set(c, v);

@@ -225,6 +225,11 @@ std::optional<TrainStepOptions> faster_pipeline(nn::ParamStore& store, const opt
       c.mesh.to_string(), strategy_name(c.strategy), pipeline::kind_name(c.pipeline.schedule), c.microbatches,
       c.report.predicted_step_s, cluster.name,
       std::isfinite(flat_s) ? fmt::format("{:.4g} s", flat_s) : std::string("none that fits"));
+  why += fmt::format("  predicted bubble {:.3f} ({:.3f} in theory); {} candidates planned\n", c.report.predicted_bubble,
+                     c.report.bubble_theory(), candidates.size());
+  for (size_t st = 0; st < c.report.stage_layers.size(); ++st)
+    why += fmt::format("  stage {} (device group {}): {}\n", st, c.report.schedule.device_of(static_cast<int>(st)),
+                       fmt::join(c.report.stage_layers[st], ", "));
   TrainStepOptions o = options;
   o.mesh = c.mesh;
   o.strategy = c.strategy;

@@ -354,6 +354,9 @@ latency_s = 1e-4
   ASSERT_TRUE(step.pipelined()) << step.plan().explanation;
   // Two stages, across the slow link; inside each node the devices split the stage's work.
   EXPECT_TRUE(has(step.plan().explanation, "AUTO: pipelined on Mesh{stage: 2, ")) << step.plan().explanation;
+  EXPECT_TRUE(has(step.plan().explanation, "predicted bubble")) << step.plan().explanation;
+  EXPECT_TRUE(has(step.plan().explanation, "stage 1 (device group 1): blocks.2, blocks.3, final_norm"))
+      << step.plan().explanation;
   TrainStepOptions one;
   one.microbatches = step.pipeline_report().schedule.microbatches;
   const Trained want = train(gpt4(), one, 3);
