@@ -6,9 +6,13 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <string>
+
+#include <unistd.h>
 
 #include "parallax/autodiff.h"
 #include "parallax/ops.h"
@@ -34,6 +38,27 @@ inline std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "<no error>";
+}
+
+// A cluster file (as a user writes one) of devices slow at compute beside fast links: splitting the
+// work pays for the tests' micro models, whatever the speed of the machine running the test. The
+// caller removes it.
+inline std::string compute_bound_cluster() {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("px_compute_bound_" + std::to_string(::getpid()) + ".toml")).string();
+  std::ofstream(path) << R"(name = "compute_bound"
+overlap_collectives = false
+[device]
+matmul_flops_f32 = 1e9
+vector_flops = 1e9
+memory_bandwidth = 1e11
+memory_bytes = 16e9
+launch_s = 1e-6
+[intra_node]
+bandwidth_bytes_per_s = 1e11
+latency_s = 1e-6
+)";
+  return path;
 }
 
 // The message of the px::UserError that f throws (bad input must throw one), "not a UserError: ..."

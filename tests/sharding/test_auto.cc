@@ -11,9 +11,9 @@
 #include <string>
 
 #include "parallax/auto.h"
-#include "parallax/plan.h"
 #include "parallax/nn.h"
 #include "parallax/parallel.h"
+#include "parallax/plan.h"
 #include "recipe_check.h"
 
 namespace px {
@@ -33,7 +33,7 @@ ShardingOptions auto_options(const std::string& cluster) {
   return o;
 }
 
-std::string compute_bound_cluster();
+using testing::compute_bound_cluster;
 
 // 3 AdamW steps with AUTO's plan equal the unsharded run, and every param's reason says AUTO
 // decided it. On a compute-bound cluster file splitting is predicted to pay and the plan must
@@ -69,26 +69,6 @@ TEST(AutoSharding, TinyLlamaTrainsLikeOneDevice) {
 TEST(AutoSharding, MicroModelsOnThreeAxesTrainLikeOneDevice) {
   check_auto(run_reference(gpt_micro(), 3), Mesh::cpu({{"data", 2}, {"fsdp", 2}, {"model", 2}}), "h100x8");
   check_auto(run_reference(llama_micro(), 3), Mesh::cpu({{"data", 2}, {"model", 4}}), "h100x8");
-}
-
-// Devices slow at compute beside fast links (a file, as a user writes one): splitting the work
-// pays for these micro models, whatever the speed of the machine running the test.
-std::string compute_bound_cluster() {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("px_compute_bound_" + std::to_string(::getpid()) + ".toml")).string();
-  std::ofstream(path) << R"(name = "compute_bound"
-overlap_collectives = false
-[device]
-matmul_flops_f32 = 1e9
-vector_flops = 1e9
-memory_bandwidth = 1e11
-memory_bytes = 16e9
-launch_s = 1e-6
-[intra_node]
-bandwidth_bytes_per_s = 1e11
-latency_s = 1e-6
-)";
-  return path;
 }
 
 // One sequence per step cannot be split over any axis: the only plans split the model, its

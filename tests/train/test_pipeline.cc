@@ -51,24 +51,6 @@ Trained train(const nn::LmConfig& cfg, TrainStepOptions o, int steps, std::strin
   return r;
 }
 
-// A cluster where compute is slow beside the links: splitting a stage's work over its devices pays.
-std::string compute_bound_cluster() {
-  const std::string path = ::testing::TempDir() + "/px_pipeline_compute_bound_" + std::to_string(::getpid()) + ".toml";
-  std::ofstream(path) << R"(name = "compute_bound"
-overlap_collectives = false
-[device]
-matmul_flops_f32 = 1e9
-vector_flops = 1e9
-memory_bandwidth = 1e11
-memory_bytes = 16e9
-launch_s = 1e-6
-[intra_node]
-bandwidth_bytes_per_s = 1e11
-latency_s = 1e-6
-)";
-  return path;
-}
-
 TrainStepOptions pipelined(int devices, int microbatches, pipeline::Kind kind, int virtual_stages = 1) {
   TrainStepOptions o;
   o.mesh = Mesh({{"stage", devices}});
@@ -138,7 +120,7 @@ TEST(Pipeline, StagesWithDataFsdpOrTensorParallelismEqualOneDevice) {
     }
     // FSDP, tensor parallelism and AUTO inside the stages: params split by the plan for a stage's
     // devices (AUTO's: its search, on a compute-bound cluster where splitting pays).
-    const std::string cluster = compute_bound_cluster();
+    const std::string cluster = testing::compute_bound_cluster();
     for (auto [strategy, axis] : {std::pair{ShardingStrategy::FSDP, "data"}, std::pair{ShardingStrategy::TP, "model"},
                                   std::pair{ShardingStrategy::AUTO, "model"}}) {
       TrainStepOptions o = pipelined(2, 2, pipeline::Kind::one_f_one_b);
