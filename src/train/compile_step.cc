@@ -184,6 +184,38 @@ CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& op
   return c;
 }
 
+// The memory a device of `mesh` may use for a pipelined candidate: AUTO's limit, else the cluster's.
+int64_t capacity_of(const TrainStepOptions& base, const Cluster& cluster, const Mesh& mesh) {
+  return base.sharding.auto_memory_limit_bytes > 0 ? base.sharding.auto_memory_limit_bytes
+                                                   : cluster.device_on(mesh).memory_bytes;
+}
+
+// The options that train pipelined candidate c.
+TrainStepOptions candidate_options(TrainStepOptions o, const PipelineCandidate& c) {
+  o.mesh = c.mesh;
+  o.strategy = c.strategy;
+  o.microbatches = c.microbatches;
+  o.pipeline = c.pipeline;
+  return o;
+}
+
+// Plans candidate c on the cluster (nothing compiled): its report, and whether every device group
+// fits. False when it does not apply (a split, microbatch count or plan that does not fit the model).
+bool plan_candidate(PipelineCandidate& c, nn::ParamStore& store, const optim::Optimizer& opt,
+                    const TrainStep::LossFn& loss_fn, const std::vector<TensorType>& batch_types,
+                    const TrainStepOptions& base, const Cluster& cluster) {
+  try {
+    c.report = pipeline_report(
+        build_pipelined(store, opt, loss_fn, batch_types, candidate_options(base, c), &cluster, false).staged);
+  } catch (const UserError&) {
+    return false;
+  }
+  const int64_t capacity = capacity_of(base, cluster, c.mesh);
+  c.fits = true;
+  for (int d = 0; d < c.report.schedule.devices; ++d) c.fits = c.fits && c.report.planned_peak(d) <= capacity;
+  return true;
+}
+
 // AUTO with ShardingOptions::auto_pipeline: the fastest pipelined plan of the mesh's devices that
 // fits, when it is predicted faster than `flat_s` (the best plan on the mesh as given).
 std::optional<TrainStepOptions> faster_pipeline(nn::ParamStore& store, const optim::Optimizer& opt,
@@ -199,23 +231,11 @@ std::optional<TrainStepOptions> faster_pipeline(nn::ParamStore& store, const opt
   // plans inside the stages of the fastest (one solve), kept when predicted faster still.
   if (candidates[0].mesh.size() > candidates[0].report.schedule.devices) {
     PipelineCandidate c = candidates[0];
-    TrainStepOptions o = options;
-    o.mesh = c.mesh;
-    o.strategy = c.strategy = ShardingStrategy::AUTO;
-    o.microbatches = c.microbatches;
-    o.pipeline = c.pipeline;
-    try {
-      DumpCandidates quiet;
-      c.report = pipeline_report(build_pipelined(store, opt, loss_fn, batch_types, o, &cluster, false).staged);
-      const int64_t capacity = options.sharding.auto_memory_limit_bytes > 0 ? options.sharding.auto_memory_limit_bytes
-                                                                            : cluster.device_on(c.mesh).memory_bytes;
-      bool fits = true;
-      for (int d = 0; d < c.report.schedule.devices; ++d) fits = fits && c.report.planned_peak(d) <= capacity;
-      if (fits && c.report.predicted_step_s < candidates[0].report.predicted_step_s)
-        candidates.insert(candidates.begin(), std::move(c));
-    } catch (const UserError&) {
-      // nothing AUTO finds fits there: the recipe's candidate stays
-    }
+    c.strategy = ShardingStrategy::AUTO;
+    DumpCandidates quiet;
+    if (plan_candidate(c, store, opt, loss_fn, batch_types, options, cluster) && c.fits &&
+        c.report.predicted_step_s < candidates[0].report.predicted_step_s)
+      candidates.insert(candidates.begin(), std::move(c));
   }
   if (!(candidates[0].report.predicted_step_s < flat_s)) return {};
   const PipelineCandidate& c = candidates[0];
@@ -230,12 +250,7 @@ std::optional<TrainStepOptions> faster_pipeline(nn::ParamStore& store, const opt
   for (size_t st = 0; st < c.report.stage_layers.size(); ++st)
     why += fmt::format("  stage {} (device group {}): {}\n", st, c.report.schedule.device_of(static_cast<int>(st)),
                        fmt::join(c.report.stage_layers[st], ", "));
-  TrainStepOptions o = options;
-  o.mesh = c.mesh;
-  o.strategy = c.strategy;
-  o.microbatches = c.microbatches;
-  o.pipeline = c.pipeline;
-  return o;
+  return candidate_options(options, c);
 }
 
 }  // namespace
@@ -352,8 +367,7 @@ std::vector<PipelineCandidate> pipeline_candidates(nn::ParamStore& store, const 
       if (rest / t > 1) axes.push_back({"data", rest / t, {}});
       if (t > 1) axes.push_back({"model", t, {}});
       const Mesh m = cluster.apply(Mesh(axes, mesh.device_ids(), mesh.platform()));
-      const int64_t capacity = base.sharding.auto_memory_limit_bytes > 0 ? base.sharding.auto_memory_limit_bytes
-                                                                         : cluster.device_on(m).memory_bytes;
+      const int64_t capacity = capacity_of(base, cluster, m);
       const int64_t dp = rest / t;  // devices the batch splits over
       for (ShardingStrategy strategy : t > 1 ? std::vector{ShardingStrategy::TP, ShardingStrategy::FSDP_TP}
                                              : std::vector{ShardingStrategy::DDP, ShardingStrategy::FSDP}) {
@@ -369,19 +383,7 @@ std::vector<PipelineCandidate> pipeline_candidates(nn::ParamStore& store, const 
             c.pipeline.schedule = kind;
             c.pipeline.balance = true;
             c.microbatches = static_cast<int>(M);
-            TrainStepOptions o = base;
-            o.mesh = m;
-            o.strategy = strategy;
-            o.microbatches = c.microbatches;
-            o.pipeline = c.pipeline;
-            try {
-              c.report = pipeline_report(build_pipelined(store, opt, loss_fn, batch_types, o, &cluster, false).staged);
-            } catch (const UserError&) {
-              continue;  // a split, microbatch count or recipe that does not apply
-            }
-            c.fits = true;
-            for (int d = 0; d < c.report.schedule.devices; ++d) c.fits = c.fits && c.report.planned_peak(d) <= capacity;
-            out.push_back(std::move(c));
+            if (plan_candidate(c, store, opt, loss_fn, batch_types, base, cluster)) out.push_back(std::move(c));
           }
       }
     }

@@ -312,6 +312,8 @@ PipelineRunner::PipelineRunner(StagedStep s, Communicator* comm)
       for (int d : *readers) remote = remote || s_.process_of_group[d] != process_of(s_.stage_of_value[v]);
     if (remote) message_index_[v] = messages++;
   }
+  output_tag_ =
+      static_cast<int64_t>(messages) * (s_.schedule.microbatches + 1) * s_.schedule.devices * s_.groups[0].size();
   // Who updates each state input, and whose programs read it.
   const size_t n_state = s_.n_params + s_.n_state;
   state_owner_.assign(n_state, -1);
@@ -336,17 +338,9 @@ int64_t PipelineRunner::message_tag(int v, int m, int to, int shard) const {
   return ((static_cast<int64_t>(message_index_.at(v)) * (M + 1) + (m + 1)) * D + to) * G + shard;
 }
 
-namespace {
-int64_t first_free_tag(const std::vector<int>& message_index, const pipeline::Schedule& sc, int64_t group_size) {
-  const int64_t n = 1 + *std::max_element(message_index.begin(), message_index.end());
-  return n * (sc.microbatches + 1) * sc.devices * group_size;
-}
-}  // namespace
-
 std::vector<Array> PipelineRunner::current_state(const std::vector<Array>& state) const {
   if (processes_ == 1) return state;
-  const int64_t base = first_free_tag(message_index_, s_.schedule, s_.groups[0].size()) +
-                       static_cast<int64_t>(s_.graph->outputs().size());
+  const int64_t base = output_tag_ + static_cast<int64_t>(s_.graph->outputs().size());
   std::vector<Array> out = state;
   for (size_t j = 0; j < state_owner_.size() && j < state.size(); ++j) {
     const int owner = state_owner_[j];
@@ -375,15 +369,21 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
   for (int m = 0; m < M; ++m)
     for (const Array& b : batch) micro[m].push_back(microbatch_rows(b, s.batch_shards, m, M));
   // A graph input as program k's input i: the caller's arrays on the program's devices (a
-  // replicated array is the caller's on each, a split one its shards).
-  auto input_array = [&](int v, int m, const ShardedExecutable& exe, int i) {
+  // replicated array is the caller's on each, a split one its shards). A group's split params and
+  // state are split once a step (`split`: the group's, by input), not for every program reading them.
+  auto input_array = [&](int v, int m, const ShardedExecutable& exe, int i, std::map<size_t, ShardedArray>& split) {
     const size_t at = static_cast<size_t>(g.values()[v].output_index);
+    const bool is_state = at < n_state;
     const Array& whole = at >= n_state && at < n_state + s.n_batch ? micro.at(std::max(m, 0))[at - n_state]
-                         : at < n_state                            ? state[at]
+                         : is_state                                ? state[at]
                                                                    : state.back();
     const Sharding& sh = exe.in_sharding(i);
-    if (!sh.is_fully_replicated()) return shard(whole, sh);
-    return ShardedArray(g.type(v), sh, std::vector<Array>(static_cast<size_t>(sh.mesh.size()), whole));
+    if (sh.is_fully_replicated())
+      return ShardedArray(g.type(v), sh, std::vector<Array>(static_cast<size_t>(sh.mesh.size()), whole));
+    if (!is_state) return shard(whole, sh);
+    auto it = split.find(at);
+    if (it == split.end()) it = split.emplace(at, shard(whole, sh)).first;
+    return it->second;
   };
 
   // Messages between device groups, keyed by (value, microbatch or -1 for the update, receiver).
@@ -450,7 +450,8 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
         int left;
       };
       std::map<std::pair<int, int>, Held> held;
-      int64_t bytes = 0;  // per device
+      std::map<size_t, ShardedArray> split_state;  // this group's split params and state, this step
+      int64_t bytes = 0;                           // per device
       auto take = [&](int v, int m) -> const ShardedArray& {
         auto it = held.find({v, m});
         if (it != held.end()) return it->second.a;
@@ -488,7 +489,8 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
         std::vector<ShardedArray> in;
         for (size_t i = 0; i < p.inputs.size(); ++i) {
           const int v = p.inputs[i];
-          in.push_back(g.values()[v].producer < 0 ? input_array(v, m, *p.exe, static_cast<int>(i)) : take(v, m));
+          in.push_back(g.values()[v].producer < 0 ? input_array(v, m, *p.exe, static_cast<int>(i), split_state)
+                                                  : take(v, m));
         }
         ready = since();
         std::vector<ShardedArray> out = p.exe->run(in);
@@ -582,7 +584,6 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
   // The step's outputs. Over several processes: the loss, gradient norm and learning rate from
   // where they are computed to every process; a new state array to the processes reading it; the
   // other state arrays updated elsewhere stay as they were here (current_state fetches them).
-  const int64_t out_tag = processes_ > 1 ? first_free_tag(message_index_, s.schedule, s.groups[0].size()) : 0;
   std::vector<Array> out;
   for (size_t o = 0; o < g.outputs().size(); ++o) {
     const int v = g.outputs()[o];
@@ -604,14 +605,14 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
         continue;
       }
       Array a(g.type(v).dtype, g.type(v).shape);
-      comm_->receive(owner, out_tag + static_cast<int64_t>(o), a.raw(), a.nbytes());
+      comm_->receive(owner, output_tag_ + static_cast<int64_t>(o), a.raw(), a.nbytes());
       out.push_back(std::move(a));
       continue;
     }
     auto it = results.find(v);
     if (it == results.end()) throw InternalError(fmt::format("[pipeline] output %{} was not computed", v));
     out.push_back(it->second.sharding().is_fully_replicated() ? it->second.shards().at(0) : gather(it->second));
-    for (int q : to) comm_->send(q, out_tag + static_cast<int64_t>(o), out.back().raw(), out.back().nbytes());
+    for (int q : to) comm_->send(q, output_tag_ + static_cast<int64_t>(o), out.back().raw(), out.back().nbytes());
   }
   return out;
 }

@@ -145,6 +145,7 @@ class PipelineRunner {
   Communicator* comm_ = nullptr;
   int process_ = 0, processes_ = 1;
   std::vector<int> message_index_;               // per value sent to another process: its number
+  int64_t output_tag_ = 0;                       // the first tag after the messages' (message_tag)
   std::vector<int> state_owner_;                 // per state input: the process updating it (-1: none)
   std::vector<std::vector<int>> state_readers_;  // per state input: the processes whose programs read it
 };

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "core/dump.h"
+#include "core/enum_names.h"
 #include "ir/primitive.h"
 #include "memory/rewrite.h"
 #include "parallax/ops.h"
@@ -324,25 +325,10 @@ std::vector<int> balanced_split(StepProgram& p, int stages) {
 }
 
 const char* part_name(StagePart p) {
-  switch (p) {
-    case StagePart::forward:
-      return "forward";
-    case StagePart::backward:
-      return "backward";
-    case StagePart::backward_input:
-      return "backward_input";
-    case StagePart::backward_weight:
-      return "backward_weight";
-    case StagePart::update:
-      return "update";
-    case StagePart::accumulate:
-      return "accumulate";
-    case StagePart::mean:
-      return "mean";
-    case StagePart::reduce:
-      return "reduce";
-  }
-  return "?";
+  static constexpr const char* names[] = {"forward", "backward",   "backward_input", "backward_weight",
+                                          "update",  "accumulate", "mean",           "reduce"};
+  static_assert(std::size(names) == static_cast<size_t>(StagePart::reduce) + 1);
+  return enum_name(p, names);
 }
 
 }  // namespace
@@ -618,12 +604,10 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
           }
       if (first >= 0) decision.constraints.push_back({v, it->second, first, last + 1, false});
     }
-    bool crossing = false;
-    for (int v : sp.outputs)
-      for (int reader : read_by[v]) crossing = crossing || r.programs[reader].stage != sp.stage;
-    if (crossing && group.size() > 1) {
-      std::vector<std::optional<Sharding>> split = decision.outputs;
-      bool any = false;
+    std::vector<char> to_other_stage(sp.outputs.size(), 0);
+    for (size_t i = 0; i < sp.outputs.size(); ++i)
+      for (int reader : read_by[sp.outputs[i]]) to_other_stage[i] |= r.programs[reader].stage != sp.stage;
+    if (group.size() > 1 && std::count(to_other_stage.begin(), to_other_stage.end(), 1) > 0) {
       SpmdProgram first;
       {
         DumpCandidates quiet;
@@ -631,16 +615,12 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
       }
       for (size_t i = 0; i < sp.outputs.size(); ++i) {
         const int v = sp.outputs[i];
-        bool other_stage = false;
-        for (int reader : read_by[v]) other_stage = other_stage || r.programs[reader].stage != sp.stage;
-        if (!other_stage || split[i] || !first.out_shardings[i].partial.empty()) continue;
+        if (!to_other_stage[i] || decision.outputs[i] || !first.out_shardings[i].partial.empty()) continue;
         if (std::optional<PartitionSpec> sliced = sliced_spec(first.out_shardings[i].spec, g.type(v).shape, group)) {
-          split[i] = Sharding(group, *sliced);
+          decision.outputs[i] = Sharding(group, *sliced);
           sent_split[v] = first.out_shardings[i].spec;
-          any = true;
         }
       }
-      if (any) decision.outputs = std::move(split);
     }
     DumpProgram scope("train_step." + name);
     SpmdProgram prog = partition(*sub, decision);
