@@ -73,6 +73,9 @@ struct Timeline {
 };
 
 struct CompileOptions {
+  // The backend that runs the program (px::backend_platforms(): "cpu", "ref", or one registered
+  // by the program). A sharded program takes its mesh's platform.
+  std::string platform = "cpu";
   bool fuse_elementwise = true;  // chain elementwise ops into single tiled passes
   bool optimize = true;          // run CSE and DCE first
   // Per device: the planned peak in device memory above this (0: the device's capacity, if set with

@@ -1,8 +1,11 @@
 // The backend interface: what the runtime needs from a kind of device, behind one small class.
 // The executable allocates its arenas, gets its kernels and moves bytes between memory kinds only
-// through a Backend; the CPU backend (src/backend/cpu/backend.cc) is the first implementation.
-// A CUDA backend adds cudaMalloc/cudaMallocHost, cuBLASLt/cuDNN kernels and cudaMemcpyAsync on a
-// copy stream behind the same calls.
+// through a Backend, chosen by the platform of the program's devices (CompileOptions::platform, a
+// Mesh's platform, PX_DEVICES=ref:2). Two are built in: `cpu` (src/backend/cpu/: oneDNN, OpenMP,
+// fused elementwise loops) and `ref` (src/backend/ref/: plain single-threaded loops written from
+// the primitives' definitions, the reference the CPU backend is checked against). A CUDA backend
+// adds cudaMalloc/cudaMallocHost, cuBLASLt/cuDNN kernels and cudaMemcpyAsync on a copy stream
+// behind the same calls; docs/adding-a-backend.md walks through adding one.
 #pragma once
 
 #include <functional>
@@ -25,6 +28,13 @@ struct CopyJob {
   int64_t bytes;
 };
 
+// How the schedule may group elementwise nodes into one loop on this backend.
+struct FusionLimits {
+  bool enabled = true;  // false: every node is its own unit (Backend::can_fuse is never asked)
+  size_t max_group = 48;  // nodes in one fused loop
+  int window = 32;        // a group no node joined for this many nodes closes (bounds lifetimes)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -43,8 +53,18 @@ class Backend {
   // Starts the copies on the backend's copy stream, in order; the event completes when all have.
   virtual Event copy(std::vector<CopyJob> jobs) = 0;
   virtual int num_threads() const = 0;  // compute threads one device's kernels use
+  virtual FusionLimits fusion() const { return {}; }
 };
 
 Backend& cpu_backend();
+
+// Backends by platform name. `cpu` and `ref` are registered on first use; another backend (one
+// built out of tree against the installed headers) registers itself before its first program
+// compiles. Registering a platform twice throws.
+void register_backend(const std::string& platform, std::function<Backend&()> get);
+bool has_backend(const std::string& platform);
+// Throws px::UserError naming the registered platforms when `platform` has none.
+Backend& backend_for(const std::string& platform);
+std::vector<std::string> backend_platforms();  // sorted
 
 }  // namespace px

@@ -35,19 +35,24 @@ std::pair<std::string, int64_t> parse_device_text(const std::string& text, const
   std::string t = trim(text);
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
   const std::string forms = "use cpu (one device) or cpu:N with 1 <= N <= " + std::to_string(kMaxDevices) +
-                            " (N virtual CPU devices, e.g. cpu:8)";
+                            " (N virtual CPU devices, e.g. cpu:8); another backend's devices likewise (ref:2)";
   size_t colon = t.find(':');
   std::string platform = trim(t.substr(0, colon));
   if (platform == "cuda" || platform == "gpu")
     throw Error(where + "'" + text + "': this build has no CUDA device support yet; " + forms);
-  if (platform != "cpu") throw Error(where + "'" + text + "' is not a device set; " + forms);
-  if (colon == std::string::npos) return {"cpu", 1};
+  // The platform is a backend's name (checked against the registered backends where a mesh is made).
+  const bool name_ok = !platform.empty() && std::isalpha(static_cast<unsigned char>(platform[0])) &&
+                       std::all_of(platform.begin(), platform.end(), [](unsigned char c) {
+                         return std::isalnum(c) || c == '_';
+                       });
+  if (!name_ok) throw Error(where + "'" + text + "' is not a device set; " + forms);
+  if (colon == std::string::npos) return {platform, 1};
   std::string count = trim(t.substr(colon + 1));
   bool digits = !count.empty() && count.size() <= 6 &&
                 std::all_of(count.begin(), count.end(), [](unsigned char c) { return std::isdigit(c); });
   int64_t n = digits ? std::stoll(count) : 0;
   if (n < 1 || n > kMaxDevices) throw Error(where + "'" + text + "' is not a device set; " + forms);
-  return {"cpu", n};
+  return {platform, n};
 }
 
 int available_cores() {

@@ -176,6 +176,7 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
                                             const std::function<CollectiveGroups(const Node&)>& groups) {
   using Impl = Executable::Impl;
   auto impl = std::make_unique<Impl>();
+  impl->backend = &backend_for(opt.platform);
   src.verify();
   impl->graph = simplify(src, opt);
   Graph& g = *impl->graph;

@@ -35,8 +35,8 @@ std::vector<Group> form_groups(const Graph& g, const Backend& backend, bool fuse
   std::vector<Group> groups;
   std::map<int64_t, int> open_by_count;  // element count -> open fused group
   group_of.assign(nodes.size(), -1);
-  constexpr size_t kMaxGroup = 48;
-  constexpr int kWindow = 32;  // a group left alone for this many nodes closes (bounds lifetimes)
+  const FusionLimits limits = backend.fusion();
+  fuse_on = fuse_on && limits.enabled;
   auto close = [&](int u) {
     for (auto it = open_by_count.begin(); it != open_by_count.end(); ++it)
       if (it->second == u) {
@@ -47,7 +47,7 @@ std::vector<Group> form_groups(const Graph& g, const Backend& backend, bool fuse
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];
     for (auto it = open_by_count.begin(); it != open_by_count.end();)
-      it = groups[it->second].nodes.back() + kWindow < static_cast<int>(i) ? open_by_count.erase(it) : std::next(it);
+      it = groups[it->second].nodes.back() + limits.window < static_cast<int>(i) ? open_by_count.erase(it) : std::next(it);
     std::vector<int> reads;  // open groups this node reads
     for (int v : n.inputs) {
       int p = g.values()[v].producer;
@@ -60,13 +60,13 @@ std::vector<Group> form_groups(const Graph& g, const Backend& backend, bool fuse
     const bool coll = is_async_primitive(*n.prim);
     int64_t count = n.outputs.empty() ? -1 : g.type(n.outputs[0]).numel();
     auto cand = open_by_count.find(count);
-    int join = (cand != open_by_count.end() && groups[cand->second].nodes.size() < kMaxGroup) ? cand->second : -1;
+    int join = (cand != open_by_count.end() && groups[cand->second].nodes.size() < limits.max_group) ? cand->second : -1;
     // A broadcast fuses as a strided load of an external operand, never of a value inside its group.
     // A reshape keeps the flat order, so in a group it is only a new name for its operand's tile.
     bool fuse = !coll && fuse_on &&
                 (backend.can_fuse(g, n) || is_reshape(n) ||
                  (is_broadcast(n) && std::find(reads.begin(), reads.end(), join) == reads.end()));
-    if (!coll && !fuse_on && backend.can_fuse(g, n)) fuse = true;  // a single-node loop, never joined
+    if (!coll && !fuse_on && limits.enabled && backend.can_fuse(g, n)) fuse = true;  // a single-node loop, never joined
     for (int u : reads)
       if (!(fuse && fuse_on && u == join)) close(u);
     if (fuse && fuse_on && join >= 0 && open_by_count.count(count)) {

@@ -7,7 +7,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "backend/cpu/kernel.h"
+#include "backend/backend.h"
 #include "core/exclusive.h"
 #include "distributed/communicator.h"
 #include "ir/primitive.h"
@@ -116,11 +116,12 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram progra
   setup.device_ids.clear();
   for (int p : impl->positions) setup.device_ids.push_back(mesh.device_ids()[p]);
   setup.comm = comm;
-  const int threads = cpu::num_threads();
+  const int threads = backend_for(mesh.platform()).num_threads();
   setup.over_devices =
       par == DeviceParallelism::over_devices || (par == DeviceParallelism::automatic && D > 1 && D >= threads);
   setup.groups = collective_groups(mesh);
   CompileOptions opt = copt;
+  opt.platform = mesh.platform();
   if (opt.output_donors.empty()) opt.output_donors = impl->prog.output_donors;
   impl->exe = compile_on_devices(*impl->prog.local, opt, setup);
   impl->ins.resize(static_cast<size_t>(D));

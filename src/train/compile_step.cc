@@ -57,6 +57,7 @@ Lowered lower(const StepProgram& p, const ShardingPlan& plan, const std::vector<
   ShardingDecision d = decide_train_step(p, plan, state_specs, batch_types, bucket_bytes_for(plan, options.sharding));
   l.local = partition(*p.graph, d);
   l.compile = options.compile;
+  l.compile.platform = plan.mesh.platform();
   l.compile.one_forward_pass = p.micro.size() <= 1;
   offload_local(l.local, p, offload, l.compile);
   l.compile.output_donors = l.local.output_donors;  // the state, donated (planned once)

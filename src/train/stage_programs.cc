@@ -517,6 +517,7 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
   // crossing programs keeps the layout its producer gives it; params are replicated, the batch
   // split over the batch axis, and the loss and gradients of a microbatch replicated (all-reduced).
   CompileOptions o = copt;
+  o.platform = plan.mesh.platform();
   o.output_donors.clear();
   o.memory_limit_bytes = o.host_memory_limit_bytes = 0;
   o.one_forward_pass = false;

@@ -64,7 +64,8 @@ TEST(Devices, ParseCpuSets) {
   EXPECT_EQ(DeviceSet{}.to_string(), "cpu:1");
   EXPECT_EQ(error_of([] { parse_devices("cpu:zero"); }),
             "[devices] 'cpu:zero' is not a device set; use cpu (one device) or cpu:N with 1 <= N <= 65536 (N virtual "
-            "CPU devices, e.g. cpu:8)");
+            "CPU devices, e.g. cpu:8); another backend's devices likewise (ref:2)");
+  EXPECT_EQ(parse_devices("ref:2"), (DeviceSet{"ref", 2}));
   EXPECT_NE(error_of([] { parse_devices("cuda:4"); }).find("[devices] 'cuda:4': this build has no CUDA device support"),
             std::string::npos);
 }
@@ -109,7 +110,8 @@ TEST(Devices, CreateErrorsNameTheAxesAndTheFix) {
             std::string::npos);
   EXPECT_NE(error_of([&] {
               Mesh::create({{"data", 4}}, {"cuda", 4});
-            }).find("platform 'cuda' is not supported yet"),
+            }).find("[mesh] platform 'cuda' has no backend; meshes are made on the devices of a registered platform "
+                    "(cpu"),
             std::string::npos);
 }
 

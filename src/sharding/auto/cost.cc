@@ -171,6 +171,7 @@ StepCost cost_program(const SpmdProgram& program, const Cluster& cluster, const 
   const DeviceSpec dev = cluster.device_on(mesh);
   check_device(dev, cluster.name);
   CompileOptions opt = copt;
+  opt.platform = mesh.platform();
   if (opt.output_donors.empty()) opt.output_donors = program.output_donors;  // a training step's state
   opt.memory_limit_bytes = 0;  // the cost reports whether it fits; it does not refuse
   PlannedProgram plan = plan_program(*program.local, opt, collective_groups(mesh));

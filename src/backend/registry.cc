@@ -1,0 +1,83 @@
+// Backends by platform: the built-in ones, registered on first use, and any a program adds.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <mutex>
+
+#include "backend/backend.h"
+#include "parallax/core.h"
+
+namespace px {
+
+namespace {
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, std::function<Backend&()>>& registry() {
+  static std::map<std::string, std::function<Backend&()>> r;
+  return r;
+}
+
+void add(const std::string& platform, std::function<Backend&()> get) {
+  if (!registry().emplace(platform, std::move(get)).second)
+    throw Error("[backend] platform '" + platform + "' is registered twice");
+}
+
+// The built-in backends; the registry lock is held.
+void register_builtins() {
+  static bool done = false;
+  if (std::exchange(done, true)) return;
+  add("cpu", cpu_backend);
+}
+
+}  // namespace
+
+void register_backend(const std::string& platform, std::function<Backend&()> get) {
+  const bool name_ok = !platform.empty() && std::islower(static_cast<unsigned char>(platform[0])) &&
+                       std::all_of(platform.begin(), platform.end(), [](unsigned char c) {
+                         return std::islower(c) || std::isdigit(c) || c == '_';
+                       });
+  if (!name_ok)
+    throw Error("[backend] platform name '" + platform +
+                "' is not valid: use lower-case letters, digits and '_', starting with a letter (as in PX_DEVICES)");
+  if (!get) throw Error("[backend] platform '" + platform + "' registered without a backend");
+  std::lock_guard<std::mutex> l(registry_mutex());
+  register_builtins();
+  add(platform, std::move(get));
+}
+
+bool has_backend(const std::string& platform) {
+  std::lock_guard<std::mutex> l(registry_mutex());
+  register_builtins();
+  return registry().count(platform) != 0;
+}
+
+std::vector<std::string> backend_platforms() {
+  std::lock_guard<std::mutex> l(registry_mutex());
+  register_builtins();
+  std::vector<std::string> names;
+  for (const auto& [name, get] : registry()) names.push_back(name);
+  return names;
+}
+
+Backend& backend_for(const std::string& platform) {
+  std::function<Backend&()> get;
+  {
+    std::lock_guard<std::mutex> l(registry_mutex());
+    register_builtins();
+    auto it = registry().find(platform);
+    if (it != registry().end()) get = it->second;
+  }
+  if (!get)
+    throw UserError(fmt::format("[backend] no backend for platform '{}'; the registered platforms are {} (e.g. "
+                                "PX_DEVICES=cpu:2), and a backend of your own registers with px::register_backend",
+                                platform, fmt::join(backend_platforms(), ", ")));
+  return get();
+}
+
+}  // namespace px
