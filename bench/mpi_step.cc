@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "distributed/communicator.h"
 #include "gpt_common.h"
+#include "parallax/communicator.h"
 #include "parallax/distributed.h"
 #include "parallax/nn.h"
 #include "parallax/parallel.h"

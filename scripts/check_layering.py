@@ -44,6 +44,7 @@ HEADERS = {
     "text.h": "text", "data.h": "data", "text_data.h": "data", "sharding.h": "sharding", "spmd.h": "sharding",
     "strategy.h": "sharding", "auto.h": "sharding", "parallel.h": "sharding", "checkpoint.h": "checkpoint",
     "train.h": "train", "plan.h": "train", "pax.h": "pax", "pipeline.h": "sharding",
+    "backend.h": "backend", "communicator.h": "distributed",
 }
 UMBRELLA = {"parallax.h"}
 

@@ -63,6 +63,9 @@ struct Node {
   std::vector<int> outputs;  // value ids
   std::string name;          // optional, for tags (remat names) and debugging
 };
+// The name n's primitive is registered under ("add", "dot_general"): what a backend keys its
+// kernels by (parallax/backend.h).
+const std::string& primitive_name(const Node& n);
 
 struct ValueInfo {
   TensorType type;

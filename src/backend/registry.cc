@@ -7,7 +7,7 @@
 #include <map>
 #include <mutex>
 
-#include "backend/backend.h"
+#include "parallax/backend.h"
 #include "parallax/core.h"
 
 namespace px {
@@ -39,9 +39,8 @@ void register_builtins() {
 
 void register_backend(const std::string& platform, std::function<Backend&()> get) {
   const bool name_ok = !platform.empty() && std::islower(static_cast<unsigned char>(platform[0])) &&
-                       std::all_of(platform.begin(), platform.end(), [](unsigned char c) {
-                         return std::islower(c) || std::isdigit(c) || c == '_';
-                       });
+                       std::all_of(platform.begin(), platform.end(),
+                                   [](unsigned char c) { return std::islower(c) || std::isdigit(c) || c == '_'; });
   if (!name_ok)
     throw Error("[backend] platform name '" + platform +
                 "' is not valid: use lower-case letters, digits and '_', starting with a letter (as in PX_DEVICES)");
@@ -74,9 +73,10 @@ Backend& backend_for(const std::string& platform) {
     if (it != registry().end()) get = it->second;
   }
   if (!get)
-    throw UserError(fmt::format("[backend] no backend for platform '{}'; the registered platforms are {} (e.g. "
-                                "PX_DEVICES=cpu:2), and a backend of your own registers with px::register_backend",
-                                platform, fmt::join(backend_platforms(), ", ")));
+    throw UserError(
+        fmt::format("[backend] no backend for platform '{}'; the registered platforms are {} (e.g. "
+                    "PX_DEVICES=cpu:2), and a backend of your own registers with px::register_backend",
+                    platform, fmt::join(backend_platforms(), ", ")));
   return get();
 }
 

@@ -1,6 +1,6 @@
 // The Communicator's non-virtual front: argument checks and byte accounting, shared by every
 // implementation so that all of them count the same way.
-#include "distributed/communicator.h"
+#include "parallax/communicator.h"
 
 #include <sstream>
 

@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "backend/cpu/kernel.h"
-#include "distributed/communicator.h"
 #include "distributed/position_collectives.h"
+#include "parallax/communicator.h"
 
 namespace px {
 

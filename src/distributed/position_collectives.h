@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "distributed/communicator.h"
+#include "parallax/communicator.h"
 
 namespace px::collective_math {
 

@@ -22,7 +22,7 @@
 #include <memory>
 #include <vector>
 
-#include "distributed/communicator.h"
+#include "parallax/communicator.h"
 
 namespace px {
 

@@ -440,4 +440,6 @@ std::unique_ptr<Graph> cse(const Graph& g, std::vector<int>* value_map) {
   return out;
 }
 
+const std::string& primitive_name(const Node& n) { return n.prim->name; }
+
 }  // namespace px

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <utility>
 
-#include "distributed/communicator.h"
+#include "parallax/communicator.h"
 #include "pax/model.h"
 
 namespace px::pax {
@@ -50,7 +50,8 @@ std::optional<int64_t> Checkpoints::finish() {
 void Checkpoints::save(int64_t step, const StepRunner& runner, const std::string& config_json,
                        const std::string& data_state) {
   Checkpoint c = runner.snapshot();
-  if (c.step != step) throw InternalError("[pax] checkpoint of step " + std::to_string(step) + " holds step " + std::to_string(c.step));
+  if (c.step != step)
+    throw InternalError("[pax] checkpoint of step " + std::to_string(step) + " holds step " + std::to_string(c.step));
   c.config_json = config_json;
   c.data_state_json = data_state.empty() ? "null" : data_state;
   // Over several processes the save's barriers are collectives: they must run on this thread, in

@@ -20,8 +20,8 @@
 #include <sstream>
 
 #include "core/env.h"
-#include "distributed/communicator.h"
 #include "parallax/auto.h"
+#include "parallax/communicator.h"
 #include "parallax/io.h"
 #include "parallax/memory.h"
 #include "parallax/nn/pretrained.h"

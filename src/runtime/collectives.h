@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "distributed/communicator.h"
+#include "parallax/communicator.h"
 #include "parallax/graph.h"
 
 namespace px {

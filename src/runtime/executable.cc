@@ -17,12 +17,12 @@
 #include <map>
 #include <sstream>
 
-#include "backend/backend.h"
 #include "core/dump.h"
 #include "core/env.h"
 #include "core/exclusive.h"
 #include "core/log.h"
 #include "ir/primitive.h"
+#include "parallax/backend.h"
 #include "parallax/passes.h"
 #include "runtime/compile_passes.h"
 #include "runtime/order.h"

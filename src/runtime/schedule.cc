@@ -4,10 +4,10 @@
 #include <map>
 #include <sstream>
 
-#include "backend/backend.h"
 #include "core/env.h"
 #include "ir/primitive.h"
 #include "ops/prims.h"
+#include "parallax/backend.h"
 
 namespace px {
 

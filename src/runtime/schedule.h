@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/work.h"  // Unit
+#include "parallax/backend.h"  // Unit
 #include "parallax/graph.h"
 #include "parallax/memory.h"
 

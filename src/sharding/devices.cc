@@ -2,8 +2,8 @@
 #include <charconv>
 #include <limits>
 
-#include "backend/backend.h"
 #include "core/env.h"
+#include "parallax/backend.h"
 #include "parallax/sharding.h"
 
 namespace px {

@@ -7,10 +7,10 @@
 #include <mutex>
 #include <sstream>
 
-#include "backend/backend.h"
 #include "core/exclusive.h"
-#include "distributed/communicator.h"
 #include "ir/primitive.h"
+#include "parallax/backend.h"
+#include "parallax/communicator.h"
 #include "parallax/spmd.h"
 #include "runtime/program.h"
 #include "sharding/groups.h"

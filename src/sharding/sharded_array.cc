@@ -4,9 +4,9 @@
 #include <vector>
 
 #include "backend/cpu/kernel.h"
-#include "parallax/sharding.h"
 #include "core/box.h"
-#include "distributed/communicator.h"
+#include "parallax/communicator.h"
+#include "parallax/sharding.h"
 
 namespace px {
 

@@ -26,9 +26,9 @@
 #include <string>
 #include <vector>
 
-#include "distributed/communicator.h"
 #include "memory/step_program.h"
 #include "parallax/auto.h"
+#include "parallax/communicator.h"
 #include "parallax/pipeline.h"
 #include "parallax/plan.h"
 #include "parallax/runtime.h"

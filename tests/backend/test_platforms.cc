@@ -5,7 +5,7 @@
 
 #include <atomic>
 
-#include "backend/backend.h"
+#include "parallax/backend.h"
 #include "parallax/parallax.h"
 #include "testing.h"
 
@@ -31,7 +31,7 @@ class CountingBackend final : public Backend {
 
 CountingBackend& counting() {
   static CountingBackend b;
-  static const bool registered = (register_backend("counting", [] -> Backend& { return b; }), true);
+  static const bool registered = (register_backend("counting", []() -> Backend& { return b; }), true);
   (void)registered;
   return b;
 }
@@ -72,16 +72,17 @@ TEST(Platforms, BuiltInPlatformsAreListed) {
 TEST(Platforms, BadPlatformsAreNamedWithTheFix) {
   CompileOptions o;
   o.platform = "tpu";
-  EXPECT_NE(testing::error_of([&] { Executable::compile(*small_program(), o); })
-                .find("[backend] no backend for platform 'tpu'; the registered platforms are "),
+  EXPECT_NE(testing::error_of([&] {
+              Executable::compile(*small_program(), o);
+            }).find("[backend] no backend for platform 'tpu'; the registered platforms are "),
             std::string::npos);
-  EXPECT_NE(testing::error_of([] { Mesh::create({{"data", 2}}, DeviceSet{"tpu", 2}); })
-                .find("[mesh] platform 'tpu' has no backend"),
+  EXPECT_NE(testing::error_of([] {
+              Mesh::create({{"data", 2}}, DeviceSet{"tpu", 2});
+            }).find("[mesh] platform 'tpu' has no backend"),
             std::string::npos);
   EXPECT_NE(testing::error_of([] { register_backend("cpu", cpu_backend); }).find("registered twice"),
             std::string::npos);
-  EXPECT_NE(testing::error_of([] { register_backend("My GPU", cpu_backend); }).find("is not valid"),
-            std::string::npos);
+  EXPECT_NE(testing::error_of([] { register_backend("My GPU", cpu_backend); }).find("is not valid"), std::string::npos);
 }
 
 }  // namespace

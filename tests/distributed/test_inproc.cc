@@ -2,7 +2,7 @@
 // each device is charged.
 #include <gtest/gtest.h>
 
-#include "distributed/communicator.h"
+#include "parallax/communicator.h"
 #include "parallax/sharding.h"
 
 namespace px {

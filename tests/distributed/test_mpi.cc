@@ -19,8 +19,8 @@
 #include <map>
 
 #include "core/env.h"
-#include "distributed/communicator.h"
 #include "parallax/checkpoint.h"
+#include "parallax/communicator.h"
 #include "parallax/distributed.h"
 #include "parallax/ops.h"
 #include "parallax/parallel.h"

@@ -6,8 +6,8 @@
 #include <atomic>
 #include <cstring>
 
-#include "distributed/communicator.h"
 #include "distributed/threaded.h"
+#include "parallax/communicator.h"
 #include "parallax/sharding.h"
 #include "testing.h"
 

@@ -8,9 +8,9 @@
 #include <mutex>
 #include <thread>
 
-#include "backend/backend.h"
 #include "backend/cpu/kernel.h"
 #include "ir/primitive.h"
+#include "parallax/backend.h"
 
 namespace px {
 

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed/communicator.h"
+#include "parallax/communicator.h"
 
 namespace px {
 

@@ -17,13 +17,13 @@
 #include <thread>
 
 #include "backend/cpu/kernel.h"
-#include "distributed/communicator.h"
-#include "ir/primitive.h"
+#include "io/regular_file.h"
 #include "io/toml_guard.h"
+#include "ir/primitive.h"
 #include "parallax/auto.h"
+#include "parallax/communicator.h"
 #include "parallax/ops.h"
 #include "parallax/parallel.h"
-#include "io/regular_file.h"
 
 namespace px {
 

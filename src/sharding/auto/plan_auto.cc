@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "distributed/communicator.h"
 #include "parallax/auto.h"
+#include "parallax/communicator.h"
 #include "parallax/distributed.h"
 #include "sharding/auto/solver.h"
 #include "sharding/recipes/step.h"

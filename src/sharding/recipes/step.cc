@@ -12,17 +12,17 @@
 
 #include "core/exclusive.h"
 #include "core/log.h"
-#include "distributed/communicator.h"
 #include "ir/primitive.h"
 #include "memory/rewrite.h"
+#include "ops/prims.h"
 #include "parallax/autodiff.h"
+#include "parallax/communicator.h"
 #include "parallax/ops.h"
 #include "parallax/parallel.h"
 #include "runtime/program.h"
 #include "sharding/auto/solver.h"
 #include "sharding/groups.h"
 #include "sharding/recipes/step.h"
-#include "ops/prims.h"
 
 namespace px {
 namespace {

@@ -1,5 +1,5 @@
-# Installs the build tree into a temporary prefix, builds a consumer of parallax::core only against
-# it and runs it, then fails if the consumer's link line or the built binary names a dependency
+# Installs the build tree into a temporary prefix, builds a consumer of parallax::core only and an
+# out-of-tree backend (examples/custom_backend.cc) against it and runs them, then fails if the consumer's link line or the built binary names a dependency
 # that core does not need. Invoked by CTest (test e2e_find_package_core):
 #   cmake -DBUILD_DIR=... -DWORK_DIR=... -DGENERATOR=... -DCXX=... -P check.cmake
 cmake_minimum_required(VERSION 3.20)  # IN_LIST in script mode
@@ -20,6 +20,7 @@ run("configure" ${CMAKE_COMMAND} -S "${CMAKE_CURRENT_LIST_DIR}" -B "${WORK_DIR}/
     -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DPX_EXPECT_PREFIX=${prefix} --no-warn-unused-cli ${disabled})
 run("build" ${CMAKE_COMMAND} --build "${WORK_DIR}/build")
 run("run" "${WORK_DIR}/build/core_consumer")
+run("run the out-of-tree backend" "${WORK_DIR}/build/custom_backend")
 px_link_report("${WORK_DIR}/build" core_consumer report)
 px_forbidden_in("${report}" found)
 if(found)

@@ -10,13 +10,40 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "backend/work.h"
 #include "parallax/graph.h"
 #include "parallax/memory.h"
 
 namespace px {
+
+// One step of a schedule: a kernel, a fused elementwise group, a view, or the start or wait of a
+// collective or copy.
+struct Unit {
+  enum class Kind { kernel, fused, view, collective_start, collective_wait };
+  Kind kind = Kind::kernel;
+  std::vector<int> nodes;       // graph nodes it runs (fused: members in order)
+  std::vector<int> in_values;   // operands read from outside the unit
+  std::vector<int> out_values;  // results written (fused: only those read outside the group)
+  std::string label;
+  bool alias_safe = false;  // a result may share its buffer with an operand (fused loops, in_place primitives)
+};
+
+// Started asynchronous work. wait() returns once it is complete (outputs written, inputs free to
+// reuse); an event that holds nothing is already complete. Wait exactly once per started call.
+class Event {
+ public:
+  Event() = default;
+  explicit Event(std::function<void()> wait) : wait_(std::move(wait)) {}
+  void wait() {
+    if (wait_) std::exchange(wait_, nullptr)();
+  }
+  bool pending() const { return static_cast<bool>(wait_); }
+
+ private:
+  std::function<void()> wait_;
+};
 
 // A prepared kernel: runs one compute unit on raw operand and result buffers.
 using Kernel = std::function<void(const void* const* in, void* const* out)>;
@@ -30,7 +57,7 @@ struct CopyJob {
 
 // How the schedule may group elementwise nodes into one loop on this backend.
 struct FusionLimits {
-  bool enabled = true;  // false: every node is its own unit (Backend::can_fuse is never asked)
+  bool enabled = true;    // false: every node is its own unit (Backend::can_fuse is never asked)
   size_t max_group = 48;  // nodes in one fused loop
   int window = 32;        // a group no node joined for this many nodes closes (bounds lifetimes)
 };

@@ -1,4 +1,6 @@
-// Collectives behind one interface, for the in-process runtime now and MPI / NCCL later.
+// Collectives behind one interface: in process (inproc.cc, threaded.cc), over MPI (mpi/), and a
+// communicator of your own (NCCL, say) implements it against the installed header (an extension
+// point like parallax/backend.h; docs/adding-a-backend.md).
 //
 // A call is made once per process for all of its local participants: `ins` / `outs` hold one
 // buffer per local participant, in the order of local_positions() (mesh positions). Groups list
@@ -23,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/work.h"
+#include "parallax/backend.h"
 #include "parallax/collectives.h"
 #include "parallax/core.h"
 
@@ -34,7 +36,7 @@ using DeviceGroups = std::vector<std::vector<int>>;
 using Buffers = std::vector<const void*>;
 using MutBuffers = std::vector<void*>;
 
-// A started collective (backend/work.h): wait() returns once its outputs are complete and its
+// A started collective (an Event, parallax/backend.h): wait() returns once its outputs are complete and its
 // inputs may be reused. Wait exactly once per started call.
 using CollectiveHandle = Event;
 
