@@ -39,6 +39,7 @@ KNOWN = {}
 # when it is one of the listed words.
 OTHER_MEANINGS = {
     ("src/backend/cpu/nn.cc", "tanh"): "gelu's `approximate` attribute",
+    ("src/backend/ref/nn.cc", "tanh"): "gelu's `approximate` attribute",
     ("src/backend/cpu/vmath.cc", "exp"): "the vector-math functions by name (vecmath_eval, a test hook)",
     ("src/backend/cpu/vmath.cc", "log"): "the vector-math functions by name",
     ("src/backend/cpu/vmath.cc", "tanh"): "the vector-math functions by name",

@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 
+#include "backend/ref/ref.h"
 #include "parallax/backend.h"
 #include "parallax/core.h"
 
@@ -33,6 +34,7 @@ void register_builtins() {
   static bool done = false;
   if (std::exchange(done, true)) return;
   add("cpu", cpu_backend);
+  add("ref", ref::backend);
 }
 
 }  // namespace
