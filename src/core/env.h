@@ -23,7 +23,7 @@ struct EnvConfig {
   std::string dump_dir;                 // PX_DUMP: where each pass writes its program as text ("" = nowhere)
   bool disable_fusion = false;          // PX_DISABLE_FUSION=1: compile every elementwise op alone
   bool profile = false;                 // PX_PROFILE=1: time every kernel (Executable::profile_report)
-  std::string device_platform = "cpu";  // PX_DEVICES: "cpu" or "cpu:N" (N virtual CPU devices)
+  std::string device_platform = "cpu";  // PX_DEVICES: "cpu" or "cpu:N" (N virtual CPU devices), "ref:N", ...
   int64_t device_count = 1;
   // A malformed PX_DEVICES is reported only where devices are used (default_devices()), so that
   // plain compiles, which need no devices, still work: this holds the error, "" when valid.
