@@ -163,6 +163,7 @@ std::vector<Tensor> Graph::emit(const Primitive& p, const std::vector<Tensor>& i
                   " belongs to a different graph (mixing tensors from two traces)");
     in_types.push_back(type(inputs[i].id()));
   }
+  check_attrs(p, attrs);
   std::vector<TensorType> out_types;
   try {
     out_types = p.infer(in_types, attrs);
@@ -274,6 +275,11 @@ void Graph::verify() const {
     // Built only for an error: verify runs after every pass.
     auto where = [&] { return "[verify] node " + std::to_string(ni) + " (" + (n.prim ? n.prim->name : "?") + ")"; };
     if (!n.prim) throw Error(where() + " has no primitive");
+    try {
+      check_attrs(*n.prim, n.attrs);  // nodes a pass built or changed by hand, too
+    } catch (const Error& e) {
+      throw Error(where() + ": " + e.what());
+    }
     std::vector<TensorType> in_types;
     for (int in : n.inputs) {
       if (in < 0 || in >= static_cast<int>(values_.size()) || !defined[in])

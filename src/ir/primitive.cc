@@ -109,3 +109,82 @@ std::vector<Tensor> emit(const std::string& name, const std::vector<Tensor>& inp
 }
 
 }  // namespace px
+
+namespace px {
+
+namespace {
+
+// Attributes the passes put on nodes of any primitive: the microbatch a node belongs to (a step
+// of several microbatches, src/train/trace_step.cc) and a recomputed copy (src/memory/remat.cc).
+const std::vector<AttrSpec>& annotations() {
+  static const std::vector<AttrSpec> a = {{"microbatch", AttrKind::integer, false}, {"remat", AttrKind::integer, false}};
+  return a;
+}
+
+bool holds(const AttrValue& v, AttrKind k) {
+  switch (k) {
+    case AttrKind::integer:
+      return std::holds_alternative<int64_t>(v);
+    case AttrKind::number:
+      return std::holds_alternative<double>(v) || std::holds_alternative<int64_t>(v);
+    case AttrKind::string:
+      return std::holds_alternative<std::string>(v);
+    case AttrKind::ints:
+      return std::holds_alternative<std::vector<int64_t>>(v);
+    case AttrKind::dtype:
+      return std::holds_alternative<DType>(v);
+    case AttrKind::array:
+      return std::holds_alternative<std::shared_ptr<const Array>>(v);
+  }
+  return false;
+}
+
+std::string takes(const Primitive& p) {
+  if (p.attrs.empty()) return "it takes no attributes";
+  std::string s = "it takes ";
+  for (size_t i = 0; i < p.attrs.size(); ++i)
+    s += (i ? ", " : "") + p.attrs[i].name + " (" + attr_kind_name(p.attrs[i].kind) +
+         (p.attrs[i].required ? "" : ", optional") + ")";
+  return s;
+}
+
+}  // namespace
+
+const char* attr_kind_name(AttrKind k) {
+  switch (k) {
+    case AttrKind::integer:
+      return "an integer";
+    case AttrKind::number:
+      return "a number";
+    case AttrKind::string:
+      return "a string";
+    case AttrKind::ints:
+      return "an integer list";
+    case AttrKind::dtype:
+      return "a dtype";
+    case AttrKind::array:
+      return "an array";
+  }
+  return "?";
+}
+
+void check_attrs(const Primitive& p, const Attrs& attrs) {
+  auto spec_of = [&](const std::string& name) -> const AttrSpec* {
+    for (const AttrSpec& a : p.attrs)
+      if (a.name == name) return &a;
+    for (const AttrSpec& a : annotations())
+      if (a.name == name) return &a;
+    return nullptr;
+  };
+  for (const auto& [name, value] : attrs.items()) {
+    const AttrSpec* a = spec_of(name);
+    if (!a) throw Error("[" + p.name + "] unknown attribute '" + name + "'; " + takes(p));
+    if (!holds(value, a->kind))
+      throw Error("[" + p.name + "] attribute '" + name + "' must be " + attr_kind_name(a->kind) + "; " + takes(p));
+  }
+  for (const AttrSpec& a : p.attrs)
+    if (a.required && !attrs.has(a.name))
+      throw Error("[" + p.name + "] missing attribute '" + a.name + "' (" + attr_kind_name(a.kind) + "); " + takes(p));
+}
+
+}  // namespace px

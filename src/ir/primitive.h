@@ -148,8 +148,23 @@ struct TpTraits {
   View view = View::opaque;
 };
 
+// The attributes of a primitive, typed: a node's attrs are checked against its primitive's list
+// when the node is built (Graph::emit): an unknown name, a value of another type or a missing
+// required attribute is an error naming the primitive and what it takes. Passes annotate nodes
+// of any primitive with a few attributes of their own (kAnnotations), which every primitive takes.
+enum class AttrKind { integer, number, string, ints, dtype, array };  // number: a float (an integer is taken too)
+struct AttrSpec {
+  std::string name;
+  AttrKind kind;
+  bool required = true;
+};
+const char* attr_kind_name(AttrKind k);  // "an integer", "a number", ...
+// Throws px::Error("[prim] ...") when `attrs` do not fit p.attrs (or kAnnotations).
+void check_attrs(const Primitive& p, const Attrs& attrs);
+
 struct Primitive {
   std::string name;
+  std::vector<AttrSpec> attrs;  // what its nodes carry (empty: no attributes)
   InferFn infer;          // throws px::Error("[name] ...") on bad input
   VjpFn vjp;              // null: not differentiable (integer/bool-valued ops)
   ShardingFn sharding;    // null: every dim whole (never sharded)

@@ -259,12 +259,14 @@ void register_elementwise_primitives() {
   // the consumer's loop instead of being materialized.
   Primitive c;
   c.name = "constant";
+  c.attrs = {{"value", AttrKind::array}};
   c.infer = infer_constant;
   c.cost = copy_cost;
   register_primitive(std::move(c));
 
   Primitive f;
   f.name = "full";
+  f.attrs = {{"shape", AttrKind::ints}, {"value", AttrKind::number}, {"dtype", AttrKind::dtype}};
   f.infer = infer_full;
   f.sharding = eltwise_sharding();
   f.cost = copy_cost;
@@ -273,6 +275,7 @@ void register_elementwise_primitives() {
 
   Primitive io;
   io.name = "iota";
+  io.attrs = {{"shape", AttrKind::ints}, {"axis", AttrKind::integer}, {"dtype", AttrKind::dtype}};
   io.infer = infer_iota;
   io.sharding = [](const Types& in, const Types& out, const Attrs& attrs) {
     // The iota axis stays whole: a shard would need its offset.
@@ -289,6 +292,7 @@ void register_elementwise_primitives() {
 
   Primitive b;
   b.name = "broadcast_in_dim";
+  b.attrs = {{"shape", AttrKind::ints}, {"dims", AttrKind::ints}};
   b.infer = infer_broadcast_in_dim;
   b.vjp = vjp_broadcast_in_dim;
   b.sharding = broadcast_sharding;
@@ -346,6 +350,7 @@ void register_elementwise_primitives() {
 
   Primitive cst;
   cst.name = "cast";
+  cst.attrs = {{"dtype", AttrKind::dtype}};
   cst.infer = [](const Types& in, const Attrs& attrs) {
     check_arity("cast", in, 1);
     return Types{TensorType{attrs.dtype("dtype"), in[0].shape}};
@@ -371,6 +376,12 @@ void register_elementwise_primitives() {
 
   Primitive tg;
   tg.name = "tag";
+  // px::remat marks its region's boundaries with tags that also carry the region's id, policy and
+  // saved names (src/memory/remat.cc).
+  tg.attrs = {{"name", AttrKind::string},
+              {"region", AttrKind::integer, false},
+              {"policy", AttrKind::string, false},
+              {"names", AttrKind::string, false}};
   tg.infer = [](const Types& in, const Attrs& attrs) {
     check_arity("tag", in, 1);
     attrs.s("name");

@@ -171,7 +171,7 @@ void register_index_primitives() {
   // A row-split table (vocab-parallel embedding): each device looks up the rows it holds and
   // zeros the others, leaving partial sums. The rows yield their mesh axis to the indices' batch
   // dims, so that data-parallel lookups stay local.
-  Primitive take_p{"take", take_infer,
+  Primitive take_p{"take", {}, take_infer,
                    [](const VjpArgs& v) -> std::vector<Tensor> {
                      const Tensor& ct = v.cotangents[0];
                      if (!ct.defined()) return {Tensor(), Tensor()};
@@ -187,7 +187,7 @@ void register_index_primitives() {
   register_primitive(std::move(take_p));
 
   // Split update rows leave partial sums; a row-split result keeps the updates landing in its rows.
-  Primitive scatter_p{"scatter_add", scatter_add_infer,
+  Primitive scatter_p{"scatter_add", {{"num_rows", AttrKind::integer}}, scatter_add_infer,
                       [](const VjpArgs& v) -> std::vector<Tensor> {
                         const Tensor& ct = v.cotangents[0];
                         if (!ct.defined()) return {Tensor(), Tensor()};
@@ -203,7 +203,8 @@ void register_index_primitives() {
   scatter_p.spmd.local_form = scatter_add_local_form;
   register_primitive(std::move(scatter_p));
 
-  register_primitive({"one_hot", one_hot_infer, nullptr, one_hot_rule, nullptr});
+  register_primitive({"one_hot", {{"depth", AttrKind::integer}, {"dtype", AttrKind::dtype}}, one_hot_infer, nullptr,
+                      one_hot_rule, nullptr});
 }
 
 }  // namespace px

@@ -260,6 +260,11 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 void register_matmul_primitives() {
   Primitive p;
   p.name = kDot;
+  p.attrs = {{"lhs_contract", AttrKind::ints},
+             {"rhs_contract", AttrKind::ints},
+             {"lhs_batch", AttrKind::ints},
+             {"rhs_batch", AttrKind::ints},
+             {"dtype", AttrKind::dtype, false}};  // the result's dtype; default: the operands'
   p.infer = infer_dot;
   p.vjp = dot_vjp;
   p.sharding = dot_sharding;

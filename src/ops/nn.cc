@@ -399,6 +399,7 @@ void register_nn_primitives() {
   {
     Primitive p;
     p.name = "softmax";
+    p.attrs = {{"axis", AttrKind::integer}};
     p.infer = [](const std::vector<TensorType>& in, const Attrs& a) { return infer_softmax_like("softmax", in, a); };
     p.vjp = softmax_vjp;
     p.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) {
@@ -413,6 +414,7 @@ void register_nn_primitives() {
   {
     Primitive p;
     p.name = "log_softmax";
+    p.attrs = {{"axis", AttrKind::integer}};
     p.infer = [](const std::vector<TensorType>& in, const Attrs& a) {
       return infer_softmax_like("log_softmax", in, a);
     };
@@ -429,6 +431,7 @@ void register_nn_primitives() {
   {
     Primitive p;
     p.name = "layer_norm";
+    p.attrs = {{"eps", AttrKind::number}};
     p.infer = [](const std::vector<TensorType>& in, const Attrs&) { return infer_norm("layer_norm", in, 2, 2); };
     p.vjp = layer_norm_vjp;
     p.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
@@ -443,6 +446,7 @@ void register_nn_primitives() {
   {
     Primitive p;
     p.name = "rms_norm";
+    p.attrs = {{"eps", AttrKind::number}};
     p.infer = [](const std::vector<TensorType>& in, const Attrs&) { return infer_norm("rms_norm", in, 1, 1); };
     p.vjp = rms_norm_vjp;
     p.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
@@ -461,9 +465,10 @@ void register_nn_primitives() {
                                                              : std::vector<int>{r.operands[0].back()};
                            },
                            ShardingRule::Kind::parallel, false};
-  auto eltwise_prim = [](const char* name, VjpFn vjp, double flops) {
+  auto eltwise_prim = [](const char* name, std::vector<AttrSpec> attrs, VjpFn vjp, double flops) {
     Primitive p;
     p.name = name;
+    p.attrs = std::move(attrs);
     std::string n = name;
     p.infer = [n](const std::vector<TensorType>& in, const Attrs& a) { return infer_unary_float(n.c_str(), in, a); };
     p.vjp = std::move(vjp);
@@ -476,13 +481,15 @@ void register_nn_primitives() {
     p.elementwise = true;
     register_primitive(std::move(p));
   };
-  eltwise_prim("gelu", gelu_vjp, 10);
-  eltwise_prim("gelu_grad", gelu_grad_vjp, 16);
-  eltwise_prim("silu", silu_vjp, 5);
+  eltwise_prim("gelu", {{"approximate", AttrKind::string}}, gelu_vjp, 10);  // "erf" or "tanh"
+  eltwise_prim("gelu_grad", {{"approximate", AttrKind::string}}, gelu_grad_vjp, 16);
+  eltwise_prim("silu", {}, silu_vjp, 5);
   // The loss and its gradient: one rule, split over the classes by the same local form.
-  auto ce_prim = [&](const char* name, InferFn infer, VjpFn vjp, double flops_per_element, bool grad) {
+  auto ce_prim = [&](const char* name, std::vector<AttrSpec> attrs, InferFn infer, VjpFn vjp,
+                     double flops_per_element, bool grad) {
     Primitive p;
     p.name = name;
+    p.attrs = std::move(attrs);
     p.infer = std::move(infer);
     p.vjp = std::move(vjp);
     p.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
@@ -498,8 +505,9 @@ void register_nn_primitives() {
     p.tp.mixes_features = !grad;
     register_primitive(std::move(p));
   };
-  ce_prim("softmax_cross_entropy", infer_ce, ce_vjp, 4, false);
-  ce_prim("softmax_cross_entropy_grad", infer_ce_grad, ce_grad_vjp, 6, true);
+  ce_prim("softmax_cross_entropy", {{"ignore_index", AttrKind::integer}}, infer_ce, ce_vjp, 4, false);
+  ce_prim("softmax_cross_entropy_grad", {{"ignore_index", AttrKind::integer}, {"out_dtype", AttrKind::dtype, false}},
+          infer_ce_grad, ce_grad_vjp, 6, true);
 }
 
 }  // namespace px

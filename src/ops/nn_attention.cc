@@ -196,6 +196,7 @@ void register_attention_primitives() {
   {
     Primitive p;
     p.name = "attention";
+    p.attrs = {{"causal", AttrKind::integer}, {"scale", AttrKind::number}, {"key_padding", AttrKind::integer}};
     p.infer = infer_attention;
     p.vjp = attention_vjp;
     p.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) {
@@ -209,6 +210,7 @@ void register_attention_primitives() {
   {
     Primitive p;
     p.name = "attention_grad";
+    p.attrs = {{"causal", AttrKind::integer}, {"scale", AttrKind::number}, {"key_padding", AttrKind::integer}};
     p.infer = infer_attention_grad;
     p.vjp = attention_grad_vjp;
     p.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) {

@@ -81,6 +81,10 @@ std::vector<Tensor> adamw_decompose(const std::vector<Tensor>& x, const Attrs& a
 void register_optim_primitives() {
   Primitive p;
   p.name = "adamw_update";
+  p.attrs = {{"beta1", AttrKind::number},
+             {"beta2", AttrKind::number},
+             {"eps", AttrKind::number},
+             {"decay", AttrKind::integer}};
   p.infer = infer_adamw;
   p.sharding = adamw_rule;
   p.cost = adamw_cost;

@@ -123,6 +123,7 @@ void register_reduce_primitives() {
   // A split reduced dim leaves partial sums (partial maxima) that an all-reduce combines. Reductions
   // mix a row's features, so a TP column split does not carry through them.
   Primitive sum_p{"reduce_sum",
+                  {{"axes", AttrKind::ints}},
                   [](const std::vector<TensorType>& in, const Attrs& a) { return reduce_infer("reduce_sum", in, a); },
                   [](const VjpArgs& v) -> std::vector<Tensor> {
                     const Tensor& ct = v.cotangents[0];
@@ -138,6 +139,7 @@ void register_reduce_primitives() {
 
   // The cotangent goes to the positions that equal the max, split evenly among ties.
   Primitive max_p{"reduce_max",
+                  {{"axes", AttrKind::ints}},
                   [](const std::vector<TensorType>& in, const Attrs& a) { return reduce_infer("reduce_max", in, a); },
                   [](const VjpArgs& v) -> std::vector<Tensor> {
                     const Tensor& ct = v.cotangents[0];

@@ -55,6 +55,15 @@ std::vector<TensorType> infer_draw(const char* op, const std::vector<TensorType>
   return {TensorType{dt, shape}};
 }
 
+// The attributes of a draw: its shape and dtype, and for a block of a larger draw (its local
+// form) the global shape and, unless an origin operand gives it, the block's offset.
+std::vector<AttrSpec> draw_attrs() {
+  return {{"shape", AttrKind::ints},
+          {"dtype", AttrKind::dtype},
+          {"global_shape", AttrKind::ints, false},
+          {"offset", AttrKind::ints, false}};
+}
+
 bool is_block(const Attrs& a) { return a.has("global_shape") || a.has("offset"); }
 
 // Result dims are parallel: a local shard must carry global_shape and its origin. A draw that is
@@ -153,6 +162,7 @@ void register_rng_primitives() {
   {
     Primitive p;
     p.name = "fold_in";
+    p.attrs = {{"data", AttrKind::integer}};
     p.infer = [](const std::vector<TensorType>& in, const Attrs& a) {
       check_key("fold_in", in);
       a.i("data");
@@ -166,6 +176,9 @@ void register_rng_primitives() {
   {
     Primitive p;
     p.name = "random_uniform";
+    p.attrs = draw_attrs();
+    p.attrs.push_back({"lo", AttrKind::number});
+    p.attrs.push_back({"hi", AttrKind::number});
     p.infer = [](const std::vector<TensorType>& in, const Attrs& a) {
       if (!(a.f("lo") < a.f("hi"))) throw Error("[random_uniform] needs lo < hi");
       return infer_draw("random_uniform", in, a);
@@ -181,6 +194,7 @@ void register_rng_primitives() {
   {
     Primitive p;
     p.name = "random_normal";
+    p.attrs = draw_attrs();
     p.infer = [](const std::vector<TensorType>& in, const Attrs& a) { return infer_draw("random_normal", in, a); };
     p.sharding = draw_rule;
     p.spmd.positional.factors = draw_positional;

@@ -409,7 +409,7 @@ Tensor squeeze(const Tensor& x, int64_t axis) {
 
 void register_shape_primitives() {
   // Moves of elements are linear: partial sums pass through them unreduced.
-  Primitive reshape_p{"reshape", reshape_infer,
+  Primitive reshape_p{"reshape", {{"shape", AttrKind::ints}}, reshape_infer,
                       [](const VjpArgs& v) -> std::vector<Tensor> {
                         if (!v.cotangents[0].defined()) return {Tensor()};
                         return {reshape(v.cotangents[0], v.inputs[0].shape())};
@@ -419,7 +419,7 @@ void register_shape_primitives() {
   reshape_p.tp.view = TpTraits::View::layout;
   register_primitive(std::move(reshape_p));
 
-  Primitive transpose_p{"transpose", transpose_infer,
+  Primitive transpose_p{"transpose", {{"perm", AttrKind::ints}}, transpose_infer,
                         [](const VjpArgs& v) -> std::vector<Tensor> {
                           if (!v.cotangents[0].defined()) return {Tensor()};
                           const Ints& perm = v.attrs.ints("perm");
@@ -432,7 +432,9 @@ void register_shape_primitives() {
   register_primitive(std::move(transpose_p));
 
   // The vjp of a (strided) slice puts the cotangent back with zeros around and between.
-  register_primitive({"slice", slice_infer,
+  register_primitive({"slice",
+                      {{"starts", AttrKind::ints}, {"limits", AttrKind::ints}, {"strides", AttrKind::ints, false}},
+                      slice_infer,
                       [](const VjpArgs& v) -> std::vector<Tensor> {
                         const Tensor& ct = v.cotangents[0];
                         if (!ct.defined()) return {Tensor()};
@@ -450,7 +452,12 @@ void register_shape_primitives() {
                       },
                       slice_rule, slice_cost});
 
-  register_primitive({"pad", pad_infer,
+  register_primitive({"pad",
+                      {{"lo", AttrKind::ints},
+                       {"hi", AttrKind::ints},
+                       {"interior", AttrKind::ints, false},
+                       {"value", AttrKind::number, false}},
+                      pad_infer,
                       [](const VjpArgs& v) -> std::vector<Tensor> {
                         const Tensor& ct = v.cotangents[0];
                         if (!ct.defined()) return {Tensor()};
@@ -466,7 +473,7 @@ void register_shape_primitives() {
                       },
                       pad_rule, copy_cost});
 
-  Primitive concat_p{"concat", concat_infer,
+  Primitive concat_p{"concat", {{"axis", AttrKind::integer}}, concat_infer,
                      [](const VjpArgs& v) -> std::vector<Tensor> {
                        const Tensor& ct = v.cotangents[0];
                        if (!ct.defined()) return std::vector<Tensor>(v.inputs.size());

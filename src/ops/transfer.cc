@@ -8,6 +8,8 @@ namespace px {
 void register_memory_primitives() {
   Primitive t;
   t.name = "transfer";
+  // group: the prefetch group (a layer's params) whose fetches the schedule counts as one slot.
+  t.attrs = {{"to", AttrKind::string}, {"group", AttrKind::string, false}};
   t.infer = [](const std::vector<TensorType>& in, const Attrs& attrs) {
     if (in.size() != 1) throw Error("[transfer] takes one operand, got " + std::to_string(in.size()));
     parse_memory_kind(attrs.s("to"));

@@ -66,10 +66,13 @@ std::vector<TensorType> identity_infer(const std::vector<TensorType>& in, const 
 
 // Local-graph primitives: not differentiable, never sharded again, default cost. Collectives run
 // through the Communicator; local_slice is an ordinary kernel.
-void register_local(const std::string& name, InferFn infer, std::optional<CollectiveKind> collective,
-                    bool no_cse = false) {
+void register_local(const std::string& name, std::vector<AttrSpec> attrs, InferFn infer,
+                    std::optional<CollectiveKind> collective, bool no_cse = false) {
   Primitive p;
   p.name = name;
+  // Every one names the mesh axes it runs over ("data,model") and the size of their group.
+  p.attrs = {{"axes", AttrKind::string}, {"group", AttrKind::integer}};
+  p.attrs.insert(p.attrs.end(), attrs.begin(), attrs.end());
   p.infer = std::move(infer);
   p.spmd.collective = collective;
   p.no_cse = no_cse;
@@ -79,6 +82,9 @@ void register_local(const std::string& name, InferFn infer, std::optional<Collec
 void register_prims() {
   Primitive sc;
   sc.name = "sharding_constraint";
+  // reads: a layout for some readers only, not the value's own; regather: gather it again
+  // (src/sharding/decision.cc).
+  sc.attrs = {{"spec", AttrKind::string}, {"reads", AttrKind::integer, false}, {"regather", AttrKind::integer, false}};
   sc.infer = [](const std::vector<TensorType>& in, const Attrs& a) {
     expect_n("sharding_constraint", in, 1);
     PartitionSpec spec = PartitionSpec::parse(a.s("spec"));
@@ -99,20 +105,23 @@ void register_prims() {
   sc.tp.view = TpTraits::View::same_dims;
   register_primitive(sc);
 
-  register_local("all_reduce", [](const std::vector<TensorType>& in, const Attrs& a) {
+  register_local("all_reduce", {{"reduce", AttrKind::string}},
+                 [](const std::vector<TensorType>& in, const Attrs& a) {
     expect_n("all_reduce", in, 1);
     group_of("all_reduce", a);
     check_reduce("all_reduce", a);
     return identity_infer(in, a);
   }, CollectiveKind::all_reduce);
-  register_local("all_gather", [](const std::vector<TensorType>& in, const Attrs& a) {
+  register_local("all_gather", {{"dim", AttrKind::integer}},
+                 [](const std::vector<TensorType>& in, const Attrs& a) {
     expect_n("all_gather", in, 1);
     int d = checked_dim("all_gather", in[0], a, "dim");
     TensorType t = in[0];
     t.shape[d] *= group_of("all_gather", a);
     return std::vector<TensorType>{t};
   }, CollectiveKind::all_gather, /*no_cse=*/true);  // a second gather of one value is on purpose (ZeRO-3 gathers again for the backward pass)
-  register_local("reduce_scatter", [](const std::vector<TensorType>& in, const Attrs& a) {
+  register_local("reduce_scatter", {{"dim", AttrKind::integer}, {"reduce", AttrKind::string}},
+                 [](const std::vector<TensorType>& in, const Attrs& a) {
     expect_n("reduce_scatter", in, 1);
     check_reduce("reduce_scatter", a);
     int d = checked_dim("reduce_scatter", in[0], a, "dim");
@@ -122,7 +131,8 @@ void register_prims() {
     t.shape[d] /= g;
     return std::vector<TensorType>{t};
   }, CollectiveKind::reduce_scatter);
-  register_local("all_to_all", [](const std::vector<TensorType>& in, const Attrs& a) {
+  register_local("all_to_all", {{"split_dim", AttrKind::integer}, {"concat_dim", AttrKind::integer}},
+                 [](const std::vector<TensorType>& in, const Attrs& a) {
     expect_n("all_to_all", in, 1);
     int s = checked_dim("all_to_all", in[0], a, "split_dim");
     int c = checked_dim("all_to_all", in[0], a, "concat_dim");
@@ -134,7 +144,8 @@ void register_prims() {
     return std::vector<TensorType>{t};
   }, CollectiveKind::all_to_all);
   // pairs: flattened (source, target) indices within each group; targets not listed get zeros.
-  register_local("collective_permute", [](const std::vector<TensorType>& in, const Attrs& a) {
+  register_local("collective_permute", {{"pairs", AttrKind::ints}},
+                 [](const std::vector<TensorType>& in, const Attrs& a) {
     expect_n("collective_permute", in, 1);
     int64_t g = group_of("collective_permute", a);
     const auto& p = a.ints("pairs");
@@ -145,7 +156,8 @@ void register_prims() {
                     std::to_string(g));
     return identity_infer(in, a);
   }, CollectiveKind::permute);
-  register_local("local_slice", [](const std::vector<TensorType>& in, const Attrs& a) {
+  register_local("local_slice", {{"dim", AttrKind::integer}, {"axis_ids", AttrKind::ints}, {"mesh", AttrKind::ints}},
+                 [](const std::vector<TensorType>& in, const Attrs& a) {
     expect_n("local_slice", in, 2);
     if (in[1].dtype != DType::i32 || in[1].rank() != 1)
       throw Error("[local_slice] operand 1 must be the i32 device coordinates, got " + type_str(in[1]));

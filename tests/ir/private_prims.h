@@ -34,6 +34,7 @@ inline void register_test_prims() {
     // test_scale: y = k * x (elementwise, differentiable, fusible).
     Primitive scale_p;
     scale_p.name = "test_scale";
+    scale_p.attrs = {{"k", AttrKind::number}};
     scale_p.elementwise = true;
     scale_p.infer = [](const std::vector<TensorType>& in, const Attrs& a) {
       a.f("k");
@@ -105,6 +106,7 @@ inline void register_test_prims() {
     // test_fill: a constant with no operands (emits into current_graph()).
     Primitive fill_p;
     fill_p.name = "test_fill";
+    fill_p.attrs = {{"shape", AttrKind::ints}, {"v", AttrKind::number}};
     fill_p.infer = [](const std::vector<TensorType>& in, const Attrs& a) {
       const auto& s = a.ints("shape");
       return std::vector<TensorType>{{DType::f32, Shape(s.begin(), s.end())}};
