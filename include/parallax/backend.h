@@ -81,6 +81,13 @@ class Backend {
   virtual Event copy(std::vector<CopyJob> jobs) = 0;
   virtual int num_threads() const = 0;  // compute threads one device's kernels use
   virtual FusionLimits fusion() const { return {}; }
+  // Runs body(d) for every d in [0, devices) and returns when all have: the devices of one process
+  // between two collectives (asked only when the executor runs devices side by side, i.e. there
+  // are at least as many devices as threads). The default runs them one after the other; the CPU
+  // backend gives each a thread. The first exception thrown is rethrown after all have run.
+  virtual void for_each_device(int devices, const std::function<void(int)>& body) {
+    for (int d = 0; d < devices; ++d) body(d);
+  }
 };
 
 Backend& cpu_backend();

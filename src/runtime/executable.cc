@@ -6,8 +6,6 @@
 // process's positions of a mesh that spans several); collectives pass one buffer per local device.
 #include "parallax/runtime.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -112,7 +110,6 @@ struct Executable::Impl {
   Communicator* comm = nullptr;
   Backend* backend = &cpu_backend();
   bool over_devices = false;
-  int threads = 1;
   std::vector<CollectiveHandle> handles;  // per collective, between its start and its wait
   std::vector<double> step_seconds;       // per unit, summed over runs; empty unless profiling
   int profiled_runs = 0;
@@ -341,7 +338,6 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
                 " devices but the communicator has " + std::to_string(setup.comm->local_positions().size()) +
                 " local participants");
   impl->comm = setup.comm;
-  impl->threads = impl->backend->num_threads();
   impl->over_devices = setup.over_devices && setup.device_ids.size() > 1;
   for (size_t d = 0; d < setup.device_ids.size(); ++d) {
     // Held by impl from the start: its destructor frees the arena if a kernel lookup below throws.
@@ -561,19 +557,7 @@ void Executable::Impl::run_block(const Block& b) {
       for (Device& dev : devices) run_units(dev, begin, end);
       return;
     }
-    // Devices share the cores; kernels called inside the region run on their calling thread.
-    std::exception_ptr failure;
-    const int64_t D = static_cast<int64_t>(devices.size());
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t d = 0; d < D; ++d) {
-      try {
-        run_units(devices[d], begin, end);
-      } catch (...) {
-#pragma omp critical(px_device_run)
-        if (!failure) failure = std::current_exception();
-      }
-    }
-    if (failure) std::rethrow_exception(failure);
+    backend->for_each_device(static_cast<int>(devices.size()), [&](int d) { run_units(devices[d], begin, end); });
   };
   if (step_seconds.empty()) {
     run_all(b.begin, b.end);

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -120,6 +121,21 @@ class CpuBackend final : public Backend {
 
   Event copy(std::vector<CopyJob> jobs) override { return stream_.submit(std::move(jobs)); }
   int num_threads() const override { return cpu::num_threads(); }
+  // Devices share the cores: one OpenMP thread each; their kernels run on that calling thread.
+  void for_each_device(int devices, const std::function<void(int)>& body) override {
+    std::exception_ptr failure;
+    const int threads = cpu::num_threads();
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int d = 0; d < devices; ++d) {
+      try {
+        body(d);
+      } catch (...) {
+#pragma omp critical(px_device_run)
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
 
  private:
   CopyStream stream_;
