@@ -82,7 +82,8 @@ struct Cluster {
   std::string to_toml() const;    // cluster_from_toml(to_toml()) gives this cluster back
 };
 
-// "cpu": this machine's virtual CPU devices (calibrated once, cached; see cpu_cluster);
+// "cpu", "ref" (and any registered platform): this machine's devices of that platform
+// (calibrated once, cached; see platform_cluster);
 // "h100x8", "h200x8": 8-GPU nodes (NVLink inside, InfiniBand across); "tpuv4": a TPU-v4-like
 // pod of 4096 chips on one interconnect; throws naming the presets.
 Cluster cluster_preset(const std::string& name);
@@ -93,17 +94,20 @@ Cluster load_cluster(const std::string& name_or_path);
 Cluster cluster_from_toml(const std::string& text, const std::string& where = "cluster");
 Cluster read_cluster_file(const std::string& path);
 
-// This machine measured now: a few hundred ms of f32 and bf16 matmuls through the CPU backend,
-// memcpy and small kernel launches. Not cached.
-Cluster calibrate_cpu();
-// The calibrated cpu cluster, read from cluster_cache_path() when it was measured on this host
-// (same host name, cores and threads), else measured and written there. `recalibrate` (or
-// PX_RECALIBRATE=1) measures again.
-Cluster cpu_cluster(bool recalibrate = false);
-// $XDG_CACHE_HOME/parallax/cpu_cluster-<T>threads.toml, else under ~/.cache/parallax, one file
-// per thread count T (cpu_cluster-<T>threads-sanitized.toml, -debug.toml for sanitized and
+// This machine's devices of a platform ("cpu", "ref", or one a program registered) measured now,
+// through that platform's backend: a few hundred ms of f32 and bf16 matmuls, a fused elementwise
+// chain, small kernel launches, collectives between two of its devices, and memcpy. Not cached.
+Cluster calibrate(const std::string& platform = "cpu");
+inline Cluster calibrate_cpu() { return calibrate("cpu"); }
+// The calibrated cluster of a platform (the preset of that name: load_cluster("ref")), read from
+// cluster_cache_path(platform) when it was measured on this host (same host name, cores and
+// threads), else measured and written there. `recalibrate` (or PX_RECALIBRATE=1) measures again.
+Cluster platform_cluster(const std::string& platform, bool recalibrate = false);
+inline Cluster cpu_cluster(bool recalibrate = false) { return platform_cluster("cpu", recalibrate); }
+// $XDG_CACHE_HOME/parallax/<platform>_cluster-<T>threads.toml, else under ~/.cache/parallax, one
+// file per platform and thread count T (...-sanitized.toml, -debug.toml for sanitized and
 // unoptimized builds, which measure a slower machine).
-std::string cluster_cache_path();
+std::string cluster_cache_path(const std::string& platform = "cpu");
 
 // The alpha-beta model of one collective over a group of n devices whose bytes cross `link`.
 // `payload` is what the runtime counts (CollectiveStats): the buffer a device contributes

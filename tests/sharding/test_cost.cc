@@ -288,6 +288,32 @@ TEST(Cost, CpuCalibrationIsCachedAndRecalibrated) {
   std::filesystem::remove_all(dir);
 }
 
+// Each platform is calibrated through its own backend and cached apart: ref's plain loops measure
+// far slower matmuls than the CPU backend's oneDNN, and a plan for a ref mesh can be costed on it.
+TEST(Cost, EachPlatformIsCalibratedThroughItsBackend) {
+  auto dir = std::filesystem::temp_directory_path() / ("px_cost_platforms_" + std::to_string(::getpid()));
+  const char* old = std::getenv("XDG_CACHE_HOME");
+  const std::string saved = old ? old : "";
+  ::setenv("XDG_CACHE_HOME", dir.c_str(), 1);
+  ::unsetenv("PX_RECALIBRATE");
+  EXPECT_NE(cluster_cache_path("ref"), cluster_cache_path("cpu"));
+  EXPECT_NE(cluster_cache_path("ref").find("ref_cluster-1threads"), std::string::npos) << cluster_cache_path("ref");
+  const Cluster ref = load_cluster("ref"), cpu = load_cluster("cpu");
+  EXPECT_EQ(ref.name, "ref");
+  EXPECT_TRUE(std::filesystem::exists(cluster_cache_path("ref")));
+  EXPECT_GT(ref.device.matmul_flops_f32, 1e6);
+  EXPECT_LT(ref.device.matmul_flops_f32 * 5, cpu.device.matmul_flops_f32);
+  EXPECT_TRUE(ref.in_process.known());
+  const std::vector<std::string> presets = cluster_preset_names();
+  EXPECT_NE(std::find(presets.begin(), presets.end(), "ref"), presets.end());
+  EXPECT_NE(testing::error_of([] { calibrate("tpu"); }).find("no backend for platform 'tpu'"), std::string::npos);
+  if (old)
+    ::setenv("XDG_CACHE_HOME", saved.c_str(), 1);
+  else
+    ::unsetenv("XDG_CACHE_HOME");
+  std::filesystem::remove_all(dir);
+}
+
 // One matmul on one device: the roofline by hand.
 TEST(Cost, ComputeIsTheRooflineOfEachKernel) {
   auto g = trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{matmul(in[0], in[1])}; },

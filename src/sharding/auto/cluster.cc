@@ -1,5 +1,5 @@
-// Cluster descriptions: presets, TOML files, and this machine's virtual CPU devices calibrated
-// by a short measurement and cached.
+// Cluster descriptions: presets, TOML files, and this machine's devices of a platform (cpu, ref)
+// calibrated by a short measurement through that platform's backend and cached.
 #include <omp.h>
 #include <unistd.h>
 
@@ -16,11 +16,11 @@
 #include <sstream>
 #include <thread>
 
-#include "backend/cpu/kernel.h"
 #include "io/regular_file.h"
 #include "io/toml_guard.h"
 #include "ir/primitive.h"
 #include "parallax/auto.h"
+#include "parallax/backend.h"
 #include "parallax/communicator.h"
 #include "parallax/ops.h"
 #include "parallax/parallel.h"
@@ -191,10 +191,14 @@ Cluster tpu_v4_pod() {
 
 }  // namespace
 
-std::vector<std::string> cluster_preset_names() { return {"cpu", "h100x8", "h200x8", "tpuv4"}; }
+std::vector<std::string> cluster_preset_names() {
+  std::vector<std::string> names = backend_platforms();
+  for (const char* n : {"h100x8", "h200x8", "tpuv4"}) names.push_back(n);
+  return names;
+}
 
 Cluster cluster_preset(const std::string& name) {
-  if (name == "cpu") return cpu_cluster();
+  if (has_backend(name)) return platform_cluster(name);
   if (name == "h100x8") return hopper_node("h100x8", 3.35e12, int64_t{80} * 1000 * 1000 * 1000);
   if (name == "h200x8") return hopper_node("h200x8", 4.8e12, int64_t{141} * 1000 * 1000 * 1000);
   if (name == "tpuv4") return tpu_v4_pod();
@@ -378,11 +382,12 @@ double time_calls(F&& fn, double budget) {
   return best;
 }
 
-// FLOP/s of an n x n x n matmul through the CPU backend with the given compute dtype.
-double matmul_rate(int64_t n, DType compute, double budget) {
+// FLOP/s of an n x n x n matmul through the platform's backend with the given compute dtype.
+double matmul_rate(const std::string& platform, int64_t n, DType compute, double budget) {
   auto g = trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{matmul(in[0], in[1])}; },
                  {{DType::f32, {n, n}}, {DType::f32, {n, n}}});
   CompileOptions opt;
+  opt.platform = platform;
   opt.compute_dtype = compute;
   auto exe = Executable::compile(*g, opt);
   std::vector<float> v(static_cast<size_t>(n * n));
@@ -435,24 +440,34 @@ InProcessRates measure_in_process_collectives() {
   return r;
 }
 
-std::string host_fingerprint() {
+std::string host_fingerprint(const std::string& platform) {
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   std::ostringstream os;
-  os << host << ", " << std::thread::hardware_concurrency() << " cores, " << cpu::num_threads() << " threads";
+  os << host << ", " << std::thread::hardware_concurrency() << " cores, " << backend_for(platform).num_threads()
+     << " threads";
   return os.str();
+}
+
+// The matmul rate at the largest of 128 and 512 that one call takes under 20 ms at (a slow
+// backend, such as ref's plain loops, is measured on the smaller product).
+double matmul_rate(const std::string& platform, DType compute, double budget) {
+  const double small = matmul_rate(platform, 128, compute, 0.0);
+  return 2.0 * 128 * 128 * 128 / small > 2.0 * 512 * 512 * 512 / 0.02 ? matmul_rate(platform, 512, compute, budget)
+                                                                      : small;
 }
 
 }  // namespace
 
-Cluster calibrate_cpu() {
+Cluster calibrate(const std::string& platform) {
+  backend_for(platform);  // an unknown platform fails here, naming the registered ones
   Cluster c;
-  c.name = "cpu";
+  c.name = platform;
   c.devices_per_node = 0;
   c.devices_share_host = true;
   c.overlap_collectives = false;  // in-process collectives are copies on the compute cores, at their start
-  c.device.matmul_flops_f32 = matmul_rate(512, DType::f32, 0.12);
-  c.device.matmul_flops_bf16 = matmul_rate(512, DType::bf16, 0.12);
+  c.device.matmul_flops_f32 = matmul_rate(platform, DType::f32, 0.12);
+  c.device.matmul_flops_bf16 = matmul_rate(platform, DType::bf16, 0.12);
 
   // Streaming bandwidth: read + written bytes per second of a 64 MiB copy by all threads (each a
   // slice), as the host's devices stream at once.
@@ -489,7 +504,9 @@ Cluster calibrate_cpu() {
       for (int v : nd.outputs) outs.push_back(g->type(v));
       flops += cost_of(*nd.prim, ins, outs, nd.attrs).flops;
     }
-    auto exe = Executable::compile(*g);
+    CompileOptions opt;
+    opt.platform = platform;
+    auto exe = Executable::compile(*g, opt);
     std::vector<float> v(static_cast<size_t>(n));
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 13) * 0.01f;
     std::vector<Array> in{Array::from_f32(v, {n})};
@@ -500,7 +517,9 @@ Cluster calibrate_cpu() {
   {
     auto g = trace([](const std::vector<Tensor>& in) { return std::vector<Tensor>{add(in[0], in[1])}; },
                    {{DType::f32, {1}}, {DType::f32, {1}}});
-    auto exe = Executable::compile(*g);
+    CompileOptions opt;
+    opt.platform = platform;
+    auto exe = Executable::compile(*g, opt);
     std::vector<Array> in{Array::from_f32({1.f}, {1}), Array::from_f32({2.f}, {1})};
     std::vector<Array> out{Array(DType::f32, {1})};
     c.device.launch_s = time_calls([&] { exe->run_into(in, out); }, 0.02) / std::max(1, exe->num_steps());
@@ -516,13 +535,14 @@ Cluster calibrate_cpu() {
   c.intra_node.bandwidth_bytes_per_s = static_cast<double>(bytes) / copy_s;
   {
     constexpr int kLinks = 64;
-    auto chain = [](int k) {
+    auto chain = [&](int k) {
       auto fn = [k](const std::vector<Tensor>&, const std::vector<Tensor>& a) {
         Tensor y = a[0];
         for (int i = 0; i < k; ++i) y = add(y, broadcast_to(sum(y, {0}, true), y.shape()));
         return std::vector<Tensor>{sum(y, {0})};
       };
-      auto f = jit(fn, ShardingStrategy::DDP, {}, {}, {{DType::f32, {2, 16}}}, Mesh::cpu({{"data", 2}}));
+      auto f = jit(fn, ShardingStrategy::DDP, {}, {}, {{DType::f32, {2, 16}}},
+                   Mesh::create({{"data", 2}}, DeviceSet{platform, 2}));
       double steps = 0;  // collectives over the two devices
       for (const CollectiveRecord& r : f->executable().program().collectives) steps += !r.local_slice();
       std::vector<Array> args{Array::from_f32(std::vector<float>(32, 0.f), {2, 16})};
@@ -534,7 +554,7 @@ Cluster calibrate_cpu() {
   }
   c.inter_node = c.intra_node;
   c.in_process = measure_in_process_collectives();
-  c.source = "calibrated on " + host_fingerprint();
+  c.source = "calibrated on " + host_fingerprint(platform);
   return c;
 }
 
@@ -553,7 +573,7 @@ constexpr const char* kBuildFlavour = "-debug";
 constexpr const char* kBuildFlavour = "";
 #endif
 
-std::string cluster_cache_path() {
+std::string cluster_cache_path(const std::string& platform) {
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   std::filesystem::path base;
   if (xdg && *xdg) base = xdg;
@@ -562,15 +582,16 @@ std::string cluster_cache_path() {
   // One file per thread count: processes run with other counts (an mpirun test with one thread
   // each) measure other rates, and must not overwrite each other's.
   return (base / "parallax" /
-          ("cpu_cluster-" + std::to_string(cpu::num_threads()) + "threads" + kBuildFlavour + ".toml"))
+          (platform + "_cluster-" + std::to_string(backend_for(platform).num_threads()) + "threads" + kBuildFlavour +
+           ".toml"))
       .string();
 }
 
-Cluster cpu_cluster(bool recalibrate) {
-  const std::string path = cluster_cache_path();
+Cluster platform_cluster(const std::string& platform, bool recalibrate) {
+  const std::string path = cluster_cache_path(platform);
   const char* env = std::getenv("PX_RECALIBRATE");
   if (env && *env && std::string(env) != "0") recalibrate = true;
-  const std::string fp = "calibrated on " + host_fingerprint();
+  const std::string fp = "calibrated on " + host_fingerprint(platform);
   if (!recalibrate && std::filesystem::exists(path)) {
     try {
       Cluster c = read_cluster_file(path);
@@ -580,13 +601,14 @@ Cluster cpu_cluster(bool recalibrate) {
       // an unreadable cache is measured again and overwritten
     }
   }
-  Cluster c = calibrate_cpu();
+  Cluster c = calibrate(platform);
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   std::string tmp = path + ".tmp" + std::to_string(getpid());
   {
     std::ofstream out(tmp);
-    out << "# This machine's virtual CPU devices, measured by px::calibrate_cpu(). Delete this file, run with\n"
+    out << "# This machine's devices of platform " << platform << ", measured by px::calibrate(\"" << platform
+        << "\"). Delete this file, run with\n"
         << "# PX_RECALIBRATE=1 or bench/plan --recalibrate to measure again.\n"
         << c.to_toml();
   }
