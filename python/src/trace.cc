@@ -216,6 +216,7 @@ void bind_trace(nb::module_& m) {
 
   nb::class_<px::CompileOptions>(m, "CompileOptions")
       .def(nb::init<>())
+      .def_rw("platform", &px::CompileOptions::platform)
       .def_rw("fuse_elementwise", &px::CompileOptions::fuse_elementwise)
       .def_rw("optimize", &px::CompileOptions::optimize)
       .def_rw("compute_dtype", &px::CompileOptions::compute_dtype)

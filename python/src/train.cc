@@ -233,6 +233,7 @@ void bind_train(nb::module_& m) {
           },
           nb::arg("text"), nb::arg("devices") = nb::none())
       .def_prop_ro("size", &px::Mesh::size)
+      .def_prop_ro("platform", &px::Mesh::platform, "The backend's platform its devices are on: 'cpu', 'ref', ...")
       .def_prop_ro("axis_names", &px::Mesh::axis_names)
       .def("axis_size", &px::Mesh::axis_size)
       .def("__str__", &px::Mesh::to_string)

@@ -49,6 +49,26 @@ def test_sharded_python_gpt_trains_like_one_device(strategy, rng):
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5, err_msg=path)
 
 
+def test_a_mesh_on_the_reference_backend_trains_like_cpu(rng):
+    # ref: plain loops written from the primitives' definitions, chosen by the mesh's platform.
+    model = python_gpt_like(config(), seed=7)
+    opt = px.optim.adamw(3e-3)
+    sample = [(px.int32, (4, 16))] * 2
+    one = px.TrainStep(model, loss_fn, opt, sample)
+    mesh = px.Mesh.create([("data", 2)], devices="ref:2")
+    assert mesh.platform == "ref" and str(mesh) == "Mesh{data: 2} on ref:2"
+    ref = px.create_sharded_model(model, sample, loss_fn=loss_fn, optimizer=opt, strategy=px.ShardingStrategy.FSDP,
+                                  data_axis_name="data", mesh=mesh)
+    s1, s2 = one.init(), ref.init()
+    for tokens, targets in _batches(rng, 3):
+        a, b = one(s1, tokens, targets), ref(s2, tokens, targets)
+        assert abs(a.loss - b.loss) <= 1e-5 * max(1.0, abs(a.loss)), (a, b)
+    options = px.CompileOptions()
+    options.platform = "tpu"
+    with pytest.raises(px.UserError, match="no backend for platform 'tpu'"):
+        px.Executable.compile(px.trace(lambda x: x * 2.0, (px.float32, (3,))), options)
+
+
 def test_create_sharded_model_rejects_an_unknown_strategy():
     with pytest.raises(px.UserError, match="unknown sharding strategy 'ZERO3'"):
         px.create_sharded_model(px.nn.Linear(2, 2), [(px.float32, (4, 2))], loss_fn=lambda m, x: m(x).sum(),
