@@ -48,7 +48,8 @@ class Event {
 // A prepared kernel: runs one compute unit on raw operand and result buffers.
 using Kernel = std::function<void(const void* const* in, void* const* out)>;
 
-// One copy between memory kinds (or within one).
+// One copy between memory kinds (or within one). The jobs of one call run in order; a job's
+// ranges may overlap (it copies as memmove does).
 struct CopyJob {
   void* dst;
   const void* src;

@@ -476,32 +476,33 @@ void Executable::Impl::bind(Device& dev, const std::vector<Array>& inputs, std::
 }
 
 // Copies what the steps did not write in place: inputs returned as outputs, spilled homes, and
-// values returned at several positions.
+// values returned at several positions; through the backend, in this order (a spilled home may
+// overwrite an input returned as an output, which is copied first).
 void Executable::Impl::finish(const std::vector<Array>& inputs, std::vector<Array>& outputs, Device& dev) {
   const Graph& g = *graph;
-  // Inputs returned as outputs are copied first (a spilled home may overwrite that input next).
+  std::vector<CopyJob> jobs;
   for (size_t o = 0; o < outputs.size(); ++o) {
     int v = root[output_values[o]];
     if (g.values()[v].producer >= 0 || outputs[o].nbytes() == 0) continue;
     const void* src = inputs[g.values()[v].output_index].raw();
-    if (src != outputs[o].raw()) std::memmove(outputs[o].raw(), src, static_cast<size_t>(outputs[o].nbytes()));
+    if (src != outputs[o].raw()) jobs.push_back({outputs[o].raw(), src, outputs[o].nbytes()});
   }
   for (const CopyAtEnd& c : copies_at_end) {
     const int b = root[c.value];
     if (plan.offset[b] < 0 && host_plan.offset[b] < 0) continue;  // also returned at a home: copied below
     const std::byte* src = plan.offset[b] >= 0 ? dev.arena + plan.offset[b] : dev.host_arena + host_plan.offset[b];
-    if (outputs[c.pos].nbytes()) std::memcpy(outputs[c.pos].raw(), src, static_cast<size_t>(outputs[c.pos].nbytes()));
+    if (outputs[c.pos].nbytes()) jobs.push_back({outputs[c.pos].raw(), src, outputs[c.pos].nbytes()});
   }
   for (size_t h = 0; h < homes.size(); ++h)
-    if (dev.spilled[h] && homes[h].nbytes)
-      std::memcpy(outputs[homes[h].pos].raw(), dev.spill[h], static_cast<size_t>(homes[h].nbytes));
+    if (dev.spilled[h] && homes[h].nbytes) jobs.push_back({outputs[homes[h].pos].raw(), dev.spill[h], homes[h].nbytes});
   for (size_t o = 0; o < outputs.size(); ++o) {
     int v = output_values[o];
     if (g.values()[v].producer < 0 || home_at_pos[o] >= 0 || outputs[o].nbytes() == 0) continue;
     for (const Home& h : homes)
       if (h.value == v && outputs[h.pos].raw() != outputs[o].raw())
-        std::memmove(outputs[o].raw(), outputs[h.pos].raw(), static_cast<size_t>(outputs[o].nbytes()));
+        jobs.push_back({outputs[o].raw(), outputs[h.pos].raw(), outputs[o].nbytes()});
   }
+  if (!jobs.empty()) backend->copy(std::move(jobs)).wait();
 }
 
 void Executable::Impl::run_collective(int u) {

@@ -61,7 +61,7 @@ class CopyStream {
 
   static void run(const std::vector<CopyJob>& jobs) {
     for (const CopyJob& j : jobs)
-      if (j.bytes > 0 && j.dst != j.src) std::memcpy(j.dst, j.src, static_cast<size_t>(j.bytes));
+      if (j.bytes > 0 && j.dst != j.src) std::memmove(j.dst, j.src, static_cast<size_t>(j.bytes));
   }
 
   void loop() {

@@ -56,7 +56,7 @@ class RefBackend final : public Backend {
   }
   Event copy(std::vector<CopyJob> jobs) override {
     for (const CopyJob& j : jobs)
-      if (j.bytes > 0 && j.dst != j.src) std::memcpy(j.dst, j.src, static_cast<size_t>(j.bytes));
+      if (j.bytes > 0 && j.dst != j.src) std::memmove(j.dst, j.src, static_cast<size_t>(j.bytes));
     return Event();
   }
   int num_threads() const override { return 1; }
