@@ -44,7 +44,7 @@ class TinyBackend final : public px::Backend {
   void free(const px::Placement& p, void* ptr, int64_t bytes) override { px::free_bytes(p, ptr, bytes); }
   bool can_fuse(const px::Graph&, const px::Node&) const override { return false; }
   bool has_kernel(const std::string& primitive) const override { return loops().count(primitive) != 0; }
-  px::Kernel make_kernel(const px::Graph& g, const px::Unit& unit) override {
+  px::Kernel make_kernel(const px::Graph& g, const px::Unit& unit, const px::Placement&) override {
     const px::Node& n = g.nodes()[unit.nodes.at(0)];
     auto it = loops().find(px::primitive_name(n));
     if (it == loops().end() || g.type(n.outputs[0]).dtype != px::DType::f32)

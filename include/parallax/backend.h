@@ -75,9 +75,14 @@ class Backend {
   // the backend has a kernel of its own for a primitive.
   virtual bool can_fuse(const Graph& g, const Node& n) const = 0;
   virtual bool has_kernel(const std::string& primitive) const = 0;
-  // The kernel of one compute unit of a schedule (one node, or a fused elementwise group); throws
+  // The kernel of one compute unit of a schedule (one node, or a fused elementwise group) for
+  // `device` (what a backend binds into it: the device's stream, its library handles); throws
   // naming the primitive when the backend has none.
-  virtual Kernel make_kernel(const Graph& g, const Unit& unit) = 0;
+  virtual Kernel make_kernel(const Graph& g, const Unit& unit, const Placement& device) = 0;
+  // Whether every device of a process needs kernel instances of its own. False: devices that run
+  // one after the other share device 0's instances (the CPU's kernels hold only per-thread scratch);
+  // devices run side by side (for_each_device) always get their own.
+  virtual bool kernels_per_device() const { return false; }
   // Starts the copies on the backend's copy stream, in order; the event completes when all have.
   virtual Event copy(std::vector<CopyJob> jobs) = 0;
   virtual int num_threads() const = 0;  // compute threads one device's kernels use

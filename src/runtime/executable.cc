@@ -354,10 +354,10 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
     for (size_t s = 0; s < impl->units.size(); ++s) {
       const Unit& unit = impl->units[s];
       Step st;
-      if (d > 0 && !impl->over_devices) {
+      if (d > 0 && !impl->over_devices && !impl->backend->kernels_per_device()) {
         st.kernel = impl->devices[0].steps[s].kernel;
       } else if (unit.kind == Unit::Kind::fused || unit.kind == Unit::Kind::kernel) {
-        st.kernel = impl->backend->make_kernel(g, unit);
+        st.kernel = impl->backend->make_kernel(g, unit, Placement{dev.id});
       }
       auto ptr = [&](int64_t off) -> std::byte* {
         return off >= 0 ? dev.arena + off : off <= -2 ? dev.host_arena + (-2 - off) : nullptr;

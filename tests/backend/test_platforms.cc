@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <mutex>
+#include <set>
 
 #include "parallax/backend.h"
 #include "parallax/parallax.h"
@@ -12,7 +14,7 @@
 namespace px {
 namespace {
 
-// The CPU backend, counting the kernels it is asked for.
+// The CPU backend, counting the kernels it is asked for and the devices they are for.
 class CountingBackend final : public Backend {
  public:
   std::string name() const override { return "counting"; }
@@ -20,13 +22,20 @@ class CountingBackend final : public Backend {
   void free(const Placement& p, void* ptr, int64_t bytes) override { cpu_backend().free(p, ptr, bytes); }
   bool can_fuse(const Graph& g, const Node& n) const override { return cpu_backend().can_fuse(g, n); }
   bool has_kernel(const std::string& prim) const override { return cpu_backend().has_kernel(prim); }
-  Kernel make_kernel(const Graph& g, const Unit& unit) override {
+  Kernel make_kernel(const Graph& g, const Unit& unit, const Placement& device) override {
     ++kernels;
-    return cpu_backend().make_kernel(g, unit);
+    std::lock_guard<std::mutex> l(m);
+    devices.insert(device.device);
+    return cpu_backend().make_kernel(g, unit, device);
   }
+  bool kernels_per_device() const override { return per_device; }
   Event copy(std::vector<CopyJob> jobs) override { return cpu_backend().copy(std::move(jobs)); }
-  int num_threads() const override { return 1; }
+  // More threads than the tests' devices: the executor runs them one after the other.
+  int num_threads() const override { return 4; }
   std::atomic<int> kernels{0};
+  std::mutex m;
+  std::set<int> devices;
+  bool per_device = false;
 };
 
 CountingBackend& counting() {
@@ -60,6 +69,24 @@ TEST(Platforms, AMeshOnAPlatformRunsItsProgramsThere) {
   EXPECT_EQ(mesh.platform(), "counting");
   auto exe = ShardedExecutable::compile(*small_program(), mesh, {PartitionSpec({"data"})});
   EXPECT_GT(b.kernels, before);
+}
+
+// Devices run one after the other share kernel instances unless the backend binds each device into
+// its own (a device's stream): then every device's kernels are made for it.
+TEST(Platforms, KernelsAreMadeForTheirDevice) {
+  CountingBackend& b = counting();
+  Mesh mesh = Mesh::create({{"data", 2}}, DeviceSet{"counting", 2});
+  for (bool per_device : {false, true}) {
+    b.per_device = per_device;
+    b.devices.clear();
+    auto exe = ShardedExecutable::compile(*small_program(), mesh, {PartitionSpec({"data"})});
+    EXPECT_EQ(b.devices, per_device ? std::set<int>({0, 1}) : std::set<int>({0}));
+    Array x = Array::from_f32(std::vector<float>(24, 0.5f), {4, 6});
+    const float want = 6 * 2 * std::exp(0.5f);
+    for (float v : gather(exe->run({shard(x, exe->in_sharding(0))})[0]).to_f32())
+      EXPECT_NEAR(v, want, 1e-4);
+  }
+  b.per_device = false;
 }
 
 TEST(Platforms, BuiltInPlatformsAreListed) {

@@ -108,7 +108,7 @@ class CpuBackend final : public Backend {
   }
   bool has_kernel(const std::string& primitive) const override { return cpu::find_kernel(primitive) != nullptr; }
 
-  Kernel make_kernel(const Graph& g, const Unit& unit) override {
+  Kernel make_kernel(const Graph& g, const Unit& unit, const Placement&) override {
     if (unit.kind == Unit::Kind::fused) return cpu::make_fused_kernel(g, {unit.nodes, unit.in_values, unit.out_values});
     const Node& n = g.nodes()[unit.nodes.at(0)];
     const cpu::KernelFactory* f = cpu::find_kernel(n.prim->name);

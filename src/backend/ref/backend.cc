@@ -43,7 +43,7 @@ class RefBackend final : public Backend {
   void free(const Placement& p, void* ptr, int64_t bytes) override { free_bytes(p, ptr, bytes); }
   bool can_fuse(const Graph&, const Node&) const override { return false; }
   bool has_kernel(const std::string& primitive) const override { return find_kernel(primitive) != nullptr; }
-  Kernel make_kernel(const Graph& g, const Unit& unit) override {
+  Kernel make_kernel(const Graph& g, const Unit& unit, const Placement&) override {
     if (unit.kind != Unit::Kind::kernel)
       throw InternalError("[ref] asked for a fused unit, but the ref backend never fuses");
     const Node& n = g.nodes()[unit.nodes.at(0)];
