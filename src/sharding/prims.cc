@@ -1,14 +1,12 @@
-// Registration of sharding_constraint, the collective primitives and local_slice, with the
-// CPU kernels of the ones that run as ordinary kernels.
+// Registration of sharding_constraint, the collective primitives and local_slice. The kernels of
+// the ones that run as ordinary kernels live with each backend's (src/backend/cpu/shape.cc,
+// src/backend/ref/shape.cc).
 #include "sharding/prims.h"
 
-#include <cstring>
 #include <mutex>
 
-#include "backend/cpu/kernel.h"
 #include "ir/primitive.h"
 #include "parallax/sharding.h"
-#include "core/box.h"
 
 namespace px {
 
@@ -170,36 +168,12 @@ void register_prims() {
   }, std::nullopt);
 }
 
-void register_kernels() {
-  cpu::register_kernel("sharding_constraint", [](const cpu::KernelSpec& s) -> cpu::Kernel {
-    size_t bytes = static_cast<size_t>(s.out[0].nbytes());
-    return [bytes](const void* const* in, void* const* out) {
-      if (bytes && in[0] != out[0]) std::memcpy(out[0], in[0], bytes);
-    };
-  });
-  cpu::register_kernel("local_slice", [](const cpu::KernelSpec& s) -> cpu::Kernel {
-    Shape in_shape = s.in[0].shape, out_shape = s.out[0].shape;
-    int dim = static_cast<int>(s.attrs.i("dim"));
-    std::vector<int64_t> axis_ids = s.attrs.ints("axis_ids"), mesh = s.attrs.ints("mesh");
-    int64_t elem = dtype_size(s.in[0].dtype);
-    std::vector<int64_t> src_off(in_shape.size(), 0), dst_off(in_shape.size(), 0);
-    return [=](const void* const* in, void* const* out) mutable {
-      const int32_t* coords = static_cast<const int32_t*>(in[1]);
-      int64_t k = 0;
-      for (int64_t a : axis_ids) k = k * mesh[a] + coords[a];
-      src_off[dim] = k * out_shape[dim];
-      copy_box(in[0], in_shape, src_off.data(), out[0], out_shape, dst_off.data(), out_shape, elem);
-    };
-  });
-}
-
 }  // namespace
 
 void ensure_sharding_registered() {
   static std::once_flag once;
   std::call_once(once, [] {
     register_prims();
-    register_kernels();
   });
 }
 

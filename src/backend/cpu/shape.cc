@@ -11,6 +11,7 @@
 
 #include "backend/cpu/kernel.h"
 #include "backend/cpu/loops.h"
+#include "core/box.h"
 
 namespace px::cpu {
 
@@ -450,6 +451,29 @@ void register_shape_kernels() {
   register_kernel("slice", make_slice);
   register_kernel("pad", make_pad);
   register_kernel("concat", make_concat);
+  // The SPMD partitioner's local primitives (src/sharding/prims.cc): a layout constraint is a copy
+  // (or nothing, in place); local_slice keeps this device's block along `dim`, the block's number
+  // read from the device coordinates (operand 1) over the mesh axes `axis_ids`.
+  register_kernel("sharding_constraint", [](const KernelSpec& s) -> Kernel {
+    const int64_t bytes = s.out[0].nbytes();
+    return [bytes](const void* const* in, void* const* out) {
+      if (bytes && in[0] != out[0]) std::memcpy(out[0], in[0], static_cast<size_t>(bytes));
+    };
+  });
+  register_kernel("local_slice", [](const KernelSpec& s) -> Kernel {
+    const Shape in_shape = s.in[0].shape, out_shape = s.out[0].shape;
+    const int dim = static_cast<int>(s.attrs.i("dim"));
+    const std::vector<int64_t> axis_ids = s.attrs.ints("axis_ids"), mesh = s.attrs.ints("mesh");
+    const int64_t elem = dtype_size(s.in[0].dtype);
+    std::vector<int64_t> src_off(in_shape.size(), 0), dst_off(in_shape.size(), 0);
+    return [=](const void* const* in, void* const* out) mutable {
+      const int32_t* coords = static_cast<const int32_t*>(in[1]);
+      int64_t k = 0;
+      for (int64_t a : axis_ids) k = k * mesh[a] + coords[a];
+      src_off[dim] = k * out_shape[dim];
+      copy_box(in[0], in_shape, src_off.data(), out[0], out_shape, dst_off.data(), out_shape, elem);
+    };
+  });
 }
 
 }  // namespace px::cpu
