@@ -3,7 +3,6 @@
 #include <cstring>
 #include <vector>
 
-#include "backend/cpu/kernel.h"
 #include "core/box.h"
 #include "parallax/communicator.h"
 #include "parallax/sharding.h"
