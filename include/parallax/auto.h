@@ -42,7 +42,7 @@ struct DeviceSpec {
 
 // Virtual devices' collectives are not rings: the in-process communicator copies and adds the
 // buffers of every device at once through the host's memory, on the compute cores. Per kind, the
-// payload bytes per second per device with two devices, measured (calibrate_cpu). With N devices
+// payload bytes per second per device with two devices, measured (calibrate). With N devices
 // on the host and a group of n, a collective takes (n - 1) link latencies (permute: one) plus
 // payload * N / 2 / rate, reduce_scatter times (n + 2) / 2n (each device reads its payload and
 // writes a 1/n share).

@@ -65,7 +65,7 @@ double collective_seconds(CollectiveKind k, int64_t n, int64_t payload, const Li
 double in_process_collective_seconds(CollectiveKind k, int64_t n, int64_t devices, int64_t payload,
                                      const Link& link, const InProcessRates& rates) {
   if (n <= 1 && k != CollectiveKind::permute) return 0;
-  if (!rates.known()) throw Error("[cost] in-process collective rates unknown; calibrate (px::calibrate_cpu)");
+  if (!rates.known()) throw Error("[cost] in-process collective rates unknown; calibrate (px::calibrate(platform))");
   const double nn = static_cast<double>(n), p = static_cast<double>(payload);
   const double share = static_cast<double>(std::max<int64_t>(devices, 2)) / 2.0;  // rates are per device of two
   double rate = rates.all_to_all, traffic = 1, steps = nn - 1;
