@@ -3,7 +3,6 @@
 #include <limits>
 
 #include "core/env.h"
-#include "parallax/backend.h"
 #include "parallax/sharding.h"
 
 namespace px {
@@ -21,20 +20,11 @@ std::string axes_text(const std::vector<std::pair<std::string, int64_t>>& axes) 
   return s + "}";
 }
 
-std::string platforms_text() {
-  std::string s;
-  for (const std::string& p : backend_platforms()) s += (s.empty() ? "" : ", ") + p;
-  return s;
-}
-
 std::string devices_text(int64_t n) { return std::to_string(n) + (n == 1 ? " device" : " devices"); }
 
 }  // namespace
 
 Mesh Mesh::create(const std::vector<std::pair<std::string, int64_t>>& axes, const DeviceSet& devices) {
-  if (!has_backend(devices.platform))
-    throw UserError("[mesh] platform '" + devices.platform + "' has no backend; meshes are made on the devices of " +
-                    "a registered platform (" + platforms_text() + "; e.g. PX_DEVICES=cpu:8)");
   if (devices.count < 1)
     throw Error("[mesh] " + devices.to_string() + " has no devices; use cpu:N with N >= 1 (e.g. PX_DEVICES=cpu:8)");
   const std::string what = axes_text(axes);

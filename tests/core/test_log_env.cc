@@ -173,7 +173,7 @@ TEST(Env, BadDevicesNameTheVariableAndTheForms) {
   const std::string forms =
       "use cpu (one device) or cpu:N with 1 <= N <= 65536 (N virtual CPU devices, e.g. cpu:8); another backend's "
       "devices likewise (ref:2)";
-  // A platform is any backend's name: one that has none fails where a mesh is made (Devices tests).
+  // A platform is any backend's name: one that has none fails where a program compiles for it.
   EXPECT_EQ(parse_error({{"PX_DEVICES", "tpu:4"}}), "");
   EXPECT_EQ(parse({{"PX_DEVICES", "ref:2"}}).device_platform, "ref");
   for (const char* bad : {"cpu:0", "cpu:-2", "cpu:", "cpu:x", "cpu:8:2", "cpu-8", "cpu:1000000", ":4", "8:cpu"})
