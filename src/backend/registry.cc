@@ -2,12 +2,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <algorithm>
-#include <cctype>
 #include <map>
 #include <mutex>
 
 #include "backend/ref/ref.h"
+#include "core/env.h"
 #include "parallax/backend.h"
 #include "parallax/core.h"
 
@@ -40,10 +39,7 @@ void register_builtins() {
 }  // namespace
 
 void register_backend(const std::string& platform, std::function<Backend&()> get) {
-  const bool name_ok = !platform.empty() && std::islower(static_cast<unsigned char>(platform[0])) &&
-                       std::all_of(platform.begin(), platform.end(),
-                                   [](unsigned char c) { return std::islower(c) || std::isdigit(c) || c == '_'; });
-  if (!name_ok)
+  if (!valid_platform_name(platform))
     throw Error("[backend] platform name '" + platform +
                 "' is not valid: use lower-case letters, digits and '_', starting with a letter (as in PX_DEVICES)");
   if (!get) throw Error("[backend] platform '" + platform + "' registered without a backend");

@@ -31,6 +31,12 @@ std::string trim(const std::string& s) {
 
 }  // namespace
 
+bool valid_platform_name(const std::string& name) {
+  return !name.empty() && std::islower(static_cast<unsigned char>(name[0])) &&
+         std::all_of(name.begin(), name.end(),
+                     [](unsigned char c) { return std::islower(c) || std::isdigit(c) || c == '_'; });
+}
+
 std::pair<std::string, int64_t> parse_device_text(const std::string& text, const std::string& where) {
   std::string t = trim(text);
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -40,12 +46,9 @@ std::pair<std::string, int64_t> parse_device_text(const std::string& text, const
   std::string platform = trim(t.substr(0, colon));
   if (platform == "cuda" || platform == "gpu")
     throw Error(where + "'" + text + "': this build has no CUDA device support yet; " + forms);
-  // The platform is a backend's name (checked against the registered backends where a mesh is made).
-  const bool name_ok = !platform.empty() && std::isalpha(static_cast<unsigned char>(platform[0])) &&
-                       std::all_of(platform.begin(), platform.end(), [](unsigned char c) {
-                         return std::isalnum(c) || c == '_';
-                       });
-  if (!name_ok) throw Error(where + "'" + text + "' is not a device set; " + forms);
+  // The platform is a backend's name (checked against the registered backends where a program
+  // compiles for it).
+  if (!valid_platform_name(platform)) throw Error(where + "'" + text + "' is not a device set; " + forms);
   if (colon == std::string::npos) return {platform, 1};
   std::string count = trim(t.substr(colon + 1));
   bool digits = !count.empty() && count.size() <= 6 &&

@@ -45,6 +45,8 @@ const EnvConfig& env();
 // Parses a device set "cpu" (one device) or "cpu:N" (N >= 1) into (platform, count). Errors start
 // with `where` and the quoted text, e.g. where = "[env] PX_DEVICES=" gives "[env] PX_DEVICES='x' ...".
 std::pair<std::string, int64_t> parse_device_text(const std::string& text, const std::string& where);
+// A backend's platform name: lower-case letters, digits and '_', starting with a letter ("cpu", "ref").
+bool valid_platform_name(const std::string& name);
 
 // The parser behind env(), reading variables through `get` (which returns nullptr when unset).
 // PX_NUM_THREADS is capped at `cores` (0: available_cores()).
