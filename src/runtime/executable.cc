@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <cstring>
 #include <exception>
 #include <fstream>
@@ -558,7 +559,9 @@ void Executable::Impl::run_block(const Block& b) {
       for (Device& dev : devices) run_units(dev, begin, end);
       return;
     }
-    backend->for_each_device(static_cast<int>(devices.size()), [&](int d) { run_units(devices[d], begin, end); });
+    // By reference: a std::function holding a reference_wrapper does not allocate (this runs every block).
+    const auto body = [&](int d) { run_units(devices[d], begin, end); };
+    backend->for_each_device(static_cast<int>(devices.size()), std::cref(body));
   };
   if (step_seconds.empty()) {
     run_all(b.begin, b.end);
