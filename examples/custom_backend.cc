@@ -39,9 +39,13 @@ const std::map<std::string, Loop>& loops() {
 class TinyBackend final : public px::Backend {
  public:
   std::string name() const override { return "tiny"; }
-  // Device memory is host memory here, counted per placement like the built-in backends'.
-  void* allocate(const px::Placement& p, int64_t bytes) override { return px::allocate_bytes(p, bytes); }
-  void free(const px::Placement& p, void* ptr, int64_t bytes) override { px::free_bytes(p, ptr, bytes); }
+  // Device memory is host memory here (Backend's default), counted by px per placement
+  // (px::memory_stats). A GPU backend would return cudaMalloc'd memory.
+  void* allocate(const px::Placement& p, int64_t bytes) override {
+    ++allocations;
+    return px::Backend::allocate(p, bytes);
+  }
+  int allocations = 0;
   bool can_fuse(const px::Graph&, const px::Node&) const override { return false; }
   bool has_kernel(const std::string& primitive) const override { return loops().count(primitive) != 0; }
   px::Kernel make_kernel(const px::Graph& g, const px::Unit& unit, const px::Placement&) override {
@@ -88,6 +92,13 @@ int main() {
     }
   }
   std::printf("custom_backend: (x*y + x) * -y ran on the 'tiny' backend\n");
+  // The program's arena, its inputs' copies and its result are tiny's memory.
+  const px::MemoryStats mem = px::memory_stats({0, px::MemoryKind::device, "tiny"});
+  if (tiny.allocations == 0 || mem.allocations != tiny.allocations) {
+    std::printf("custom_backend: %d allocations by tiny, %lld counted on tiny:0/device\n", tiny.allocations,
+                static_cast<long long>(mem.allocations));
+    return 1;
+  }
 
   // A program with a primitive tiny has no kernel for fails when it compiles, naming it.
   auto needs_exp = px::trace([](const std::vector<px::Tensor>& in) { return std::vector<px::Tensor>{px::exp(in[0])}; },

@@ -1,13 +1,15 @@
 // The backend interface: what the runtime needs from a kind of device, behind one small class.
-// The executable allocates its arenas, gets its kernels and moves bytes between memory kinds only
-// through a Backend, chosen by the platform of the program's devices (CompileOptions::platform, a
-// Mesh's platform, PX_DEVICES=ref:2). Two are built in: `cpu` (src/backend/cpu/: oneDNN, OpenMP,
+// Arrays and the executable's arenas get their memory, and the executable its kernels, its copies
+// between memory kinds and the packing around collectives, only through a Backend, chosen by the
+// platform of the program's devices (CompileOptions::platform, a Mesh's platform, PX_DEVICES=ref:2,
+// Placement::platform). Two are built in: `cpu` (src/backend/cpu/: oneDNN, OpenMP,
 // fused elementwise loops) and `ref` (src/backend/ref/: plain single-threaded loops written from
 // the primitives' definitions, the reference the CPU backend is checked against). A CUDA backend
 // adds cudaMalloc/cudaMallocHost, cuBLASLt/cuDNN kernels and cudaMemcpyAsync on a copy stream
 // behind the same calls; docs/adding-a-backend.md walks through adding one.
 #pragma once
 
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <utility>
@@ -56,6 +58,20 @@ struct CopyJob {
   int64_t bytes;
 };
 
+// One box copy within a device: the `extent` box at `src_offset` of a `src_shape` array to
+// `dst_offset` of a `dst_shape` array, elements of `element_bytes` (the layout changes around a
+// collective over a dim that is not leading). The boxes of one call do not overlap.
+struct BoxCopy {
+  void* dst;
+  Shape dst_shape;
+  std::vector<int64_t> dst_offset;
+  const void* src;
+  Shape src_shape;
+  std::vector<int64_t> src_offset;
+  Shape extent;
+  int64_t element_bytes;
+};
+
 // How the schedule may group elementwise nodes into one loop on this backend.
 struct FusionLimits {
   bool enabled = true;    // false: every node is its own unit (Backend::can_fuse is never asked)
@@ -67,10 +83,18 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
-  // Memory of a placement (device memory or pinned host memory of a device), counted per placement
-  // (px::memory_stats); throws px::Error when out of memory or over the placement's capacity.
-  virtual void* allocate(const Placement& p, int64_t bytes) = 0;
-  virtual void free(const Placement& p, void* ptr, int64_t bytes) = 0;
+  // Memory of a placement (device memory or pinned host memory of one of its devices), `bytes` a
+  // multiple of 64; nullptr (or a px::Error) when out of memory. px::allocate_bytes calls it for
+  // every Array and arena of the platform and counts it (px::memory_stats, capacities), so this
+  // only allocates. The default is 64-byte-aligned host memory (the cpu and ref backends).
+  virtual void* allocate(const Placement& p, int64_t bytes) {
+    return std::aligned_alloc(64, static_cast<size_t>(bytes));
+  }
+  virtual void free(const Placement& p, void* ptr, int64_t bytes) { std::free(ptr); }
+  // The native stream (queue) of a device that its kernels and collectives run on: a CUDA backend's
+  // cudaStream_t, bound into kernels by make_kernel and handed to the communicator
+  // (Communicator::streams) for its calls. Host backends run on the calling thread: nullptr.
+  virtual void* stream(const Placement& device) { return nullptr; }
   // What the schedule pass may ask: whether elementwise node n can join a fused group, and whether
   // the backend has a kernel of its own for a primitive.
   virtual bool can_fuse(const Graph& g, const Node& n) const = 0;
@@ -85,6 +109,9 @@ class Backend {
   virtual bool kernels_per_device() const { return false; }
   // Starts the copies on the backend's copy stream, in order; the event completes when all have.
   virtual Event copy(std::vector<CopyJob> jobs) = 0;
+  // The box copies (packing and unpacking around a collective), returning when all are done. The
+  // default copies them one after the other on the host; the CPU backend spreads them over its threads.
+  virtual void copy_boxes(const std::vector<BoxCopy>& jobs);
   virtual int num_threads() const = 0;  // compute threads one device's kernels use
   virtual FusionLimits fusion() const { return {}; }
   // Runs body(d) for every d in [0, devices) and returns when all have: the devices of one process
@@ -100,7 +127,9 @@ Backend& cpu_backend();
 
 // Backends by platform name. `cpu` and `ref` are registered on first use; another backend (one
 // built out of tree against the installed headers) registers itself before its first program
-// compiles. Registering a platform twice throws.
+// compiles and before any Array is made on its devices: registering also makes the backend's
+// allocate and free the platform's memory (px::register_platform_memory). Registering a platform
+// twice throws.
 void register_backend(const std::string& platform, std::function<Backend&()> get);
 bool has_backend(const std::string& platform);
 // Throws px::UserError naming the registered platforms when `platform` has none.

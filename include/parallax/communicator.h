@@ -110,6 +110,14 @@ class Communicator {
   const CollectiveStats& stats() const { return stats_; }
   void reset_stats() { stats_.reset(); }
 
+  // The stream of each local participant's device (Backend::stream), in local_positions() order,
+  // bound by the runtime when it compiles a program that runs collectives here: an NCCL
+  // communicator enqueues each participant's part of a call on its device's stream, after the
+  // kernels that produced the input. Empty until bound; nullptrs on host backends (their calls
+  // run on the calling thread).
+  const std::vector<void*>& streams() const { return streams_; }
+  void bind_streams(std::vector<void*> streams);  // one per local participant; throws otherwise
+
  protected:
   Communicator(std::vector<int> local_positions, int64_t world_size);
   virtual void do_all_reduce(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, ReduceOp op,
@@ -137,6 +145,7 @@ class Communicator {
   std::vector<int> local_;
   std::vector<int> index_;  // mesh position -> local index, -1 when remote
   int64_t world_;
+  std::vector<void*> streams_;
   CollectiveStats stats_;
 };
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace px {
@@ -21,10 +22,12 @@ enum class MemoryCategory : uint8_t { params, gradients, optimizer_state, activa
 constexpr int kNumMemoryCategories = 6;
 const char* memory_category_name(MemoryCategory c);
 
-// A device (global id, as in Mesh::device_ids) and a memory kind on it.
+// A device (global id, as in Mesh::device_ids) of a platform (a backend's name: "cpu", "ref"),
+// and a memory kind on it.
 struct Placement {
   int device = 0;
   MemoryKind kind = MemoryKind::device;
+  std::string platform = "cpu";
   bool operator==(const Placement& o) const = default;
   std::string to_string() const;  // "cpu:3/device"
 };
@@ -52,7 +55,8 @@ struct MemoryStats {
   int64_t allocations = 0;        // number of allocations so far
 };
 
-// Counters of every allocation made through px (Arrays, executable arenas) per placement.
+// Counters of every allocation made through px (Arrays, executable arenas) per placement
+// (platform, device and memory kind).
 MemoryStats memory_stats(const Placement& p);
 void reset_peak_memory(const Placement& p);  // the high-water mark becomes the bytes in use
 
@@ -63,9 +67,20 @@ void reset_peak_memory(const Placement& p);  // the high-water mark becomes the 
 void set_memory_capacity(const Placement& p, int64_t bytes);
 int64_t memory_capacity(const Placement& p);
 
-// Allocates `bytes` (64-byte aligned, at least 64) at `p`, counted; throws px::Error when out of
-// memory or over the placement's capacity. Freed with free_bytes(p, ptr, bytes).
+// Allocates `bytes` (64-byte aligned, at least 64) at `p` from its platform's memory, counted;
+// throws px::Error when out of memory or over the placement's capacity. Freed with
+// free_bytes(p, ptr, bytes). Every Array and executable arena is allocated here.
 void* allocate_bytes(const Placement& p, int64_t bytes);
 void free_bytes(const Placement& p, void* ptr, int64_t bytes);
+
+// Where a platform's memory comes from: its backend's allocate and free (parallax/backend.h;
+// px::register_backend registers them). A platform with none registered gets 64-byte-aligned host
+// memory, which is what the built-in cpu and ref backends use. Registering throws when memory of
+// the platform is already in use (it came from the host, and must go back there), or twice.
+struct PlatformMemory {
+  std::function<void*(const Placement&, int64_t)> allocate;  // uncounted; throws or returns nullptr when out of memory
+  std::function<void(const Placement&, void*, int64_t)> free;
+};
+void register_platform_memory(const std::string& platform, PlatformMemory memory);
 
 }  // namespace px

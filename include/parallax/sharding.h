@@ -62,6 +62,10 @@ class Mesh {
   const std::vector<MeshAxis>& axes() const { return axes_; }
   const std::vector<int>& device_ids() const { return device_ids_; }
   const std::string& platform() const { return platform_; }
+  // Where position p's memory of a kind is: its device, on the mesh's platform.
+  Placement placement(int position, MemoryKind kind = MemoryKind::device) const {
+    return {device_ids_.at(static_cast<size_t>(position)), kind, platform_};
+  }
   std::vector<std::string> axis_names() const;
   int axis_index(const std::string& name) const;  // -1 when absent
   // Like axis_index but throws "[<context>] unknown mesh axis 'x'; the mesh has 'data', 'model'".

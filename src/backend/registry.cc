@@ -1,4 +1,5 @@
-// Backends by platform: the built-in ones, registered on first use, and any a program adds.
+// Backends by platform: the built-in ones, registered on first use, and any a program adds; and
+// what a Backend does by default that is not a one-liner.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -6,6 +7,7 @@
 #include <mutex>
 
 #include "backend/ref/ref.h"
+#include "core/box.h"
 #include "core/env.h"
 #include "parallax/backend.h"
 #include "parallax/core.h"
@@ -45,6 +47,10 @@ void register_backend(const std::string& platform, std::function<Backend&()> get
   if (!get) throw Error("[backend] platform '" + platform + "' registered without a backend");
   std::lock_guard<std::mutex> l(registry_mutex());
   register_builtins();
+  if (registry().count(platform)) throw Error("[backend] platform '" + platform + "' is registered twice");
+  register_platform_memory(platform,
+                           {[get](const Placement& p, int64_t bytes) { return get().allocate(p, bytes); },
+                            [get](const Placement& p, void* ptr, int64_t bytes) { get().free(p, ptr, bytes); }});
   add(platform, std::move(get));
 }
 
@@ -76,6 +82,12 @@ Backend& backend_for(const std::string& platform) {
                     "PX_DEVICES=cpu:2), and a backend of your own registers with px::register_backend",
                     platform, fmt::join(backend_platforms(), ", ")));
   return get();
+}
+
+void Backend::copy_boxes(const std::vector<BoxCopy>& jobs) {
+  for (const BoxCopy& j : jobs)
+    copy_box(j.src, j.src_shape, j.src_offset.data(), j.dst, j.dst_shape, j.dst_offset.data(), j.extent,
+             j.element_bytes);
 }
 
 }  // namespace px

@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -22,14 +23,32 @@ struct Counter {
   std::atomic<int64_t> in_use{0}, peak{0}, count{0}, capacity{0};
 };
 
-// Counters for devices 0..kMaxDevices-1 and both kinds; larger ids share the last slot.
+// Counters for devices 0..kMaxDevices-1 and both kinds of one platform (larger ids share the last
+// slot), and where its memory comes from.
 constexpr int kMaxDevices = 4096;
-Counter& counter(const Placement& p) {
-  static std::array<std::unique_ptr<Counter[]>, 2> table = {std::make_unique<Counter[]>(kMaxDevices),
-                                                            std::make_unique<Counter[]>(kMaxDevices)};
-  int d = p.device < 0 ? 0 : (p.device >= kMaxDevices ? kMaxDevices - 1 : p.device);
-  return table[static_cast<int>(p.kind)][d];
+struct Platform {
+  std::array<std::unique_ptr<Counter[]>, 2> counters = {std::make_unique<Counter[]>(kMaxDevices),
+                                                        std::make_unique<Counter[]>(kMaxDevices)};
+  std::atomic<int64_t> in_use{0};                      // all devices and kinds
+  std::atomic<const PlatformMemory*> memory{nullptr};  // null: host memory; set once, never freed
+};
+
+std::mutex platforms_mutex;
+Platform& platform_of(const std::string& name) {
+  static Platform cpu;  // the common case, without the lock
+  if (name == "cpu") return cpu;
+  static std::map<std::string, std::unique_ptr<Platform>> others;
+  std::lock_guard<std::mutex> l(platforms_mutex);
+  auto& p = others[name];
+  if (!p) p = std::make_unique<Platform>();
+  return *p;
 }
+
+Counter& counter(Platform& pl, const Placement& p) {
+  int d = p.device < 0 ? 0 : (p.device >= kMaxDevices ? kMaxDevices - 1 : p.device);
+  return pl.counters[static_cast<int>(p.kind)][d];
+}
+Counter& counter(const Placement& p) { return counter(platform_of(p.platform), p); }
 
 }  // namespace
 
@@ -48,7 +67,9 @@ MemoryKind parse_memory_kind(const std::string& name) {
   throw UserError("[memory] unknown memory kind '" + name + "'; the kinds are device and pinned_host");
 }
 
-std::string Placement::to_string() const { return "cpu:" + std::to_string(device) + "/" + memory_kind_name(kind); }
+std::string Placement::to_string() const {
+  return platform + ":" + std::to_string(device) + "/" + memory_kind_name(kind);
+}
 
 MemoryStats memory_stats(const Placement& p) {
   Counter& c = counter(p);
@@ -70,17 +91,19 @@ void set_memory_capacity(const Placement& p, int64_t bytes) {
 int64_t memory_capacity(const Placement& p) { return counter(p).capacity.load(); }
 
 void* allocate_bytes(const Placement& p, int64_t bytes) {
-  Counter& c = counter(p);
+  Platform& pl = platform_of(p.platform);
+  Counter& c = counter(pl, p);
   const int64_t cap = c.capacity.load();
   if (cap > 0 && c.in_use.load() + bytes > cap)
     throw UserError("[memory] out of memory on " + p.to_string() + ": allocating " + std::to_string(bytes) +
                     " bytes with " + std::to_string(c.in_use.load()) + " in use exceeds its capacity of " +
                     std::to_string(cap) + " bytes; compiled steps plan within the capacity and say what would fit "
                     "(remat, offload, more devices)");
-  size_t rounded = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
-  void* ptr = std::aligned_alloc(64, rounded);
-  if (!ptr)
-    throw Error("[memory] out of memory allocating " + std::to_string(bytes) + " bytes on " + p.to_string());
+  const size_t rounded = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
+  const PlatformMemory* m = pl.memory.load();
+  void* ptr = m ? m->allocate(p, static_cast<int64_t>(rounded)) : std::aligned_alloc(64, rounded);
+  if (!ptr) throw Error("[memory] out of memory allocating " + std::to_string(bytes) + " bytes on " + p.to_string());
+  pl.in_use.fetch_add(bytes);
   int64_t now = c.in_use.fetch_add(bytes) + bytes;
   int64_t peak = c.peak.load();
   while (now > peak && !c.peak.compare_exchange_weak(peak, now)) {
@@ -91,8 +114,27 @@ void* allocate_bytes(const Placement& p, int64_t bytes) {
 
 void free_bytes(const Placement& p, void* ptr, int64_t bytes) {
   if (!ptr) return;
-  counter(p).in_use.fetch_sub(bytes);
-  std::free(ptr);
+  Platform& pl = platform_of(p.platform);
+  counter(pl, p).in_use.fetch_sub(bytes);
+  pl.in_use.fetch_sub(bytes);
+  const PlatformMemory* m = pl.memory.load();
+  if (m)
+    m->free(p, ptr, (std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
+  else
+    std::free(ptr);
+}
+
+void register_platform_memory(const std::string& platform, PlatformMemory memory) {
+  if (!memory.allocate || !memory.free)
+    throw Error("[memory] platform '" + platform + "' registered without an allocate and a free");
+  Platform& pl = platform_of(platform);
+  std::lock_guard<std::mutex> l(platforms_mutex);
+  if (pl.memory.load()) throw Error("[memory] platform '" + platform + "' registers its memory twice");
+  if (const int64_t used = pl.in_use.load())
+    throw Error("[memory] platform '" + platform + "' registers its memory after " + std::to_string(used) +
+                " bytes of it were allocated from host memory; register its backend before making arrays on "
+                "its devices");
+  pl.memory.store(new PlatformMemory(std::move(memory)));  // lives as long as the process
 }
 
 // ---- device sets ----

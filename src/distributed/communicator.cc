@@ -58,6 +58,13 @@ Communicator::Communicator(std::vector<int> local_positions, int64_t world_size)
   stats_.per_device.resize(static_cast<size_t>(world_));
 }
 
+void Communicator::bind_streams(std::vector<void*> streams) {
+  if (streams.size() != local_.size())
+    throw Error("[communicator] " + std::to_string(streams.size()) + " streams bound for " +
+                std::to_string(local_.size()) + " local participants: give one per local position");
+  streams_ = std::move(streams);
+}
+
 namespace {
 void check_buffers(const char* op, size_t nin, size_t nout, size_t nlocal) {
   if (nin != nlocal || nout != nlocal)

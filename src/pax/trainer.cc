@@ -506,7 +506,8 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
                             static_cast<double>(mesh.size());
   auto peak_memory = [&] {
     int64_t most = 0;
-    for (int d : runner->device_ids()) most = std::max(most, memory_stats(Placement{d}).peak_bytes_in_use);
+    for (int d : runner->device_ids())
+      most = std::max(most, memory_stats({d, MemoryKind::device, mesh.platform()}).peak_bytes_in_use);
     return most;
   };
   const double t_start = now_s();

@@ -36,78 +36,67 @@ CollectiveOp make_collective_op(const Graph& g, const Node& n, CollectiveGroups 
   return c;
 }
 
-namespace {
-
-// copy(d, k) for every device d of `devices` and block k of `n`: the packing around a collective
-// over a dim that is not leading, spread over the threads when it moves enough bytes.
-template <typename Copy>
-void for_each_block(size_t devices, int64_t n, int64_t bytes, Copy&& copy) {
-  const int64_t jobs = static_cast<int64_t>(devices) * n;
-#pragma omp parallel for schedule(static) if (jobs > 1 && bytes > (int64_t{1} << 18))
-  for (int64_t j = 0; j < jobs; ++j) copy(static_cast<size_t>(j / n), j % n);
-}
-
-}  // namespace
-
-CollectiveHandle start_collective(Communicator& comm, const CollectiveOp& c, const Buffers& ins,
-                                  const MutBuffers& outs, const MutBuffers& scratch_in,
-                                  const MutBuffers& scratch_out) {
+CollectiveHandle start_collective(Communicator& comm, Backend& backend, const CollectiveOp& c, const Buffers& ins,
+                                  const MutBuffers& outs, const MutBuffers& scratch_in, const MutBuffers& scratch_out) {
   const size_t D = ins.size();
   const int64_t es = dtype_size(c.dtype);
   const int64_t count = numel(c.in_shape);
   const DeviceGroups& groups = c.groups.groups;
   switch (c.kind) {
-    case CollectiveKind::all_reduce: return comm.start_all_reduce(ins, outs, count, c.dtype, c.op, groups);
-    case CollectiveKind::permute: return comm.start_permute(ins, outs, count, c.dtype, c.groups.pairs);
-    case CollectiveKind::all_gather: break;
-    case CollectiveKind::reduce_scatter: break;
-    case CollectiveKind::all_to_all: break;
-    case CollectiveKind::broadcast: throw Error("[run] internal: broadcast is not a node of local programs");
+    case CollectiveKind::all_reduce:
+      return comm.start_all_reduce(ins, outs, count, c.dtype, c.op, groups);
+    case CollectiveKind::permute:
+      return comm.start_permute(ins, outs, count, c.dtype, c.groups.pairs);
+    case CollectiveKind::all_gather:
+      if (!c.scratch_in) return comm.start_all_gather(ins, outs, count, c.dtype, groups);
+      break;
+    case CollectiveKind::reduce_scatter:
+      if (!c.scratch_in) return comm.start_reduce_scatter(ins, outs, count, c.dtype, c.op, groups);
+      break;
+    case CollectiveKind::all_to_all:
+      break;
+    case CollectiveKind::broadcast:
+      throw Error("[run] internal: broadcast is not a node of local programs");
   }
-  if (c.kind == CollectiveKind::all_gather) {
-    if (!c.scratch_in) return comm.start_all_gather(ins, outs, count, c.dtype, groups);
-    // Gather whole blocks into scratch [n, in_shape], then interleave them along `dim`.
-    comm.start_all_gather(ins, scratch_in, count, c.dtype, groups).wait();
-    for_each_block(D, c.n, count * es * c.n * static_cast<int64_t>(D), [&](size_t d, int64_t k) {
-      std::vector<int64_t> zero(c.in_shape.size(), 0), off(c.in_shape.size(), 0);
-      off[c.dim] = k * c.in_shape[c.dim];
-      copy_box(static_cast<const std::byte*>(scratch_in[d]) + k * count * es, c.in_shape, zero.data(), outs[d],
-               c.out_shape, off.data(), c.in_shape, es);
-    });
-    return CollectiveHandle();
-  }
-  if (c.kind == CollectiveKind::reduce_scatter) {
-    if (!c.scratch_in) return comm.start_reduce_scatter(ins, outs, count, c.dtype, c.op, groups);
-    Buffers packed(scratch_in.begin(), scratch_in.end());
-    const int64_t block = numel(c.out_shape);
-    for_each_block(D, c.n, count * es * static_cast<int64_t>(D), [&](size_t d, int64_t k) {
-      std::vector<int64_t> zero(c.in_shape.size(), 0), off(c.in_shape.size(), 0);
-      off[c.dim] = k * c.out_shape[c.dim];
-      copy_box(ins[d], c.in_shape, off.data(), static_cast<std::byte*>(scratch_in[d]) + k * block * es, c.out_shape,
-               zero.data(), c.out_shape, es);
-    });
-    return comm.start_reduce_scatter(packed, outs, count, c.dtype, c.op, groups);
-  }
-  {
-    // all_to_all: pack the blocks of split_dim contiguously, exchange, and lay the received blocks along concat_dim.
-    Shape blk = c.in_shape;
-    blk[c.dim] /= c.n;
-    const int64_t block = numel(blk), bytes = count * es * static_cast<int64_t>(D);
-    Buffers packed(scratch_in.begin(), scratch_in.end());
-    for_each_block(D, c.n, bytes, [&](size_t d, int64_t k) {
-      std::vector<int64_t> zero(blk.size(), 0), off(blk.size(), 0);
-      off[c.dim] = k * blk[c.dim];
-      copy_box(ins[d], c.in_shape, off.data(), static_cast<std::byte*>(scratch_in[d]) + k * block * es, blk,
-               zero.data(), blk, es);
-    });
-    comm.start_all_to_all(packed, scratch_out, count, c.dtype, groups).wait();
-    for_each_block(D, c.n, bytes, [&](size_t d, int64_t j) {
-      std::vector<int64_t> zero(blk.size(), 0), off(blk.size(), 0);
-      off[c.concat_dim] = j * blk[c.concat_dim];
-      copy_box(static_cast<const std::byte*>(scratch_out[d]) + j * block * es, blk, zero.data(), outs[d],
-               c.out_shape, off.data(), blk, es);
-    });
-    return CollectiveHandle();
+  // The blocks exchanged must be contiguous: the backend packs them from (or unpacks them to) their
+  // places along `dim` (all_to_all: `concat_dim` on the way back), block k of device d at offset k.
+  const Shape block_shape = [&] {
+    Shape b = c.kind == CollectiveKind::reduce_scatter ? c.out_shape : c.in_shape;
+    if (c.kind == CollectiveKind::all_to_all) b[c.dim] /= c.n;
+    return b;
+  }();
+  const int64_t block = numel(block_shape);
+  auto boxes = [&](const Buffers& from, const MutBuffers& to, bool pack, int dim, const Shape& whole) {
+    std::vector<BoxCopy> jobs;
+    jobs.reserve(D * static_cast<size_t>(c.n));
+    const std::vector<int64_t> zero(block_shape.size(), 0);
+    for (size_t d = 0; d < D; ++d)
+      for (int64_t k = 0; k < c.n; ++k) {
+        std::vector<int64_t> at(block_shape.size(), 0);
+        at[dim] = k * block_shape[dim];
+        if (pack)
+          jobs.push_back({static_cast<std::byte*>(to[d]) + k * block * es, block_shape, zero, from[d], whole, at,
+                          block_shape, es});
+        else
+          jobs.push_back({to[d], whole, at, static_cast<const std::byte*>(from[d]) + k * block * es, block_shape, zero,
+                          block_shape, es});
+      }
+    backend.copy_boxes(jobs);
+  };
+  const Buffers packed_in(scratch_in.begin(), scratch_in.end());
+  switch (c.kind) {
+    case CollectiveKind::all_gather:  // gather whole blocks into scratch [n, in_shape], then lay them along dim
+      comm.start_all_gather(ins, scratch_in, count, c.dtype, groups).wait();
+      boxes(packed_in, outs, false, c.dim, c.out_shape);
+      return CollectiveHandle();
+    case CollectiveKind::reduce_scatter:
+      boxes(ins, scratch_in, true, c.dim, c.in_shape);
+      return comm.start_reduce_scatter(packed_in, outs, count, c.dtype, c.op, groups);
+    default:  // all_to_all: pack the blocks of split_dim, exchange, lay the received ones along concat_dim
+      boxes(ins, scratch_in, true, c.dim, c.in_shape);
+      comm.start_all_to_all(packed_in, scratch_out, count, c.dtype, groups).wait();
+      boxes(Buffers(scratch_out.begin(), scratch_out.end()), outs, false, c.concat_dim, c.out_shape);
+      return CollectiveHandle();
   }
 }
 

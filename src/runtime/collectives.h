@@ -1,5 +1,6 @@
 // Collective nodes of a local program as the runtime runs them: the layout packing around a
-// Communicator call (blocks along a dim that is not leading are made contiguous in scratch).
+// Communicator call (blocks along a dim that is not leading are made contiguous in scratch by the
+// backend's copy_boxes).
 #pragma once
 
 #include <string>
@@ -37,9 +38,9 @@ struct CollectiveOp {
 CollectiveOp make_collective_op(const Graph& g, const Node& n, CollectiveGroups groups);
 
 // Starts the collective for every local device at once (one buffer per device in each list;
-// scratch as sized by the op). The returned handle is waited before the result is read.
-CollectiveHandle start_collective(Communicator& comm, const CollectiveOp& c, const Buffers& ins,
-                                  const MutBuffers& outs, const MutBuffers& scratch_in,
-                                  const MutBuffers& scratch_out);
+// scratch as sized by the op), the packing around it on `backend`. The returned handle is waited
+// before the result is read.
+CollectiveHandle start_collective(Communicator& comm, Backend& backend, const CollectiveOp& c, const Buffers& ins,
+                                  const MutBuffers& outs, const MutBuffers& scratch_in, const MutBuffers& scratch_out);
 
 }  // namespace px

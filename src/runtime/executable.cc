@@ -110,6 +110,8 @@ struct Executable::Impl {
   std::vector<Device> devices;
   Communicator* comm = nullptr;
   Backend* backend = &cpu_backend();
+  std::string platform = "cpu";  // the backend's: its devices' memory (Placement::platform)
+  Placement at(int device, MemoryKind kind = MemoryKind::device) const { return {device, kind, platform}; }
   bool over_devices = false;
   std::vector<CollectiveHandle> handles;  // per collective, between its start and its wait
   std::vector<double> step_seconds;       // per unit, summed over runs; empty unless profiling
@@ -129,10 +131,10 @@ struct Executable::Impl {
   ~Impl() {
     wait_pending();  // a run that threw may have left copies in flight into the arenas
     for (Device& d : devices) {
-      backend->free({d.id}, d.arena, plan.peak_bytes);
-      backend->free({d.id, MemoryKind::pinned_host}, d.host_arena, host_plan.peak_bytes);
+      free_bytes(at(d.id), d.arena, plan.peak_bytes);
+      free_bytes(at(d.id, MemoryKind::pinned_host), d.host_arena, host_plan.peak_bytes);
       for (size_t h = 0; h < d.spill.size(); ++h)
-        backend->free({d.id, output_kind[homes[h].pos]}, d.spill[h], homes[h].nbytes);
+        free_bytes(at(d.id, output_kind[homes[h].pos]), d.spill[h], homes[h].nbytes);
     }
   }
   // Copies still in flight write into the arenas: wait for them (a collective left pending by a
@@ -175,6 +177,7 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
   using Impl = Executable::Impl;
   auto impl = std::make_unique<Impl>();
   impl->backend = &backend_for(opt.platform);
+  impl->platform = opt.platform;
   src.verify();
   impl->graph = simplify(src, opt);
   Graph& g = *impl->graph;
@@ -269,7 +272,7 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
   for (int id : setup.device_ids)
     for (auto [kind, limit] : {std::pair{MemoryKind::device, &limited.memory_limit_bytes},
                                std::pair{MemoryKind::pinned_host, &limited.host_memory_limit_bytes}}) {
-      const int64_t cap = memory_capacity({id, kind});
+      const int64_t cap = memory_capacity({id, kind, opt.platform});
       if (cap > 0 && (*limit == 0 || cap < *limit)) *limit = cap;
     }
   std::unique_ptr<Impl> impl = plan_impl(src, limited, setup.groups);
@@ -339,16 +342,21 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
                 " devices but the communicator has " + std::to_string(setup.comm->local_positions().size()) +
                 " local participants");
   impl->comm = setup.comm;
+  if (impl->comm) {  // collectives run on the streams of the devices they are for
+    std::vector<void*> streams;
+    for (int id : setup.device_ids) streams.push_back(impl->backend->stream(impl->at(id)));
+    impl->comm->bind_streams(std::move(streams));
+  }
   impl->over_devices = setup.over_devices && setup.device_ids.size() > 1;
   for (size_t d = 0; d < setup.device_ids.size(); ++d) {
     // Held by impl from the start: its destructor frees the arena if a kernel lookup below throws.
     impl->devices.emplace_back();
     Impl::Device& dev = impl->devices.back();
     dev.id = setup.device_ids[d];
-    dev.arena = static_cast<std::byte*>(impl->backend->allocate({dev.id}, impl->plan.peak_bytes));
+    dev.arena = static_cast<std::byte*>(allocate_bytes(impl->at(dev.id), impl->plan.peak_bytes));
     if (impl->host_plan.peak_bytes > 0)
       dev.host_arena = static_cast<std::byte*>(
-          impl->backend->allocate({dev.id, MemoryKind::pinned_host}, impl->host_plan.peak_bytes));
+          allocate_bytes(impl->at(dev.id, MemoryKind::pinned_host), impl->host_plan.peak_bytes));
     dev.spill.assign(impl->homes.size(), nullptr);
     dev.spilled.assign(impl->homes.size(), 0);
     dev.ranges.reserve(g.inputs().size() + g.outputs().size());
@@ -358,7 +366,7 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
       if (d > 0 && !impl->over_devices && !impl->backend->kernels_per_device()) {
         st.kernel = impl->devices[0].steps[s].kernel;
       } else if (unit.kind == Unit::Kind::fused || unit.kind == Unit::Kind::kernel) {
-        st.kernel = impl->backend->make_kernel(g, unit, Placement{dev.id});
+        st.kernel = impl->backend->make_kernel(g, unit, impl->at(dev.id));
       }
       auto ptr = [&](int64_t off) -> std::byte* {
         return off >= 0 ? dev.arena + off : off <= -2 ? dev.host_arena + (-2 - off) : nullptr;
@@ -393,13 +401,12 @@ void Executable::Impl::check_args(const std::vector<Array>& inputs, const std::v
                   " but the graph was traced with " + type_str(want));
     if (!inputs[i].defined())
       throw Error("[run] input " + std::to_string(i) + name() + " is an empty px::Array (no data)");
-    if (inputs[i].placement().kind != input_kind[i])
-      throw Error("[run] input " + std::to_string(i) + name() + " is in " +
-                  memory_kind_name(inputs[i].placement().kind) + " memory but the program reads it from " +
-                  memory_kind_name(input_kind[i]) +
-                  " memory (Executable::input_kind): copy it there, e.g. "
-                  "px::Array(dtype, shape, {device, px::MemoryKind::" +
-                  memory_kind_name(input_kind[i]) + "})");
+    if (inputs[i].placement().kind != input_kind[i] || inputs[i].placement().platform != platform)
+      throw Error("[run] input " + std::to_string(i) + name() + " is in " + inputs[i].placement().to_string() +
+                  " memory but the program reads it from " +
+                  at(inputs[i].placement().device, input_kind[i]).to_string() +
+                  " memory (Executable::input_kind): copy it there, e.g. array.to({device, px::MemoryKind::" +
+                  memory_kind_name(input_kind[i]) + ", \"" + platform + "\"})");
   }
   if (outputs.size() != output_values.size())
     throw Error("[run] expected " + std::to_string(output_values.size()) + " output arrays, got " +
@@ -413,10 +420,10 @@ void Executable::Impl::check_args(const std::vector<Array>& inputs, const std::v
       throw UserError("[run] output array " + std::to_string(o) +
                       " is read-only memory adopted from another library (Array::adopt), which a program never "
                       "writes: pass an Array of its own (or donate a writable copy, Array::clone)");
-    if (outputs[o].placement().kind != output_kind[o])
-      throw Error("[run] output array " + std::to_string(o) + " is in " +
-                  memory_kind_name(outputs[o].placement().kind) + " memory but the program writes it to " +
-                  memory_kind_name(output_kind[o]) + " memory (Executable::output_kind)");
+    if (outputs[o].placement().kind != output_kind[o] || outputs[o].placement().platform != platform)
+      throw Error("[run] output array " + std::to_string(o) + " is in " + outputs[o].placement().to_string() +
+                  " memory but the program writes it to " +
+                  at(outputs[o].placement().device, output_kind[o]).to_string() + " memory (Executable::output_kind)");
     for (size_t p = 0; p < o; ++p)
       if (outputs[p].nbytes() > 0 && outputs[p].raw() == outputs[o].raw())
         throw Error("[run] output arrays " + std::to_string(p) + " and " + std::to_string(o) +
@@ -469,7 +476,7 @@ void Executable::Impl::bind(Device& dev, const std::vector<Array>& inputs, std::
     void* dst = outputs[homes[h].pos].raw();
     if (dev.spilled[h]) {
       if (!dev.spill[h])  // first run with this aliasing: allocate once, reuse afterwards
-        dev.spill[h] = static_cast<std::byte*>(backend->allocate({dev.id, output_kind[homes[h].pos]}, homes[h].nbytes));
+        dev.spill[h] = static_cast<std::byte*>(allocate_bytes(at(dev.id, output_kind[homes[h].pos]), homes[h].nbytes));
       dst = dev.spill[h];
     }
     patch(homes[h].refs, dst);
@@ -532,7 +539,7 @@ void Executable::Impl::run_collective(int u) {
     if (op.scratch_in) s_in[d] = st.out_ptrs[k++];
     if (op.scratch_out) s_out[d] = st.out_ptrs[k++];
   }
-  handles[c] = start_collective(*comm, op, ins, outs, s_in, s_out);
+  handles[c] = start_collective(*comm, *backend, op, ins, outs, s_in, s_out);
 }
 
 void Executable::Impl::run_block(const Block& b) {
@@ -576,12 +583,13 @@ void Executable::Impl::run_block(const Block& b) {
 }
 
 std::vector<Array> Executable::run(const std::vector<Array>& in) {
-  // Inputs in another memory kind (e.g. params a training step keeps offloaded) are copied to the
-  // kind the program reads, for this call.
+  // Inputs in another memory kind (e.g. params a training step keeps offloaded), or of another
+  // platform, are copied to where the program reads them, for this call.
   std::vector<Array> inputs = in;
   for (size_t i = 0; i < inputs.size() && i < impl_->input_kind.size(); ++i)
-    if (inputs[i].defined() && inputs[i].placement().kind != impl_->input_kind[i])
-      inputs[i] = inputs[i].to({inputs[i].placement().device, impl_->input_kind[i]});
+    if (inputs[i].defined() &&
+        (inputs[i].placement().kind != impl_->input_kind[i] || inputs[i].placement().platform != impl_->platform))
+      inputs[i] = inputs[i].to(impl_->at(inputs[i].placement().device, impl_->input_kind[i]));
   // A donated input's array takes its output (CompileOptions::output_donors).
   std::vector<Array> outs;
   for (int v : impl_->output_values) {
@@ -592,7 +600,7 @@ std::vector<Array> Executable::run(const std::vector<Array>& in) {
       outs.push_back(inputs[donor]);
     else
       outs.emplace_back(impl_->graph->type(v).dtype, impl_->graph->type(v).shape,
-                        Placement{impl_->devices[0].id, impl_->output_kind[outs.size()]});
+                        impl_->at(impl_->devices[0].id, impl_->output_kind[outs.size()]));
   }
   run_into(inputs, outs);
   return outs;

@@ -108,7 +108,7 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram progra
   impl->devices = D;
   for (int p : impl->positions) {
     std::vector<int64_t> c = mesh.coords(p);
-    Array a(DType::i32, {static_cast<int64_t>(c.size())}, Placement{mesh.device_ids()[p]});
+    Array a(DType::i32, {static_cast<int64_t>(c.size())}, mesh.placement(p));
     for (size_t k = 0; k < c.size(); ++k) a.data<int32_t>()[k] = static_cast<int32_t>(c[k]);
     impl->coords.push_back(a);
   }
@@ -180,8 +180,7 @@ void ShardedExecutable::run_into(const std::vector<ShardedArray>& inputs, std::v
     if (!reuse) {
       std::vector<Array> shards;
       for (int64_t d = 0; d < m.devices; ++d)
-        shards.push_back(
-            Array(g.type(v).dtype, g.type(v).shape, Placement{m.prog.mesh.device_ids()[m.positions[d]], kind}));
+        shards.push_back(Array(g.type(v).dtype, g.type(v).shape, m.prog.mesh.placement(m.positions[d], kind)));
       TensorType global = g.type(v);
       for (int d = 0; d < static_cast<int>(global.shape.size()); ++d) global.shape[d] *= s.num_shards(d);
       outs[o] = ShardedArray(global, s, std::move(shards), m.process);

@@ -126,7 +126,7 @@ ShardedArray shard(const TensorType& type, const BoxReader& read, const Sharding
     std::vector<int64_t> c = s.mesh.coords(p);
     bool holder = true;
     for (int a : partial_axes) holder = holder && c[a] == 0;
-    Array a(type.dtype, local, Placement{s.mesh.device_ids()[p]});
+    Array a(type.dtype, local, s.mesh.placement(p));
     if (!holder) {
       if (a.nbytes()) std::memset(a.raw(), 0, static_cast<size_t>(a.nbytes()));
       shards.push_back(a);

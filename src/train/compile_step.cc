@@ -79,7 +79,7 @@ int64_t memory_limit(const TrainStepOptions& options, const Mesh& mesh) {
   if (options.compile.memory_limit_bytes > 0) return options.compile.memory_limit_bytes;
   int64_t limit = 0;
   for (int id : mesh.device_ids()) {
-    const int64_t cap = memory_capacity({id, MemoryKind::device});
+    const int64_t cap = memory_capacity({id, MemoryKind::device, mesh.platform()});
     if (cap > 0 && (limit == 0 || cap < limit)) limit = cap;
   }
   return limit;

@@ -459,7 +459,7 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
         ShardedArray got = receive(v, m, d);
         std::vector<Array> shards;
         for (size_t i = 0; i < got.shards().size(); ++i)
-          shards.push_back(got.shards()[i].to(Placement{group.device_ids()[i], got.shards()[i].placement().kind}));
+          shards.push_back(got.shards()[i].to(group.placement(static_cast<int>(i), got.shards()[i].placement().kind)));
         ShardedArray a(got.type(), Sharding(group, got.sharding().spec), std::move(shards));
         const int left = (m < 0 ? r.step[d] : r.micro[d]).at(v);
         if (m >= 0) bytes += a.shards()[0].nbytes();

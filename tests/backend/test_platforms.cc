@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdint>
 #include <mutex>
 #include <set>
 
 #include "parallax/backend.h"
+#include "parallax/communicator.h"
 #include "parallax/parallax.h"
 #include "testing.h"
 
@@ -18,8 +20,17 @@ namespace {
 class CountingBackend final : public Backend {
  public:
   std::string name() const override { return "counting"; }
-  void* allocate(const Placement& p, int64_t bytes) override { return cpu_backend().allocate(p, bytes); }
-  void free(const Placement& p, void* ptr, int64_t bytes) override { cpu_backend().free(p, ptr, bytes); }
+  void* allocate(const Placement& p, int64_t bytes) override {
+    ++allocations;
+    return Backend::allocate(p, bytes);
+  }
+  // A stream per device, as a GPU backend has: a token the tests can recognise.
+  void* stream(const Placement& device) override { return stream_of(device.device); }
+  static void* stream_of(int device) { return reinterpret_cast<void*>(uintptr_t{0x1000} + device); }
+  void copy_boxes(const std::vector<BoxCopy>& jobs) override {
+    box_copies += static_cast<int>(jobs.size());
+    cpu_backend().copy_boxes(jobs);
+  }
   bool can_fuse(const Graph& g, const Node& n) const override { return cpu_backend().can_fuse(g, n); }
   bool has_kernel(const std::string& prim) const override { return cpu_backend().has_kernel(prim); }
   Kernel make_kernel(const Graph& g, const Unit& unit, const Placement& device) override {
@@ -32,7 +43,7 @@ class CountingBackend final : public Backend {
   Event copy(std::vector<CopyJob> jobs) override { return cpu_backend().copy(std::move(jobs)); }
   // More threads than the tests' devices: the executor runs them one after the other.
   int num_threads() const override { return 4; }
-  std::atomic<int> kernels{0};
+  std::atomic<int> kernels{0}, allocations{0}, box_copies{0};
   std::mutex m;
   std::set<int> devices;
   bool per_device = false;
@@ -87,6 +98,78 @@ TEST(Platforms, KernelsAreMadeForTheirDevice) {
       EXPECT_NEAR(v, want, 1e-4);
   }
   b.per_device = false;
+}
+
+// Arrays on a platform's devices, and the arenas of its programs, are its backend's memory,
+// counted apart from other platforms'.
+TEST(Platforms, ArraysAndArenasAreTheirPlatformsMemory) {
+  CountingBackend& b = counting();
+  const Placement at{0, MemoryKind::device, "counting"};
+  const int64_t cpu_before = memory_stats({0}).allocations, before = b.allocations;
+  const MemoryStats mem_before = memory_stats(at);
+  {
+    Array a(DType::f32, {16}, at);
+    EXPECT_EQ(b.allocations, before + 1);
+    EXPECT_EQ(memory_stats(at).bytes_in_use, mem_before.bytes_in_use + 64);
+    EXPECT_EQ(memory_stats({0}).allocations, cpu_before);
+    EXPECT_EQ(a.placement().to_string(), "counting:0/device");
+  }
+  EXPECT_EQ(memory_stats(at).bytes_in_use, mem_before.bytes_in_use);
+
+  CompileOptions o;
+  o.platform = "counting";
+  auto exe = Executable::compile(*small_program(), o);
+  EXPECT_GT(b.allocations, before + 1);  // the arena
+  // A host array is copied onto the platform for the run; the result is the platform's.
+  const std::vector<Array> out = exe->run({Array::from_f32(std::vector<float>(24, 0.5f), {4, 6})});
+  EXPECT_EQ(out[0].placement(), at);
+  EXPECT_NEAR(out[0].to_f32()[0], 6 * 2 * std::exp(0.5f), 1e-4);
+  // run_into takes arrays where the program reads them, and names the copy otherwise.
+  std::vector<Array> into{Array(DType::f32, {4}, at)};
+  EXPECT_NE(testing::error_of([&] {
+              exe->run_into({Array::from_f32(std::vector<float>(24, 0.5f), {4, 6})}, into);
+            }).find("is in cpu:0/device memory but the program reads it from counting:0/device"),
+            std::string::npos);
+}
+
+// Memory a platform handed out from the host before its backend registered must go back to the
+// host: registering then fails, naming the fix; once it is freed, the backend registers.
+TEST(Platforms, ABackendRegistersBeforeArraysAreMadeOnItsDevices) {
+  static CountingBackend late;
+  auto get = []() -> Backend& { return late; };
+  {
+    Array early(DType::f32, {4}, {0, MemoryKind::device, "late"});
+    EXPECT_NE(testing::error_of([&] {
+                register_backend("late", get);
+              }).find("register its backend before making arrays on its devices"),
+              std::string::npos);
+    EXPECT_FALSE(has_backend("late"));
+  }
+  register_backend("late", get);
+  Array a(DType::f32, {4}, {0, MemoryKind::device, "late"});
+  EXPECT_EQ(late.allocations, 1);
+}
+
+// Collectives run on the streams of their devices, and the packing around one over a dim that is
+// not leading runs on the backend.
+TEST(Platforms, CollectivesRunOnTheirDevicesStreamsAndPackOnTheBackend) {
+  CountingBackend& b = counting();
+  Mesh mesh = Mesh::create({{"data", 2}}, DeviceSet{"counting", 2});
+  // x split along its columns, wanted whole: an all_gather along dim 1.
+  auto g = trace(
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{with_sharding_constraint(in[0] * 2.0, PartitionSpec({none, none}))};
+      },
+      {{DType::f32, {4, 6}}});
+  auto exe = ShardedExecutable::compile(*g, mesh, {PartitionSpec({none, "data"})});
+  EXPECT_EQ(exe->communicator().streams(),
+            (std::vector<void*>{CountingBackend::stream_of(0), CountingBackend::stream_of(1)}));
+  std::vector<float> v(24);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  const int before = b.box_copies;
+  const std::vector<float> got = exe->run_full({Array::from_f32(v, {4, 6})})[0].to_f32();
+  EXPECT_GT(b.box_copies, before);
+  for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(got[i], 2 * v[i]);
 }
 
 TEST(Platforms, BuiltInPlatformsAreListed) {

@@ -299,7 +299,7 @@ TEST(Offload, BadOptionsAndMisplacedArraysGetClearErrors) {
     exe->run_into({x}, out);
     FAIL() << "a device array was read as pinned_host";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("is in device memory but the program reads it from pinned_host"),
+    EXPECT_NE(std::string(e.what()).find("is in cpu:0/device memory but the program reads it from cpu:0/pinned_host"),
               std::string::npos)
         << e.what();
   }

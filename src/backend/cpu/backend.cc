@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "backend/cpu/kernel.h"
+#include "core/box.h"
 #include "ir/primitive.h"
 #include "parallax/backend.h"
 
@@ -93,9 +94,6 @@ class CopyStream {
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
-  void* allocate(const Placement& p, int64_t bytes) override { return allocate_bytes(p, bytes); }
-  void free(const Placement& p, void* ptr, int64_t bytes) override { free_bytes(p, ptr, bytes); }
-
   bool can_fuse(const Graph& g, const Node& n) const override {
     if (!n.prim->elementwise || n.outputs.size() != 1) return false;
     const cpu::EltwiseKernel* ek = cpu::find_eltwise(n.prim->name);
@@ -120,6 +118,18 @@ class CpuBackend final : public Backend {
   }
 
   Event copy(std::vector<CopyJob> jobs) override { return stream_.submit(std::move(jobs)); }
+  // Spread over the threads when they move enough bytes to pay for it.
+  void copy_boxes(const std::vector<BoxCopy>& jobs) override {
+    int64_t bytes = 0;
+    for (const BoxCopy& j : jobs) bytes += numel(j.extent) * j.element_bytes;
+    const int64_t n = static_cast<int64_t>(jobs.size());
+#pragma omp parallel for schedule(static) if (n > 1 && bytes > (int64_t{1} << 18))
+    for (int64_t i = 0; i < n; ++i) {
+      const BoxCopy& j = jobs[i];
+      copy_box(j.src, j.src_shape, j.src_offset.data(), j.dst, j.dst_shape, j.dst_offset.data(), j.extent,
+               j.element_bytes);
+    }
+  }
   int num_threads() const override { return cpu::num_threads(); }
   // Devices share the cores: one OpenMP thread each; their kernels run on that calling thread.
   void for_each_device(int devices, const std::function<void(int)>& body) override {

@@ -39,8 +39,6 @@ void register_all() {
 class RefBackend final : public Backend {
  public:
   std::string name() const override { return "ref"; }
-  void* allocate(const Placement& p, int64_t bytes) override { return allocate_bytes(p, bytes); }
-  void free(const Placement& p, void* ptr, int64_t bytes) override { free_bytes(p, ptr, bytes); }
   bool can_fuse(const Graph&, const Node&) const override { return false; }
   bool has_kernel(const std::string& primitive) const override { return find_kernel(primitive) != nullptr; }
   Kernel make_kernel(const Graph& g, const Unit& unit, const Placement&) override {

@@ -392,8 +392,9 @@ double matmul_rate(const std::string& platform, int64_t n, DType compute, double
   auto exe = Executable::compile(*g, opt);
   std::vector<float> v(static_cast<size_t>(n * n));
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 17) * 0.01f;
-  std::vector<Array> in{Array::from_f32(v, {n, n}), Array::from_f32(v, {n, n})};
-  std::vector<Array> out{Array(DType::f32, {n, n})};
+  const Placement at{0, MemoryKind::device, platform};
+  std::vector<Array> in{Array::from_f32(v, {n, n}).to(at), Array::from_f32(v, {n, n}).to(at)};
+  std::vector<Array> out{Array(DType::f32, {n, n}, at)};
   double s = time_calls([&] { exe->run_into(in, out); }, budget);
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / s;
 }
@@ -461,6 +462,7 @@ double matmul_rate(const std::string& platform, DType compute, double budget) {
 
 Cluster calibrate(const std::string& platform) {
   backend_for(platform);  // an unknown platform fails here, naming the registered ones
+  const Placement at{0, MemoryKind::device, platform};
   Cluster c;
   c.name = platform;
   c.devices_per_node = 0;
@@ -509,8 +511,8 @@ Cluster calibrate(const std::string& platform) {
     auto exe = Executable::compile(*g, opt);
     std::vector<float> v(static_cast<size_t>(n));
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 13) * 0.01f;
-    std::vector<Array> in{Array::from_f32(v, {n})};
-    std::vector<Array> out{Array(DType::f32, {n})};
+    std::vector<Array> in{Array::from_f32(v, {n}).to(at)};
+    std::vector<Array> out{Array(DType::f32, {n}, at)};
     c.device.vector_flops = flops / time_calls([&] { exe->run_into(in, out); }, 0.04);
   }
   // Launch: one tiny kernel per run.
@@ -520,8 +522,8 @@ Cluster calibrate(const std::string& platform) {
     CompileOptions opt;
     opt.platform = platform;
     auto exe = Executable::compile(*g, opt);
-    std::vector<Array> in{Array::from_f32({1.f}, {1}), Array::from_f32({2.f}, {1})};
-    std::vector<Array> out{Array(DType::f32, {1})};
+    std::vector<Array> in{Array::from_f32({1.f}, {1}).to(at), Array::from_f32({2.f}, {1}).to(at)};
+    std::vector<Array> out{Array(DType::f32, {1}, at)};
     c.device.launch_s = time_calls([&] { exe->run_into(in, out); }, 0.02) / std::max(1, exe->num_steps());
   }
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
