@@ -37,9 +37,10 @@ std::mutex platforms_mutex;
 Platform& platform_of(const std::string& name) {
   static Platform cpu;  // the common case, without the lock
   if (name == "cpu") return cpu;
-  static std::map<std::string, std::unique_ptr<Platform>> others;
+  // Never destroyed: arrays freed during static destruction still find their platform.
+  static auto* others = new std::map<std::string, std::unique_ptr<Platform>>();
   std::lock_guard<std::mutex> l(platforms_mutex);
-  auto& p = others[name];
+  auto& p = (*others)[name];
   if (!p) p = std::make_unique<Platform>();
   return *p;
 }
