@@ -166,6 +166,33 @@ TEST(Attention, Bf16GradientsTrackF32) {
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(all_close(got[i].to_f32(), want[i].to_f32(), 3e-2, 3e-2)) << i;
 }
 
+// bf16 runs its block products on native bf16 matmuls where the CPU has them (f32 softmax, bf16
+// probabilities): over several row blocks, causal offsets, padding, grouped heads and rows that
+// see no key, the outputs and gradients stay within bf16 rounding of the f32 computation.
+TEST(Attention, Bf16OverSeveralRowBlocksTracksF32) {
+  for (const Cfg& c : std::vector<Cfg>{{1, 4, 2, 130, 150, 16, true, true},
+                                       {2, 2, 2, 70, 70, 32, true, false},
+                                       {3, 2, 1, 66, 40, 8, false, true},     // batch 2 pads keys; multi-query
+                                       {1, 2, 2, 80, 20, 8, true, false}}) {  // rows before the first key
+    auto in = inputs_of(c, DType::f32, 21);
+    for (int i = 0; i < 3; ++i) in[i] = in[i].astype(DType::bf16).astype(DType::f32);  // same values in both runs
+    auto run = [c](DType dt) {
+      return [c, dt](const std::vector<Tensor>& x) {
+        std::vector<Tensor> y = x;
+        for (int i = 0; i < 3; ++i) y[i] = cast(x[i], dt);
+        Tensor o = cast(attention_fn(c)(y)[0], DType::f32);
+        std::vector<Tensor> r = gradients(sum(o * o), {x[0], x[1], x[2]});
+        r.push_back(o);
+        return r;
+      };
+    };
+    auto want = testing::eval(run(DType::f32), in), got = testing::eval(run(DType::bf16), in);
+    for (int i = 0; i < 4; ++i)
+      EXPECT_TRUE(all_close(got[i].to_f32(), want[i].to_f32(), 3e-2, 3e-2))
+          << (i < 3 ? "gradient " : "output ") << i << " sq" << c.sq << " sk" << c.sk << " d" << c.d;
+  }
+}
+
 TEST(Attention, EmptyDims) {
   for (const Cfg& c : std::vector<Cfg>{{2, 2, 1, 0, 3, 4, true, false}, {1, 2, 2, 3, 0, 4, false, false},
                                        {1, 2, 1, 3, 3, 0, true, false}, {0, 2, 2, 3, 3, 4, true, false}}) {

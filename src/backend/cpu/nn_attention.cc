@@ -3,16 +3,21 @@
 // -> sgemm, so no [B,H,Sq,Sk] tensor exists. Causal blocks stop at their last visible key.
 // The backward recomputes the probabilities from the saved log-sum-exp (flash-attention style)
 // and keeps per-query-head dk/dv partials that are summed over grouped heads at the end.
+#include <immintrin.h>
 #include <omp.h>
 
+#include <oneapi/dnnl/dnnl.h>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
-#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
 
 #include "backend/cpu/kernel.h"
 #include "backend/cpu/nn_math.h"
+#include "backend/cpu/vmath.h"
 
 namespace px::cpu {
 
@@ -90,8 +95,278 @@ const float* as_f32(const void* p, DType t, std::vector<float>& copy, int64_t n)
   return copy.data();
 }
 
+// ---- bf16 operands where the CPU has native bf16 matmuls ----
+// The block products run on oneDNN's bf16 matmul (f32 accumulation) reading q, k, v and the
+// output cotangent in place, at about twice sgemm's rate on f32 copies of them. Scores, softmax
+// and dS stay f32; the probabilities and dS are rounded to bf16 for the products that take them
+// (as flash attention does on GPUs).
+
+// The products of a row block (nr query rows against its first nc keys), row-major:
+//   qk    S[nr,nc]  = scale Q_b K^T      f32, ld Sk (the scores scratch)
+//   pv    O_b[nr,d] = P V                bf16, straight into the output
+//   ptdo  dV[nc,d] += P^T dO_b           f32 partial
+//   dovt  dP[nr,nc] = dO_b V^T           f32, ld Sk
+//   dsk   dQ_b[nr,d] = dS K              f32
+//   dstq  dK[nc,d] += dS^T Q_b           f32 partial
+// P and dS are bf16 scratch with ld nc.
+enum class Form { qk, pv, ptdo, dovt, dsk, dstq };
+
+const dnnl::engine& bf16_engine() {
+  static const dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+// One product's primitive, shared by the threads, with per-thread memory objects (user scratchpad,
+// so that threads running it at once do not share oneDNN's).
+struct Product {
+  dnnl::matmul prim;
+  dnnl::memory::desc scratch_md;
+  struct Mem {
+    dnnl::memory a, b, c, scratch;
+  };
+  std::vector<Mem> mem;  // per thread
+};
+
+struct Bf16Products {
+  std::map<std::tuple<Form, int64_t, int64_t>, Product> table;  // (form, nr, nc)
+  std::vector<dnnl::stream> streams;                            // per thread
+  std::vector<std::vector<uint8_t>> scratch;                    // per thread
+  std::vector<std::vector<uint16_t>> low;                       // per thread: P or dS in bf16
+  std::atomic<int> err{0};
+  // Runs the product on thread `tid`; a failure is recorded and thrown after the parallel region.
+  void run(Form f, int64_t nr, int64_t nc, int tid, const void* a, const void* b, void* c) {
+    Product::Mem& m = table.find({f, nr, nc})->second.mem[static_cast<size_t>(tid)];
+    dnnl_memory_set_data_handle(m.a.get(), const_cast<void*>(a));
+    dnnl_memory_set_data_handle(m.b.get(), const_cast<void*>(b));
+    dnnl_memory_set_data_handle(m.c.get(), c);
+    const dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m.a.get()},
+                                     {DNNL_ARG_WEIGHTS, m.b.get()},
+                                     {DNNL_ARG_DST, m.c.get()},
+                                     {DNNL_ARG_SCRATCHPAD, m.scratch.get()}};
+    dnnl_status_t st = dnnl_primitive_execute(table.find({f, nr, nc})->second.prim.get(),
+                                              streams[static_cast<size_t>(tid)].get(), 4, args);
+    if (st == dnnl_success) st = dnnl_stream_wait(streams[static_cast<size_t>(tid)].get());
+    if (st != dnnl_success) {
+      int expected = 0;
+      err.compare_exchange_strong(expected, static_cast<int>(st));
+    }
+  }
+};
+
+// The products `forms` for every row block's (nr, nc), and for nc = Sk (rows that attend to every
+// key); null where oneDNN has no native bf16 matmul for one of them (the f32 path then runs).
+std::shared_ptr<Bf16Products> make_bf16_products(const Geom& G, std::initializer_list<Form> forms, int threads) {
+  if (G.dt != DType::bf16 || G.sq == 0 || G.sk == 0 || G.d == 0) return nullptr;
+  using md = dnnl::memory::desc;
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  auto P = std::make_shared<Bf16Products>();
+  size_t scratch = 0;
+  const int64_t d = G.d, sk = G.sk;
+  try {
+    for (int64_t blk = 0; blk < G.blocks(); ++blk) {
+      const int64_t nr = std::min(kRows, G.sq - blk * kRows);
+      for (int64_t nc : {G.limit(blk * kRows + nr - 1), sk}) {
+        if (nc == 0) continue;
+        for (Form f : forms) {
+          if (P->table.count({f, nr, nc})) continue;
+          md a, b, c;
+          bool acc = false;
+          switch (f) {
+            case Form::qk:
+              a = md({nr, d}, dt::bf16, dims{d, 1}), b = md({d, nc}, dt::bf16, dims{1, d});
+              c = md({nr, nc}, dt::f32, dims{sk, 1});
+              break;
+            case Form::pv:
+              a = md({nr, nc}, dt::bf16, dims{nc, 1}), b = md({nc, d}, dt::bf16, dims{d, 1});
+              c = md({nr, d}, dt::bf16, dims{d, 1});
+              break;
+            case Form::ptdo:
+            case Form::dstq:
+              a = md({nc, nr}, dt::bf16, dims{1, nc}), b = md({nr, d}, dt::bf16, dims{d, 1});
+              c = md({nc, d}, dt::f32, dims{d, 1});
+              acc = true;
+              break;
+            case Form::dovt:
+              a = md({nr, d}, dt::bf16, dims{d, 1}), b = md({d, nc}, dt::bf16, dims{1, d});
+              c = md({nr, nc}, dt::f32, dims{sk, 1});
+              break;
+            case Form::dsk:
+              a = md({nr, nc}, dt::bf16, dims{nc, 1}), b = md({nc, d}, dt::bf16, dims{d, 1});
+              c = md({nr, d}, dt::f32, dims{d, 1});
+              break;
+          }
+          dnnl::primitive_attr attr;
+          attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+          if (f == Form::qk) attr.set_output_scales(0, {G.scale});
+          if (acc) {
+            dnnl::post_ops po;
+            po.append_sum(1.0f);
+            attr.set_post_ops(po);
+          }
+          dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, bf16_engine());
+          if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return nullptr;
+          Product& prod = P->table[{f, nr, nc}];
+          prod.prim = dnnl::matmul(pd);
+          prod.scratch_md = pd.scratchpad_desc();
+          scratch = std::max(scratch, prod.scratch_md.get_size());
+          for (int t = 0; t < threads; ++t)
+            prod.mem.push_back({dnnl::memory(a, bf16_engine(), DNNL_MEMORY_NONE),
+                                dnnl::memory(b, bf16_engine(), DNNL_MEMORY_NONE),
+                                dnnl::memory(c, bf16_engine(), DNNL_MEMORY_NONE), dnnl::memory()});
+        }
+      }
+    }
+    P->scratch.assign(static_cast<size_t>(threads), std::vector<uint8_t>(std::max<size_t>(scratch, 64)));
+    for (auto& [key, prod] : P->table)
+      for (int t = 0; t < threads; ++t)
+        prod.mem[static_cast<size_t>(t)].scratch =
+            dnnl::memory(prod.scratch_md, bf16_engine(), P->scratch[static_cast<size_t>(t)].data());
+    for (int t = 0; t < threads; ++t) P->streams.emplace_back(bf16_engine());
+  } catch (const dnnl::error&) {
+    return nullptr;
+  }
+  P->low.assign(static_cast<size_t>(threads), std::vector<uint16_t>(static_cast<size_t>(kRows * sk)));
+  return P;
+}
+
+// The bf16 path's row loops, on the library's widest vectors (vecmath).
+namespace wide {
+using vecmath::kLanes;
+using vecmath::V;
+
+inline float hsum(V v) {
+  float s = 0;
+  for (int l = 0; l < kLanes; ++l) s += v[l];
+  return s;
+}
+
+// exp(x - m) in place over a row, and its sum.
+float exp_shift_sum(float* x, float m, int64_t n) {
+  V acc = vecmath::splat(0.0f);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const V e = vecmath::exp(vecmath::load(x + j) - m);
+    vecmath::store(x + j, e);
+    acc += e;
+  }
+  float s = hsum(acc);
+  if (j < n) {
+    float buf[kLanes];
+    for (int k = 0; k < kLanes; ++k) buf[k] = j + k < n ? x[j + k] - m : -INFINITY;
+    const V e = vecmath::exp(vecmath::load(buf));
+    for (int64_t k = 0; j + k < n; ++k) {
+      x[j + k] = e[k];
+      s += e[k];
+    }
+  }
+  return s;
+}
+
+// sum x y over a row.
+float dot(const float* x, const float* y, int64_t n) {
+  V acc = vecmath::splat(0.0f);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) acc = vecmath::fmadd(vecmath::load(x + j), vecmath::load(y + j), acc);
+  float s = hsum(acc);
+  for (; j < n; ++j) s += x[j] * y[j];
+  return s;
+}
+
+// y = bf16(x * c) over a row, rounded to nearest even.
+void to_bf16(const float* x, float c, int64_t n, uint16_t* y) {
+  int64_t j = 0;
+#ifdef __AVX512BF16__
+  const __m512 vc = _mm512_set1_ps(c);
+  for (; j + 16 <= n; j += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(x + j), vc))));
+#endif
+  for (; j < n; ++j) y[j] = f32_to_bf16(x[j] * c);
+}
+
+// y = bf16(p (d - di) c) over a row: dS from P and dP.
+void ds_to_bf16(const float* p, const float* d, float di, float c, int64_t n, uint16_t* y) {
+  int64_t j = 0;
+#ifdef __AVX512BF16__
+  const __m512 vdi = _mm512_set1_ps(di), vc = _mm512_set1_ps(c);
+  for (; j + 16 <= n; j += 16) {
+    const __m512 v =
+        _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + j), _mm512_sub_ps(_mm512_loadu_ps(d + j), vdi)), vc);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+  }
+#endif
+  for (; j < n; ++j) y[j] = f32_to_bf16(p[j] * (d[j] - di) * c);
+}
+}  // namespace wide
+
+// The forward pass on bf16 operands through `P` (make_bf16_products with qk and pv).
+Kernel attention_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P) {
+  auto buf = std::make_shared<Buffers>();
+  buf->threads = num_threads();
+  buf->per_thread = kRows * G.sk;
+  buf->rows.resize(static_cast<size_t>(buf->threads * buf->per_thread));
+  const int64_t items = G.b * G.hkv * G.g * G.blocks();
+  return [G, buf, P, items](const void* const* in, void* const* out) {
+    Buffers& B = *buf;
+    const auto* q = static_cast<const uint16_t*>(in[0]);
+    const auto* k = static_cast<const uint16_t*>(in[1]);
+    const auto* v = static_cast<const uint16_t*>(in[2]);
+    const uint8_t* pad = G.pad ? static_cast<const uint8_t*>(in[3]) : nullptr;
+    auto* o = static_cast<uint16_t*>(out[0]);
+    float* lse = static_cast<float*>(out[1]);
+#pragma omp parallel for num_threads(B.threads) schedule(dynamic) if (items > 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int tid = omp_get_thread_num();
+      const int64_t blk = it % G.blocks(), head = it / G.blocks();
+      const int64_t gi = head % G.g, h = head / G.g % G.hkv, bi = head / (G.g * G.hkv);
+      const int64_t r0 = blk * kRows, nr = std::min(kRows, G.sq - r0);
+      float* lb = lse + ((bi * G.hkv + h) * G.g + gi) * G.sq + r0;
+      const uint8_t* keep = pad ? pad + bi * G.sk : nullptr;
+      float* s = B.mine();
+      const int64_t ncols = G.limit(r0 + nr - 1);
+      if (ncols > 0) P->run(Form::qk, nr, ncols, tid, q + G.q_off(bi, h, gi) + r0 * G.d, k + G.kv_off(bi, h), s);
+      // Softmax rows: the exponentials stay in s, each row's 1 / sum is applied as it is rounded.
+      float inv[kRows];
+      bool any_uniform = false;
+      for (int64_t r = 0; r < nr; ++r) {
+        float* sr = s + r * G.sk;
+        if (!mask_row(G, sr, r0 + r, ncols, keep)) {
+          any_uniform = true;
+          lb[r] = kNegInf;
+          continue;
+        }
+        const float m = vmath::row_max(sr, ncols);
+        const float sum = wide::exp_shift_sum(sr, m, ncols);
+        inv[r] = 1.0f / sum;
+        lb[r] = m + std::log(sum);
+      }
+      int64_t nc = ncols;
+      if (any_uniform) {
+        nc = G.sk;
+        for (int64_t r = 0; r < nr; ++r) {
+          float* sr = s + r * G.sk;
+          if (lb[r] == kNegInf) {
+            uniform_row(sr, G.sk);
+            inv[r] = 1.0f;
+          } else {
+            std::fill(sr + ncols, sr + G.sk, 0.0f);
+          }
+        }
+      }
+      uint16_t* pb = P->low[static_cast<size_t>(tid)].data();
+      for (int64_t r = 0; r < nr; ++r) wide::to_bf16(s + r * G.sk, inv[r], nc, pb + r * nc);
+      P->run(Form::pv, nr, nc, tid, pb, v + G.kv_off(bi, h), o + G.q_off(bi, h, gi) + r0 * G.d);
+    }
+    int st = P->err.exchange(0);
+    if (st != 0) throw InternalError("[cpu] attention: a oneDNN bf16 matmul failed with status " + std::to_string(st));
+  };
+}
+
 Kernel attention_kernel(const KernelSpec& spec) {
   const Geom G = geom_of(spec);
+  if (auto P = make_bf16_products(G, {Form::qk, Form::pv}, num_threads()))
+    return attention_bf16_kernel(G, std::move(P));
   const int64_t q_n = spec.in[0].numel(), kv_n = spec.in[1].numel();
   auto buf = std::make_shared<Buffers>();
   buf->threads = num_threads();
@@ -157,9 +432,100 @@ Kernel attention_kernel(const KernelSpec& spec) {
   };
 }
 
+// The backward pass on bf16 operands through `P` (qk, ptdo, dovt, dsk, dstq): dq in f32 scratch,
+// dk and dv as f32 partials per query head, summed over grouped heads and stored as bf16.
+Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P, int64_t q_n, int64_t kv_n) {
+  const int p = G.pad ? 4 : 3;  // index of lse; the output cotangent follows
+  auto buf = std::make_shared<Buffers>();
+  buf->threads = num_threads();
+  buf->per_thread = 2 * kRows * G.sk;
+  buf->rows.resize(static_cast<size_t>(buf->threads * buf->per_thread));
+  auto dq_buf = std::make_shared<std::vector<float>>(q_n);
+  auto part = std::make_shared<std::vector<float>>(2 * kv_n * G.g);
+  const int64_t heads = G.b * G.hkv * G.g;
+  return [=](const void* const* in, void* const* out) {
+    Buffers& B = *buf;
+    const auto* q = static_cast<const uint16_t*>(in[0]);
+    const auto* k = static_cast<const uint16_t*>(in[1]);
+    const auto* v = static_cast<const uint16_t*>(in[2]);
+    const uint8_t* pad = G.pad ? static_cast<const uint8_t*>(in[3]) : nullptr;
+    const float* lse = static_cast<const float*>(in[p]);
+    const auto* dout = static_cast<const uint16_t*>(in[p + 1]);
+    float* dq = dq_buf->data();
+#pragma omp parallel for num_threads(B.threads) schedule(dynamic) if (heads > 1)
+    for (int64_t head = 0; head < heads; ++head) {
+      const int tid = omp_get_thread_num();
+      const int64_t gi = head % G.g, h = head / G.g % G.hkv, bi = head / (G.g * G.hkv);
+      const uint16_t* kb = k + G.kv_off(bi, h);
+      const uint16_t* vb = v + G.kv_off(bi, h);
+      float* dkb = part->data() + ((bi * G.hkv + h) * G.g + gi) * G.sk * G.d;
+      float* dvb = part->data() + kv_n * G.g + ((bi * G.hkv + h) * G.g + gi) * G.sk * G.d;
+      std::memset(dkb, 0, static_cast<size_t>(G.sk * G.d) * sizeof(float));
+      std::memset(dvb, 0, static_cast<size_t>(G.sk * G.d) * sizeof(float));
+      const uint8_t* keep = pad ? pad + bi * G.sk : nullptr;
+      float* s = B.mine();
+      float* dp = s + kRows * G.sk;
+      uint16_t* low = P->low[static_cast<size_t>(tid)].data();
+      for (int64_t blk = 0; blk < G.blocks(); ++blk) {
+        const int64_t r0 = blk * kRows, nr = std::min(kRows, G.sq - r0);
+        const int64_t qo = G.q_off(bi, h, gi) + r0 * G.d;
+        const float* lb = lse + ((bi * G.hkv + h) * G.g + gi) * G.sq + r0;
+        int64_t ncols = G.limit(r0 + nr - 1);
+        for (int64_t r = 0; r < nr; ++r)
+          if (lb[r] == kNegInf) ncols = G.sk;  // a uniform row touches every key
+        if (ncols == 0) {                      // no key visible to any row: no gradient
+          std::fill(dq + qo, dq + qo + nr * G.d, 0.0f);
+          continue;
+        }
+        // P from the saved log-sum-exp.
+        P->run(Form::qk, nr, ncols, tid, q + qo, kb, s);
+        for (int64_t r = 0; r < nr; ++r) {
+          float* sr = s + r * G.sk;
+          if (lb[r] == kNegInf) {
+            uniform_row(sr, ncols);
+            continue;
+          }
+          mask_row(G, sr, r0 + r, ncols, keep);
+          const float l = lb[r];
+          vecmath::map(sr, sr, ncols, [l](vecmath::V x) { return vecmath::exp(x - l); });
+        }
+        for (int64_t r = 0; r < nr; ++r) wide::to_bf16(s + r * G.sk, 1.0f, ncols, low + r * ncols);
+        P->run(Form::ptdo, nr, ncols, tid, low, dout + qo, dvb);  // dv += P^T dO
+        P->run(Form::dovt, nr, ncols, tid, dout + qo, vb, dp);    // dP = dO V^T
+        for (int64_t r = 0; r < nr; ++r) {                        // dS = P (dP - rowsum(P dP)) scale, in bf16
+          const float* sr = s + r * G.sk;
+          const float* dr = dp + r * G.sk;
+          if (lb[r] == kNegInf) {  // constant scores: no gradient to q or k
+            std::fill(low + r * ncols, low + (r + 1) * ncols, uint16_t{0});
+            continue;
+          }
+          wide::ds_to_bf16(sr, dr, wide::dot(sr, dr, ncols), G.scale, ncols, low + r * ncols);
+        }
+        P->run(Form::dsk, nr, ncols, tid, low, kb, dq + qo);   // dQ = dS K
+        P->run(Form::dstq, nr, ncols, tid, low, q + qo, dkb);  // dK += dS^T Q
+      }
+    }
+    int st = P->err.exchange(0);
+    if (st != 0)
+      throw InternalError("[cpu] attention_grad: a oneDNN bf16 matmul failed with status " + std::to_string(st));
+    store_f32(dq, out[0], G.dt, 0, q_n);
+    const int64_t slab = G.sk * G.d;
+#pragma omp parallel for num_threads(B.threads) schedule(static) if (kv_n > 65536)
+    for (int64_t bh = 0; bh < G.b * G.hkv; ++bh)
+      for (int which = 0; which < 2; ++which) {
+        float* base = part->data() + which * kv_n * G.g + bh * G.g * slab;
+        for (int64_t gi = 1; gi < G.g; ++gi)
+          for (int64_t e = 0; e < slab; ++e) base[e] += base[gi * slab + e];
+        store_f32(base, out[1 + which], G.dt, bh * slab, slab);
+      }
+  };
+}
+
 Kernel attention_grad_kernel(const KernelSpec& spec) {
   const Geom G = geom_of(spec);
   const int64_t q_n = spec.in[0].numel(), kv_n = spec.in[1].numel();
+  if (auto P = make_bf16_products(G, {Form::qk, Form::ptdo, Form::dovt, Form::dsk, Form::dstq}, num_threads()))
+    return attention_grad_bf16_kernel(G, std::move(P), q_n, kv_n);
   const int p = G.pad ? 4 : 3;  // index of lse; the output cotangent follows
   auto buf = std::make_shared<Buffers>();
   buf->threads = num_threads();
