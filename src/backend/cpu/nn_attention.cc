@@ -34,6 +34,13 @@ struct Geom {
   int64_t blocks() const { return (sq + kRows - 1) / kRows; }
   // Keys [0, limit) are visible to query row i (before padding).
   int64_t limit(int64_t i) const { return causal ? std::clamp<int64_t>(i + sk - sq + 1, 0, sk) : sk; }
+  // The keys the backward pass of rows [r0, r0 + nr) touches: the visible ones, or every key when
+  // a row attended uniformly (its saved log-sum-exp is -inf).
+  int64_t backward_cols(int64_t r0, int64_t nr, const float* lse_rows) const {
+    for (int64_t r = 0; r < nr; ++r)
+      if (lse_rows[r] == -INFINITY) return sk;
+    return limit(r0 + nr - 1);
+  }
   int64_t q_off(int64_t bi, int64_t h, int64_t gi) const { return ((bi * hkv + h) * g + gi) * sq * d; }
   int64_t kv_off(int64_t bi, int64_t h) const { return (bi * hkv + h) * sk * d; }
 };
@@ -173,27 +180,21 @@ std::shared_ptr<Bf16Products> make_bf16_products(const Geom& G, std::initializer
           md a, b, c;
           bool acc = false;
           switch (f) {
-            case Form::qk:
-              a = md({nr, d}, dt::bf16, dims{d, 1}), b = md({d, nc}, dt::bf16, dims{1, d});
-              c = md({nr, nc}, dt::f32, dims{sk, 1});
-              break;
-            case Form::pv:
-              a = md({nr, nc}, dt::bf16, dims{nc, 1}), b = md({nc, d}, dt::bf16, dims{d, 1});
-              c = md({nr, d}, dt::bf16, dims{d, 1});
-              break;
-            case Form::ptdo:
-            case Form::dstq:
-              a = md({nc, nr}, dt::bf16, dims{1, nc}), b = md({nr, d}, dt::bf16, dims{d, 1});
-              c = md({nc, d}, dt::f32, dims{d, 1});
-              acc = true;
-              break;
+            case Form::qk:  // [nr, d] x [nc, d]^T
             case Form::dovt:
               a = md({nr, d}, dt::bf16, dims{d, 1}), b = md({d, nc}, dt::bf16, dims{1, d});
               c = md({nr, nc}, dt::f32, dims{sk, 1});
               break;
+            case Form::pv:  // [nr, nc] x [nc, d]
             case Form::dsk:
               a = md({nr, nc}, dt::bf16, dims{nc, 1}), b = md({nc, d}, dt::bf16, dims{d, 1});
-              c = md({nr, d}, dt::f32, dims{d, 1});
+              c = md({nr, d}, f == Form::pv ? dt::bf16 : dt::f32, dims{d, 1});
+              break;
+            case Form::ptdo:  // [nr, nc]^T x [nr, d], accumulated
+            case Form::dstq:
+              a = md({nc, nr}, dt::bf16, dims{1, nc}), b = md({nr, d}, dt::bf16, dims{d, 1});
+              c = md({nc, d}, dt::f32, dims{d, 1});
+              acc = true;
               break;
           }
           dnnl::primitive_attr attr;
@@ -300,6 +301,67 @@ void ds_to_bf16(const float* p, const float* d, float di, float c, int64_t n, ui
 }
 }  // namespace wide
 
+// dk and dv from their f32 partials per query head (laid out [dk | dv], each [b, hkv, g, Sk, D]):
+// summed over the grouped query heads and stored in the result dtype.
+void sum_kv_partials(const Geom& G, float* part, int64_t kv_n, void* dk, void* dv, int threads) {
+  const int64_t slab = G.sk * G.d;
+#pragma omp parallel for num_threads(threads) schedule(static) if (kv_n > 65536)
+  for (int64_t bh = 0; bh < G.b * G.hkv; ++bh)
+    for (int which = 0; which < 2; ++which) {
+      float* base = part + which * kv_n * G.g + bh * G.g * slab;
+      for (int64_t gi = 1; gi < G.g; ++gi)
+        for (int64_t e = 0; e < slab; ++e) base[e] += base[gi * slab + e];
+      store_f32(base, which ? dv : dk, G.dt, bh * slab, slab);
+    }
+}
+
+// Softmax over the visible keys of a block's score rows (ld Sk), in place: a row keeps
+// exp(s - max) and inv[r] = 1 / their sum, lse[r] its log-sum-exp; a row that sees no key attends
+// uniformly to every key (lse -inf, inv 1). Returns the columns the rows then span: ncols, or Sk
+// when a row is uniform (the others zero past ncols).
+int64_t softmax_rows(const Geom& G, float* s, int64_t r0, int64_t nr, int64_t ncols, const uint8_t* keep, float* lse,
+                     float* inv) {
+  bool any_uniform = false;
+  for (int64_t r = 0; r < nr; ++r) {
+    float* sr = s + r * G.sk;
+    if (!mask_row(G, sr, r0 + r, ncols, keep)) {
+      any_uniform = true;
+      lse[r] = kNegInf;
+      continue;
+    }
+    const float m = vmath::row_max(sr, ncols);
+    const float sum = wide::exp_shift_sum(sr, m, ncols);
+    inv[r] = 1.0f / sum;
+    lse[r] = m + std::log(sum);
+  }
+  if (!any_uniform) return ncols;
+  for (int64_t r = 0; r < nr; ++r) {
+    float* sr = s + r * G.sk;
+    if (lse[r] == kNegInf) {
+      uniform_row(sr, G.sk);
+      inv[r] = 1.0f;
+    } else {
+      std::fill(sr + ncols, sr + G.sk, 0.0f);
+    }
+  }
+  return G.sk;
+}
+
+// The backward pass's probabilities of a block's rows, in place, from their saved log-sum-exp.
+void probability_rows(const Geom& G, float* s, int64_t r0, int64_t nr, int64_t ncols, const uint8_t* keep,
+                      const float* lse) {
+  for (int64_t r = 0; r < nr; ++r) {
+    float* sr = s + r * G.sk;
+    if (lse[r] == kNegInf) {
+      uniform_row(sr, ncols);
+      continue;
+    }
+    mask_row(G, sr, r0 + r, ncols, keep);
+    const float l = lse[r];
+    vecmath::map(sr, sr, ncols, [l](vecmath::V x) { return vecmath::exp(x - l); });
+  }
+}
+
 // The forward pass on bf16 operands through `P` (make_bf16_products with qk and pv).
 Kernel attention_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P) {
   auto buf = std::make_shared<Buffers>();
@@ -326,34 +388,9 @@ Kernel attention_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P) {
       float* s = B.mine();
       const int64_t ncols = G.limit(r0 + nr - 1);
       if (ncols > 0) P->run(Form::qk, nr, ncols, tid, q + G.q_off(bi, h, gi) + r0 * G.d, k + G.kv_off(bi, h), s);
-      // Softmax rows: the exponentials stay in s, each row's 1 / sum is applied as it is rounded.
+      // The exponentials stay in s; each row's 1 / sum is applied as it is rounded to bf16.
       float inv[kRows];
-      bool any_uniform = false;
-      for (int64_t r = 0; r < nr; ++r) {
-        float* sr = s + r * G.sk;
-        if (!mask_row(G, sr, r0 + r, ncols, keep)) {
-          any_uniform = true;
-          lb[r] = kNegInf;
-          continue;
-        }
-        const float m = vmath::row_max(sr, ncols);
-        const float sum = wide::exp_shift_sum(sr, m, ncols);
-        inv[r] = 1.0f / sum;
-        lb[r] = m + std::log(sum);
-      }
-      int64_t nc = ncols;
-      if (any_uniform) {
-        nc = G.sk;
-        for (int64_t r = 0; r < nr; ++r) {
-          float* sr = s + r * G.sk;
-          if (lb[r] == kNegInf) {
-            uniform_row(sr, G.sk);
-            inv[r] = 1.0f;
-          } else {
-            std::fill(sr + ncols, sr + G.sk, 0.0f);
-          }
-        }
-      }
+      const int64_t nc = softmax_rows(G, s, r0, nr, ncols, keep, lb, inv);
       uint16_t* pb = P->low[static_cast<size_t>(tid)].data();
       for (int64_t r = 0; r < nr; ++r) wide::to_bf16(s + r * G.sk, inv[r], nc, pb + r * nc);
       P->run(Form::pv, nr, nc, tid, pb, v + G.kv_off(bi, h), o + G.q_off(bi, h, gi) + r0 * G.d);
@@ -401,29 +438,10 @@ Kernel attention_kernel(const KernelSpec& spec) {
         float* s = B.mine();
         const int64_t ncols = G.limit(r0 + nr - 1);
         sgemm(B.gemm_err, 'N', 'T', nr, ncols, G.d, G.scale, qb, G.d, kb, G.d, 0.0f, s, G.sk);
-        bool any_uniform = false;
-        for (int64_t r = 0; r < nr; ++r) {
-          float* sr = s + r * G.sk;
-          if (!mask_row(G, sr, r0 + r, ncols, keep)) {
-            any_uniform = true;
-            lb[r] = kNegInf;
-            continue;
-          }
-          const float m = vmath::row_max(sr, ncols);
-          const float sum = vmath::exp_shift_sum(sr, m, sr, ncols);
-          const float inv = 1.0f / sum;
-          for (int64_t j = 0; j < ncols; ++j) sr[j] *= inv;
-          lb[r] = m + std::log(sum);
-        }
-        int64_t ncols_eff = ncols;
-        if (any_uniform) {
-          ncols_eff = G.sk;
-          for (int64_t r = 0; r < nr; ++r) {
-            float* sr = s + r * G.sk;
-            if (lb[r] == kNegInf) uniform_row(sr, G.sk);
-            else std::fill(sr + ncols, sr + G.sk, 0.0f);
-          }
-        }
+        float inv[kRows];
+        const int64_t ncols_eff = softmax_rows(G, s, r0, nr, ncols, keep, lb, inv);
+        for (int64_t r = 0; r < nr; ++r)
+          for (int64_t j = 0; j < ncols_eff; ++j) s[r * G.sk + j] *= inv[r];
         sgemm(B.gemm_err, 'N', 'N', nr, G.d, ncols_eff, 1.0f, s, G.sk, vb, G.d, 0.0f, ob, G.d);
       }
     }
@@ -470,25 +488,14 @@ Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P
         const int64_t r0 = blk * kRows, nr = std::min(kRows, G.sq - r0);
         const int64_t qo = G.q_off(bi, h, gi) + r0 * G.d;
         const float* lb = lse + ((bi * G.hkv + h) * G.g + gi) * G.sq + r0;
-        int64_t ncols = G.limit(r0 + nr - 1);
-        for (int64_t r = 0; r < nr; ++r)
-          if (lb[r] == kNegInf) ncols = G.sk;  // a uniform row touches every key
-        if (ncols == 0) {                      // no key visible to any row: no gradient
+        const int64_t ncols = G.backward_cols(r0, nr, lb);
+        if (ncols == 0) {  // no key visible to any row: no gradient
           std::fill(dq + qo, dq + qo + nr * G.d, 0.0f);
           continue;
         }
         // P from the saved log-sum-exp.
         P->run(Form::qk, nr, ncols, tid, q + qo, kb, s);
-        for (int64_t r = 0; r < nr; ++r) {
-          float* sr = s + r * G.sk;
-          if (lb[r] == kNegInf) {
-            uniform_row(sr, ncols);
-            continue;
-          }
-          mask_row(G, sr, r0 + r, ncols, keep);
-          const float l = lb[r];
-          vecmath::map(sr, sr, ncols, [l](vecmath::V x) { return vecmath::exp(x - l); });
-        }
+        probability_rows(G, s, r0, nr, ncols, keep, lb);
         for (int64_t r = 0; r < nr; ++r) wide::to_bf16(s + r * G.sk, 1.0f, ncols, low + r * ncols);
         P->run(Form::ptdo, nr, ncols, tid, low, dout + qo, dvb);  // dv += P^T dO
         P->run(Form::dovt, nr, ncols, tid, dout + qo, vb, dp);    // dP = dO V^T
@@ -509,15 +516,7 @@ Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P
     if (st != 0)
       throw InternalError("[cpu] attention_grad: a oneDNN bf16 matmul failed with status " + std::to_string(st));
     store_f32(dq, out[0], G.dt, 0, q_n);
-    const int64_t slab = G.sk * G.d;
-#pragma omp parallel for num_threads(B.threads) schedule(static) if (kv_n > 65536)
-    for (int64_t bh = 0; bh < G.b * G.hkv; ++bh)
-      for (int which = 0; which < 2; ++which) {
-        float* base = part->data() + which * kv_n * G.g + bh * G.g * slab;
-        for (int64_t gi = 1; gi < G.g; ++gi)
-          for (int64_t e = 0; e < slab; ++e) base[e] += base[gi * slab + e];
-        store_f32(base, out[1 + which], G.dt, bh * slab, slab);
-      }
+    sum_kv_partials(G, part->data(), kv_n, out[1], out[2], B.threads);
   };
 }
 
@@ -575,25 +574,14 @@ Kernel attention_grad_kernel(const KernelSpec& spec) {
         const int64_t r0 = blk * kRows, nr = std::min(kRows, G.sq - r0);
         const int64_t qo = G.q_off(bi, h, gi) + r0 * G.d;
         const float* lb = lse + ((bi * G.hkv + h) * G.g + gi) * G.sq + r0;
-        int64_t ncols = G.limit(r0 + nr - 1);
-        for (int64_t r = 0; r < nr; ++r)
-          if (lb[r] == kNegInf) ncols = G.sk;  // a uniform row touches every key
+        const int64_t ncols = G.backward_cols(r0, nr, lb);
         if (G.sk == 0 || G.d == 0) {
           std::fill(dq + qo, dq + qo + nr * G.d, 0.0f);
           continue;
         }
         // P from the saved log-sum-exp.
         sgemm(B.gemm_err, 'N', 'T', nr, ncols, G.d, G.scale, q + qo, G.d, kb, G.d, 0.0f, s, G.sk);
-        for (int64_t r = 0; r < nr; ++r) {
-          float* sr = s + r * G.sk;
-          if (lb[r] == kNegInf) {
-            uniform_row(sr, ncols);
-            continue;
-          }
-          mask_row(G, sr, r0 + r, ncols, keep);
-          const float l = lb[r];
-          vmath::map(sr, sr, ncols, [l](vmath::V8 x) { return vmath::exp(x - l); });
-        }
+        probability_rows(G, s, r0, nr, ncols, keep, lb);
         sgemm(B.gemm_err, 'T', 'N', ncols, G.d, nr, 1.0f, s, G.sk, dout + qo, G.d, 1.0f, dvb, G.d);  // dv += P^T dO
         sgemm(B.gemm_err, 'N', 'T', nr, ncols, G.d, 1.0f, dout + qo, G.d, vb, G.d, 0.0f, dp, G.sk);  // dP = dO V^T
         for (int64_t r = 0; r < nr; ++r) {
@@ -603,8 +591,7 @@ Kernel attention_grad_kernel(const KernelSpec& spec) {
             std::fill(dr, dr + ncols, 0.0f);
             continue;
           }
-          float di = 0;
-          for (int64_t j = 0; j < ncols; ++j) di += sr[j] * dr[j];
+          const float di = wide::dot(sr, dr, ncols);
           for (int64_t j = 0; j < ncols; ++j) dr[j] = sr[j] * (dr[j] - di) * G.scale;  // dS
         }
         sgemm(B.gemm_err, 'N', 'N', nr, G.d, ncols, 1.0f, dp, G.sk, kb, G.d, 0.0f, dq + qo, G.d);         // dQ = dS K
@@ -613,18 +600,7 @@ Kernel attention_grad_kernel(const KernelSpec& spec) {
     }
     throw_if_sgemm_failed(B.gemm_err, "attention_grad");
     if (G.dt != DType::f32) store_f32(dq, out[0], G.dt, 0, q_n);
-    if (!direct_kv) {
-      // Sum the partials over grouped query heads and store in the result dtype.
-      const int64_t slab = G.sk * G.d;
-#pragma omp parallel for num_threads(B.threads) schedule(static) if (kv_n > 65536)
-      for (int64_t bh = 0; bh < G.b * G.hkv; ++bh)
-        for (int which = 0; which < 2; ++which) {
-          float* base = part->data() + which * kv_n * G.g + bh * G.g * slab;
-          for (int64_t gi = 1; gi < G.g; ++gi)
-            for (int64_t e = 0; e < slab; ++e) base[e] += base[gi * slab + e];
-          store_f32(base, out[1 + which], G.dt, bh * slab, slab);
-        }
-    }
+    if (!direct_kv) sum_kv_partials(G, part->data(), kv_n, out[1], out[2], B.threads);
   };
 }
 
