@@ -51,6 +51,9 @@ Counter& counter(Platform& pl, const Placement& p) {
 }
 Counter& counter(const Placement& p) { return counter(platform_of(p.platform), p); }
 
+// What an allocation of `bytes` takes: at least 64 bytes, a multiple of 64 (the alignment).
+int64_t rounded_bytes(int64_t bytes) { return (std::max<int64_t>(bytes, 1) + 63) / 64 * 64; }
+
 }  // namespace
 
 const char* memory_kind_name(MemoryKind k) { return k == MemoryKind::device ? "device" : "pinned_host"; }
@@ -100,9 +103,9 @@ void* allocate_bytes(const Placement& p, int64_t bytes) {
                     " bytes with " + std::to_string(c.in_use.load()) + " in use exceeds its capacity of " +
                     std::to_string(cap) + " bytes; compiled steps plan within the capacity and say what would fit "
                     "(remat, offload, more devices)");
-  const size_t rounded = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
+  const int64_t rounded = rounded_bytes(bytes);
   const PlatformMemory* m = pl.memory.load();
-  void* ptr = m ? m->allocate(p, static_cast<int64_t>(rounded)) : std::aligned_alloc(64, rounded);
+  void* ptr = m ? m->allocate(p, rounded) : std::aligned_alloc(64, static_cast<size_t>(rounded));
   if (!ptr) throw Error("[memory] out of memory allocating " + std::to_string(bytes) + " bytes on " + p.to_string());
   pl.in_use.fetch_add(bytes);
   int64_t now = c.in_use.fetch_add(bytes) + bytes;
@@ -120,7 +123,7 @@ void free_bytes(const Placement& p, void* ptr, int64_t bytes) {
   pl.in_use.fetch_sub(bytes);
   const PlatformMemory* m = pl.memory.load();
   if (m)
-    m->free(p, ptr, (std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
+    m->free(p, ptr, rounded_bytes(bytes));
   else
     std::free(ptr);
 }

@@ -142,7 +142,8 @@ struct Bf16Products {
   std::atomic<int> err{0};
   // Runs the product on thread `tid`; a failure is recorded and thrown after the parallel region.
   void run(Form f, int64_t nr, int64_t nc, int tid, const void* a, const void* b, void* c) {
-    Product::Mem& m = table.find({f, nr, nc})->second.mem[static_cast<size_t>(tid)];
+    Product& prod = table.find({f, nr, nc})->second;
+    Product::Mem& m = prod.mem[static_cast<size_t>(tid)];
     dnnl_memory_set_data_handle(m.a.get(), const_cast<void*>(a));
     dnnl_memory_set_data_handle(m.b.get(), const_cast<void*>(b));
     dnnl_memory_set_data_handle(m.c.get(), c);
@@ -150,7 +151,7 @@ struct Bf16Products {
                                      {DNNL_ARG_WEIGHTS, m.b.get()},
                                      {DNNL_ARG_DST, m.c.get()},
                                      {DNNL_ARG_SCRATCHPAD, m.scratch.get()}};
-    dnnl_status_t st = dnnl_primitive_execute(table.find({f, nr, nc})->second.prim.get(),
+    dnnl_status_t st = dnnl_primitive_execute(prod.prim.get(),
                                               streams[static_cast<size_t>(tid)].get(), 4, args);
     if (st == dnnl_success) st = dnnl_stream_wait(streams[static_cast<size_t>(tid)].get());
     if (st != dnnl_success) {
