@@ -121,4 +121,67 @@ std::unique_ptr<Graph> narrow_producers(const Graph& g) {
   });
 }
 
+// Casts between float types commute with reshape and transpose (these move elements, a cast maps
+// each one), so the layout ops between a 16-bit value and its f32 readers run on the narrow side:
+// a layout op of a widened value (whose only reader it is) moves the 16-bit value and widens its
+// result; a narrowing cast of a layout op's result (its only reader) casts before the layout op,
+// where the cast joins the producer's elementwise group; and a narrowing cast of a value widened
+// from that type is the value. Every result keeps its bits; the layout ops move half the bytes.
+std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
+  const size_t nv = g.values().size();
+  std::vector<int> readers(nv, 0);
+  for (const Node& n : g.nodes())
+    for (int v : n.inputs) ++readers[v];
+  for (int v : g.outputs()) ++readers[v];
+  auto layout = [](const Node& n) { return n.prim == prims::reshape() || n.prim == prims::transpose(); };
+  auto narrow = [](DType d) { return d == DType::bf16 || d == DType::f16; };
+  auto widening = [&](const Node& n) {
+    return n.prim == prims::cast() && narrow(g.type(n.inputs[0]).dtype) && g.type(n.outputs[0]).dtype == DType::f32;
+  };
+  auto narrowing = [&](const Node& n) {
+    return n.prim == prims::cast() && g.type(n.inputs[0]).dtype == DType::f32 && narrow(g.type(n.outputs[0]).dtype);
+  };
+  // Only layout ops next to such casts are moved: nothing else to do means no new graph.
+  auto producer = [&](int v) { return g.values()[v].producer; };
+  bool any = false;
+  for (const Node& n : g.nodes()) {
+    if (n.inputs.empty() || producer(n.inputs[0]) < 0) continue;
+    const Node& p = g.nodes()[producer(n.inputs[0])];
+    any = any || (layout(n) && widening(p)) || (narrowing(n) && layout(p));
+  }
+  if (!any) return nullptr;
+
+  std::vector<Tensor> now(nv);        // the new graph's tensor of each value read so far
+  std::vector<Tensor> narrow_of(nv);  // v == cast(narrow_of[v], f32), in the new graph
+  auto emit_like = [&](const Node& n, const Tensor& x) {
+    Tensor r = current_graph()->emit(*n.prim, {x}, n.attrs)[0];
+    current_graph()->mutable_value(r.id()).copy_facts(g.values()[n.outputs[0]]);
+    return r;
+  };
+  // v cast to `to`, with the single-reader layout ops that made v applied after the cast; an
+  // undefined tensor at the top when there is nothing to move.
+  std::function<Tensor(int, DType, bool)> narrowed = [&](int v, DType to, bool top) -> Tensor {
+    if (narrow_of[v].defined() && narrow_of[v].dtype() == to) return narrow_of[v];
+    int p = producer(v);
+    if (p >= 0 && layout(g.nodes()[p]) && readers[v] == 1)
+      return emit_like(g.nodes()[p], narrowed(g.nodes()[p].inputs[0], to, false));
+    return top ? Tensor() : cast(now[v], to);
+  };
+  return replay(g, nullptr, [&](size_t i, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
+    const Node& n = g.nodes()[i];
+    for (size_t k = 0; k < ins.size(); ++k) now[n.inputs[k]] = ins[k];
+    if (widening(n)) {
+      narrow_of[n.outputs[0]] = ins[0];
+    } else if (layout(n) && narrow_of[n.inputs[0]].defined() && readers[n.inputs[0]] == 1) {
+      Tensor moved = emit_like(n, narrow_of[n.inputs[0]]);
+      narrow_of[n.outputs[0]] = moved;
+      return std::vector<Tensor>{cast(moved, DType::f32)};
+    } else if (narrowing(n)) {
+      Tensor t = narrowed(n.inputs[0], g.type(n.outputs[0]).dtype, true);
+      if (t.defined()) return std::vector<Tensor>{t};
+    }
+    return std::nullopt;
+  });
+}
+
 }  // namespace px

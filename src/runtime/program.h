@@ -24,6 +24,7 @@ struct DeviceSetup {
 // weights), the cross-entropy gradient writes it (out_dtype: the head's f32 gradient, vocabulary
 // wide, is never stored). Null when no value narrows: g is then the graph to use.
 std::unique_ptr<Graph> narrow_producers(const Graph& g);
+std::unique_ptr<Graph> narrow_layouts(const Graph& g);  // layout ops moved to the 16-bit side of casts
 
 // What compile decides for a program before it allocates anything: the prepared graph (after
 // autocast, CSE and DCE), its schedule, its collectives and the per-device memory report of its

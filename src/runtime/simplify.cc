@@ -1,6 +1,7 @@
 // The first compile pass: autocast to the compute dtype, values that every reader casts to 16 bits
-// made in 16 bits (gathers, the loss gradient: also where the model casts itself), then
-// common-subexpression and dead-code elimination. Each keeps the values' facts (ValueInfo).
+// made in 16 bits (gathers, the loss gradient: also where the model casts itself), layout ops
+// moved to the 16-bit side of casts, then common-subexpression and dead-code elimination. Each
+// keeps the values' facts (ValueInfo).
 #include "core/dump.h"
 #include "parallax/passes.h"
 #include "runtime/compile_passes.h"
@@ -14,7 +15,11 @@ std::unique_ptr<Graph> simplify(const Graph& src, const CompileOptions& opt) {
   std::unique_ptr<Graph> narrow = narrow_producers(*in);
   if (narrow) in = narrow.get();
   if (cast) dump_pass("autocast", [&] { return in->to_string(); });
-  return opt.optimize ? dce(*cse(*in)) : in->clone();
+  if (!opt.optimize) return in->clone();
+  // Layout ops moved to the 16-bit side of casts leave the f32 ones they replace dead: DCE removes them.
+  std::unique_ptr<Graph> layouts = narrow_layouts(*in);
+  if (layouts) in = layouts.get();
+  return dce(*cse(*in));
 }
 
 }  // namespace px

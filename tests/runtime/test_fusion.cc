@@ -325,5 +325,51 @@ TEST(Autocast, PassLeavesNonF32MatmulsAndOtherOpsAlone) {
   }
 }
 
+// Layout ops between 16-bit values and their f32 readers run on the 16-bit side: a narrowing cast
+// of a transposed f32 value casts before the transpose (and fuses with the add), a transpose of a
+// widened value moves the 16-bit value, and a narrowing cast of a value widened from that type is
+// the value. The results keep every bit of the program without the pass (optimize off).
+TEST(Autocast, LayoutOpsRunOnTheSixteenBitSideOfCasts) {
+  for (DType half : {DType::bf16, DType::f16}) {
+    std::vector<Array> in = {random_array({4, 6, 8}, DType::f32, 1, -2, 2), random_array({8}, DType::f32, 2, -1, 1)};
+    auto g = trace(
+        [half](const std::vector<Tensor>& x) {
+          Tensor h = x[0] * 3.0 + x[1];
+          Tensor q = cast(transpose(reshape(h, {4, 6, 2, 4}), {0, 2, 1, 3}), half);  // cast moves up
+          Tensor w = cast(q * q, DType::f32);                                        // widened, then moved
+          Tensor back = reshape(transpose(w, {0, 2, 1, 3}), {4, 6, 8});
+          Tensor again = cast(back, half);                                   // the 16-bit transpose itself
+          Tensor wide = transpose(cast(q, DType::f32), {0, 1, 3, 2}) + 1.0;  // an f32 reader
+          return std::vector<Tensor>{q, again, wide};
+        },
+        testing::types_of(in));
+    CompileOptions off;
+    off.optimize = false;
+    auto ref = Executable::compile(*g, off)->run(in);
+    auto exe = Executable::compile(*g);
+    auto got = exe->run(in);
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].type(), ref[i].type()) << "output " << i;
+      EXPECT_EQ(got[i].to_f32(), ref[i].to_f32()) << "output " << i;
+    }
+    const Graph& cg = exe->graph();
+    int transposes = 0;
+    for (const Node& n : cg.nodes()) {
+      if (n.prim->name == "transpose") {
+        ++transposes;
+        EXPECT_EQ(cg.type(n.outputs[0]).dtype, half) << cg.to_string();
+      }
+      // No narrowing cast reads a transpose: each moved above it.
+      if (n.prim->name == "cast" && cg.type(n.outputs[0]).dtype == half) {
+        int p = cg.values()[n.inputs[0]].producer;
+        ASSERT_GE(p, 0);
+        EXPECT_NE(cg.nodes()[p].prim->name, "transpose") << cg.to_string();
+      }
+    }
+    EXPECT_EQ(transposes, 3) << cg.to_string();
+  }
+}
+
 }  // namespace
 }  // namespace px
