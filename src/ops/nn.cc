@@ -81,7 +81,9 @@ void check_norm_param(const char* op, const TensorType& x, const TensorType& p, 
                 "; cast it first");
 }
 
-std::vector<TensorType> infer_norm(const char* op, const std::vector<TensorType>& in, size_t max_params,
+// y has x's type, or `out_dtype` (a float type: compile writes the normalized value in bf16 when
+// its every reader would cast it so, runtime/autocast.cc); the statistics are f32.
+std::vector<TensorType> infer_norm(const char* op, const std::vector<TensorType>& in, const Attrs& a, size_t max_params,
                                    int stats) {
   if (in.size() < 2 || in.size() > 1 + max_params)
     throw Error(std::string("[") + op + "] takes x, gamma" + (max_params > 1 ? " and optionally beta" : ""));
@@ -91,6 +93,11 @@ std::vector<TensorType> infer_norm(const char* op, const std::vector<TensorType>
   check_norm_param(op, x, in[1], "gamma");
   if (in.size() > 2) check_norm_param(op, x, in[2], "beta");
   std::vector<TensorType> out{x};
+  if (a.has("out_dtype")) {
+    out[0].dtype = a.dtype("out_dtype");
+    if (!is_float(out[0].dtype))
+      throw Error(std::string("[") + op + "] out_dtype must be f32, bf16 or f16, got " + dtype_name(out[0].dtype));
+  }
   TensorType stat{DType::f32, Shape(x.shape.begin(), x.shape.end() - 1)};
   for (int i = 0; i < stats; ++i) out.push_back(stat);
   return out;
@@ -431,8 +438,8 @@ void register_nn_primitives() {
   {
     Primitive p;
     p.name = "layer_norm";
-    p.attrs = {{"eps", AttrKind::number}};
-    p.infer = [](const std::vector<TensorType>& in, const Attrs&) { return infer_norm("layer_norm", in, 2, 2); };
+    p.attrs = {{"eps", AttrKind::number}, {"out_dtype", AttrKind::dtype, false}};
+    p.infer = [](const std::vector<TensorType>& in, const Attrs& a) { return infer_norm("layer_norm", in, a, 2, 2); };
     p.vjp = layer_norm_vjp;
     p.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
       return norm_rule(in, out);
@@ -446,8 +453,8 @@ void register_nn_primitives() {
   {
     Primitive p;
     p.name = "rms_norm";
-    p.attrs = {{"eps", AttrKind::number}};
-    p.infer = [](const std::vector<TensorType>& in, const Attrs&) { return infer_norm("rms_norm", in, 1, 1); };
+    p.attrs = {{"eps", AttrKind::number}, {"out_dtype", AttrKind::dtype, false}};
+    p.infer = [](const std::vector<TensorType>& in, const Attrs& a) { return infer_norm("rms_norm", in, a, 1, 1); };
     p.vjp = rms_norm_vjp;
     p.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
       return norm_rule(in, out);

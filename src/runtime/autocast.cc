@@ -75,22 +75,28 @@ std::unique_ptr<Graph> autocast(const Graph& g, DType compute, std::vector<int>*
 
 // A value whose every reader casts it to the same narrower float type is made narrow: an all-gather
 // gathers the cast operand instead (under bf16 compute, FSDP moves and holds bf16 weights, not
-// f32), the cross-entropy gradient is written in that type (the rounding the cast did, in the
-// kernel's store).
+// f32), the cross-entropy gradient and a norm's result are written in that type (the rounding the
+// cast did, in the kernel's store).
 std::unique_ptr<Graph> narrow_producers(const Graph& g) {
   std::vector<std::vector<int>> users(g.values().size());
   for (size_t i = 0; i < g.nodes().size(); ++i)
     for (int v : g.nodes()[i].inputs) users[v].push_back(static_cast<int>(i));
   std::vector<char> is_output(g.values().size(), 0);
   for (int v : g.outputs()) is_output[v] = 1;
-  // The narrow type each gather can move or loss gradient write, or f32 when it cannot.
+  // The narrow type each gather can move, or each primitive that takes an `out_dtype` attribute can
+  // write as its first result (the loss gradient, layer_norm, rms_norm), or f32 when it cannot.
   auto gathers = [](const Node& n) { return n.prim->spmd.collective == CollectiveKind::all_gather; };
+  auto writes = [](const Node& n) {
+    for (const AttrSpec& a : n.prim->attrs)
+      if (a.name == "out_dtype" && a.kind == AttrKind::dtype) return true;
+    return false;
+  };
   std::vector<DType> narrow(g.nodes().size(), DType::f32);
   bool any = false;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
-    if (!(gathers(n) || n.prim == prims::softmax_cross_entropy_grad()) || n.outputs.size() != 1 ||
-        g.type(n.outputs[0]).dtype != DType::f32 || is_output[n.outputs[0]] || users[n.outputs[0]].empty())
+    if (!((gathers(n) && n.outputs.size() == 1) || writes(n)) || g.type(n.outputs[0]).dtype != DType::f32 ||
+        is_output[n.outputs[0]] || users[n.outputs[0]].empty())
       continue;
     DType to = DType::f32;
     bool ok = true;

@@ -21,8 +21,9 @@ struct DeviceSetup {
 
 // After autocast: a value that every reader casts to the same bf16/f16 type is made in that type
 // where its producer can: an all-gather gathers the cast operand (FSDP moves and holds 16-bit
-// weights), the cross-entropy gradient writes it (out_dtype: the head's f32 gradient, vocabulary
-// wide, is never stored). Null when no value narrows: g is then the graph to use.
+// weights), a primitive with an `out_dtype` attribute writes it (the head's f32 gradient,
+// vocabulary wide, is never stored; a norm's output feeds the matmuls in bf16). Null when no value
+// narrows: g is then the graph to use.
 std::unique_ptr<Graph> narrow_producers(const Graph& g);
 std::unique_ptr<Graph> narrow_layouts(const Graph& g);  // layout ops moved to the 16-bit side of casts
 

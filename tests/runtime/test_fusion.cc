@@ -301,6 +301,55 @@ TEST(Autocast, TheLossGradientIsWrittenInTheComputeTypeWithTheCastsBits) {
   }
 }
 
+// A norm whose result only feeds the matmuls writes it in the compute type (out_dtype): the bits
+// of the f32 result cast, and the f32 result is never stored.
+TEST(Autocast, NormsWriteTheirResultInTheComputeTypeWithTheCastsBits) {
+  auto g = trace(
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{matmul(layer_norm(in[0], in[1], in[2]), in[3]),
+                                   matmul(rms_norm(in[0], in[1]), in[3])};
+      },
+      {{DType::f32, {6, 40}}, {DType::f32, {40}}, {DType::f32, {40}}, {DType::f32, {40, 24}}});
+  std::vector<Array> in = {random_array({6, 40}, DType::f32, 31, -3, 3), random_array({40}, DType::f32, 32),
+                           random_array({40}, DType::f32, 33), random_array({40, 24}, DType::f32, 34)};
+  for (DType half : {DType::bf16, DType::f16}) {
+    CompileOptions opt;
+    opt.compute_dtype = half;
+    auto exe = Executable::compile(*g, opt);
+    int narrowed = 0;
+    for (const Node& n : exe->graph().nodes())
+      if (n.prim->name == "layer_norm" || n.prim->name == "rms_norm") {
+        EXPECT_EQ(exe->graph().type(n.outputs[0]).dtype, half) << n.prim->name;
+        EXPECT_EQ(exe->graph().type(n.outputs[1]).dtype, DType::f32) << n.prim->name;  // the statistics
+        ++narrowed;
+      }
+    EXPECT_EQ(narrowed, 2) << exe->graph().to_string();
+    // The reference: autocast's casts, with the norms' f32 results also returned (so not narrowed).
+    std::unique_ptr<Graph> cast = autocast(*g, half);
+    std::vector<int> outs = cast->outputs();
+    for (const Node& n : cast->nodes())
+      if (n.prim->name == "layer_norm" || n.prim->name == "rms_norm") outs.push_back(n.outputs[0]);
+    cast->reset_ids(cast->nodes(), cast->values(), cast->inputs(), cast->input_names(), outs);
+    auto ref = Executable::compile(*cast)->run(in);
+    auto got = exe->run(in);
+    ASSERT_EQ(got.size() + 2, ref.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].type(), ref[i].type());
+      EXPECT_EQ(std::memcmp(got[i].raw(), ref[i].raw(), static_cast<size_t>(got[i].nbytes())), 0)
+          << dtype_name(half) << " output " << i;
+    }
+  }
+  try {
+    Graph h;
+    Tensor x = h.input({DType::f32, {2, 5}}), gamma = h.input({DType::f32, {5}});
+    h.emit(get_primitive("rms_norm"), {x, gamma}, Attrs{{"eps", 1e-5}, {"out_dtype", DType::i32}});
+    FAIL() << "an integer out_dtype was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[rms_norm] out_dtype must be f32, bf16 or f16, got i32"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Autocast, PassLeavesNonF32MatmulsAndOtherOpsAlone) {
   auto g = trace(
       [](const std::vector<Tensor>& in) {

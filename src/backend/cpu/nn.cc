@@ -117,10 +117,12 @@ Kernel norm_kernel(const KernelSpec& spec, bool rms) {
   const TensorType& t = spec.in[0];
   const int64_t d = t.shape.back();
   const int64_t rows = d == 0 ? numel(Shape(t.shape.begin(), t.shape.end() - 1)) : t.numel() / d;
-  const DType dt = t.dtype;
+  const DType dt = t.dtype, odt = spec.out[0].dtype;
   const bool has_beta = spec.in.size() > 2;
   const float eps = static_cast<float>(spec.attrs.f("eps"));
-  auto scratch = std::make_shared<Scratch>(dt == DType::f32 ? 0 : 2 * d);
+  // Rows of other types go through f32 scratch: x loaded, y stored (also y alone for an f32 x).
+  const bool staged = dt != DType::f32 || odt != DType::f32;
+  auto scratch = std::make_shared<Scratch>(staged ? 2 * d : 0);
   auto params = std::make_shared<std::vector<float>>(dt == DType::f32 ? 0 : 2 * d);
   const int nt = scratch->threads;
   return [=](const void* const* in, void* const* out) {
@@ -137,18 +139,10 @@ Kernel norm_kernel(const KernelSpec& spec, bool rms) {
     float* mean_out = rms ? nullptr : static_cast<float*>(out[1]);
     float* rstd_out = static_cast<float*>(out[rms ? 1 : 2]);
     parallel_rows(rows, nt, rows * d > kParallelMin, [&](int64_t r) {
-      const float* x;
-      float* y;
-      float* s = nullptr;
-      if (dt == DType::f32) {
-        x = static_cast<const float*>(in[0]) + r * d;
-        y = static_cast<float*>(out[0]) + r * d;
-      } else {
-        s = scratch->get();
-        load_f32(in[0], dt, r * d, s, d);
-        x = s;
-        y = s + d;
-      }
+      float* s = staged ? scratch->get() : nullptr;
+      if (dt != DType::f32) load_f32(in[0], dt, r * d, s, d);
+      const float* x = dt == DType::f32 ? static_cast<const float*>(in[0]) + r * d : s;
+      float* y = staged ? s + d : static_cast<float*>(out[0]) + r * d;
       const float inv_d = d > 0 ? 1.0f / static_cast<float>(d) : 0.0f;
       float mean = 0, var = 0;
       if (rms) {
@@ -165,7 +159,7 @@ Kernel norm_kernel(const KernelSpec& spec, bool rms) {
       } else {
         for (int64_t i = 0; i < d; ++i) y[i] = (x[i] - mean) * rstd * gamma[i];
       }
-      if (s) store_f32(y, out[0], dt, r * d, d);
+      if (staged) store_f32(y, out[0], odt, r * d, d);
       if (mean_out) mean_out[r] = mean;
       rstd_out[r] = rstd;
     });
