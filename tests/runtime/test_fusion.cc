@@ -94,6 +94,7 @@ TEST(Fusion, BroadcastsOfExternalOperandsFuseAsStridedLoads) {
                                          {{4, 5, 6}, {4, 1, 6}},   // outer and inner kept
                                          {{3, 1, 7}, {2, 1}},      // both operands broadcast
                                          {{2, 4100}, {4100}},      // rows longer than a tile
+                                         {{3, 4096}, {4096}},      // every tile read in place
                                          {{5000, 3}, {5000, 1}},   // short rows, many tiles
                                          {{0, 5}, {5}}}) {         // empty
     SCOPED_TRACE(shape_str(c.x) + " with " + shape_str(c.other));

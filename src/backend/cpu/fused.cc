@@ -1,7 +1,8 @@
 // The fused-loop engine: runs a chain of elementwise nodes tile by tile, so intermediate
 // values stay in a few L1-sized scratch tiles instead of round-tripping through memory.
 // A group may also contain broadcast_in_dim nodes of external operands: they become strided
-// loads (bias adds, per-row scales) instead of materialized broadcasts.
+// loads (bias adds, per-row scales) instead of materialized broadcasts, read in place where a
+// tile is one contiguous run of the operand.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -118,6 +119,21 @@ void run_broadcast(const BroadcastLoad& b, const void* src, DType t, int64_t off
       src_off += b.strides[d - 1];
     }
   }
+}
+
+// The operand's elements [off, off + len) in place, when they are contiguous f32 (a bias row that
+// the tile does not wrap around): nullptr when the tile must be filled by run_broadcast.
+const float* broadcast_view(const BroadcastLoad& b, const void* src, DType t, int64_t off, int64_t len) {
+  const int nd = static_cast<int>(b.sizes.size());
+  if (t != DType::f32 || b.strides[nd - 1] != 1) return nullptr;
+  int64_t rem = off, src_off = 0;
+  for (int d = nd - 1; d >= 0; --d) {
+    const int64_t idx = rem % b.sizes[d];
+    if (d == nd - 1 && idx + len > b.sizes[d]) return nullptr;
+    rem /= b.sizes[d];
+    src_off += idx * b.strides[d];
+  }
+  return static_cast<const float*>(src) + src_off;
 }
 
 // The fused program: a list of ops over slots. A slot is the tile of one value; it points into
@@ -388,8 +404,17 @@ Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
         for (const Op& op : p.ops) {
           if (op.kind == Op::compute || op.kind == Op::broadcast) prefetch_slice();
           switch (op.kind) {
-            case Op::load: load_f32(in[op.ext], op.dtype, off, ptr[op.slot], len); break;
-            case Op::broadcast: run_broadcast(p.loads[op.bcast], in[op.ext], op.dtype, off, len, ptr[op.slot]); break;
+            case Op::load:
+              load_f32(in[op.ext], op.dtype, off, ptr[op.slot], len);
+              break;
+            case Op::broadcast: {
+              // Read in place where the tile is one contiguous run of the operand, else filled.
+              float* tile_ptr = base + p.places[op.slot].index * tile;
+              const float* view = broadcast_view(p.loads[op.bcast], in[op.ext], op.dtype, off, len);
+              ptr[op.slot] = view ? const_cast<float*>(view) : tile_ptr;
+              if (!view) run_broadcast(p.loads[op.bcast], in[op.ext], op.dtype, off, len, tile_ptr);
+              break;
+            }
             case Op::compute: {
               const float* args[kMaxArity];
               for (int k = 0; k < op.nargs; ++k) args[k] = ptr[op.args[k]];
