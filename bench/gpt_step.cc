@@ -27,7 +27,7 @@ using px::bench::seconds_since;
 namespace {
 
 struct Limits {
-  double gemm_gflops = 0, gemm_bf16_gflops = 0, gemm_step_gflops = 0;
+  double gemm_gflops = 0, gemm_bf16_gflops = 0, gemm_step_gflops = 0, gemm_step_bf16_gflops = 0;
   px::bench::FmaPeak fma;
 };
 
@@ -60,6 +60,7 @@ void run(const px::bench::GptArgs& a, px::DType compute, const Limits& lim) {
   const bool bf16 = compute == px::DType::bf16;
   const double fma = bf16 && lim.fma.bf16_gflops > 0 ? lim.fma.bf16_gflops : lim.fma.f32_gflops;
   const double gemm_peak = bf16 && lim.gemm_bf16_gflops > 0 ? lim.gemm_bf16_gflops : lim.gemm_gflops;
+  const double gemm_step = bf16 && lim.gemm_step_bf16_gflops > 0 ? lim.gemm_step_bf16_gflops : lim.gemm_step_gflops;
   std::printf(
       "{\"bench\": \"gpt_step\", \"flavour\": \"%s\", \"size\": \"%s\", \"vocab\": %lld, \"d\": %lld, "
       "\"heads\": %lld, \"kv_heads\": %lld, \"layers\": %lld, \"ff\": %lld, \"seq\": %lld, \"batch\": %lld, "
@@ -73,9 +74,9 @@ void run(const px::bench::GptArgs& a, px::DType compute, const Limits& lim) {
       static_cast<long long>(a.heads), static_cast<long long>(a.kv_heads), static_cast<long long>(a.layers),
       static_cast<long long>(a.d_ff()), static_cast<long long>(a.seq), static_cast<long long>(a.batch),
       compute == px::DType::f32 ? "f32" : "bf16", omp_get_max_threads(), n, dt, tokens / dt, gflops,
-      fma, gflops / fma, lim.fma.isa.c_str(), gemm_peak, gflops / gemm_peak, lim.gemm_step_gflops,
-      // The shapes are timed in f32 (sgemm): a bf16 step has no fraction of them.
-      compute == px::DType::f32 ? std::to_string(gflops / lim.gemm_step_gflops).c_str() : "null",
+      fma, gflops / fma, lim.fma.isa.c_str(), gemm_peak, gflops / gemm_peak, gemm_step,
+      // Without native bf16 matmuls the shapes are timed in f32 only: a bf16 step has no fraction.
+      !bf16 || lim.gemm_step_bf16_gflops > 0 ? std::to_string(gflops / gemm_step).c_str() : "null",
       static_cast<long long>(step.peak_bytes()), step.executable().num_steps(), compile_s, loss);
   std::fflush(stdout);
   if (std::getenv("PX_PROFILE")) std::fprintf(stderr, "%s", step.executable().profile_report(25).c_str());
@@ -90,6 +91,7 @@ int main(int argc, char** argv) {
   lim.gemm_gflops = px::bench::gemm_square_gflops(false, {1024, 2048});
   if (a.dtype != "f32") lim.gemm_bf16_gflops = px::bench::gemm_square_gflops(true, {1024, 2048});
   lim.gemm_step_gflops = px::bench::gemm_step_shapes_gflops(a.batch * a.seq, a.linears());
+  if (a.dtype != "f32") lim.gemm_step_bf16_gflops = px::bench::gemm_step_shapes_gflops(a.batch * a.seq, a.linears(), true);
   try {
     if (a.dtype != "bf16") run(a, px::DType::f32, lim);
     if (a.dtype != "f32") run(a, px::DType::bf16, lim);

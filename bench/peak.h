@@ -260,18 +260,38 @@ inline double gemm_square_gflops(bool bf16, const std::vector<int64_t>& sizes, i
   return best;
 }
 
-// The oneDNN sgemm rate on the matmuls of one layer and the head, given as (in, out) per linear
+// The oneDNN rate on the matmuls of one layer and the head, given as (in, out) per linear
 // (forward, and the two backward products of each: input and weight gradients), T tokens: total
 // FLOPs over total time, the best of 3 rounds. The ceiling the step's matmuls could reach through
-// this library.
-inline double gemm_step_shapes_gflops(int64_t tokens, const std::vector<std::pair<int64_t, int64_t>>& shapes) {
+// this library: f32 through sgemm; bf16 through the bf16 matmul primitive with the step's operand
+// layouts and result types (f32 forward results, bf16 gradients), 0 where oneDNN has none.
+inline double gemm_step_shapes_gflops(int64_t tokens, const std::vector<std::pair<int64_t, int64_t>>& shapes,
+                                      bool bf16 = false) {
   struct Linear {
     int64_t in, out;
   };
   std::vector<Linear> linears;
   for (const auto& [in, out] : shapes) linears.push_back({in, out});
   std::vector<float> a, b, c;
+  using dnnl::memory;
+  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  auto gemm_bf16 = [&](char ta, char tb, int64_t m, int64_t n, int64_t k, memory::data_type dst) {
+    const memory::desc ad({m, k}, memory::data_type::bf16, ta == 'N' ? memory::format_tag::ab : memory::format_tag::ba);
+    const memory::desc bd({k, n}, memory::data_type::bf16, tb == 'N' ? memory::format_tag::ab : memory::format_tag::ba);
+    const memory::desc cd({m, n}, dst, memory::format_tag::ab);
+    dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), eng));
+    memory am(ad, eng), bm(bd, eng), cm(cd, eng);
+    std::fill_n(static_cast<uint16_t*>(am.get_data_handle()), m * k, uint16_t{0x3f00});  // 0.5
+    std::fill_n(static_cast<uint16_t*>(bm.get_data_handle()), k * n, uint16_t{0x3e80});  // 0.25
+    std::memset(cm.get_data_handle(), 0, cd.get_size());  // the result's pages mapped before timing
+    const auto t0 = std::chrono::steady_clock::now();
+    mm.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    strm.wait();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   auto gemm = [&](char ta, char tb, int64_t m, int64_t n, int64_t k) {
+    if (bf16) return gemm_bf16(ta, tb, m, n, k, ta == 'N' && tb == 'N' ? memory::data_type::f32 : memory::data_type::bf16);
     a.assign(static_cast<size_t>(m * k), 0.5f);
     b.assign(static_cast<size_t>(k * n), 0.25f);
     c.resize(static_cast<size_t>(m * n));
@@ -281,6 +301,13 @@ inline double gemm_step_shapes_gflops(int64_t tokens, const std::vector<std::pai
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   double best = 0;
+  if (bf16) {
+    try {
+      gemm('N', 'N', 16, 16, 16);
+    } catch (const dnnl::error&) {
+      return 0;
+    }
+  }
   for (int round = 0; round < 4; ++round) {
     double flops = 0, seconds = 0;
     for (const Linear& l : linears) {
