@@ -157,8 +157,37 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
   }
   if (!any) return nullptr;
 
+  // The plan, made before rebuilding. wide[v]: the 16-bit type v was widened from, by a widening
+  // cast and the single-reader layout ops after it (which move to the 16-bit side); f32 if none.
+  std::vector<DType> wide(nv, DType::f32);
+  for (const Node& n : g.nodes()) {
+    if (widening(n))
+      wide[n.outputs[0]] = g.type(n.inputs[0]).dtype;
+    else if (layout(n) && wide[n.inputs[0]] != DType::f32 && readers[n.inputs[0]] == 1)
+      wide[n.outputs[0]] = wide[n.inputs[0]];
+  }
+  // A narrowing cast of v to `to` casts the value below v's single-reader layout ops (-1: the chain
+  // starts from a value widened from `to`, nothing to cast). That cast is made right after the
+  // value's producer, so that it joins the producer's elementwise group: at the narrowing cast's
+  // place, the layout ops of other values in between would have closed the group.
+  auto cast_base = [&](int v, DType to) {
+    for (;;) {
+      if (wide[v] == to) return -1;
+      int p = producer(v);
+      if (p < 0 || !layout(g.nodes()[p]) || readers[v] != 1) return v;
+      v = g.nodes()[p].inputs[0];
+    }
+  };
+  std::vector<DType> early(nv, DType::f32);
+  for (const Node& n : g.nodes()) {
+    if (!narrowing(n)) continue;
+    int b = cast_base(n.inputs[0], g.type(n.outputs[0]).dtype);
+    if (b >= 0 && b != n.inputs[0] && early[b] == DType::f32) early[b] = g.type(n.outputs[0]).dtype;
+  }
+
   std::vector<Tensor> now(nv);        // the new graph's tensor of each value read so far
   std::vector<Tensor> narrow_of(nv);  // v == cast(narrow_of[v], f32), in the new graph
+  std::vector<Tensor> cast_of(nv);    // the early casts: cast(v, early[v])
   auto emit_like = [&](const Node& n, const Tensor& x) {
     Tensor r = current_graph()->emit(*n.prim, {x}, n.attrs)[0];
     current_graph()->mutable_value(r.id()).copy_facts(g.values()[n.outputs[0]]);
@@ -171,22 +200,37 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
     int p = producer(v);
     if (p >= 0 && layout(g.nodes()[p]) && readers[v] == 1)
       return emit_like(g.nodes()[p], narrowed(g.nodes()[p].inputs[0], to, false));
-    return top ? Tensor() : cast(now[v], to);
+    if (top) return Tensor();
+    return cast_of[v].defined() && cast_of[v].dtype() == to ? cast_of[v] : cast(now[v], to);
   };
   return replay(g, nullptr, [&](size_t i, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
     const Node& n = g.nodes()[i];
     for (size_t k = 0; k < ins.size(); ++k) now[n.inputs[k]] = ins[k];
+    std::optional<std::vector<Tensor>> res;
     if (widening(n)) {
       narrow_of[n.outputs[0]] = ins[0];
     } else if (layout(n) && narrow_of[n.inputs[0]].defined() && readers[n.inputs[0]] == 1) {
       Tensor moved = emit_like(n, narrow_of[n.inputs[0]]);
       narrow_of[n.outputs[0]] = moved;
-      return std::vector<Tensor>{cast(moved, DType::f32)};
+      res = std::vector<Tensor>{cast(moved, DType::f32)};
     } else if (narrowing(n)) {
       Tensor t = narrowed(n.inputs[0], g.type(n.outputs[0]).dtype, true);
-      if (t.defined()) return std::vector<Tensor>{t};
+      if (t.defined()) res = std::vector<Tensor>{t};
     }
-    return std::nullopt;
+    bool casts_early = false;
+    for (int o : n.outputs) casts_early = casts_early || early[o] != DType::f32;
+    if (!casts_early) return res;
+    if (!res) {
+      res = current_graph()->emit(*n.prim, ins, n.attrs);
+      if (!n.name.empty()) current_graph()->mutable_nodes().back().name = n.name;
+    }
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      const int o = n.outputs[k];
+      if (early[o] == DType::f32) continue;
+      cast_of[o] = cast((*res)[k], early[o]);
+      current_graph()->mutable_value(cast_of[o].id()).copy_facts(g.values()[o]);
+    }
+    return res;
   });
 }
 

@@ -419,6 +419,37 @@ TEST(Autocast, LayoutOpsRunOnTheSixteenBitSideOfCasts) {
     }
     EXPECT_EQ(transposes, 3) << cg.to_string();
   }
+  // Three heads as attention's q, k and v: each narrowing cast is placed right after its add, so
+  // all three join the adds' group although each head's transpose comes between them.
+  std::vector<Array> in = {random_array({4, 6, 8}, DType::f32, 3, -2, 2), random_array({8}, DType::f32, 4, -1, 1)};
+  auto heads = trace(
+      [](const std::vector<Tensor>& x) {
+        std::vector<Tensor> h, out;
+        for (double s : {3.0, 5.0, 7.0}) h.push_back(x[0] * s + x[1]);  // the projections first
+        for (const Tensor& t : h) out.push_back(cast(transpose(reshape(t, {4, 6, 2, 4}), {0, 2, 1, 3}), DType::bf16));
+        return out;
+      },
+      testing::types_of(in));
+  CompileOptions off;
+  off.optimize = false;
+  auto ref = Executable::compile(*heads, off)->run(in);
+  auto exe = Executable::compile(*heads);
+  auto got = exe->run(in);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].to_f32(), ref[i].to_f32()) << "head " << i;
+  std::string s = exe->summary();
+  int lines_with_casts = 0;
+  for (size_t at = 0, nl; at < s.size(); at = nl + 1) {
+    nl = s.find('\n', at);
+    if (nl == std::string::npos) nl = s.size();
+    const std::string line = s.substr(at, nl - at);
+    int casts = 0;  // members named cast (not broadcast_in_dim)
+    for (const char* m : {"{cast", ",cast", " cast"})
+      for (size_t c = line.find(m); c != std::string::npos; c = line.find(m, c + 1)) ++casts;
+    if (casts == 0) continue;
+    ++lines_with_casts;
+    EXPECT_EQ(casts, 3) << line;  // all three in the adds' group
+  }
+  EXPECT_EQ(lines_with_casts, 1) << s;
 }
 
 }  // namespace
