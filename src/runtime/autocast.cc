@@ -3,9 +3,10 @@
 #include <optional>
 
 #include "ir/primitive.h"
+#include "ops/prims.h"
 #include "parallax/ops.h"
 #include "parallax/passes.h"
-#include "ops/prims.h"
+#include "runtime/schedule.h"
 
 namespace px {
 
@@ -131,8 +132,10 @@ std::unique_ptr<Graph> narrow_producers(const Graph& g) {
 // each one), so the layout ops between a 16-bit value and its f32 readers run on the narrow side:
 // a layout op of a widened value (whose only reader it is) moves the 16-bit value and widens its
 // result; a narrowing cast of a layout op's result (its only reader) casts before the layout op,
-// where the cast joins the producer's elementwise group; and a narrowing cast of a value widened
-// from that type is the value. Every result keeps its bits; the layout ops move half the bytes.
+// right after the value's producer, where the cast joins the producer's elementwise group; and a
+// narrowing cast of a value widened from that type is the value. Other narrowing casts move next
+// to their producer too where that is near. Every result keeps its bits; the layout ops move half
+// the bytes.
 std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
   const size_t nv = g.values().size();
   std::vector<int> readers(nv, 0);
@@ -147,7 +150,7 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
   auto narrowing = [&](const Node& n) {
     return n.prim == prims::cast() && g.type(n.inputs[0]).dtype == DType::f32 && narrow(g.type(n.outputs[0]).dtype);
   };
-  // Only layout ops next to such casts are moved: nothing else to do means no new graph.
+  // Only layout ops next to such casts are moved (and casts placed): nothing to do, no new graph.
   auto producer = [&](int v) { return g.values()[v].producer; };
   bool any = false;
   for (const Node& n : g.nodes()) {
@@ -155,7 +158,6 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
     const Node& p = g.nodes()[producer(n.inputs[0])];
     any = any || (layout(n) && widening(p)) || (narrowing(n) && layout(p));
   }
-  if (!any) return nullptr;
 
   // The plan, made before rebuilding. wide[v]: the 16-bit type v was widened from, by a widening
   // cast and the single-reader layout ops after it (which move to the 16-bit side); f32 if none.
@@ -178,11 +180,24 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
       v = g.nodes()[p].inputs[0];
     }
   };
+  // A narrowing cast with no layout op to move is placed after its value's producer too, where that
+  // is near (a reader in between, such as a bias gradient's reduce_sum, closes the group) or the
+  // cast is the value's only reader (the f32 value then dies there): a far cast of a value that
+  // lives on would hold both copies.
+  constexpr size_t kNear = 32;
   std::vector<DType> early(nv, DType::f32);
-  for (const Node& n : g.nodes()) {
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
     if (!narrowing(n)) continue;
-    int b = cast_base(n.inputs[0], g.type(n.outputs[0]).dtype);
-    if (b >= 0 && b != n.inputs[0] && early[b] == DType::f32) early[b] = g.type(n.outputs[0]).dtype;
+    const int v = n.inputs[0];
+    const int b = cast_base(v, g.type(n.outputs[0]).dtype);
+    // Not after a transfer or collective: the cast would wait there for what runs in the background.
+    if (b < 0 || producer(b) < 0 || early[b] != DType::f32 || is_async_primitive(*g.nodes()[producer(b)].prim))
+      continue;
+    if (b != v || readers[v] == 1 || i - static_cast<size_t>(producer(v)) <= kNear) {
+      early[b] = g.type(n.outputs[0]).dtype;
+      any = true;
+    }
   }
 
   std::vector<Tensor> now(nv);        // the new graph's tensor of each value read so far
@@ -200,8 +215,8 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
     int p = producer(v);
     if (p >= 0 && layout(g.nodes()[p]) && readers[v] == 1)
       return emit_like(g.nodes()[p], narrowed(g.nodes()[p].inputs[0], to, false));
-    if (top) return Tensor();
-    return cast_of[v].defined() && cast_of[v].dtype() == to ? cast_of[v] : cast(now[v], to);
+    if (cast_of[v].defined() && cast_of[v].dtype() == to) return cast_of[v];
+    return top ? Tensor() : cast(now[v], to);
   };
   return replay(g, nullptr, [&](size_t i, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
     const Node& n = g.nodes()[i];

@@ -450,6 +450,20 @@ TEST(Autocast, LayoutOpsRunOnTheSixteenBitSideOfCasts) {
     EXPECT_EQ(casts, 3) << line;  // all three in the adds' group
   }
   EXPECT_EQ(lines_with_casts, 1) << s;
+
+  // A narrowing cast after another reader of its value (a bias gradient's sum) is placed next to
+  // the producer, so that the reader does not close the group before the cast joins it.
+  auto grad = trace(
+      [](const std::vector<Tensor>& x) {
+        Tensor h = x[0] * 3.0 + x[1];
+        return std::vector<Tensor>{sum(h, {0, 1}), cast(h, DType::bf16)};
+      },
+      testing::types_of(in));
+  auto gexe = Executable::compile(*grad);
+  EXPECT_NE(gexe->summary().find("add,cast"), std::string::npos) << gexe->summary();
+  auto gref = Executable::compile(*grad, off)->run(in);
+  auto ggot = gexe->run(in);
+  for (size_t i = 0; i < ggot.size(); ++i) EXPECT_EQ(ggot[i].to_f32(), gref[i].to_f32()) << "output " << i;
 }
 
 }  // namespace
