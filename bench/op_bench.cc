@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   px::bench::Flags flags = px::bench::parse_flags(argc, argv);
   using px::DType;
   auto rnd = [](const px::Shape& s, uint32_t seed) { return px::bench::random_array(s, DType::f32, seed); };
+  auto bf = [](const px::Shape& s, uint32_t seed) { return px::bench::random_array(s, DType::bf16, seed); };
   auto ids = [](const px::Shape& s, int64_t hi) {
     return px::bench::random_array(s, DType::f32, 7, 0.0f, static_cast<float>(hi) - 0.5f).astype(DType::i32);
   };
@@ -81,6 +82,14 @@ int main(int argc, char** argv) {
       {"gelu+grad", with_grad([](auto& x) { return std::vector<Tensor>{px::gelu(x[0])}; }, {0}), {rnd({T, 4 * D}, 1)}},
       {"take_embedding+grad", with_grad([](auto& x) { return std::vector<Tensor>{px::take(x[0], x[1])}; }, {0}),
        {rnd({V, D}, 1), ids({B, S}, V)}},
+      // bench-gpt's attention (8 heads of 64 over 2 kv heads, causal) on bf16 q, k and v, as a bf16
+      // step runs it: the forward alone, then with the gradients of q, k and v.
+      {"attention_bf16",
+       [](auto& x) { return std::vector<Tensor>{px::dot_product_attention(x[0], x[1], x[2])}; },
+       {bf({B, H, S, D / H}, 1), bf({B, 2, S, D / H}, 2), bf({B, 2, S, D / H}, 3)}},
+      {"attention_bf16+grad",
+       with_grad([](auto& x) { return std::vector<Tensor>{px::dot_product_attention(x[0], x[1], x[2])}; }, {0, 1, 2}),
+       {bf({B, H, S, D / H}, 1), bf({B, 2, S, D / H}, 2), bf({B, 2, S, D / H}, 3)}},
       {"cross_entropy_loss+grad",
        [](auto& x) {
          Tensor loss = px::cross_entropy_loss(x[0], x[1]);
