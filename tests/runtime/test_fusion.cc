@@ -1,6 +1,7 @@
 // The fused-loop engine on real ops: fused and unfused runs agree bit for bit (16-bit, integer
 // and bool intermediates included), broadcasts of external operands fuse as strided loads, and
 // the autocast pass gives bf16/f16 matmuls with f32 results.
+#include <algorithm>
 #include <cstring>
 
 #include "ir/primitive.h"
@@ -249,6 +250,40 @@ TEST(Autocast, Bf16ProgramMatchesF32WithinTolerance) {
   }
 }
 
+// Compiles g under each 16-bit compute type and checks that the nodes of `prims` write their first
+// result in that type (the others stay f32), with the bits of the program autocast alone makes
+// where those results are also returned (so stored in f32 and cast, not narrowed).
+void expect_narrowed_with_the_casts_bits(const Graph& g, const std::vector<Array>& in,
+                                         const std::vector<std::string>& prims, int count) {
+  auto listed = [&](const Node& n) { return std::find(prims.begin(), prims.end(), n.prim->name) != prims.end(); };
+  for (DType half : {DType::bf16, DType::f16}) {
+    CompileOptions opt;
+    opt.compute_dtype = half;
+    auto exe = Executable::compile(g, opt);
+    int narrowed = 0;
+    for (const Node& n : exe->graph().nodes()) {
+      if (!listed(n)) continue;
+      EXPECT_EQ(exe->graph().type(n.outputs[0]).dtype, half) << n.prim->name;
+      for (size_t o = 1; o < n.outputs.size(); ++o) EXPECT_EQ(exe->graph().type(n.outputs[o]).dtype, DType::f32);
+      ++narrowed;
+    }
+    EXPECT_EQ(narrowed, count) << exe->graph().to_string();
+    std::unique_ptr<Graph> cast = autocast(g, half);
+    std::vector<int> outs = cast->outputs();
+    for (const Node& n : cast->nodes())
+      if (listed(n)) outs.push_back(n.outputs[0]);
+    cast->reset_ids(cast->nodes(), cast->values(), cast->inputs(), cast->input_names(), outs);
+    auto ref = Executable::compile(*cast)->run(in);
+    auto got = exe->run(in);
+    ASSERT_EQ(got.size() + count, ref.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].type(), ref[i].type());
+      EXPECT_EQ(std::memcmp(got[i].raw(), ref[i].raw(), static_cast<size_t>(got[i].nbytes())), 0)
+          << dtype_name(half) << " output " << i;
+    }
+  }
+}
+
 // Under bf16 compute the head's gradient is written in bf16 by the cross-entropy gradient itself
 // (its readers, the backward matmuls, cast it anyway): the same bits as the f32 gradient cast, and
 // the f32 gradient is never stored.
@@ -263,34 +298,7 @@ TEST(Autocast, TheLossGradientIsWrittenInTheComputeTypeWithTheCastsBits) {
   for (int64_t r = 0; r < rows; ++r) labels[r] = static_cast<int32_t>((r * 97) % vocab);
   std::vector<Array> in = {random_array({rows, d}, DType::f32, 21), random_array({d, vocab}, DType::f32, 22),
                            Array::from_i32(labels, {rows})};
-  for (DType half : {DType::bf16, DType::f16}) {
-    CompileOptions opt;
-    opt.compute_dtype = half;
-    auto exe = Executable::compile(*g, opt);
-    int narrowed = 0;
-    for (const Node& n : exe->graph().nodes())
-      if (n.prim->name == "softmax_cross_entropy_grad") {
-        EXPECT_EQ(exe->graph().type(n.outputs[0]).dtype, half);
-        ++narrowed;
-      }
-    EXPECT_EQ(narrowed, 1) << exe->graph().to_string();
-    // The reference: the casts autocast places, with the f32 gradient also returned (so that it is
-    // stored in f32 and cast, not narrowed).
-    std::unique_ptr<Graph> cast = autocast(*g, half);
-    std::vector<int> outs = cast->outputs();
-    for (const Node& n : cast->nodes())
-      if (n.prim->name == "softmax_cross_entropy_grad") outs.push_back(n.outputs[0]);
-    cast->reset_ids(cast->nodes(), cast->values(), cast->inputs(), cast->input_names(), outs);
-    auto reference = Executable::compile(*cast);
-    auto ref = reference->run(in);
-    auto got = exe->run(in);
-    ASSERT_EQ(got.size() + 1, ref.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_EQ(got[i].type(), ref[i].type());
-      EXPECT_EQ(std::memcmp(got[i].raw(), ref[i].raw(), static_cast<size_t>(got[i].nbytes())), 0)
-          << dtype_name(half) << " output " << i;
-    }
-  }
+  expect_narrowed_with_the_casts_bits(*g, in, {"softmax_cross_entropy_grad"}, 1);
   try {
     Graph h;
     Tensor logits = h.input({DType::f32, {2, 5}}), lab = h.input({DType::i32, {2}}), ct = h.input({DType::f32, {2}});
@@ -313,33 +321,7 @@ TEST(Autocast, NormsWriteTheirResultInTheComputeTypeWithTheCastsBits) {
       {{DType::f32, {6, 40}}, {DType::f32, {40}}, {DType::f32, {40}}, {DType::f32, {40, 24}}});
   std::vector<Array> in = {random_array({6, 40}, DType::f32, 31, -3, 3), random_array({40}, DType::f32, 32),
                            random_array({40}, DType::f32, 33), random_array({40, 24}, DType::f32, 34)};
-  for (DType half : {DType::bf16, DType::f16}) {
-    CompileOptions opt;
-    opt.compute_dtype = half;
-    auto exe = Executable::compile(*g, opt);
-    int narrowed = 0;
-    for (const Node& n : exe->graph().nodes())
-      if (n.prim->name == "layer_norm" || n.prim->name == "rms_norm") {
-        EXPECT_EQ(exe->graph().type(n.outputs[0]).dtype, half) << n.prim->name;
-        EXPECT_EQ(exe->graph().type(n.outputs[1]).dtype, DType::f32) << n.prim->name;  // the statistics
-        ++narrowed;
-      }
-    EXPECT_EQ(narrowed, 2) << exe->graph().to_string();
-    // The reference: autocast's casts, with the norms' f32 results also returned (so not narrowed).
-    std::unique_ptr<Graph> cast = autocast(*g, half);
-    std::vector<int> outs = cast->outputs();
-    for (const Node& n : cast->nodes())
-      if (n.prim->name == "layer_norm" || n.prim->name == "rms_norm") outs.push_back(n.outputs[0]);
-    cast->reset_ids(cast->nodes(), cast->values(), cast->inputs(), cast->input_names(), outs);
-    auto ref = Executable::compile(*cast)->run(in);
-    auto got = exe->run(in);
-    ASSERT_EQ(got.size() + 2, ref.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_EQ(got[i].type(), ref[i].type());
-      EXPECT_EQ(std::memcmp(got[i].raw(), ref[i].raw(), static_cast<size_t>(got[i].nbytes())), 0)
-          << dtype_name(half) << " output " << i;
-    }
-  }
+  expect_narrowed_with_the_casts_bits(*g, in, {"layer_norm", "rms_norm"}, 2);  // their statistics stay f32
   try {
     Graph h;
     Tensor x = h.input({DType::f32, {2, 5}}), gamma = h.input({DType::f32, {5}});
