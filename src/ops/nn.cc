@@ -122,6 +122,40 @@ ShardingRule norm_rule(const std::vector<TensorType>& in, const std::vector<Tens
   return r;
 }
 
+// The backward of a norm's result, one pass per row: x [..., D], gamma [D] (x's dtype), the
+// statistics (f32 over the leading dims: mean and rstd, or rstd alone) and the result's cotangent
+// dy [..., D] in any float type (read as f32). Results, both f32 [..., D]: dx, and dy * xhat
+// (whose sum over the leading dims is gamma's gradient), with xhat = (x - mean) rstd,
+// g = dy gamma and dx = rstd (g - mean(g) - xhat mean(g xhat)) (rms_norm: no mean(g) term).
+std::vector<TensorType> infer_norm_grad(const char* op, const std::vector<TensorType>& in, int stats) {
+  if (in.size() != static_cast<size_t>(3 + stats))
+    throw Error(std::string("[") + op + "] takes x, gamma, " + (stats == 2 ? "mean, rstd" : "rstd") + " and dy");
+  const TensorType& x = in[0];
+  require_float(op, x);
+  if (x.rank() < 1) throw Error(std::string("[") + op + "] x must have rank >= 1, got " + type_str(x));
+  check_norm_param(op, x, in[1], "gamma");
+  const TensorType stat{DType::f32, Shape(x.shape.begin(), x.shape.end() - 1)};
+  for (int i = 0; i < stats; ++i)
+    if (in[2 + i] != stat)
+      throw Error(std::string("[") + op + "] statistic " + std::to_string(i) + " must be " + type_str(stat) + ", got " +
+                  type_str(in[2 + i]));
+  const TensorType& dy = in.back();
+  require_float(op, dy);
+  if (dy.shape != x.shape)
+    throw Error(std::string("[") + op + "] dy must have x's shape " + shape_str(x.shape) + ", got " + type_str(dy));
+  return {TensorType{DType::f32, x.shape}, TensorType{DType::f32, x.shape}};
+}
+
+// Rows parallel, the last dim whole: x, dy and both results by row, gamma along the last dim.
+ShardingRule norm_grad_rule(const std::vector<TensorType>& in, const std::vector<TensorType>& out) {
+  ShardingRule r = norm_rule({in[0], in[1]}, {out[0]});
+  const std::vector<int> f = r.operands[0], lead(f.begin(), f.end() - 1);
+  for (size_t i = 2; i + 1 < in.size(); ++i) r.operands.push_back(lead);
+  r.operands.push_back(f);
+  r.results.push_back(f);
+  return r;
+}
+
 std::vector<Tensor> layer_norm_vjp(const VjpArgs& a) {
   const Tensor& x = a.inputs[0];
   const Tensor& gamma = a.inputs[1];
@@ -131,14 +165,12 @@ std::vector<Tensor> layer_norm_vjp(const VjpArgs& a) {
   Tensor xf = to_f32(x);
   Tensor m = expand_dims(a.outputs[1], -1), r = expand_dims(a.outputs[2], -1);
   Tensor xc = xf - m;
-  Tensor xhat = xc * r;
   Tensor dx, dgamma, dbeta;
   if (ct.defined()) {
-    Tensor dy = to_f32(ct);
-    Tensor g = dy * to_f32(gamma);
-    dx = r * (g - mean(g, {-1}, true) - xhat * mean(g * xhat, {-1}, true));
-    dgamma = to_dtype(sum_leading(dy * xhat), gamma.dtype());
-    if (has_beta) dbeta = to_dtype(sum_leading(dy), gamma.dtype());
+    std::vector<Tensor> g = emit("layer_norm_grad", {x, gamma, a.outputs[1], a.outputs[2], ct});
+    dx = g[0];
+    dgamma = to_dtype(sum_leading(g[1]), gamma.dtype());
+    if (has_beta) dbeta = to_dtype(sum_leading(to_f32(ct)), gamma.dtype());
   }
   // The statistics are outputs too: d mean/dx = 1/D, d rstd/dx = -rstd^3 (x - mean) / D.
   if (ct_mean.defined()) {
@@ -162,13 +194,11 @@ std::vector<Tensor> rms_norm_vjp(const VjpArgs& a) {
   const double d = static_cast<double>(x.shape().back());
   Tensor xf = to_f32(x);
   Tensor r = expand_dims(a.outputs[1], -1);
-  Tensor xhat = xf * r;
   Tensor dx, dgamma;
   if (ct.defined()) {
-    Tensor dy = to_f32(ct);
-    Tensor g = dy * to_f32(gamma);
-    dx = r * (g - xhat * mean(g * xhat, {-1}, true));
-    dgamma = to_dtype(sum_leading(dy * xhat), gamma.dtype());
+    std::vector<Tensor> g = emit("rms_norm_grad", {x, gamma, a.outputs[1], ct});
+    dx = g[0];
+    dgamma = to_dtype(sum_leading(g[1]), gamma.dtype());
   }
   if (ct_rstd.defined()) {
     Tensor t = expand_dims(ct_rstd, -1) * (r * r * r) * xf * (-1.0 / d);
@@ -461,6 +491,23 @@ void register_nn_primitives() {
     };
     p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
       return per_element_cost(in, out, 4);
+    };
+    p.tp.mixes_features = true;
+    register_primitive(std::move(p));
+  }
+  // Their backward passes (not differentiable again: a second derivative through a norm fails
+  // naming the primitive).
+  for (auto [name, stats] : {std::pair<const char*, int>{"layer_norm_grad", 2}, {"rms_norm_grad", 1}}) {
+    Primitive p;
+    p.name = name;
+    p.infer = [name, stats](const std::vector<TensorType>& in, const Attrs&) {
+      return infer_norm_grad(name, in, stats);
+    };
+    p.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
+      return norm_grad_rule(in, out);
+    };
+    p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
+      return per_element_cost(in, out, 12);  // centre, normalize, two row sums, scale, the two results
     };
     p.tp.mixes_features = true;
     register_primitive(std::move(p));

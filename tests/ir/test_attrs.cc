@@ -149,7 +149,14 @@ std::vector<Use> typical_uses() {
                   gelu(x, false), silu(x)};
        }},
       {"gelu's gradient", {x3}, [](const V& in) { return gradients(sum(gelu(in[0])), {in[0]}); }},
-      {"cross entropy and its gradient", {x23, {DType::i32, {2}}}, [](const V& in) {
+      {"the norms' gradients",
+       {x23, x3, x3},
+       [](const V& in) {
+         return gradients(sum(layer_norm(in[0], in[1], in[2])) + sum(rms_norm(in[0], in[1])), {in[0], in[1]});
+       }},
+      {"cross entropy and its gradient",
+       {x23, {DType::i32, {2}}},
+       [](const V& in) {
          Tensor loss = softmax_cross_entropy(in[0], in[1]);
          return V{loss, gradients(sum(loss), {in[0]})[0]};
        }},

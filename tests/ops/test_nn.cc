@@ -233,6 +233,41 @@ TEST(Gradients, NormStatisticsOutputs) {
   }
 }
 
+// The norms' backward primitives read a 16-bit cotangent as f32: the same bits as with the
+// cotangent widened first (so a bf16 step's widening cast need not be stored).
+TEST(Gradients, NormBackwardReadsANarrowCotangentAsF32) {
+  Array x = random_array({6, 40}, DType::f32, 20, -2, 2), g = random_array({40}, DType::f32, 21, 0.5f, 1.5f),
+        dy = random_array({6, 40}, DType::bf16, 22);
+  for (bool rms : {false, true}) {
+    auto grads = [rms](const std::vector<Tensor>& in, bool widen) {
+      auto o = emit(rms ? "rms_norm" : "layer_norm", {in[0], in[1]}, Attrs{{"eps", 1e-5}});
+      std::vector<Tensor> args{in[0], in[1]};
+      args.insert(args.end(), o.begin() + 1, o.end());
+      args.push_back(widen ? cast(in[2], DType::f32) : in[2]);
+      return emit(rms ? "rms_norm_grad" : "layer_norm_grad", args);
+    };
+    auto narrow = eval([&](const std::vector<Tensor>& in) { return grads(in, false); }, {x, g, dy});
+    auto wide = eval([&](const std::vector<Tensor>& in) { return grads(in, true); }, {x, g, dy});
+    ASSERT_EQ(narrow.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(narrow[i].dtype(), DType::f32);
+      EXPECT_EQ(narrow[i].to_f32(), wide[i].to_f32()) << (rms ? "rms_norm_grad" : "layer_norm_grad") << " " << i;
+    }
+  }
+  TensorType xt{DType::f32, {2, 4}}, gt{DType::f32, {4}}, st{DType::f32, {2}};
+  auto bad = [](const std::vector<Tensor>& in) { return emit("layer_norm_grad", in); };
+  EXPECT_TRUE(throws_error(bad, {xt, gt, st, st, {DType::f32, {2, 5}}}, {"[layer_norm_grad] dy must have x's shape"}));
+  EXPECT_TRUE(throws_error(bad, {xt, gt, st, {DType::f32, {4}}, xt}, {"[layer_norm_grad] statistic 1 must be f32[2]"}));
+  EXPECT_TRUE(throws_error(bad, {xt, gt, st, xt}, {"[layer_norm_grad] takes x, gamma, mean, rstd and dy"}));
+  // A second derivative through a norm is refused, naming the primitive.
+  EXPECT_TRUE(throws_error(
+      [](const std::vector<Tensor>& in) {
+        Tensor dx = gradients(sum(layer_norm(in[0], in[1], Tensor()) * in[0]), {in[0]})[0];
+        return gradients(sum(dx * dx), {in[0]});
+      },
+      {xt, gt}, {"'layer_norm_grad' is not differentiable"}));
+}
+
 TEST(Gradients, SecondOrderThroughGeluSiluAndCrossEntropy) {
   Array x = random_array({2, 5}, DType::f32, 19, -2, 2);
   for (int k = 0; k < 3; ++k)

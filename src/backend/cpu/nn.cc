@@ -1,5 +1,5 @@
 // CPU kernels of the nn family: fused row kernels for softmax, log_softmax, layer_norm,
-// rms_norm and softmax cross entropy (f32 math whatever the storage dtype), and elementwise
+// rms_norm (and their gradients) and softmax cross entropy (f32 math whatever the storage dtype), and elementwise
 // block functions for gelu, gelu_grad and silu that the fused-loop engine chains.
 #include <omp.h>
 
@@ -166,6 +166,70 @@ Kernel norm_kernel(const KernelSpec& spec, bool rms) {
   };
 }
 
+// ---- layer_norm_grad / rms_norm_grad -------------------------------------------------------
+
+// One pass per row (in L1): g = dy gamma and xhat = (x - mean) rstd, the row sums of g and g xhat,
+// then dx = rstd (g - sum(g) / D - xhat sum(g xhat) / D) (rms: no sum(g) term) and dy xhat.
+Kernel norm_grad_kernel(const KernelSpec& spec, bool rms) {
+  const TensorType& t = spec.in[0];
+  const int64_t d = t.shape.back();
+  const int64_t rows = d == 0 ? numel(Shape(t.shape.begin(), t.shape.end() - 1)) : t.numel() / d;
+  const DType dt = t.dtype, gdt = spec.in[1].dtype, ydt = spec.in.back().dtype;
+  // Per thread: x and dy as f32 where they are stored narrower.
+  auto scratch = std::make_shared<Scratch>(2 * d);
+  auto gamma32 = std::make_shared<std::vector<float>>(gdt == DType::f32 ? 0 : d);
+  const int nt = scratch->threads;
+  return [=](const void* const* in, void* const* out) {
+    const float* gamma = static_cast<const float*>(in[1]);
+    if (gdt != DType::f32) {
+      load_f32(in[1], gdt, 0, gamma32->data(), d);
+      gamma = gamma32->data();
+    }
+    const float* mean_in = rms ? nullptr : static_cast<const float*>(in[2]);
+    const float* rstd_in = static_cast<const float*>(in[rms ? 2 : 3]);
+    const void* dy_in = in[rms ? 3 : 4];
+    const float inv_d = d > 0 ? 1.0f / static_cast<float>(d) : 0.0f;
+    parallel_rows(rows, nt, rows * d > kParallelMin, [&](int64_t r) {
+      float* s = scratch->get();
+      const float* x = static_cast<const float*>(in[0]) + r * d;
+      const float* dy = static_cast<const float*>(dy_in) + r * d;
+      if (dt != DType::f32) {
+        load_f32(in[0], dt, r * d, s, d);
+        x = s;
+      }
+      if (ydt != DType::f32) {
+        load_f32(dy_in, ydt, r * d, s + d, d);
+        dy = s + d;
+      }
+      const float mean = rms ? 0.0f : mean_in[r], rstd = rstd_in[r];
+      float* dx = static_cast<float*>(out[0]) + r * d;
+      float* dyx = static_cast<float*>(out[1]) + r * d;
+      vecmath::V sg = vecmath::splat(0.0f), sgx = vecmath::splat(0.0f);
+      int64_t i = 0;
+      for (; i + vecmath::kLanes <= d; i += vecmath::kLanes) {
+        const vecmath::V xh = (vecmath::load(x + i) - mean) * rstd;
+        const vecmath::V yv = vecmath::load(dy + i), g = yv * vecmath::load(gamma + i);
+        sg += g;
+        sgx = vecmath::fmadd(g, xh, sgx);
+        vecmath::store(dyx + i, yv * xh);
+      }
+      float sum_g = 0, sum_gx = 0;
+      for (int l = 0; l < vecmath::kLanes; ++l) sum_g += sg[l], sum_gx += sgx[l];
+      for (; i < d; ++i) {
+        const float xh = (x[i] - mean) * rstd, g = dy[i] * gamma[i];
+        sum_g += g;
+        sum_gx += g * xh;
+        dyx[i] = dy[i] * xh;
+      }
+      const float mg = rms ? 0.0f : sum_g * inv_d, mgx = sum_gx * inv_d;
+      for (i = 0; i < d; ++i) {
+        const float xh = (x[i] - mean) * rstd;
+        dx[i] = rstd * (dy[i] * gamma[i] - mg - xh * mgx);
+      }
+    });
+  };
+}
+
 // ---- softmax cross entropy -----------------------------------------------------------------
 
 Kernel ce_kernel(const KernelSpec& spec, bool grad) {
@@ -274,6 +338,8 @@ void register_nn_kernels() {
   register_kernel("log_softmax", [](const KernelSpec& s) { return softmax_kernel(s, true); });
   register_kernel("layer_norm", [](const KernelSpec& s) { return norm_kernel(s, false); });
   register_kernel("rms_norm", [](const KernelSpec& s) { return norm_kernel(s, true); });
+  register_kernel("layer_norm_grad", [](const KernelSpec& s) { return norm_grad_kernel(s, false); });
+  register_kernel("rms_norm_grad", [](const KernelSpec& s) { return norm_grad_kernel(s, true); });
   register_kernel("softmax_cross_entropy", [](const KernelSpec& s) { return ce_kernel(s, false); });
   register_kernel("softmax_cross_entropy_grad", [](const KernelSpec& s) { return ce_kernel(s, true); });
   register_eltwise("gelu", EltwiseKernel{gelu_f32, nullptr, gelu_params});

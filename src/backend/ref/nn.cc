@@ -1,6 +1,6 @@
-// Reference kernels of the nn family: softmax, log_softmax, layer_norm, rms_norm,
-// softmax_cross_entropy (and its gradient), gelu (and its gradient) and silu, written from their
-// definitions in src/ops/nn.cc in double. Attention lives in attention.cc.
+// Reference kernels of the nn family: softmax, log_softmax, layer_norm, rms_norm (and their
+// gradients), softmax_cross_entropy (and its gradient), gelu (and its gradient) and silu, written
+// from their definitions in src/ops/nn.cc in double. Attention lives in attention.cc.
 //
 // Conventions shared with the primitives' definitions:
 //  - layer_norm returns (y, mean, rstd) and rms_norm (y, rstd); the statistics are f32 over the
@@ -97,6 +97,37 @@ Kernel make_norm(const Spec& s, bool rms) {
   };
 }
 
+// ---- layer_norm_grad / rms_norm_grad -------------------------------------------------------
+
+// Per row, from the definition: xhat = (x - mean) rstd, g = dy gamma,
+// dx = rstd (g - mean(g) - xhat mean(g xhat)) (rms: mean 0 and no mean(g) term), and dy xhat.
+Kernel make_norm_grad(const Spec& s, bool rms) {
+  const TensorType& t = s.in.at(0);
+  const int64_t d = t.shape.back();
+  int64_t rows = 1;
+  for (int i = 0; i + 1 < t.rank(); ++i) rows *= t.shape[i];
+  const DType dt = t.dtype, gdt = s.in.at(1).dtype, ydt = s.in.back().dtype;
+  return [=](const void* const* in, void* const* out) {
+    std::vector<double> xh(static_cast<size_t>(d)), g(static_cast<size_t>(d));
+    const void* dy = in[rms ? 3 : 4];
+    for (int64_t r = 0; r < rows; ++r) {
+      const double mean = rms ? 0.0 : load(in[2], DType::f32, r), rstd = load(in[rms ? 2 : 3], DType::f32, r);
+      double mg = 0, mgx = 0;
+      for (int64_t i = 0; i < d; ++i) {
+        const double y = load(dy, ydt, r * d + i);
+        xh[i] = (load(in[0], dt, r * d + i) - mean) * rstd;
+        g[i] = y * load(in[1], gdt, i);
+        mg += g[i];
+        mgx += g[i] * xh[i];
+        store(out[1], DType::f32, r * d + i, y * xh[i]);
+      }
+      mg = rms || d == 0 ? 0.0 : mg / static_cast<double>(d);
+      mgx = d > 0 ? mgx / static_cast<double>(d) : 0.0;
+      for (int64_t i = 0; i < d; ++i) store(out[0], DType::f32, r * d + i, rstd * (g[i] - mg - xh[i] * mgx));
+    }
+  };
+}
+
 // ---- softmax cross entropy -----------------------------------------------------------------
 
 Kernel make_ce(const Spec& s, bool grad) {
@@ -182,6 +213,8 @@ void register_nn_kernels() {
   register_kernel("log_softmax", [](const Spec& s) { return make_softmax(s, true); });
   register_kernel("layer_norm", [](const Spec& s) { return make_norm(s, false); });
   register_kernel("rms_norm", [](const Spec& s) { return make_norm(s, true); });
+  register_kernel("layer_norm_grad", [](const Spec& s) { return make_norm_grad(s, false); });
+  register_kernel("rms_norm_grad", [](const Spec& s) { return make_norm_grad(s, true); });
   register_kernel("softmax_cross_entropy", [](const Spec& s) { return make_ce(s, false); });
   register_kernel("softmax_cross_entropy_grad", [](const Spec& s) { return make_ce(s, true); });
   register_kernel("gelu", [](const Spec& s) {
