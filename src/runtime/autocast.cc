@@ -150,23 +150,19 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
   auto narrowing = [&](const Node& n) {
     return n.prim == prims::cast() && g.type(n.inputs[0]).dtype == DType::f32 && narrow(g.type(n.outputs[0]).dtype);
   };
-  // Only layout ops next to such casts are moved (and casts placed): nothing to do, no new graph.
   auto producer = [&](int v) { return g.values()[v].producer; };
+  // The plan, made before rebuilding (nothing in it: no new graph). wide[v]: the 16-bit type v was
+  // widened from, by a widening cast and the single-reader layout ops after it (which move to the
+  // 16-bit side); f32 if none.
   bool any = false;
-  for (const Node& n : g.nodes()) {
-    if (n.inputs.empty() || producer(n.inputs[0]) < 0) continue;
-    const Node& p = g.nodes()[producer(n.inputs[0])];
-    any = any || (layout(n) && widening(p)) || (narrowing(n) && layout(p));
-  }
-
-  // The plan, made before rebuilding. wide[v]: the 16-bit type v was widened from, by a widening
-  // cast and the single-reader layout ops after it (which move to the 16-bit side); f32 if none.
   std::vector<DType> wide(nv, DType::f32);
   for (const Node& n : g.nodes()) {
-    if (widening(n))
+    if (widening(n)) {
       wide[n.outputs[0]] = g.type(n.inputs[0]).dtype;
-    else if (layout(n) && wide[n.inputs[0]] != DType::f32 && readers[n.inputs[0]] == 1)
+    } else if (layout(n) && wide[n.inputs[0]] != DType::f32 && readers[n.inputs[0]] == 1) {
       wide[n.outputs[0]] = wide[n.inputs[0]];
+      any = true;
+    }
   }
   // A narrowing cast of v to `to` casts the value below v's single-reader layout ops (-1: the chain
   // starts from a value widened from `to`, nothing to cast). That cast is made right after the
@@ -191,6 +187,7 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
     if (!narrowing(n)) continue;
     const int v = n.inputs[0];
     const int b = cast_base(v, g.type(n.outputs[0]).dtype);
+    any = any || b != v;  // layout ops to move, or a widened value to take back
     // Not after a transfer or collective: the cast would wait there for what runs in the background.
     if (b < 0 || producer(b) < 0 || early[b] != DType::f32 || is_async_primitive(*g.nodes()[producer(b)].prim))
       continue;

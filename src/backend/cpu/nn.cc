@@ -1,6 +1,6 @@
-// CPU kernels of the nn family: fused row kernels for softmax, log_softmax, layer_norm,
-// rms_norm (and their gradients) and softmax cross entropy (f32 math whatever the storage dtype), and elementwise
-// block functions for gelu, gelu_grad and silu that the fused-loop engine chains.
+// CPU kernels of the nn family: fused row kernels for softmax, log_softmax, layer_norm, rms_norm
+// (and their gradients) and softmax cross entropy (f32 math whatever the storage dtype), and
+// elementwise block functions for gelu, gelu_grad and silu that the fused-loop engine chains.
 #include <omp.h>
 
 #include <algorithm>
@@ -176,7 +176,7 @@ Kernel norm_grad_kernel(const KernelSpec& spec, bool rms) {
   const int64_t rows = d == 0 ? numel(Shape(t.shape.begin(), t.shape.end() - 1)) : t.numel() / d;
   const DType dt = t.dtype, gdt = spec.in[1].dtype, ydt = spec.in.back().dtype;
   // Per thread: x and dy as f32 where they are stored narrower.
-  auto scratch = std::make_shared<Scratch>(2 * d);
+  auto scratch = std::make_shared<Scratch>(dt != DType::f32 || ydt != DType::f32 ? 2 * d : 0);
   auto gamma32 = std::make_shared<std::vector<float>>(gdt == DType::f32 ? 0 : d);
   const int nt = scratch->threads;
   return [=](const void* const* in, void* const* out) {
