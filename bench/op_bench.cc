@@ -96,6 +96,13 @@ int main(int argc, char** argv) {
          return std::vector<Tensor>{loss, px::gradients(loss, {x[0]})[0]};
        },
        {rnd({B, S, V}, 1), ids({B, S}, V)}},
+      // As in a bf16 step: the gradient is stored in bf16 (the kernel writes it narrow).
+      {"cross_entropy_loss+grad_bf16",
+       [](auto& x) {
+         Tensor loss = px::cross_entropy_loss(x[0], x[1]);
+         return std::vector<Tensor>{loss, px::cast(px::gradients(loss, {x[0]})[0], DType::bf16)};
+       },
+       {rnd({B, S, V}, 1), ids({B, S}, V)}},
   };
   cases.insert(cases.end(), grads.begin(), grads.end());
   // The optimizer update of a 4M-element param (px::optim::adamw as a training step emits it):

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cpu/kernel.h"
+#include "backend/cpu/vmath.h"
 #include "backend/cpu/vmath_eval.h"
 
 namespace {
@@ -293,4 +294,28 @@ TEST(VecMath, GeluTanhAndSiluAreAccurate) {
   EXPECT_LE(worst, 6.0);
   EXPECT_LE(worst_grad, 1e-5);
   EXPECT_LE(worst_silu, 4.0);
+}
+
+// The row helpers of the row kernels, at the test's own vector width: every length up to a few
+// vectors (so every tail), against double sums; the exponentials written in place.
+TEST(VecMath, RowHelpersCoverEveryTail) {
+  namespace vm = px::cpu::vecmath;
+  for (int64_t n = 0; n <= 3 * vm::kLanes + 1; ++n) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) x[i] = std::sin(0.7f * static_cast<float>(i)) * 4.0f;
+    double sum = 0, esum = 0;
+    float mx = -INFINITY;
+    for (float v : x) sum += v, mx = std::max(mx, v);
+    for (float v : x) esum += std::exp(static_cast<double>(v) - mx);
+    EXPECT_NEAR(vm::row_sum(x.data(), n), sum, 1e-5 * (1 + n)) << n;
+    EXPECT_EQ(vm::row_max(x.data(), n), mx) << n;
+    std::vector<float> y = x;
+    EXPECT_NEAR(vm::exp_shift_sum(y.data(), mx, y.data(), n), esum, 1e-6 * (1 + esum)) << n;
+    for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(y[i], std::exp(static_cast<double>(x[i]) - mx), 1e-6) << n << " " << i;
+  }
+  // A NaN is passed over by the maximum and reaches the sum.
+  std::vector<float> x(37, 1.0f);
+  x[20] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(vm::row_max(x.data(), 37), 1.0f);
+  EXPECT_TRUE(std::isnan(vm::exp_shift_sum(x.data(), 1.0f, nullptr, 37)));
 }

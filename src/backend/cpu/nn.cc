@@ -9,7 +9,6 @@
 #include <memory>
 
 #include "backend/cpu/kernel.h"
-#include "backend/cpu/nn_math.h"
 #include "backend/cpu/vmath.h"
 
 namespace px::cpu {
@@ -19,9 +18,9 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kParallelMin = 16384;  // elements below which a kernel stays single-threaded
 
-using vmath::exp_shift_sum;
-using vmath::row_max;
-using vmath::row_sum;
+using vecmath::exp_shift_sum;
+using vecmath::row_max;
+using vecmath::row_sum;
 
 float load_one(const void* p, DType t, int64_t i) {
   switch (t) {
@@ -51,12 +50,12 @@ void store_one(void* p, DType t, int64_t i, float v) {
   }
 }
 
-// Per-thread f32 scratch rows, sized in the factory.
+// Per-thread f32 scratch rows, sized in the factory; each thread's part on cache lines of its own.
 struct Scratch {
   int threads = 1;
   int64_t per_thread = 0;
   std::vector<float> buf;
-  Scratch(int64_t floats_per_thread) : threads(num_threads()), per_thread(floats_per_thread) {
+  Scratch(int64_t floats_per_thread) : threads(num_threads()), per_thread((floats_per_thread + 15) / 16 * 16 + 16) {
     buf.resize(static_cast<size_t>(threads * std::max<int64_t>(per_thread, 1)));
   }
   float* get() { return buf.data() + static_cast<size_t>(omp_get_thread_num()) * per_thread; }

@@ -16,7 +16,6 @@
 #include <tuple>
 
 #include "backend/cpu/kernel.h"
-#include "backend/cpu/nn_math.h"
 #include "backend/cpu/vmath.h"
 
 namespace px::cpu {
@@ -237,40 +236,12 @@ namespace wide {
 using vecmath::kLanes;
 using vecmath::V;
 
-inline float hsum(V v) {
-  float s = 0;
-  for (int l = 0; l < kLanes; ++l) s += v[l];
-  return s;
-}
-
-// exp(x - m) in place over a row, and its sum.
-float exp_shift_sum(float* x, float m, int64_t n) {
-  V acc = vecmath::splat(0.0f);
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    const V e = vecmath::exp(vecmath::load(x + j) - m);
-    vecmath::store(x + j, e);
-    acc += e;
-  }
-  float s = hsum(acc);
-  if (j < n) {
-    float buf[kLanes];
-    for (int k = 0; k < kLanes; ++k) buf[k] = j + k < n ? x[j + k] - m : -INFINITY;
-    const V e = vecmath::exp(vecmath::load(buf));
-    for (int64_t k = 0; j + k < n; ++k) {
-      x[j + k] = e[k];
-      s += e[k];
-    }
-  }
-  return s;
-}
-
 // sum x y over a row.
 float dot(const float* x, const float* y, int64_t n) {
   V acc = vecmath::splat(0.0f);
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) acc = vecmath::fmadd(vecmath::load(x + j), vecmath::load(y + j), acc);
-  float s = hsum(acc);
+  float s = vecmath::hsum(acc);
   for (; j < n; ++j) s += x[j] * y[j];
   return s;
 }
@@ -330,8 +301,8 @@ int64_t softmax_rows(const Geom& G, float* s, int64_t r0, int64_t nr, int64_t nc
       lse[r] = kNegInf;
       continue;
     }
-    const float m = vmath::row_max(sr, ncols);
-    const float sum = wide::exp_shift_sum(sr, m, ncols);
+    const float m = vecmath::row_max(sr, ncols);
+    const float sum = vecmath::exp_shift_sum(sr, m, sr, ncols);
     inv[r] = 1.0f / sum;
     lse[r] = m + std::log(sum);
   }

@@ -1,7 +1,7 @@
 // Vector f32 transcendentals for the elementwise block functions that the fused-loop engine
-// chains (namespace vecmath; nn_math.h's vmath is the older 8-lane set the row kernels use): exp,
-// log, tanh, sigmoid, erf, erfc and the normal CDF, written once on GCC vector
-// extensions at the widest width the build targets (16 lanes with AVX-512, 8 with AVX, else 4).
+// chains and for the row kernels (softmax, cross entropy, the norms, attention): exp, log, tanh,
+// sigmoid, erf, erfc and the normal CDF, and row sums, maxima and exp-sums, written once on GCC
+// vector extensions at the widest width the build targets (16 lanes with AVX-512, 8 with AVX, else 4).
 // Every lane runs the same operations, so a value's result does not depend on its position: a
 // tail goes through a padded vector, and `vecmath::scalar(f, x)` is the same function on one float.
 // With AVX-512, 2^n scaling (vscalefps), blends, clamps and divisions (a reciprocal refined by
@@ -359,6 +359,59 @@ inline V phi(V x) {
   V half = 0.5f * c;
   V y = select(lt(x, 0.0f), half, 1.0f - half);
   return select(isnan(x), x, y);
+}
+
+// ---- row helpers of the row kernels (softmax, cross entropy, the norms, attention) ----
+
+inline float hsum(V v) {
+  float s = 0;
+  for (int l = 0; l < kLanes; ++l) s += v[l];
+  return s;
+}
+
+inline float row_sum(const float* x, int64_t n) {
+  V acc = splat(0.0f);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) acc += load(x + i);
+  float s = hsum(acc);
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+// The largest element; NaNs are passed over (they reach the caller's sum instead).
+inline float row_max(const float* x, int64_t n) {
+  V acc = splat(-INFINITY);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const V v = load(x + i);
+    acc = select(gt(v, acc), v, acc);
+  }
+  float m = -INFINITY;
+  for (int l = 0; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+// sum(exp(x - m)), storing the exponentials into y when y is not null (y may be x).
+inline float exp_shift_sum(const float* x, float m, float* y, int64_t n) {
+  V acc = splat(0.0f);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const V e = exp(load(x + i) - m);
+    if (y) store(y + i, e);
+    acc += e;
+  }
+  float s = hsum(acc);
+  if (i < n) {
+    float buf[kLanes];
+    for (int k = 0; k < kLanes; ++k) buf[k] = i + k < n ? x[i + k] - m : -INFINITY;
+    const V e = exp(load(buf));
+    for (int64_t k = 0; i + k < n; ++k) {
+      if (y) y[i + k] = e[k];
+      s += e[k];
+    }
+  }
+  return s;
 }
 
 // y[i] = f(x[i]) over n elements, kLanes at a time; the tail goes through a padded vector.
