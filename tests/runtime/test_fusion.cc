@@ -1,8 +1,10 @@
 // The fused-loop engine on real ops: fused and unfused runs agree bit for bit (16-bit, integer
-// and bool intermediates included), broadcasts of external operands fuse as strided loads, and
+// and bool intermediates, NaNs and infinities included), broadcasts of external operands fuse as strided loads, and
 // the autocast pass gives bf16/f16 matmuls with f32 results.
 #include <algorithm>
 #include <cstring>
+#include <cmath>
+#include <limits>
 
 #include "ir/primitive.h"
 #include "parallax/passes.h"
@@ -38,7 +40,9 @@ void expect_identical(const Both& b) {
   ASSERT_EQ(b.fused.size(), b.unfused.size());
   for (size_t i = 0; i < b.fused.size(); ++i) {
     EXPECT_EQ(b.fused[i].type(), b.unfused[i].type());
-    EXPECT_EQ(b.fused[i].to_f32(), b.unfused[i].to_f32()) << "output " << i;
+    ASSERT_EQ(b.fused[i].nbytes(), b.unfused[i].nbytes());
+    EXPECT_EQ(std::memcmp(b.fused[i].raw(), b.unfused[i].raw(), static_cast<size_t>(b.fused[i].nbytes())), 0)
+        << "output " << i << " differs";
   }
 }
 
@@ -61,6 +65,22 @@ TEST(Fusion, SixteenBitIntermediatesAreRoundedInsideTheLoop) {
     for (size_t i = 0; i < xs.size(); ++i) {
       float h = round(xs[i] * 3.0f);
       ASSERT_EQ(got[i], round(h * h) + 1.0f) << i;
+    }
+    // A cast's own rounding is the value kept in the loop: ties, overflow to inf, subnormals, NaN.
+    const float inf = std::numeric_limits<float>::infinity();
+    std::vector<float> special = {65504.0f, 65519.0f, 65520.0f, 1e5f,  -65520.0f, 3e-5f, 1e-7f, 2.9e-8f, 1e-39f,
+                                  -1e-40f,  1.00390625f, 1.01171875f, 3.4e38f, inf, -inf, std::nanf("")};
+    Array sx = Array::from_f32(special, {static_cast<int64_t>(special.size())});
+    auto c = run_both([half](const std::vector<Tensor>& in) { return std::vector<Tensor>{cast(cast(in[0], half), DType::f32) + 0.0}; },
+                      {sx});
+    expect_identical(c);
+    std::vector<float> cg = c.fused[0].to_f32();
+    for (size_t i = 0; i < special.size(); ++i) {
+      if (std::isnan(special[i])) {
+        EXPECT_TRUE(std::isnan(cg[i]));
+      } else {
+        EXPECT_EQ(cg[i], round(special[i])) << special[i];
+      }
     }
   }
 }

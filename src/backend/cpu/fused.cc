@@ -303,7 +303,10 @@ Program build_program(const Graph& g, const FusedGroup& group) {
     op.slot = new_slot({SlotPlace::scratch, tiles.take()});
     slot_of[out] = op.slot;
     p.ops.push_back(op);
-    if (out_t.dtype != DType::f32) {
+    // A result narrower than f32 is rounded to its dtype, except where it holds that dtype's
+    // values already: a broadcast (its operand's values) and a cast to a float type (rounded by it).
+    const bool exact = op.kind == Op::broadcast || (n.prim == prims::cast() && is_float(out_t.dtype));
+    if (out_t.dtype != DType::f32 && !exact) {
       Op r{Op::round};
       r.slot = op.slot;
       r.dtype = out_t.dtype;
