@@ -218,19 +218,25 @@ std::vector<Tensor> mlp(const std::vector<Tensor>& in) {
 }
 
 TEST(Fusion, LargeResultsWrittenWithStreamingStoresAreExact) {
-  // Over 8 MiB per result the engine stores with non-temporal writes; an odd length leaves an
-  // unaligned tail, and one result goes to a bf16 array (plain stores) beside two f32 ones.
+  // Over 8 MiB of f32 per result the engine stores with non-temporal writes; an odd length leaves
+  // an unaligned tail, and one result goes to a bf16 array (rounded as it streams) beside two f32
+  // ones. A NaN operand gives a quiet NaN there.
   const int64_t n = (2 << 20) + 37;
   TracedFn f = [](const std::vector<Tensor>& in) {
     Tensor y = tanh(in[0] * in[1] + 0.5);
     return std::vector<Tensor>{y, y * in[0], cast(y - in[1], DType::bf16)};
   };
-  Both b = run_both(f, {random_array({n}, DType::f32, 1), random_array({n}, DType::f32, 2)});
+  Array a = random_array({n}, DType::f32, 1), c = random_array({n}, DType::f32, 2);
+  c.data<float>()[12345] = std::numeric_limits<float>::quiet_NaN();
+  Both b = run_both(f, {a, c});
   expect_identical(b);
+  const float* y = b.fused[0].data<float>();
+  const uint16_t* h = b.fused[2].data<uint16_t>();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(h[i], f32_to_bf16(y[i] - c.data<float>()[i])) << i;
   // In place into the caller's arrays, which the runtime hands over aligned or not alike.
   std::vector<Array> out = b.fused;
-  b.exe->run_into({random_array({n}, DType::f32, 1), random_array({n}, DType::f32, 2)}, out);
-  EXPECT_EQ(out[1].to_f32(), b.unfused[1].to_f32());
+  b.exe->run_into({a, c}, out);
+  EXPECT_EQ(std::memcmp(out[1].raw(), b.unfused[1].raw(), static_cast<size_t>(out[1].nbytes())), 0);
 }
 
 TEST(Autocast, Bf16ProgramMatchesF32WithinTolerance) {

@@ -24,8 +24,8 @@ namespace {
 constexpr int64_t kTile = 1024;            // the f32 path's largest
 constexpr int64_t kScratchFloats = 12288;  // 48 KiB of live tiles per thread: about L1
 constexpr int kMaxArity = 8;
-// f32 results of at least this many bytes are written with streaming stores: they cannot be read
-// back from cache anyway, and plain stores would first read every destination line.
+// f32 and bf16 results of groups over this many bytes of f32 are written with streaming stores:
+// they cannot be read back from cache anyway, and plain stores would first read every line.
 constexpr int64_t kStreamBytes = 8 << 20;
 
 bool int_like(DType d) { return d == DType::i32 || d == DType::boolean; }
@@ -433,6 +433,8 @@ Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
             case Op::store:
               if (p.stream && op.dtype == DType::f32)
                 stream_f32(ptr[op.slot], static_cast<float*>(out[op.ext]) + off, len);
+              else if (p.stream && op.dtype == DType::bf16)
+                stream_bf16(ptr[op.slot], static_cast<uint16_t*>(out[op.ext]) + off, len);
               else
                 store_f32(ptr[op.slot], out[op.ext], op.dtype, off, len);
               break;

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -66,6 +68,17 @@ void store_f32(const float* src, void* dst, DType t, int64_t offset, int64_t n);
 // Copies with non-temporal stores (no read of the destination's lines, no cache pollution): for
 // results too large to be read back from cache. Callers fence (_mm_sfence) before others read.
 void stream_f32(const float* src, float* dst, int64_t n);
+// The same into bf16 (rounded as store_f32 rounds): whole 64-byte lines written past the cache.
+void stream_bf16(const float* src, uint16_t* dst, int64_t n);
+// One f32 as bf16 bits: round to nearest even, branch-free so that loops of it vectorize; NaNs
+// stay (quiet) NaNs.
+inline uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
 
 int num_threads();
 

@@ -160,6 +160,20 @@ void stream_f32(const float* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = src[i];
 }
 
+void stream_bf16(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+#ifdef __AVX512F__
+  for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 63) != 0; ++i) dst[i] = bf16_bits(src[i]);
+  // A line at a time: rounded into an aligned buffer (the fixed-length loop vectorizes), then written.
+  alignas(64) uint16_t line[32];
+  for (; i + 32 <= n; i += 32) {
+    for (int k = 0; k < 32; ++k) line[k] = bf16_bits(src[i + k]);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_load_si512(line));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = bf16_bits(src[i]);
+}
+
 void store_f32(const float* src, void* dst, DType t, int64_t offset, int64_t n) {
   switch (t) {
     case DType::f32: {
@@ -168,15 +182,8 @@ void store_f32(const float* src, void* dst, DType t, int64_t offset, int64_t n) 
       break;
     }
     case DType::bf16: {
-      // Round to nearest even, branch-free so that it vectorizes; NaNs stay (quiet) NaNs.
       uint16_t* d = static_cast<uint16_t*>(dst) + offset;
-      for (int64_t i = 0; i < n; ++i) {
-        uint32_t u;
-        std::memcpy(&u, src + i, 4);
-        uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        uint32_t nan = (u >> 16) | 0x40u;
-        d[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-      }
+      for (int64_t i = 0; i < n; ++i) d[i] = bf16_bits(src[i]);
       break;
     }
     case DType::f16: {
