@@ -314,17 +314,20 @@ void expect_narrowed_with_the_casts_bits(const Graph& g, const std::vector<Array
 // (its readers, the backward matmuls, cast it anyway): the same bits as the f32 gradient cast, and
 // the f32 gradient is never stored.
 TEST(Autocast, TheLossGradientIsWrittenInTheComputeTypeWithTheCastsBits) {
-  const int64_t rows = 6, d = 16, vocab = 300;
   auto loss = [](const std::vector<Tensor>& in) {
     return std::vector<Tensor>{sum(softmax_cross_entropy(matmul(in[0], in[1]), in[2]))};
   };
-  auto g = trace(value_and_grad(loss, {0, 1}),
-                 {{DType::f32, {rows, d}}, {DType::f32, {d, vocab}}, {DType::i32, {rows}}});
-  std::vector<int32_t> labels(rows);
-  for (int64_t r = 0; r < rows; ++r) labels[r] = static_cast<int32_t>((r * 97) % vocab);
-  std::vector<Array> in = {random_array({rows, d}, DType::f32, 21), random_array({d, vocab}, DType::f32, 22),
-                           Array::from_i32(labels, {rows})};
-  expect_narrowed_with_the_casts_bits(*g, in, {"softmax_cross_entropy_grad"}, 1);
+  // The second size's gradient (over 2M elements) streams past the cache.
+  for (auto [rows, vocab] : {std::pair<int64_t, int64_t>{6, 300}, {260, 8192}}) {
+    const int64_t d = 16;
+    auto g = trace(value_and_grad(loss, {0, 1}),
+                   {{DType::f32, {rows, d}}, {DType::f32, {d, vocab}}, {DType::i32, {rows}}});
+    std::vector<int32_t> labels(rows);
+    for (int64_t r = 0; r < rows; ++r) labels[r] = static_cast<int32_t>((r * 97) % vocab);
+    std::vector<Array> in = {random_array({rows, d}, DType::f32, 21), random_array({d, vocab}, DType::f32, 22),
+                             Array::from_i32(labels, {rows})};
+    expect_narrowed_with_the_casts_bits(*g, in, {"softmax_cross_entropy_grad"}, 1);
+  }
   try {
     Graph h;
     Tensor logits = h.input({DType::f32, {2, 5}}), lab = h.input({DType::i32, {2}}), ct = h.input({DType::f32, {2}});

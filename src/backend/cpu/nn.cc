@@ -1,6 +1,7 @@
 // CPU kernels of the nn family: fused row kernels for softmax, log_softmax, layer_norm, rms_norm
 // (and their gradients) and softmax cross entropy (f32 math whatever the storage dtype), and
 // elementwise block functions for gelu, gelu_grad and silu that the fused-loop engine chains.
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -242,6 +243,8 @@ Kernel ce_kernel(const KernelSpec& spec, bool grad) {
   auto scratch = std::make_shared<Scratch>(x_room + (odt == DType::f32 ? 0 : v));
   const int nt = scratch->threads;
   const float nan = std::numeric_limits<float>::quiet_NaN();
+  // A large bf16 gradient (a language model's logits) streams past the cache, as fused loops do.
+  const bool stream = odt == DType::bf16 && rows * v >= (2 << 20);
   return [=](const void* const* in, void* const* out) {
     const int32_t* labels = static_cast<const int32_t*>(in[1]);
     const float* ct = grad ? static_cast<const float*>(in[2]) : nullptr;
@@ -280,7 +283,12 @@ Kernel ce_kernel(const KernelSpec& spec, bool grad) {
         for (int64_t i = 0; i < v; ++i) y[i] *= scale;
         y[label] -= c;
       }
-      if (odt != DType::f32) store_f32(y, out[0], odt, r * v, v);
+      if (stream) {
+        stream_bf16(y, static_cast<uint16_t*>(out[0]) + r * v, v);
+        _mm_sfence();  // the row is visible to other threads after this
+      } else if (odt != DType::f32) {
+        store_f32(y, out[0], odt, r * v, v);
+      }
     });
   };
 }
