@@ -90,6 +90,10 @@ int main(int argc, char** argv) {
       {"attention_bf16+grad",
        with_grad([](auto& x) { return std::vector<Tensor>{px::dot_product_attention(x[0], x[1], x[2])}; }, {0, 1, 2}),
        {bf({B, H, S, D / H}, 1), bf({B, 2, S, D / H}, 2), bf({B, 2, S, D / H}, 3)}},
+      // GPT-2 small's (12 heads of 64 over 4 kv heads, batch 2, sequence 1024).
+      {"attention_bf16_gpt2_small+grad",
+       with_grad([](auto& x) { return std::vector<Tensor>{px::dot_product_attention(x[0], x[1], x[2])}; }, {0, 1, 2}),
+       {bf({2, 12, 1024, 64}, 1), bf({2, 4, 1024, 64}, 2), bf({2, 4, 1024, 64}, 3)}},
       {"cross_entropy_loss+grad",
        [](auto& x) {
          Tensor loss = px::cross_entropy_loss(x[0], x[1]);
