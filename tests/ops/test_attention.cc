@@ -167,13 +167,15 @@ TEST(Attention, Bf16GradientsTrackF32) {
 }
 
 // bf16 runs its block products on native bf16 matmuls where the CPU has them (f32 softmax, bf16
-// probabilities): over several row blocks, causal offsets, padding, grouped heads and rows that
-// see no key, the outputs and gradients stay within bf16 rounding of the f32 computation.
+// probabilities): over several row blocks (of 64 rows, and of 128 from 512 rows on), causal offsets,
+// padding, grouped heads and rows that see no key, the outputs and gradients stay within bf16
+// rounding of the f32 computation.
 TEST(Attention, Bf16OverSeveralRowBlocksTracksF32) {
   for (const Cfg& c : std::vector<Cfg>{{1, 4, 2, 130, 150, 16, true, true},
                                        {2, 2, 2, 70, 70, 32, true, false},
                                        {3, 2, 1, 66, 40, 8, false, true},     // batch 2 pads keys; multi-query
-                                       {1, 2, 2, 80, 20, 8, true, false}}) {  // rows before the first key
+                                       {1, 2, 2, 80, 20, 8, true, false},     // rows before the first key
+                                       {1, 2, 1, 530, 540, 8, true, true}}) {  // 128-row blocks, a short last one
     auto in = inputs_of(c, DType::f32, 21);
     for (int i = 0; i < 3; ++i) in[i] = in[i].astype(DType::bf16).astype(DType::f32);  // same values in both runs
     auto run = [c](DType dt) {
