@@ -85,6 +85,35 @@ TEST(Fusion, SixteenBitIntermediatesAreRoundedInsideTheLoop) {
   }
 }
 
+// Casts between float types that the tile already holds are new names for it: a widening cast, and
+// a narrowing one that is only stored (the store rounds). Their results keep the casts' bits,
+// specials included, next to a narrowing cast that is read again and one of an operand read in place.
+TEST(Fusion, CastsThatTheTileHoldsAreRenames) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> v = {1.0f, -2.5f, 65519.0f, 65520.0f, 3e-5f, 1e-39f, 1.00390625f, 3.4e38f, inf, -inf, std::nanf("")};
+  for (int i = 0; i < 200; ++i) v.push_back(std::sin(static_cast<float>(i)) * 70000.0f);
+  const int64_t n = static_cast<int64_t>(v.size());
+  Array x = Array::from_f32(v, {n}), b = Array::from_f32(v, {n}, DType::bf16);
+  auto both = run_both(
+      [](const std::vector<Tensor>& in) {
+        Tensor y = in[0] * 2.0;
+        return std::vector<Tensor>{cast(y, DType::bf16),                      // narrowing, only stored
+                                   cast(y, DType::f16),                       // the same value to f16
+                                   cast(in[1], DType::f32) * 3.0,             // widening, read again
+                                   cast(cast(y, DType::bf16), DType::f32),    // narrowing, read again
+                                   cast(in[0], DType::f16)};                  // of an operand read in place
+      },
+      {x, b});
+  expect_identical(both);
+  EXPECT_EQ(both.exe->num_fused_groups(), 1) << both.exe->summary();
+  const std::vector<float> y2 = both.fused[0].to_f32(), h = both.fused[1].to_f32();
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(v[i])) continue;
+    EXPECT_EQ(y2[i], bf16_to_f32(f32_to_bf16(v[i] * 2.0f))) << v[i];
+    EXPECT_EQ(h[i], f16_to_f32(f32_to_f16(v[i] * 2.0f))) << v[i];
+  }
+}
+
 TEST(Fusion, IntegerAndBoolIntermediates) {
   Array x = random_array({2500}, DType::f32, 2, -3, 3);
   auto b = run_both(

@@ -203,16 +203,35 @@ Program build_program(const Graph& g, const FusedGroup& group) {
       throw Error("[fused] value stored twice");
   }
 
-  // A reshape member is a new name for its operand's tile (elementwise loops see flat indices).
-  // Liveness is tracked per storage root: the last op position reading any name of it.
+  // A reshape member is a new name for its operand's tile (elementwise loops see flat indices), and
+  // so is a cast between float types whose result the tile already holds: a widening one (f32
+  // holds every bf16 and f16 value), or a narrowing one that is only stored (the store rounds, once,
+  // as the cast would). Not a cast of an operand read in place: a store to an output sharing the
+  // operand's array may come first. Liveness is tracked per storage root: the last op position
+  // reading any name of it.
   std::unordered_map<int, int> root_map;
   auto root = [&](int v) {
     auto it = root_map.find(v);
     return it == root_map.end() ? v : it->second;
   };
+  std::unordered_map<int, char> read_in_group;
+  for (int ni : group.nodes)
+    for (int v : g.nodes()[ni].inputs) read_in_group[v] = 1;
+  std::unordered_map<int, char> renames;  // node index -> 1: a new name for its operand's tile
   for (int ni : group.nodes) {
     const Node& n = g.nodes()[ni];
-    if (n.prim == prims::reshape()) root_map[n.outputs.at(0)] = root(n.inputs.at(0));
+    bool rename = n.prim == prims::reshape();
+    if (n.prim == prims::cast()) {
+      const int v = n.inputs.at(0), r = root(v);
+      const DType from = g.type(v).dtype, to = g.type(n.outputs.at(0)).dtype;
+      const bool in_place = ext_in_index.count(r) && g.type(r).dtype == DType::f32;
+      const bool exact = to == DType::f32 || to == from;
+      rename = is_float(from) && is_float(to) && !in_place && (exact || !read_in_group.count(n.outputs[0]));
+    }
+    if (rename) {
+      renames[ni] = 1;
+      root_map[n.outputs.at(0)] = root(n.inputs.at(0));
+    }
   }
   std::unordered_map<int, int> last_read;
   for (size_t i = 0; i < group.nodes.size(); ++i)
@@ -257,13 +276,14 @@ Program build_program(const Graph& g, const FusedGroup& group) {
   std::vector<Op> stores;
   for (size_t i = 0; i < group.nodes.size(); ++i) {
     const Node& n = g.nodes()[group.nodes[i]];
+    const bool rename = renames.count(group.nodes[i]) > 0;
     if (n.outputs.size() != 1) throw Error("[fused] '" + n.prim->name + "' has several results");
     int out = n.outputs[0];
     const TensorType& out_t = g.type(out);
     if (out_t.numel() != p.count) throw Error("[fused] group mixes element counts");
     auto eo = ext_out_index.find(out);
 
-    if (n.prim == prims::reshape()) {
+    if (rename) {
       int slot = operand_slot(n.inputs.at(0), n.prim->name);
       slot_of[out] = slot;
       if (eo != ext_out_index.end()) {
