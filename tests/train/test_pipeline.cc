@@ -96,6 +96,19 @@ TEST(Pipeline, EveryScheduleEqualsOneDeviceWithTheSameMicrobatches) {
   }
 }
 
+// In bf16 the row kernels (norms, the loss) keep rows in per-thread scratch; with four stages each
+// stage runs on a thread numbered past the kernels' team, on rows too few to split: each still
+// writes scratch of its own (this overran the scratch before), and the step equals one device's.
+TEST(Pipeline, Bf16StagesOnMoreThreadsThanTheKernelTeamEqualOneDevice) {
+  TrainStepOptions one;
+  one.microbatches = 4;
+  one.compile.compute_dtype = DType::bf16;
+  TrainStepOptions four = pipelined(4, 4, pipeline::Kind::gpipe);
+  four.compile.compute_dtype = DType::bf16;
+  const Trained want = train(gpt4(), one, 5), got = train(gpt4(), four, 5);
+  expect_equal(want, got, "bf16 gpipe", /*sum_order=*/true);
+}
+
 // 3-D parallelism: stages over `stage`, data, FSDP or tensor parallelism inside each stage. Equal to
 // one device and to DDP over the same axis, with the same microbatches, up to the order of the sums
 // over rows (each microbatch's gradients are all-reduced in its backward program): 3 steps, as the

@@ -59,7 +59,14 @@ struct Scratch {
   Scratch(int64_t floats_per_thread) : threads(num_threads()), per_thread((floats_per_thread + 15) / 16 * 16 + 16) {
     buf.resize(static_cast<size_t>(threads * std::max<int64_t>(per_thread, 1)));
   }
-  float* get() { return buf.data() + static_cast<size_t>(omp_get_thread_num()) * per_thread; }
+  // A thread of parallel_rows' team takes its own part. Run serially (parallel_rows opens no region)
+  // from a thread of an outer team, a device's thread, the number may pass the team size this was
+  // sized for: such a call is the only one on this kernel at that time (concurrent devices each have
+  // their own kernels), so it takes the first part.
+  float* get() {
+    const int t = omp_get_thread_num();
+    return buf.data() + static_cast<size_t>(t < threads ? t : 0) * per_thread;
+  }
 };
 
 // ---- softmax / log_softmax -----------------------------------------------------------------
