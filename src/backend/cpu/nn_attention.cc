@@ -43,6 +43,14 @@ struct Geom {
       if (lse_rows[r] == -INFINITY) return sk;
     return limit(r0 + nr - 1);
   }
+  // Whether a row of the block starting at query r0 sees no key (its first row sees the fewest).
+  bool blind_row(int64_t r0, const uint8_t* keep) const {
+    const int64_t lim = limit(r0);
+    if (!keep) return lim == 0;
+    for (int64_t j = 0; j < lim; ++j)
+      if (keep[j]) return false;
+    return true;
+  }
   int64_t q_off(int64_t bi, int64_t h, int64_t gi) const { return ((bi * hkv + h) * g + gi) * sq * d; }
   int64_t kv_off(int64_t bi, int64_t h) const { return (bi * hkv + h) * sk * d; }
 };
@@ -109,16 +117,18 @@ const float* as_f32(const void* p, DType t, std::vector<float>& copy, int64_t n)
 // The block products run on oneDNN's bf16 matmul (f32 accumulation) reading q, k, v and the
 // output cotangent in place, at about twice sgemm's rate on f32 copies of them. Scores, softmax
 // and dS stay f32; the probabilities and dS are rounded to bf16 for the products that take them
-// (as flash attention does on GPUs).
+// (as flash attention does on GPUs). The forward pass rounds exp(s - max) and divides P V's rows
+// by their sums, so that the exponentials go to bf16 in the pass that computes them.
 
 // The products of a row block (nr query rows against its first nc keys), row-major:
-//   qk    S[nr,nc]  = scale Q_b K^T      f32, ld Sk (the scores scratch)
-//   pv    O_b[nr,d] = P V                bf16, straight into the output
+//   qk    S[nr,nc]  = scale Q_b K^T      f32 (the scores scratch)
+//   pv    O_b[nr,d] = P V                f32, scaled by 1 / the row sums into the output
 //   ptdo  dV[nc,d] += P^T dO_b           f32 partial
-//   dovt  dP[nr,nc] = dO_b V^T           f32, ld Sk
+//   dovt  dP[nr,nc] = dO_b V^T           f32
 //   dsk   dQ_b[nr,d] = dS K              f32
 //   dstq  dK[nc,d] += dS^T Q_b           f32 partial
-// P and dS are bf16 scratch with ld nc.
+// Every matrix is dense (ld nc for S, dP, P and dS): oneDNN runs strided results on a slower
+// implementation (on AMX, its gemm-based matmul with a scalar scaling loop, 3x slower here).
 enum class Form { qk, pv, ptdo, dovt, dsk, dstq };
 
 const dnnl::engine& bf16_engine() {
@@ -187,12 +197,12 @@ std::shared_ptr<Bf16Products> make_bf16_products(const Geom& G, std::initializer
             case Form::qk:  // [nr, d] x [nc, d]^T
             case Form::dovt:
               a = md({nr, d}, dt::bf16, dims{d, 1}), b = md({d, nc}, dt::bf16, dims{1, d});
-              c = md({nr, nc}, dt::f32, dims{sk, 1});
+              c = md({nr, nc}, dt::f32, dims{nc, 1});
               break;
             case Form::pv:  // [nr, nc] x [nc, d]
             case Form::dsk:
               a = md({nr, nc}, dt::bf16, dims{nc, 1}), b = md({nc, d}, dt::bf16, dims{d, 1});
-              c = md({nr, d}, f == Form::pv ? dt::bf16 : dt::f32, dims{d, 1});
+              c = md({nr, d}, dt::f32, dims{d, 1});
               break;
             case Form::ptdo:  // [nr, nc]^T x [nr, d], accumulated
             case Form::dstq:
@@ -260,6 +270,43 @@ void to_bf16(const float* x, float c, int64_t n, uint16_t* y) {
                         reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(x + j), vc))));
 #endif
   for (; j < n; ++j) y[j] = f32_to_bf16(x[j] * c);
+}
+
+// Stores one vector as bf16 (kLanes values).
+inline void store_bf16(uint16_t* y, V v) {
+#ifdef __AVX512BF16__
+  static_assert(kLanes == 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(vecmath::raw(v))));
+#else
+  for (int k = 0; k < kLanes; ++k) y[k] = f32_to_bf16(v[k]);
+#endif
+}
+
+// e = exp(x - m) over a row in one pass: y16 = bf16(e), and y32 = e where given. Returns the sum
+// of e (f32).
+float exp_to_bf16(const float* x, float m, int64_t n, uint16_t* y16, float* y32) {
+  V acc = vecmath::splat(0.0f);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const V e = vecmath::exp(vecmath::load(x + j) - m);
+    acc += e;
+    store_bf16(y16 + j, e);
+    if (y32) vecmath::store(y32 + j, e);
+  }
+  float sum = vecmath::hsum(acc);
+  if (j < n) {  // the tail through a padded vector: exp(-inf) = 0 past the row
+    float buf[kLanes];
+    uint16_t low[kLanes];
+    for (int k = 0; k < kLanes; ++k) buf[k] = j + k < n ? x[j + k] - m : -INFINITY;
+    const V e = vecmath::exp(vecmath::load(buf));
+    store_bf16(low, e);
+    for (int64_t k = 0; j + k < n; ++k) {
+      sum += e[k];
+      y16[j + k] = low[k];
+      if (y32) y32[j + k] = e[k];
+    }
+  }
+  return sum;
 }
 
 // y = bf16(p (d - di) c) over a row: dS from P and dP.
@@ -342,7 +389,7 @@ void probability_rows(const Geom& G, float* s, int64_t r0, int64_t nr, int64_t n
 Kernel attention_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P) {
   auto buf = std::make_shared<Buffers>();
   buf->threads = num_threads();
-  buf->per_thread = G.rows * G.sk;
+  buf->per_thread = G.rows * std::max(G.sk, G.d);  // the scores, then P V's rows in f32
   buf->rows.resize(static_cast<size_t>(buf->threads * buf->per_thread));
   const int64_t items = G.b * G.hkv * G.g * G.blocks();
   return [G, buf, P, items](const void* const* in, void* const* out) {
@@ -362,14 +409,29 @@ Kernel attention_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P) {
       float* lb = lse + ((bi * G.hkv + h) * G.g + gi) * G.sq + r0;
       const uint8_t* keep = pad ? pad + bi * G.sk : nullptr;
       float* s = B.mine();
-      const int64_t ncols = G.limit(r0 + nr - 1);
-      if (ncols > 0) P->run(Form::qk, nr, ncols, tid, q + G.q_off(bi, h, gi) + r0 * G.d, k + G.kv_off(bi, h), s);
-      // The exponentials stay in s; each row's 1 / sum is applied as it is rounded to bf16.
+      // Scores [nr, ncols] with ld ncols; a block with a row that sees no key spans every key (the
+      // row attends to all of them uniformly).
+      const int64_t ncols = G.blind_row(r0, keep) ? G.sk : G.limit(r0 + nr - 1);
+      P->run(Form::qk, nr, ncols, tid, q + G.q_off(bi, h, gi) + r0 * G.d, k + G.kv_off(bi, h), s);
+      uint16_t* pb = P->low[static_cast<size_t>(tid)].data();  // bf16 exp(s - max), ld ncols
       float inv[kMaxRows];
-      const int64_t nc = softmax_rows(G, s, r0, nr, ncols, keep, lb, inv);
-      uint16_t* pb = P->low[static_cast<size_t>(tid)].data();
-      for (int64_t r = 0; r < nr; ++r) wide::to_bf16(s + r * G.sk, inv[r], nc, pb + r * nc);
-      P->run(Form::pv, nr, nc, tid, pb, v + G.kv_off(bi, h), o + G.q_off(bi, h, gi) + r0 * G.d);
+      for (int64_t r = 0; r < nr; ++r) {
+        float* sr = s + r * ncols;
+        uint16_t* pr = pb + r * ncols;
+        if (!mask_row(G, sr, r0 + r, ncols, keep)) {  // sees no key: uniform over all (ncols is Sk)
+          std::fill(pr, pr + ncols, f32_to_bf16(1.0f));
+          inv[r] = 1.0f / static_cast<float>(ncols);
+          lb[r] = kNegInf;
+          continue;
+        }
+        const float m = vecmath::row_max(sr, ncols);
+        const float sum = wide::exp_to_bf16(sr, m, ncols, pr, nullptr);
+        inv[r] = 1.0f / sum;
+        lb[r] = m + std::log(sum);
+      }
+      P->run(Form::pv, nr, ncols, tid, pb, v + G.kv_off(bi, h), s);
+      uint16_t* ob = o + G.q_off(bi, h, gi) + r0 * G.d;
+      for (int64_t r = 0; r < nr; ++r) wide::to_bf16(s + r * G.d, inv[r], G.d, ob + r * G.d);
     }
     int st = P->err.exchange(0);
     if (st != 0) throw InternalError("[cpu] attention: a oneDNN bf16 matmul failed with status " + std::to_string(st));
@@ -470,14 +532,23 @@ Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P
           continue;
         }
         // P from the saved log-sum-exp.
-        P->run(Form::qk, nr, ncols, tid, q + qo, kb, s);
-        probability_rows(G, s, r0, nr, ncols, keep, lb);
-        for (int64_t r = 0; r < nr; ++r) wide::to_bf16(s + r * G.sk, 1.0f, ncols, low + r * ncols);
+        P->run(Form::qk, nr, ncols, tid, q + qo, kb, s);  // ld ncols, as dP below
+        for (int64_t r = 0; r < nr; ++r) {  // P in f32 (for dS) and in bf16 (for the products)
+          float* sr = s + r * ncols;
+          uint16_t* pr = low + r * ncols;
+          if (lb[r] == kNegInf) {  // attended uniformly (ncols is Sk)
+            uniform_row(sr, ncols);
+            std::fill(pr, pr + ncols, f32_to_bf16(sr[0]));
+            continue;
+          }
+          mask_row(G, sr, r0 + r, ncols, keep);
+          wide::exp_to_bf16(sr, lb[r], ncols, pr, sr);
+        }
         P->run(Form::ptdo, nr, ncols, tid, low, dout + qo, dvb);  // dv += P^T dO
         P->run(Form::dovt, nr, ncols, tid, dout + qo, vb, dp);    // dP = dO V^T
         for (int64_t r = 0; r < nr; ++r) {                        // dS = P (dP - rowsum(P dP)) scale, in bf16
-          const float* sr = s + r * G.sk;
-          const float* dr = dp + r * G.sk;
+          const float* sr = s + r * ncols;
+          const float* dr = dp + r * ncols;
           if (lb[r] == kNegInf) {  // constant scores: no gradient to q or k
             std::fill(low + r * ncols, low + (r + 1) * ncols, uint16_t{0});
             continue;
