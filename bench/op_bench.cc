@@ -119,6 +119,9 @@ int main(int argc, char** argv) {
                    },
                    {rnd({4 << 20}, 1), rnd({4 << 20}, 2), rnd({4 << 20}, 3),
                     px::bench::random_array({4 << 20}, DType::f32, 4, 0.0f, 1.0f), px::Array::from_i32({3}, {})}});
+  // A bf16 step's cast of an f32 param to bf16 (4M elements: bench-gpt's embedding).
+  cases.push_back({"cast_bf16", [](auto& x) { return std::vector<Tensor>{px::cast(x[0], DType::bf16)}; },
+                   {rnd({T, 4 * D}, 1)}});
   if (flags.quick) cases = {cases[0], cases[7], cases[8]};
   if (!flags.only.empty()) {
     std::erase_if(cases, [&](const Case& c) { return c.op != flags.only; });
