@@ -260,19 +260,7 @@ float dot(const float* x, const float* y, int64_t n) {
   return s;
 }
 
-// y = bf16(x * c) over a row, rounded to nearest even.
-void to_bf16(const float* x, float c, int64_t n, uint16_t* y) {
-  int64_t j = 0;
-#ifdef __AVX512BF16__
-  const __m512 vc = _mm512_set1_ps(c);
-  for (; j + 16 <= n; j += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j),
-                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(x + j), vc))));
-#endif
-  for (; j < n; ++j) y[j] = f32_to_bf16(x[j] * c);
-}
-
-// Stores one vector as bf16 (kLanes values).
+// Stores one vector as bf16 (kLanes values), rounded to nearest even.
 inline void store_bf16(uint16_t* y, V v) {
 #ifdef __AVX512BF16__
   static_assert(kLanes == 16);
@@ -280,6 +268,13 @@ inline void store_bf16(uint16_t* y, V v) {
 #else
   for (int k = 0; k < kLanes; ++k) y[k] = f32_to_bf16(v[k]);
 #endif
+}
+
+// y = bf16(x * c) over a row.
+void to_bf16(const float* x, float c, int64_t n, uint16_t* y) {
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) store_bf16(y + j, vecmath::load(x + j) * c);
+  for (; j < n; ++j) y[j] = f32_to_bf16(x[j] * c);
 }
 
 // e = exp(x - m) over a row in one pass: y16 = bf16(e), and y32 = e where given. Returns the sum
@@ -312,14 +307,8 @@ float exp_to_bf16(const float* x, float m, int64_t n, uint16_t* y16, float* y32)
 // y = bf16(p (d - di) c) over a row: dS from P and dP.
 void ds_to_bf16(const float* p, const float* d, float di, float c, int64_t n, uint16_t* y) {
   int64_t j = 0;
-#ifdef __AVX512BF16__
-  const __m512 vdi = _mm512_set1_ps(di), vc = _mm512_set1_ps(c);
-  for (; j + 16 <= n; j += 16) {
-    const __m512 v =
-        _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + j), _mm512_sub_ps(_mm512_loadu_ps(d + j), vdi)), vc);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
-  }
-#endif
+  for (; j + kLanes <= n; j += kLanes)
+    store_bf16(y + j, vecmath::load(p + j) * (vecmath::load(d + j) - di) * c);
   for (; j < n; ++j) y[j] = f32_to_bf16(p[j] * (d[j] - di) * c);
 }
 }  // namespace wide
