@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the library and every test with AddressSanitizer + UndefinedBehaviorSanitizer (g++, its
-# own build folder, ccache) and runs the whole test suite; any report fails the run.
+# Builds the library with AddressSanitizer + UndefinedBehaviorSanitizer and every test with ASan
+# (g++, its own build folder, ccache) and runs the test suite; any report fails the run.
 #   bash scripts/sanitize.sh                  # build-asan/, the whole suite (about 15 minutes of tests on 2 cores)
 #   bash scripts/sanitize.sh --fast           # what CI runs: without the long runs listed below (about 5 minutes)
 #   PX_ASAN_BUILD_DIR=/tmp/asan bash scripts/sanitize.sh
@@ -15,8 +15,11 @@ esac
 BUILD=${PX_ASAN_BUILD_DIR:-build-asan}
 start=$(date +%s)
 
-FLAGS="-O1 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
+# ASan everywhere; UBSan in the library, which is what is checked: instrumenting the tests' own code
+# for UBSan too doubled their compile time (the sanitizer build was most of CI's time).
+FLAGS="-O1 -g1 -fno-omit-frame-pointer -fsanitize=address -fno-sanitize-recover=all"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Sanitize -DCMAKE_CXX_FLAGS="$FLAGS" \
+  -DPX_LIBRARY_CXX_FLAGS="-fsanitize=undefined;-fno-sanitize-recover=all" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DPX_BUILD_BENCH=OFF -DPX_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build "$BUILD" -j"${PX_JOBS:-2}"
 built=$(date +%s)
