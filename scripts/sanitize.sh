@@ -16,7 +16,7 @@ BUILD=${PX_ASAN_BUILD_DIR:-build-asan}
 start=$(date +%s)
 
 # ASan everywhere; UBSan in the library, which is what is checked: instrumenting the tests' own code
-# for UBSan too doubled their compile time (the sanitizer build was most of CI's time).
+# for UBSan too cost a quarter of their compile time (the sanitizer build was most of CI's time).
 FLAGS="-O1 -g1 -fno-omit-frame-pointer -fsanitize=address -fno-sanitize-recover=all"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Sanitize -DCMAKE_CXX_FLAGS="$FLAGS" \
   -DPX_LIBRARY_CXX_FLAGS="-fsanitize=undefined;-fno-sanitize-recover=all" \
