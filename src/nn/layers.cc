@@ -18,8 +18,9 @@ void check_features(const char* layer, const Tensor& x, int64_t dim, const std::
 Tensor dense(const Tensor& x, const Tensor& w, DType compute_dtype) {
   if (compute_dtype == DType::f32 && x.dtype() == DType::f32 && w.dtype() == DType::f32) return matmul(x, w);
   DotDims dims{{x.rank() - 1}, {0}, {}, {}};
-  return dot_general(x.dtype() == compute_dtype ? x : cast(x, compute_dtype),
-                     w.dtype() == compute_dtype ? w : cast(w, compute_dtype), dims, DType::f32);
+  return cast(dot_general(x.dtype() == compute_dtype ? x : cast(x, compute_dtype),
+                          w.dtype() == compute_dtype ? w : cast(w, compute_dtype), dims, compute_dtype),
+              DType::f32);
 }
 
 // ---- Linear ----------------------------------------------------------------------------------

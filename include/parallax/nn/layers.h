@@ -14,8 +14,9 @@
 
 namespace px::nn {
 
-// x[..., k] @ w[k, n] -> f32[..., n]. With a 16-bit compute dtype both operands are cast to it
-// and the product accumulates into an f32 result.
+// x[..., k] @ w[k, n] -> f32[..., n]. With a 16-bit compute dtype both operands are cast to it,
+// the product accumulates in f32 and is written in the compute dtype (as a Linear under PyTorch's
+// autocast), then widened to f32 for what follows (bias, activation, residual add).
 Tensor dense(const Tensor& x, const Tensor& w, DType compute_dtype = DType::f32);
 
 struct LinearOptions {
