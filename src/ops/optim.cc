@@ -89,6 +89,7 @@ void register_optim_primitives() {
   p.sharding = adamw_rule;
   p.cost = adamw_cost;
   p.in_place = true;  // element i of every operand is read before element i of a result is written
+  p.widens_operands = 1u << 1;  // g: the kernels load it in its own dtype (infer_adamw takes any float)
   p.decompose = adamw_decompose;
   register_primitive(std::move(p));
 }

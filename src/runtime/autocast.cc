@@ -134,8 +134,9 @@ std::unique_ptr<Graph> narrow_producers(const Graph& g) {
 // result; a narrowing cast of a layout op's result (its only reader) casts before the layout op,
 // right after the value's producer, where the cast joins the producer's elementwise group; and a
 // narrowing cast of a value widened from that type is the value. Other narrowing casts move next
-// to their producer too where that is near. Every result keeps its bits; the layout ops move half
-// the bytes.
+// to their producer too where that is near. An operand that its primitive widens itself
+// (Primitive::widens_operands: adamw_update's gradient) is read in its 16-bit type. Every result
+// keeps its bits; the layout ops move half the bytes.
 std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
   const size_t nv = g.values().size();
   std::vector<int> readers(nv, 0);
@@ -163,6 +164,8 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
       wide[n.outputs[0]] = wide[n.inputs[0]];
       any = true;
     }
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      any = any || ((n.prim->widens_operands >> k & 1u) && wide[n.inputs[k]] != DType::f32);
   }
   // A narrowing cast of v to `to` casts the value below v's single-reader layout ops (-1: the chain
   // starts from a value widened from `to`, nothing to cast). That cast is made right after the
@@ -228,6 +231,20 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
     } else if (narrowing(n)) {
       Tensor t = narrowed(n.inputs[0], g.type(n.outputs[0]).dtype, true);
       if (t.defined()) res = std::vector<Tensor>{t};
+    } else if (n.prim->widens_operands) {
+      // An operand the kernel widens itself is read narrow (the widening cast dies if nothing
+      // else reads it).
+      std::vector<Tensor> read = ins;
+      bool changed = false;
+      for (size_t k = 0; k < ins.size(); ++k)
+        if ((n.prim->widens_operands >> k & 1u) && narrow_of[n.inputs[k]].defined()) {
+          read[k] = narrow_of[n.inputs[k]];
+          changed = true;
+        }
+      if (changed) {
+        res = current_graph()->emit(*n.prim, read, n.attrs);
+        if (!n.name.empty()) current_graph()->mutable_nodes().back().name = n.name;
+      }
     }
     bool casts_early = false;
     for (int o : n.outputs) casts_early = casts_early || early[o] != DType::f32;

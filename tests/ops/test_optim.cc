@@ -98,6 +98,43 @@ TEST(AdamwUpdate, WritesOverItsOwnOperands) {
   for (int k = 0; k < 3; ++k) EXPECT_EQ(same[k].to_f32(), fresh[k].to_f32()) << "result " << k;
 }
 
+// A bf16 gradient widened for the update (what a bf16 step's weight gradient is) is read as bf16:
+// the compiled update takes the 16-bit value, no f32 copy of it is kept, and every bit of the
+// results equals the program compiled without the pass (optimize off). The widening cast stays
+// where something else reads it (here a sum of squares, as gradient clipping takes).
+TEST(AdamwUpdate, ReadsANarrowGradientWithoutItsF32Copy) {
+  std::vector<Array> in = adam_inputs({64, 33}, DType::f32, DType::bf16, true);
+  for (bool also_squared : {false, true}) {
+    auto g = trace(
+        [also_squared](const std::vector<Tensor>& x) {
+          std::vector<Tensor> ops = x;
+          ops[1] = cast(x[1], DType::f32);
+          std::vector<Tensor> r = emit("adamw_update", ops, adam_attrs(true));
+          if (also_squared) r.push_back(sum(ops[1] * ops[1]));
+          return r;
+        },
+        testing::types_of(in));
+    CompileOptions off;
+    off.optimize = false;
+    std::vector<Array> want = Executable::compile(*g, off)->run(in);
+    auto exe = Executable::compile(*g);
+    std::vector<Array> got = exe->run(in);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].to_f32(), want[i].to_f32()) << "result " << i;
+    const Graph& cg = exe->graph();
+    int updates = 0, f32_copies = 0;
+    for (const Node& n : cg.nodes()) {
+      if (n.prim->name == "adamw_update") {
+        ++updates;
+        EXPECT_EQ(cg.type(n.inputs[1]).dtype, DType::bf16) << cg.to_string();
+      }
+      if (n.prim->name == "cast" && cg.type(n.outputs[0]).dtype == DType::f32) ++f32_copies;
+    }
+    EXPECT_EQ(updates, 1);
+    EXPECT_EQ(f32_copies, also_squared ? 1 : 0) << cg.to_string();
+  }
+}
+
 TEST(AdamwUpdate, BadInputIsNamed) {
   const TensorType w{DType::f32, {2, 3}}, s{DType::f32, {}};
   auto fn = [](bool decay) { return adam_fn(decay); };
