@@ -53,12 +53,14 @@ void dump_pass(const std::string& pass, const std::function<std::string()>& text
       path = env().dump_dir + "/candidates/" + s.program + "." + number + "." + pass + ".txt";
     } else {
       std::snprintf(number, sizeof number, "%02d", s.counter++);
+      std::error_code ec;
+      std::filesystem::create_directories(env().dump_dir, ec);  // made as the candidates' folder is
       path = env().dump_dir + "/" + s.program + "." + number + "." + pass + ".txt";
     }
   }
   std::ofstream f(path);
   if (!f) {
-    PX_LOG(warn) << "PX_DUMP: cannot write " << path << " (does the directory exist?)";
+    PX_LOG(warn) << "PX_DUMP: cannot write " << path << " (is PX_DUMP a folder this process may write in?)";
     return;
   }
   f << "# pass: " << pass << "\n" << text();

@@ -52,9 +52,9 @@ std::vector<std::string> step_files(const std::string& program) {
 }
 
 TEST(Dump, EveryStepWritesItsPipelineInOrder) {
-  const fs::path dir = fs::temp_directory_path() / ("px_dump_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path base = fs::temp_directory_path() / ("px_dump_" + std::to_string(::getpid()));
+  const fs::path dir = base / "dump";  // not made here: the first dump makes it, parents included
+  fs::remove_all(base);
   ::setenv("PX_DUMP", dir.c_str(), 1);
   ::unsetenv("PX_DUMP_CANDIDATES");
   recipe_check::Fixture f(recipe_check::gpt_micro());
@@ -114,7 +114,7 @@ TEST(Dump, EveryStepWritesItsPipelineInOrder) {
   const std::string placed = read(dir / "train_step_6.05.offload.txt");
   EXPECT_NE(placed.find("{optimizer_state, pinned_host, blocks.0}"), std::string::npos);
   EXPECT_NE(placed.find("{params, blocks.0}"), std::string::npos);
-  fs::remove_all(dir);
+  fs::remove_all(base);
 }
 
 }  // namespace
