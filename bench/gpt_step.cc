@@ -6,6 +6,7 @@
 //   build/bench/gpt_step [--flavour gpt2|llama] [--dtype f32|bf16|both] [--steps 5] [--warmup 2] [--layers 6] [--batch
 //   8] ...
 //   build/bench/gpt_step --size gpt2_small [--batch 2] ...   # GPT-2 small's shape (124M params, seq 1024)
+//   build/bench/gpt_step --remat dots_saveable ...           # a remat policy (default none; include/parallax/remat.h)
 // Each result names its shape (vocab, d, heads, kv_heads, layers, ff, seq, batch), which
 // bench/gpt_vs_torch.sh hands to the PyTorch peer.
 #include <omp.h>
@@ -31,7 +32,7 @@ struct Limits {
   px::bench::FmaPeak fma;
 };
 
-void run(const px::bench::GptArgs& a, px::DType compute, const Limits& lim) {
+void run(const px::bench::GptArgs& a, px::RematPolicy remat, px::DType compute, const Limits& lim) {
   px::nn::LmConfig cfg = a.config();
   cfg.compute_dtype = compute;
   px::nn::TransformerLm model(cfg);
@@ -39,7 +40,7 @@ void run(const px::bench::GptArgs& a, px::DType compute, const Limits& lim) {
   auto t0 = std::chrono::steady_clock::now();
   px::TrainStep step(model.store(), px::optim::adamw({.lr = 3e-4}),
                      [&](const std::vector<px::Tensor>& b) { return px::nn::next_token_loss(model, b[0], b[1]); },
-                     {seq, seq});
+                     {seq, seq}, {.remat = {.policy = remat}});
   double compile_s = seconds_since(t0);
   px::TrainState state = step.init(0);
   std::vector<px::Array> batch = px::bench::gpt_batch(a);
@@ -64,7 +65,7 @@ void run(const px::bench::GptArgs& a, px::DType compute, const Limits& lim) {
   std::printf(
       "{\"bench\": \"gpt_step\", \"flavour\": \"%s\", \"size\": \"%s\", \"vocab\": %lld, \"d\": %lld, "
       "\"heads\": %lld, \"kv_heads\": %lld, \"layers\": %lld, \"ff\": %lld, \"seq\": %lld, \"batch\": %lld, "
-      "\"dtype\": \"%s\", \"threads\": %d, \"params\": %.0f, "
+      "\"dtype\": \"%s\", \"remat\": \"%s\", \"threads\": %d, \"params\": %.0f, "
       "\"step_s\": %.4f, "
       "\"tokens_per_s\": %.1f, \"gflops\": %.1f, \"fma_peak_gflops\": %.1f, \"fraction_of_fma_peak\": %.3f, "
       "\"isa\": \"%s\", \"gemm_peak_gflops\": %.1f, \"fraction_of_peak\": %.3f, \"gemm_step_shapes_gflops\": %.1f, "
@@ -73,7 +74,7 @@ void run(const px::bench::GptArgs& a, px::DType compute, const Limits& lim) {
       a.flavour.c_str(), a.size.c_str(), static_cast<long long>(a.vocab), static_cast<long long>(a.d),
       static_cast<long long>(a.heads), static_cast<long long>(a.kv_heads), static_cast<long long>(a.layers),
       static_cast<long long>(a.d_ff()), static_cast<long long>(a.seq), static_cast<long long>(a.batch),
-      compute == px::DType::f32 ? "f32" : "bf16", omp_get_max_threads(), n, dt, tokens / dt, gflops,
+      compute == px::DType::f32 ? "f32" : "bf16", px::remat_policy_name(remat), omp_get_max_threads(), n, dt, tokens / dt, gflops,
       fma, gflops / fma, lim.fma.isa.c_str(), gemm_peak, gflops / gemm_peak, gemm_step,
       // Without native bf16 matmuls the shapes are timed in f32 only: a bf16 step has no fraction.
       !bf16 || lim.gemm_step_bf16_gflops > 0 ? std::to_string(gflops / gemm_step).c_str() : "null",
@@ -85,7 +86,17 @@ void run(const px::bench::GptArgs& a, px::DType compute, const Limits& lim) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  px::bench::GptArgs a = px::bench::parse_gpt_args(argc, argv, "gpt_step", {}, true);
+  px::RematPolicy remat = px::RematPolicy::none;
+  px::bench::GptArgs a = px::bench::parse_gpt_args(argc, argv, "gpt_step", {}, true, [&](const std::string& k, const std::string& v) {
+    if (k != "--remat") return false;
+    try {
+      remat = px::parse_remat_policy(v);
+    } catch (const px::Error& e) {
+      std::fprintf(stderr, "gpt_step: --remat: %s\n", e.what());
+      std::exit(2);
+    }
+    return true;
+  });
   Limits lim;
   lim.fma = px::bench::fma_peak();
   lim.gemm_gflops = px::bench::gemm_square_gflops(false, {1024, 2048});
@@ -93,8 +104,8 @@ int main(int argc, char** argv) {
   lim.gemm_step_gflops = px::bench::gemm_step_shapes_gflops(a.batch * a.seq, a.linears());
   if (a.dtype != "f32") lim.gemm_step_bf16_gflops = px::bench::gemm_step_shapes_gflops(a.batch * a.seq, a.linears(), true);
   try {
-    if (a.dtype != "bf16") run(a, px::DType::f32, lim);
-    if (a.dtype != "f32") run(a, px::DType::bf16, lim);
+    if (a.dtype != "bf16") run(a, remat, px::DType::f32, lim);
+    if (a.dtype != "f32") run(a, remat, px::DType::bf16, lim);
   } catch (const px::Error& e) {
     std::fprintf(stderr, "gpt_step: %s\n", e.what());
     return 1;
