@@ -261,10 +261,10 @@ inline double gemm_square_gflops(bool bf16, const std::vector<int64_t>& sizes, i
 }
 
 // The oneDNN rate on the matmuls of one layer and the head, given as (in, out) per linear
-// (forward, and the two backward products of each: input and weight gradients; the head last), T
-// tokens: total FLOPs over total time, the best of 3 rounds. The ceiling the step's matmuls could
-// reach through this library: f32 through sgemm; bf16 through the bf16 matmul primitive with the
-// step's operand layouts and result types (bf16, but the head's f32 logits), 0 where oneDNN has none.
+// (forward, and the two backward products of each: input and weight gradients), T tokens: total
+// FLOPs over total time, the best of 3 rounds. The ceiling the step's matmuls could reach through
+// this library: f32 through sgemm; bf16 through the bf16 matmul primitive with the step's operand
+// layouts and bf16 results, 0 where oneDNN has none.
 inline double gemm_step_shapes_gflops(int64_t tokens, const std::vector<std::pair<int64_t, int64_t>>& shapes,
                                       bool bf16 = false) {
   struct Linear {
@@ -290,8 +290,8 @@ inline double gemm_step_shapes_gflops(int64_t tokens, const std::vector<std::pai
     strm.wait();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  auto gemm = [&](char ta, char tb, int64_t m, int64_t n, int64_t k, bool f32_result = false) {
-    if (bf16) return gemm_bf16(ta, tb, m, n, k, f32_result ? memory::data_type::f32 : memory::data_type::bf16);
+  auto gemm = [&](char ta, char tb, int64_t m, int64_t n, int64_t k) {
+    if (bf16) return gemm_bf16(ta, tb, m, n, k, memory::data_type::bf16);
     a.assign(static_cast<size_t>(m * k), 0.5f);
     b.assign(static_cast<size_t>(k * n), 0.25f);
     c.resize(static_cast<size_t>(m * n));
@@ -311,7 +311,7 @@ inline double gemm_step_shapes_gflops(int64_t tokens, const std::vector<std::pai
   for (int round = 0; round < 4; ++round) {
     double flops = 0, seconds = 0;
     for (const Linear& l : linears) {
-      seconds += gemm('N', 'N', tokens, l.out, l.in, &l == &linears.back());  // y = x w
+      seconds += gemm('N', 'N', tokens, l.out, l.in);  // y = x w
       seconds += gemm('N', 'T', tokens, l.in, l.out);  // dx = dy w^T
       seconds += gemm('T', 'N', l.in, l.out, tokens);  // dw = x^T dy
       flops += 3 * 2.0 * tokens * l.in * l.out;

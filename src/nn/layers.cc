@@ -58,7 +58,7 @@ Tensor Embedding::attend(const Tensor& x, DType compute_dtype) const {
   Tensor t = table;
   DotDims dims{{x.rank() - 1}, {1}, {}, {}};
   if (compute_dtype == DType::f32 && x.dtype() == DType::f32) return dot_general(x, t, dims);
-  return dot_general(cast(x, compute_dtype), cast(t, compute_dtype), dims, DType::f32);
+  return cast(dot_general(cast(x, compute_dtype), cast(t, compute_dtype), dims, compute_dtype), DType::f32);
 }
 
 // ---- norms -----------------------------------------------------------------------------------

@@ -157,15 +157,34 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
   // 16-bit side); f32 if none.
   bool any = false;
   std::vector<DType> wide(nv, DType::f32);
-  for (const Node& n : g.nodes()) {
+  // The operands that node i, whose kernel widens them itself, can read narrow: where the narrow
+  // value leaves its results' types as they are (a loss gradient's type follows its logits unless
+  // it has an out_dtype).
+  auto reads_narrow = [&](const Node& n, size_t k) {
+    if (!(n.prim->widens_operands >> k & 1u) || wide[n.inputs[k]] == DType::f32) return false;
+    std::vector<TensorType> types;
+    for (int v : n.inputs) types.push_back(g.type(v));
+    types[k].dtype = wide[n.inputs[k]];
+    std::vector<TensorType> out = n.prim->infer(types, n.attrs);
+    for (size_t o = 0; o < n.outputs.size(); ++o)
+      if (out[o] != g.type(n.outputs[o])) return false;
+    return true;
+  };
+  std::vector<std::vector<char>> narrow_reads(g.nodes().size());
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
     if (widening(n)) {
       wide[n.outputs[0]] = g.type(n.inputs[0]).dtype;
     } else if (layout(n) && wide[n.inputs[0]] != DType::f32 && readers[n.inputs[0]] == 1) {
       wide[n.outputs[0]] = wide[n.inputs[0]];
       any = true;
     }
-    for (size_t k = 0; k < n.inputs.size(); ++k)
-      any = any || ((n.prim->widens_operands >> k & 1u) && wide[n.inputs[k]] != DType::f32);
+    if (!n.prim->widens_operands) continue;
+    narrow_reads[i].assign(n.inputs.size(), 0);
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      narrow_reads[i][k] = reads_narrow(n, k);
+      any = any || narrow_reads[i][k];
+    }
   }
   // A narrowing cast of v to `to` casts the value below v's single-reader layout ops (-1: the chain
   // starts from a value widened from `to`, nothing to cast). That cast is made right after the
@@ -231,13 +250,13 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
     } else if (narrowing(n)) {
       Tensor t = narrowed(n.inputs[0], g.type(n.outputs[0]).dtype, true);
       if (t.defined()) res = std::vector<Tensor>{t};
-    } else if (n.prim->widens_operands) {
+    } else if (!narrow_reads[i].empty()) {
       // An operand the kernel widens itself is read narrow (the widening cast dies if nothing
       // else reads it).
       std::vector<Tensor> read = ins;
       bool changed = false;
       for (size_t k = 0; k < ins.size(); ++k)
-        if ((n.prim->widens_operands >> k & 1u) && narrow_of[n.inputs[k]].defined()) {
+        if (narrow_reads[i][k] && narrow_of[n.inputs[k]].defined()) {
           read[k] = narrow_of[n.inputs[k]];
           changed = true;
         }

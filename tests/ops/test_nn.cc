@@ -268,6 +268,37 @@ TEST(Gradients, NormBackwardReadsANarrowCotangentAsF32) {
       {xt, gt}, {"'layer_norm_grad' is not differentiable"}));
 }
 
+// A 16-bit head's logits reach the loss and its gradient as they are: the compiler drops the
+// widening cast in front of them (Primitive::widens_operands), so no f32 copy of the logits is
+// written, and the loss and the gradient equal, to the bit, the program compiled without the pass.
+TEST(Gradients, CrossEntropyReadsNarrowLogits) {
+  std::vector<Array> in = {random_array({6, 37}, DType::bf16, 23, -4, 4), Array::from_i32({0, 36, 5, -100, 17, 2}, {6})};
+  auto g = trace(
+      [](const std::vector<Tensor>& x) {
+        Tensor loss = sum(softmax_cross_entropy(cast(x[0], DType::f32), x[1]));
+        return std::vector<Tensor>{loss, gradients(loss, {x[0]})[0]};
+      },
+      testing::types_of(in));
+  CompileOptions off;
+  off.optimize = false;
+  std::vector<Array> want = Executable::compile(*g, off)->run(in);
+  auto exe = Executable::compile(*g);
+  std::vector<Array> got = exe->run(in);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].dtype(), DType::bf16);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(got[i].to_f32(), want[i].to_f32()) << "result " << i;
+  const Graph& cg = exe->graph();
+  int losses = 0;
+  for (const Node& n : cg.nodes()) {
+    if (n.prim->name.rfind("softmax_cross_entropy", 0) == 0) {
+      ++losses;
+      EXPECT_EQ(cg.type(n.inputs[0]).dtype, DType::bf16) << cg.to_string();
+    }
+    EXPECT_FALSE(n.prim->name == "cast" && cg.type(n.outputs[0]).dtype == DType::f32) << cg.to_string();
+  }
+  EXPECT_EQ(losses, 2);
+}
+
 TEST(Gradients, SecondOrderThroughGeluSiluAndCrossEntropy) {
   Array x = random_array({2, 5}, DType::f32, 19, -2, 2);
   for (int k = 0; k < 3; ++k)
