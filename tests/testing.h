@@ -104,6 +104,24 @@ inline Array eval1(const TracedFn& fn, const std::vector<Array>& inputs, const C
   return eval(fn, inputs, opt).at(0);
 }
 
+// Compiles fn's trace as it is (CompileOptions::optimize off) and with every pass, runs both on the
+// inputs and expects each result to keep its type and bits; returns the optimized executable (for
+// what its graph holds).
+inline std::unique_ptr<Executable> compile_keeping_bits(const TracedFn& fn, const std::vector<Array>& inputs) {
+  auto g = trace(fn, types_of(inputs));
+  CompileOptions off;
+  off.optimize = false;
+  std::vector<Array> want = Executable::compile(*g, off)->run(inputs);
+  auto exe = Executable::compile(*g);
+  std::vector<Array> got = exe->run(inputs);
+  EXPECT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    EXPECT_EQ(got[i].type(), want[i].type()) << "result " << i;
+    EXPECT_EQ(got[i].to_f32(), want[i].to_f32()) << "result " << i;
+  }
+  return exe;
+}
+
 inline Array random_array(const Shape& shape, DType dtype = DType::f32, uint32_t seed = 1, float lo = -1.0f,
                           float hi = 1.0f) {
   std::mt19937 rng(seed);

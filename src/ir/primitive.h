@@ -176,8 +176,8 @@ struct Primitive {
   bool in_place = false;
   // Operands (bit k: operand k) that its kernels read in any float dtype and widen to f32
   // themselves, to the bits a cast would give: a widening cast in front of one is redundant, and
-  // narrow_layouts hands it the narrow value (adamw_update's gradient: a bf16 weight gradient is
-  // read as bf16, never written out in f32).
+  // narrow_layouts hands it the narrow value where the results keep their types (adamw_update's
+  // gradient, the loss's logits: a bf16 weight gradient or logits never written out in f32).
   uint32_t widens_operands = 0;
   // Null: none. The same results, to the bit, from finer primitives (written with public ops),
   // for passes that place the parts of one op apart (offload: the part of an update that reads

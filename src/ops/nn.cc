@@ -557,7 +557,7 @@ void register_nn_primitives() {
       return std::vector<Tensor>{vocab_cross_entropy(c, a, grad)};
     };
     p.tp.mixes_features = !grad;
-    p.widens_operands = 1u;  // the logits: every kernel computes a row in f32 (the results' types do not change)
+    p.widens_operands = 1u;  // the logits: every kernel computes a row in f32
     register_primitive(std::move(p));
   };
   ce_prim("softmax_cross_entropy", {{"ignore_index", AttrKind::integer}}, infer_ce, ce_vjp, 4, false);

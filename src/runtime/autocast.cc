@@ -135,8 +135,8 @@ std::unique_ptr<Graph> narrow_producers(const Graph& g) {
 // right after the value's producer, where the cast joins the producer's elementwise group; and a
 // narrowing cast of a value widened from that type is the value. Other narrowing casts move next
 // to their producer too where that is near. An operand that its primitive widens itself
-// (Primitive::widens_operands: adamw_update's gradient) is read in its 16-bit type. Every result
-// keeps its bits; the layout ops move half the bytes.
+// (Primitive::widens_operands: adamw_update's gradient, the loss's logits) is read in its 16-bit
+// type. Every result keeps its bits; the layout ops move half the bytes.
 std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
   const size_t nv = g.values().size();
   std::vector<int> readers(nv, 0);
