@@ -5,15 +5,21 @@
 #   git worktree add /tmp/base REV && cmake -S /tmp/base -B /tmp/base/build -G Ninja \
 #     -DCMAKE_BUILD_TYPE=Release && cmake --build /tmp/base/build --target gpt_step
 #   bash bench/paired_gpt_step.sh /tmp/base/build build 8
+#   DTYPES=bf16 bash bench/paired_gpt_step.sh OLD NEW 6 --size gpt2_small --steps 3 --warmup 1
+# (DTYPES: the dtypes to pair, default "f32 bf16"; later flags override the 5 steps and 2 warm-ups.)
 set -euo pipefail
 OLD=${1:?old build dir}
 NEW=${2:?new build dir}
 PAIRS=${3:-8}
+DTYPES=${DTYPES:-f32 bf16}
+for dt in $DTYPES; do
+  [[ $dt == f32 || $dt == bf16 ]] || { echo "DTYPES: f32 and/or bf16, not '$dt'" >&2; exit 2; }
+done
 shift $(( $# < 3 ? $# : 3 ))
 rows=$(mktemp)
 trap 'rm -f "$rows"' EXIT
 for i in $(seq 1 "$PAIRS"); do
-  for dt in f32 bf16; do
+  for dt in $DTYPES; do
     if (( i % 2 )); then order="old new"; else order="new old"; fi
     for w in $order; do
       dir=$NEW; [ "$w" = old ] && dir=$OLD
@@ -27,6 +33,8 @@ import json, statistics, sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
 for dt in ("f32", "bf16"):
     t = {}
+    if not any(d == dt for _, d, _, _ in rows):
+        continue
     for i, d, w, s in rows:
         if d == dt:
             t.setdefault(i, {})[w] = float(s)
