@@ -15,12 +15,17 @@ void check_features(const char* layer, const Tensor& x, int64_t dim, const std::
 }
 }  // namespace
 
+namespace {
+// x . w over `dims` with both operands in the compute dtype: the product accumulates in f32, is
+// written in that dtype (as under PyTorch's autocast) and widened to f32 for what follows.
+Tensor mixed_dot(const Tensor& x, const Tensor& w, const DotDims& dims, DType compute_dtype) {
+  return cast(dot_general(cast(x, compute_dtype), cast(w, compute_dtype), dims, compute_dtype), DType::f32);
+}
+}  // namespace
+
 Tensor dense(const Tensor& x, const Tensor& w, DType compute_dtype) {
   if (compute_dtype == DType::f32 && x.dtype() == DType::f32 && w.dtype() == DType::f32) return matmul(x, w);
-  DotDims dims{{x.rank() - 1}, {0}, {}, {}};
-  return cast(dot_general(x.dtype() == compute_dtype ? x : cast(x, compute_dtype),
-                          w.dtype() == compute_dtype ? w : cast(w, compute_dtype), dims, compute_dtype),
-              DType::f32);
+  return mixed_dot(x, w, {{x.rank() - 1}, {0}, {}, {}}, compute_dtype);
 }
 
 // ---- Linear ----------------------------------------------------------------------------------
@@ -58,7 +63,7 @@ Tensor Embedding::attend(const Tensor& x, DType compute_dtype) const {
   Tensor t = table;
   DotDims dims{{x.rank() - 1}, {1}, {}, {}};
   if (compute_dtype == DType::f32 && x.dtype() == DType::f32) return dot_general(x, t, dims);
-  return cast(dot_general(cast(x, compute_dtype), cast(t, compute_dtype), dims, compute_dtype), DType::f32);
+  return mixed_dot(x, t, dims, compute_dtype);
 }
 
 // ---- norms -----------------------------------------------------------------------------------
