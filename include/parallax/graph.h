@@ -77,7 +77,7 @@ struct ValueInfo {
   // layer it belongs to ("blocks.3"; "" when none).
   MemoryKind kind = MemoryKind::device;
   MemoryCategory category = MemoryCategory::temporaries;
-  std::string layer;
+  std::string layer{};
   void copy_facts(const ValueInfo& o) {
     kind = o.kind;
     category = o.category;

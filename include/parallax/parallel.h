@@ -34,13 +34,13 @@ struct ForwardOptions {
   std::optional<Mesh> mesh;
   ShardingStrategy strategy = ShardingStrategy::DDP;
   ShardingOptions sharding;
-  CompileOptions compile;
+  CompileOptions compile{};
   // Donation, as jax.jit's donate_argnums: positions in (params..., then the other arguments) whose
   // arrays the call may write its outputs into (each into the first output of its type not taken).
   // Only a call with non-const std::vector<Array> lvalues donates: it leaves the donated arrays of
   // the caller's vectors empty (released), and passing a released array again is a px::Error. Other
   // arrays are never written; without a mesh the donated buffer holds the output in place.
-  std::vector<int> donate;
+  std::vector<int> donate{};
 };
 
 // A plain function sharded by a recipe or AUTO over `on.mesh` (unset: one device, every param

@@ -182,7 +182,7 @@ struct Primitive {
   // Null: none. The same results, to the bit, from finer primitives (written with public ops),
   // for passes that place the parts of one op apart (offload: the part of an update that reads
   // an offloaded param runs on the host, the rest where its operands live).
-  std::function<std::vector<Tensor>(const std::vector<Tensor>&, const Attrs&)> decompose;
+  std::function<std::vector<Tensor>(const std::vector<Tensor>&, const Attrs&)> decompose = nullptr;
   SpmdTraits spmd{};         // default: partial results never combined, not linear, no offsets
   TpTraits tp{};             // default: the TP analysis passes through it but never sees a param through it
 };
