@@ -41,7 +41,11 @@ Linear::Linear(Scope s, int64_t in_features, int64_t out_features, LinearOptions
 Tensor Linear::operator()(const Tensor& x) const {
   check_features("Linear", x, w.shape()[0], path());
   Tensor y = dense(x, w, compute_dtype_);
-  return b.defined() ? y + b.value() : y;
+  if (!b.defined()) return y;
+  y = y + b.value();
+  // With a 16-bit compute dtype the output is that dtype's, bias included (as a Linear under
+  // autocast): what a following activation saves for its gradient is half the bytes.
+  return compute_dtype_ == DType::f32 ? y : cast(cast(y, compute_dtype_), DType::f32);
 }
 
 // ---- Embedding -------------------------------------------------------------------------------

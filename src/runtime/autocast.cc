@@ -1,4 +1,5 @@
 // Mixed-precision pass: f32 matmuls take 16-bit operands and keep f32 results.
+#include <algorithm>
 #include <functional>
 #include <optional>
 
@@ -278,6 +279,58 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
       cast_of[o] = cast((*res)[k], early[o]);
       current_graph()->mutable_value(cast_of[o].id()).copy_facts(g.values()[o]);
     }
+    return res;
+  });
+}
+
+
+// A widening cast that a reader far after it reads again (an activation's gradient in the backward
+// pass reading what the forward pass widened) is made again right before each such elementwise
+// reader, where it joins the reader's fused group: what lives from one to the other is the 16-bit
+// value, half the bytes of its f32 copy, which is not written at all where no near reader needs
+// it stored. Widening is exact: every result keeps its bits. Null when no reader is far.
+std::unique_ptr<Graph> widen_near_readers(const Graph& g) {
+  constexpr size_t kNear = 32;  // nodes: farther readers widen for themselves
+  auto widening = [&](const Node& n) {
+    if (n.prim != prims::cast()) return false;
+    const DType from = g.type(n.inputs[0]).dtype;
+    return (from == DType::bf16 || from == DType::f16) && g.type(n.outputs[0]).dtype == DType::f32;
+  };
+  const std::vector<Node>& nodes = g.nodes();
+  std::vector<int> cast_at(g.values().size(), -1);  // per value: the node of the widening cast that made it
+  std::vector<std::vector<char>> own(nodes.size());  // own[j][k]: node j widens its operand k itself
+  bool any = false;
+  for (size_t j = 0; j < nodes.size(); ++j) {
+    const Node& n = nodes[j];
+    if (widening(n)) cast_at[n.outputs[0]] = static_cast<int>(j);
+    if (!n.prim->elementwise) continue;
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      const int c = cast_at[n.inputs[k]];
+      if (c < 0 || j - static_cast<size_t>(c) <= kNear) continue;
+      own[j].resize(n.inputs.size(), 0);
+      own[j][k] = 1;
+      any = true;
+    }
+  }
+  if (!any) return nullptr;
+  std::vector<Tensor> narrow_of(g.values().size());
+  return replay(g, nullptr, [&](size_t j, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
+    const Node& n = nodes[j];
+    if (widening(n)) narrow_of[n.outputs[0]] = ins[0];
+    if (own[j].empty()) return std::nullopt;
+    std::vector<Tensor> read = ins;
+    for (size_t k = 0; k < ins.size(); ++k) {
+      if (!own[j][k]) continue;
+      const size_t first = std::find(n.inputs.begin(), n.inputs.end(), n.inputs[k]) - n.inputs.begin();
+      if (first < k) {  // mul(x, x): one cast
+        read[k] = read[first];
+        continue;
+      }
+      read[k] = cast(narrow_of[n.inputs[k]], DType::f32);
+      current_graph()->mutable_value(read[k].id()).copy_facts(g.values()[n.outputs[0]]);
+    }
+    std::vector<Tensor> res = current_graph()->emit(*n.prim, read, n.attrs);
+    if (!n.name.empty()) current_graph()->mutable_nodes().back().name = n.name;
     return res;
   });
 }

@@ -1,7 +1,7 @@
 // The passes that compile a local program, each in its own file, run in this order by plan_impl
 // (runtime/executable.cc), which is the one place that lists them:
 //
-//   simplify          autocast, narrowing to 16 bits, CSE, DCE                simplify.cc
+//   simplify          autocast, narrowing to 16 bits, CSE, far widening, DCE  simplify.cc
 //   place_values      memory kind of every value, categories of a plain jit   place_values.cc
 //   order             updates as gradients complete                           order.cc
 //   schedule          units: kernels, fused groups, views, collective events  schedule.cc

@@ -26,6 +26,7 @@ struct DeviceSetup {
 // narrows: g is then the graph to use.
 std::unique_ptr<Graph> narrow_producers(const Graph& g);
 std::unique_ptr<Graph> narrow_layouts(const Graph& g);  // layout ops moved to the 16-bit side of casts
+std::unique_ptr<Graph> widen_near_readers(const Graph& g);  // far readers of a widened value widen it themselves
 
 // What compile decides for a program before it allocates anything: the prepared graph (after
 // autocast, CSE and DCE), its schedule, its collectives and the per-device memory report of its

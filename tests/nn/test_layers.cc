@@ -75,6 +75,10 @@ TEST(Linear, Bf16ComputeIsCloseToF32) {
   EXPECT_EQ(out[0].dtype(), DType::f32);
   Vec b = p[1].to_f32();
   EXPECT_TRUE(all_close(out[0].to_f32(), ref_dense(x.to_f32(), p[0].to_f32(), &b, 4, 64, 8), 0.1, 0.02));
+  // The output holds bf16 values, bias included (as a Linear under autocast): what a following
+  // activation keeps for its gradient is 16-bit.
+  Vec y = out[0].to_f32();
+  EXPECT_EQ(y, Array::from_f32(y, {4, 8}, DType::bf16).to_f32());
 }
 
 TEST(Norms, MatchReference) {

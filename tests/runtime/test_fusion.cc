@@ -488,3 +488,37 @@ TEST(Autocast, LayoutOpsRunOnTheSixteenBitSideOfCasts) {
 
 }  // namespace
 }  // namespace px
+
+namespace px {
+namespace {
+
+// A 16-bit value widened for a reader near it and read again far after (what an activation's
+// gradient does in the backward pass): the far reader widens the 16-bit value itself, in its own
+// fused group, so the f32 copy is never stored and what stays alive in between is 16-bit. Every bit
+// of the results equals the program compiled without optimization.
+TEST(Autocast, AFarReaderOfAWidenedValueWidensItItself) {
+  const Shape shape{64, 256};
+  std::vector<Array> in = {random_array(shape, DType::bf16, 5, -2, 2), random_array({16}, DType::f32, 6, -1, 1)};
+  auto exe = testing::compile_keeping_bits(
+      [](const std::vector<Tensor>& x) {
+        Tensor w = cast(x[0], DType::f32);
+        Tensor near = tanh(w);
+        Tensor z = x[1];
+        for (int i = 0; i < 40; ++i) z = tanh(z);  // 40 nodes of something else in between
+        return std::vector<Tensor>{near, w * sum(z)};
+      },
+      in);
+  const Graph& cg = exe->graph();
+  int widening = 0;
+  for (const Node& n : cg.nodes()) {
+    if (n.prim->name != "cast" || cg.type(n.outputs[0]).dtype != DType::f32) continue;
+    ++widening;
+    EXPECT_EQ(cg.type(n.inputs[0]).dtype, DType::bf16) << cg.to_string();
+  }
+  EXPECT_EQ(widening, 2) << cg.to_string();
+  // The arena holds no f32 copy of the value (64 KiB) between its readers.
+  EXPECT_LT(exe->peak_bytes(), numel(shape) * 4) << exe->summary();
+}
+
+}  // namespace
+}  // namespace px

@@ -26,7 +26,9 @@ struct LinearOptions {
   DType compute_dtype = DType::f32;
 };
 
-// y = x @ w + b with params "w" [in, out] and (optionally) "b" [out].
+// y = x @ w + b with params "w" [in, out] and (optionally) "b" [out]. With a 16-bit compute dtype
+// y holds values of that dtype (the sum with the bias rounded to it, as under PyTorch's autocast),
+// widened to f32: an activation after it keeps the 16-bit value for its gradient.
 class Linear : public Module {
  public:
   Linear() = default;

@@ -36,11 +36,12 @@ void quantize(float* x, int64_t n, DType t) {
   switch (t) {
     case DType::f32: break;
     case DType::bf16:
+      // Round to nearest even, branch-free (the loop vectorizes); NaN stays NaN.
       for (int64_t i = 0; i < n; ++i) {
         uint32_t u;
         std::memcpy(&u, x + i, 4);
-        if ((u & 0x7fffffffu) > 0x7f800000u) continue;  // NaN stays NaN
-        u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        u = (u & 0x7fffffffu) > 0x7f800000u ? u : r;
         std::memcpy(x + i, &u, 4);
       }
       break;
