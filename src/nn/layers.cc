@@ -13,9 +13,7 @@ void check_features(const char* layer, const Tensor& x, int64_t dim, const std::
     throw Error(std::string("[") + layer + "] '" + path + "' expects inputs with last dim " + std::to_string(dim) +
                 ", got " + type_str(x.type()));
 }
-}  // namespace
 
-namespace {
 // x . w over `dims` with both operands in the compute dtype: the product accumulates in f32, is
 // written in that dtype (as under PyTorch's autocast) and widened to f32 for what follows.
 Tensor mixed_dot(const Tensor& x, const Tensor& w, const DotDims& dims, DType compute_dtype) {

@@ -19,6 +19,20 @@ void identity_map(const Graph& g, std::vector<int>* value_map) {
   for (size_t v = 0; v < g.values().size(); ++v) (*value_map)[v] = static_cast<int>(v);
 }
 
+bool sixteen_bit(DType d) { return d == DType::bf16 || d == DType::f16; }
+
+// A cast from bf16 or f16 to f32 (exact).
+bool widening_cast(const Graph& g, const Node& n) {
+  return n.prim == prims::cast() && sixteen_bit(g.type(n.inputs[0]).dtype) && g.type(n.outputs[0]).dtype == DType::f32;
+}
+
+// n emitted into the graph being traced with operands `ins`, keeping its name.
+std::vector<Tensor> emit_named(const Node& n, const std::vector<Tensor>& ins) {
+  std::vector<Tensor> res = current_graph()->emit(*n.prim, ins, n.attrs);
+  if (!n.name.empty()) current_graph()->mutable_nodes().back().name = n.name;
+  return res;
+}
+
 // Rebuilds g node by node: `rewrite(i, operands)` gives node i's results in the new graph, or
 // nothing to emit the node as it is (with its name). Values keep their facts. With value_map set,
 // per value of g its id in the result.
@@ -145,12 +159,9 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
     for (int v : n.inputs) ++readers[v];
   for (int v : g.outputs()) ++readers[v];
   auto layout = [](const Node& n) { return n.prim == prims::reshape() || n.prim == prims::transpose(); };
-  auto narrow = [](DType d) { return d == DType::bf16 || d == DType::f16; };
-  auto widening = [&](const Node& n) {
-    return n.prim == prims::cast() && narrow(g.type(n.inputs[0]).dtype) && g.type(n.outputs[0]).dtype == DType::f32;
-  };
+  auto widening = [&](const Node& n) { return widening_cast(g, n); };
   auto narrowing = [&](const Node& n) {
-    return n.prim == prims::cast() && g.type(n.inputs[0]).dtype == DType::f32 && narrow(g.type(n.outputs[0]).dtype);
+    return n.prim == prims::cast() && g.type(n.inputs[0]).dtype == DType::f32 && sixteen_bit(g.type(n.outputs[0]).dtype);
   };
   auto producer = [&](int v) { return g.values()[v].producer; };
   // The plan, made before rebuilding (nothing in it: no new graph). wide[v]: the 16-bit type v was
@@ -261,18 +272,12 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
           read[k] = narrow_of[n.inputs[k]];
           changed = true;
         }
-      if (changed) {
-        res = current_graph()->emit(*n.prim, read, n.attrs);
-        if (!n.name.empty()) current_graph()->mutable_nodes().back().name = n.name;
-      }
+      if (changed) res = emit_named(n, read);
     }
     bool casts_early = false;
     for (int o : n.outputs) casts_early = casts_early || early[o] != DType::f32;
     if (!casts_early) return res;
-    if (!res) {
-      res = current_graph()->emit(*n.prim, ins, n.attrs);
-      if (!n.name.empty()) current_graph()->mutable_nodes().back().name = n.name;
-    }
+    if (!res) res = emit_named(n, ins);
     for (size_t k = 0; k < n.outputs.size(); ++k) {
       const int o = n.outputs[k];
       if (early[o] == DType::f32) continue;
@@ -283,7 +288,6 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
   });
 }
 
-
 // A widening cast that a reader far after it reads again (an activation's gradient in the backward
 // pass reading what the forward pass widened) is made again right before each such elementwise
 // reader, where it joins the reader's fused group: what lives from one to the other is the 16-bit
@@ -291,18 +295,13 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
 // it stored. Widening is exact: every result keeps its bits. Null when no reader is far.
 std::unique_ptr<Graph> widen_near_readers(const Graph& g) {
   constexpr size_t kNear = 32;  // nodes: farther readers widen for themselves
-  auto widening = [&](const Node& n) {
-    if (n.prim != prims::cast()) return false;
-    const DType from = g.type(n.inputs[0]).dtype;
-    return (from == DType::bf16 || from == DType::f16) && g.type(n.outputs[0]).dtype == DType::f32;
-  };
   const std::vector<Node>& nodes = g.nodes();
   std::vector<int> cast_at(g.values().size(), -1);  // per value: the node of the widening cast that made it
   std::vector<std::vector<char>> own(nodes.size());  // own[j][k]: node j widens its operand k itself
   bool any = false;
   for (size_t j = 0; j < nodes.size(); ++j) {
     const Node& n = nodes[j];
-    if (widening(n)) cast_at[n.outputs[0]] = static_cast<int>(j);
+    if (widening_cast(g, n)) cast_at[n.outputs[0]] = static_cast<int>(j);
     if (!n.prim->elementwise) continue;
     for (size_t k = 0; k < n.inputs.size(); ++k) {
       const int c = cast_at[n.inputs[k]];
@@ -316,7 +315,7 @@ std::unique_ptr<Graph> widen_near_readers(const Graph& g) {
   std::vector<Tensor> narrow_of(g.values().size());
   return replay(g, nullptr, [&](size_t j, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
     const Node& n = nodes[j];
-    if (widening(n)) narrow_of[n.outputs[0]] = ins[0];
+    if (widening_cast(g, n)) narrow_of[n.outputs[0]] = ins[0];
     if (own[j].empty()) return std::nullopt;
     std::vector<Tensor> read = ins;
     for (size_t k = 0; k < ins.size(); ++k) {
@@ -329,9 +328,7 @@ std::unique_ptr<Graph> widen_near_readers(const Graph& g) {
       read[k] = cast(narrow_of[n.inputs[k]], DType::f32);
       current_graph()->mutable_value(read[k].id()).copy_facts(g.values()[n.outputs[0]]);
     }
-    std::vector<Tensor> res = current_graph()->emit(*n.prim, read, n.attrs);
-    if (!n.name.empty()) current_graph()->mutable_nodes().back().name = n.name;
-    return res;
+    return emit_named(n, read);
   });
 }
 
