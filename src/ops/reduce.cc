@@ -32,7 +32,10 @@ Ints normalize_axes(const char* op, const Ints& axes, const TensorType& t) {
   return out;
 }
 
-// The primitive's own check: axes must already be sorted, unique and in range.
+// The primitive's own check: axes must already be sorted, unique and in range. The result has the
+// operand's dtype, or reduce_sum's `out_dtype` (a float type, for a float operand: compile sums a
+// 16-bit value that only its widening cast would read straight from the 16-bit value, writing the
+// f32 sum, runtime/autocast.cc).
 std::vector<TensorType> reduce_infer(const char* op, const std::vector<TensorType>& in, const Attrs& a) {
   if (in.size() != 1) throw Error(std::string("[") + op + "] expects 1 operand, got " + std::to_string(in.size()));
   const TensorType& t = in[0];
@@ -50,7 +53,15 @@ std::vector<TensorType> reduce_infer(const char* op, const std::vector<TensorTyp
   Shape s;
   for (size_t d = 0; d < t.shape.size(); ++d)
     if (!reduced[d]) s.push_back(t.shape[d]);
-  return {{t.dtype, s}};
+  DType out = t.dtype;
+  if (a.has("out_dtype")) {
+    out = a.dtype("out_dtype");
+    if (!is_float(out))
+      throw Error(std::string("[") + op + "] out_dtype must be f32, bf16 or f16, got " + dtype_name(out));
+    if (!is_float(t.dtype))
+      throw Error(std::string("[") + op + "] out_dtype needs a float operand, got " + type_str(t) + "; cast it first");
+  }
+  return {{out, s}};
 }
 
 ShardingRule reduce_rule(const std::vector<TensorType>& in, const std::vector<TensorType>&, const Attrs& a) {
@@ -123,15 +134,17 @@ void register_reduce_primitives() {
   // A split reduced dim leaves partial sums (partial maxima) that an all-reduce combines. Reductions
   // mix a row's features, so a TP column split does not carry through them.
   Primitive sum_p{"reduce_sum",
-                  {{"axes", AttrKind::ints}},
+                  {{"axes", AttrKind::ints}, {"out_dtype", AttrKind::dtype, false}},
                   [](const std::vector<TensorType>& in, const Attrs& a) { return reduce_infer("reduce_sum", in, a); },
                   [](const VjpArgs& v) -> std::vector<Tensor> {
                     const Tensor& ct = v.cotangents[0];
                     if (!ct.defined()) return {Tensor()};
                     const Tensor& x = v.inputs[0];
-                    return {broadcast_in_dim(ct, x.shape(), kept_dims(x.rank(), v.attrs.ints("axes")))};
+                    Tensor g = broadcast_in_dim(ct, x.shape(), kept_dims(x.rank(), v.attrs.ints("axes")));
+                    return {g.dtype() == x.dtype() ? g : cast(g, x.dtype())};
                   },
                   reduce_rule, reduce_cost};
+  sum_p.widens_operands = 1u;  // the kernels sum a 16-bit operand's widened values
   sum_p.spmd.partial = PartialReduce::sum;
   sum_p.spmd.linear = kLinearJointly;
   sum_p.tp.mixes_features = true;

@@ -26,11 +26,27 @@ bool widening_cast(const Graph& g, const Node& n) {
   return n.prim == prims::cast() && sixteen_bit(g.type(n.inputs[0]).dtype) && g.type(n.outputs[0]).dtype == DType::f32;
 }
 
-// n emitted into the graph being traced with operands `ins`, keeping its name.
-std::vector<Tensor> emit_named(const Node& n, const std::vector<Tensor>& ins) {
-  std::vector<Tensor> res = current_graph()->emit(*n.prim, ins, n.attrs);
+// n emitted into the graph being traced with operands `ins` (and attributes `attrs`, by default
+// its own), keeping its name.
+std::vector<Tensor> emit_named(const Node& n, const std::vector<Tensor>& ins, const Attrs& attrs) {
+  std::vector<Tensor> res = current_graph()->emit(*n.prim, ins, attrs);
   if (!n.name.empty()) current_graph()->mutable_nodes().back().name = n.name;
   return res;
+}
+std::vector<Tensor> emit_named(const Node& n, const std::vector<Tensor>& ins) { return emit_named(n, ins, n.attrs); }
+
+// Whether n's primitive takes an `out_dtype` attribute (the type of its first result).
+bool takes_out_dtype(const Node& n) {
+  for (const AttrSpec& a : n.prim->attrs)
+    if (a.name == "out_dtype" && a.kind == AttrKind::dtype) return true;
+  return false;
+}
+
+// n's attributes with `out_dtype` set to the type its first result has in g.
+Attrs with_out_dtype(const Graph& g, const Node& n) {
+  Attrs a = n.attrs;
+  a.set("out_dtype", g.type(n.outputs[0]).dtype);
+  return a;
 }
 
 // Rebuilds g node by node: `rewrite(i, operands)` gives node i's results in the new graph, or
@@ -102,16 +118,11 @@ std::unique_ptr<Graph> narrow_producers(const Graph& g) {
   // The narrow type each gather can move, or each primitive that takes an `out_dtype` attribute can
   // write as its first result (the loss gradient, layer_norm, rms_norm), or f32 when it cannot.
   auto gathers = [](const Node& n) { return n.prim->spmd.collective == CollectiveKind::all_gather; };
-  auto writes = [](const Node& n) {
-    for (const AttrSpec& a : n.prim->attrs)
-      if (a.name == "out_dtype" && a.kind == AttrKind::dtype) return true;
-    return false;
-  };
   std::vector<DType> narrow(g.nodes().size(), DType::f32);
   bool any = false;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
-    if (!((gathers(n) && n.outputs.size() == 1) || writes(n)) || g.type(n.outputs[0]).dtype != DType::f32 ||
+    if (!((gathers(n) && n.outputs.size() == 1) || takes_out_dtype(n)) || g.type(n.outputs[0]).dtype != DType::f32 ||
         is_output[n.outputs[0]] || users[n.outputs[0]].empty())
       continue;
     DType to = DType::f32;
@@ -171,16 +182,20 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
   std::vector<DType> wide(nv, DType::f32);
   // The operands that node i, whose kernel widens them itself, can read narrow: where the narrow
   // value leaves its results' types as they are (a loss gradient's type follows its logits unless
-  // it has an out_dtype).
+  // it has an out_dtype), or where an `out_dtype` attribute keeps them (reduce_sum's: a bias
+  // gradient summed from the 16-bit gradient, its f32 copy never written).
   auto reads_narrow = [&](const Node& n, size_t k) {
     if (!(n.prim->widens_operands >> k & 1u) || wide[n.inputs[k]] == DType::f32) return false;
     std::vector<TensorType> types;
     for (int v : n.inputs) types.push_back(g.type(v));
     types[k].dtype = wide[n.inputs[k]];
-    std::vector<TensorType> out = n.prim->infer(types, n.attrs);
-    for (size_t o = 0; o < n.outputs.size(); ++o)
-      if (out[o] != g.type(n.outputs[o])) return false;
-    return true;
+    auto keeps_types = [&](const Attrs& a) {
+      std::vector<TensorType> out = n.prim->infer(types, a);
+      for (size_t o = 0; o < n.outputs.size(); ++o)
+        if (out[o] != g.type(n.outputs[o])) return false;
+      return true;
+    };
+    return keeps_types(n.attrs) || (takes_out_dtype(n) && keeps_types(with_out_dtype(g, n)));
   };
   std::vector<std::vector<char>> narrow_reads(g.nodes().size());
   for (size_t i = 0; i < g.nodes().size(); ++i) {
@@ -272,7 +287,7 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
           read[k] = narrow_of[n.inputs[k]];
           changed = true;
         }
-      if (changed) res = emit_named(n, read);
+      if (changed) res = emit_named(n, read, takes_out_dtype(n) ? with_out_dtype(g, n) : n.attrs);
     }
     bool casts_early = false;
     for (int o : n.outputs) casts_early = casts_early || early[o] != DType::f32;

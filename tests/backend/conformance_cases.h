@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ir/primitive.h"
 #include "parallax/autodiff.h"
 #include "parallax/ops.h"
 #include "parallax/optim.h"
@@ -145,6 +146,11 @@ inline const std::vector<Case>& cases() {
       // ---- reductions ----
       {"reduce_sum", kNumeric, {{x(s357)}, {x({0, 5})}}, PX_FN(sum(a[0], {1}), sum(a[0]), sum(a[0], {0}, true))},
       {"reduce_sum_long", kFloat, {{x({3, 300}, -1, 1)}}, PX_FN(sum(a[0], {1}), mean(a[0], {0})), "reduce_sum", "", 10},
+      // The f32 sum of 16-bit values that compile makes of a bias gradient under bf16.
+      {"reduce_sum_out_dtype", {D::bf16, D::f16}, {{x(s357)}},
+       PX_FN(emit1("reduce_sum", {a[0]}, Attrs{{"axes", std::vector<int64_t>{1}}, {"out_dtype", D::f32}}),
+             emit1("reduce_sum", {a[0]}, Attrs{{"axes", std::vector<int64_t>{0, 2}}, {"out_dtype", D::f32}})),
+       "reduce_sum"},
       {"reduce_max", kNumeric, {{x(s357)}, {x({0, 5})}}, PX_FN(max(a[0], {a[0].rank() - 1}), max(a[0], {0}, true))},
       // ---- matmul ----
       {"dot_general",

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "ir/primitive.h"
+#include "parallax/autodiff.h"
 #include "testing.h"
 
 namespace px {
@@ -240,6 +241,30 @@ TEST(Reduce, BadInputIsAnError) {
   EXPECT_TRUE(throws_error([](const V& in) { return V{mean(in[0])}; }, {{DType::i32, {3}}}, {"[mean]", "i32[3]"}));
   EXPECT_TRUE(throws_error([](const V& in) { return V{emit1("reduce_sum", {in[0]}, Attrs{{"axes", Ints{1, 0}}})}; },
                            {{DType::f32, {3, 4}}}, {"[reduce_sum]", "sorted"}));
+  auto sum_as = [](DType out) {
+    return [out](const V& in) { return V{emit1("reduce_sum", {in[0]}, Attrs{{"axes", Ints{0}}, {"out_dtype", out}})}; };
+  };
+  EXPECT_TRUE(throws_error(sum_as(DType::i32), {{DType::bf16, {3, 4}}}, {"[reduce_sum]", "out_dtype", "i32"}));
+  EXPECT_TRUE(throws_error(sum_as(DType::f32), {{DType::i32, {3, 4}}}, {"[reduce_sum]", "float operand", "i32[3,4]"}));
+}
+
+// A sum of 16-bit values written in f32 (what compile makes of a bias gradient under bf16): the
+// sum of the widened values, as when the operand is cast first, and its gradient in the operand's type.
+TEST(Reduce, SumOfSixteenBitValuesWrittenInF32) {
+  Array x = random_array({6, 300}, DType::bf16, 3);
+  auto g = trace(
+      [](const V& in) {
+        Tensor direct = emit1("reduce_sum", {in[0]}, Attrs{{"axes", Ints{0}}, {"out_dtype", DType::f32}});
+        Tensor rows = emit1("reduce_sum", {in[0]}, Attrs{{"axes", Ints{1}}, {"out_dtype", DType::f32}});
+        Tensor grad = gradients(sum(rows), {in[0]})[0];
+        return V{direct, sum(cast(in[0], DType::f32), {0}), grad};
+      },
+      {x.type()});
+  std::vector<Array> r = Executable::compile(*g)->run({x});
+  EXPECT_EQ(r[0].type(), (TensorType{DType::f32, {300}}));
+  EXPECT_EQ(r[0].to_f32(), r[1].to_f32());
+  EXPECT_EQ(r[2].type(), x.type());
+  EXPECT_EQ(r[2].to_f32(), std::vector<float>(1800, 1.0f));
 }
 
 TEST(Reduce, ShardingRuleMarksReducedDims) {

@@ -520,5 +520,29 @@ TEST(Autocast, AFarReaderOfAWidenedValueWidensItItself) {
   EXPECT_LT(exe->peak_bytes(), numel(shape) * 4) << exe->summary();
 }
 
+// A sum of a widened 16-bit value (a bias gradient under bf16) reads the 16-bit value and writes
+// the f32 sum: the f32 copy is never written, and the sums keep their bits.
+TEST(Autocast, ASumOfAWidenedValueReadsItNarrow) {
+  const Shape shape{64, 256};
+  std::vector<Array> in = {random_array(shape, DType::bf16, 7, -2, 2)};
+  auto exe = testing::compile_keeping_bits(
+      [](const std::vector<Tensor>& x) {
+        Tensor w = cast(x[0], DType::f32);
+        return std::vector<Tensor>{sum(w, {0}), sum(w, {1})};
+      },
+      in);
+  const Graph& cg = exe->graph();
+  int sums = 0;
+  for (const Node& n : cg.nodes()) {
+    EXPECT_NE(n.prim->name, "cast") << cg.to_string();
+    if (n.prim->name != "reduce_sum") continue;
+    ++sums;
+    EXPECT_EQ(cg.type(n.inputs[0]).dtype, DType::bf16) << cg.to_string();
+    EXPECT_EQ(cg.type(n.outputs[0]).dtype, DType::f32) << cg.to_string();
+  }
+  EXPECT_EQ(sums, 2) << cg.to_string();
+  EXPECT_LT(exe->peak_bytes(), numel(shape) * 4) << exe->summary();
+}
+
 }  // namespace
 }  // namespace px
