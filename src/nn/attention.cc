@@ -83,20 +83,6 @@ Tensor apply_rope(const Tensor& x, const std::vector<double>& inv_freq, int64_t 
   return rotate(x, cos_t, sin_t);
 }
 
-Tensor apply_rope_at(const Tensor& x, const Tensor& positions, const std::vector<double>& inv_freq,
-                     int64_t max_positions) {
-  check_rope_input(x, inv_freq);
-  if (positions.dtype() != DType::i32 || positions.rank() != 1 || positions.dim(0) != x.dim(-2))
-    throw Error("[apply_rope_at] positions must be i32[" + std::to_string(x.dim(-2)) + "], got " +
-                type_str(positions.type()));
-  const int64_t half = x.dim(-1) / 2;
-  auto [c, s] = angle_tables(max_positions, 0, inv_freq);
-  TraceScope in_x(x.graph());
-  Tensor cos_t = take(constant(Array::from_f32(c, {max_positions, half}, x.dtype())), positions);
-  Tensor sin_t = take(constant(Array::from_f32(s, {max_positions, half}, x.dtype())), positions);
-  return rotate(x, cos_t, sin_t);
-}
-
 Tensor masked_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
   if (q.rank() != 4 || k.rank() != 4 || k.shape() != v.shape() || q.dim(0) != k.dim(0) || q.dim(3) != k.dim(3) ||
       k.dim(1) == 0 || q.dim(1) % k.dim(1) != 0)
@@ -198,44 +184,6 @@ Tensor CausalSelfAttention::operator()(const Tensor& x) const {
     o = dot_product_attention(h[0], h[1], h[2], opt);
   }
   return output(o, x.dim(0), seq);
-}
-
-std::vector<Tensor> CausalSelfAttention::cached(const Tensor& x, const Tensor& pos, const Tensor& k_cache,
-                                                const Tensor& v_cache) const {
-  if (x.rank() != 3 || x.dim(-1) != cfg_.d_model)
-    throw Error("[CausalSelfAttention] '" + path() + "' expects x[batch, seq, " + std::to_string(cfg_.d_model) +
-                "], got " + type_str(x.type()));
-  const int64_t b = x.dim(0), s = x.dim(1), hkv = cfg_.kv_heads(), hd = cfg_.head_dim();
-  if (k_cache.rank() != 4 || k_cache.dim(0) != b || k_cache.dim(1) != hkv || k_cache.dim(3) != hd ||
-      v_cache.type() != k_cache.type() || k_cache.dim(2) < s)
-    throw Error("[CausalSelfAttention] '" + path() + "' caches must be f32[" + std::to_string(b) + ", " +
-                std::to_string(hkv) + ", L >= " + std::to_string(s) + ", " + std::to_string(hd) + "], got " +
-                type_str(k_cache.type()) + " and " + type_str(v_cache.type()));
-  if (pos.dtype() != DType::i32 || pos.rank() != 0)
-    throw Error("[CausalSelfAttention] cache position must be an i32 scalar, got " + type_str(pos.type()));
-  const int64_t len = k_cache.dim(2);
-  Tensor positions = iota({s}, 0, DType::i32) + pos;  // i32[S]
-  Tensor q = project(x, wq, bq, cfg_.n_heads);
-  Tensor k = project(x, wk, bk, hkv);
-  Tensor v = project(x, wv, bv, hkv);
-  if (cfg_.rope) {
-    q = apply_rope_at(q, positions, inv_freq_, len);
-    k = apply_rope_at(k, positions, inv_freq_, len);
-  }
-  // Masked write: scatter[s, l] = (l == pos + s); rows of the cache not written keep their values.
-  Tensor scatter = one_hot(positions, len, DType::f32);                    // [S, L]
-  Tensor written = greater(sum(scatter, {0}), full({}, 0.5, DType::f32));  // [L]
-  auto write = [&](const Tensor& cache, const Tensor& fresh) {
-    Tensor placed = dot_general(fresh, scatter, DotDims{{2}, {0}, {}, {}});  // [B,Hkv,hd,L]
-    placed = transpose(placed, {0, 1, 3, 2});
-    return where(broadcast_in_dim(written, cache.shape(), {2}), placed, cache);
-  };
-  Tensor k_new = write(k_cache, k), v_new = write(v_cache, v);
-  const DType c = cfg_.compute_dtype;
-  Tensor qc = c != DType::f32 ? cast(q, c) : q, kc = c != DType::f32 ? cast(k_new, c) : k_new,
-         vc = c != DType::f32 ? cast(v_new, c) : v_new;
-  Tensor o = masked_attention(qc, kc, vc, causal_mask(positions, len, cfg_.sliding_window));
-  return {output(o, b, s), k_new, v_new};
 }
 
 }  // namespace px::nn

@@ -121,9 +121,6 @@ struct RopeScaling {
 std::vector<double> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling = {});
 // apply_rope with explicit frequencies (rope_inv_freq).
 Tensor apply_rope(const Tensor& x, const std::vector<double>& inv_freq, int64_t offset);
-// Rotation of x[..., S, D] at runtime positions i32[S] (each < max_positions): decoding with a cache.
-Tensor apply_rope_at(const Tensor& x, const Tensor& positions, const std::vector<double>& inv_freq,
-                     int64_t max_positions);
 
 struct AttentionConfig {
   int64_t d_model = 0;
@@ -161,11 +158,6 @@ class CausalSelfAttention : public Module {
   Tensor operator()(const Tensor& x) const;
   // The projected heads: q [B, H, S, hd], k and v [B, Hkv, S, hd], rotated when cfg.rope.
   std::vector<Tensor> qkv(const Tensor& x) const;
-  // Attention with a key/value cache of L positions: x [B, S, d] holds positions pos .. pos+S-1
-  // (pos: i32 scalar); k_cache and v_cache [B, Hkv, L, hd]. The new keys and values are written at
-  // those positions (a masked write) and the queries attend to cache positions <= their own.
-  // Returns {y [B, S, d], k_cache', v_cache'}.
-  std::vector<Tensor> cached(const Tensor& x, const Tensor& pos, const Tensor& k_cache, const Tensor& v_cache) const;
   const AttentionConfig& config() const { return cfg_; }
   Param wq, wk, wv, wo, bq, bk, bv, bo;
 

@@ -17,8 +17,7 @@ namespace {
 
 // Cached attention where each row has its own positions: x [B, S, d] holds row b's positions
 // positions[b, 0..S-1] (i32 [B, S]); the new keys and values go to those cache slots and each query
-// attends to its row's slots <= its position (and within the window). The same ops as
-// CausalSelfAttention::cached, with the position, rotation, write and mask made per row.
+// attends to its row's slots <= its position (and within the window).
 std::vector<Tensor> attend_rows(const CausalSelfAttention& a, const Tensor& x, const Tensor& positions,
                                 const Tensor& k_cache, const Tensor& v_cache) {
   const AttentionConfig& cfg = a.config();
