@@ -173,8 +173,11 @@ inline V exp(V x) {
   constexpr float kLn2Hi = 0.693115234375f;  // 12 significant bits: n * kLn2Hi is exact
   constexpr float kLn2Lo = 3.194618494528623e-05f;
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  // Beyond these bounds the result is inf or 0 anyway; clamping keeps n in range.
-  V xc = clamp_hi(clamp_lo(x, -104.0f), 89.0f);
+  // Beyond these bounds the result is inf or 0 anyway; clamping keeps n in range. Below -104 (a
+  // masked score's -inf) the lane computes exp(0) and is zeroed at the end: computing its
+  // underflow would cost a microcode assist on Intel cores, ~20x the whole function.
+  const M zero = lt(x, -104.0f);
+  V xc = select(zero, splat(0.0f), clamp_hi(x, 89.0f));
   V t = fmadd(xc, kLog2e, kRound);
   V nf = t - kRound;
   V r = fmadd(nf, splat(-kLn2Hi), xc);
@@ -189,13 +192,13 @@ inline V exp(V x) {
   p = fmadd(p, r, splat(1.0f));
   // NaN for NaN: the clamps keep it.
 #if defined(__AVX512F__)
-  // p 2^n in one instruction, rounded once also where the result is subnormal.
-  return reinterpret_cast<V>(_mm512_maskz_scalef_ps(0xffff, raw(p), raw(nf)));
+  // p 2^n in one instruction, rounded once also where the result is subnormal; 0 where zeroed.
+  return reinterpret_cast<V>(_mm512_maskz_scalef_ps(static_cast<__mmask16>(~zero), raw(p), raw(nf)));
 #else
   I n = as_int(t) - as_int(splat(kRound));
   I n1 = n >> 1, n2 = n - n1;
   V s1 = as_float((n1 + 127) << 23), s2 = as_float((n2 + 127) << 23);
-  return p * s1 * s2;
+  return select(zero, splat(0.0f), p * s1 * s2);
 #endif
 }
 
