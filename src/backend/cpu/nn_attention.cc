@@ -477,15 +477,15 @@ Kernel attention_kernel(const KernelSpec& spec) {
   };
 }
 
-// The backward pass on bf16 operands through `P` (qk, ptdo, dovt, dsk, dstq): dq in f32 scratch,
-// dk and dv as f32 partials per query head, summed over grouped heads and stored as bf16.
-Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P, int64_t q_n, int64_t kv_n) {
+// The backward pass on bf16 operands through `P` (qk, ptdo, dovt, dsk, dstq): a block's dq rows in
+// f32 scratch, stored as bf16 as soon as they are made; dk and dv as f32 partials per query head,
+// summed over grouped heads and stored as bf16.
+Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P, int64_t kv_n) {
   const int p = G.pad ? 4 : 3;  // index of lse; the output cotangent follows
   auto buf = std::make_shared<Buffers>();
   buf->threads = num_threads();
-  buf->per_thread = 2 * G.rows * G.sk;
+  buf->per_thread = 2 * G.rows * G.sk + G.rows * G.d;  // scores, dP, a block's dq rows
   buf->rows.resize(static_cast<size_t>(buf->threads * buf->per_thread));
-  auto dq_buf = std::make_shared<std::vector<float>>(q_n);
   auto part = std::make_shared<std::vector<float>>(2 * kv_n * G.g);
   const int64_t heads = G.b * G.hkv * G.g;
   return [=](const void* const* in, void* const* out) {
@@ -496,7 +496,7 @@ Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P
     const uint8_t* pad = G.pad ? static_cast<const uint8_t*>(in[3]) : nullptr;
     const float* lse = static_cast<const float*>(in[p]);
     const auto* dout = static_cast<const uint16_t*>(in[p + 1]);
-    float* dq = dq_buf->data();
+    auto* dq = static_cast<uint16_t*>(out[0]);
 #pragma omp parallel for num_threads(B.threads) schedule(dynamic) if (heads > 1)
     for (int64_t head = 0; head < heads; ++head) {
       const int tid = omp_get_thread_num();
@@ -510,6 +510,7 @@ Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P
       const uint8_t* keep = pad ? pad + bi * G.sk : nullptr;
       float* s = B.mine();
       float* dp = s + G.rows * G.sk;
+      float* dqb = dp + G.rows * G.sk;
       uint16_t* low = P->low[static_cast<size_t>(tid)].data();
       for (int64_t blk = 0; blk < G.blocks(); ++blk) {
         const int64_t r0 = blk * G.rows, nr = std::min(G.rows, G.sq - r0);
@@ -517,7 +518,7 @@ Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P
         const float* lb = lse + ((bi * G.hkv + h) * G.g + gi) * G.sq + r0;
         const int64_t ncols = G.backward_cols(r0, nr, lb);
         if (ncols == 0) {  // no key visible to any row: no gradient
-          std::fill(dq + qo, dq + qo + nr * G.d, 0.0f);
+          std::fill(dq + qo, dq + qo + nr * G.d, uint16_t{0});
           continue;
         }
         // P from the saved log-sum-exp.
@@ -544,14 +545,14 @@ Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P
           }
           wide::ds_to_bf16(sr, dr, wide::dot(sr, dr, ncols), G.scale, ncols, low + r * ncols);
         }
-        P->run(Form::dsk, nr, ncols, tid, low, kb, dq + qo);   // dQ = dS K
+        P->run(Form::dsk, nr, ncols, tid, low, kb, dqb);       // dQ = dS K
         P->run(Form::dstq, nr, ncols, tid, low, q + qo, dkb);  // dK += dS^T Q
+        wide::to_bf16(dqb, 1.0f, nr * G.d, dq + qo);
       }
     }
     int st = P->err.exchange(0);
     if (st != 0)
       throw InternalError("[cpu] attention_grad: a oneDNN bf16 matmul failed with status " + std::to_string(st));
-    store_f32(dq, out[0], G.dt, 0, q_n);
     sum_kv_partials(G, part->data(), kv_n, out[1], out[2], B.threads);
   };
 }
@@ -560,7 +561,7 @@ Kernel attention_grad_kernel(const KernelSpec& spec) {
   const Geom G = geom_of(spec);
   const int64_t q_n = spec.in[0].numel(), kv_n = spec.in[1].numel();
   if (auto P = make_bf16_products(G, {Form::qk, Form::ptdo, Form::dovt, Form::dsk, Form::dstq}, num_threads()))
-    return attention_grad_bf16_kernel(G, std::move(P), q_n, kv_n);
+    return attention_grad_bf16_kernel(G, std::move(P), kv_n);
   const int p = G.pad ? 4 : 3;  // index of lse; the output cotangent follows
   auto buf = std::make_shared<Buffers>();
   buf->threads = num_threads();
