@@ -313,6 +313,15 @@ void ds_to_bf16(const float* p, const float* d, float di, float c, int64_t n, ui
 }
 }  // namespace wide
 
+// n floats of scratch for one run of a kernel, shared by every kernel that the calling thread runs
+// (they run one at a time there): the attention nodes of a model's layers hold one buffer between
+// them, not one each. Grown on demand, kept for the thread's life.
+float* run_scratch(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
 // dk and dv from their f32 partials per query head (laid out [dk | dv], each [b, hkv, g, Sk, D]):
 // summed over the grouped query heads and stored in the result dtype.
 void sum_kv_partials(const Geom& G, float* part, int64_t kv_n, void* dk, void* dv, int threads) {
@@ -486,10 +495,10 @@ Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P
   buf->threads = num_threads();
   buf->per_thread = 2 * G.rows * G.sk + G.rows * G.d;  // scores, dP, a block's dq rows
   buf->rows.resize(static_cast<size_t>(buf->threads * buf->per_thread));
-  auto part = std::make_shared<std::vector<float>>(2 * kv_n * G.g);
   const int64_t heads = G.b * G.hkv * G.g;
   return [=](const void* const* in, void* const* out) {
     Buffers& B = *buf;
+    float* part = run_scratch(static_cast<size_t>(2 * kv_n * G.g));
     const auto* q = static_cast<const uint16_t*>(in[0]);
     const auto* k = static_cast<const uint16_t*>(in[1]);
     const auto* v = static_cast<const uint16_t*>(in[2]);
@@ -503,8 +512,8 @@ Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P
       const int64_t gi = head % G.g, h = head / G.g % G.hkv, bi = head / (G.g * G.hkv);
       const uint16_t* kb = k + G.kv_off(bi, h);
       const uint16_t* vb = v + G.kv_off(bi, h);
-      float* dkb = part->data() + ((bi * G.hkv + h) * G.g + gi) * G.sk * G.d;
-      float* dvb = part->data() + kv_n * G.g + ((bi * G.hkv + h) * G.g + gi) * G.sk * G.d;
+      float* dkb = part + ((bi * G.hkv + h) * G.g + gi) * G.sk * G.d;
+      float* dvb = part + kv_n * G.g + ((bi * G.hkv + h) * G.g + gi) * G.sk * G.d;
       std::memset(dkb, 0, static_cast<size_t>(G.sk * G.d) * sizeof(float));
       std::memset(dvb, 0, static_cast<size_t>(G.sk * G.d) * sizeof(float));
       const uint8_t* keep = pad ? pad + bi * G.sk : nullptr;
@@ -553,7 +562,7 @@ Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P
     int st = P->err.exchange(0);
     if (st != 0)
       throw InternalError("[cpu] attention_grad: a oneDNN bf16 matmul failed with status " + std::to_string(st));
-    sum_kv_partials(G, part->data(), kv_n, out[1], out[2], B.threads);
+    sum_kv_partials(G, part, kv_n, out[1], out[2], B.threads);
   };
 }
 
@@ -572,10 +581,10 @@ Kernel attention_grad_kernel(const KernelSpec& spec) {
     for (int c = 0; c < 4; ++c) buf->copies[c].resize(static_cast<size_t>(c == 1 || c == 2 ? kv_n : q_n));
   const bool direct_kv = G.g == 1 && G.dt == DType::f32;
   auto dq_buf = std::make_shared<std::vector<float>>(G.dt == DType::f32 ? 0 : q_n);
-  auto part = std::make_shared<std::vector<float>>(direct_kv ? 0 : 2 * kv_n * G.g);
   const int64_t heads = G.b * G.hkv * G.g;
   return [=](const void* const* in, void* const* out) {
     Buffers& B = *buf;
+    float* part = direct_kv ? nullptr : run_scratch(static_cast<size_t>(2 * kv_n * G.g));
     const float* q = as_f32(in[0], G.dt, B.copies[0], q_n);
     const float* k = as_f32(in[1], G.dt, B.copies[1], kv_n);
     const float* v = as_f32(in[2], G.dt, B.copies[2], kv_n);
@@ -587,11 +596,11 @@ Kernel attention_grad_kernel(const KernelSpec& spec) {
     // key/value head, else into partials laid out [b, h, g, Sk, D] and summed over g below.
     auto dk_of = [&](int64_t bi, int64_t h, int64_t gi) {
       return direct_kv ? static_cast<float*>(out[1]) + G.kv_off(bi, h)
-                       : part->data() + ((bi * G.hkv + h) * G.g + gi) * G.sk * G.d;
+                       : part + ((bi * G.hkv + h) * G.g + gi) * G.sk * G.d;
     };
     auto dv_of = [&](int64_t bi, int64_t h, int64_t gi) {
       return direct_kv ? static_cast<float*>(out[2]) + G.kv_off(bi, h)
-                       : part->data() + kv_n * G.g + ((bi * G.hkv + h) * G.g + gi) * G.sk * G.d;
+                       : part + kv_n * G.g + ((bi * G.hkv + h) * G.g + gi) * G.sk * G.d;
     };
 #pragma omp parallel for num_threads(B.threads) schedule(dynamic) if (heads > 1)
     for (int64_t head = 0; head < heads; ++head) {
@@ -637,7 +646,7 @@ Kernel attention_grad_kernel(const KernelSpec& spec) {
     }
     throw_if_sgemm_failed(B.gemm_err, "attention_grad");
     if (G.dt != DType::f32) store_f32(dq, out[0], G.dt, 0, q_n);
-    if (!direct_kv) sum_kv_partials(G, part->data(), kv_n, out[1], out[2], B.threads);
+    if (!direct_kv) sum_kv_partials(G, part, kv_n, out[1], out[2], B.threads);
   };
 }
 
