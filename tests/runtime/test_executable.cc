@@ -229,6 +229,28 @@ TEST_F(ExecutableTest, RunIntoOfATrainingStepPerformsNoAllocation) {
   EXPECT_EQ(g_allocs.load(), 0) << exe->summary();
 }
 
+// A kernel's f32 copies of 16-bit operands live only while it runs, in scratch that the kernels a
+// thread runs share: 32 f16 matmuls (no native f16 product: each converts both operands and its
+// result) hold one set of copies, not 32 (24 MB here, and GBs in a bf16 step on a CPU without
+// native bf16 products).
+TEST_F(ExecutableTest, KernelScratchIsNotHeldPerNode) {
+  const int64_t n = 256, layers = 32;
+  auto g = trace(
+      [&](const std::vector<Tensor>& in) {
+        Tensor x = in[0];
+        for (int64_t i = 0; i < layers; ++i) x = matmul(x, in[1]);
+        return std::vector<Tensor>{x};
+      },
+      {{DType::f16, {n, n}}, {DType::f16, {n, n}}});
+  std::vector<Array> in = {testing::random_array({n, n}, DType::f16, 1, -0.06f, 0.06f),
+                           testing::random_array({n, n}, DType::f16, 2, -0.06f, 0.06f)};
+  const size_t before = mallinfo2().uordblks;
+  auto exe = Executable::compile(*g);
+  exe->run(in);
+  const size_t held = mallinfo2().uordblks - before;
+  EXPECT_LT(held, size_t{8} << 20) << exe->summary();
+}
+
 // One executable run from 4 threads at once, 1,000 times each: every call either computes the
 // right result or throws the documented "already running" error; never a wrong result.
 TEST_F(ExecutableTest, ConcurrentRunsAreCorrectOrRefused) {

@@ -82,6 +82,12 @@ inline uint16_t bf16_bits(float f) {
 
 int num_threads();
 
+// n floats of scratch for one run of a kernel: shared by every kernel the calling thread runs
+// (they run one after another there), so that the f32 copies and partials a kernel needs only
+// while it runs are held once per thread, not once per node of every program. Grown on demand and
+// kept for the thread's life; valid until the calling thread's next thread_scratch call.
+float* thread_scratch(int64_t n);
+
 // Runs body(i) for every i in [0, n): split statically over up to `threads` OpenMP threads when
 // `parallel`, else in the calling thread without entering an OpenMP region (libgomp allocates a
 // thread team even for a region whose `if` clause is false, so small kernels would allocate on

@@ -248,7 +248,6 @@ struct GemmState {
   Operand a, b;
   int64_t bt = 1, m = 1, n = 1, k = 1;
   bool batch_parallel = false;
-  std::vector<float> a_buf, b_buf, c_buf;
   std::atomic<int> err{0};  // the first failing dnnl_sgemm status of a run
   Gather a_gather, b_gather;
   bool a_copy = false, b_copy = false;  // gather into scratch (else maybe convert in place)
@@ -335,9 +334,6 @@ Kernel dot_general_kernel(const KernelSpec& spec) {
   st->b_copy = !b.direct;
   if (st->a_copy) st->a_gather = make_gather(lt, a.order);
   if (st->b_copy) st->b_gather = make_gather(rt, b.order);
-  if (st->a_copy || st->a_t != DType::f32) st->a_buf.resize(static_cast<size_t>(st->a_n));
-  if (st->b_copy || st->b_t != DType::f32) st->b_buf.resize(static_cast<size_t>(st->b_n));
-  if (out_t != DType::f32) st->c_buf.resize(static_cast<size_t>(out_n));
   for (int side = 0; side < 2; ++side) {
     bool copy = side ? st->b_copy : st->a_copy;
     bool conv = copy || (side ? st->b_t : st->a_t) != DType::f32;
@@ -348,18 +344,26 @@ Kernel dot_general_kernel(const KernelSpec& spec) {
   return [st](const void* const* in, void* const* out) {
     GemmState& s = *st;
     const bool a_conv = s.a_copy || s.a_t != DType::f32, b_conv = s.b_copy || s.b_t != DType::f32;
+    const bool c_conv = s.out_t != DType::f32;
+    // The f32 copies of the operands and the f32 result, [a | b | c] as needed, from the scratch
+    // that this thread's kernels share.
+    const int64_t a_len = a_conv ? s.a_n : 0, b_len = b_conv ? s.b_n : 0, c_len = c_conv ? s.out_n : 0;
+    float* base = a_len + b_len + c_len > 0 ? thread_scratch(a_len + b_len + c_len) : nullptr;
+    float* a_buf = a_conv ? base : nullptr;
+    float* b_buf = b_conv ? base + a_len : nullptr;
+    float* c_buf = c_conv ? base + a_len + b_len : nullptr;
     if (a_conv || b_conv) {
 #pragma omp parallel if (s.convert_work > kParallelConvert)
       {
-        if (s.a_copy) run_gather(s.a_gather, in[0], s.a_buf.data());
-        else if (a_conv) convert_to_f32(in[0], s.a_t, s.a_buf.data(), s.a_n);
-        if (s.b_copy) run_gather(s.b_gather, in[1], s.b_buf.data());
-        else if (b_conv) convert_to_f32(in[1], s.b_t, s.b_buf.data(), s.b_n);
+        if (s.a_copy) run_gather(s.a_gather, in[0], a_buf);
+        else if (a_conv) convert_to_f32(in[0], s.a_t, a_buf, s.a_n);
+        if (s.b_copy) run_gather(s.b_gather, in[1], b_buf);
+        else if (b_conv) convert_to_f32(in[1], s.b_t, b_buf, s.b_n);
       }
     }
-    const float* a_ptr = a_conv ? s.a_buf.data() : static_cast<const float*>(in[0]);
-    const float* b_ptr = b_conv ? s.b_buf.data() : static_cast<const float*>(in[1]);
-    float* c_ptr = s.out_t == DType::f32 ? static_cast<float*>(out[0]) : s.c_buf.data();
+    const float* a_ptr = a_conv ? a_buf : static_cast<const float*>(in[0]);
+    const float* b_ptr = b_conv ? b_buf : static_cast<const float*>(in[1]);
+    float* c_ptr = c_conv ? c_buf : static_cast<float*>(out[0]);
     auto gemm = [&](int64_t i) {
       sgemm(s.err, s.a.trans, s.b.trans, s.m, s.n, s.k, 1.0f, a_ptr + i * s.a.batch_stride, s.a.ld,
             b_ptr + i * s.b.batch_stride, s.b.ld, 0.0f, c_ptr + i * s.m * s.n, s.n);
@@ -372,7 +376,7 @@ Kernel dot_general_kernel(const KernelSpec& spec) {
       for (int64_t i = 0; i < s.bt; ++i) gemm(i);
     }
     throw_if_sgemm_failed(s.err, "dot_general");
-    if (s.out_t != DType::f32) convert_from_f32(s.c_buf.data(), out[0], s.out_t, s.out_n);
+    if (c_conv) convert_from_f32(c_buf, out[0], s.out_t, s.out_n);
   };
 }
 

@@ -97,20 +97,21 @@ void uniform_row(float* p, int64_t sk) {
   for (int64_t j = 0; j < sk; ++j) p[j] = u;
 }
 
-// Per-thread scratch rows and f32 copies of 16-bit operands, all sized in the factory.
+// Per-thread scratch rows, sized in the factory (f32 copies of 16-bit operands, and partials, come
+// from thread_scratch when the kernel runs).
 struct Buffers {
   int threads = 1;
   int64_t per_thread = 0;
   std::vector<float> rows;
-  std::vector<float> copies[4];
   std::atomic<int> gemm_err{0};  // the first failing dnnl_sgemm status of a run
   float* mine() { return rows.data() + static_cast<size_t>(omp_get_thread_num()) * per_thread; }
 };
 
-const float* as_f32(const void* p, DType t, std::vector<float>& copy, int64_t n) {
+// p as f32: itself, or its copy at copies + at (null copies: every operand is f32).
+const float* as_f32(const void* p, DType t, float* copies, int64_t at, int64_t n) {
   if (t == DType::f32) return static_cast<const float*>(p);
-  load_f32(p, t, 0, copy.data(), n);
-  return copy.data();
+  load_f32(p, t, 0, copies + at, n);
+  return copies + at;
 }
 
 // ---- bf16 operands where the CPU has native bf16 matmuls ----
@@ -313,15 +314,6 @@ void ds_to_bf16(const float* p, const float* d, float di, float c, int64_t n, ui
 }
 }  // namespace wide
 
-// n floats of scratch for one run of a kernel, shared by every kernel that the calling thread runs
-// (they run one at a time there): the attention nodes of a model's layers hold one buffer between
-// them, not one each. Grown on demand, kept for the thread's life.
-float* run_scratch(size_t n) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
-}
-
 // dk and dv from their f32 partials per query head (laid out [dk | dv], each [b, hkv, g, Sk, D]):
 // summed over the grouped query heads and stored in the result dtype.
 void sum_kv_partials(const Geom& G, float* part, int64_t kv_n, void* dk, void* dv, int threads) {
@@ -445,16 +437,16 @@ Kernel attention_kernel(const KernelSpec& spec) {
   buf->threads = num_threads();
   buf->per_thread = G.rows * std::max<int64_t>(G.sk, 1);
   buf->rows.resize(static_cast<size_t>(buf->threads * buf->per_thread));
-  if (G.dt != DType::f32)
-    for (int c = 0; c < 4; ++c) buf->copies[c].resize(static_cast<size_t>(c == 1 || c == 2 ? kv_n : q_n));
   const int64_t items = G.b * G.hkv * G.g * G.blocks();
   return [G, buf, q_n, kv_n, items](const void* const* in, void* const* out) {
     Buffers& B = *buf;
-    const float* q = as_f32(in[0], G.dt, B.copies[0], q_n);
-    const float* k = as_f32(in[1], G.dt, B.copies[1], kv_n);
-    const float* v = as_f32(in[2], G.dt, B.copies[2], kv_n);
+    // 16-bit operands: f32 copies of q, k, v and the f32 output, [q | k | v | o].
+    float* copies = G.dt == DType::f32 ? nullptr : thread_scratch(2 * q_n + 2 * kv_n);
+    const float* q = as_f32(in[0], G.dt, copies, 0, q_n);
+    const float* k = as_f32(in[1], G.dt, copies, q_n, kv_n);
+    const float* v = as_f32(in[2], G.dt, copies, q_n + kv_n, kv_n);
     const uint8_t* pad = G.pad ? static_cast<const uint8_t*>(in[3]) : nullptr;
-    float* o = G.dt == DType::f32 ? static_cast<float*>(out[0]) : B.copies[3].data();
+    float* o = G.dt == DType::f32 ? static_cast<float*>(out[0]) : copies + q_n + 2 * kv_n;
     float* lse = static_cast<float*>(out[1]);
     if (G.sk == 0 || G.d == 0) {  // no keys: zeros; no head dim: nothing to compute
       if (q_n > 0) std::memset(o, 0, static_cast<size_t>(q_n) * sizeof(float));  // o is null when empty
@@ -498,7 +490,7 @@ Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P
   const int64_t heads = G.b * G.hkv * G.g;
   return [=](const void* const* in, void* const* out) {
     Buffers& B = *buf;
-    float* part = run_scratch(static_cast<size_t>(2 * kv_n * G.g));
+    float* part = thread_scratch(2 * kv_n * G.g);
     const auto* q = static_cast<const uint16_t*>(in[0]);
     const auto* k = static_cast<const uint16_t*>(in[1]);
     const auto* v = static_cast<const uint16_t*>(in[2]);
@@ -576,22 +568,22 @@ Kernel attention_grad_kernel(const KernelSpec& spec) {
   buf->threads = num_threads();
   buf->per_thread = 2 * G.rows * std::max<int64_t>(G.sk, 1);
   buf->rows.resize(static_cast<size_t>(buf->threads * buf->per_thread));
-  // copies: 0 q, 1 k, 2 v, 3 dout; f32 results: dq, and dk/dv partials per query head.
-  if (G.dt != DType::f32)
-    for (int c = 0; c < 4; ++c) buf->copies[c].resize(static_cast<size_t>(c == 1 || c == 2 ? kv_n : q_n));
   const bool direct_kv = G.g == 1 && G.dt == DType::f32;
-  auto dq_buf = std::make_shared<std::vector<float>>(G.dt == DType::f32 ? 0 : q_n);
   const int64_t heads = G.b * G.hkv * G.g;
   return [=](const void* const* in, void* const* out) {
     Buffers& B = *buf;
-    float* part = direct_kv ? nullptr : run_scratch(static_cast<size_t>(2 * kv_n * G.g));
-    const float* q = as_f32(in[0], G.dt, B.copies[0], q_n);
-    const float* k = as_f32(in[1], G.dt, B.copies[1], kv_n);
-    const float* v = as_f32(in[2], G.dt, B.copies[2], kv_n);
+    // Scratch [dk/dv partials per query head | q | k | v | dout | dq]: the partials unless direct,
+    // the f32 copies and result for 16-bit operands.
+    const int64_t part_n = direct_kv ? 0 : 2 * kv_n * G.g, copy_n = G.dt == DType::f32 ? 0 : 3 * q_n + 2 * kv_n;
+    float* part = thread_scratch(part_n + copy_n);
+    float* copies = copy_n ? part + part_n : nullptr;
+    const float* q = as_f32(in[0], G.dt, copies, 0, q_n);
+    const float* k = as_f32(in[1], G.dt, copies, q_n, kv_n);
+    const float* v = as_f32(in[2], G.dt, copies, q_n + kv_n, kv_n);
     const uint8_t* pad = G.pad ? static_cast<const uint8_t*>(in[3]) : nullptr;
     const float* lse = static_cast<const float*>(in[p]);
-    const float* dout = as_f32(in[p + 1], G.dt, B.copies[3], q_n);
-    float* dq = G.dt == DType::f32 ? static_cast<float*>(out[0]) : dq_buf->data();
+    const float* dout = as_f32(in[p + 1], G.dt, copies, q_n + 2 * kv_n, q_n);
+    float* dq = G.dt == DType::f32 ? static_cast<float*>(out[0]) : copies + 2 * q_n + 2 * kv_n;
     // dk/dv of query head (b, h, g): written straight out when there is one query head per
     // key/value head, else into partials laid out [b, h, g, Sk, D] and summed over g below.
     auto dk_of = [&](int64_t bi, int64_t h, int64_t gi) {

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "backend/cpu/kernel.h"
 #include "core/env.h"
@@ -234,6 +235,12 @@ void convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n) {
 int num_threads() {
   apply_thread_settings();
   return omp_get_max_threads();
+}
+
+float* thread_scratch(int64_t n) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
+  return buf.data();
 }
 
 }  // namespace px::cpu
