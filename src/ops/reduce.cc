@@ -33,9 +33,9 @@ Ints normalize_axes(const char* op, const Ints& axes, const TensorType& t) {
 }
 
 // The primitive's own check: axes must already be sorted, unique and in range. The result has the
-// operand's dtype, or reduce_sum's `out_dtype` (a float type, for a float operand: compile sums a
-// 16-bit value that only its widening cast would read straight from the 16-bit value, writing the
-// f32 sum, runtime/autocast.cc).
+// operand's dtype, or reduce_sum's `out_dtype` (a float type, for a float operand: where a 16-bit
+// value is widened to f32 only to be summed, compile sums the 16-bit value and writes the f32 sum,
+// runtime/autocast.cc).
 std::vector<TensorType> reduce_infer(const char* op, const std::vector<TensorType>& in, const Attrs& a) {
   if (in.size() != 1) throw Error(std::string("[") + op + "] expects 1 operand, got " + std::to_string(in.size()));
   const TensorType& t = in[0];
