@@ -42,10 +42,11 @@ bool takes_out_dtype(const Node& n) {
   return false;
 }
 
-// n's attributes with `out_dtype` set to the type its first result has in g.
+// n's attributes, with `out_dtype` set to the type its first result has in g where its primitive
+// takes one: they keep that type whatever type its operands are read in.
 Attrs with_out_dtype(const Graph& g, const Node& n) {
   Attrs a = n.attrs;
-  a.set("out_dtype", g.type(n.outputs[0]).dtype);
+  if (takes_out_dtype(n)) a.set("out_dtype", g.type(n.outputs[0]).dtype);
   return a;
 }
 
@@ -189,13 +190,10 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
     std::vector<TensorType> types;
     for (int v : n.inputs) types.push_back(g.type(v));
     types[k].dtype = wide[n.inputs[k]];
-    auto keeps_types = [&](const Attrs& a) {
-      std::vector<TensorType> out = n.prim->infer(types, a);
-      for (size_t o = 0; o < n.outputs.size(); ++o)
-        if (out[o] != g.type(n.outputs[o])) return false;
-      return true;
-    };
-    return keeps_types(n.attrs) || (takes_out_dtype(n) && keeps_types(with_out_dtype(g, n)));
+    std::vector<TensorType> out = n.prim->infer(types, with_out_dtype(g, n));
+    for (size_t o = 0; o < n.outputs.size(); ++o)
+      if (out[o] != g.type(n.outputs[o])) return false;
+    return true;
   };
   std::vector<std::vector<char>> narrow_reads(g.nodes().size());
   for (size_t i = 0; i < g.nodes().size(); ++i) {
@@ -287,7 +285,7 @@ std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
           read[k] = narrow_of[n.inputs[k]];
           changed = true;
         }
-      if (changed) res = emit_named(n, read, takes_out_dtype(n) ? with_out_dtype(g, n) : n.attrs);
+      if (changed) res = emit_named(n, read, with_out_dtype(g, n));
     }
     bool casts_early = false;
     for (int o : n.outputs) casts_early = casts_early || early[o] != DType::f32;
