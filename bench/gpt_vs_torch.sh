@@ -13,6 +13,11 @@
 # our tokens/s and fraction of the FMA peak, PyTorch eager and torch.compile tokens/s, and the
 # ratios. PyTorch's bf16 autocast on CPUs without native bf16 takes minutes per step, so there its
 # bf16 run is one eager step (CPUs with AVX512-BF16 or AMX get 5 steps, eager and compiled).
+#   ROUNDS=5 bash bench/gpt_vs_torch.sh ...      # 5 rounds, each ours then the peers, and the median
+# On a shared machine whose speed moves within minutes, one run of each cannot resolve a ratio:
+# with ROUNDS > 1 every round prints its lines, and a last `gpt_vs_torch_rounds` line per dtype
+# gives the median, minimum and maximum of the per-round ratios (each round's programs ran one
+# after another, minutes apart at most).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -27,28 +32,35 @@ SIZE=${SIZE:-bench}
 THREADS=${THREADS:-2}
 export OMP_NUM_THREADS=$THREADS PX_NUM_THREADS=$THREADS
 
-ours=$("$BUILD"/bench/gpt_step --flavour "$FLAVOUR" --size "$SIZE" --dtype both --steps 5 --warmup 2)
-shape=$(python3 -c '
+ROUNDS=${ROUNDS:-1}
+case "$ROUNDS" in ''|*[!0-9]*|0) echo "ROUNDS must be a positive integer, not '$ROUNDS'" >&2; exit 2 ;; esac
+
+# One round: our step in both dtypes, then PyTorch eager and compiled (torch.compile: PyTorch at
+# its fastest) per dtype on our shape; prints every program's JSON and one gpt_vs_torch line per
+# dtype.
+one_round() {
+  local ours shape torch_f32 torch_f32_c torch_bf16 torch_bf16_c
+  ours=$("$BUILD"/bench/gpt_step --flavour "$FLAVOUR" --size "$SIZE" --dtype both --steps 5 --warmup 2)
+  shape=$(python3 -c '
 import json, sys
 o = json.loads(sys.argv[1].splitlines()[0])
 keys = ["vocab", "d", "heads", "layers", "ff", "seq", "batch"] + (["kv_heads"] if o["flavour"] == "llama" else [])
 print(" ".join(f"--{k} {o[k]}" for k in keys))' "$ours")
-# PyTorch eager and compiled (torch.compile: PyTorch at its fastest), per dtype, on our shape.
-# shellcheck disable=SC2086
-peer() { "$PY" "$PEER" --threads "$THREADS" $shape "$@"; }
-torch_f32=$(peer --dtype f32 --steps 5 --warmup 2)
-torch_f32_c=$(peer --dtype f32 --steps 5 --warmup 2 --compile 1)
-if grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
-  torch_bf16=$(peer --dtype bf16 --steps 5 --warmup 2)
-  torch_bf16_c=$(peer --dtype bf16 --steps 5 --warmup 2 --compile 1)
-else
-  echo "this CPU has no native bf16 (AVX512-BF16 or AMX): PyTorch's bf16 gets one eager step, no compiled run" >&2
-  torch_bf16=$(peer --dtype bf16 --steps 1 --warmup 1)
-  torch_bf16_c=""
-fi
-echo "$ours"
-printf '%s\n' "$torch_f32" "$torch_f32_c" "$torch_bf16" "$torch_bf16_c" | grep -v '^$'
-python3 - "$ours" "$torch_f32" "$torch_f32_c" "$torch_bf16" "$torch_bf16_c" <<'PYEOF'
+  # shellcheck disable=SC2086
+  peer() { "$PY" "$PEER" --threads "$THREADS" $shape "$@"; }
+  torch_f32=$(peer --dtype f32 --steps 5 --warmup 2)
+  torch_f32_c=$(peer --dtype f32 --steps 5 --warmup 2 --compile 1)
+  if grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+    torch_bf16=$(peer --dtype bf16 --steps 5 --warmup 2)
+    torch_bf16_c=$(peer --dtype bf16 --steps 5 --warmup 2 --compile 1)
+  else
+    echo "this CPU has no native bf16 (AVX512-BF16 or AMX): PyTorch's bf16 gets one eager step, no compiled run" >&2
+    torch_bf16=$(peer --dtype bf16 --steps 1 --warmup 1)
+    torch_bf16_c=""
+  fi
+  echo "$ours"
+  printf '%s\n' "$torch_f32" "$torch_f32_c" "$torch_bf16" "$torch_bf16_c" | grep -v '^$'
+  python3 - "$ours" "$torch_f32" "$torch_f32_c" "$torch_bf16" "$torch_bf16_c" <<'PYEOF'
 import json, sys
 ours = [json.loads(l) for l in sys.argv[1].splitlines() if l.strip()]
 eager = {d["dtype"]: d for d in (json.loads(sys.argv[2]), json.loads(sys.argv[4]))}
@@ -64,4 +76,28 @@ for o in ours:
                       "speedup_vs_torch_eager": round(o["tokens_per_s"] / e["tokens_per_s"], 3),
                       "speedup_vs_torch_compile": round(o["tokens_per_s"] / c["tokens_per_s"], 3) if c else None,
                       "fraction_of_gemm_peak": o["fraction_of_peak"], "peak_bytes": o["peak_bytes"]}))
+PYEOF
+}
+
+all=""
+for ((r = 1; r <= ROUNDS; ++r)); do
+  out=$(one_round)
+  echo "$out"
+  all+="$out"$'\n'
+done
+[ "$ROUNDS" -gt 1 ] || exit 0
+python3 - "$all" <<'PYEOF'
+import json, statistics, sys
+lines = [json.loads(l) for l in sys.argv[1].splitlines() if l.strip()]
+rows = [l for l in lines if l.get("bench") == "gpt_vs_torch"]
+for dtype in dict.fromkeys(r["dtype"] for r in rows):
+    rs = [r for r in rows if r["dtype"] == dtype]
+    out = {"bench": "gpt_vs_torch_rounds", "flavour": rs[0]["flavour"], "size": rs[0]["size"], "dtype": dtype,
+           "rounds": len(rs)}
+    for key in ("tokens_per_s", "torch_eager_tokens_per_s", "torch_compile_tokens_per_s",
+                "speedup_vs_torch_eager", "speedup_vs_torch_compile", "fraction_of_fma_peak"):
+        v = [r[key] for r in rs if r[key] is not None]
+        if v:
+            out[key] = {"median": round(statistics.median(v), 3), "min": min(v), "max": max(v)}
+    print(json.dumps(out))
 PYEOF
