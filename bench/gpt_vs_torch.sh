@@ -33,7 +33,9 @@ THREADS=${THREADS:-2}
 export OMP_NUM_THREADS=$THREADS PX_NUM_THREADS=$THREADS
 
 ROUNDS=${ROUNDS:-1}
-case "$ROUNDS" in ''|*[!0-9]*|0) echo "ROUNDS must be a positive integer, not '$ROUNDS'" >&2; exit 2 ;; esac
+case "$ROUNDS" in ''|*[!0-9]*) ROUNDS_OK=0 ;; *) ROUNDS_OK=$((10#$ROUNDS > 0)) ;; esac
+if [ "$ROUNDS_OK" != 1 ]; then echo "ROUNDS must be a positive integer, not '$ROUNDS'" >&2; exit 2; fi
+ROUNDS=$((10#$ROUNDS))
 
 # One round: our step in both dtypes, then PyTorch eager and compiled (torch.compile: PyTorch at
 # its fastest) per dtype on our shape; prints every program's JSON and one gpt_vs_torch line per
