@@ -11,7 +11,8 @@
 
 namespace px::testing {
 
-// A fresh folder under the system temp dir, removed with its contents on destruction.
+// A fresh folder under the system temp dir, removed with its contents on destruction, unless the
+// test has failed by then: its files stay for inspection (the path is printed).
 struct TempDir {
   std::filesystem::path path;
   explicit TempDir(const std::string& name) {
@@ -20,6 +21,10 @@ struct TempDir {
     std::filesystem::create_directories(path);
   }
   ~TempDir() {
+    if (::testing::Test::HasFailure()) {
+      std::fprintf(stderr, "the test failed: its files stay in %s\n", path.c_str());
+      return;
+    }
     std::error_code ec;
     std::filesystem::remove_all(path, ec);
   }
