@@ -33,8 +33,10 @@ THREADS=${THREADS:-2}
 export OMP_NUM_THREADS=$THREADS PX_NUM_THREADS=$THREADS
 
 ROUNDS=${ROUNDS:-1}
-case "$ROUNDS" in ''|*[!0-9]*) ROUNDS_OK=0 ;; *) ROUNDS_OK=$((10#$ROUNDS > 0)) ;; esac
-if [ "$ROUNDS_OK" != 1 ]; then echo "ROUNDS must be a positive integer, not '$ROUNDS'" >&2; exit 2; fi
+if ! [[ $ROUNDS =~ ^[0-9]+$ ]] || ((10#$ROUNDS == 0)); then
+  echo "ROUNDS must be a positive integer, not '$ROUNDS'" >&2
+  exit 2
+fi
 ROUNDS=$((10#$ROUNDS))
 
 # One round: our step in both dtypes, then PyTorch eager and compiled (torch.compile: PyTorch at
