@@ -71,6 +71,9 @@ struct Schedule {
 
   int stages() const { return devices * virtual_stages; }
   int device_of(int stage) const { return stage % devices; }
+  // Whether the actions split a backward pass into its I and W parts: then each stage's backward
+  // is compiled as two programs (whatever the kind that made the list).
+  bool splits_backward() const;
   // One line per device, e.g. "device 0: F0 F1 B0 F2 B1 B2"; with V > 1 or to name stages,
   // actions read "F3.s4" (microbatch 3 of stage 4); I and W for the split backward.
   std::string to_string() const;

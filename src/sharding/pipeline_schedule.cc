@@ -136,6 +136,13 @@ Kind parse_kind(const std::string& name) {
   throw UserError("[pipeline] unknown schedule '" + name + "': use gpipe, 1f1b, interleaved or zero_bubble");
 }
 
+bool Schedule::splits_backward() const {
+  for (const std::vector<Action>& dev : per_device)
+    for (const Action& a : dev)
+      if (a.op == Op::backward_input || a.op == Op::backward_weight) return true;
+  return false;
+}
+
 std::string Schedule::to_string() const {
   std::ostringstream os;
   os << kind_name(kind) << ": " << devices << " devices, " << stages() << " stages, " << microbatches

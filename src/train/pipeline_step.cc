@@ -144,8 +144,7 @@ int program_of(const StagedStep& s, const pipeline::Action& a) {
 }
 
 bool ends_backward(const StagedStep& s, const pipeline::Action& a) {
-  return a.op ==
-         (s.schedule.kind == pipeline::Kind::zero_bubble ? pipeline::Op::backward_weight : pipeline::Op::backward);
+  return a.op == (s.split_backward ? pipeline::Op::backward_weight : pipeline::Op::backward);
 }
 
 }  // namespace
@@ -271,9 +270,9 @@ PipelineReport pipeline_report(const StagedStep& s) {
     for (int st = 0; st < S; ++st) {
       pipeline::Costs& c = costs[st];
       c.forward = secs(s.forward, st);
-      c.backward_input =
-          s.schedule.kind == pipeline::Kind::zero_bubble ? secs(s.backward_input, st) : secs(s.backward, st);
-      c.backward_weight = s.schedule.kind == pipeline::Kind::zero_bubble ? secs(s.backward_weight, st) : 0.0;
+      const bool split = s.split_backward;
+      c.backward_input = split ? secs(s.backward_input, st) : secs(s.backward, st);
+      c.backward_weight = split ? secs(s.backward_weight, st) : 0.0;
       c.message = sent[st] > 0 ? collective_seconds(CollectiveKind::permute, 2, sent[st], *s.stage_link) : 0.0;
     }
     const pipeline::Simulation sim = pipeline::simulate(s.schedule, costs);

@@ -55,6 +55,7 @@ struct StagedStep {
   std::unique_ptr<Graph> graph;  // the traced step of one microbatch (after remat)
   size_t n_params = 0, n_state = 0, n_batch = 0;
   pipeline::Schedule schedule;
+  bool split_backward = false;        // the schedule's actions are I and W: each backward is two programs
   std::vector<Mesh> groups;           // per pipeline device: its devices, over the mesh's other axes
   std::vector<int> process_of_group;  // per pipeline device: the process running it (0 in one process)
   int batch_shards = 1;               // the batch's rows are split this many ways in a group

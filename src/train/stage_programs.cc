@@ -364,9 +364,9 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
   }
   const std::vector<int> st = node_stages(g, phase, stage_of, live);
 
-  // Parts: forward, backward (the zero-bubble schedule: split into what other stages wait for, I,
-  // and the rest, W) and update levels.
-  const bool split_backward = schedule.kind == pipeline::Kind::zero_bubble;
+  // Parts: forward, backward (split, when the schedule's actions are I and W, into what other
+  // stages wait for, I, and the rest, W) and update levels.
+  const bool split_backward = r.split_backward = schedule.splits_backward();
   std::vector<StagePart> part(n);
   std::vector<int> level(n, 0);
   std::vector<char> needed(g.values().size(), 0);

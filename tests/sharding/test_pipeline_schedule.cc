@@ -76,6 +76,22 @@ TEST(PipelineSchedule, MessagesBetweenDevicesWidenTheBubble) {
   EXPECT_GT(slow.makespan, free_msgs.makespan);
 }
 
+// Whether the stage programs split each backward pass is read off the actions, not the kind: an
+// action list with I and W splits whatever kind it is labelled with.
+TEST(PipelineSchedule, SplitBackwardIsWhatTheActionsSay) {
+  for (Kind k : {Kind::gpipe, Kind::one_f_one_b}) EXPECT_FALSE(make_schedule(k, 4, 8).splits_backward());
+  EXPECT_FALSE(make_schedule(Kind::interleaved, 2, 4, 2).splits_backward());
+  Schedule zb = make_schedule(Kind::zero_bubble, 4, 8);
+  EXPECT_TRUE(zb.splits_backward());
+  zb.kind = Kind::one_f_one_b;  // a hand-made list under another label
+  EXPECT_TRUE(zb.splits_backward());
+  Schedule one = make_schedule(Kind::one_f_one_b, 2, 2);
+  for (auto& dev : one.per_device)
+    for (Action& a : dev)
+      if (a.op == Op::backward) a.op = Op::backward_input;
+  EXPECT_TRUE(one.splits_backward());
+}
+
 TEST(PipelineSchedule, InvalidOrdersAreNamed) {
   // Device 0 waits for B0's gradient before sending F0 on: a deadlock.
   Schedule s = make_schedule(Kind::one_f_one_b, 2, 2);
