@@ -59,6 +59,10 @@ struct MemoryStats {
 // (platform, device and memory kind).
 MemoryStats memory_stats(const Placement& p);
 void reset_peak_memory(const Placement& p);  // the high-water mark becomes the bytes in use
+// The same over every device and memory kind of a platform in this process (on the `cpu` platform:
+// the host memory px holds).
+MemoryStats platform_memory_stats(const std::string& platform);
+void reset_platform_peak_memory(const std::string& platform);
 
 // The capacity of a placement (bytes; 0, the default: unlimited). On the CPU backend device memory
 // is a pool of host memory: with a capacity it behaves like a device of that size. Allocations

@@ -29,7 +29,7 @@ constexpr int kMaxDevices = 4096;
 struct Platform {
   std::array<std::unique_ptr<Counter[]>, 2> counters = {std::make_unique<Counter[]>(kMaxDevices),
                                                         std::make_unique<Counter[]>(kMaxDevices)};
-  std::atomic<int64_t> in_use{0};                      // all devices and kinds
+  Counter all;                                         // all devices and kinds (no capacity)
   std::atomic<const PlatformMemory*> memory{nullptr};  // null: host memory; set once, never freed
 };
 
@@ -85,6 +85,16 @@ void reset_peak_memory(const Placement& p) {
   c.peak.store(c.in_use.load());
 }
 
+MemoryStats platform_memory_stats(const std::string& platform) {
+  const Counter& c = platform_of(platform).all;
+  return {c.in_use.load(), c.peak.load(), c.count.load()};
+}
+
+void reset_platform_peak_memory(const std::string& platform) {
+  Counter& c = platform_of(platform).all;
+  c.peak.store(c.in_use.load());
+}
+
 void set_memory_capacity(const Placement& p, int64_t bytes) {
   if (bytes < 0)
     throw UserError("[memory] the capacity of " + p.to_string() + " must be >= 0 bytes (0: unlimited), got " +
@@ -107,12 +117,13 @@ void* allocate_bytes(const Placement& p, int64_t bytes) {
   const PlatformMemory* m = pl.memory.load();
   void* ptr = m ? m->allocate(p, rounded) : std::aligned_alloc(64, static_cast<size_t>(rounded));
   if (!ptr) throw Error("[memory] out of memory allocating " + std::to_string(bytes) + " bytes on " + p.to_string());
-  pl.in_use.fetch_add(bytes);
-  int64_t now = c.in_use.fetch_add(bytes) + bytes;
-  int64_t peak = c.peak.load();
-  while (now > peak && !c.peak.compare_exchange_weak(peak, now)) {
+  for (Counter* k : {&c, &pl.all}) {
+    const int64_t now = k->in_use.fetch_add(bytes) + bytes;
+    int64_t peak = k->peak.load();
+    while (now > peak && !k->peak.compare_exchange_weak(peak, now)) {
+    }
+    k->count.fetch_add(1);
   }
-  c.count.fetch_add(1);
   return ptr;
 }
 
@@ -120,7 +131,7 @@ void free_bytes(const Placement& p, void* ptr, int64_t bytes) {
   if (!ptr) return;
   Platform& pl = platform_of(p.platform);
   counter(pl, p).in_use.fetch_sub(bytes);
-  pl.in_use.fetch_sub(bytes);
+  pl.all.in_use.fetch_sub(bytes);
   const PlatformMemory* m = pl.memory.load();
   if (m)
     m->free(p, ptr, rounded_bytes(bytes));
@@ -134,7 +145,7 @@ void register_platform_memory(const std::string& platform, PlatformMemory memory
   Platform& pl = platform_of(platform);
   std::lock_guard<std::mutex> l(platforms_mutex);
   if (pl.memory.load()) throw Error("[memory] platform '" + platform + "' registers its memory twice");
-  if (const int64_t used = pl.in_use.load())
+  if (const int64_t used = pl.all.in_use.load())
     throw Error("[memory] platform '" + platform + "' registers its memory after " + std::to_string(used) +
                 " bytes of it were allocated from host memory; register its backend before making arrays on "
                 "its devices");

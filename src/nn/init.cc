@@ -3,6 +3,7 @@
 // hash of the seed and the path.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "parallax/nn/module.h"
 
@@ -115,14 +116,56 @@ void init_range(const ParamSpec& p, uint64_t seed, int64_t begin, int64_t end, f
   }
 }
 
-Array init_array(const ParamSpec& p, uint64_t seed) {
+namespace {
+
+void check_initializer(const ParamSpec& p) {
   if (!is_float(p.type.dtype) &&
       (p.init.kind != Init::Kind::zeros && p.init.kind != Init::Kind::ones && p.init.kind != Init::Kind::constant))
     throw Error("[nn] param '" + p.path + "' of type " + type_str(p.type) + " needs a constant initializer, not " +
                 p.init.to_string());
+}
+
+}  // namespace
+
+Array init_array(const ParamSpec& p, uint64_t seed) {
+  check_initializer(p);
   Array f(DType::f32, p.type.shape);
   init_range(p, seed, 0, f.numel(), f.data<float>());
   return p.type.dtype == DType::f32 ? f : f.astype(p.type.dtype);
+}
+
+void init_box(const ParamSpec& p, uint64_t seed, const std::vector<int64_t>& offsets, Array& out) {
+  check_initializer(p);
+  const Shape& full = p.type.shape;
+  const Shape& box = out.shape();
+  const size_t rank = full.size();
+  bool fits = out.dtype() == p.type.dtype && offsets.size() == rank && box.size() == rank;
+  for (size_t d = 0; fits && d < rank; ++d) fits = offsets[d] >= 0 && offsets[d] + box[d] <= full[d];
+  if (!fits)
+    throw Error("[nn] init_box: a box of " + type_str(out.type()) + " does not fit in param '" + p.path + "' (" +
+                type_str(p.type) + ") at the given offsets");
+  Array f(DType::f32, box);
+  if (f.numel() > 0) {
+    // Runs of consecutive elements: the box's last dims that span the whole param, plus one more.
+    size_t k = rank ? rank - 1 : 0;
+    int64_t run = rank ? box[k] : 1;
+    while (k > 0 && box[k] == full[k]) run *= box[--k];
+    std::vector<int64_t> stride(rank, 1);
+    for (size_t d = rank; d-- > 1;) stride[d - 1] = stride[d] * full[d];
+    std::vector<int64_t> at(k, 0);  // the run's index over the box's dims before k
+    float* dst = f.data<float>();
+    for (int64_t r = 0, runs = f.numel() / run; r < runs; ++r, dst += run) {
+      int64_t begin = rank ? offsets[k] * stride[k] : 0;
+      for (size_t d = 0; d < k; ++d) begin += (offsets[d] + at[d]) * stride[d];
+      init_range(p, seed, begin, begin + run, dst);
+      for (size_t d = k; d-- > 0;) {
+        if (++at[d] < box[d]) break;
+        at[d] = 0;
+      }
+    }
+  }
+  const Array typed = p.type.dtype == DType::f32 ? f : f.astype(p.type.dtype);
+  if (out.nbytes()) std::memcpy(out.raw(), typed.raw(), static_cast<size_t>(out.nbytes()));
 }
 
 }  // namespace px::nn

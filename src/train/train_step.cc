@@ -14,7 +14,18 @@ TrainStep::TrainStep(nn::ParamStore& store, optim::OptimizerPtr opt, LossFn loss
 
 TrainStep::~TrainStep() = default;
 
-TrainState TrainStep::init(uint64_t seed) const { return init(step_->store().init(seed)); }
+// Each device generates its own shard of every param (nn::init_box: counter-based, the bits of the
+// whole param's init), so no process holds a whole param beyond the one being generated.
+TrainState TrainStep::init(uint64_t seed) const {
+  const nn::ParamStore& store = step_->store();
+  TrainState s = begin_state();
+  for (size_t i = 0; i < store.size(); ++i) {
+    const nn::ParamSpec& spec = store.spec(static_cast<int>(i));
+    set_param(s, static_cast<int>(i),
+              [&spec, seed](const std::vector<int64_t>& offsets, Array& out) { nn::init_box(spec, seed, offsets, out); });
+  }
+  return s;
+}
 
 TrainState TrainStep::init(const std::vector<Array>& params) const {
   const size_t n = step_->store().size();

@@ -287,6 +287,43 @@ void check_training(const std::vector<std::pair<std::string, int64_t>>& axes, Sh
               split_time * 1e3, w.size, ref_time * 1e3, single.to_string().c_str());
 }
 
+// init(seed) under FSDP over the processes: each process generates only its own shards (its host
+// peak during init is what it keeps plus one param being generated), bitwise the unsharded init.
+TEST(MpiRanks, InitHoldsOnlyThisProcessShardsBitwise) {
+  REQUIRE_MPIRUN();
+  using namespace recipe_check;
+  const ProcessWorld& w = process_world();
+  Fixture f(gpt_micro());
+  ShardingOptions o;
+  o.communicator = w.communicator;
+  const Mesh mesh = Mesh::create({{"data", -1}}, w.devices);
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, px::testing::on_mesh(mesh, ShardingStrategy::FSDP, o));
+  int64_t largest = 0, whole = 0;
+  for (const TensorType& t : f.model.store().types()) {
+    largest = std::max(largest, numel(t.shape) * 4);
+    whole += t.nbytes();
+  }
+  const int64_t before = platform_memory_stats("cpu").bytes_in_use;
+  reset_platform_peak_memory("cpu");
+  TrainState s = step.init(5);
+  const MemoryStats after = platform_memory_stats("cpu");
+  const int64_t held = after.bytes_in_use - before;
+  EXPECT_LE(after.peak_bytes_in_use - before, held + largest) << "rank " << w.rank;
+  if (w.size > 1) EXPECT_LT(held, 3 * whole) << "rank " << w.rank << " holds more than its shards";
+  const std::vector<Array> want = f.model.store().init(5);
+  for (size_t i = 0; i < s.params.size(); ++i)
+    for (int pos : s.params[i].positions()) {
+      const Array& got = s.params[i].shard(pos);
+      Array box(got.dtype(), got.shape());
+      const std::vector<int64_t> at = s.params[i].sharding().shard_offsets(want[i].shape(), pos);
+      nn::init_box(f.model.store().spec(static_cast<int>(i)), 5, at, box);
+      EXPECT_EQ(std::memcmp(got.raw(), box.raw(), static_cast<size_t>(box.nbytes())), 0) << "param " << i;
+    }
+  const std::vector<Array> got = step.gather_params(s);  // a collective: every rank calls it
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_EQ(std::memcmp(got[i].raw(), want[i].raw(), static_cast<size_t>(want[i].nbytes())), 0) << "param " << i;
+}
+
 TEST(MpiRanks, DdpOverTwoProcessesEqualsOneProcessBitwise) {
   REQUIRE_MPIRUN();
   check_training({{"data", -1}}, ShardingStrategy::DDP, /*save=*/true);

@@ -2,10 +2,13 @@
 // answer the same calls; a state of one does not silently run in the other.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "../sharding/recipe_check.h"
+#include "parallax/memory.h"
 #include "parallax/parallel.h"
 #include "parallax/train.h"
 
@@ -100,6 +103,50 @@ TEST(TrainStepType, ParamsSetOneByOneEqualInitOnOneDevice) {
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pa[i].to_f32(), pb[i].to_f32()) << i;
   std::vector<Array> sa = step.gather_opt_state(a), sb = step.gather_opt_state(b);
   for (size_t i = 0; i < sa.size(); ++i) EXPECT_EQ(sa[i].to_f32(), sb[i].to_f32()) << i;
+}
+
+// init(seed) under FSDP on 8 devices: each device generates its own shard (nothing whole), so the
+// host's high-water mark during init is the state's shards plus one param being generated, and the
+// params are bitwise the unsharded init.
+TEST(TrainStepType, InitGeneratesEachShardWhereItLives) {
+  Fixture f(gpt_micro());
+  ShardingOptions every;
+  every.fsdp_min_bytes = 0;  // every param that divides is split
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types,
+                 px::testing::on_mesh(Mesh({{"data", 8}}), ShardingStrategy::FSDP, every));
+  int64_t largest = 0, whole = 0;
+  for (const TensorType& t : f.model.store().types()) {
+    largest = std::max(largest, numel(t.shape) * 4);  // generated as f32
+    whole += t.nbytes();
+  }
+  std::vector<int64_t> on_device(8);
+  for (int d = 0; d < 8; ++d) on_device[d] = memory_stats({d}).bytes_in_use;
+  const int64_t before = platform_memory_stats("cpu").bytes_in_use;
+  reset_platform_peak_memory("cpu");
+  TrainState s = step.init(7);
+  const MemoryStats after = platform_memory_stats("cpu");
+  const int64_t held = after.bytes_in_use - before, peak = after.peak_bytes_in_use - before;
+  EXPECT_LE(peak, held + largest) << "held " << held << ", largest param " << largest;
+  // Params and AdamW's two slots, each split 8 ways: 3/8 of the model per device.
+  for (int d = 0; d < 8; ++d)
+    EXPECT_LT(memory_stats({d}).bytes_in_use - on_device[d], whole / 2) << "device " << d;
+  int split = 0;
+  for (const ShardedArray& p : s.params) split += !p.sharding().is_fully_replicated();
+  EXPECT_GT(split, 0) << "no param of the FSDP plan is split";
+  const std::vector<Array> want = f.model.store().init(7), got = step.gather_params(s);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_EQ(std::memcmp(got[i].raw(), want[i].raw(), static_cast<size_t>(want[i].nbytes())), 0) << i;
+  // A box in the middle of a param (not whole rows) is that box of the whole param.
+  const nn::ParamSpec& spec = f.model.store().spec(0);
+  ASSERT_EQ(spec.type.shape.size(), 2u);
+  Array box(spec.type.dtype, {3, 5});
+  nn::init_box(spec, 7, {2, 4}, box);
+  const Array full = nn::init_array(spec, 7);
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t c = 0; c < 5; ++c)
+      EXPECT_EQ(box.data<float>()[r * 5 + c], full.data<float>()[(2 + r) * spec.type.shape[1] + 4 + c]) << r << c;
+  EXPECT_THROW(nn::init_box(spec, 7, {spec.type.shape[0] - 2, 0}, box), Error);
 }
 
 TEST(TrainStepType, AFailedCallLeavesTheStateWhole) {

@@ -56,6 +56,10 @@ int64_t fan_in(const Shape& s);
 void init_range(const ParamSpec& p, uint64_t seed, int64_t begin, int64_t end, float* out);
 // The whole param as an Array of its dtype.
 Array init_array(const ParamSpec& p, uint64_t seed);
+// The box of the param at `offsets` whose shape is out's, written into `out` (of the param's
+// dtype): the same bits as that box of init_array, without the whole param ever existing (each
+// device generates its own shard; a px::BoxReader for shard()).
+void init_box(const ParamSpec& p, uint64_t seed, const std::vector<int64_t>& offsets, Array& out);
 
 class ParamStore;
 class Param;
