@@ -266,9 +266,6 @@ PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt
     throw UserError("[pipeline] the mesh " + mesh.to_string() +
                     " spans several processes: give this process's communicator (ShardingOptions::communicator, "
                     "e.g. px::process_world().communicator)");
-  if (options.remat.policy == RematPolicy::automatic)
-    throw UserError(
-        "[pipeline] remat `auto` is not planned per stage: give a remat policy (e.g. full) for a pipelined step");
   if (!options.offload.params.empty() || options.offload.optimizer_state)
     throw UserError("[pipeline] offload is not built for pipelined steps: drop TrainStepOptions::offload");
   check_microbatches(options.microbatches, batch_types, "TrainStep");
@@ -317,15 +314,32 @@ PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt
           i, type_str(batch_types[i]), shards, shards * M));
   check_rows_per_device(plan, batch_types, M);  // each device's microbatches are made of its own rows
 
-  StepProgram p =
-      trace_train_step(store, opt, loss_fn, micro_types, options.clip_norm, "TrainStep", options.skip_nonfinite, 1);
-  p = remat_step(std::move(p), options.remat);
-  dump_pass("remat", [&] { return p.graph->to_string(); });
   PipelinedStep r;
   r.state_specs = state_specs_for(plan, opt.state_slots(store.types()), store.types());
+  auto cut = [&](StepProgram q, bool compile_it) {
+    return stage_programs(std::move(q), schedule, options.pipeline, mesh, plan, r.state_specs, options.compile,
+                          cluster, compile_it);
+  };
+  StepProgram p =
+      trace_train_step(store, opt, loss_fn, micro_types, options.clip_norm, "TrainStep", options.skip_nonfinite, 1);
+  if (options.remat.policy == RematPolicy::automatic) {
+    // The least recompute whose busiest device group's planned peak (the schedule's held
+    // microbatches included) fits: each candidate cut into stages and planned, nothing compiled.
+    auto peak_of = [&](const StepProgram& q) {
+      DumpCandidates quiet;
+      const PipelineReport rep = pipeline_report(cut(q.clone(), false));
+      int64_t peak = 0;
+      for (int d = 0; d < rep.schedule.devices; ++d) peak = std::max(peak, rep.planned_peak(d));
+      return peak;
+    };
+    const int64_t budget = options.remat.budget_bytes > 0 ? options.remat.budget_bytes : memory_limit(options, mesh);
+    p = remat_automatic(std::move(p), budget, peak_of);
+  } else {
+    p = remat_step(std::move(p), options.remat);
+  }
+  dump_pass("remat", [&] { return p.graph->to_string(); });
   r.graph = p.graph->clone();
-  r.staged = stage_programs(std::move(p), schedule, options.pipeline, mesh, plan, r.state_specs, options.compile,
-                            cluster, compile);
+  r.staged = cut(std::move(p), compile);
   r.plan = std::move(plan);
   r.plan.mesh = mesh;
   for (ParamPlacement& pp : r.plan.params)

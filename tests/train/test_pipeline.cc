@@ -460,6 +460,40 @@ TEST(Pipeline, StagesInTwoProcessesEqualOneProcessBitwise) {
   for (const std::string& e : errors) EXPECT_TRUE(has(e, "put the `stage` axis first")) << e;
 }
 
+int64_t pipelined_peak(const TrainStepOptions& o) {
+  Fixture f(gpt4(), 8);
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, o);
+  return step.peak_bytes();
+}
+
+// Remat inside the stages, `auto` included: the least recompute whose busiest device group fits
+// the budget (its held microbatches counted from the schedule), the same bits as without remat.
+TEST(Pipeline, RematAutoFitsTheBudgetWithTheSameBits) {
+  const TrainStepOptions none = pipelined(2, 4, pipeline::Kind::gpipe);
+  TrainStepOptions full = none;
+  full.remat.policy = RematPolicy::full;
+  const int64_t p_none = pipelined_peak(none), p_full = pipelined_peak(full);
+  ASSERT_LT(p_full, p_none);
+  TrainStepOptions a = none;
+  a.remat = {RematPolicy::automatic, {}, -1, p_none - 1};
+  EXPECT_LE(pipelined_peak(a), p_none - 1);
+  EXPECT_GE(pipelined_peak(a), p_full);
+  const Trained want = train(gpt4(), none, 3);
+  for (const TrainStepOptions& o : {full, a}) {
+    std::string report;
+    const Trained got = train(gpt4(), o, 3, &report);
+    for (size_t i = 0; i < want.metrics.size(); ++i) EXPECT_EQ(want.metrics[i].loss, got.metrics[i].loss) << i;
+    for (size_t i = 0; i < want.params.size(); ++i)
+      EXPECT_TRUE(recipe_check::bitwise_equal(want.params[i], got.params[i])) << remat_policy_name(o.remat.policy)
+                                                                              << " param " << i;
+  }
+  TrainStepOptions tight = none;
+  tight.remat = {RematPolicy::automatic, {}, -1, 1 << 10};
+  Fixture f(gpt4(), 8);
+  EXPECT_TRUE(has(testing::user_error_of([&] { TrainStep(f.model.store(), opt(), f.loss, f.batch_types, tight); }),
+                  "no policy fits the budget"));
+}
+
 TEST(Pipeline, BadSettingsNameTheFix) {
   Fixture f(gpt4(), 8);
   auto make = [&](TrainStepOptions o, Fixture& fx) {
