@@ -35,8 +35,6 @@ std::string chunk_key(const std::vector<int64_t>& index);
 // Number of chunks along each dim (chunk dims of 0 count as 1).
 std::vector<int64_t> chunk_grid(const Shape& shape, const Shape& chunk_shape);
 
-uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
-
 // Encodes a chunk's raw little-endian bytes: a zstd frame; then, when `tag` is given, a zstd
 // skippable frame holding it (Zarr readers skip it; checkpoints bind a chunk to its array, chunk
 // index and step with it); then the crc32c of all that (4 bytes LE).

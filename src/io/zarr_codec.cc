@@ -2,78 +2,16 @@
 // crc32c (the Castagnoli CRC of the compressed bytes, appended little endian).
 #include <zstd.h>
 
-#include <array>
 #include <bit>
 #include <cstdio>
 #include <cstring>
 
+#include "io/crc32c.h"
 #include "io/zarr.h"
-
-#if defined(__SSE4_2__)
-#include <nmmintrin.h>
-#endif
 
 namespace px::zarr {
 
 static_assert(std::endian::native == std::endian::little, "Zarr chunks are written in the host's byte order");
-
-namespace {
-
-#if !defined(__SSE4_2__)
-// Reflected CRC-32C (polynomial 0x82F63B78) tables for slicing by 8.
-struct Tables {
-  std::array<std::array<uint32_t, 256>, 8> t{};
-  Tables() {
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
-      t[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; ++i)
-      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xff];
-  }
-};
-const Tables& tables() {
-  static const Tables t;
-  return t;
-}
-#endif
-
-}  // namespace
-
-uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t c = ~crc & 0xffffffffu;
-#if defined(__SSE4_2__)
-  while (n >= 8) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);
-    c = _mm_crc32_u64(c, v);
-    p += 8;
-    n -= 8;
-  }
-  while (n > 0) {
-    c = _mm_crc32_u8(static_cast<uint32_t>(c), *p++);
-    --n;
-  }
-#else
-  const auto& t = tables().t;
-  uint32_t c32 = static_cast<uint32_t>(c);
-  while (n >= 8) {
-    uint32_t lo, hi;
-    std::memcpy(&lo, p, 4);
-    std::memcpy(&hi, p + 4, 4);
-    lo ^= c32;
-    c32 = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^ t[3][hi & 0xff] ^
-          t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
-    p += 8;
-    n -= 8;
-  }
-  while (n-- > 0) c32 = (c32 >> 8) ^ t[0][(c32 ^ *p++) & 0xff];
-  c = c32;
-#endif
-  return ~static_cast<uint32_t>(c);
-}
 
 namespace {
 
@@ -104,7 +42,7 @@ void encode_chunk(const void* data, size_t nbytes, int zstd_level, std::vector<c
     std::memcpy(out.data() + n + 8, tag.data(), tag.size());
     n += tag_bytes;
   }
-  put_le32(out.data() + n, crc32c(out.data(), n));
+  put_le32(out.data() + n, io::crc32c(out.data(), n));
   out.resize(n + 4);
 }
 
@@ -112,7 +50,7 @@ std::string decode_chunk(const char* data, size_t size, void* out, size_t nbytes
   if (tag) tag->clear();
   if (size < 4) return "truncated: " + std::to_string(size) + " bytes, shorter than its 4-byte checksum";
   const uint32_t stored = le32(data + size - 4);
-  const uint32_t actual = crc32c(data, size - 4);
+  const uint32_t actual = io::crc32c(data, size - 4);
   if (stored != actual) {
     char buf[96];
     std::snprintf(buf, sizeof buf, "checksum mismatch (stored crc32c %08x, computed %08x over %zu bytes)", stored,

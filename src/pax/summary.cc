@@ -9,25 +9,11 @@
 #include <optional>
 #include <sstream>
 
+#include "io/crc32c.h"
 #include "parallax/core.h"
 
 namespace px::pax {
 namespace {
-
-// CRC-32C (Castagnoli), reflected polynomial 0x82F63B78, one table lookup per byte.
-const uint32_t* crc_table() {
-  static uint32_t t[256] = {};
-  static bool init = [] {
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-      t[i] = c;
-    }
-    return true;
-  }();
-  (void)init;
-  return t;
-}
 
 void put_varint(std::string& s, uint64_t v) {
   while (v >= 0x80) {
@@ -120,16 +106,8 @@ std::optional<int64_t> event_step(const std::string& e) {
 
 }  // namespace
 
-uint32_t crc32c(const void* data, size_t n) {
-  const uint32_t* t = crc_table();
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint32_t c = 0xffffffffu;
-  for (size_t i = 0; i < n; ++i) c = t[(c ^ p[i]) & 0xff] ^ (c >> 8);
-  return c ^ 0xffffffffu;
-}
-
 uint32_t masked_crc32c(const void* data, size_t n) {
-  uint32_t c = crc32c(data, n);
+  uint32_t c = io::crc32c(data, n);
   return ((c >> 15) | (c << 17)) + 0xa282ead8u;
 }
 

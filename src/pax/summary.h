@@ -10,7 +10,6 @@
 
 namespace px::pax {
 
-uint32_t crc32c(const void* data, size_t n);
 uint32_t masked_crc32c(const void* data, size_t n);  // TFRecord's ((crc >> 15 | crc << 17) + 0xa282ead8)
 
 class EventWriter {

@@ -1,4 +1,4 @@
-// The TensorBoard event writer: CRC32C, TFRecord framing, and the plot writer.
+// The TensorBoard event writer: masked CRC32C, TFRecord framing, and the plot writer.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -13,9 +13,10 @@
 namespace px::pax {
 namespace {
 
-TEST(PaxSummary, Crc32cMatchesTheStandardCheckValue) {
-  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);  // the CRC-32C check value (RFC 3720)
-  EXPECT_EQ(crc32c("", 0), 0u);
+TEST(PaxSummary, MaskedCrc32cOfTheStandardCheckValue) {
+  // CRC-32C("123456789") is 0xE3069283 (RFC 3720); masked: rotate right by 15, add 0xa282ead8.
+  EXPECT_EQ(masked_crc32c("123456789", 9), 0xC78AB0E5u);
+  EXPECT_EQ(masked_crc32c("", 0), 0xA282EAD8u);
 }
 
 TEST(PaxSummary, EventFileIsFramedTfRecords) {
