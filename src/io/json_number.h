@@ -12,7 +12,9 @@
 
 namespace px {
 
-inline std::string json_excerpt(const nlohmann::json& v) {
+// nlohmann::json or nlohmann::ordered_json.
+template <class Json>
+std::string json_excerpt(const Json& v) {
   std::string s = v.dump();
   return s.size() > 60 ? s.substr(0, 60) + "..." : s;
 }

@@ -12,12 +12,15 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
-#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
+#include <vector>
 
 #include "core/enum_names.h"
-#include "io/json.h"
+#include "io/json_number.h"
 #include "io/regular_file.h"
+#include "io/safetensors.h"
 
 namespace px {
 
@@ -82,18 +85,81 @@ std::string parent_dir(const std::string& path) {
   return path.substr(0, slash);
 }
 
-struct Entry {
-  std::string name;
-  DType dtype;
-  Shape shape;
-  uint64_t begin = 0, end = 0;
-  size_t header_index = 0;
-};
+using Json = nlohmann::ordered_json;  // keeps the header's key order
 
-int64_t to_nonneg_int(const json::Value& v, const std::string& what,
-                      const std::function<void(const std::string&)>& fail) {
-  if (!v.is_integer() || v.as_int() < 0) fail(what + " must be a non-negative integer, got " + v.dump());
-  return v.as_int();
+// Strings go out as JSON only when they are UTF-8: nlohmann's writer checks it.
+bool valid_utf8(const std::string& s) {
+  try {
+    (void)Json(s).dump();
+    return true;
+  } catch (const Json::exception&) {
+    return false;
+  }
+}
+
+// nlohmann's "[json.exception.parse_error.101] parse error at line 1, column 5: syntax error ..."
+// without its prefixes and echo of the input, for a message that names the byte itself.
+std::string json_problem(const Json::exception& e) {
+  std::string m = e.what();
+  if (m.find("expected end of input") != std::string::npos) return "unexpected text after the JSON value";
+  size_t p = m.find("] ");
+  if (p != std::string::npos) m = m.substr(p + 2);
+  p = m.find(": ");
+  if (m.rfind("parse error", 0) == 0 && p != std::string::npos) m = m.substr(p + 2);
+  const size_t last = m.find("; last read: ");  // the raw bytes (maybe not UTF-8): the byte offset says where
+  if (last != std::string::npos) {
+    const size_t expected = m.rfind("; expected");
+    m.erase(last, (expected != std::string::npos && expected > last ? expected : m.size()) - last);
+  }
+  return m;
+}
+
+// A header is at most three deep ({name: {shape: [...]}}); deeper nesting is refused early.
+constexpr int kMaxDepth = 64;
+
+// The header text as JSON; duplicate keys are refused (nlohmann would keep one of them).
+Json parse_header_json(const std::string& text, const std::string& where) {
+  std::vector<std::set<std::string>> keys;  // of each object being parsed
+  Json::parser_callback_t check = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start) {
+      if (depth >= kMaxDepth) throw IoError(where + ": bad JSON: nesting deeper than " + std::to_string(kMaxDepth));
+      if (event == Json::parse_event_t::object_start) keys.emplace_back();
+    } else if (event == Json::parse_event_t::object_end) {
+      keys.pop_back();
+    } else if (event == Json::parse_event_t::key) {
+      const std::string& k = parsed.get_ref<const std::string&>();
+      if (!keys.back().insert(k).second) throw IoError(where + ": bad JSON: duplicate key \"" + k + "\"");
+    }
+    return true;
+  };
+  try {
+    return Json::parse(text, check);
+  } catch (const Json::parse_error& e) {
+    throw IoError(where + ": bad JSON at byte " + std::to_string(e.byte) + ": " + json_problem(e));
+  } catch (const Json::exception& e) {  // e.g. a number past double's range
+    throw IoError(where + ": bad JSON: " + json_problem(e));
+  }
+}
+
+// "an array", "a string", ... for messages.
+std::string kind_of(const Json& v) {
+  const std::string t = v.type_name();
+  if (v.is_null()) return t;
+  return (t[0] == 'a' || t[0] == 'o' ? "an " : "a ") + t;
+}
+
+// A non-negative integer that fits int64 (shape dims and offsets), else fail().
+template <class Fail>
+uint64_t non_negative(const Json& v, const std::string& what, const Fail& fail) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail(what + " " + json_excerpt(v) + " is too large");
+    return u;
+  }
+  if (!v.is_number_integer() || v.get<int64_t>() < 0)
+    fail(what + " must be a non-negative integer, got " + json_excerpt(v));
+  return static_cast<uint64_t>(v.get<int64_t>());
 }
 
 }  // namespace
@@ -122,40 +188,28 @@ void save_safetensors(const std::string& path, const std::vector<std::string>& n
   const std::string where = path;
   if (names.size() != arrays.size())
     throw UserError(where + ": " + std::to_string(names.size()) + " names for " + std::to_string(arrays.size()) +
-                " arrays; pass one name per array");
+                    " arrays; pass one name per array");
   std::set<std::string> seen;
   for (size_t i = 0; i < names.size(); ++i) {
     const std::string& n = names[i];
     if (n.empty()) throw UserError(where + ": array " + std::to_string(i) + " has an empty name");
     if (n == "__metadata__") throw UserError(where + ": '__metadata__' is reserved and cannot name a tensor");
-    if (!json::valid_utf8(n)) throw UserError(where + ": the name of array " + std::to_string(i) + " is not valid UTF-8");
+    if (!valid_utf8(n)) throw UserError(where + ": the name of array " + std::to_string(i) + " is not valid UTF-8");
     if (!seen.insert(n).second) throw UserError(where + ": the name '" + n + "' is used twice");
     if (!arrays[i].defined()) throw UserError(where + ": array '" + n + "' is undefined (no data)");
   }
   for (auto& [k, v] : metadata)
-    if (!json::valid_utf8(k) || !json::valid_utf8(v))
+    if (!valid_utf8(k) || !valid_utf8(v))
       throw UserError(where + ": metadata key or value is not valid UTF-8 (key '" + k + "')");
 
-  json::Value header = json::Value::object();
-  if (!metadata.empty()) {
-    json::Value m = json::Value::object();
-    for (auto& [k, v] : metadata) m.add(k, json::Value::string(v));
-    header.add("__metadata__", std::move(m));
-  }
+  Json header = Json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (size_t i = 0; i < names.size(); ++i) {
     const Array& a = arrays[i];
-    json::Value e = json::Value::object();
-    e.add("dtype", json::Value::string(safetensors_dtype(a.dtype())));
-    json::Value shape = json::Value::array();
-    for (int64_t d : a.shape()) shape.push_back(json::Value::integer(d));
-    e.add("shape", std::move(shape));
-    uint64_t n = static_cast<uint64_t>(a.nbytes());
-    json::Value offs = json::Value::array();
-    offs.push_back(json::Value::integer(static_cast<int64_t>(offset)));
-    offs.push_back(json::Value::integer(static_cast<int64_t>(offset + n)));
-    e.add("data_offsets", std::move(offs));
-    header.add(names[i], std::move(e));
+    const uint64_t n = static_cast<uint64_t>(a.nbytes());
+    header[names[i]] = {
+        {"dtype", safetensors_dtype(a.dtype())}, {"shape", a.shape()}, {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string text = header.dump();
@@ -198,23 +252,23 @@ void save_safetensors(const std::string& path, const std::vector<std::string>& n
   }
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
-  const std::string where = path;
-  auto fail = [&](const std::string& what) -> void { throw IoError(where + ": " + what); };
+namespace io {
 
-  Fd f;
-  f.fd = io::open_for_reading(path, "");
-  if (f.fd < 0) fail("cannot open: " + errno_text());
-  struct stat st;
-  if (::fstat(f.fd, &st) != 0) fail("cannot stat: " + errno_text());
-  if (!S_ISREG(st.st_mode)) fail("not a regular file");
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+int64_t safetensors_dtype_bytes(const std::string& d) {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+  if (d == "BOOL" || d == "U8" || d == "I8" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
+  return 0;
+}
+
+SafetensorsHeader read_safetensors_header(const std::string& path, uint64_t file_size, const ReadAt& read) {
+  auto fail = [&](const std::string& what) -> void { throw IoError(path + ": " + what); };
   if (file_size < 8)
     fail("file is " + std::to_string(file_size) +
          " bytes, too short for the 8-byte header length (truncated, or not a safetensors file)");
-
   unsigned char len[8];
-  if (!read_at(f.fd, len, 8, 0, where)) fail("file is truncated");
+  if (!read(len, 8, 0)) fail("file is truncated");
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(len[i]) << (8 * i);
   if (header_len > file_size - 8)
@@ -225,92 +279,108 @@ SafetensorsFile load_safetensors(const std::string& path) {
     fail("header length " + std::to_string(header_len) + " exceeds the " + std::to_string(kMaxHeaderBytes) +
          "-byte limit (not a safetensors file?)");
   std::string text(static_cast<size_t>(header_len), '\0');
-  if (!read_at(f.fd, text.data(), text.size(), 8, where)) fail("file is truncated inside the header");
-  json::Value header;
-  try {
-    header = json::parse(text, where + ": header");
-  } catch (const IoError&) {
-    throw;
-  } catch (const Error& e) {  // a damaged file: an I/O error like every other problem of the file
-    throw IoError(e.what());
-  }
-  if (!header.is_object()) fail("header must be a JSON object, got " + std::string(json::kind_name(header.kind())));
+  if (!read(text.data(), text.size(), 8)) fail("file is truncated inside the header");
+  const Json header = parse_header_json(text, path + ": header");
+  if (!header.is_object()) fail("header must be a JSON object, got " + kind_of(header));
 
-  const uint64_t data_size = file_size - 8 - header_len;
-  SafetensorsFile out;
-  std::vector<Entry> entries;
-  for (auto& [name, v] : header.members()) {
+  SafetensorsHeader out;
+  out.data_offset = 8 + header_len;
+  const uint64_t data_size = file_size - out.data_offset;
+  for (auto& [name, v] : header.items()) {
     if (name == "__metadata__") {
-      if (!v.is_object())
-        fail("__metadata__ must be an object of strings, got " + std::string(json::kind_name(v.kind())));
-      for (auto& [k, s] : v.members()) {
-        if (!s.is_string()) fail("__metadata__ value of '" + k + "' must be a string, got " + s.dump());
-        out.metadata[k] = s.as_string();
+      if (!v.is_object()) fail("__metadata__ must be an object of strings, got " + kind_of(v));
+      for (auto& [k, s] : v.items()) {
+        if (!s.is_string()) fail("__metadata__ value of '" + k + "' must be a string, got " + json_excerpt(s));
+        out.metadata[k] = s.get<std::string>();
       }
       continue;
     }
-    const std::string tw = "tensor '" + name + "': ";
+    const std::string tw = "tensor '" + name + "': ";  // (clang lambdas cannot capture a structured binding)
     auto tfail = [&](const std::string& what) { fail(tw + what); };
-    if (!v.is_object()) tfail("entry must be an object, got " + std::string(json::kind_name(v.kind())));
-    for (auto& [k, unused] : v.members())
+    if (!v.is_object()) tfail("entry must be an object, got " + kind_of(v));
+    for (auto& [k, unused] : v.items())
       if (k != "dtype" && k != "shape" && k != "data_offsets") tfail("unexpected field '" + k + "'");
-    const json::Value* dt = v.find("dtype");
-    const json::Value* sh = v.find("shape");
-    const json::Value* of = v.find("data_offsets");
-    if (!dt || !sh || !of) tfail("entry needs the fields dtype, shape and data_offsets");
-    Entry e;
-    e.name = name;
-    e.header_index = entries.size();
-    if (!dt->is_string()) tfail("dtype must be a string, got " + dt->dump());
-    if (!dtype_from_safetensors(dt->as_string(), e.dtype))
-      tfail("unknown or unsupported dtype '" + dt->as_string() + "' (parallax reads F32, BF16, F16, I32, BOOL)");
-    if (!sh->is_array()) tfail("shape must be an array of integers, got " + sh->dump());
+    if (!v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+      tfail("entry needs the fields dtype, shape and data_offsets");
+    const Json &dt = v.at("dtype"), &sh = v.at("shape"), &of = v.at("data_offsets");
+    SafetensorsTensor t;
+    t.name = name;
+    if (!dt.is_string()) tfail("dtype must be a string, got " + json_excerpt(dt));
+    t.dtype = dt.get<std::string>();
+    const int64_t element_bytes = safetensors_dtype_bytes(t.dtype);
+    if (element_bytes == 0)
+      tfail("unknown dtype '" + t.dtype +
+            "' (safetensors defines F64, F32, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8, BOOL, F8_E4M3, "
+            "F8_E5M2)");
+    if (!sh.is_array()) tfail("shape must be an array of integers, got " + json_excerpt(sh));
     uint64_t count = 1;
-    for (auto& d : sh->items()) {
-      int64_t n = to_nonneg_int(d, "shape entry", tfail);
-      e.shape.push_back(n);
-      if (__builtin_mul_overflow(count, static_cast<uint64_t>(n), &count)) tfail("shape " + sh->dump() + " overflows");
+    for (const Json& d : sh) {
+      const uint64_t n = non_negative(d, "shape entry", tfail);
+      t.shape.push_back(static_cast<int64_t>(n));
+      if (__builtin_mul_overflow(count, n, &count)) tfail("shape " + json_excerpt(sh) + " overflows");
     }
-    if (!of->is_array() || of->items().size() != 2) tfail("data_offsets must be [begin, end], got " + of->dump());
-    e.begin = static_cast<uint64_t>(to_nonneg_int(of->items()[0], "data_offsets begin", tfail));
-    e.end = static_cast<uint64_t>(to_nonneg_int(of->items()[1], "data_offsets end", tfail));
-    if (e.begin > e.end) tfail("data_offsets " + of->dump() + " end before they begin");
-    if (e.end > data_size)
-      tfail("data_offsets " + of->dump() + " go beyond the " + std::to_string(data_size) +
+    if (!of.is_array() || of.size() != 2) tfail("data_offsets must be [begin, end], got " + json_excerpt(of));
+    t.begin = non_negative(of[0], "data_offsets begin", tfail);
+    t.end = non_negative(of[1], "data_offsets end", tfail);
+    if (t.begin > t.end) tfail("data_offsets " + of.dump() + " end before they begin");
+    if (t.end > data_size)
+      tfail("data_offsets " + of.dump() + " go beyond the " + std::to_string(data_size) +
             " data bytes in the file (truncated?)");
     uint64_t want = 0;
-    if (__builtin_mul_overflow(count, static_cast<uint64_t>(dtype_size(e.dtype)), &want))
-      tfail("shape " + sh->dump() + " overflows");
-    if (want != e.end - e.begin)
-      tfail("shape " + shape_str(e.shape) + " of " + dt->as_string() + " needs " + std::to_string(want) +
-            " bytes but data_offsets " + of->dump() + " span " + std::to_string(e.end - e.begin));
-    entries.push_back(std::move(e));
+    if (__builtin_mul_overflow(count, static_cast<uint64_t>(element_bytes), &want))
+      tfail("shape " + json_excerpt(sh) + " overflows");
+    if (want != t.end - t.begin)
+      tfail("shape " + shape_str(t.shape) + " of " + t.dtype + " needs " + std::to_string(want) +
+            " bytes but data_offsets " + of.dump() + " span " + std::to_string(t.end - t.begin));
+    out.tensors.push_back(std::move(t));
   }
 
-  // File order; stable so that empty tensors at the same offset keep their header order.
-  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
-  const Entry* last = nullptr;  // the non-empty tensor reaching furthest so far
-  for (const Entry& e : entries) {
-    if (e.begin == e.end) continue;
-    if (last && e.begin < last->end)
+  // Data order; stable so that empty tensors at the same offset keep their header order.
+  std::stable_sort(out.tensors.begin(), out.tensors.end(),
+                   [](const SafetensorsTensor& a, const SafetensorsTensor& b) { return a.begin < b.begin; });
+  const SafetensorsTensor* last = nullptr;  // the non-empty tensor reaching furthest so far
+  for (const SafetensorsTensor& t : out.tensors) {
+    if (t.begin == t.end) continue;
+    if (last && t.begin < last->end)
       fail("tensors '" + last->name + "' [" + std::to_string(last->begin) + ", " + std::to_string(last->end) +
-           ") and '" + e.name + "' [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ") overlap");
-    if (!last || e.end > last->end) last = &e;
+           ") and '" + t.name + "' [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + ") overlap");
+    if (!last || t.end > last->end) last = &t;
   }
+  return out;
+}
 
-  for (const Entry& e : entries) {
-    Array a(e.dtype, e.shape);
-    size_t n = static_cast<size_t>(e.end - e.begin);
-    if (n > 0 && !read_at(f.fd, a.raw(), n, 8 + header_len + e.begin, where))
-      fail("file is truncated inside tensor '" + e.name + "'");
-    if (e.dtype == DType::boolean) {
+}  // namespace io
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  auto fail = [&](const std::string& what) -> void { throw IoError(path + ": " + what); };
+  Fd f;
+  f.fd = io::open_for_reading(path, "");
+  if (f.fd < 0) fail("cannot open: " + errno_text());
+  struct stat st;
+  if (::fstat(f.fd, &st) != 0) fail("cannot stat: " + errno_text());
+  if (!S_ISREG(st.st_mode)) fail("not a regular file");
+  const io::SafetensorsHeader header = io::read_safetensors_header(
+      path, static_cast<uint64_t>(st.st_size),
+      [&](void* dst, size_t n, uint64_t offset) { return read_at(f.fd, dst, n, offset, path); });
+
+  SafetensorsFile out;
+  out.metadata = header.metadata;
+  for (const io::SafetensorsTensor& t : header.tensors) {
+    DType dtype;
+    if (!dtype_from_safetensors(t.dtype, dtype))
+      fail("tensor '" + t.name + "': unsupported dtype '" + t.dtype + "' (parallax reads F32, BF16, F16, I32, BOOL)");
+    Array a(dtype, t.shape);
+    const size_t n = static_cast<size_t>(t.end - t.begin);
+    if (n > 0 && !read_at(f.fd, a.raw(), n, header.data_offset + t.begin, path))
+      fail("file is truncated inside tensor '" + t.name + "'");
+    if (dtype == DType::boolean) {
       const uint8_t* b = a.data<uint8_t>();
       for (size_t i = 0; i < n; ++i)
         if (b[i] > 1)
-          fail("tensor '" + e.name + "': BOOL element " + std::to_string(i) + " holds byte " + std::to_string(b[i]) +
+          fail("tensor '" + t.name + "': BOOL element " + std::to_string(i) + " holds byte " + std::to_string(b[i]) +
                " (must be 0 or 1)");
     }
-    out.names.push_back(e.name);
+    out.names.push_back(t.name);
     out.arrays.push_back(std::move(a));
   }
   return out;

@@ -260,7 +260,28 @@ TEST_F(Safetensors, RejectsDamagedFilesWithClearMessages) {
                                         R"("data_offsets":[0,8]}})",
                                         data8)),
                          {"overflows"}));
-  EXPECT_TRUE(load_fails(with(make_file("{\"\xff\":1}", "")), {"invalid UTF-8"}));
+  EXPECT_TRUE(load_fails(with(make_file("{\"\xff\":1}", "")), {"bad JSON", "ill-formed UTF-8"}));
+  // Beyond what the reader of earlier versions checked, or worded differently.
+  EXPECT_TRUE(load_fails(with(make_file(R"({"x":{"dtype":"Q9","shape":[1],"data_offsets":[0,4]}})", data8)),
+                         {"d.safetensors", "tensor 'x'", "unknown dtype 'Q9'"}));
+  EXPECT_TRUE(
+      load_fails(with(make_file(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,18446744073709551615]}})", data8)),
+                 {"tensor 'x'", "data_offsets end 18446744073709551615 is too large"}));
+  EXPECT_TRUE(load_fails(with(make_file(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[1e30,8]}})", data8)),
+                         {"tensor 'x'", "data_offsets begin must be a non-negative integer"}));
+  EXPECT_TRUE(load_fails(with(make_file(R"({"x":{"dtype":"F32","shape":[99999999999999999999999],)"
+                                        R"("data_offsets":[0,8]}})",
+                                        data8)),
+                         {"tensor 'x'", "shape entry must be a non-negative integer"}));
+  EXPECT_TRUE(load_fails(with(make_file(R"({"x":1e999})", "")), {"d.safetensors", "bad JSON"}));
+  EXPECT_TRUE(
+      load_fails(with(make_file(R"({"x":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data8)),
+                 {"d.safetensors", "duplicate key \"dtype\""}));
+  EXPECT_TRUE(load_fails(with(make_file(R"({"__metadata__":{"a":"1","a":"2"}})", "")), {"duplicate key \"a\""}));
+  EXPECT_TRUE(load_fails(with(make_file("{\"x\":" + std::string(100, '[') + std::string(100, ']') + "}", "")),
+                         {"d.safetensors", "nesting deeper than 64"}));
+  EXPECT_TRUE(load_fails(with(make_file(R"("abc")", "")), {"header must be a JSON object, got a string"}));
+  EXPECT_TRUE(load_fails(with(make_file(R"({"x":[1]})", "")), {"tensor 'x'", "entry must be an object, got an array"}));
 }
 
 TEST_F(Safetensors, TruncatedAndCorruptedSavedFiles) {

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "parallax/io.h"
@@ -163,6 +165,49 @@ TEST(PretrainedErrors, TruncatedShard) {
   fs::resize_file(d / "model.safetensors", 5);
   e = error_of([&] { load_pretrained(d.str()); });
   EXPECT_TRUE(has(e, d / "model.safetensors") && has(e, "truncated")) << e;
+}
+
+// Rewrites the header of a safetensors file (the data stays; its offsets are relative to the header).
+void edit_header(const fs::path& file, const std::function<void(nlohmann::ordered_json&)>& edit) {
+  std::ifstream in(file, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  nlohmann::ordered_json h = nlohmann::ordered_json::parse(bytes.substr(8, n));
+  edit(h);
+  const std::string text = h.dump();
+  std::string len(8, '\0');
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << len << text << bytes.substr(8 + n);
+}
+
+// The mapped reader checks headers as load_safetensors does (one reader): overlapping tensors,
+// non-string metadata and dtypes the format does not define are refused up front.
+TEST(PretrainedErrors, MalformedShardHeaders) {
+  TempDir d("pretrained_bad_header");
+  const fs::path file = d / "model.safetensors";
+  save_small(d.str());
+  edit_header(file, [](nlohmann::ordered_json& h) {
+    h["model.layers.1.mlp.gate_proj.weight"]["data_offsets"] = h["model.layers.0.mlp.gate_proj.weight"]["data_offsets"];
+  });
+  std::string e = error_of([&] { load_pretrained(d.str()); });
+  EXPECT_TRUE(has(e, file) && has(e, "overlap") && has(e, "copy the file again")) << e;
+
+  save_small(d.str());
+  edit_header(file, [](nlohmann::ordered_json& h) { h["__metadata__"]["format"] = 1; });
+  e = error_of([&] { load_pretrained(d.str()); });
+  EXPECT_TRUE(has(e, file) && has(e, "__metadata__ value of 'format' must be a string")) << e;
+
+  save_small(d.str());
+  edit_header(file, [](nlohmann::ordered_json& h) { h["model.norm.weight"]["dtype"] = "F5"; });
+  e = error_of([&] { load_pretrained(d.str()); });
+  EXPECT_TRUE(has(e, file) && has(e, "tensor 'model.norm.weight': unknown dtype 'F5'")) << e;
+
+  save_small(d.str());
+  edit_header(file, [](nlohmann::ordered_json& h) { h["model.norm.weight"]["shape"] = {-32}; });
+  e = error_of([&] { load_pretrained(d.str()); });
+  EXPECT_TRUE(has(e, file) && has(e, "shape entry must be a non-negative integer, got -32")) << e;
 }
 
 TEST(PretrainedErrors, UnsupportedOptionsNameTheField) {

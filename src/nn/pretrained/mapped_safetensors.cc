@@ -1,6 +1,5 @@
 // Memory-mapped safetensors reading for pretrained checkpoints.
 #include "nn/pretrained/mapped_safetensors.h"
-#include "io/regular_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -9,20 +8,11 @@
 
 #include <cerrno>
 #include <cstring>
-#include <nlohmann/json.hpp>
+
+#include "io/regular_file.h"
+#include "io/safetensors.h"
 
 namespace px::nn::detail {
-
-namespace {
-int64_t dtype_bytes(const std::string& d) {
-  if (d == "F64" || d == "I64" || d == "U64") return 8;
-  if (d == "F32" || d == "I32" || d == "U32") return 4;
-  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
-  if (d == "BOOL" || d == "U8" || d == "I8" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
-  return -1;
-}
-
-}  // namespace
 
 float read_f16(const std::byte* p, int64_t i) {
   uint16_t h;
@@ -60,65 +50,44 @@ int64_t MappedTensor::numel() const {
 MappedSafetensors::MappedSafetensors(const std::string& path) : path_(path) {
   const std::string refetch = "; download or copy the file again (it must be a complete safetensors file)";
   int fd = io::open_for_reading(path, "[safetensors] ");
-  if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+  if (fd < 0) throw IoError(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
+    const int err = errno;
     ::close(fd);
-    throw Error(path + ": cannot stat: " + std::strerror(errno));
+    throw IoError(path + ": cannot stat: " + std::strerror(err));
   }
   size_ = static_cast<uint64_t>(st.st_size);
-  if (size_ < 8) {
-    ::close(fd);
-    throw Error(path + ": truncated: " + std::to_string(size_) + " bytes, shorter than the 8-byte header length" +
-                refetch);
-  }
-  base_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (base_ == MAP_FAILED) {
-    base_ = nullptr;
-    throw Error(path + ": mmap failed: " + std::strerror(errno));
-  }
-  auto fail = [&](const std::string& m) {
-    ::munmap(base_, size_);
-    base_ = nullptr;
-    throw Error(path + ": " + m);
-  };
-  const auto* bytes = static_cast<const std::byte*>(base_);
-  uint64_t header_len;
-  std::memcpy(&header_len, bytes, 8);
-  if (header_len > size_ - 8)
-    fail("truncated: the header claims " + std::to_string(header_len) + " bytes but the file has " +
-         std::to_string(size_) + refetch);
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(reinterpret_cast<const char*>(bytes) + 8,
-                                   reinterpret_cast<const char*>(bytes) + 8 + header_len);
-  } catch (const std::exception& e) {
-    fail(std::string("bad safetensors header (") + e.what() + ")" + refetch);
-  }
-  if (!header.is_object()) fail("bad safetensors header: not a JSON object" + refetch);
-  const uint64_t data_begin = 8 + header_len, data_bytes = size_ - data_begin;
-  for (auto& [name, v] : header.items()) {
-    if (name == "__metadata__") continue;
-    try {
-      MappedTensor t;
-      t.dtype = v.at("dtype").get<std::string>();
-      t.shape = v.at("shape").get<std::vector<int64_t>>();
-      auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
-      if (off.size() != 2 || off[0] > off[1]) fail("tensor '" + name + "' has bad data_offsets" + refetch);
-      if (off[1] > data_bytes)
-        fail("truncated: tensor '" + name + "' ends at byte " + std::to_string(data_begin + off[1]) +
-             " but the file has " + std::to_string(size_) + refetch);
-      t.nbytes = off[1] - off[0];
-      const int64_t eb = dtype_bytes(t.dtype);
-      if (eb > 0 && static_cast<uint64_t>(t.numel() * eb) != t.nbytes)
-        fail("tensor '" + name + "' of shape and dtype " + t.dtype + " needs " + std::to_string(t.numel() * eb) +
-             " bytes but its offsets span " + std::to_string(t.nbytes) + refetch);
-      t.data = bytes + data_begin + off[0];
-      tensors_.emplace(name, std::move(t));
-    } catch (const nlohmann::json::exception& e) {
-      fail("bad entry for tensor '" + name + "' (" + e.what() + ")" + refetch);
+  if (size_ > 0) {  // an empty file cannot be mapped; the header check below refuses it
+    base_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (base_ == MAP_FAILED) {
+      base_ = nullptr;
+      const int err = errno;
+      ::close(fd);
+      throw IoError(path + ": mmap failed: " + std::strerror(err));
     }
+  }
+  ::close(fd);
+  const auto* bytes = static_cast<const std::byte*>(base_);
+  io::SafetensorsHeader header;
+  try {
+    header = io::read_safetensors_header(path, size_, [&](void* dst, size_t n, uint64_t offset) {
+      if (offset > size_ || n > size_ - offset) return false;
+      std::memcpy(dst, bytes + offset, n);
+      return true;
+    });
+  } catch (const IoError& e) {
+    if (base_) ::munmap(base_, size_);
+    base_ = nullptr;
+    throw IoError(e.what() + refetch);
+  }
+  for (const io::SafetensorsTensor& h : header.tensors) {
+    MappedTensor t;
+    t.dtype = h.dtype;
+    t.shape = h.shape;
+    t.data = bytes + header.data_offset + h.begin;
+    t.nbytes = h.end - h.begin;
+    tensors_.emplace(h.name, std::move(t));
   }
 }
 

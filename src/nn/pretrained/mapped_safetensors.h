@@ -22,8 +22,8 @@ struct MappedTensor {
 
 class MappedSafetensors {
  public:
-  // Maps `path` and validates its header: throws px::Error("<path>: <problem>; <fix>") when the
-  // file is missing, truncated or malformed.
+  // Maps `path` and validates its header (io::read_safetensors_header): throws
+  // px::IoError("<path>: <problem>; <fix>") when the file is missing, truncated or malformed.
   explicit MappedSafetensors(const std::string& path);
   ~MappedSafetensors();
   MappedSafetensors(const MappedSafetensors&) = delete;
