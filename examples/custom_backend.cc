@@ -18,17 +18,19 @@ namespace {
 
 using Loop = void (*)(const float* a, const float* b, float* out, int64_t n);
 
-const std::map<std::string, Loop>& loops() {
-  static const std::map<std::string, Loop> table = {
-      {"add",
+// The kernels by primitive: handles looked up once by name (px::primitive_handle), then found by
+// a node's `prim`.
+const std::map<const px::Primitive*, Loop>& loops() {
+  static const std::map<const px::Primitive*, Loop> table = {
+      {px::primitive_handle("add"),
        [](const float* a, const float* b, float* o, int64_t n) {
          for (int64_t i = 0; i < n; ++i) o[i] = a[i] + b[i];
        }},
-      {"mul",
+      {px::primitive_handle("mul"),
        [](const float* a, const float* b, float* o, int64_t n) {
          for (int64_t i = 0; i < n; ++i) o[i] = a[i] * b[i];
        }},
-      {"neg",
+      {px::primitive_handle("neg"),
        [](const float* a, const float*, float* o, int64_t n) {
          for (int64_t i = 0; i < n; ++i) o[i] = -a[i];
        }},
@@ -47,10 +49,10 @@ class TinyBackend final : public px::Backend {
   }
   int allocations = 0;
   bool can_fuse(const px::Graph&, const px::Node&) const override { return false; }
-  bool has_kernel(const std::string& primitive) const override { return loops().count(primitive) != 0; }
+  bool has_kernel(const px::Primitive* primitive) const override { return loops().count(primitive) != 0; }
   px::Kernel make_kernel(const px::Graph& g, const px::Unit& unit, const px::Placement&) override {
     const px::Node& n = g.nodes()[unit.nodes.at(0)];
-    auto it = loops().find(px::primitive_name(n));
+    auto it = loops().find(n.prim);
     if (it == loops().end() || g.type(n.outputs[0]).dtype != px::DType::f32)
       throw px::Error("[tiny] no kernel for '" + px::primitive_name(n) + "' on " + px::type_str(g.type(n.outputs[0])));
     const Loop loop = it->second;

@@ -96,9 +96,10 @@ class Backend {
   // (Communicator::streams) for its calls. Host backends run on the calling thread: nullptr.
   virtual void* stream(const Placement& device) { return nullptr; }
   // What the schedule pass may ask: whether elementwise node n can join a fused group, and whether
-  // the backend has a kernel of its own for a primitive.
+  // the backend has a kernel of its own for a primitive (a node's `prim`; a backend keys its
+  // kernels by the primitive, see primitive_handle below).
   virtual bool can_fuse(const Graph& g, const Node& n) const = 0;
-  virtual bool has_kernel(const std::string& primitive) const = 0;
+  virtual bool has_kernel(const Primitive* primitive) const = 0;
   // The kernel of one compute unit of a schedule (one node, or a fused elementwise group) for
   // `device` (what a backend binds into it: the device's stream, its library handles); throws
   // naming the primitive when the backend has none.
@@ -124,6 +125,13 @@ class Backend {
 };
 
 Backend& cpu_backend();
+
+// The registered primitive of that name (the names: build/tests/list_primitives), the handle a
+// backend keys a kernel by: look it up once, when the backend fills its kernel table, and compare
+// a node's `prim` with it (a Node's prim is the same pointer). Throws px::Error naming it when no
+// primitive of that name is registered (the SPMD ones, e.g. local_slice, once the sharding layer
+// has registered them).
+const Primitive* primitive_handle(const std::string& name);
 
 // Backends by platform name. `cpu` and `ref` are registered on first use; another backend (one
 // built out of tree against the installed headers) registers itself before its first program

@@ -63,8 +63,8 @@ struct Node {
   std::vector<int> outputs;  // value ids
   std::string name;          // optional, for tags (remat names) and debugging
 };
-// The name n's primitive is registered under ("add", "dot_general"): what a backend keys its
-// kernels by (parallax/backend.h).
+// The name n's primitive is registered under ("add", "dot_general"), for messages: a backend keys
+// its kernels by the primitive itself (n.prim; px::primitive_handle, parallax/backend.h).
 const std::string& primitive_name(const Node& n);
 
 struct ValueInfo {

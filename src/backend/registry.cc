@@ -1,5 +1,5 @@
-// Backends by platform: the built-in ones, registered on first use, and any a program adds; and
-// what a Backend does by default that is not a one-liner.
+// Backends by platform: the built-in ones, registered on first use, and any a program adds; what
+// a Backend does by default that is not a one-liner; primitive handles for backends out of tree.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -9,6 +9,7 @@
 #include "backend/ref/ref.h"
 #include "core/box.h"
 #include "core/env.h"
+#include "ir/primitive.h"
 #include "parallax/backend.h"
 #include "parallax/core.h"
 
@@ -83,6 +84,8 @@ Backend& backend_for(const std::string& platform) {
                     platform, fmt::join(backend_platforms(), ", ")));
   return get();
 }
+
+const Primitive* primitive_handle(const std::string& name) { return &get_primitive(name); }
 
 void Backend::copy_boxes(const std::vector<BoxCopy>& jobs) {
   for (const BoxCopy& j : jobs)

@@ -1,7 +1,7 @@
 // A primitive declares, in one place: its shape/dtype rule, its vjp (written with public
 // ops, so it is itself traceable), its einsum-like sharding rule, how the SPMD partitioner and
 // the TP recipe treat it (SpmdTraits, TpTraits) and its cost. Kernels live in
-// src/backend/<backend>/ keyed by the primitive's name. See docs/ir.md and
+// src/backend/<backend>/ keyed by the primitive (src/ops/prims.h's handles). See docs/ir.md and
 // docs/adding-a-primitive.md.
 //
 //   Primitive p;

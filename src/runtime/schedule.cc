@@ -81,7 +81,7 @@ std::vector<Group> form_groups(const Graph& g, const Backend& backend, bool fuse
   // A lone broadcast or reshape computes nothing: run it with its own kernel (or as a view).
   for (Group& u : groups)
     if (u.fused && u.nodes.size() == 1 && (is_broadcast(nodes[u.nodes[0]]) || is_reshape(nodes[u.nodes[0]])) &&
-        backend.has_kernel(nodes[u.nodes[0]].prim->name))
+        backend.has_kernel(nodes[u.nodes[0]].prim))
       u.fused = false;
   return groups;
 }

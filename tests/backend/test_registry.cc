@@ -26,7 +26,7 @@ std::vector<std::string> primitives_without_kernel(const std::string& platform, 
   for (const std::string& name : primitive_names()) {
     const Primitive& p = get_primitive(name);
     const bool has =
-        platform == "cpu" ? cpu::find_kernel(name) || cpu::find_eltwise(name) : ref::find_kernel(name) != nullptr;
+        platform == "cpu" ? cpu::find_kernel(&p) || cpu::find_eltwise(&p) : ref::find_kernel(&p) != nullptr;
     const bool runs = has || is_async_primitive(p) || static_cast<bool>(p.decompose);
     if (!runs && (with_planted || name != kPlanted)) missing.push_back(name);
   }

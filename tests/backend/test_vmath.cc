@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cpu/kernel.h"
+#include "parallax/backend.h"
 #include "backend/cpu/vmath.h"
 #include "backend/cpu/vmath_eval.h"
 
@@ -208,7 +209,7 @@ TEST(VecMath, BlockFunctionsUseThem) {
   x.push_back(kInf);
   x.push_back(-kInf);
   for (const char* fn : {"exp", "log", "tanh", "sigmoid"}) {
-    const px::cpu::EltwiseKernel* k = px::cpu::find_eltwise(fn);
+    const px::cpu::EltwiseKernel* k = px::cpu::find_eltwise(px::primitive_handle(fn));
     ASSERT_NE(k, nullptr) << fn;
     std::vector<float> want(x.size());
     px::cpu::vecmath_eval(fn, x.data(), want.data(), static_cast<int64_t>(x.size()));
@@ -230,8 +231,8 @@ TEST(VecMath, BlockFunctionsUseThem) {
 // the result is of size and absolutely near 0.
 TEST(VecMath, GeluErfIsAccurate) {
   px::cpu::register_all_kernels();
-  const px::cpu::EltwiseKernel* g = px::cpu::find_eltwise("gelu");
-  const px::cpu::EltwiseKernel* gg = px::cpu::find_eltwise("gelu_grad");
+  const px::cpu::EltwiseKernel* g = px::cpu::find_eltwise(px::primitive_handle("gelu"));
+  const px::cpu::EltwiseKernel* gg = px::cpu::find_eltwise(px::primitive_handle("gelu_grad"));
   ASSERT_TRUE(g && gg);
   std::vector<float> x;
   // Below -12.9, Phi(x) is subnormal: x Phi(x) then keeps only Phi's absolute precision.
@@ -269,9 +270,9 @@ TEST(VecMath, GeluTanhAndSiluAreAccurate) {
   std::vector<float> y(x.size()), dy(x.size()), sy(x.size());
   const float* in[1] = {x.data()};
   const float tanh_mode[1] = {1.0f};
-  px::cpu::find_eltwise("gelu")->f32(in, y.data(), n, tanh_mode);
-  px::cpu::find_eltwise("gelu_grad")->f32(in, dy.data(), n, tanh_mode);
-  px::cpu::find_eltwise("silu")->f32(in, sy.data(), n, tanh_mode);
+  px::cpu::find_eltwise(px::primitive_handle("gelu"))->f32(in, y.data(), n, tanh_mode);
+  px::cpu::find_eltwise(px::primitive_handle("gelu_grad"))->f32(in, dy.data(), n, tanh_mode);
+  px::cpu::find_eltwise(px::primitive_handle("silu"))->f32(in, sy.data(), n, tanh_mode);
   const double c = std::sqrt(2.0 / M_PI), a = 0.044715;
   double worst = 0, worst_tail = 0, worst_grad = 0, worst_silu = 0;
   float worst_at = 0;

@@ -153,7 +153,7 @@ TEST(Registries, RegisterWhileOtherThreadsLookUp) {
     readers.emplace_back([&] {
       while (!stop.load()) {
         if (get_primitive("add").name != "add") std::abort();
-        if (!cpu::find_kernel("dot_general")) std::abort();
+        if (!cpu::find_kernel(&get_primitive("dot_general"))) std::abort();
         (void)primitive_names();
         lookups.fetch_add(1);
       }
@@ -164,9 +164,8 @@ TEST(Registries, RegisterWhileOtherThreadsLookUp) {
     p.name = "hardening_test_prim_" + std::to_string(i);
     p.infer = [](const std::vector<TensorType>& in, const Attrs&) { return in; };
     register_primitive(std::move(p));
-    cpu::register_kernel("hardening_test_prim_" + std::to_string(i), [](const cpu::KernelSpec&) -> cpu::Kernel {
-      return [](const void* const*, void* const*) {};
-    });
+    cpu::register_kernel(&get_primitive("hardening_test_prim_" + std::to_string(i)),
+                         [](const cpu::KernelSpec&) -> cpu::Kernel { return [](const void* const*, void* const*) {}; });
   }
   stop = true;
   for (auto& t : readers) t.join();

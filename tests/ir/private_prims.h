@@ -49,7 +49,7 @@ inline void register_test_prims() {
       for (int64_t i = 0; i < n; ++i) out[i] = p[0] * in[0][i];
     };
     scale_k.params = [](const Attrs& a) { return std::vector<float>{static_cast<float>(a.f("k"))}; };
-    cpu::register_eltwise("test_scale", scale_k);
+    cpu::register_eltwise(&get_primitive("test_scale"), scale_k);
 
     // test_add2: y = a + b (same shapes).
     Primitive add_p;
@@ -62,7 +62,7 @@ inline void register_test_prims() {
     add_k.f32 = [](const float* const* in, float* out, int64_t n, const float*) {
       for (int64_t i = 0; i < n; ++i) out[i] = in[0][i] + in[1][i];
     };
-    cpu::register_eltwise("test_add2", add_k);
+    cpu::register_eltwise(&get_primitive("test_add2"), add_k);
 
     // test_effect: an identity that must never be merged by CSE (stands for a side effect).
     Primitive eff_p;
@@ -70,7 +70,7 @@ inline void register_test_prims() {
     eff_p.no_cse = true;
     eff_p.infer = [](const std::vector<TensorType>& in, const Attrs& a) { return same_as_first(in, a, "test_effect", 1); };
     register_primitive(eff_p);
-    cpu::register_kernel("test_effect", [](const cpu::KernelSpec& s) -> cpu::Kernel {
+    cpu::register_kernel(&get_primitive("test_effect"), [](const cpu::KernelSpec& s) -> cpu::Kernel {
       int64_t bytes = s.in[0].nbytes();
       return [bytes](const void* const* in, void* const* out) { std::memcpy(out[0], in[0], bytes); };
     });
@@ -92,7 +92,7 @@ inline void register_test_prims() {
       return std::vector<Tensor>{d};
     };
     register_primitive(split_p);
-    cpu::register_kernel("test_split2", [](const cpu::KernelSpec& s) -> cpu::Kernel {
+    cpu::register_kernel(&get_primitive("test_split2"), [](const cpu::KernelSpec& s) -> cpu::Kernel {
       int64_t n = s.in[0].numel();
       return [n](const void* const* in, void* const* out) {
         const float* x = static_cast<const float*>(in[0]);
@@ -112,7 +112,7 @@ inline void register_test_prims() {
       return std::vector<TensorType>{{DType::f32, Shape(s.begin(), s.end())}};
     };
     register_primitive(fill_p);
-    cpu::register_kernel("test_fill", [](const cpu::KernelSpec& s) -> cpu::Kernel {
+    cpu::register_kernel(&get_primitive("test_fill"), [](const cpu::KernelSpec& s) -> cpu::Kernel {
       int64_t n = s.out[0].numel();
       float v = static_cast<float>(s.attrs.f("v"));
       return [n, v](const void* const*, void* const* out) {

@@ -1,5 +1,5 @@
 // The CPU backend: counted host allocations per placement (device memory is a pool of host memory
-// with its own accounting and capacity), the kernel registry, and a copy stream: one thread that
+// with its own accounting and capacity), the kernel registry (by primitive), and a copy stream: one thread that
 // runs copies between memory kinds in order while the compute threads go on.
 #include <condition_variable>
 #include <cstring>
@@ -96,7 +96,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   bool can_fuse(const Graph& g, const Node& n) const override {
     if (!n.prim->elementwise || n.outputs.size() != 1) return false;
-    const cpu::EltwiseKernel* ek = cpu::find_eltwise(n.prim->name);
+    const cpu::EltwiseKernel* ek = cpu::find_eltwise(n.prim);
     if (!ek || !ek->f32) return false;
     // Integer-only nodes take the exact i32 path, which is not fused.
     auto int_like = [](DType d) { return d == DType::i32 || d == DType::boolean; };
@@ -104,12 +104,12 @@ class CpuBackend final : public Backend {
     for (int v : n.inputs) all_int = all_int && int_like(g.type(v).dtype);
     return !(all_int && ek->i32);
   }
-  bool has_kernel(const std::string& primitive) const override { return cpu::find_kernel(primitive) != nullptr; }
+  bool has_kernel(const Primitive* primitive) const override { return cpu::find_kernel(primitive) != nullptr; }
 
   Kernel make_kernel(const Graph& g, const Unit& unit, const Placement&) override {
     if (unit.kind == Unit::Kind::fused) return cpu::make_fused_kernel(g, {unit.nodes, unit.in_values, unit.out_values});
     const Node& n = g.nodes()[unit.nodes.at(0)];
-    const cpu::KernelFactory* f = cpu::find_kernel(n.prim->name);
+    const cpu::KernelFactory* f = cpu::find_kernel(n.prim);
     if (!f) throw Error("[compile] no CPU kernel for primitive '" + n.prim->name + "'");
     std::vector<TensorType> in_t, out_t;
     for (int v : n.inputs) in_t.push_back(g.type(v));

@@ -14,6 +14,7 @@
 
 #include "backend/cpu/kernel.h"
 #include "backend/cpu/vmath.h"
+#include "ops/prims.h"
 
 namespace px::cpu {
 
@@ -359,7 +360,7 @@ Kernel make_node_kernel(const EltwiseKernel& ek, const KernelSpec& spec) {
   };
 }
 
-void reg(const std::string& prim, EltwiseKernel k) {
+void reg(const Primitive* prim, EltwiseKernel k) {
   register_eltwise(prim, k);
   register_kernel(prim, [k](const KernelSpec& spec) { return make_node_kernel(k, spec); });
 }
@@ -388,36 +389,36 @@ EltwiseKernel bin() {
 }  // namespace
 
 void register_elementwise_kernels() {
-  reg("add", bin<Add>());
-  reg("sub", bin<Sub>());
-  reg("mul", bin<Mul>());
-  reg("div", bin<Div>());
-  reg("pow", bin<Pow>());
-  reg("maximum", bin<Max>());
-  reg("minimum", bin<Min>());
-  reg("neg", un<Neg>());
-  reg("abs", un<Abs>());
-  reg("exp", un<Exp>());
-  reg("log", un<Log>());
-  reg("tanh", un<Tanh>());
-  reg("sigmoid", un<Sigmoid>());
-  reg("sqrt", EltwiseKernel{sqrt_f32<false>, nullptr, nullptr});
-  reg("rsqrt", EltwiseKernel{sqrt_f32<true>, nullptr, nullptr});
-  reg("eq", bin<Eq>());
-  reg("ne", bin<Ne>());
-  reg("lt", bin<Lt>());
-  reg("le", bin<Le>());
-  reg("gt", bin<Gt>());
-  reg("ge", bin<Ge>());
-  reg("logical_and", bin<And>());
-  reg("logical_or", bin<Or>());
-  reg("logical_not", un<Not>());
-  reg("stop_gradient", un<Copy>());
-  reg("tag", un<Copy>());
-  reg("select", EltwiseKernel{select_f32, select_i32, nullptr});
-  reg("cast", EltwiseKernel{cast_f32, cast_i32, cast_params});
+  reg(prims::add(), bin<Add>());
+  reg(prims::sub(), bin<Sub>());
+  reg(prims::mul(), bin<Mul>());
+  reg(prims::div(), bin<Div>());
+  reg(prims::pow(), bin<Pow>());
+  reg(prims::maximum(), bin<Max>());
+  reg(prims::minimum(), bin<Min>());
+  reg(prims::neg(), un<Neg>());
+  reg(prims::abs(), un<Abs>());
+  reg(prims::exp(), un<Exp>());
+  reg(prims::log(), un<Log>());
+  reg(prims::tanh(), un<Tanh>());
+  reg(prims::sigmoid(), un<Sigmoid>());
+  reg(prims::sqrt(), EltwiseKernel{sqrt_f32<false>, nullptr, nullptr});
+  reg(prims::rsqrt(), EltwiseKernel{sqrt_f32<true>, nullptr, nullptr});
+  reg(prims::eq(), bin<Eq>());
+  reg(prims::ne(), bin<Ne>());
+  reg(prims::lt(), bin<Lt>());
+  reg(prims::le(), bin<Le>());
+  reg(prims::gt(), bin<Gt>());
+  reg(prims::ge(), bin<Ge>());
+  reg(prims::logical_and(), bin<And>());
+  reg(prims::logical_or(), bin<Or>());
+  reg(prims::logical_not(), un<Not>());
+  reg(prims::stop_gradient(), un<Copy>());
+  reg(prims::tag(), un<Copy>());
+  reg(prims::select(), EltwiseKernel{select_f32, select_i32, nullptr});
+  reg(prims::cast(), EltwiseKernel{cast_f32, cast_i32, cast_params});
   // `full` fuses as an elementwise op with no operands; its exact kernel is a plain fill.
-  register_eltwise("full", EltwiseKernel{full_f32, full_i32, full_params});
+  register_eltwise(prims::full(), EltwiseKernel{full_f32, full_i32, full_params});
   register_constant_kernels();
 }
 

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/kernel.h"
 #include "backend/cpu/loops.h"
+#include "ops/prims.h"
 
 namespace px::cpu {
 
@@ -131,10 +132,10 @@ Kernel make_broadcast(const KernelSpec& s) {
 }  // namespace
 
 void register_constant_kernels() {
-  register_kernel("constant", make_constant);
-  register_kernel("full", make_full);
-  register_kernel("iota", make_iota);
-  register_kernel("broadcast_in_dim", make_broadcast);
+  register_kernel(prims::constant(), make_constant);
+  register_kernel(prims::full(), make_full);
+  register_kernel(prims::iota(), make_iota);
+  register_kernel(prims::broadcast_in_dim(), make_broadcast);
 }
 
 }  // namespace px::cpu

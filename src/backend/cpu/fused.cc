@@ -307,7 +307,7 @@ Program build_program(const Graph& g, const FusedGroup& group) {
       p.loads.push_back(make_broadcast_load(g.type(n.inputs[0]), out_t, n.attrs));
       if (p.loads.back().sizes.size() > 8) throw Error("[fused] broadcast of too high a rank");
     } else {
-      const EltwiseKernel* ek = find_eltwise(n.prim->name);
+      const EltwiseKernel* ek = find_eltwise(n.prim);
       if (!ek || !ek->f32) throw Error("[fused] no f32 elementwise kernel for '" + n.prim->name + "'");
       if (n.inputs.size() > static_cast<size_t>(kMaxArity))
         throw Error("[fused] '" + n.prim->name + "' has too many operands");
@@ -379,8 +379,8 @@ Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
   const Node& first = g.nodes()[group.nodes[0]];
   if (group.nodes.size() == 1 && first.prim->elementwise) {
     // An all-integer node takes the exact i32 path of its own single-node kernel.
-    const EltwiseKernel* ek = find_eltwise(first.prim->name);
-    const KernelFactory* f = find_kernel(first.prim->name);
+    const EltwiseKernel* ek = find_eltwise(first.prim);
+    const KernelFactory* f = find_kernel(first.prim);
     bool all_int = int_like(g.type(first.outputs[0]).dtype);
     for (int v : first.inputs) all_int = all_int && int_like(g.type(v).dtype);
     if (ek && ek->i32 && all_int && f) {

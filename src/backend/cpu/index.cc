@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "backend/cpu/kernel.h"
+#include "ops/prims.h"
 
 namespace px::cpu {
 
@@ -160,9 +161,9 @@ Kernel make_one_hot(const KernelSpec& spec) {
 }  // namespace
 
 void register_index_kernels() {
-  register_kernel("take", make_take);
-  register_kernel("scatter_add", make_scatter_add);
-  register_kernel("one_hot", make_one_hot);
+  register_kernel(prims::take(), make_take);
+  register_kernel(prims::scatter_add(), make_scatter_add);
+  register_kernel(prims::one_hot(), make_one_hot);
 }
 
 }  // namespace px::cpu

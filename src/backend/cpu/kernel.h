@@ -1,7 +1,7 @@
-// CPU kernels, keyed by primitive name. A factory sees the node's types and attributes once,
-// at compile time, precomputes what it can, and returns a Kernel that runs every step on raw
-// buffers without allocating or throwing. Parallel loops use OpenMP (shared with oneDNN), so
-// the total number of compute threads is the number of cores.
+// CPU kernels, keyed by primitive (its handle, src/ops/prims.h; a node's `prim`). A factory sees
+// the node's types and attributes once, at compile time, precomputes what it can, and returns a
+// Kernel that runs every step on raw buffers without allocating or throwing. Parallel loops use
+// OpenMP (shared with oneDNN), so the total number of compute threads is the number of cores.
 #pragma once
 
 #include <atomic>
@@ -23,8 +23,12 @@ struct KernelSpec {
 using Kernel = std::function<void(const void* const* in, void* const* out)>;
 using KernelFactory = std::function<Kernel(const KernelSpec&)>;
 
-void register_kernel(const std::string& prim, KernelFactory f);
-const KernelFactory* find_kernel(const std::string& prim);  // nullptr when none
+// Throws px::Error when the primitive has a kernel already.
+void register_kernel(const Primitive* prim, KernelFactory f);
+// A primitive registered above the backends (src/sharding's local_slice, sharding_constraint), by
+// a getter that returns null until it is registered (src/backend/kernel_table.h).
+void register_late_kernel(const Primitive* (*handle)(), KernelFactory f);
+const KernelFactory* find_kernel(const Primitive* prim);  // nullptr when none
 
 // Elementwise primitives register block functions instead; the fused-loop engine chains them
 // over cache-sized tiles. Operands arrive converted to f32 (bool as 0/1) and results are
@@ -37,8 +41,8 @@ struct EltwiseKernel {
   EltwiseI32 i32 = nullptr;
   std::function<std::vector<float>(const Attrs&)> params;  // optional
 };
-void register_eltwise(const std::string& prim, EltwiseKernel k);
-const EltwiseKernel* find_eltwise(const std::string& prim);
+void register_eltwise(const Primitive* prim, EltwiseKernel k);
+const EltwiseKernel* find_eltwise(const Primitive* prim);  // nullptr when none
 
 // One fused loop: `nodes` are elementwise nodes of `g` in schedule order, all with results of
 // `numel` elements. `ext_inputs` are the values read from outside the group and `ext_outputs`

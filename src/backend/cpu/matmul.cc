@@ -13,6 +13,7 @@
 #include <string>
 
 #include "backend/cpu/kernel.h"
+#include "ops/prims.h"
 
 namespace px::cpu {
 
@@ -382,6 +383,6 @@ Kernel dot_general_kernel(const KernelSpec& spec) {
 
 }  // namespace
 
-void register_matmul_kernels() { register_kernel("dot_general", dot_general_kernel); }
+void register_matmul_kernels() { register_kernel(prims::dot_general(), dot_general_kernel); }
 
 }  // namespace px::cpu

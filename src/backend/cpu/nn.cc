@@ -11,6 +11,7 @@
 
 #include "backend/cpu/kernel.h"
 #include "backend/cpu/vmath.h"
+#include "ops/prims.h"
 
 namespace px::cpu {
 
@@ -348,17 +349,17 @@ void register_attention_kernels();  // nn_attention.cc
 
 void register_nn_kernels() {
   register_attention_kernels();
-  register_kernel("softmax", [](const KernelSpec& s) { return softmax_kernel(s, false); });
-  register_kernel("log_softmax", [](const KernelSpec& s) { return softmax_kernel(s, true); });
-  register_kernel("layer_norm", [](const KernelSpec& s) { return norm_kernel(s, false); });
-  register_kernel("rms_norm", [](const KernelSpec& s) { return norm_kernel(s, true); });
-  register_kernel("layer_norm_grad", [](const KernelSpec& s) { return norm_grad_kernel(s, false); });
-  register_kernel("rms_norm_grad", [](const KernelSpec& s) { return norm_grad_kernel(s, true); });
-  register_kernel("softmax_cross_entropy", [](const KernelSpec& s) { return ce_kernel(s, false); });
-  register_kernel("softmax_cross_entropy_grad", [](const KernelSpec& s) { return ce_kernel(s, true); });
-  register_eltwise("gelu", EltwiseKernel{gelu_f32, nullptr, gelu_params});
-  register_eltwise("gelu_grad", EltwiseKernel{gelu_grad_f32, nullptr, gelu_params});
-  register_eltwise("silu", EltwiseKernel{silu_f32, nullptr, nullptr});
+  register_kernel(prims::softmax(), [](const KernelSpec& s) { return softmax_kernel(s, false); });
+  register_kernel(prims::log_softmax(), [](const KernelSpec& s) { return softmax_kernel(s, true); });
+  register_kernel(prims::layer_norm(), [](const KernelSpec& s) { return norm_kernel(s, false); });
+  register_kernel(prims::rms_norm(), [](const KernelSpec& s) { return norm_kernel(s, true); });
+  register_kernel(prims::layer_norm_grad(), [](const KernelSpec& s) { return norm_grad_kernel(s, false); });
+  register_kernel(prims::rms_norm_grad(), [](const KernelSpec& s) { return norm_grad_kernel(s, true); });
+  register_kernel(prims::softmax_cross_entropy(), [](const KernelSpec& s) { return ce_kernel(s, false); });
+  register_kernel(prims::softmax_cross_entropy_grad(), [](const KernelSpec& s) { return ce_kernel(s, true); });
+  register_eltwise(prims::gelu(), EltwiseKernel{gelu_f32, nullptr, gelu_params});
+  register_eltwise(prims::gelu_grad(), EltwiseKernel{gelu_grad_f32, nullptr, gelu_params});
+  register_eltwise(prims::silu(), EltwiseKernel{silu_f32, nullptr, nullptr});
 }
 
 }  // namespace px::cpu

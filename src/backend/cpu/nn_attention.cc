@@ -17,6 +17,7 @@
 
 #include "backend/cpu/kernel.h"
 #include "backend/cpu/vmath.h"
+#include "ops/prims.h"
 
 namespace px::cpu {
 
@@ -645,8 +646,8 @@ Kernel attention_grad_kernel(const KernelSpec& spec) {
 }  // namespace
 
 void register_attention_kernels() {
-  register_kernel("attention", attention_kernel);
-  register_kernel("attention_grad", attention_grad_kernel);
+  register_kernel(prims::attention(), attention_kernel);
+  register_kernel(prims::attention_grad(), attention_grad_kernel);
 }
 
 }  // namespace px::cpu

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/kernel.h"
+#include "ops/prims.h"
 
 namespace px::cpu {
 
@@ -86,6 +87,6 @@ Kernel make_adamw(const KernelSpec& s) {
 
 }  // namespace
 
-void register_optim_kernels() { register_kernel("adamw_update", make_adamw); }
+void register_optim_kernels() { register_kernel(prims::adamw_update(), make_adamw); }
 
 }  // namespace px::cpu

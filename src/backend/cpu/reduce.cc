@@ -15,6 +15,7 @@
 
 #include "backend/cpu/kernel.h"
 #include "backend/cpu/loops.h"
+#include "ops/prims.h"
 
 namespace px::cpu {
 
@@ -520,8 +521,8 @@ Kernel make_reduce(const KernelSpec& spec) {
 }  // namespace
 
 void register_reduce_kernels() {
-  register_kernel("reduce_sum", make_reduce<SumF, SumI>);
-  register_kernel("reduce_max", make_reduce<MaxF, MaxI>);
+  register_kernel(prims::reduce_sum(), make_reduce<SumF, SumI>);
+  register_kernel(prims::reduce_max(), make_reduce<MaxF, MaxI>);
 }
 
 }  // namespace px::cpu

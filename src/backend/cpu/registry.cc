@@ -1,4 +1,4 @@
-// Kernel tables and dtype conversions shared by every CPU kernel family.
+// Kernel tables (by primitive handle) and dtype conversions shared by every CPU kernel family.
 #include <omp.h>
 #ifdef __F16C__
 #include <immintrin.h>
@@ -10,36 +10,29 @@
 
 #include <cstring>
 #include <mutex>
-#include <shared_mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "backend/cpu/kernel.h"
+#include "backend/kernel_table.h"
 #include "core/env.h"
 
 namespace px::cpu {
 
 namespace {
-// Kernels may be registered while other threads compile: writers take the lock alone. The maps are
-// node-based and never erase, so the pointers find_* return stay valid.
-std::shared_mutex& table_mutex() {
-  static std::shared_mutex m;
-  return m;
-}
-std::unordered_map<std::string, KernelFactory>& kernels() {
-  static std::unordered_map<std::string, KernelFactory> t;
+// Kernels may be registered while other threads compile (KernelTable locks).
+KernelTable<KernelFactory>& kernels() {
+  static KernelTable<KernelFactory> t("cpu");
   return t;
 }
-std::unordered_map<std::string, EltwiseKernel>& eltwise() {
-  static std::unordered_map<std::string, EltwiseKernel> t;
+KernelTable<EltwiseKernel>& eltwise() {
+  static KernelTable<EltwiseKernel> t("cpu elementwise");
   return t;
 }
-}  // namespace
 
-void register_kernel(const std::string& prim, KernelFactory f) {
-  // Factories size their scratch from the shapes: running out of memory there is a px::Error
-  // naming the op and its types, not a bare std::bad_alloc.
-  KernelFactory checked = [prim, f = std::move(f)](const KernelSpec& spec) -> Kernel {
+// Factories size their scratch from the shapes: running out of memory there is a px::Error
+// naming the op and its types, not a bare std::bad_alloc.
+KernelFactory checked(const std::string& prim, KernelFactory f) {
+  return [prim, f = std::move(f)](const KernelSpec& spec) -> Kernel {
     try {
       return f(spec);
     } catch (const std::bad_alloc&) {
@@ -49,16 +42,20 @@ void register_kernel(const std::string& prim, KernelFactory f) {
                                   prim, fmt::join(types, ", ")));
     }
   };
-  std::unique_lock lock(table_mutex());
-  if (!kernels().emplace(prim, std::move(checked)).second)
-    throw Error("[cpu] kernel '" + prim + "' registered twice");
+}
+}  // namespace
+
+void register_kernel(const Primitive* prim, KernelFactory f) {
+  kernels().add(prim, checked(prim ? prim->name : std::string(), std::move(f)));
 }
 
-void register_eltwise(const std::string& prim, EltwiseKernel k) {
-  std::unique_lock lock(table_mutex());
-  if (!eltwise().emplace(prim, std::move(k)).second)
-    throw Error("[cpu] elementwise kernel '" + prim + "' registered twice");
+void register_late_kernel(const Primitive* (*handle)(), KernelFactory f) {
+  kernels().add_late(handle, [handle, f = std::move(f)](const KernelSpec& spec) -> Kernel {
+    return checked(handle()->name, f)(spec);
+  });
 }
+
+void register_eltwise(const Primitive* prim, EltwiseKernel k) { eltwise().add(prim, std::move(k)); }
 
 void register_all_kernels() {
   static std::once_flag once;
@@ -75,18 +72,14 @@ void register_all_kernels() {
   });
 }
 
-const KernelFactory* find_kernel(const std::string& prim) {
+const KernelFactory* find_kernel(const Primitive* prim) {
   register_all_kernels();
-  std::shared_lock lock(table_mutex());
-  auto it = kernels().find(prim);
-  return it == kernels().end() ? nullptr : &it->second;
+  return kernels().find(prim);
 }
 
-const EltwiseKernel* find_eltwise(const std::string& prim) {
+const EltwiseKernel* find_eltwise(const Primitive* prim) {
   register_all_kernels();
-  std::shared_lock lock(table_mutex());
-  auto it = eltwise().find(prim);
-  return it == eltwise().end() ? nullptr : &it->second;
+  return eltwise().find(prim);
 }
 
 void sgemm(std::atomic<int>& err, char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "backend/cpu/kernel.h"
+#include "ops/prims.h"
 
 namespace px::cpu {
 
@@ -189,9 +190,9 @@ Kernel fold_in_kernel(const KernelSpec& spec) {
 }  // namespace
 
 void register_rng_kernels() {
-  register_kernel("random_uniform", uniform_kernel);
-  register_kernel("random_normal", normal_kernel);
-  register_kernel("fold_in", fold_in_kernel);
+  register_kernel(prims::random_uniform(), uniform_kernel);
+  register_kernel(prims::random_normal(), normal_kernel);
+  register_kernel(prims::fold_in(), fold_in_kernel);
 }
 
 }  // namespace px::cpu

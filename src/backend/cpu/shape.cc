@@ -12,6 +12,7 @@
 #include "backend/cpu/kernel.h"
 #include "backend/cpu/loops.h"
 #include "core/box.h"
+#include "ops/prims.h"
 
 namespace px::cpu {
 
@@ -441,26 +442,26 @@ Kernel make_concat(const KernelSpec& spec) {
 }  // namespace
 
 void register_shape_kernels() {
-  register_kernel("reshape", [](const KernelSpec& spec) -> Kernel {
+  register_kernel(prims::reshape(), [](const KernelSpec& spec) -> Kernel {
     int64_t bytes = spec.out[0].nbytes();
     return [bytes](const void* const* in, void* const* out) {
       if (bytes) parallel_memcpy(out[0], in[0], bytes);
     };
   });
-  register_kernel("transpose", make_transpose);
-  register_kernel("slice", make_slice);
-  register_kernel("pad", make_pad);
-  register_kernel("concat", make_concat);
+  register_kernel(prims::transpose(), make_transpose);
+  register_kernel(prims::slice(), make_slice);
+  register_kernel(prims::pad(), make_pad);
+  register_kernel(prims::concat(), make_concat);
   // The SPMD partitioner's local primitives (src/sharding/prims.cc): a layout constraint is a copy
   // (or nothing, in place); local_slice keeps this device's block along `dim`, the block's number
   // read from the device coordinates (operand 1) over the mesh axes `axis_ids`.
-  register_kernel("sharding_constraint", [](const KernelSpec& s) -> Kernel {
+  register_late_kernel(prims::sharding_constraint_if_registered, [](const KernelSpec& s) -> Kernel {
     const int64_t bytes = s.out[0].nbytes();
     return [bytes](const void* const* in, void* const* out) {
       if (bytes && in[0] != out[0]) std::memcpy(out[0], in[0], static_cast<size_t>(bytes));
     };
   });
-  register_kernel("local_slice", [](const KernelSpec& s) -> Kernel {
+  register_late_kernel(prims::local_slice_if_registered, [](const KernelSpec& s) -> Kernel {
     const Shape in_shape = s.in[0].shape, out_shape = s.out[0].shape;
     const int dim = static_cast<int>(s.attrs.i("dim"));
     const std::vector<int64_t> axis_ids = s.attrs.ints("axis_ids"), mesh = s.attrs.ints("mesh");

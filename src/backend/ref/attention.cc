@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/ref/ref.h"
+#include "ops/prims.h"
 
 namespace px::ref {
 
@@ -167,8 +168,8 @@ Kernel make_attention_grad(const Spec& s) {
 }  // namespace
 
 void register_attention_kernels() {
-  register_kernel("attention", make_attention);
-  register_kernel("attention_grad", make_attention_grad);
+  register_kernel(prims::attention(), make_attention);
+  register_kernel(prims::attention_grad(), make_attention_grad);
 }
 
 }  // namespace px::ref

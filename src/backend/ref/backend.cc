@@ -1,11 +1,11 @@
-// The reference backend: counted host memory, kernels from its own table, copies done at once.
-// It never fuses (each node is its own unit) and runs on the calling thread.
+// The reference backend: counted host memory, kernels from its own table (by primitive), copies
+// done at once. It never fuses (each node is its own unit) and runs on the calling thread.
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <mutex>
-#include <unordered_map>
 
+#include "backend/kernel_table.h"
 #include "backend/ref/ref.h"
 #include "ir/primitive.h"
 
@@ -13,12 +13,8 @@ namespace px::ref {
 
 namespace {
 
-std::mutex& table_mutex() {
-  static std::mutex m;
-  return m;
-}
-std::unordered_map<std::string, Factory>& table() {
-  static std::unordered_map<std::string, Factory> t;
+KernelTable<Factory>& table() {
+  static KernelTable<Factory> t("ref");
   return t;
 }
 
@@ -40,12 +36,12 @@ class RefBackend final : public Backend {
  public:
   std::string name() const override { return "ref"; }
   bool can_fuse(const Graph&, const Node&) const override { return false; }
-  bool has_kernel(const std::string& primitive) const override { return find_kernel(primitive) != nullptr; }
+  bool has_kernel(const Primitive* primitive) const override { return find_kernel(primitive) != nullptr; }
   Kernel make_kernel(const Graph& g, const Unit& unit, const Placement&) override {
     if (unit.kind != Unit::Kind::kernel)
       throw InternalError("[ref] asked for a fused unit, but the ref backend never fuses");
     const Node& n = g.nodes()[unit.nodes.at(0)];
-    const Factory* f = find_kernel(n.prim->name);
+    const Factory* f = find_kernel(n.prim);
     if (!f) throw Error("[compile] no ref kernel for primitive '" + n.prim->name + "'");
     std::vector<TensorType> in_t, out_t;
     for (int v : n.inputs) in_t.push_back(g.type(v));
@@ -67,17 +63,13 @@ class RefBackend final : public Backend {
 
 }  // namespace
 
-void register_kernel(const std::string& primitive, Factory f) {
-  std::lock_guard<std::mutex> l(table_mutex());
-  if (!table().emplace(primitive, std::move(f)).second)
-    throw Error("[ref] kernel '" + primitive + "' registered twice");
-}
+void register_kernel(const Primitive* primitive, Factory f) { table().add(primitive, std::move(f)); }
 
-const Factory* find_kernel(const std::string& primitive) {
+void register_late_kernel(const Primitive* (*handle)(), Factory f) { table().add_late(handle, std::move(f)); }
+
+const Factory* find_kernel(const Primitive* primitive) {
   register_all();
-  std::lock_guard<std::mutex> l(table_mutex());
-  auto it = table().find(primitive);
-  return it == table().end() ? nullptr : &it->second;
+  return table().find(primitive);
 }
 
 double load(const void* p, DType t, int64_t i) {

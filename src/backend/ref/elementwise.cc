@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "backend/ref/ref.h"
+#include "ops/prims.h"
 
 namespace px::ref {
 
@@ -193,40 +194,40 @@ Kernel make_iota(const Spec& s) {
 }  // namespace
 
 void register_elementwise_kernels() {
-  register_kernel("add", binary(f_add, i_add));
-  register_kernel("sub", binary(f_sub, i_sub));
-  register_kernel("mul", binary(f_mul, i_mul));
-  register_kernel("div", binary(f_div, i_div));
-  register_kernel("pow", binary(f_pow, nullptr));
-  register_kernel("maximum", binary(f_max, i_max));
-  register_kernel("minimum", binary(f_min, i_min));
-  register_kernel("eq", binary(f_eq, i_eq));
-  register_kernel("ne", binary(f_ne, i_ne));
-  register_kernel("lt", binary(f_lt, i_lt));
-  register_kernel("le", binary(f_le, i_le));
-  register_kernel("gt", binary(f_gt, i_gt));
-  register_kernel("ge", binary(f_ge, i_ge));
-  register_kernel("logical_and", binary(f_and, i_and));
-  register_kernel("logical_or", binary(f_or, i_or));
+  register_kernel(prims::add(), binary(f_add, i_add));
+  register_kernel(prims::sub(), binary(f_sub, i_sub));
+  register_kernel(prims::mul(), binary(f_mul, i_mul));
+  register_kernel(prims::div(), binary(f_div, i_div));
+  register_kernel(prims::pow(), binary(f_pow, nullptr));
+  register_kernel(prims::maximum(), binary(f_max, i_max));
+  register_kernel(prims::minimum(), binary(f_min, i_min));
+  register_kernel(prims::eq(), binary(f_eq, i_eq));
+  register_kernel(prims::ne(), binary(f_ne, i_ne));
+  register_kernel(prims::lt(), binary(f_lt, i_lt));
+  register_kernel(prims::le(), binary(f_le, i_le));
+  register_kernel(prims::gt(), binary(f_gt, i_gt));
+  register_kernel(prims::ge(), binary(f_ge, i_ge));
+  register_kernel(prims::logical_and(), binary(f_and, i_and));
+  register_kernel(prims::logical_or(), binary(f_or, i_or));
 
-  register_kernel("neg", unary(f_neg, i_neg));
-  register_kernel("abs", unary(f_abs, i_abs));
-  register_kernel("logical_not", unary(f_not, i_not));
-  register_kernel("exp", unary(f_exp, nullptr));
-  register_kernel("log", unary(f_log, nullptr));
-  register_kernel("tanh", unary(f_tanh, nullptr));
-  register_kernel("sqrt", unary(f_sqrt, nullptr));
-  register_kernel("rsqrt", unary(f_rsqrt, nullptr));
-  register_kernel("sigmoid", unary(f_sigmoid, nullptr));
+  register_kernel(prims::neg(), unary(f_neg, i_neg));
+  register_kernel(prims::abs(), unary(f_abs, i_abs));
+  register_kernel(prims::logical_not(), unary(f_not, i_not));
+  register_kernel(prims::exp(), unary(f_exp, nullptr));
+  register_kernel(prims::log(), unary(f_log, nullptr));
+  register_kernel(prims::tanh(), unary(f_tanh, nullptr));
+  register_kernel(prims::sqrt(), unary(f_sqrt, nullptr));
+  register_kernel(prims::rsqrt(), unary(f_rsqrt, nullptr));
+  register_kernel(prims::sigmoid(), unary(f_sigmoid, nullptr));
 
-  register_kernel("stop_gradient", make_copy);
-  register_kernel("tag", make_copy);
-  register_kernel("select", make_select);
-  register_kernel("cast", make_cast);
+  register_kernel(prims::stop_gradient(), make_copy);
+  register_kernel(prims::tag(), make_copy);
+  register_kernel(prims::select(), make_select);
+  register_kernel(prims::cast(), make_cast);
 
-  register_kernel("full", make_full);
-  register_kernel("constant", make_constant);
-  register_kernel("iota", make_iota);
+  register_kernel(prims::full(), make_full);
+  register_kernel(prims::constant(), make_constant);
+  register_kernel(prims::iota(), make_iota);
 }
 
 }  // namespace px::ref

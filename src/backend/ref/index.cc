@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "backend/ref/ref.h"
+#include "ops/prims.h"
 
 namespace px::ref {
 
@@ -82,9 +83,9 @@ Kernel make_one_hot(const Spec& s) {
 }  // namespace
 
 void register_index_kernels() {
-  register_kernel("take", make_take);
-  register_kernel("scatter_add", make_scatter_add);
-  register_kernel("one_hot", make_one_hot);
+  register_kernel(prims::take(), make_take);
+  register_kernel(prims::scatter_add(), make_scatter_add);
+  register_kernel(prims::one_hot(), make_one_hot);
 }
 
 }  // namespace px::ref

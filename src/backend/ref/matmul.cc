@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/ref/ref.h"
+#include "ops/prims.h"
 
 namespace px::ref {
 
@@ -87,6 +88,6 @@ Kernel make_dot_general(const Spec& s) {
 
 }  // namespace
 
-void register_matmul_kernels() { register_kernel("dot_general", make_dot_general); }
+void register_matmul_kernels() { register_kernel(prims::dot_general(), make_dot_general); }
 
 }  // namespace px::ref

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/ref/ref.h"
+#include "ops/prims.h"
 
 namespace px::ref {
 
@@ -209,23 +210,23 @@ Kernel make_unary(const Spec& s, F f) {
 
 void register_nn_kernels() {
   register_attention_kernels();
-  register_kernel("softmax", [](const Spec& s) { return make_softmax(s, false); });
-  register_kernel("log_softmax", [](const Spec& s) { return make_softmax(s, true); });
-  register_kernel("layer_norm", [](const Spec& s) { return make_norm(s, false); });
-  register_kernel("rms_norm", [](const Spec& s) { return make_norm(s, true); });
-  register_kernel("layer_norm_grad", [](const Spec& s) { return make_norm_grad(s, false); });
-  register_kernel("rms_norm_grad", [](const Spec& s) { return make_norm_grad(s, true); });
-  register_kernel("softmax_cross_entropy", [](const Spec& s) { return make_ce(s, false); });
-  register_kernel("softmax_cross_entropy_grad", [](const Spec& s) { return make_ce(s, true); });
-  register_kernel("gelu", [](const Spec& s) {
+  register_kernel(prims::softmax(), [](const Spec& s) { return make_softmax(s, false); });
+  register_kernel(prims::log_softmax(), [](const Spec& s) { return make_softmax(s, true); });
+  register_kernel(prims::layer_norm(), [](const Spec& s) { return make_norm(s, false); });
+  register_kernel(prims::rms_norm(), [](const Spec& s) { return make_norm(s, true); });
+  register_kernel(prims::layer_norm_grad(), [](const Spec& s) { return make_norm_grad(s, false); });
+  register_kernel(prims::rms_norm_grad(), [](const Spec& s) { return make_norm_grad(s, true); });
+  register_kernel(prims::softmax_cross_entropy(), [](const Spec& s) { return make_ce(s, false); });
+  register_kernel(prims::softmax_cross_entropy_grad(), [](const Spec& s) { return make_ce(s, true); });
+  register_kernel(prims::gelu(), [](const Spec& s) {
     const bool t = gelu_tanh(s.attrs);
     return make_unary(s, [t](double x) { return gelu(x, t); });
   });
-  register_kernel("gelu_grad", [](const Spec& s) {
+  register_kernel(prims::gelu_grad(), [](const Spec& s) {
     const bool t = gelu_tanh(s.attrs);
     return make_unary(s, [t](double x) { return gelu_grad(x, t); });
   });
-  register_kernel("silu", [](const Spec& s) { return make_unary(s, silu); });
+  register_kernel(prims::silu(), [](const Spec& s) { return make_unary(s, silu); });
 }
 
 }  // namespace px::ref

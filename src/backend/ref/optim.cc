@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "backend/ref/ref.h"
+#include "ops/prims.h"
 
 namespace px::ref {
 
@@ -47,6 +48,6 @@ Kernel make_adamw(const Spec& s) {
 
 }  // namespace
 
-void register_optim_kernels() { register_kernel("adamw_update", make_adamw); }
+void register_optim_kernels() { register_kernel(prims::adamw_update(), make_adamw); }
 
 }  // namespace px::ref

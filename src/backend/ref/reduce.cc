@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "backend/ref/ref.h"
+#include "ops/prims.h"
 
 namespace px::ref {
 
@@ -108,8 +109,8 @@ Kernel make_max(const Spec& s) {
 }  // namespace
 
 void register_reduce_kernels() {
-  register_kernel("reduce_sum", make_sum);
-  register_kernel("reduce_max", make_max);
+  register_kernel(prims::reduce_sum(), make_sum);
+  register_kernel(prims::reduce_max(), make_max);
 }
 
 }  // namespace px::ref

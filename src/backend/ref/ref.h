@@ -25,8 +25,13 @@ struct Spec {
 };
 using Factory = std::function<Kernel(const Spec&)>;
 
-void register_kernel(const std::string& primitive, Factory f);
-const Factory* find_kernel(const std::string& primitive);  // nullptr when none
+// Kernels by primitive (its handle, src/ops/prims.h; a node's `prim`); throws when the primitive
+// has one already. A primitive registered above the backends (src/sharding's local_slice,
+// sharding_constraint) is added by a getter that returns null until it is registered
+// (src/backend/kernel_table.h).
+void register_kernel(const Primitive* primitive, Factory f);
+void register_late_kernel(const Primitive* (*handle)(), Factory f);
+const Factory* find_kernel(const Primitive* primitive);  // nullptr when none
 
 // Element i of a buffer of dtype t, as a double (bool: 0 or 1); and a double stored to element i
 // (rounded to nearest even for bf16 and f16; i32 truncates toward zero and saturates, NaN gives 0;

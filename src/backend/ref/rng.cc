@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/ref/ref.h"
+#include "ops/prims.h"
 
 namespace px::ref {
 
@@ -177,9 +178,9 @@ Kernel make_fold_in(const Spec& s) {
 }  // namespace
 
 void register_rng_kernels() {
-  register_kernel("random_uniform", make_uniform);
-  register_kernel("random_normal", make_normal);
-  register_kernel("fold_in", make_fold_in);
+  register_kernel(prims::random_uniform(), make_uniform);
+  register_kernel(prims::random_normal(), make_normal);
+  register_kernel(prims::fold_in(), make_fold_in);
 }
 
 }  // namespace px::ref

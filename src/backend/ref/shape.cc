@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "backend/ref/ref.h"
+#include "ops/prims.h"
 
 namespace px::ref {
 
@@ -210,14 +211,14 @@ Kernel make_local_slice(const Spec& s) {
 }  // namespace
 
 void register_shape_kernels() {
-  register_kernel("reshape", make_reshape);
-  register_kernel("transpose", make_transpose);
-  register_kernel("broadcast_in_dim", make_broadcast);
-  register_kernel("slice", make_slice);
-  register_kernel("pad", make_pad);
-  register_kernel("concat", make_concat);
-  register_kernel("sharding_constraint", make_memcpy);
-  register_kernel("local_slice", make_local_slice);
+  register_kernel(prims::reshape(), make_reshape);
+  register_kernel(prims::transpose(), make_transpose);
+  register_kernel(prims::broadcast_in_dim(), make_broadcast);
+  register_kernel(prims::slice(), make_slice);
+  register_kernel(prims::pad(), make_pad);
+  register_kernel(prims::concat(), make_concat);
+  register_late_kernel(prims::sharding_constraint_if_registered, make_memcpy);
+  register_late_kernel(prims::local_slice_if_registered, make_local_slice);
 }
 
 }  // namespace px::ref
