@@ -45,6 +45,8 @@ HEADERS = {
     "strategy.h": "sharding", "auto.h": "sharding", "parallel.h": "sharding", "checkpoint.h": "checkpoint",
     "train.h": "train", "plan.h": "train", "pax.h": "pax", "pipeline.h": "sharding",
     "backend.h": "backend", "communicator.h": "distributed",
+    # The backend conformance suite (header-only): its cases use the sharding and optimizer ops.
+    "testing/conformance.h": "sharding",
 }
 UMBRELLA = {"parallax.h"}
 

@@ -1,10 +1,12 @@
-// Traces, differentiates, compiles and runs a small graph through the installed package.
+// Traces, differentiates, compiles and runs a small graph through the installed package, and runs
+// two cases of the installed backend conformance suite on the cpu backend.
 #include <cmath>
 #include <cstdio>
 
 #include "parallax/autodiff.h"
 #include "parallax/ops.h"
 #include "parallax/runtime.h"
+#include "parallax/testing/conformance.h"
 
 int main() {
   // f(x) = sum(tanh(x) * 2), df/dx = 2 * (1 - tanh(x)^2).
@@ -28,5 +30,12 @@ int main() {
   }
   std::printf("consumer: f = %.6f (expected %.6f), %d steps: %s\n", out[0].to_f32()[0], want, exe->num_steps(),
               ok ? "OK" : "WRONG");
+
+  px::conformance::Options cases;
+  cases.filter = [](const px::conformance::Case& c) { return c.name == "tanh" || c.name == "dot_general"; };
+  const px::conformance::Report r = px::conformance::check_backend("cpu", cases);
+  for (const std::string& f : r.failures) std::printf("consumer: conformance: %s\n", f.c_str());
+  std::printf("consumer: conformance of cpu against ref: %d passed, %zu failed\n", r.passed, r.failures.size());
+  ok = ok && r.ok() && r.passed > 0;
   return ok ? 0 : 1;
 }
