@@ -86,8 +86,11 @@ class Mesh {
   // positions (as n ranks with one node's devices each); size() must divide by n.
   // with_process_of(p): process p[position] for each position; processes are numbered 0..n-1 and
   // each holds at least one position.
+  // with_process_of(p, n): the same over n processes of which some may hold no position (a
+  // pipeline's device group, held by one process of the job's n); n > every index in p.
   Mesh with_processes(int64_t n) const;
   Mesh with_process_of(std::vector<int> process_of_position) const;
+  Mesh with_process_of(std::vector<int> process_of_position, int num_processes) const;
   int num_processes() const;
   int process_of(int position) const;
   int local_index(int position) const;                 // index among its process's positions

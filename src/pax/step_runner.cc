@@ -51,11 +51,11 @@ void StepRunner::init_from_pretrained(const std::string& dir) {
   state_ = std::move(s);
 }
 
+// This process's devices of the mesh (a pipeline's: those of its stages).
 std::vector<int> StepRunner::device_ids() const {
-  if (step_.pipelined()) return {0};  // one process holds the state and runs every stage
-  const Mesh& m = step_.sharded_executable().program().mesh;
+  const Mesh& m = step_.plan().mesh;
   std::vector<int> ids;
-  for (int p : step_.sharded_executable().positions()) ids.push_back(m.device_ids()[p]);
+  for (int p : m.local_positions(step_.process())) ids.push_back(m.device_ids()[p]);
   return ids;
 }
 

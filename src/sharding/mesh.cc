@@ -152,16 +152,24 @@ Mesh Mesh::with_processes(int64_t n) const {
 }
 
 Mesh Mesh::with_process_of(std::vector<int> process_of_position) const {
+  return with_process_of(std::move(process_of_position), 0);
+}
+
+// num_processes = 0: as many as the indices name, each holding a position.
+Mesh Mesh::with_process_of(std::vector<int> process_of_position, int num_processes) const {
   if (static_cast<int64_t>(process_of_position.size()) != size())
     throw Error(fmt::format("[mesh] {} processes given for the {} positions of {}; give one per position",
                             process_of_position.size(), size(), to_string()));
+  const int limit = num_processes > 0 ? num_processes : static_cast<int>(size());
   int count = 0;
   for (int p : process_of_position) {
-    if (p < 0 || p >= size())
-      throw Error(fmt::format("[mesh] process index {} for a mesh of {} devices; processes are 0 .. {}", p, size(),
-                              size() - 1));
+    if (p < 0 || p >= limit)
+      throw Error(fmt::format("[mesh] process index {} for a mesh of {} devices over {} processes; processes are "
+                              "0 .. {}",
+                              p, size(), limit, limit - 1));
     count = std::max(count, p + 1);
   }
+  if (num_processes > 0) count = num_processes;
   auto procs = std::make_shared<Processes>();
   procs->count = count;
   procs->positions.resize(static_cast<size_t>(count));
@@ -171,7 +179,7 @@ Mesh Mesh::with_process_of(std::vector<int> process_of_position) const {
     procs->local_index[q] = static_cast<int>(mine.size());
     mine.push_back(static_cast<int>(q));
   }
-  for (int p = 0; p < count; ++p)
+  for (int p = 0; p < count && num_processes == 0; ++p)
     if (procs->positions[p].empty())
       throw Error(fmt::format("[mesh] process {} holds no position of {}; number the processes 0 .. n-1 with "
                               "at least one position each",

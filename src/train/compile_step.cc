@@ -159,7 +159,7 @@ void check_rows_per_device(const ShardingPlan& plan, const std::vector<TensorTyp
   }
 }
 
-// A mesh with a `stage` axis: the pipeline's programs compiled, the state held whole in each process.
+// A mesh with a `stage` axis: the pipeline's programs compiled, each state array on its stage's devices.
 CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                                const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
   PipelinedStep b = build_pipelined(store, opt, loss_fn, batch_types, options);
@@ -169,10 +169,13 @@ CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& op
   c.n_params = b.staged.n_params;
   c.n_state = b.staged.n_state;
   c.index_uses = index_uses(*b.graph);
-  c.in_shardings.assign(b.graph->inputs().size(), Sharding::replicated(Mesh()));
   c.graph = std::move(b.graph);
   c.pipeline = std::make_unique<PipelineRunner>(
       std::move(b.staged), c.plan.mesh.num_processes() > 1 ? options.sharding.communicator : nullptr);
+  // The state on its stages' devices; the batch and the step counter whole (split by the runner).
+  c.in_shardings = c.pipeline->state_shardings();
+  c.in_shardings.resize(c.graph->inputs().size(), Sharding::replicated(Mesh()));
+  c.process = c.pipeline->process();
   const PipelineReport& r = c.pipeline->report();
   const int64_t limit = memory_limit(options, c.plan.mesh);
   for (int d = 0; d < r.schedule.devices; ++d)

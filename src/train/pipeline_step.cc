@@ -313,50 +313,115 @@ PipelineRunner::PipelineRunner(StagedStep s, Communicator* comm)
   }
   output_tag_ =
       static_cast<int64_t>(messages) * (s_.schedule.microbatches + 1) * s_.schedule.devices * s_.groups[0].size();
-  // Who updates each state input, and whose programs read it.
+  gather_tag_ = output_tag_ + static_cast<int64_t>(g.outputs().size());
+  // Each state input's home: the group whose update program writes it, else the first reading it.
   const size_t n_state = s_.n_params + s_.n_state;
-  state_owner_.assign(n_state, -1);
-  state_readers_.assign(n_state, {});
+  home_.assign(n_state, -1);
+  away_.assign(n_state, {});
+  copy_tag_ = gather_tag_ + static_cast<int64_t>(n_state);
   for (size_t j = 0; j < n_state && 3 + j < g.outputs().size(); ++j) {
     const int v = g.outputs()[3 + j];
-    if (g.values()[v].producer >= 0) state_owner_[j] = process_of(s_.stage_of_value[v]);
+    if (g.values()[v].producer >= 0) home_[j] = s_.schedule.device_of(s_.stage_of_value[v]);
   }
+  std::vector<std::vector<int>> readers(n_state);
   for (const StageProgram& p : s_.programs)
     for (int v : p.inputs) {
       const ValueInfo& info = g.values()[v];
       if (info.producer >= 0 || static_cast<size_t>(info.output_index) >= n_state) continue;
-      std::vector<int>& r = state_readers_[info.output_index];
-      if (std::find(r.begin(), r.end(), process_of(p.stage)) == r.end()) r.push_back(process_of(p.stage));
+      std::vector<int>& r = readers[info.output_index];
+      const int d = s_.schedule.device_of(p.stage);
+      if (std::find(r.begin(), r.end(), d) == r.end()) r.push_back(d);
     }
+  for (size_t j = 0; j < n_state; ++j) {
+    if (home_[j] < 0) home_[j] = readers[j].empty() ? 0 : readers[j][0];
+    for (int d : readers[j])
+      if (d != home_[j]) away_[j].push_back(d);
+    const int h = home_[j];
+    const Mesh& group = s_.groups[h];
+    const Mesh held = processes_ > 1
+                          ? group.with_process_of(std::vector<int>(static_cast<size_t>(group.size()), s_.process_of_group[h]),
+                                                  processes_)
+                          : group;
+    state_shardings_.emplace_back(held, s_.input_specs[j]);
+  }
 }
 
 // Tags: a message of value v for microbatch m (-1: the step's) to group `to`, one per shard; then
-// the step's outputs; then current_state's arrays.
+// the step's outputs; then gather_state's arrays; then the copies of state for other groups.
 int64_t PipelineRunner::message_tag(int v, int m, int to, int shard) const {
   const int64_t M = s_.schedule.microbatches, D = s_.schedule.devices, G = s_.groups[0].size();
   return ((static_cast<int64_t>(message_index_.at(v)) * (M + 1) + (m + 1)) * D + to) * G + shard;
 }
 
-std::vector<Array> PipelineRunner::current_state(const std::vector<Array>& state) const {
-  if (processes_ == 1) return state;
-  const int64_t base = output_tag_ + static_cast<int64_t>(s_.graph->outputs().size());
-  std::vector<Array> out = state;
-  for (size_t j = 0; j < state_owner_.size() && j < state.size(); ++j) {
-    const int owner = state_owner_[j];
-    if (owner < 0) continue;
-    if (owner == process_) {
-      for (int q = 0; q < processes_; ++q)
-        if (q != process_) comm_->send(q, base + static_cast<int64_t>(j), state[j].raw(), state[j].nbytes());
-    } else {
-      Array a(state[j].dtype(), state[j].shape());
-      comm_->receive(owner, base + static_cast<int64_t>(j), a.raw(), a.nbytes());
-      out[j] = std::move(a);
-    }
-  }
-  return out;
+namespace {
+
+// The same shards seen as an array of `group` (a mesh of one process) with `spec`.
+ShardedArray on_group(const ShardedArray& a, const Mesh& group, const PartitionSpec& spec) {
+  return ShardedArray(a.type(), Sharding(group, spec), a.shards());
 }
 
-std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const std::vector<Array>& batch) {
+}  // namespace
+
+Array PipelineRunner::gather_state(size_t j, const ShardedArray& a) const {
+  const int h = home_.at(j), owner = s_.process_of_group[h];
+  Array whole;
+  if (owner == process_) whole = gather(on_group(a, s_.groups[h], s_.input_specs[j]));
+  if (processes_ == 1) return whole;
+  const int64_t tag = gather_tag_ + static_cast<int64_t>(j);
+  if (owner == process_) {
+    for (int q = 0; q < processes_; ++q)
+      if (q != process_) comm_->send(q, tag, whole.raw(), whole.nbytes());
+  } else {
+    whole = Array(a.dtype(), a.shape());
+    comm_->receive(owner, tag, whole.raw(), whole.nbytes());
+  }
+  return whole;
+}
+
+// The state inputs that groups other than their home read, for this step: the home's shards
+// themselves when both groups are in this process, else a message of each shard.
+std::map<std::pair<size_t, int>, ShardedArray> PipelineRunner::copy_state(const std::vector<ShardedArray>& state) const {
+  std::map<std::pair<size_t, int>, ShardedArray> copies;
+  const int64_t D = s_.schedule.devices, G = s_.groups[0].size();
+  auto tag = [&](size_t j, int d, int shard) { return copy_tag_ + (static_cast<int64_t>(j) * D + d) * G + shard; };
+  for (size_t j = 0; j < away_.size(); ++j) {
+    const int h = home_[j], from = s_.process_of_group[h];
+    for (int d : away_[j]) {
+      const int to = s_.process_of_group[d];
+      if (from == process_ && to == process_) {
+        copies[{j, d}] = on_group(state[j], s_.groups[d], s_.input_specs[j]);
+      } else if (from == process_) {
+        for (size_t i = 0; i < state[j].shards().size(); ++i)
+          comm_->send(to, tag(j, d, static_cast<int>(i)), state[j].shards()[i].raw(), state[j].shards()[i].nbytes());
+      }
+    }
+  }
+  for (size_t j = 0; j < away_.size(); ++j) {
+    const int from = s_.process_of_group[home_[j]];
+    for (int d : away_[j]) {
+      if (from == process_ || s_.process_of_group[d] != process_) continue;
+      const Sharding sh(s_.groups[d], s_.input_specs[j]);
+      const TensorType local{state[j].dtype(), sh.local_shape(state[j].shape())};
+      std::vector<Array> shards;
+      for (int i = 0; i < sh.mesh.size(); ++i) {
+        shards.emplace_back(local.dtype, local.shape, s_.groups[d].placement(i));
+        comm_->receive(from, tag(j, d, i), shards.back().raw(), shards.back().nbytes());
+      }
+      copies[{j, d}] = ShardedArray(state[j].type(), sh, std::move(shards));
+    }
+  }
+  return copies;
+}
+
+ShardedArray PipelineRunner::state_input(size_t j, int d, const Sharding& sh, const std::vector<ShardedArray>& state,
+                                         const std::map<std::pair<size_t, int>, ShardedArray>& copies) const {
+  const ShardedArray& a = d == home_[j] ? state.at(j) : copies.at({j, d});
+  if (sh.spec == s_.input_specs[j]) return ShardedArray(a.type(), sh, a.shards());
+  return shard(gather(on_group(a, s_.groups[d], s_.input_specs[j])), sh);  // a program that reads it otherwise
+}
+
+PipelineRunner::Outputs PipelineRunner::run(const std::vector<ShardedArray>& state, const Array& step,
+                                             const std::vector<Array>& batch) {
   const StagedStep& s = s_;
   const Graph& g = *s.graph;
   const int D = s.schedule.devices, M = s.schedule.microbatches;
@@ -367,22 +432,17 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
   std::vector<std::vector<Array>> micro(static_cast<size_t>(M));
   for (int m = 0; m < M; ++m)
     for (const Array& b : batch) micro[m].push_back(microbatch_rows(b, s.batch_shards, m, M));
-  // A graph input as program k's input i: the caller's arrays on the program's devices (a
-  // replicated array is the caller's on each, a split one its shards). A group's split params and
-  // state are split once a step (`split`: the group's, by input), not for every program reading them.
-  auto input_array = [&](int v, int m, const ShardedExecutable& exe, int i, std::map<size_t, ShardedArray>& split) {
+  const std::map<std::pair<size_t, int>, ShardedArray> copies = copy_state(state);
+  // A graph input as program input i on group d: the state's shards where the group holds them,
+  // the batch's rows and the step counter split (or repeated) over the group's devices.
+  auto input_array = [&](int v, int m, const ShardedExecutable& exe, int i, int d) {
     const size_t at = static_cast<size_t>(g.values()[v].output_index);
-    const bool is_state = at < n_state;
-    const Array& whole = at >= n_state && at < n_state + s.n_batch ? micro.at(std::max(m, 0))[at - n_state]
-                         : is_state                                ? state[at]
-                                                                   : state.back();
     const Sharding& sh = exe.in_sharding(i);
+    if (at < n_state) return state_input(at, d, sh, state, copies);
+    const Array& whole = at < n_state + s.n_batch ? micro.at(std::max(m, 0))[at - n_state] : step;
     if (sh.is_fully_replicated())
       return ShardedArray(g.type(v), sh, std::vector<Array>(static_cast<size_t>(sh.mesh.size()), whole));
-    if (!is_state) return shard(whole, sh);
-    auto it = split.find(at);
-    if (it == split.end()) it = split.emplace(at, shard(whole, sh)).first;
-    return it->second;
+    return shard(whole, sh);
   };
 
   // Messages between device groups, keyed by (value, microbatch or -1 for the update, receiver).
@@ -449,8 +509,7 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
         int left;
       };
       std::map<std::pair<int, int>, Held> held;
-      std::map<size_t, ShardedArray> split_state;  // this group's split params and state, this step
-      int64_t bytes = 0;                           // per device
+      int64_t bytes = 0;  // per device
       auto take = [&](int v, int m) -> const ShardedArray& {
         auto it = held.find({v, m});
         if (it != held.end()) return it->second.a;
@@ -488,8 +547,7 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
         std::vector<ShardedArray> in;
         for (size_t i = 0; i < p.inputs.size(); ++i) {
           const int v = p.inputs[i];
-          in.push_back(g.values()[v].producer < 0 ? input_array(v, m, *p.exe, static_cast<int>(i), split_state)
-                                                  : take(v, m));
+          in.push_back(g.values()[v].producer < 0 ? input_array(v, m, *p.exe, static_cast<int>(i), d) : take(v, m));
         }
         ready = since();
         std::vector<ShardedArray> out = p.exe->run(in);
@@ -580,38 +638,53 @@ std::vector<Array> PipelineRunner::run(const std::vector<Array>& state, const st
       if (sp.name != "update") first = std::min(first, sp.begin_s), last = std::max(last, sp.end_s);
   report_.schedule_s = last > first ? last - first : 0;
 
-  // The step's outputs. Over several processes: the loss, gradient norm and learning rate from
-  // where they are computed to every process; a new state array to the processes reading it; the
-  // other state arrays updated elsewhere stay as they were here (current_state fetches them).
-  std::vector<Array> out;
-  for (size_t o = 0; o < g.outputs().size(); ++o) {
-    const int v = g.outputs()[o];
-    if (g.values()[v].producer < 0) {
-      const size_t at = static_cast<size_t>(g.values()[v].output_index);
-      out.push_back(at < n_state ? state[at] : state.back());
-      continue;
-    }
-    const int owner = s.process_of_group[s.schedule.device_of(s.stage_of_value[v])];
-    std::vector<int> to;  // the other processes needing it
-    if (o < 3)
-      for (int q = 0; q < processes_; ++q) to.push_back(q);
-    else
-      to = state_readers_.at(o - 3);
-    to.erase(std::remove(to.begin(), to.end(), owner), to.end());
-    if (owner != process_) {
-      if (std::find(to.begin(), to.end(), process_) == to.end()) {
-        out.push_back(state.at(o - 3));  // updated by its owner: this copy is not current
-        continue;
-      }
-      Array a(g.type(v).dtype, g.type(v).shape);
-      comm_->receive(owner, output_tag_ + static_cast<int64_t>(o), a.raw(), a.nbytes());
-      out.push_back(std::move(a));
+  Outputs out;
+  out.loss = metric(0, results);
+  out.grad_norm = metric(1, results);
+  out.lr = metric(2, results);
+  out.state = new_state(state, results);
+  return out;
+}
+
+// Output o (< 3: the loss, gradient norm or learning rate) whole on every process: sent by the
+// process computing it.
+Array PipelineRunner::metric(int o, const std::map<int, ShardedArray>& results) const {
+  const Graph& g = *s_.graph;
+  const int v = g.outputs().at(o);
+  const int owner = s_.process_of_group[s_.schedule.device_of(s_.stage_of_value[v])];
+  const int64_t tag = output_tag_ + o;
+  if (owner != process_) {
+    Array a(g.type(v).dtype, g.type(v).shape);
+    comm_->receive(owner, tag, a.raw(), a.nbytes());
+    return a;
+  }
+  auto it = results.find(v);
+  if (it == results.end()) throw InternalError(fmt::format("[pipeline] output %{} was not computed", v));
+  Array a = it->second.sharding().is_fully_replicated() ? it->second.shards().at(0) : gather(it->second);
+  for (int q = 0; q < processes_; ++q)
+    if (q != process_) comm_->send(q, tag, a.raw(), a.nbytes());
+  return a;
+}
+
+// The new params and optimizer state where they live: each its update's result on its home group
+// (held by that group's process; the others hold nothing of it), unchanged where nothing updates it.
+std::vector<ShardedArray> PipelineRunner::new_state(const std::vector<ShardedArray>& state,
+                                                    const std::map<int, ShardedArray>& results) const {
+  const Graph& g = *s_.graph;
+  std::vector<ShardedArray> out;
+  for (size_t j = 0; j < state_shardings_.size(); ++j) {
+    const int v = g.outputs().at(3 + j);
+    const Sharding& want = state_shardings_[j];
+    if (g.values()[v].producer < 0 || s_.process_of_group[home_[j]] != process_) {
+      out.push_back(g.values()[v].producer < 0 ? state[j] : ShardedArray(g.type(v), want, {}, process_));
       continue;
     }
     auto it = results.find(v);
     if (it == results.end()) throw InternalError(fmt::format("[pipeline] output %{} was not computed", v));
-    out.push_back(it->second.sharding().is_fully_replicated() ? it->second.shards().at(0) : gather(it->second));
-    for (int q : to) comm_->send(q, output_tag_ + static_cast<int64_t>(o), out.back().raw(), out.back().nbytes());
+    const ShardedArray& a = it->second;
+    out.push_back(a.sharding().spec == want.spec
+                      ? ShardedArray(a.type(), want, a.shards(), process_)
+                      : shard(gather(a), want, process_));
   }
   return out;
 }

@@ -114,23 +114,29 @@ struct Readers {
   std::vector<std::vector<int>> micro_remote, step_remote;  // per value: other groups reading it
 };
 
-// Runs a staged step over whole arrays: state is params, optimizer state and the step counter
-// (i32), batch the whole batch (split into microbatches here). Returns the traced step's outputs:
-// loss, gradient norm, learning rate, new params, new state.
+// Runs a staged step. The state (params and optimizer state) is held where it is updated: each
+// array on the device group of its home stage (the stage whose update program writes it), split by
+// the plan's spec there (state_shardings()), and only by the process running that group; other
+// processes hold nothing of it. A group of another stage that reads it (a tied embedding's head)
+// gets a copy at the start of each step, a message when the groups are in different processes.
+// The batch is whole (split into microbatches here) and `step` the counter (i32).
 //
 // Over several processes (`comm`: this process's communicator; each process holds whole device
-// groups) every process holds the whole state and runs its own groups; a message to a group of
-// another process is a point-to-point message. The loss, gradient norm and learning rate reach
-// every process; a new param or optimizer state reaches the processes whose programs read it (a
-// tied embedding); the others keep their copy of one updated elsewhere, which current_state
-// brings up to date.
+// groups) every process runs its own groups; a message to a group of another process is a
+// point-to-point message. The loss, gradient norm and learning rate reach every process.
 class PipelineRunner {
  public:
   explicit PipelineRunner(StagedStep s, Communicator* comm = nullptr);
-  std::vector<Array> run(const std::vector<Array>& state, const std::vector<Array>& batch);
-  // The state as its owners hold it (params, optimizer state): every process calls it, in the same
-  // order; each gets every array from the process that updates it. In one process: `state`.
-  std::vector<Array> current_state(const std::vector<Array>& state) const;
+  struct Outputs {
+    Array loss, grad_norm, lr;        // whole, on every process
+    std::vector<ShardedArray> state;  // the new params and optimizer state, in state_shardings()
+  };
+  Outputs run(const std::vector<ShardedArray>& state, const Array& step, const std::vector<Array>& batch);
+  // Per state input (params, then optimizer state): its home group's devices and the plan's spec,
+  // the mesh knowing the process that runs the group (of this runner's processes).
+  const std::vector<Sharding>& state_shardings() const { return state_shardings_; }
+  // State input j whole: every process calls it, in the same order; the home process sends it.
+  Array gather_state(size_t j, const ShardedArray& a) const;
   const PipelineReport& report() const { return report_; }
   const StagedStep& staged() const { return s_; }
   int process() const { return process_; }
@@ -139,16 +145,26 @@ class PipelineRunner {
 
  private:
   int64_t message_tag(int v, int m, int to, int shard) const;
+  // The shards of state input j as program input `sh` on group d (its home's arrays, or the copy
+  // made for d at the start of the step).
+  ShardedArray state_input(size_t j, int d, const Sharding& sh, const std::vector<ShardedArray>& state,
+                           const std::map<std::pair<size_t, int>, ShardedArray>& copies) const;
+  std::map<std::pair<size_t, int>, ShardedArray> copy_state(const std::vector<ShardedArray>& state) const;
+  std::vector<ShardedArray> new_state(const std::vector<ShardedArray>& state,
+                                      const std::map<int, ShardedArray>& results) const;
+  Array metric(int o, const std::map<int, ShardedArray>& results) const;
   StagedStep s_;
   PipelineReport report_;
   Readers readers_;              // fixed by the programs: computed once
   std::vector<char> is_output_;  // per value: an output of the step
   Communicator* comm_ = nullptr;
   int process_ = 0, processes_ = 1;
-  std::vector<int> message_index_;               // per value sent to another process: its number
-  int64_t output_tag_ = 0;                       // the first tag after the messages' (message_tag)
-  std::vector<int> state_owner_;                 // per state input: the process updating it (-1: none)
-  std::vector<std::vector<int>> state_readers_;  // per state input: the processes whose programs read it
+  std::vector<int> message_index_;  // per value sent to another process: its number
+  int64_t output_tag_ = 0;          // the first tag after the messages' (message_tag)
+  int64_t gather_tag_ = 0, copy_tag_ = 0;     // gather_state's, then the state copies'
+  std::vector<int> home_;                     // per state input: its home group
+  std::vector<std::vector<int>> away_;        // per state input: the other groups reading it
+  std::vector<Sharding> state_shardings_;     // per state input
 };
 
 }  // namespace px::detail

@@ -62,7 +62,11 @@ ShardedArray Step::placed(ShardedArray a, size_t i) const {
   return a;
 }
 
-Array Step::gathered(const ShardedArray& a) const { return c_.exe ? gather(a, c_.exe->communicator()) : gather(a); }
+// State input i whole (over several processes a collective: every process calls it in turn).
+Array Step::gathered(size_t i, const ShardedArray& a) const {
+  if (c_.pipeline) return c_.pipeline->gather_state(i, a);
+  return c_.exe ? gather(a, c_.exe->communicator()) : gather(a);
+}
 
 void Step::set_param(TrainState& s, int i, const Array& full) const {
   check_param(s, i, full.type());
@@ -113,10 +117,10 @@ StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch)
   ExclusiveCall call(busy_, "training step");  // out_ is reused by every call
   if (state.params.size() != c_.n_params || state.opt_state.size() != c_.n_state)
     throw Error("[TrainStep] the state does not belong to this step (make it with TrainStep::init)");
-  const Mesh& mesh = c_.in_shardings.at(0).mesh;  // the state's (a pipeline holds it once per process)
   for (size_t i = 0; i < c_.n_params; ++i) {
     const ShardedArray& p = state.params[i];
-    if (p.shards().empty())
+    const Mesh& mesh = c_.in_shardings[i].mesh;  // a pipeline's: the param's stage's devices
+    if (p.shards().empty() && !p.positions().empty())
       throw Error("[TrainStep] param '" + store_.paths()[i] +
                   "' was never set: give every param with set_param (or make the state with init)");
     if (p.mesh() != mesh)
@@ -124,10 +128,13 @@ StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch)
                   " but this step runs on " + mesh.to_string() +
                   ": save the state and load it here, or give the step the state's mesh (TrainStepOptions::mesh)");
   }
-  for (const ShardedArray& a : state.opt_state)
-    if (a.mesh() != mesh)
-      throw Error("[TrainStep] the optimizer state is on " + a.mesh().to_string() + ", not on this step's " +
-                  mesh.to_string() + ": make the state with this step's init (or load a saved one)");
+  for (size_t j = 0; j < c_.n_state; ++j) {
+    const Mesh& mesh = c_.in_shardings[c_.n_params + j].mesh;
+    if (state.opt_state[j].mesh() != mesh)
+      throw Error("[TrainStep] the optimizer state is on " + state.opt_state[j].mesh().to_string() +
+                  ", not on this step's " + mesh.to_string() +
+                  ": make the state with this step's init (or load a saved one)");
+  }
   if (batch.size() != batch_types_.size())
     throw Error("[TrainStep] expected " + std::to_string(batch_types_.size()) + " batch arrays, got " +
                 std::to_string(batch.size()));
@@ -136,7 +143,7 @@ StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch)
       throw Error("[TrainStep] batch array " + std::to_string(i) + " has type " + type_str(batch[i].type()) +
                   ", the step was traced for " + type_str(batch_types_[i]));
   check_indices(c_.index_uses, c_.n_params + c_.n_state, batch);
-  if (c_.pipeline) return run_pipelined(state, batch);  // its state stays where it is, never donated
+  if (c_.pipeline) return run_pipelined(state, batch);  // its state is not donated
   // Params and state live where the step keeps them (offload: pinned_host); moved there once.
   size_t k = 0;
   for (auto* group : {&state.params, &state.opt_state})
@@ -187,18 +194,15 @@ void Step::count(TrainState& state, const StepMetrics& m) {
   ++steps_run_;
 }
 
-// The state is held once per process (whole arrays); each stage's programs read their params.
+// Each state array lives on its stage's devices, held by the process running them.
 StepMetrics Step::run_pipelined(TrainState& state, const std::vector<Array>& batch) {
-  std::vector<Array> in;
-  for (auto* group : {&state.params, &state.opt_state})
-    for (const ShardedArray& a : *group) in.push_back(a.shards().at(0));
-  in.push_back(Array::from_i32({traced_step(state.step, "TrainStep")}, {}));
-  std::vector<Array> out = c_.pipeline->run(in, batch);
-  const StepMetrics m = step_metrics(out[0].to_f32()[0], out[1].to_f32()[0], out[2].to_f32()[0], skip_nonfinite_);
-  for (size_t i = 0; i < c_.n_params + c_.n_state; ++i) {
-    ShardedArray& a = i < c_.n_params ? state.params[i] : state.opt_state[i - c_.n_params];
-    a = ShardedArray(a.type(), a.sharding(), {std::move(out[3 + i])}, c_.process);
-  }
+  std::vector<ShardedArray> in = state.params;
+  in.insert(in.end(), state.opt_state.begin(), state.opt_state.end());
+  PipelineRunner::Outputs out =
+      c_.pipeline->run(in, Array::from_i32({traced_step(state.step, "TrainStep")}, {}), batch);
+  const StepMetrics m = step_metrics(out.loss.to_f32()[0], out.grad_norm.to_f32()[0], out.lr.to_f32()[0], skip_nonfinite_);
+  for (size_t i = 0; i < c_.n_params; ++i) state.params[i] = std::move(out.state[i]);
+  for (size_t i = 0; i < c_.n_state; ++i) state.opt_state[i] = std::move(out.state[c_.n_params + i]);
   count(state, m);
   return m;
 }
@@ -232,36 +236,14 @@ ShardedExecutable& Step::executable() {
 
 std::vector<Array> Step::gather_params(const TrainState& s) const {
   std::vector<Array> out;
-  if (c_.pipeline) {
-    out = current_state(s);
-    out.resize(c_.n_params);
-    return out;
-  }
-  for (const auto& p : s.params) out.push_back(gathered(p));
+  for (size_t i = 0; i < s.params.size(); ++i) out.push_back(gathered(i, s.params[i]));
   return out;
 }
 
 std::vector<Array> Step::gather_opt_state(const TrainState& s) const {
   std::vector<Array> out;
-  if (c_.pipeline) {
-    out = current_state(s);
-    out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(c_.n_params));
-    return out;
-  }
-  for (const auto& p : s.opt_state) out.push_back(gathered(p));
+  for (size_t i = 0; i < s.opt_state.size(); ++i) out.push_back(gathered(c_.n_params + i, s.opt_state[i]));
   return out;
-}
-
-// A pipelined step's state as its owners hold it: every process holds whole arrays, current for
-// its own stages (over several processes, a collective that fetches the others').
-std::vector<Array> Step::current_state(const TrainState& s) const {
-  std::vector<Array> whole;
-  for (auto* group : {&s.params, &s.opt_state})
-    for (const ShardedArray& a : *group) {
-      if (a.shards().empty()) throw Error("[TrainStep] the state was never set: make it with TrainStep::init");
-      whole.push_back(a.shards().at(0));
-    }
-  return c_.pipeline->current_state(whole);
 }
 
 int Step::rank() const { return c_.pipeline ? c_.pipeline->process() : c_.process; }
@@ -294,7 +276,7 @@ Checkpoint Step::checkpoint(const TrainState& state, const std::string& who) con
   for (size_t i = 0; i < l.names.size(); ++i) {
     const bool param = i < c_.n_params;
     const ShardedArray& a = param ? state.params[i] : state.opt_state[i - c_.n_params];
-    if (a.shards().empty())
+    if (a.shards().empty() && !a.positions().empty())
       throw Error("[" + who + "] the state's tensor '" + l.names[i] +
                   "' was never set: give every param with set_param (or make the state with TrainStep::init)");
     if (a.type() != l.types[i])
@@ -302,17 +284,10 @@ Checkpoint Step::checkpoint(const TrainState& state, const std::string& who) con
                   " but this step has " + type_str(l.types[i]) +
                   "; the state does not belong to this step (make it with TrainStep::init)");
   }
-  // A pipeline over several processes: the first process writes the whole state, fetched from the
-  // processes updating it; the others write nothing.
-  std::vector<Array> current;
-  if (c_.pipeline && c_.pipeline->num_processes() > 1) {
-    current = current_state(state);
-    if (rank() != 0) return c;
-  }
+  // Each process's own shards (a pipeline's: those of its stages).
   for (size_t i = 0; i < l.names.size(); ++i) {
     const bool param = i < c_.n_params;
-    const ShardedArray& a = param ? state.params[i] : state.opt_state[i - c_.n_params];
-    c.add(l.names[i], current.empty() ? a : ShardedArray(a.type(), a.sharding(), {current[i]}, a.process()),
+    c.add(l.names[i], param ? state.params[i] : state.opt_state[i - c_.n_params],
           param ? ckpt::kParamsGroup : ckpt::kOptStateGroup);
   }
   return c;
@@ -387,7 +362,8 @@ void Step::save(const std::string& path, const TrainState& state) const {
     // An export: full arrays, gathered (collectives over several processes); process 0 writes.
     Checkpoint full(c.step);
     full.optimizer = c.optimizer;
-    for (const CheckpointEntry& e : c.entries) full.add(e.name, gathered(e.array), e.group);
+    for (size_t i = 0; i < c.entries.size(); ++i)
+      full.add(c.entries[i].name, gathered(i, c.entries[i].array), c.entries[i].group);
     if (rank() == 0) export_safetensors(full, path, /*group=*/"");
   } else {
     CheckpointOptions o;

@@ -120,9 +120,8 @@ class Step {
   void check_param(const TrainState& s, int i, const TensorType& type) const;
   MemoryKind input_kind(size_t i) const;
   ShardedArray placed(ShardedArray a, size_t i) const;
-  Array gathered(const ShardedArray& a) const;
+  Array gathered(size_t i, const ShardedArray& a) const;
   StepMetrics run_pipelined(TrainState& state, const std::vector<Array>& batch);
-  std::vector<Array> current_state(const TrainState& s) const;
   void count(TrainState& state, const StepMetrics& m);
   nn::ParamStore& store_;
   optim::OptimizerPtr opt_;

@@ -16,12 +16,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 
 #include "core/env.h"
 #include "parallax/checkpoint.h"
 #include "parallax/communicator.h"
 #include "parallax/distributed.h"
+#include "parallax/memory.h"
 #include "parallax/ops.h"
 #include "parallax/parallel.h"
 #include "sharding/recipe_check.h"
@@ -412,6 +414,93 @@ TEST(MpiRanks, PipelineOverProcessesEqualsOneProcess) {
   const int S = process_world().size;
   check_pipeline(nn::gpt2_config("gpt_pipe", 256, 64, 4, 2 * S, 128, 16), 2 * S);
   check_pipeline(nn::llama_config("llama_pipe", 256, 64, 4, 2, 2 * S, 96, 16), 2 * S);
+}
+
+// Each process holds only its stages' state, from init on: stage:S over the S processes, each
+// process's high-water mark (init, compile and 20 steps) at most 1.4 / S of the same pipeline's in
+// one process (S <= 4), and the training bitwise the one process's. The state saved by the
+// processes (each its own stages' shards) resumes onto another split: 2S stages, two per process.
+TEST(MpiRanks, PipelineStateIsSplitOverTheProcessesBitwise) {
+  REQUIRE_MPIRUN();
+  using namespace recipe_check;
+  const ProcessWorld& w = process_world();
+  const int S = w.size, M = 2 * S, steps = 20;
+  const int64_t per = w.devices.count / w.size;
+  const nn::LmConfig cfg = nn::gpt2_config("gpt_pipe", 256, 128, 4, 2 * S, 256, 16);
+  std::vector<std::pair<std::string, int64_t>> axes = {{"stage", S}};
+  if (per > 1) axes.push_back({"data", per});
+  TrainStepOptions o;
+  o.microbatches = M;
+  o.mesh = Mesh::create(axes, w.devices);
+  o.sharding.communicator = w.communicator;
+  // Every process's peak over its run, above what it held before.
+  auto measured = [](const std::function<void()>& run) {
+    const int64_t before = platform_memory_stats("cpu").bytes_in_use;
+    reset_platform_peak_memory("cpu");
+    run();
+    return platform_memory_stats("cpu").peak_bytes_in_use - before;
+  };
+  Fixture pf(cfg, per * M);
+  std::vector<StepMetrics> got;
+  std::vector<Array> params;
+  const char* job = std::getenv("PMIX_NAMESPACE");
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("px_mpi_stages_" + std::string(job ? job : "0"))).string();
+  if (w.rank == 0) std::filesystem::remove_all(dir);
+  w.communicator->barrier();
+  const int64_t peak = measured([&] {
+    TrainStep step(pf.model.store(), opt(), pf.loss, pf.batch_types, o);
+    TrainState s = step.init(0);
+    // Only this process's stages: nothing of another stage's params is held here.
+    for (size_t i = 0; i < s.params.size(); ++i)
+      if (s.params[i].shards().empty()) EXPECT_TRUE(s.params[i].positions().empty()) << i;
+    for (int i = 0; i < steps; ++i) got.push_back(step(s, pf.batch(i)));
+    params = step.gather_params(s);
+    step.save(dir, s);
+  });
+  // Resumed onto 2S stages, two per process (where a process has two devices to give them).
+  if (per % 2 == 0) {
+    std::vector<std::pair<std::string, int64_t>> axes2 = {{"stage", 2 * S}};
+    if (per > 2) axes2.push_back({"data", per / 2});
+    TrainStepOptions o2 = o;
+    o2.mesh = Mesh::create(axes2, w.devices);
+    TrainStep step2(pf.model.store(), opt(), pf.loss, pf.batch_types, o2);
+    const TrainState l = step2.load(dir);
+    const std::vector<Array> loaded = step2.gather_params(l);
+    for (size_t i = 0; i < params.size(); ++i)
+      EXPECT_EQ(loaded[i].to_f32(), params[i].to_f32()) << "param " << i << " resumed on " << o2.mesh->to_string();
+  }
+  w.communicator->barrier();
+  if (w.rank == 0) std::filesystem::remove_all(dir);
+  // Every process's peak to the first, which compares them with one process's.
+  std::vector<int64_t> peaks(static_cast<size_t>(w.size), peak);
+  if (w.rank != 0) w.communicator->send(0, 4242, &peaks[0], sizeof(int64_t));
+  for (int q = 1; q < w.size && w.rank == 0; ++q) w.communicator->receive(q, 4242, &peaks[q], sizeof(int64_t));
+  w.communicator->barrier();  // received before any process moves on (or exits)
+  if (w.rank != 0) return;
+
+  Fixture f(cfg, per * M);
+  TrainStepOptions one = o;
+  one.mesh = Mesh::create(axes, DeviceSet{"cpu", w.devices.count, 1});
+  one.sharding.communicator = nullptr;
+  std::vector<Array> want;
+  const int64_t one_peak = measured([&] {
+    TrainStep ref(f.model.store(), opt(), f.loss, f.batch_types, one);
+    TrainState rs = ref.init(0);
+    for (int i = 0; i < steps; ++i) {
+      const StepMetrics m = ref(rs, f.batch(i));
+      EXPECT_EQ(got[i].loss, m.loss) << "step " << i;
+      EXPECT_EQ(got[i].grad_norm, m.grad_norm) << "step " << i;
+    }
+    want = ref.gather_params(rs);
+  });
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(params[i].to_f32(), want[i].to_f32()) << "param " << i;
+  for (int q = 0; q < w.size; ++q) {
+    const double ratio = static_cast<double>(peaks[q]) / static_cast<double>(one_peak);
+    std::printf("pipeline stage:%d over %d processes: process %d's peak %lld bytes, %.3f of one process's %lld\n", S,
+                w.size, q, static_cast<long long>(peaks[q]), ratio, static_cast<long long>(one_peak));
+    if (S <= 4) EXPECT_LE(ratio, 1.4 / S) << "process " << q;
+  }
 }
 
 // The text of the process holding position 0 reaches every process, whatever the others pass.
