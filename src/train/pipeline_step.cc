@@ -420,60 +420,64 @@ ShardedArray PipelineRunner::state_input(size_t j, int d, const Sharding& sh, co
   return shard(gather(on_group(a, s_.groups[d], s_.input_specs[j])), sh);  // a program that reads it otherwise
 }
 
-PipelineRunner::Outputs PipelineRunner::run(const std::vector<ShardedArray>& state, const Array& step,
-                                             const std::vector<Array>& batch) {
-  const StagedStep& s = s_;
-  const Graph& g = *s.graph;
-  const int D = s.schedule.devices, M = s.schedule.microbatches;
-  const size_t n_state = s.n_params + s.n_state;
-  const Readers& r = readers_;
-  const std::vector<char>& is_output = is_output_;
-  // Per microbatch and batch input: its rows, each device's from the rows it holds.
-  std::vector<std::vector<Array>> micro(static_cast<size_t>(M));
-  for (int m = 0; m < M; ++m)
-    for (const Array& b : batch) micro[m].push_back(microbatch_rows(b, s.batch_shards, m, M));
-  const std::map<std::pair<size_t, int>, ShardedArray> copies = copy_state(state);
-  // A graph input as program input i on group d: the state's shards where the group holds them,
-  // the batch's rows and the step counter split (or repeated) over the group's devices.
-  auto input_array = [&](int v, int m, const ShardedExecutable& exe, int i, int d) {
-    const size_t at = static_cast<size_t>(g.values()[v].output_index);
-    const Sharding& sh = exe.in_sharding(i);
-    if (at < n_state) return state_input(at, d, sh, state, copies);
-    const Array& whole = at < n_state + s.n_batch ? micro.at(std::max(m, 0))[at - n_state] : step;
-    if (sh.is_fully_replicated())
-      return ShardedArray(g.type(v), sh, std::vector<Array>(static_cast<size_t>(sh.mesh.size()), whole));
-    return shard(whole, sh);
-  };
-
-  // Messages between device groups, keyed by (value, microbatch or -1 for the update, receiver).
+// One run's inputs, the messages between the device groups of this process (and to and from other
+// processes), the step's outputs and the first failure, which stops every group.
+struct PipelineRunner::Exchange {
+  Exchange(const PipelineRunner& runner, const std::vector<ShardedArray>& st, const Array& counter)
+      : r(runner), state(st), step(counter) {}
+  const PipelineRunner& r;
+  const std::vector<ShardedArray>& state;
+  const Array& step;
+  std::vector<std::vector<Array>> micro;  // per microbatch and batch input: its rows
+  std::map<std::pair<size_t, int>, ShardedArray> copies;
   std::mutex mu;
   std::condition_variable cv;
-  std::map<std::tuple<int, int, int>, ShardedArray> box;
+  std::map<std::tuple<int, int, int>, ShardedArray> box;  // (value, microbatch or -1, receiver)
   std::map<int, ShardedArray> results;
   bool failed = false;
   std::exception_ptr failure;
-  auto send = [&](int v, int m, int to, const ShardedArray& a) {
-    if (s.process_of_group[to] != process_) {
+  Clock::time_point t0 = Clock::now();
+
+  double since() const { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+  // A graph input as program input i on group d: the state's shards where the group holds them,
+  // the batch's rows and the step counter split (or repeated) over the group's devices.
+  ShardedArray input(int v, int m, const ShardedExecutable& exe, int i, int d) const {
+    const Graph& g = *r.s_.graph;
+    const size_t at = static_cast<size_t>(g.values()[v].output_index), n_state = r.s_.n_params + r.s_.n_state;
+    const Sharding& sh = exe.in_sharding(i);
+    if (at < n_state) return r.state_input(at, d, sh, state, copies);
+    const Array& whole = at < n_state + r.s_.n_batch ? micro.at(std::max(m, 0))[at - n_state] : step;
+    if (sh.is_fully_replicated())
+      return ShardedArray(g.type(v), sh, std::vector<Array>(static_cast<size_t>(sh.mesh.size()), whole));
+    return shard(whole, sh);
+  }
+
+  void send(int v, int m, int to, const ShardedArray& a) {
+    const int proc = r.s_.process_of_group[to];
+    if (proc != r.process_) {
       for (size_t i = 0; i < a.shards().size(); ++i)
-        comm_->send(s.process_of_group[to], message_tag(v, m, to, static_cast<int>(i)), a.shards()[i].raw(),
-                    a.shards()[i].nbytes());
+        r.comm_->send(proc, r.message_tag(v, m, to, static_cast<int>(i)), a.shards()[i].raw(), a.shards()[i].nbytes());
       return;
     }
     std::lock_guard<std::mutex> lock(mu);
     box[{v, m, to}] = a;
     cv.notify_all();
-  };
-  auto receive = [&](int v, int m, int at) {
+  }
+
+  ShardedArray receive(int v, int m, int at) {
+    const StagedStep& s = r.s_;
     const int from = s.process_of_group[s.schedule.device_of(s.stage_of_value[v])];
-    if (from != process_) {  // from another process: its shards, laid out as its group holds them
+    if (from != r.process_) {  // from another process: its shards, laid out as its group holds them
+      const TensorType& t = s.graph->type(v);
       const Sharding sh(s.groups[at], s.value_spec[v]);
-      const TensorType local{g.type(v).dtype, sh.local_shape(g.type(v).shape)};
+      const TensorType local{t.dtype, sh.local_shape(t.shape)};
       std::vector<Array> shards;
       for (int i = 0; i < sh.mesh.size(); ++i) {
         shards.emplace_back(local.dtype, local.shape);
-        comm_->receive(from, message_tag(v, m, at, i), shards.back().raw(), shards.back().nbytes());
+        r.comm_->receive(from, r.message_tag(v, m, at, i), shards.back().raw(), shards.back().nbytes());
       }
-      return ShardedArray(g.type(v), sh, std::move(shards));
+      return ShardedArray(t, sh, std::move(shards));
     }
     std::unique_lock<std::mutex> lock(mu);
     const auto key = std::make_tuple(v, m, at);
@@ -482,156 +486,189 @@ PipelineRunner::Outputs PipelineRunner::run(const std::vector<ShardedArray>& sta
     ShardedArray a = std::move(box[key]);
     box.erase(key);
     return a;
+  }
+
+  void fail(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!failed) failure = std::move(e);
+    failed = true;
+    cv.notify_all();
+  }
+};
+
+// One device group of this process in a run: its actions in the schedule's order, what it holds
+// between them, counted per device as the plan counts it, and its timeline.
+class PipelineRunner::GroupRun {
+ public:
+  GroupRun(Exchange& x, int d) : x_(x), s_(x.r.s_), r_(x.r.readers_), d_(d), group_(s_.groups[d]) {}
+  std::vector<PipelineReport::Span> timeline;
+  int64_t held_peak = 0;
+  int device() const { return d_; }
+
+  void run() {
+    for (const pipeline::Action& a : s_.schedule.per_device[d_]) {
+      ready_ = x_.since();
+      const int k = program_of(s_, a);
+      if (k >= 0 && s_.programs[k].exe) run_program(k, a.microbatch);
+      if (ends_backward(s_, a)) accumulate(a);
+      // From when its messages had arrived: waiting for them is the bubble.
+      timeline.push_back({pipeline::action_name(a, s_.schedule.virtual_stages > 1), ready_, x_.since()});
+    }
+    const double begin = x_.since();
+    for (int k : s_.updates)
+      if (s_.schedule.device_of(s_.programs[k].stage) == d_) run_program(k, -1);
+    timeline.push_back({"update", begin, x_.since()});
+  }
+
+ private:
+  struct Held {
+    ShardedArray a;
+    int left;  // readers still to run
   };
 
-  std::vector<std::vector<PipelineReport::Span>> timeline(D);
-  std::vector<int64_t> held_peak(D, 0);
-  const auto t0 = Clock::now();
-  auto since = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
-  // One thread per device group of this process.
-  std::vector<int> mine;
-  for (int d = 0; d < D; ++d)
-    if (s.process_of_group[d] == process_) mine.push_back(d);
-  const int L = static_cast<int>(mine.size());
-  int team = 0;
-#pragma omp parallel num_threads(L)
-  {
-    const int d = mine[omp_get_thread_num()];
-#pragma omp single
-    team = omp_get_num_threads();
-    try {
-      if (team != L)
-        throw Error(fmt::format("[pipeline] the step needs one thread per device group ({}), OpenMP gave {}", L, team));
-      const Mesh& group = s.groups[d];
-      // What this group holds: (value, microbatch) -> arrays and readers left; -1: the update's.
-      struct Held {
-        ShardedArray a;
-        int left;
-      };
-      std::map<std::pair<int, int>, Held> held;
-      int64_t bytes = 0;  // per device
-      auto take = [&](int v, int m) -> const ShardedArray& {
-        auto it = held.find({v, m});
-        if (it != held.end()) return it->second.a;
-        // A message: copied onto this group's devices.
-        ShardedArray got = receive(v, m, d);
-        std::vector<Array> shards;
-        for (size_t i = 0; i < got.shards().size(); ++i)
-          shards.push_back(got.shards()[i].to(group.placement(static_cast<int>(i), got.shards()[i].placement().kind)));
-        ShardedArray a(got.type(), Sharding(group, got.sharding().spec), std::move(shards));
-        const int left = (m < 0 ? r.step[d] : r.micro[d]).at(v);
-        if (m >= 0) bytes += a.shards()[0].nbytes();
-        return held.emplace(std::pair{v, m}, Held{std::move(a), left}).first->second.a;
-      };
-      auto release = [&](int v, int m) {
-        auto it = held.find({v, m});
-        if (it == held.end() || --it->second.left > 0) return;
-        if (m >= 0) bytes -= it->second.a.shards()[0].nbytes();
-        held.erase(it);
-      };
-      auto put = [&](int v, int m, ShardedArray a) {
-        for (int to : (m < 0 ? r.step_remote : r.micro_remote)[v]) send(v, m, to, a);
-        if (m < 0 && is_output[v]) {
-          std::lock_guard<std::mutex> lock(mu);
-          results[v] = a;
-        }
-        const auto& here = m < 0 ? r.step[d] : r.micro[d];
-        auto it = here.find(v);
-        if (it == here.end()) return;
-        if (m >= 0) bytes += a.shards()[0].nbytes();
-        held[{v, m}] = Held{std::move(a), it->second};
-      };
-      double ready = 0;  // when the running action's inputs had all arrived
-      auto run_program = [&](int k, int m) {
-        const StageProgram& p = s.programs[k];
-        std::vector<ShardedArray> in;
-        for (size_t i = 0; i < p.inputs.size(); ++i) {
-          const int v = p.inputs[i];
-          in.push_back(g.values()[v].producer < 0 ? input_array(v, m, *p.exe, static_cast<int>(i), d) : take(v, m));
-        }
-        ready = since();
-        std::vector<ShardedArray> out = p.exe->run(in);
-        int64_t out_bytes = 0;
-        for (const ShardedArray& a : out) out_bytes += a.shards()[0].nbytes();
-        if (m >= 0) held_peak[d] = std::max(held_peak[d], bytes + out_bytes);
-        for (size_t o = 0; o < out.size(); ++o) put(p.outputs[o], m, std::move(out[o]));
-        for (int v : p.inputs)
-          if (g.values()[v].producer >= 0) release(v, m);
-      };
-      // Runs an accumulate or mean program on each device's copy, in place.
-      auto on_each_device = [&](Executable& exe, const std::vector<ShardedArray*>& sums,
-                                const std::vector<ShardedArray>& add) {
-        for (int rep = 0; rep < group.size(); ++rep) {
-          std::vector<Array> in, out;
-          for (ShardedArray* a : sums) in.push_back(a->shards()[rep]), out.push_back(a->shards()[rep]);
-          for (const ShardedArray& a : add) in.push_back(a.shards()[rep]);
-          exe.run_into(in, out);
-        }
-      };
-      std::map<int, ShardedArray> sums;  // per accumulated value of this group's stages
-      for (const pipeline::Action& a : s.schedule.per_device[d]) {
-        ready = since();
-        const int k = program_of(s, a);
-        if (k >= 0 && s.programs[k].exe) run_program(k, a.microbatch);
-        if (ends_backward(s, a)) {
-          // The loss and gradients of this microbatch, added to the earlier ones' (as the step on
-          // one device adds them); after the last, divided by the count.
-          std::vector<int> vals;
-          for (int v : s.accumulated)
-            if (s.stage_of_value[v] == a.stage) vals.push_back(v);
-          if (!vals.empty()) {
-            std::vector<ShardedArray> cur;
-            for (int v : vals) {
-              cur.push_back(take(v, a.microbatch));
-              release(v, a.microbatch);
-            }
-            if (a.microbatch == 0 || M == 1) {
-              for (size_t i = 0; i < vals.size(); ++i) {
-                ShardedArray c = cur[i];
-                for (Array& sh : c.mutable_shards())
-                  if (!sh.sole_owner()) sh = sh.clone();
-                sums[vals[i]] = std::move(c);
-              }
-            } else {
-              std::vector<ShardedArray*> acc;
-              for (int v : vals) acc.push_back(&sums.at(v));
-              on_each_device(*s.programs[s.accumulate[a.stage]].local, acc, cur);
-            }
-            if (a.microbatch == M - 1) {
-              if (s.reduce[a.stage] >= 0) {  // the sums left partial over the batch axes, reduced once
-                const StageProgram& red = s.programs[s.reduce[a.stage]];
-                std::vector<ShardedArray> in;
-                for (int v : red.inputs) in.push_back(sums.at(v));
-                std::vector<ShardedArray> out = red.exe->run(in);
-                for (size_t i = 0; i < out.size(); ++i) sums[red.inputs[i]] = std::move(out[i]);
-              }
-              if (M > 1) {
-                std::vector<ShardedArray*> acc;
-                for (int v : vals) acc.push_back(&sums.at(v));
-                on_each_device(*s.programs[s.mean[a.stage]].local, acc, {});
-              }
-              for (int v : vals) put(v, -1, sums.at(v));
-            }
-          }
-        }
-        // From when its messages had arrived: waiting for them is the bubble.
-        timeline[d].push_back({pipeline::action_name(a, s.schedule.virtual_stages > 1), ready, since()});
-      }
-      const double begin = since();
-      for (int k : s.updates)
-        if (s.schedule.device_of(s.programs[k].stage) == d) run_program(k, -1);
-      timeline[d].push_back({"update", begin, since()});
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!failed) failure = std::current_exception();
-      failed = true;
-      cv.notify_all();
+  const ShardedArray& take(int v, int m) {
+    auto it = held_.find({v, m});
+    if (it != held_.end()) return it->second.a;
+    // A message: copied onto this group's devices.
+    ShardedArray got = x_.receive(v, m, d_);
+    std::vector<Array> shards;
+    for (size_t i = 0; i < got.shards().size(); ++i)
+      shards.push_back(got.shards()[i].to(group_.placement(static_cast<int>(i), got.shards()[i].placement().kind)));
+    ShardedArray a(got.type(), Sharding(group_, got.sharding().spec), std::move(shards));
+    const int left = (m < 0 ? r_.step[d_] : r_.micro[d_]).at(v);
+    if (m >= 0) bytes_ += a.shards()[0].nbytes();
+    return held_.emplace(std::pair{v, m}, Held{std::move(a), left}).first->second.a;
+  }
+
+  void release(int v, int m) {
+    auto it = held_.find({v, m});
+    if (it == held_.end() || --it->second.left > 0) return;
+    if (m >= 0) bytes_ -= it->second.a.shards()[0].nbytes();
+    held_.erase(it);
+  }
+
+  void put(int v, int m, ShardedArray a) {
+    for (int to : (m < 0 ? r_.step_remote : r_.micro_remote)[v]) x_.send(v, m, to, a);
+    if (m < 0 && x_.r.is_output_[v]) {
+      std::lock_guard<std::mutex> lock(x_.mu);
+      x_.results[v] = a;
+    }
+    const auto& here = m < 0 ? r_.step[d_] : r_.micro[d_];
+    auto it = here.find(v);
+    if (it == here.end()) return;
+    if (m >= 0) bytes_ += a.shards()[0].nbytes();
+    held_[{v, m}] = Held{std::move(a), it->second};
+  }
+
+  void run_program(int k, int m) {
+    const Graph& g = *s_.graph;
+    const StageProgram& p = s_.programs[k];
+    std::vector<ShardedArray> in;
+    for (size_t i = 0; i < p.inputs.size(); ++i) {
+      const int v = p.inputs[i];
+      in.push_back(g.values()[v].producer < 0 ? x_.input(v, m, *p.exe, static_cast<int>(i), d_) : take(v, m));
+    }
+    ready_ = x_.since();
+    std::vector<ShardedArray> out = p.exe->run(in);
+    int64_t out_bytes = 0;
+    for (const ShardedArray& a : out) out_bytes += a.shards()[0].nbytes();
+    if (m >= 0) held_peak = std::max(held_peak, bytes_ + out_bytes);
+    for (size_t o = 0; o < out.size(); ++o) put(p.outputs[o], m, std::move(out[o]));
+    for (int v : p.inputs)
+      if (g.values()[v].producer >= 0) release(v, m);
+  }
+
+  // Runs an accumulate or mean program on each device's copy, in place.
+  void on_each_device(Executable& exe, const std::vector<int>& vals, const std::vector<ShardedArray>& add) {
+    for (int rep = 0; rep < group_.size(); ++rep) {
+      std::vector<Array> in, out;
+      for (int v : vals) in.push_back(sums_.at(v).shards()[rep]), out.push_back(sums_.at(v).shards()[rep]);
+      for (const ShardedArray& a : add) in.push_back(a.shards()[rep]);
+      exe.run_into(in, out);
     }
   }
-  if (failure) std::rethrow_exception(failure);
 
-  report_.timeline = std::move(timeline);
-  report_.measured_held_bytes = held_peak;
+  // After a stage's backward pass of a microbatch: its loss and gradients added to the earlier
+  // microbatches' (as the step on one device adds them); after the last, divided by the count and
+  // handed to the update.
+  void accumulate(const pipeline::Action& a) {
+    const int M = s_.schedule.microbatches;
+    std::vector<int> vals;
+    for (int v : s_.accumulated)
+      if (s_.stage_of_value[v] == a.stage) vals.push_back(v);
+    if (vals.empty()) return;
+    std::vector<ShardedArray> cur;
+    for (int v : vals) {
+      cur.push_back(take(v, a.microbatch));
+      release(v, a.microbatch);
+    }
+    if (a.microbatch == 0 || M == 1) {
+      for (size_t i = 0; i < vals.size(); ++i) {
+        for (Array& sh : cur[i].mutable_shards())
+          if (!sh.sole_owner()) sh = sh.clone();
+        sums_[vals[i]] = std::move(cur[i]);
+      }
+    } else {
+      on_each_device(*s_.programs[s_.accumulate[a.stage]].local, vals, cur);
+    }
+    if (a.microbatch != M - 1) return;
+    if (s_.reduce[a.stage] >= 0) {  // the sums left partial over the batch axes, reduced once
+      const StageProgram& red = s_.programs[s_.reduce[a.stage]];
+      std::vector<ShardedArray> in;
+      for (int v : red.inputs) in.push_back(sums_.at(v));
+      std::vector<ShardedArray> out = red.exe->run(in);
+      for (size_t i = 0; i < out.size(); ++i) sums_[red.inputs[i]] = std::move(out[i]);
+    }
+    if (M > 1) on_each_device(*s_.programs[s_.mean[a.stage]].local, vals, {});
+    for (int v : vals) put(v, -1, sums_.at(v));
+  }
+
+  Exchange& x_;
+  const StagedStep& s_;
+  const Readers& r_;
+  const int d_;
+  const Mesh& group_;
+  std::map<std::pair<int, int>, Held> held_;  // (value, microbatch; -1: the update's)
+  int64_t bytes_ = 0;                         // held, per device
+  std::map<int, ShardedArray> sums_;          // per accumulated value of this group's stages
+  double ready_ = 0;                          // when the running action's inputs had all arrived
+};
+
+PipelineRunner::Outputs PipelineRunner::run(const std::vector<ShardedArray>& state, const Array& step,
+                                             const std::vector<Array>& batch) {
+  const int D = s_.schedule.devices, M = s_.schedule.microbatches;
+  Exchange x(*this, state, step);
+  // Per microbatch and batch input: its rows, each device's from the rows it holds.
+  x.micro.resize(static_cast<size_t>(M));
+  for (int m = 0; m < M; ++m)
+    for (const Array& b : batch) x.micro[m].push_back(microbatch_rows(b, s_.batch_shards, m, M));
+  x.copies = copy_state(state);
+  // One thread per device group of this process.
+  std::vector<GroupRun> groups;
+  groups.reserve(static_cast<size_t>(D));
+  for (int d = 0; d < D; ++d)
+    if (s_.process_of_group[d] == process_) groups.emplace_back(x, d);
+  const int L = static_cast<int>(groups.size());
+  x.t0 = Clock::now();
+#pragma omp parallel num_threads(L)
+  {
+    try {
+      if (omp_get_num_threads() != L)
+        throw Error(fmt::format("[pipeline] the step needs one thread per device group ({}), OpenMP gave {}", L,
+                                omp_get_num_threads()));
+      groups[omp_get_thread_num()].run();
+    } catch (...) {
+      x.fail(std::current_exception());
+    }
+  }
+  if (x.failure) std::rethrow_exception(x.failure);
+
+  report_.timeline.assign(D, {});
+  report_.measured_held_bytes.assign(D, 0);
+  for (GroupRun& gr : groups) {
+    report_.timeline[gr.device()] = std::move(gr.timeline);
+    report_.measured_held_bytes[gr.device()] = gr.held_peak;
+  }
   double first = 1e30, last = 0;
   for (const auto& dev : report_.timeline)
     for (const PipelineReport::Span& sp : dev)
@@ -639,10 +676,10 @@ PipelineRunner::Outputs PipelineRunner::run(const std::vector<ShardedArray>& sta
   report_.schedule_s = last > first ? last - first : 0;
 
   Outputs out;
-  out.loss = metric(0, results);
-  out.grad_norm = metric(1, results);
-  out.lr = metric(2, results);
-  out.state = new_state(state, results);
+  out.loss = metric(0, x.results);
+  out.grad_norm = metric(1, x.results);
+  out.lr = metric(2, x.results);
+  out.state = new_state(state, x.results);
   return out;
 }
 

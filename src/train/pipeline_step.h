@@ -144,6 +144,8 @@ class PipelineRunner {
   Communicator* communicator() const { return comm_; }
 
  private:
+  struct Exchange;  // one run's inputs and what its device groups send each other
+  class GroupRun;   // one device group's actions in a run
   int64_t message_tag(int v, int m, int to, int shard) const;
   // The shards of state input j as program input `sh` on group d (its home's arrays, or the copy
   // made for d at the start of the step).
