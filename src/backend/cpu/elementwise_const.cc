@@ -132,10 +132,10 @@ Kernel make_broadcast(const KernelSpec& s) {
 }  // namespace
 
 void register_constant_kernels() {
-  register_kernel(prims::constant(), make_constant);
-  register_kernel(prims::full(), make_full);
-  register_kernel(prims::iota(), make_iota);
-  register_kernel(prims::broadcast_in_dim(), make_broadcast);
+  register_kernels({{prims::constant(), make_constant},
+                    {prims::full(), make_full},
+                    {prims::iota(), make_iota},
+                    {prims::broadcast_in_dim(), make_broadcast}});
 }
 
 }  // namespace px::cpu

@@ -161,9 +161,8 @@ Kernel make_one_hot(const KernelSpec& spec) {
 }  // namespace
 
 void register_index_kernels() {
-  register_kernel(prims::take(), make_take);
-  register_kernel(prims::scatter_add(), make_scatter_add);
-  register_kernel(prims::one_hot(), make_one_hot);
+  register_kernels(
+      {{prims::take(), make_take}, {prims::scatter_add(), make_scatter_add}, {prims::one_hot(), make_one_hot}});
 }
 
 }  // namespace px::cpu

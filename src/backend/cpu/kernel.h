@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallax/graph.h"
@@ -28,6 +30,10 @@ void register_kernel(const Primitive* prim, KernelFactory f);
 // A primitive registered above the backends (src/sharding's local_slice, sharding_constraint), by
 // a getter that returns null until it is registered (src/backend/kernel_table.h).
 void register_late_kernel(const Primitive* (*handle)(), KernelFactory f);
+// A family's kernels at once; and a factory with a flag as two kernels, `off` getting it false
+// and `on` true (softmax and log_softmax, layer_norm and rms_norm, ...).
+void register_kernels(std::initializer_list<std::pair<const Primitive*, KernelFactory>> kernels);
+void register_kernel_pair(const Primitive* off, const Primitive* on, Kernel (*f)(const KernelSpec&, bool));
 const KernelFactory* find_kernel(const Primitive* prim);  // nullptr when none
 
 // Elementwise primitives register block functions instead; the fused-loop engine chains them

@@ -349,14 +349,10 @@ void register_attention_kernels();  // nn_attention.cc
 
 void register_nn_kernels() {
   register_attention_kernels();
-  register_kernel(prims::softmax(), [](const KernelSpec& s) { return softmax_kernel(s, false); });
-  register_kernel(prims::log_softmax(), [](const KernelSpec& s) { return softmax_kernel(s, true); });
-  register_kernel(prims::layer_norm(), [](const KernelSpec& s) { return norm_kernel(s, false); });
-  register_kernel(prims::rms_norm(), [](const KernelSpec& s) { return norm_kernel(s, true); });
-  register_kernel(prims::layer_norm_grad(), [](const KernelSpec& s) { return norm_grad_kernel(s, false); });
-  register_kernel(prims::rms_norm_grad(), [](const KernelSpec& s) { return norm_grad_kernel(s, true); });
-  register_kernel(prims::softmax_cross_entropy(), [](const KernelSpec& s) { return ce_kernel(s, false); });
-  register_kernel(prims::softmax_cross_entropy_grad(), [](const KernelSpec& s) { return ce_kernel(s, true); });
+  register_kernel_pair(prims::softmax(), prims::log_softmax(), softmax_kernel);
+  register_kernel_pair(prims::layer_norm(), prims::rms_norm(), norm_kernel);
+  register_kernel_pair(prims::layer_norm_grad(), prims::rms_norm_grad(), norm_grad_kernel);
+  register_kernel_pair(prims::softmax_cross_entropy(), prims::softmax_cross_entropy_grad(), ce_kernel);
   register_eltwise(prims::gelu(), EltwiseKernel{gelu_f32, nullptr, gelu_params});
   register_eltwise(prims::gelu_grad(), EltwiseKernel{gelu_grad_f32, nullptr, gelu_params});
   register_eltwise(prims::silu(), EltwiseKernel{silu_f32, nullptr, nullptr});

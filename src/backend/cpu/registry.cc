@@ -55,6 +55,15 @@ void register_late_kernel(const Primitive* (*handle)(), KernelFactory f) {
   });
 }
 
+void register_kernels(std::initializer_list<std::pair<const Primitive*, KernelFactory>> kernels) {
+  for (const auto& [prim, f] : kernels) register_kernel(prim, f);
+}
+
+void register_kernel_pair(const Primitive* off, const Primitive* on, Kernel (*f)(const KernelSpec&, bool)) {
+  register_kernel(off, [f](const KernelSpec& s) { return f(s, false); });
+  register_kernel(on, [f](const KernelSpec& s) { return f(s, true); });
+}
+
 void register_eltwise(const Primitive* prim, EltwiseKernel k) { eltwise().add(prim, std::move(k)); }
 
 void register_all_kernels() {

@@ -190,9 +190,9 @@ Kernel fold_in_kernel(const KernelSpec& spec) {
 }  // namespace
 
 void register_rng_kernels() {
-  register_kernel(prims::random_uniform(), uniform_kernel);
-  register_kernel(prims::random_normal(), normal_kernel);
-  register_kernel(prims::fold_in(), fold_in_kernel);
+  register_kernels({{prims::random_uniform(), uniform_kernel},
+                    {prims::random_normal(), normal_kernel},
+                    {prims::fold_in(), fold_in_kernel}});
 }
 
 }  // namespace px::cpu

@@ -67,6 +67,15 @@ void register_kernel(const Primitive* primitive, Factory f) { table().add(primit
 
 void register_late_kernel(const Primitive* (*handle)(), Factory f) { table().add_late(handle, std::move(f)); }
 
+void register_kernels(std::initializer_list<std::pair<const Primitive*, Factory>> kernels) {
+  for (const auto& [primitive, f] : kernels) register_kernel(primitive, f);
+}
+
+void register_kernel_pair(const Primitive* off, const Primitive* on, Kernel (*f)(const Spec&, bool)) {
+  register_kernel(off, [f](const Spec& s) { return f(s, false); });
+  register_kernel(on, [f](const Spec& s) { return f(s, true); });
+}
+
 const Factory* find_kernel(const Primitive* primitive) {
   register_all();
   return table().find(primitive);

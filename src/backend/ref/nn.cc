@@ -210,14 +210,10 @@ Kernel make_unary(const Spec& s, F f) {
 
 void register_nn_kernels() {
   register_attention_kernels();
-  register_kernel(prims::softmax(), [](const Spec& s) { return make_softmax(s, false); });
-  register_kernel(prims::log_softmax(), [](const Spec& s) { return make_softmax(s, true); });
-  register_kernel(prims::layer_norm(), [](const Spec& s) { return make_norm(s, false); });
-  register_kernel(prims::rms_norm(), [](const Spec& s) { return make_norm(s, true); });
-  register_kernel(prims::layer_norm_grad(), [](const Spec& s) { return make_norm_grad(s, false); });
-  register_kernel(prims::rms_norm_grad(), [](const Spec& s) { return make_norm_grad(s, true); });
-  register_kernel(prims::softmax_cross_entropy(), [](const Spec& s) { return make_ce(s, false); });
-  register_kernel(prims::softmax_cross_entropy_grad(), [](const Spec& s) { return make_ce(s, true); });
+  register_kernel_pair(prims::softmax(), prims::log_softmax(), make_softmax);
+  register_kernel_pair(prims::layer_norm(), prims::rms_norm(), make_norm);
+  register_kernel_pair(prims::layer_norm_grad(), prims::rms_norm_grad(), make_norm_grad);
+  register_kernel_pair(prims::softmax_cross_entropy(), prims::softmax_cross_entropy_grad(), make_ce);
   register_kernel(prims::gelu(), [](const Spec& s) {
     const bool t = gelu_tanh(s.attrs);
     return make_unary(s, [t](double x) { return gelu(x, t); });

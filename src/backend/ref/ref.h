@@ -10,7 +10,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallax/backend.h"
@@ -31,6 +33,10 @@ using Factory = std::function<Kernel(const Spec&)>;
 // (src/backend/kernel_table.h).
 void register_kernel(const Primitive* primitive, Factory f);
 void register_late_kernel(const Primitive* (*handle)(), Factory f);
+// A family's kernels at once; and a factory with a flag as two kernels, `off` getting it false
+// and `on` true (softmax and log_softmax, layer_norm and rms_norm, ...).
+void register_kernels(std::initializer_list<std::pair<const Primitive*, Factory>> kernels);
+void register_kernel_pair(const Primitive* off, const Primitive* on, Kernel (*f)(const Spec&, bool));
 const Factory* find_kernel(const Primitive* primitive);  // nullptr when none
 
 // Element i of a buffer of dtype t, as a double (bool: 0 or 1); and a double stored to element i

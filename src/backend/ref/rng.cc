@@ -178,9 +178,9 @@ Kernel make_fold_in(const Spec& s) {
 }  // namespace
 
 void register_rng_kernels() {
-  register_kernel(prims::random_uniform(), make_uniform);
-  register_kernel(prims::random_normal(), make_normal);
-  register_kernel(prims::fold_in(), make_fold_in);
+  register_kernels({{prims::random_uniform(), make_uniform},
+                    {prims::random_normal(), make_normal},
+                    {prims::fold_in(), make_fold_in}});
 }
 
 }  // namespace px::ref
