@@ -168,27 +168,40 @@ inline V div2(V a, V b, V c) {
 #endif
 }
 
-inline V exp(V x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693115234375f;  // 12 significant bits: n * kLn2Hi is exact
-  constexpr float kLn2Lo = 3.194618494528623e-05f;
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  // Beyond these bounds the result is inf or 0 anyway; clamping keeps n in range. Below -104 (a
-  // masked score's -inf) the lane computes exp(0) and is zeroed at the end: computing its
-  // underflow would cost a microcode assist on Intel cores, ~20x the whole function.
-  const M zero = lt(x, -104.0f);
-  V xc = select(zero, splat(0.0f), clamp_hi(x, 89.0f));
-  V t = fmadd(xc, kLog2e, kRound);
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693115234375f;  // 12 significant bits: n * kLn2Hi is exact
+constexpr float kLn2Lo = 3.194618494528623e-05f;
+constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+
+// exp's range reduction, x = n ln2 + r with |r| <= ln2 / 2: t = n + kRound (n in its low bits),
+// nf = n as a float.
+struct ExpReduced {
+  V t, nf, r;
+};
+inline ExpReduced exp_reduce(V x) {
+  V t = fmadd(x, kLog2e, kRound);
   V nf = t - kRound;
-  V r = fmadd(nf, splat(-kLn2Hi), xc);
-  r = fmadd(nf, splat(-kLn2Lo), r);
+  V r = fmadd(nf, splat(-kLn2Hi), x);
+  return {t, nf, fmadd(nf, splat(-kLn2Lo), r)};
+}
+
+// (e^r - 1 - r) / r^2 by its Taylor series to the r^5 / 7! term.
+inline V exp_series(V r) {
   V p = splat(1.0f / 5040);
   p = fmadd(p, r, splat(1.0f / 720));
   p = fmadd(p, r, splat(1.0f / 120));
   p = fmadd(p, r, splat(1.0f / 24));
   p = fmadd(p, r, splat(1.0f / 6));
-  p = fmadd(p, r, splat(0.5f));
-  p = fmadd(p, r, splat(1.0f));
+  return fmadd(p, r, splat(0.5f));
+}
+
+inline V exp(V x) {
+  // Beyond these bounds the result is inf or 0 anyway; clamping keeps n in range. Below -104 (a
+  // masked score's -inf) the lane computes exp(0) and is zeroed at the end: computing its
+  // underflow would cost a microcode assist on Intel cores, ~20x the whole function.
+  const M zero = lt(x, -104.0f);
+  const auto [t, nf, r] = exp_reduce(select(zero, splat(0.0f), clamp_hi(x, 89.0f)));
+  V p = fmadd(exp_series(r), r, splat(1.0f));
   p = fmadd(p, r, splat(1.0f));
   // NaN for NaN: the clamps keep it.
 #if defined(__AVX512F__)
@@ -203,8 +216,6 @@ inline V exp(V x) {
 }
 
 inline V log(V x) {
-  constexpr float kLn2Hi = 0.693115234375f;
-  constexpr float kLn2Lo = 3.194618494528623e-05f;
   constexpr float kSqrt2 = 1.41421356237f;
   constexpr float kInf = std::numeric_limits<float>::infinity();
   // Subnormals: scaled into the normal range first.
@@ -240,21 +251,8 @@ inline V log(V x) {
 // series (so that small results keep their precision), and e^u - 1 = 2^n (e^r - 1) + (2^n - 1)
 // with one rounding (2^n - 1 is exact for n >= -24).
 inline V expm1_neg(V u) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693115234375f;
-  constexpr float kLn2Lo = 3.194618494528623e-05f;
-  constexpr float kRound = 12582912.0f;
-  V t = fmadd(u, kLog2e, kRound);
-  V nf = t - kRound;
-  V r = fmadd(nf, splat(-kLn2Hi), u);
-  r = fmadd(nf, splat(-kLn2Lo), r);
-  V q = splat(1.0f / 5040);
-  q = fmadd(q, r, splat(1.0f / 720));
-  q = fmadd(q, r, splat(1.0f / 120));
-  q = fmadd(q, r, splat(1.0f / 24));
-  q = fmadd(q, r, splat(1.0f / 6));
-  q = fmadd(q, r, splat(0.5f));
-  q = fmadd(r * r, q, r);
+  const auto [t, nf, r] = exp_reduce(u);
+  V q = fmadd(r * r, exp_series(r), r);
 #if defined(__AVX512F__)
   V s = reinterpret_cast<V>(_mm512_maskz_scalef_ps(0xffff, _mm512_set1_ps(1.0f), raw(nf)));
 #else
