@@ -50,14 +50,6 @@ double f_pow(double a, double b) { return std::pow(a, b); }
 // NaN in either operand propagates; on ties the second operand is returned.
 double f_max(double a, double b) { return (a > b || std::isnan(a)) ? a : b; }
 double f_min(double a, double b) { return (a < b || std::isnan(a)) ? a : b; }
-double f_eq(double a, double b) { return a == b; }
-double f_ne(double a, double b) { return a != b; }
-double f_lt(double a, double b) { return a < b; }
-double f_le(double a, double b) { return a <= b; }
-double f_gt(double a, double b) { return a > b; }
-double f_ge(double a, double b) { return a >= b; }
-double f_and(double a, double b) { return a != 0.0 && b != 0.0; }
-double f_or(double a, double b) { return a != 0.0 || b != 0.0; }
 
 double f_neg(double a) { return -a; }
 double f_abs(double a) { return std::fabs(a); }
@@ -67,7 +59,6 @@ double f_tanh(double a) { return std::tanh(a); }
 double f_sqrt(double a) { return std::sqrt(a); }
 double f_rsqrt(double a) { return 1.0 / std::sqrt(a); }
 double f_sigmoid(double a) { return 1.0 / (1.0 + std::exp(-a)); }
-double f_not(double a) { return a == 0.0; }
 
 int64_t i_add(int64_t a, int64_t b) { return wrap32(a + b); }
 int64_t i_sub(int64_t a, int64_t b) { return wrap32(a - b); }
@@ -75,18 +66,21 @@ int64_t i_mul(int64_t a, int64_t b) { return wrap32(a * b); }  // |a*b| <= 2^62:
 int64_t i_div(int64_t a, int64_t b) { return b == 0 ? 0 : wrap32(a / b); }
 int64_t i_max(int64_t a, int64_t b) { return a > b ? a : b; }
 int64_t i_min(int64_t a, int64_t b) { return a < b ? a : b; }
-int64_t i_eq(int64_t a, int64_t b) { return a == b; }
-int64_t i_ne(int64_t a, int64_t b) { return a != b; }
-int64_t i_lt(int64_t a, int64_t b) { return a < b; }
-int64_t i_le(int64_t a, int64_t b) { return a <= b; }
-int64_t i_gt(int64_t a, int64_t b) { return a > b; }
-int64_t i_ge(int64_t a, int64_t b) { return a >= b; }
-int64_t i_and(int64_t a, int64_t b) { return a != 0 && b != 0; }
-int64_t i_or(int64_t a, int64_t b) { return a != 0 || b != 0; }
 
 int64_t i_neg(int64_t a) { return wrap32(-a); }
 int64_t i_abs(int64_t a) { return wrap32(a < 0 ? -a : a); }
-int64_t i_not(int64_t a) { return a == 0; }
+
+// Comparisons and logical ops: 0 or 1, the same on doubles and on integers (each lambda serves as
+// an F1/F2 and as an I1/I2).
+constexpr auto c_eq = [](auto a, auto b) -> decltype(a) { return a == b; };
+constexpr auto c_ne = [](auto a, auto b) -> decltype(a) { return a != b; };
+constexpr auto c_lt = [](auto a, auto b) -> decltype(a) { return a < b; };
+constexpr auto c_le = [](auto a, auto b) -> decltype(a) { return a <= b; };
+constexpr auto c_gt = [](auto a, auto b) -> decltype(a) { return a > b; };
+constexpr auto c_ge = [](auto a, auto b) -> decltype(a) { return a >= b; };
+constexpr auto c_and = [](auto a, auto b) -> decltype(a) { return a != 0 && b != 0; };
+constexpr auto c_or = [](auto a, auto b) -> decltype(a) { return a != 0 || b != 0; };
+constexpr auto c_not = [](auto a) -> decltype(a) { return a == 0; };
 
 // ---- kernel factories -------------------------------------------------------------------------
 
@@ -201,18 +195,18 @@ void register_elementwise_kernels() {
   register_kernel(prims::pow(), binary(f_pow, nullptr));
   register_kernel(prims::maximum(), binary(f_max, i_max));
   register_kernel(prims::minimum(), binary(f_min, i_min));
-  register_kernel(prims::eq(), binary(f_eq, i_eq));
-  register_kernel(prims::ne(), binary(f_ne, i_ne));
-  register_kernel(prims::lt(), binary(f_lt, i_lt));
-  register_kernel(prims::le(), binary(f_le, i_le));
-  register_kernel(prims::gt(), binary(f_gt, i_gt));
-  register_kernel(prims::ge(), binary(f_ge, i_ge));
-  register_kernel(prims::logical_and(), binary(f_and, i_and));
-  register_kernel(prims::logical_or(), binary(f_or, i_or));
+  register_kernel(prims::eq(), binary(c_eq, c_eq));
+  register_kernel(prims::ne(), binary(c_ne, c_ne));
+  register_kernel(prims::lt(), binary(c_lt, c_lt));
+  register_kernel(prims::le(), binary(c_le, c_le));
+  register_kernel(prims::gt(), binary(c_gt, c_gt));
+  register_kernel(prims::ge(), binary(c_ge, c_ge));
+  register_kernel(prims::logical_and(), binary(c_and, c_and));
+  register_kernel(prims::logical_or(), binary(c_or, c_or));
 
   register_kernel(prims::neg(), unary(f_neg, i_neg));
   register_kernel(prims::abs(), unary(f_abs, i_abs));
-  register_kernel(prims::logical_not(), unary(f_not, i_not));
+  register_kernel(prims::logical_not(), unary(c_not, c_not));
   register_kernel(prims::exp(), unary(f_exp, nullptr));
   register_kernel(prims::log(), unary(f_log, nullptr));
   register_kernel(prims::tanh(), unary(f_tanh, nullptr));
