@@ -25,6 +25,18 @@ ShardingRule rows_rule(const std::vector<TensorType>& in, const std::vector<Tens
   return r;
 }
 
+// Adds a factor per dim of `s` to `r`, the leading ones parallel and the last whole (the op works
+// along rows); returns them.
+std::vector<int> row_factors(ShardingRule& r, const Shape& s) {
+  std::vector<int> f;
+  for (size_t d = 0; d < s.size(); ++d) {
+    f.push_back(static_cast<int>(r.factor_sizes.size()));
+    r.factor_sizes.push_back(s[d]);
+    r.factor_kinds.push_back(d + 1 == s.size() ? ShardingRule::Kind::whole : ShardingRule::Kind::parallel);
+  }
+  return f;
+}
+
 Cost per_element_cost(const std::vector<TensorType>& in, const std::vector<TensorType>& out, double flops_per) {
   Cost c = default_cost(in, out);
   c.flops = flops_per * static_cast<double>(in.at(0).numel());
@@ -106,15 +118,8 @@ std::vector<TensorType> infer_norm(const char* op, const std::vector<TensorType>
 // The last dim is whole; gamma/beta share it; statistics follow the leading dims.
 ShardingRule norm_rule(const std::vector<TensorType>& in, const std::vector<TensorType>& out) {
   ShardingRule r;
-  const Shape& s = in[0].shape;
-  int rank = static_cast<int>(s.size());
-  std::vector<int> f;
-  for (int d = 0; d < rank; ++d) {
-    f.push_back(d);
-    r.factor_sizes.push_back(s[d]);
-    r.factor_kinds.push_back(d == rank - 1 ? ShardingRule::Kind::whole : ShardingRule::Kind::parallel);
-  }
-  std::vector<int> lead(f.begin(), f.end() - 1);
+  const std::vector<int> f = row_factors(r, in[0].shape), lead(f.begin(), f.end() - 1);
+  const int rank = static_cast<int>(f.size());
   r.operands.push_back(f);
   for (size_t i = 1; i < in.size(); ++i) r.operands.push_back({rank - 1});
   r.results.push_back(f);
@@ -295,15 +300,8 @@ std::vector<TensorType> infer_ce_grad(const std::vector<TensorType>& in, const A
 // logits [..., V] and labels [...]: leading dims parallel, the class dim whole.
 ShardingRule ce_rule(const std::vector<TensorType>& in, const std::vector<TensorType>& out) {
   ShardingRule r;
-  const Shape& s = in[0].shape;
-  int rank = static_cast<int>(s.size());
-  std::vector<int> f;
-  for (int d = 0; d < rank; ++d) {
-    f.push_back(d);
-    r.factor_sizes.push_back(s[d]);
-    r.factor_kinds.push_back(d == rank - 1 ? ShardingRule::Kind::whole : ShardingRule::Kind::parallel);
-  }
-  std::vector<int> lead(f.begin(), f.end() - 1);
+  const std::vector<int> f = row_factors(r, in[0].shape), lead(f.begin(), f.end() - 1);
+  const int rank = static_cast<int>(f.size());
   r.operands = {f, lead};
   if (in.size() > 2) r.operands.push_back(lead);
   r.results = {out[0].rank() == rank ? f : lead};
@@ -433,12 +431,13 @@ void register_attention_primitives();  // nn_attention.cc
 
 void register_nn_primitives() {
   register_attention_primitives();
-  {
+  using Vjp = std::vector<Tensor> (*)(const VjpArgs&);
+  for (auto [name, vjp] : {std::pair<const char*, Vjp>{"softmax", softmax_vjp}, {"log_softmax", log_softmax_vjp}}) {
     Primitive p;
-    p.name = "softmax";
+    p.name = name;
     p.attrs = {{"axis", AttrKind::integer}};
-    p.infer = [](const std::vector<TensorType>& in, const Attrs& a) { return infer_softmax_like("softmax", in, a); };
-    p.vjp = softmax_vjp;
+    p.infer = [name](const std::vector<TensorType>& in, const Attrs& a) { return infer_softmax_like(name, in, a); };
+    p.vjp = vjp;
     p.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) {
       return rows_rule(in, out, static_cast<int>(a.i("axis")));
     };
@@ -448,49 +447,27 @@ void register_nn_primitives() {
     p.tp.mixes_features = true;
     register_primitive(std::move(p));
   }
-  {
+  // layer_norm takes gamma and an optional beta and keeps two statistics (mean, rstd); rms_norm
+  // one of each. Flops: mean, centre, square-sum, normalize, scale, shift (rms_norm: 4 of them).
+  struct Norm {
+    const char* name;
+    int params;
+    Vjp vjp;
+    double flops;
+  };
+  for (Norm n : {Norm{"layer_norm", 2, layer_norm_vjp, 8}, Norm{"rms_norm", 1, rms_norm_vjp, 4}}) {
     Primitive p;
-    p.name = "log_softmax";
-    p.attrs = {{"axis", AttrKind::integer}};
-    p.infer = [](const std::vector<TensorType>& in, const Attrs& a) {
-      return infer_softmax_like("log_softmax", in, a);
-    };
-    p.vjp = log_softmax_vjp;
-    p.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) {
-      return rows_rule(in, out, static_cast<int>(a.i("axis")));
-    };
-    p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
-      return per_element_cost(in, out, 5);
-    };
-    p.tp.mixes_features = true;
-    register_primitive(std::move(p));
-  }
-  {
-    Primitive p;
-    p.name = "layer_norm";
+    p.name = n.name;
     p.attrs = {{"eps", AttrKind::number}, {"out_dtype", AttrKind::dtype, false}};
-    p.infer = [](const std::vector<TensorType>& in, const Attrs& a) { return infer_norm("layer_norm", in, a, 2, 2); };
-    p.vjp = layer_norm_vjp;
+    p.infer = [n](const std::vector<TensorType>& in, const Attrs& a) {
+      return infer_norm(n.name, in, a, static_cast<size_t>(n.params), n.params);
+    };
+    p.vjp = n.vjp;
     p.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
       return norm_rule(in, out);
     };
-    p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
-      return per_element_cost(in, out, 8);  // mean, centre, square-sum, normalize, scale, shift
-    };
-    p.tp.mixes_features = true;
-    register_primitive(std::move(p));
-  }
-  {
-    Primitive p;
-    p.name = "rms_norm";
-    p.attrs = {{"eps", AttrKind::number}, {"out_dtype", AttrKind::dtype, false}};
-    p.infer = [](const std::vector<TensorType>& in, const Attrs& a) { return infer_norm("rms_norm", in, a, 1, 1); };
-    p.vjp = rms_norm_vjp;
-    p.sharding = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
-      return norm_rule(in, out);
-    };
-    p.cost = [](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
-      return per_element_cost(in, out, 4);
+    p.cost = [flops = n.flops](const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs&) {
+      return per_element_cost(in, out, flops);
     };
     p.tp.mixes_features = true;
     register_primitive(std::move(p));

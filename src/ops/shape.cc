@@ -1,6 +1,8 @@
 // Primitives of the shape family: reshape, transpose, slice, concat, pad; and the public ops
 // built on them (swap_axes, slice_axis, split, expand_dims, squeeze).
 #include <algorithm>
+#include <array>
+#include <functional>
 #include <numeric>
 
 #include "ir/primitive.h"
@@ -49,6 +51,33 @@ void check_len(const char* op, const char* what, const Ints& v, const TensorType
   if (v.size() != t.shape.size())
     throw Error(std::string("[") + op + "] " + what + " " + ints_str(v) + " has " + std::to_string(v.size()) +
                 " entries but the operand " + type_str(t) + " has rank " + std::to_string(t.rank()));
+}
+
+// Slice's (starts, limits, strides) or pad's (lo, hi, interior): one entry per dim of the operand,
+// each checked; the third is optional, `dflt` in every dim when absent.
+std::array<Ints, 3> dim_lists(const char* op, const TensorType& t, const Attrs& a, std::array<const char*, 3> keys,
+                              int64_t dflt) {
+  std::array<Ints, 3> v{a.ints(keys[0]), a.ints(keys[1]), ints_or(a, keys[2], t.shape.size(), dflt)};
+  for (size_t i = 0; i < 3; ++i) check_len(op, keys[i], v[i], t);
+  return v;
+}
+
+// Dims for which `kept(d)` holds (taken whole, unpadded) stay parallel; the others need the whole input.
+ShardingRule kept_dims_rule(const Shape& s, const Shape& out, const std::function<bool(size_t)>& kept) {
+  RuleBuilder b;
+  std::vector<int> fi, fo;
+  for (size_t d = 0; d < s.size(); ++d) {
+    if (kept(d)) {
+      fi.push_back(b.factor(s[d], Kind::parallel));
+      fo.push_back(fi.back());
+    } else {
+      fi.push_back(b.factor(s[d], Kind::whole));
+      fo.push_back(b.factor(out[d], Kind::whole));
+    }
+  }
+  b.r.operands = {fi};
+  b.r.results = {fo};
+  return b.r;
 }
 
 // ---- reshape ----------------------------------------------------------------------------------
@@ -155,12 +184,7 @@ int64_t slice_len(int64_t start, int64_t limit, int64_t stride) {
 std::vector<TensorType> slice_infer(const std::vector<TensorType>& in, const Attrs& a) {
   expect_operands("slice", in, 1);
   const TensorType& t = in[0];
-  const Ints& starts = a.ints("starts");
-  const Ints& limits = a.ints("limits");
-  Ints strides = ints_or(a, "strides", t.shape.size(), 1);
-  check_len("slice", "starts", starts, t);
-  check_len("slice", "limits", limits, t);
-  check_len("slice", "strides", strides, t);
+  auto [starts, limits, strides] = dim_lists("slice", t, a, {"starts", "limits", "strides"}, 1);
   Shape s;
   for (size_t d = 0; d < t.shape.size(); ++d) {
     if (starts[d] < 0 || starts[d] > limits[d] || limits[d] > t.shape[d])
@@ -177,23 +201,11 @@ std::vector<TensorType> slice_infer(const std::vector<TensorType>& in, const Att
 
 // Dims taken whole (start 0, full limit, stride 1) stay parallel; cut dims need the whole input.
 ShardingRule slice_rule(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) {
-  RuleBuilder b;
   const Shape& s = in[0].shape;
   Ints strides = ints_or(a, "strides", s.size(), 1);
-  std::vector<int> fi, fo;
-  for (size_t d = 0; d < s.size(); ++d) {
-    bool full = a.ints("starts")[d] == 0 && a.ints("limits")[d] == s[d] && strides[d] == 1;
-    if (full) {
-      fi.push_back(b.factor(s[d], Kind::parallel));
-      fo.push_back(fi.back());
-    } else {
-      fi.push_back(b.factor(s[d], Kind::whole));
-      fo.push_back(b.factor(out[0].shape[d], Kind::whole));
-    }
-  }
-  b.r.operands = {fi};
-  b.r.results = {fo};
-  return b.r;
+  return kept_dims_rule(s, out[0].shape, [&](size_t d) {
+    return a.ints("starts")[d] == 0 && a.ints("limits")[d] == s[d] && strides[d] == 1;
+  });
 }
 
 Cost slice_cost(const std::vector<TensorType>&, const std::vector<TensorType>& out, const Attrs&) {
@@ -207,12 +219,7 @@ Cost slice_cost(const std::vector<TensorType>&, const std::vector<TensorType>& o
 std::vector<TensorType> pad_infer(const std::vector<TensorType>& in, const Attrs& a) {
   expect_operands("pad", in, 1);
   const TensorType& t = in[0];
-  const Ints& lo = a.ints("lo");
-  const Ints& hi = a.ints("hi");
-  Ints interior = ints_or(a, "interior", t.shape.size(), 0);
-  check_len("pad", "lo", lo, t);
-  check_len("pad", "hi", hi, t);
-  check_len("pad", "interior", interior, t);
+  auto [lo, hi, interior] = dim_lists("pad", t, a, {"lo", "hi", "interior"}, 0);
   Shape s;
   for (size_t d = 0; d < t.shape.size(); ++d) {
     if (lo[d] < 0 || hi[d] < 0 || interior[d] < 0)
@@ -226,22 +233,9 @@ std::vector<TensorType> pad_infer(const std::vector<TensorType>& in, const Attrs
 }
 
 ShardingRule pad_rule(const std::vector<TensorType>& in, const std::vector<TensorType>& out, const Attrs& a) {
-  RuleBuilder b;
-  const Shape& s = in[0].shape;
-  Ints interior = ints_or(a, "interior", s.size(), 0);
-  std::vector<int> fi, fo;
-  for (size_t d = 0; d < s.size(); ++d) {
-    if (a.ints("lo")[d] == 0 && a.ints("hi")[d] == 0 && interior[d] == 0) {
-      fi.push_back(b.factor(s[d], Kind::parallel));
-      fo.push_back(fi.back());
-    } else {
-      fi.push_back(b.factor(s[d], Kind::whole));
-      fo.push_back(b.factor(out[0].shape[d], Kind::whole));
-    }
-  }
-  b.r.operands = {fi};
-  b.r.results = {fo};
-  return b.r;
+  Ints interior = ints_or(a, "interior", in[0].shape.size(), 0);
+  return kept_dims_rule(in[0].shape, out[0].shape,
+                        [&](size_t d) { return a.ints("lo")[d] == 0 && a.ints("hi")[d] == 0 && interior[d] == 0; });
 }
 
 Tensor emit_pad(const Tensor& x, const Ints& lo, const Ints& hi, const Ints& interior, double value) {
