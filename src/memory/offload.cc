@@ -8,10 +8,13 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ir/primitive.h"
+#include "ir/replay.h"
 #include "memory/rewrite.h"
 #include "memory/step_program.h"
 #include "ops/prims.h"
@@ -63,32 +66,16 @@ namespace {
 StepProgram decompose_nodes(StepProgram p, const std::function<bool(const Node&)>& which) {
   const Graph& g = *p.graph;
   if (std::none_of(g.nodes().begin(), g.nodes().end(), which)) return p;
-  auto out = std::make_unique<Graph>();
-  TraceScope scope(out.get());
-  std::vector<Tensor> env(g.values().size());
-  for (size_t i = 0; i < g.inputs().size(); ++i)
-    env[g.inputs()[i]] = out->input(g.type(g.inputs()[i]), g.input_names()[i]);
-  std::vector<int> start(g.nodes().size() + 1);
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    const Node& n = g.nodes()[i];
-    start[i] = static_cast<int>(out->nodes().size());
-    std::vector<Tensor> ins;
-    for (int v : n.inputs) ins.push_back(env[v]);
-    const bool lower = which(n);
-    std::vector<Tensor> res = lower ? n.prim->decompose(ins, n.attrs) : out->emit(*n.prim, ins, n.attrs);
-    if (!lower && !n.name.empty()) out->mutable_nodes().back().name = n.name;
-    for (size_t k = 0; k < res.size(); ++k) env[n.outputs[k]] = res[k];
-  }
+  std::vector<int> start(g.nodes().size() + 1), new_id;
+  std::unique_ptr<Graph> out =
+      replay(g, &new_id, [&](size_t i, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
+        start[i] = static_cast<int>(current_graph()->nodes().size());
+        const Node& n = g.nodes()[i];
+        if (!which(n)) return std::nullopt;
+        return n.prim->decompose(ins, n.attrs);
+      });
   start[g.nodes().size()] = static_cast<int>(out->nodes().size());
-  std::vector<Tensor> outs;
-  for (int v : g.outputs()) outs.push_back(env[v]);
-  out->set_outputs(outs);
-  out->verify();
-  std::vector<int> new_id(env.size(), -1);
-  for (size_t v = 0; v < env.size(); ++v)
-    if (env[v].defined()) new_id[v] = env[v].id();
-  out->copy_facts(g, new_id);
-  p.remap_grads([&](int v) { return env[v].id(); });
+  p.remap_grads([&](int v) { return new_id[v]; });
   p.remap_nodes(start);
   p.graph = std::move(out);
   return p;

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "ir/primitive.h"
+#include "ir/replay.h"
 #include "ops/prims.h"
 #include "parallax/ops.h"
 #include "parallax/passes.h"
@@ -48,39 +49,6 @@ Attrs with_out_dtype(const Graph& g, const Node& n) {
   Attrs a = n.attrs;
   if (takes_out_dtype(n)) a.set("out_dtype", g.type(n.outputs[0]).dtype);
   return a;
-}
-
-// Rebuilds g node by node: `rewrite(i, operands)` gives node i's results in the new graph, or
-// nothing to emit the node as it is (with its name). Values keep their facts. With value_map set,
-// per value of g its id in the result.
-using NodeRewrite = std::function<std::optional<std::vector<Tensor>>(size_t, const std::vector<Tensor>&)>;
-std::unique_ptr<Graph> replay(const Graph& g, std::vector<int>* value_map, const NodeRewrite& rewrite) {
-  auto out = std::make_unique<Graph>();
-  TraceScope scope(out.get());
-  std::vector<Tensor> env(g.values().size());
-  for (size_t i = 0; i < g.inputs().size(); ++i)
-    env[g.inputs()[i]] = out->input(g.type(g.inputs()[i]), g.input_names()[i]);
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    const Node& n = g.nodes()[i];
-    std::vector<Tensor> ins;
-    for (int v : n.inputs) ins.push_back(env[v]);
-    std::optional<std::vector<Tensor>> res = rewrite(i, ins);
-    if (!res) {
-      res = out->emit(*n.prim, ins, n.attrs);
-      if (!n.name.empty()) out->mutable_nodes().back().name = n.name;
-    }
-    for (size_t o = 0; o < res->size(); ++o) env[n.outputs[o]] = (*res)[o];
-  }
-  std::vector<Tensor> outs;
-  for (int v : g.outputs()) outs.push_back(env[v]);
-  out->set_outputs(outs);
-  out->verify();
-  std::vector<int> new_id(env.size(), -1);
-  for (size_t v = 0; v < env.size(); ++v)
-    if (env[v].defined()) new_id[v] = env[v].id();
-  out->copy_facts(g, new_id);
-  if (value_map) *value_map = std::move(new_id);
-  return out;
 }
 
 }  // namespace
