@@ -72,10 +72,13 @@ ExperimentConfig lm_cloud_adam() {
   return c;
 }
 
-ExperimentConfig lm_cloud_adam_limit() {
-  ExperimentConfig c = lm_cloud_adam();
-  c.train.steps = 2000;
-  return c;
+// A seed's LimitSteps variant: the same experiment stopped at `steps`.
+ExperimentFn limit_steps(ExperimentConfig (*seed)(), int64_t steps) {
+  return [seed, steps] {
+    ExperimentConfig c = seed();
+    c.train.steps = steps;
+    return c;
+  };
 }
 
 // 18 layers of d 3072 (24 heads of 128) in bf16, the params split over the data axis (SPMD,
@@ -87,12 +90,6 @@ ExperimentConfig lm_cloud_2b() {
   c.data.batch = 32;
   c.sharding = {.mesh = "data:4", .strategy = "fsdp"};
   c.memory.remat = "full";
-  return c;
-}
-
-ExperimentConfig lm_cloud_2b_limit() {
-  ExperimentConfig c = lm_cloud_2b();
-  c.train.steps = 300;
   return c;
 }
 
@@ -173,10 +170,11 @@ void register_builtin_experiments() {
   register_experiment("lm_cloud.LmCloudTransformerAdam",
                       "Pax seed: 10 layers, d 1024, vocab 32000, seq 1024, Adam, data parallel (DDP)", lm_cloud_adam);
   register_experiment("lm_cloud.LmCloudTransformerAdamLimitSteps", "LmCloudTransformerAdam stopped at 2000 steps",
-                      lm_cloud_adam_limit);
+                      limit_steps(lm_cloud_adam, 2000));
   register_experiment("lm_cloud.LmCloudSpmd2B", "Pax seed: 18 layers, d 3072, bf16, ~2B params, SPMD (FSDP over data:4)",
                       lm_cloud_2b);
-  register_experiment("lm_cloud.LmCloudSpmd2BLimitSteps", "LmCloudSpmd2B stopped at 300 steps", lm_cloud_2b_limit);
+  register_experiment("lm_cloud.LmCloudSpmd2BLimitSteps", "LmCloudSpmd2B stopped at 300 steps",
+                      limit_steps(lm_cloud_2b, 300));
   register_experiment("c4.C4Spmd1BAdam4Replicas",
                       "Pax seed: 13 layers, d 2560, ~1B params on C4 (data.paths), mesh data:4", c4_1b);
   register_experiment("c4.C4SpmdPipelineGpt3SmallAdam64Replicas",
