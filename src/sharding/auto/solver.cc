@@ -319,6 +319,20 @@ class Search {
   // Search one layout; returns its best plan costed on the whole model (ok = false: none).
   Scored search_layout(const Layout& l, std::vector<std::vector<Choice>>& cands);
 
+  // A candidate answer: a recipe's plan, or the solver's best plan of one layout.
+  struct Option {
+    std::string from;
+    ShardingPlan plan;
+    StepCost cost;
+    std::string layout;
+    int layout_index = -1;
+  };
+  bool fits(const Option& o) const { return o.cost.memory.peak_bytes <= p_.memory_limit; }
+  std::vector<Option> cost_recipes(std::vector<RecipeCost>& recipes);
+  const Option& winner(const std::vector<Option>& options) const;
+  void describe_units(AutoPlan& out, const Option& win) const;
+  std::string why(const AutoPlan& out) const;
+
   const Problem& p_;
   Clock::time_point start_;
   std::map<std::string, TpRole> roles_by_pattern_;
@@ -495,19 +509,8 @@ Search::Scored Search::search_layout(const Layout& l, std::vector<std::vector<Ch
   return best;
 }
 
-AutoPlan Search::run() {
-  AutoPlan out;
-  out.memory_limit = p_.memory_limit;
-  // The recipes, costed whole by the same model: the yardstick and the fallback.
-  struct Option {
-    std::string from;
-    ShardingPlan plan;
-    StepCost cost;
-    std::string layout;
-    std::vector<std::vector<Choice>> cands;
-    std::vector<int> assignment;
-    int layout_index = -1;
-  };
+// The recipes, costed whole by the same model: the yardstick and the fallback.
+std::vector<Search::Option> Search::cost_recipes(std::vector<RecipeCost>& recipes) {
   std::vector<Option> options;
   for (ShardingStrategy s : p_.recipes) {
     RecipeCost rc;
@@ -524,26 +527,18 @@ AutoPlan Search::run() {
       Layout l;
       l.batch_axes = plan.batch_axes;
       if (s == ShardingStrategy::TP || s == ShardingStrategy::FSDP_TP) l.model_axes = {o.model_axis};
-      options.push_back({strategy_name(s), std::move(plan), rc.cost, l.describe(), {}, {}, -1});
+      options.push_back({strategy_name(s), std::move(plan), rc.cost, l.describe(), -1});
     } catch (const Error& e) {
       rc.reason = e.what();
     }
     rc.plan_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    out.recipes.push_back(std::move(rc));
+    recipes.push_back(std::move(rc));
   }
-  std::vector<std::vector<std::vector<Choice>>> layout_cands(layouts_.size());
-  for (size_t li = 0; li < layouts_.size() && !out_of_time(); ++li) {
-    Scored s = search_layout(layouts_[li], layout_cands[li]);
-    if (!s.ok) continue;
-    options.push_back({"solver", plan_for(p_.full, layouts_[li], layout_cands[li], s.assignment), s.cost,
-                       layouts_[li].describe(), layout_cands[li], s.assignment, static_cast<int>(li)});
-  }
-  if (out_of_time()) timed_out_ = true;
-  if (options.empty())
-    throw UserError("[auto] no plan applies on " + p_.mesh.to_string() +
-                    ": every layout failed (is the batch a multiple of a mesh axis?)");
-  // The fastest that fits; the solver's own plan wins ties. When none fits, the smallest.
-  auto fits = [&](const Option& o) { return o.cost.memory.peak_bytes <= p_.memory_limit; };
+  return options;
+}
+
+// The fastest that fits; the solver's own plan wins ties. When none fits, the smallest.
+const Search::Option& Search::winner(const std::vector<Option>& options) const {
   const Option* win = nullptr;
   for (const auto& o : options) {
     if (!win) { win = &o; continue; }
@@ -553,16 +548,11 @@ AutoPlan Search::run() {
     double b = f ? win->cost.step_s : static_cast<double>(win->cost.memory.peak_bytes);
     if (a < b * (1 - 1e-9) || (a <= b * (1 + 1e-9) && o.from == "solver" && win->from != "solver")) win = &o;
   }
-  out.plan = win->plan;
-  out.plan.strategy = ShardingStrategy::AUTO;
-  if (win->from != "solver")
-    for (auto& pp : out.plan.params) pp.reason = "auto (as " + win->from + "): " + pp.reason;
-  out.cost = win->cost;
-  out.cost.memory_capacity = p_.memory_limit;
-  out.fits = fits(*win);
-  out.from = win->from;
-  out.layout = win->layout;
-  // Units as chosen (for the solver's plan; for a recipe, read off its specs).
+  return *win;
+}
+
+// Units as chosen (for the solver's plan; for a recipe, read off its specs).
+void Search::describe_units(AutoPlan& out, const Option& win) const {
   for (size_t u = 0; u < units_.size(); ++u) {
     AutoUnit au;
     for (size_t k = 0; k < units_[u].patterns.size(); ++k) au.name += (k ? ", " : "") + units_[u].patterns[k];
@@ -591,14 +581,16 @@ AutoPlan Search::run() {
       if (storage.count(a)) au.storage.push_back(a);
     out.units.push_back(std::move(au));
   }
-  if (out.from == "solver" && win->layout_index > 0 &&
+  if (out.from == "solver" && win.layout_index > 0 &&
       std::none_of(out.units.begin(), out.units.end(), [](const AutoUnit& u) { return u.tensor_parallel; }))
     out.layout = "batch over " + (out.plan.batch_axes.empty() ? std::string("nothing")
                                                               : axes_text(out.plan.batch_axes)) +
-                 "; " + axes_text(layouts_[win->layout_index].model_axes) +
-                 (layouts_[win->layout_index].model_axes.size() == 1 ? " unused (its devices repeat the same work)"
+                 "; " + axes_text(layouts_[win.layout_index].model_axes) +
+                 (layouts_[win.layout_index].model_axes.size() == 1 ? " unused (its devices repeat the same work)"
                                                                     : " unused (their devices repeat the same work)");
-  // Why.
+}
+
+std::string Search::why(const AutoPlan& out) const {
   const RecipeCost* best_recipe = nullptr;
   for (const auto& r : out.recipes)
     if (r.applies && r.cost.memory.peak_bytes <= p_.memory_limit &&
@@ -606,7 +598,7 @@ AutoPlan Search::run() {
       best_recipe = &r;
   if (!out.fits) {
     int64_t over = out.cost.memory.peak_bytes - p_.memory_limit;
-    out.why = fmt::format(
+    return fmt::format(
         "[auto] no plan fits on {}: the smallest needs {} per device, {} more than the limit of {} "
         "(ShardingOptions::auto_memory_limit_bytes or the cluster's device memory). What would fit: "
         "more devices (params, gradients and optimizer state split over all {} devices take {} each), "
@@ -618,28 +610,58 @@ AutoPlan Search::run() {
             s += static_cast<double>(p_.full.types[i].nbytes()) * (1 + p_.full.grads + p_.full.state_copies[i]);
           return gib(s / static_cast<double>(p_.mesh.size()));
         }());
-  } else if (!best_recipe) {
-    const bool any_applies = std::any_of(out.recipes.begin(), out.recipes.end(), [](const RecipeCost& r) { return r.applies; });
-    out.why = std::string(any_applies ? "no recipe fits in memory" : "no recipe applies on this mesh (see above)") +
-              "; the solver's plan does (" + gib(out.cost.memory.peak_bytes) + " of " +
-              gib(static_cast<double>(p_.memory_limit)) + " per device)";
-  } else if (out.from != "solver") {
-    out.why = fmt::format("the {} recipe is the fastest plan found ({:.4g} s/step); the solver found nothing faster",
-                          out.from, out.cost.step_s);
-  } else if (out.cost.step_s >= best_recipe->cost.step_s * (1 - 1e-4)) {
-    out.why = fmt::format("as fast as {}, the fastest recipe that fits ({:.4g} s per step): the solver's best plan "
-                          "is that recipe's or one as good",
-                          strategy_name(best_recipe->strategy), out.cost.step_s);
-  } else {
-    const StepCost& r = best_recipe->cost;
-    double gain = r.step_s - out.cost.step_s;
-    out.why = fmt::format(
-        "{:.1f}% faster than {}, the fastest recipe that fits ({:.4g} s vs {:.4g} s per step): compute {:+.3g} s, "
-        "exposed communication {:+.3g} s, peak memory {:+.3g} GiB per device",
-        100.0 * gain / r.step_s, strategy_name(best_recipe->strategy), out.cost.step_s, r.step_s,
-        out.cost.compute_s - r.compute_s, out.cost.exposed_comm_s() - r.exposed_comm_s(),
-        static_cast<double>(out.cost.memory.peak_bytes - r.memory.peak_bytes) / double(int64_t{1} << 30));
   }
+  if (!best_recipe) {
+    const bool any_applies =
+        std::any_of(out.recipes.begin(), out.recipes.end(), [](const RecipeCost& r) { return r.applies; });
+    return std::string(any_applies ? "no recipe fits in memory" : "no recipe applies on this mesh (see above)") +
+           "; the solver's plan does (" + gib(out.cost.memory.peak_bytes) + " of " +
+           gib(static_cast<double>(p_.memory_limit)) + " per device)";
+  }
+  if (out.from != "solver")
+    return fmt::format("the {} recipe is the fastest plan found ({:.4g} s/step); the solver found nothing faster",
+                       out.from, out.cost.step_s);
+  if (out.cost.step_s >= best_recipe->cost.step_s * (1 - 1e-4))
+    return fmt::format("as fast as {}, the fastest recipe that fits ({:.4g} s per step): the solver's best plan "
+                       "is that recipe's or one as good",
+                       strategy_name(best_recipe->strategy), out.cost.step_s);
+  const StepCost& r = best_recipe->cost;
+  double gain = r.step_s - out.cost.step_s;
+  return fmt::format(
+      "{:.1f}% faster than {}, the fastest recipe that fits ({:.4g} s vs {:.4g} s per step): compute {:+.3g} s, "
+      "exposed communication {:+.3g} s, peak memory {:+.3g} GiB per device",
+      100.0 * gain / r.step_s, strategy_name(best_recipe->strategy), out.cost.step_s, r.step_s,
+      out.cost.compute_s - r.compute_s, out.cost.exposed_comm_s() - r.exposed_comm_s(),
+      static_cast<double>(out.cost.memory.peak_bytes - r.memory.peak_bytes) / double(int64_t{1} << 30));
+}
+
+AutoPlan Search::run() {
+  AutoPlan out;
+  out.memory_limit = p_.memory_limit;
+  std::vector<Option> options = cost_recipes(out.recipes);
+  for (size_t li = 0; li < layouts_.size() && !out_of_time(); ++li) {
+    std::vector<std::vector<Choice>> cands;
+    Scored s = search_layout(layouts_[li], cands);
+    if (!s.ok) continue;
+    options.push_back({"solver", plan_for(p_.full, layouts_[li], cands, s.assignment), s.cost,
+                       layouts_[li].describe(), static_cast<int>(li)});
+  }
+  if (out_of_time()) timed_out_ = true;
+  if (options.empty())
+    throw UserError("[auto] no plan applies on " + p_.mesh.to_string() +
+                    ": every layout failed (is the batch a multiple of a mesh axis?)");
+  const Option& win = winner(options);
+  out.plan = win.plan;
+  out.plan.strategy = ShardingStrategy::AUTO;
+  if (win.from != "solver")
+    for (auto& pp : out.plan.params) pp.reason = "auto (as " + win.from + "): " + pp.reason;
+  out.cost = win.cost;
+  out.cost.memory_capacity = p_.memory_limit;
+  out.fits = fits(win);
+  out.from = win.from;
+  out.layout = win.layout;
+  describe_units(out, win);
+  out.why = why(out);
   out.evaluations = evaluations_;
   out.timed_out = timed_out_;
   out.solve_s = seconds();
