@@ -32,35 +32,14 @@
 namespace px::detail {
 namespace {
 
-// One device: a mesh of one device without axes, every param replicated.
-ShardingPlan one_device_plan(const nn::ParamStore& store) {
-  ShardingPlan plan;
-  plan.strategy = ShardingStrategy::DDP;
-  const std::vector<std::string> paths = store.paths();
-  const std::vector<TensorType> types = store.types();
-  for (size_t i = 0; i < paths.size(); ++i)
-    plan.params.push_back({paths[i], types[i], PartitionSpec(), types[i].nbytes(), "one device"});
-  return plan;
-}
-
-// The program after the sharding decision: partitioned for `plan`, offloaded, with the compile
-// options that go with it. The passes after remat, up to the buffer plan.
-struct Lowered {
-  SpmdProgram local;
-  CompileOptions compile;
-};
-
-Lowered lower(const StepProgram& p, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
-              const std::vector<TensorType>& batch_types, const TrainStepOptions& options,
-              const OffloadOptions& offload) {
-  Lowered l;
-  ShardingDecision d = decide_train_step(p, plan, state_specs, batch_types, bucket_bytes_for(plan, options.sharding));
-  l.local = partition(*p.graph, d);
-  l.compile = options.compile;
+// The program after the sharding decision (lower_train_step: decide, partition, offload), with the
+// compile options of this step: its platform, the state donated (planned once).
+LoweredStep lower(const StepProgram& p, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
+                  const std::vector<TensorType>& batch_types, const TrainStepOptions& options,
+                  const OffloadOptions& offload) {
+  LoweredStep l = lower_train_step(p, plan, state_specs, batch_types, options.sharding, options.compile, offload);
   l.compile.platform = plan.mesh.platform();
-  l.compile.one_forward_pass = p.micro.size() <= 1;
-  offload_local(l.local, p, offload, l.compile);
-  l.compile.output_donors = l.local.output_donors;  // the state, donated (planned once)
+  l.compile.output_donors = l.local.output_donors;
   dump_pass("offload", [&] { return l.local.local->to_string(); });
   return l;
 }
@@ -69,7 +48,7 @@ Lowered lower(const StepProgram& p, const ShardingPlan& plan, const std::vector<
 MemoryReport planned(const StepProgram& p, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
                      const std::vector<TensorType>& batch_types, const TrainStepOptions& options,
                      const OffloadOptions& offload) {
-  Lowered l = lower(p, plan, state_specs, batch_types, options, offload);
+  LoweredStep l = lower(p, plan, state_specs, batch_types, options, offload);
   l.compile.memory_limit_bytes = l.compile.host_memory_limit_bytes = 0;
   return plan_program(*l.local.local, l.compile, collective_groups(plan.mesh)).report;
 }
@@ -284,7 +263,7 @@ PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt
   for (const MeshAxis& a : mesh.axes())
     if (a.name != "stage") others.push_back(a);
   const Mesh group(others);
-  ShardingPlan plan = one_device_plan(store);  // a stage on one device: every param whole
+  ShardingPlan plan = one_device_plan(store.paths(), store.types());  // a stage on one device: every param whole
   plan.mesh = group;
   if (group.size() > 1) {
     DumpCandidates quiet;  // the forward program and AUTO's candidates are not passes of this step
@@ -442,7 +421,7 @@ DecidedStep decide_step(nn::ParamStore& store, const optim::Optimizer& opt, cons
   // under remat `auto` it plans the step that saves the least (a plan that fits at all fits with
   // it), and remat `auto` then picks the least recompute that fits under that plan.
   if (one_device) {
-    d.plan = one_device_plan(store);
+    d.plan = one_device_plan(store.paths(), store.types());
   } else {
     DumpCandidates quiet;  // the forward program and AUTO's candidates are not passes of this step
     auto fwd = nn::trace_with_params(
@@ -508,7 +487,7 @@ CompiledStep compile_step(nn::ParamStore& store, const optim::Optimizer& opt, co
   const Mesh& mesh = d.plan.mesh;
 
   // 4-5. Partition (dumped as sharding_decision, annotate, partition) and offload.
-  Lowered l = lower(d.program, d.plan, d.state_specs, batch_types, options, options.offload);
+  LoweredStep l = lower(d.program, d.plan, d.state_specs, batch_types, options, options.offload);
 
   // 6. The memory check, before anything is allocated: over the limit, say what would fit.
   const int64_t limit = memory_limit(options, mesh);

@@ -30,13 +30,9 @@ autoshard::Model autoshard::model_of(std::shared_ptr<const StepProgram> program,
   for (const auto& s : slots)
     if (s.type.shape == param_types[s.param].shape) ++m.state_copies[s.param];
   m.cost = [=](const ShardingPlan& plan) {
-    std::vector<PartitionSpec> specs = state_specs_for(plan, slots, param_types);
-    ShardingDecision d = decide_train_step(*program, plan, specs, batch_types, bucket_bytes_for(plan, sharding));
-    SpmdProgram local = partition(*program->graph, d);
-    CompileOptions c = compile;
-    c.one_forward_pass = program->micro.size() <= 1;
-    offload_local(local, *program, offload, c);
-    return cost_program(local, cluster, c);
+    const LoweredStep l = lower_train_step(*program, plan, state_specs_for(plan, slots, param_types), batch_types,
+                                           sharding, compile, offload);
+    return cost_program(l.local, cluster, l.compile);
   };
   return m;
 }

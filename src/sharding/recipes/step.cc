@@ -305,6 +305,28 @@ void offload_local(SpmdProgram& local, const StepProgram& global, const OffloadO
     local.output_donors[3 + k] = static_cast<int>(k);
 }
 
+LoweredStep lower_train_step(const StepProgram& program, const ShardingPlan& plan,
+                             const std::vector<PartitionSpec>& state_specs, const std::vector<TensorType>& batch_types,
+                             const ShardingOptions& sharding, const CompileOptions& compile,
+                             const OffloadOptions& offload) {
+  LoweredStep l;
+  const ShardingDecision d =
+      decide_train_step(program, plan, state_specs, batch_types, bucket_bytes_for(plan, sharding));
+  l.local = partition(*program.graph, d);
+  l.compile = compile;
+  l.compile.one_forward_pass = program.micro.size() <= 1;
+  offload_local(l.local, program, offload, l.compile);
+  return l;
+}
+
+ShardingPlan one_device_plan(const std::vector<std::string>& paths, const std::vector<TensorType>& types) {
+  ShardingPlan plan;
+  plan.strategy = ShardingStrategy::DDP;
+  for (size_t i = 0; i < paths.size(); ++i)
+    plan.params.push_back({paths[i], types[i], PartitionSpec(), types[i].nbytes(), "one device"});
+  return plan;
+}
+
 ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std::vector<std::string> param_paths,
                                  std::vector<TensorType> arg_types, const ForwardOptions& on) {
   // Without a mesh: one device, a mesh of one device without axes, every param replicated.
@@ -351,9 +373,7 @@ ShardedFunction::ShardedFunction(Fn fn, std::vector<TensorType> param_types, std
     return std::make_pair(std::move(g), std::move(prog));
   };
   if (!on.mesh) {
-    plan_.strategy = ShardingStrategy::DDP;
-    for (size_t i = 0; i < np; ++i)
-      plan_.params.push_back({param_paths[i], param_types[i], PartitionSpec(), param_types[i].nbytes(), "one device"});
+    plan_ = one_device_plan(param_paths, param_types);
   } else if (strategy == ShardingStrategy::AUTO) {
     plan_ = solve_auto_once(options, mesh, param_paths, param_types, [&] {
       Cluster cluster = load_cluster(options.auto_cluster);

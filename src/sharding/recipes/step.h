@@ -39,6 +39,21 @@ int64_t bucket_bytes_for(const ShardingPlan& plan, const ShardingOptions& shardi
 // compile options that go with it (value kinds, categories, prefetch depth). Nothing when `o` offloads nothing.
 void offload_local(SpmdProgram& local, const StepProgram& global, const OffloadOptions& o, CompileOptions& c);
 
+// The passes of a traced step after remat, listed once: the decision (decide_train_step), the
+// partition, offload. Used by TrainStep (src/train/compile_step.cc, which dumps and compiles the
+// result) and AUTO's costing of a candidate plan (plan_auto.cc), so neither lists them again.
+struct LoweredStep {
+  SpmdProgram local;
+  CompileOptions compile;  // `compile` with what offload and the step's shape set
+};
+LoweredStep lower_train_step(const StepProgram& program, const ShardingPlan& plan,
+                             const std::vector<PartitionSpec>& state_specs, const std::vector<TensorType>& batch_types,
+                             const ShardingOptions& sharding, const CompileOptions& compile,
+                             const OffloadOptions& offload);
+
+// One device: a mesh of one device without axes, every param replicated.
+ShardingPlan one_device_plan(const std::vector<std::string>& paths, const std::vector<TensorType>& types);
+
 // AUTO for a traced training step (src/sharding/auto/solver.cc): `forward` is the loss traced
 // over the params (params first), `program` the whole step. The cluster is
 // sharding.auto_cluster; the plan is costed on cluster.apply(mesh).
