@@ -331,17 +331,19 @@ const char* part_name(StagePart p) {
   return enum_name(p, names);
 }
 
-}  // namespace
+// Where each node of the traced step runs and the programs it is cut into.
+struct Cut {
+  std::vector<char> phase, live;          // per node
+  std::vector<int> stage, level;          // per node; level: of an update node
+  std::vector<StagePart> part;            // per node
+  std::vector<int> program_of;            // per node (-1: runs nowhere)
+  std::vector<std::vector<int>> members;  // per program: its nodes in program order
+  std::vector<std::set<int>> read_by;     // per value: the programs reading it
+};
 
-StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, const PipelineOptions& options,
-                          const Mesh& mesh, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
-                          const CompileOptions& copt, const Cluster* cluster, bool compile) {
-  const int S = schedule.stages(), M = schedule.microbatches;
-  StagedStep r;
-  r.schedule = schedule;
-  r.n_params = p.n_params;
-  r.n_state = p.n_state;
-  r.n_batch = p.n_batch;
+// Each node's stage, by the split of the layers into stages (given, or balanced by cost). Nodes
+// nothing reads (autodiff leaves some: the gradient of an integer count) run nowhere.
+Cut choose_stages(StepProgram& p, int S, const PipelineOptions& options, StagedStep& r) {
   if (options.balance && !options.layers_per_stage.empty())
     throw UserError(
         "[pipeline] pipeline.balance and pipeline.layers_per_stage are both set: balance chooses the split by "
@@ -349,114 +351,123 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
   const std::vector<int> split = options.balance ? balanced_split(p, S) : options.layers_per_stage;
   const std::map<std::string, int> stage_of = split_layers(p.paths, S, split, r.stage_layers);
   memory_pass::label_layers(p);
-  const std::vector<char> phase = memory_pass::phases(p);
   const Graph& g = *p.graph;
-  const auto& nodes = g.nodes();
-  const int n = static_cast<int>(nodes.size());
-  // Nodes nothing reads (autodiff leaves some: the gradient of an integer count) run nowhere.
-  std::vector<char> live(n, 0), needed_value(g.values().size(), 0);
+  const int n = static_cast<int>(g.nodes().size());
+  Cut c;
+  c.phase = memory_pass::phases(p);
+  c.live.assign(n, 0);
+  std::vector<char> needed_value(g.values().size(), 0);
   for (int v : g.outputs()) needed_value[v] = 1;
   for (int v : p.grads) needed_value[v] = 1;
   for (int i = n - 1; i >= 0; --i) {
-    for (int v : nodes[i].outputs) live[i] = live[i] || needed_value[v];
-    if (live[i])
-      for (int v : nodes[i].inputs) needed_value[v] = 1;
+    for (int v : g.nodes()[i].outputs) c.live[i] = c.live[i] || needed_value[v];
+    if (c.live[i])
+      for (int v : g.nodes()[i].inputs) needed_value[v] = 1;
   }
-  const std::vector<int> st = node_stages(g, phase, stage_of, live);
+  c.stage = node_stages(g, c.phase, stage_of, c.live);
+  return c;
+}
 
-  // Parts: forward, backward (split, when the schedule's actions are I and W, into what other
-  // stages wait for, I, and the rest, W) and update levels.
-  const bool split_backward = r.split_backward = schedule.splits_backward();
-  std::vector<StagePart> part(n);
-  std::vector<int> level(n, 0);
+// Each node's part: forward, backward (split, when the schedule's actions are I and W, into what
+// other stages wait for, I, and the rest, W) and update, cut into levels.
+void choose_parts(const Graph& g, bool split_backward, Cut& c) {
+  const auto& nodes = g.nodes();
+  const int n = static_cast<int>(nodes.size());
+  c.part.assign(n, StagePart::forward);
+  c.level.assign(n, 0);
   std::vector<char> needed(g.values().size(), 0);
   if (split_backward)
     for (int i = 0; i < n; ++i)
-      for (int v : live[i] && phase[i] == 1 ? nodes[i].inputs : std::vector<int>{}) {
+      for (int v : c.live[i] && c.phase[i] == 1 ? nodes[i].inputs : std::vector<int>{}) {
         const int q = g.values()[v].producer;
-        if (q >= 0 && phase[q] == 1 && st[q] != st[i]) needed[v] = 1;
+        if (q >= 0 && c.phase[q] == 1 && c.stage[q] != c.stage[i]) needed[v] = 1;
       }
   for (int i = n - 1; i >= 0; --i) {
-    if (phase[i] != 1 || !live[i]) continue;
+    if (c.phase[i] != 1 || !c.live[i]) continue;
     bool input_part = false;
     for (int v : nodes[i].outputs) input_part = input_part || needed[v];
-    part[i] = !split_backward ? StagePart::backward
-              : input_part    ? StagePart::backward_input
-                              : StagePart::backward_weight;
+    c.part[i] = !split_backward ? StagePart::backward
+                : input_part    ? StagePart::backward_input
+                                : StagePart::backward_weight;
     if (input_part)
       for (int v : nodes[i].inputs) {
         const int q = g.values()[v].producer;
-        if (q >= 0 && phase[q] == 1 && st[q] == st[i]) needed[v] = 1;
+        if (q >= 0 && c.phase[q] == 1 && c.stage[q] == c.stage[i]) needed[v] = 1;
       }
   }
   for (int i = 0; i < n; ++i) {
-    if (phase[i] == 0) part[i] = StagePart::forward;
-    if (phase[i] != 2) continue;
-    part[i] = StagePart::update;
+    if (c.phase[i] != 2) continue;
+    c.part[i] = StagePart::update;
     for (int v : nodes[i].inputs) {
       const int q = g.values()[v].producer;
-      if (q >= 0 && phase[q] == 2) level[i] = std::max(level[i], level[q] + (st[q] != st[i] ? 1 : 0));
+      if (q >= 0 && c.phase[q] == 2) c.level[i] = std::max(c.level[i], c.level[q] + (c.stage[q] != c.stage[i] ? 1 : 0));
     }
   }
+}
 
-  // Programs: one per (part, stage, level), nodes in program order.
+// Programs: one per (part, stage, level), nodes in program order.
+void cut_programs(const Graph& g, int S, Cut& c, StagedStep& r) {
+  const int n = static_cast<int>(g.nodes().size());
   std::map<std::tuple<int, int, int>, int> index;
-  std::vector<std::vector<int>> members;
-  std::vector<int> program_of(n);
+  c.program_of.assign(n, -1);
   for (int i = 0; i < n; ++i) {
-    program_of[i] = -1;
-    if (!live[i]) continue;
-    auto key = std::make_tuple(part[i] == StagePart::update ? 1 : 0, part[i] == StagePart::update ? level[i] : 0,
-                               static_cast<int>(part[i]) * S + st[i]);
+    if (!c.live[i]) continue;
+    const bool update = c.part[i] == StagePart::update;
+    auto key = std::make_tuple(update ? 1 : 0, update ? c.level[i] : 0, static_cast<int>(c.part[i]) * S + c.stage[i]);
     auto [it, added] = index.emplace(key, static_cast<int>(r.programs.size()));
     if (added) {
-      StageProgram sp;
-      sp.part = part[i];
-      sp.stage = st[i];
-      sp.level = level[i];
-      r.programs.push_back(std::move(sp));
-      members.emplace_back();
+      StageProgram& sp = r.programs.emplace_back();
+      sp.part = c.part[i];
+      sp.stage = c.stage[i];
+      sp.level = c.level[i];
+      c.members.emplace_back();
     }
-    program_of[i] = it->second;
-    members[it->second].push_back(i);
+    c.program_of[i] = it->second;
+    c.members[it->second].push_back(i);
   }
   r.stage_of_value.assign(g.values().size(), -1);
   for (int i = 0; i < n; ++i)
-    for (int v : nodes[i].outputs) r.stage_of_value[v] = st[i];
+    for (int v : g.nodes()[i].outputs) r.stage_of_value[v] = c.stage[i];
+}
 
-  // Summed over microbatches: the loss and each gradient.
+// Each program's inputs (what it reads from elsewhere) and outputs (what is read elsewhere, the
+// step's outputs and what is summed over microbatches: the loss and each gradient).
+void connect_programs(const StepProgram& p, Cut& c, StagedStep& r) {
+  const Graph& g = *p.graph;
+  const auto& nodes = g.nodes();
   std::set<int> acc = {g.outputs().at(0)};
   for (int v : p.grads) acc.insert(v);
   r.accumulated.assign(acc.begin(), acc.end());
   std::set<int> graph_outputs(g.outputs().begin(), g.outputs().end());
-  std::vector<std::set<int>> read_by(g.values().size());
-  for (int i = 0; i < n; ++i)
-    if (live[i])
-      for (int v : nodes[i].inputs) read_by[v].insert(program_of[i]);
-
+  c.read_by.resize(g.values().size());
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (c.live[i])
+      for (int v : nodes[i].inputs) c.read_by[v].insert(c.program_of[i]);
   auto is_micro = [](StagePart q) { return q != StagePart::update; };
   for (size_t k = 0; k < r.programs.size(); ++k) {
     StageProgram& sp = r.programs[k];
     std::set<int> seen;
-    for (int i : members[k])
+    for (int i : c.members[k])
       for (int v : nodes[i].inputs) {
         const int q = g.values()[v].producer;
-        if ((q >= 0 && program_of[q] == static_cast<int>(k)) || !seen.insert(v).second) continue;
-        if (q >= 0 && !is_micro(sp.part) && is_micro(part[q]) && !acc.count(v))
+        if ((q >= 0 && c.program_of[q] == static_cast<int>(k)) || !seen.insert(v).second) continue;
+        if (q >= 0 && !is_micro(sp.part) && is_micro(c.part[q]) && !acc.count(v))
           throw InternalError(fmt::format("[pipeline] the update reads %{}, a value of one microbatch", v));
         sp.inputs.push_back(v);
       }
-    for (int i : members[k])
+    for (int i : c.members[k])
       for (int v : nodes[i].outputs) {
         bool out = graph_outputs.count(v) || acc.count(v);
-        for (int reader : read_by[v]) out = out || reader != static_cast<int>(k);
+        for (int reader : c.read_by[v]) out = out || reader != static_cast<int>(k);
         if (out) sp.outputs.push_back(v);
         if (graph_outputs.count(v) && is_micro(sp.part) && !acc.count(v))
           throw InternalError(fmt::format("[pipeline] output %{} is computed per microbatch", v));
       }
   }
+}
 
-  // The device groups: the mesh's positions at each `stage` coordinate, over the other axes.
+// The device groups: the mesh's positions at each `stage` coordinate, over the other axes.
+void build_device_groups(const Mesh& mesh, const pipeline::Schedule& schedule, const Cluster* cluster, StagedStep& r) {
   const std::vector<MeshAxis>& axes = mesh.axes();
   size_t stage_dim = 0;
   std::vector<MeshAxis> others;
@@ -482,8 +493,14 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
     r.groups.push_back(Mesh(others, ids, mesh.platform()));
     r.process_of_group.push_back(process);
   }
+  if (cluster) r.stage_link = axes[stage_dim].link;
+}
+
+// Params and state by the plan, the batch's rows over its batch axes, the step counter replicated.
+void set_input_specs(const StepProgram& p, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
+                     StagedStep& r) {
+  const Graph& g = *p.graph;
   for (const std::string& a : plan.batch_axes) r.batch_shards *= static_cast<int>(plan.mesh.axis_size(a));
-  // Params and state by the plan, the batch's rows over its batch axes, the step counter replicated.
   const size_t n_io = p.n_params + p.n_state;
   for (size_t i = 0; i < g.inputs().size(); ++i) {
     if (i < p.n_params)
@@ -495,10 +512,14 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
     else
       r.input_specs.emplace_back();
   }
-  // What each program must leave: a microbatch's gradient laid out as its param and the loss
-  // replicated, each left a partial sum over the batch axes where it is one (summed over the
-  // microbatches first, reduced once a step by the stage's reduce program); the new params and
-  // state as the old.
+}
+
+// What each program must leave: a microbatch's gradient laid out as its param and the loss
+// replicated, each left a partial sum over the batch axes where it is one (summed over the
+// microbatches first, reduced once a step by the stage's reduce program); the new params and
+// state as the old.
+std::map<int, Sharding> output_shardings(const StepProgram& p, const ShardingPlan& plan, const StagedStep& r) {
+  const Graph& g = *p.graph;
   std::map<int, Sharding> out_sharding;
   auto partial_beside = [&](const PartitionSpec& spec) {  // the batch axes the spec does not split over
     std::vector<std::string> axes;
@@ -510,49 +531,69 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
   for (size_t i = 0; i < p.grads.size(); ++i)
     out_sharding[p.grads[i]] = Sharding(Mesh(), plan.params[i].spec, partial_beside(plan.params[i].spec));
   out_sharding[g.outputs()[0]] = Sharding(Mesh(), PartitionSpec(), plan.batch_axes);
-  for (size_t i = 0; i < n_io && 3 + i < g.outputs().size(); ++i)
+  for (size_t i = 0; i < p.n_params + p.n_state && 3 + i < g.outputs().size(); ++i)
     out_sharding.emplace(g.outputs()[3 + i], Sharding(Mesh(), r.input_specs[i]));
+  return out_sharding;
+}
 
-  // Partition and compile each program through the runtime's passes, producers first: a value
-  // crossing programs keeps the layout its producer gives it; params are replicated, the batch
-  // split over the batch axis, and the loss and gradients of a microbatch replicated (all-reduced).
-  CompileOptions o = copt;
-  o.platform = plan.mesh.platform();
-  o.output_donors.clear();
-  o.memory_limit_bytes = o.host_memory_limit_bytes = 0;
-  o.one_forward_pass = false;
-  // The recipe's layouts inside the step (FSDP: a param gathered where it is read; activation
-  // rules), each program given those of its own nodes. The gradients are laid out by the outputs.
-  std::vector<TensorType> batch_types;
-  for (size_t i = 0; i < p.n_batch; ++i) batch_types.push_back(g.type(g.inputs()[n_io + i]));
-  const ShardingDecision whole = decide_train_step(p, plan, state_specs, batch_types, /*bucket_bytes=*/0);
-  std::set<int> grads(p.grads.begin(), p.grads.end());
-  for (const StepProgram::Microbatch& m : p.micro) grads.insert(m.grads.begin(), m.grads.end());
-  std::map<int, PartitionSpec> sent_split;  // value -> its layout where read, when sent split
-  std::vector<std::optional<PartitionSpec>> spec_of(g.values().size());
-  std::vector<std::vector<std::string>> partial_of(g.values().size());
-  std::vector<int> order, waiting(r.programs.size(), 0);
-  std::vector<std::vector<int>> consumers(r.programs.size());
-  for (size_t k = 0; k < r.programs.size(); ++k)
-    for (int v : r.programs[k].inputs) {
+// The programs in an order that runs each after the programs it reads from.
+std::vector<int> program_order(const Graph& g, const Cut& c, const std::vector<StageProgram>& programs) {
+  std::vector<int> order, waiting(programs.size(), 0);
+  std::vector<std::vector<int>> consumers(programs.size());
+  for (size_t k = 0; k < programs.size(); ++k)
+    for (int v : programs[k].inputs) {
       const int q = g.values()[v].producer;
       if (q < 0) continue;
-      consumers[program_of[q]].push_back(static_cast<int>(k));
+      consumers[c.program_of[q]].push_back(static_cast<int>(k));
       ++waiting[k];
     }
-  for (size_t k = 0; k < r.programs.size(); ++k)
+  for (size_t k = 0; k < programs.size(); ++k)
     if (waiting[k] == 0) order.push_back(static_cast<int>(k));
   for (size_t i = 0; i < order.size(); ++i)
-    for (int c : consumers[order[i]])
-      if (--waiting[c] == 0) order.push_back(c);
-  if (order.size() != r.programs.size())
+    for (int k : consumers[order[i]])
+      if (--waiting[k] == 0) order.push_back(k);
+  if (order.size() != programs.size())
     throw InternalError("[pipeline] the stage programs depend on each other in a cycle");
-  r.device_bytes.assign(g.values().size(), 0);
-  // Compiled (or only planned) and timed on the cluster.
+  return order;
+}
+
+// Partitions each program over its stage's devices and compiles it through the runtime's passes
+// (or only plans it), timed on the cluster.
+struct StageCompiler {
+  const Graph& g;
+  StagedStep& r;
+  const Cluster* cluster;
+  bool compile;
+  std::map<int, Sharding> out_sharding;
+  CompileOptions o;
+  // The recipe's layouts inside the step (FSDP: a param gathered where it is read; activation
+  // rules), each program given those of its own nodes. The gradients are laid out by the outputs.
+  ShardingDecision whole;
+  std::set<int> grads;
+  std::vector<std::optional<PartitionSpec>> spec_of;  // per value crossing programs: its layout
+  std::vector<std::vector<std::string>> partial_of;   // and the axes it is a partial sum over
+  std::map<int, PartitionSpec> sent_split;            // value -> its layout where read, when sent split
   // Planning only, the middle stages' programs are alike but for their params' names: each kind
   // is timed and planned once (every group has the same shape of mesh and the same links).
   std::map<std::string, std::pair<double, int64_t>> planned_alike;
-  auto finish = [&](StageProgram& sp, SpmdProgram prog, const Mesh& group) {
+
+  StageCompiler(const StepProgram& p, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
+                const CompileOptions& copt, const Cluster* cluster, bool compile, StagedStep& r)
+      : g(*p.graph), r(r), cluster(cluster), compile(compile), out_sharding(output_shardings(p, plan, r)), o(copt) {
+    o.platform = plan.mesh.platform();
+    o.output_donors.clear();
+    o.memory_limit_bytes = o.host_memory_limit_bytes = 0;
+    o.one_forward_pass = false;
+    std::vector<TensorType> batch_types;
+    for (size_t i = 0; i < p.n_batch; ++i) batch_types.push_back(g.type(g.inputs()[p.n_params + p.n_state + i]));
+    whole = decide_train_step(p, plan, state_specs, batch_types, /*bucket_bytes=*/0);
+    grads.insert(p.grads.begin(), p.grads.end());
+    for (const StepProgram::Microbatch& m : p.micro) grads.insert(m.grads.begin(), m.grads.end());
+    spec_of.resize(g.values().size());
+    partial_of.resize(g.values().size());
+  }
+
+  void finish(StageProgram& sp, SpmdProgram prog, const Mesh& group) {
     if (compile) {
       if (cluster) sp.seconds = cost_program(prog, *cluster, o).step_s;
       sp.exe = ShardedExecutable::compile(std::move(prog), o, DeviceParallelism::within_kernels);
@@ -565,16 +606,13 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
       it->second.second = plan_program(*prog.local, o, collective_groups(group)).report.arena_bytes;
     }
     std::tie(sp.seconds, sp.arena_bytes) = it->second;
-  };
-  std::string dump;
-  for (int k : order) {
-    StageProgram& sp = r.programs[k];
-    const Mesh& group = r.groups[schedule.device_of(sp.stage)];
-    std::vector<int> id;  // value of the traced step -> of the program
-    std::unique_ptr<Graph> sub = subgraph(g, members[k], sp.inputs, sp.outputs, id);
-    const std::string name = fmt::format("stage{}.{}{}", sp.stage, part_name(sp.part),
-                                         sp.part == StagePart::update ? fmt::format(".level{}", sp.level) : "");
-    if (dumping()) dump += fmt::format("# {} on {}\n{}\n", name, group.to_string(), sub->to_string());
+  }
+
+  // Program k's layouts: an input as its producer left it (a graph input by its spec), an output
+  // as the step must leave it, the recipe's on its nodes, a value received split gathered where read.
+  ShardingDecision stage_decision(int k, const Cut& c, const Graph& sub, const std::vector<int>& id,
+                                  const Mesh& group) {
+    const StageProgram& sp = r.programs[k];
     std::vector<Sharding> in;
     for (int v : sp.inputs) {
       const ValueInfo& info = g.values()[v];
@@ -587,105 +625,116 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
                          ? std::nullopt
                          : std::optional<Sharding>(Sharding(group, it->second.spec, it->second.partial)));
     }
-    // A value another stage reads and that this group holds whole on some axis (tensor
-    // parallelism's activations, replicated over `model`) is sent split over that axis, each
-    // device its slice, and gathered by the reader's group over its own devices: a message of
-    // 1 / t the bytes. The partitioner's layout first; then, where that applies, the split asked.
-    ShardingDecision decision = program_decision(whole, g, members[k], id, grads, group, in, outs);
-    for (size_t i = 0; i < sp.inputs.size(); ++i) {  // a value received split: gathered where read
-      auto it = sent_split.find(sp.inputs[i]);
+    ShardingDecision decision = program_decision(whole, g, c.members[k], id, grads, group, in, outs);
+    for (int input : sp.inputs) {
+      auto it = sent_split.find(input);
       if (it == sent_split.end()) continue;
-      const int v = id[sp.inputs[i]];
+      const int v = id[input];
       int first = -1, last = -1;
-      for (size_t j = 0; j < sub->nodes().size(); ++j)
-        for (int x : sub->nodes()[j].inputs)
+      for (size_t j = 0; j < sub.nodes().size(); ++j)
+        for (int x : sub.nodes()[j].inputs)
           if (x == v) {
             if (first < 0) first = static_cast<int>(j);
             last = static_cast<int>(j);
           }
       if (first >= 0) decision.constraints.push_back({v, it->second, first, last + 1, false});
     }
+    return decision;
+  }
+
+  // A value another stage reads and that this group holds whole on some axis (tensor
+  // parallelism's activations, replicated over `model`) is sent split over that axis, each
+  // device its slice, and gathered by the reader's group over its own devices: a message of
+  // 1 / t the bytes. The partitioner's layout first; then, where that applies, the split asked.
+  void split_sent_values(const StageProgram& sp, const Cut& c, const Graph& sub, const Mesh& group,
+                         ShardingDecision& decision) {
     std::vector<char> to_other_stage(sp.outputs.size(), 0);
     for (size_t i = 0; i < sp.outputs.size(); ++i)
-      for (int reader : read_by[sp.outputs[i]]) to_other_stage[i] |= r.programs[reader].stage != sp.stage;
-    if (group.size() > 1 && std::count(to_other_stage.begin(), to_other_stage.end(), 1) > 0) {
-      SpmdProgram first;
-      {
-        DumpCandidates quiet;
-        first = partition(*sub, decision);
+      for (int reader : c.read_by[sp.outputs[i]]) to_other_stage[i] |= r.programs[reader].stage != sp.stage;
+    if (group.size() <= 1 || std::count(to_other_stage.begin(), to_other_stage.end(), 1) == 0) return;
+    SpmdProgram first;
+    {
+      DumpCandidates quiet;
+      first = partition(sub, decision);
+    }
+    for (size_t i = 0; i < sp.outputs.size(); ++i) {
+      const int v = sp.outputs[i];
+      if (!to_other_stage[i] || decision.outputs[i] || !first.out_shardings[i].partial.empty()) continue;
+      if (std::optional<PartitionSpec> sliced = sliced_spec(first.out_shardings[i].spec, g.type(v).shape, group)) {
+        decision.outputs[i] = Sharding(group, *sliced);
+        sent_split[v] = first.out_shardings[i].spec;
       }
+    }
+  }
+
+  // Producers first: a value crossing programs keeps the layout its producer gives it. PX_DUMP
+  // writes every program in pipeline_stages.
+  void compile_programs(const Cut& c, const std::vector<int>& order) {
+    r.device_bytes.assign(g.values().size(), 0);
+    std::string dump;
+    for (int k : order) {
+      StageProgram& sp = r.programs[k];
+      const Mesh& group = r.groups[r.schedule.device_of(sp.stage)];
+      std::vector<int> id;  // value of the traced step -> of the program
+      std::unique_ptr<Graph> sub = subgraph(g, c.members[k], sp.inputs, sp.outputs, id);
+      const std::string name = fmt::format("stage{}.{}{}", sp.stage, part_name(sp.part),
+                                           sp.part == StagePart::update ? fmt::format(".level{}", sp.level) : "");
+      if (dumping()) dump += fmt::format("# {} on {}\n{}\n", name, group.to_string(), sub->to_string());
+      ShardingDecision decision = stage_decision(k, c, *sub, id, group);
+      split_sent_values(sp, c, *sub, group, decision);
+      DumpProgram scope("train_step." + name);
+      SpmdProgram prog = partition(*sub, decision);
       for (size_t i = 0; i < sp.outputs.size(); ++i) {
         const int v = sp.outputs[i];
-        if (!to_other_stage[i] || decision.outputs[i] || !first.out_shardings[i].partial.empty()) continue;
-        if (std::optional<PartitionSpec> sliced = sliced_spec(first.out_shardings[i].spec, g.type(v).shape, group)) {
-          decision.outputs[i] = Sharding(group, *sliced);
-          sent_split[v] = first.out_shardings[i].spec;
-        }
+        spec_of[v] = prog.out_shardings[i].spec;
+        partial_of[v] = prog.out_shardings[i].partial;
+        r.device_bytes[v] = TensorType{g.type(v).dtype, prog.out_shardings[i].local_shape(g.type(v).shape)}.nbytes();
       }
+      finish(sp, std::move(prog), group);
     }
-    DumpProgram scope("train_step." + name);
-    SpmdProgram prog = partition(*sub, decision);
-    for (size_t i = 0; i < sp.outputs.size(); ++i) {
-      spec_of[sp.outputs[i]] = prog.out_shardings[i].spec;
-      partial_of[sp.outputs[i]] = prog.out_shardings[i].partial;
-      r.device_bytes[sp.outputs[i]] =
-          TensorType{g.type(sp.outputs[i]).dtype, prog.out_shardings[i].local_shape(g.type(sp.outputs[i]).shape)}
-              .nbytes();
-    }
-    finish(sp, std::move(prog), group);
+    dump_pass("pipeline_stages", [&] { return dump; });
+    r.value_spec.resize(g.values().size());
+    for (size_t v = 0; v < g.values().size(); ++v)
+      if (spec_of[v]) r.value_spec[v] = *spec_of[v];
   }
-  if (cluster) r.stage_link = mesh.axes()[stage_dim].link;
-  dump_pass("pipeline_stages", [&] { return dump; });
-  r.value_spec.resize(g.values().size());
-  for (size_t v = 0; v < g.values().size(); ++v)
-    if (spec_of[v]) r.value_spec[v] = *spec_of[v];
 
-  // Per stage: the program of each part, the accumulate and mean programs.
-  auto per_stage = [&](StagePart q) {
-    std::vector<int> v(S, -1);
-    for (size_t k = 0; k < r.programs.size(); ++k)
-      if (r.programs[k].part == q) v[r.programs[k].stage] = static_cast<int>(k);
-    return v;
-  };
-  r.forward = per_stage(StagePart::forward);
-  r.backward = per_stage(StagePart::backward);
-  r.backward_input = per_stage(StagePart::backward_input);
-  r.backward_weight = per_stage(StagePart::backward_weight);
-  std::vector<std::pair<std::pair<int, int>, int>> ups;
-  for (size_t k = 0; k < r.programs.size(); ++k)
-    if (r.programs[k].part == StagePart::update)
-      ups.push_back({{r.programs[k].level, r.programs[k].stage}, static_cast<int>(k)});
-  std::sort(ups.begin(), ups.end());
-  for (auto& u : ups) r.updates.push_back(u.second);
   // Per stage: one reduce of the sums left partial over the batch axes (the loss, DDP's gradients).
-  r.reduce.assign(S, -1);
-  for (int st = 0; st < S; ++st) {
-    std::vector<int> vals;
-    for (int v : r.accumulated)
-      if (r.stage_of_value[v] == st && !partial_of[v].empty()) vals.push_back(v);
-    if (vals.empty()) continue;
-    std::vector<TensorType> types;
-    for (int v : vals) types.push_back(g.type(v));
-    auto same = trace([](const std::vector<Tensor>& in) { return in; }, types);
-    const Mesh& group = r.groups[schedule.device_of(st)];
-    std::vector<Sharding> in;
-    PartitionOptions popt;
-    for (int v : vals) {
-      in.emplace_back(group, spec_of[v].value(), partial_of[v]);
-      popt.out_shardings.push_back(Sharding(group, spec_of[v].value()));
+  void add_reduce_programs() {
+    const int S = r.schedule.stages();
+    r.reduce.assign(S, -1);
+    for (int st = 0; st < S; ++st) {
+      std::vector<int> vals;
+      for (int v : r.accumulated)
+        if (r.stage_of_value[v] == st && !partial_of[v].empty()) vals.push_back(v);
+      if (vals.empty()) continue;
+      std::vector<TensorType> types;
+      for (int v : vals) types.push_back(g.type(v));
+      auto same = trace([](const std::vector<Tensor>& in) { return in; }, types);
+      const Mesh& group = r.groups[r.schedule.device_of(st)];
+      std::vector<Sharding> in;
+      PartitionOptions popt;
+      for (int v : vals) {
+        in.emplace_back(group, spec_of[v].value(), partial_of[v]);
+        popt.out_shardings.push_back(Sharding(group, spec_of[v].value()));
+      }
+      StageProgram sp;
+      sp.part = StagePart::reduce;
+      sp.stage = st;
+      sp.inputs = sp.outputs = vals;
+      DumpProgram scope(fmt::format("train_step.stage{}.reduce", st));
+      finish(sp, partition(*same, group, in, popt), group);
+      r.reduce[st] = static_cast<int>(r.programs.size());
+      r.programs.push_back(std::move(sp));
     }
-    StageProgram sp;
-    sp.part = StagePart::reduce;
-    sp.stage = st;
-    sp.inputs = sp.outputs = vals;
-    DumpProgram scope(fmt::format("train_step.stage{}.reduce", st));
-    finish(sp, partition(*same, group, in, popt), group);
-    r.reduce[st] = static_cast<int>(r.programs.size());
-    r.programs.push_back(std::move(sp));
   }
-  r.accumulate.assign(S, -1);
-  r.mean.assign(S, -1);
-  if (M > 1 && compile) {
+
+  // Per stage, with microbatches: the same additions and division of the loss and gradients as
+  // the microbatched step on one device (trace_step.cc), on each device's copy.
+  void add_accumulate_and_mean() {
+    const int S = r.schedule.stages(), M = r.schedule.microbatches;
+    r.accumulate.assign(S, -1);
+    r.mean.assign(S, -1);
+    if (M <= 1 || !compile) return;
     for (int s = 0; s < S; ++s) {
       std::vector<int> vals;
       for (int v : r.accumulated)
@@ -695,7 +744,6 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
       for (int v : vals)
         types.push_back({g.type(v).dtype, Sharding(r.groups[0], spec_of[v].value()).local_shape(g.type(v).shape)});
       const size_t k = vals.size();
-      // The same additions and division as the microbatched step on one device (trace_step.cc).
       std::vector<TensorType> two = types;
       two.insert(two.end(), types.begin(), types.end());
       auto sum = trace(
@@ -726,6 +774,51 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
       }
     }
   }
+};
+
+// Per stage: the program of each part; the update programs by level, then stage.
+void index_programs(StagedStep& r) {
+  auto per_stage = [&](StagePart q) {
+    std::vector<int> v(r.schedule.stages(), -1);
+    for (size_t k = 0; k < r.programs.size(); ++k)
+      if (r.programs[k].part == q) v[r.programs[k].stage] = static_cast<int>(k);
+    return v;
+  };
+  r.forward = per_stage(StagePart::forward);
+  r.backward = per_stage(StagePart::backward);
+  r.backward_input = per_stage(StagePart::backward_input);
+  r.backward_weight = per_stage(StagePart::backward_weight);
+  std::vector<std::pair<std::pair<int, int>, int>> ups;
+  for (size_t k = 0; k < r.programs.size(); ++k)
+    if (r.programs[k].part == StagePart::update)
+      ups.push_back({{r.programs[k].level, r.programs[k].stage}, static_cast<int>(k)});
+  std::sort(ups.begin(), ups.end());
+  for (auto& u : ups) r.updates.push_back(u.second);
+}
+
+}  // namespace
+
+StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, const PipelineOptions& options,
+                          const Mesh& mesh, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
+                          const CompileOptions& copt, const Cluster* cluster, bool compile) {
+  StagedStep r;
+  r.schedule = schedule;
+  r.n_params = p.n_params;
+  r.n_state = p.n_state;
+  r.n_batch = p.n_batch;
+  Cut c = choose_stages(p, schedule.stages(), options, r);
+  const Graph& g = *p.graph;
+  r.split_backward = schedule.splits_backward();
+  choose_parts(g, r.split_backward, c);
+  cut_programs(g, schedule.stages(), c, r);
+  connect_programs(p, c, r);
+  build_device_groups(mesh, schedule, cluster, r);
+  set_input_specs(p, plan, state_specs, r);
+  StageCompiler compiler(p, plan, state_specs, copt, cluster, compile, r);
+  compiler.compile_programs(c, program_order(g, c, r.programs));
+  index_programs(r);
+  compiler.add_reduce_programs();
+  compiler.add_accumulate_and_mean();
   r.graph = std::move(p.graph);
   return r;
 }

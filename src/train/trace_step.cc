@@ -30,6 +30,101 @@ Tensor microbatch_rows(const Tensor& x, int k, int m) {
   return reshape(slice(reshape(x, split), starts, limits), rows);
 }
 
+// Each microbatch's forward pass, then its backward pass, so that its activations are freed before
+// the next one's forward pass; its gradients are added to the earlier ones'. The loss and
+// gradients are the means over the microbatches: with a loss that is a mean over the rows (tokens)
+// of equal microbatches, those of the whole batch. `sums` gets the gradient sums' values.
+std::pair<Tensor, std::vector<Tensor>> mean_loss_and_grads(StepProgram& p, const TrainStep::LossFn& loss_fn,
+                                                           const std::vector<Tensor>& params,
+                                                           const std::vector<Tensor>& batch, int m,
+                                                           const std::string& who, std::vector<int>& sums) {
+  Graph& g = *current_graph();
+  Tensor loss;
+  std::vector<Tensor> grads;
+  for (int k = 0; k < m; ++k) {
+    std::vector<Tensor> rows = batch;
+    if (m > 1)
+      for (Tensor& b : rows) b = microbatch_rows(b, k, m);
+    Tensor lk = loss_fn(rows);
+    if (lk.numel() != 1) throw Error("[" + who + "] the loss must be a scalar, got " + type_str(lk.type()));
+    lk = cast(reshape(lk, {}), DType::f32);
+    StepProgram::Microbatch mb;
+    mb.forward_end = static_cast<int>(g.nodes().size());
+    std::vector<Tensor> gk = gradients(lk, params);
+    for (size_t i = 0; i < gk.size(); ++i) {
+      if (!gk[i].defined()) throw Error("[" + who + "] param '" + p.paths[i] + "' is not a float tensor");
+      mb.grads.push_back(gk[i].id());
+    }
+    if (k == 0) {
+      loss = lk;
+      grads = gk;
+    } else {
+      loss = loss + lk;
+      for (size_t i = 0; i < gk.size(); ++i) {
+        grads[i] = grads[i] + gk[i];
+        sums.push_back(grads[i].id());
+      }
+    }
+    if (m > 1 && k == m - 1) {
+      loss = loss / static_cast<double>(m);
+      for (Tensor& gr : grads) {
+        gr = gr / static_cast<double>(m);
+        sums.push_back(gr.id());
+      }
+    }
+    mb.backward_end = static_cast<int>(g.nodes().size());
+    p.micro.push_back(std::move(mb));
+  }
+  return {loss, grads};
+}
+
+// The step's outputs: the loss, the gradient norm, the learning rate, the params and state updated
+// with the (clipped) gradients.
+std::vector<Tensor> clip_and_update(const optim::Optimizer& opt, const std::vector<Tensor>& params,
+                                    const std::vector<Tensor>& state, const Tensor& step, const Tensor& loss,
+                                    std::vector<Tensor> grads, double clip_norm, bool skip_nonfinite,
+                                    const std::vector<std::string>& paths) {
+  Tensor norm;
+  if (clip_norm > 0) {
+    optim::Clipped c = optim::clip_by_global_norm(grads, clip_norm);
+    grads = c.grads;
+    norm = c.norm;
+  } else {
+    norm = optim::global_norm(grads);
+  }
+  optim::Update u = opt.apply(params, grads, state, step + 1, paths);
+  if (skip_nonfinite) {
+    // In the graph, so that sharded steps skip the same way: |x| < inf is false for NaN and inf.
+    Tensor inf = full({}, std::numeric_limits<double>::infinity(), DType::f32);
+    Tensor ok = logical_and(less(abs(loss), inf), less(abs(norm), inf));
+    for (size_t i = 0; i < params.size(); ++i) u.params[i] = where(ok, u.params[i], params[i]);
+    for (size_t i = 0; i < state.size(); ++i) u.state[i] = where(ok, u.state[i], state[i]);
+  }
+  std::vector<Tensor> out = {loss, norm, u.lr};
+  out.insert(out.end(), u.params.begin(), u.params.end());
+  out.insert(out.end(), u.state.begin(), u.state.end());
+  return out;
+}
+
+// What each value holds, for the per-device memory report (the rest are temporaries).
+void label_memory(StepProgram& p, const std::vector<int>& sums) {
+  Graph& g = *p.graph;
+  const size_t n_params = p.n_params, n_state = p.n_state;
+  auto label = [&](int v, MemoryCategory c) { g.mutable_value(v).category = c; };
+  for (int i = 0; i < static_cast<int>(g.nodes().size()); ++i)
+    if (p.is_forward(i))
+      for (int v : g.nodes()[i].outputs) label(v, MemoryCategory::activations);
+  for (size_t i = 0; i < g.inputs().size(); ++i)
+    label(g.inputs()[i], i < n_params             ? MemoryCategory::params
+                         : i < n_params + n_state ? MemoryCategory::optimizer_state
+                                                  : MemoryCategory::activations);
+  for (const StepProgram::Microbatch& mb : p.micro)
+    for (int v : mb.grads) label(v, MemoryCategory::gradients);
+  for (int v : sums) label(v, MemoryCategory::gradients);
+  for (size_t o = 3; o < g.outputs().size(); ++o)
+    label(g.outputs()[o], o < 3 + n_params ? MemoryCategory::params : MemoryCategory::optimizer_state);
+}
+
 }  // namespace
 
 void check_microbatches(int microbatches, const std::vector<TensorType>& batch_types, const std::string& who) {
@@ -53,7 +148,6 @@ StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
     throw UserError(
         fmt::format("[{}] clip_norm must be a finite number >= 0 (0: no clipping), got {}", who, clip_norm));
   check_microbatches(microbatches, batch_types, who);
-  const int m = microbatches;
   std::vector<TensorType> param_types = store.types();
   std::vector<optim::StateSlot> slots = opt.state_slots(param_types);
   StepProgram p;
@@ -77,73 +171,14 @@ StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
 
   p.graph = trace(
       [&](const std::vector<Tensor>& in) {
-        Graph& g = *current_graph();
         std::vector<Tensor> params(in.begin(), in.begin() + n_params);
         std::vector<Tensor> state(in.begin() + n_params, in.begin() + n_params + n_state);
         std::vector<Tensor> batch(in.begin() + n_params + n_state, in.end() - 1);
-        Tensor step = in.back();
         nn::ParamBinding bound = store.bind(params);
-        // Each microbatch's forward pass, then its backward pass, so that its activations are
-        // freed before the next one's forward pass; its gradients are added to the earlier ones'.
-        // The loss and gradients are the means over the microbatches: with a loss that is a mean
-        // over the rows (tokens) of equal microbatches, those of the whole batch.
-        Tensor loss;
-        std::vector<Tensor> grads;
-        for (int k = 0; k < m; ++k) {
-          std::vector<Tensor> rows = batch;
-          if (m > 1)
-            for (Tensor& b : rows) b = microbatch_rows(b, k, m);
-          Tensor lk = loss_fn(rows);
-          if (lk.numel() != 1) throw Error("[" + who + "] the loss must be a scalar, got " + type_str(lk.type()));
-          lk = cast(reshape(lk, {}), DType::f32);
-          StepProgram::Microbatch mb;
-          mb.forward_end = static_cast<int>(g.nodes().size());
-          std::vector<Tensor> gk = gradients(lk, params);
-          for (size_t i = 0; i < gk.size(); ++i) {
-            if (!gk[i].defined()) throw Error("[" + who + "] param '" + p.paths[i] + "' is not a float tensor");
-            mb.grads.push_back(gk[i].id());
-          }
-          if (k == 0) {
-            loss = lk;
-            grads = gk;
-          } else {
-            loss = loss + lk;
-            for (size_t i = 0; i < gk.size(); ++i) {
-              grads[i] = grads[i] + gk[i];
-              sums.push_back(grads[i].id());
-            }
-          }
-          if (m > 1 && k == m - 1) {
-            loss = loss / static_cast<double>(m);
-            for (Tensor& gr : grads) {
-              gr = gr / static_cast<double>(m);
-              sums.push_back(gr.id());
-            }
-          }
-          mb.backward_end = static_cast<int>(g.nodes().size());
-          p.micro.push_back(std::move(mb));
-        }
+        auto [loss, grads] = mean_loss_and_grads(p, loss_fn, params, batch, microbatches, who, sums);
         for (const Tensor& gr : grads) p.grads.push_back(gr.id());
-        Tensor norm;
-        if (clip_norm > 0) {
-          optim::Clipped c = optim::clip_by_global_norm(grads, clip_norm);
-          grads = c.grads;
-          norm = c.norm;
-        } else {
-          norm = optim::global_norm(grads);
-        }
-        optim::Update u = opt.apply(params, grads, state, step + 1, p.paths);
-        if (skip_nonfinite) {
-          // In the graph, so that sharded steps skip the same way: |x| < inf is false for NaN and inf.
-          Tensor inf = full({}, std::numeric_limits<double>::infinity(), DType::f32);
-          Tensor ok = logical_and(less(abs(loss), inf), less(abs(norm), inf));
-          for (size_t i = 0; i < n_params; ++i) u.params[i] = where(ok, u.params[i], params[i]);
-          for (size_t i = 0; i < n_state; ++i) u.state[i] = where(ok, u.state[i], state[i]);
-        }
-        std::vector<Tensor> out = {loss, norm, u.lr};
-        out.insert(out.end(), u.params.begin(), u.params.end());
-        out.insert(out.end(), u.state.begin(), u.state.end());
-        return out;
+        return clip_and_update(opt, params, state, in.back(), loss, std::move(grads), clip_norm, skip_nonfinite,
+                               p.paths);
       },
       types, names);
 
@@ -153,29 +188,15 @@ StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
   for (size_t k = 1; k < p.micro.size(); ++k)
     for (int i = p.begin(k); i < p.micro[k].backward_end; ++i)
       p.graph->mutable_nodes()[i].attrs.set("microbatch", static_cast<int64_t>(k));
-
-  // What each value holds, for the per-device memory report (the rest are temporaries).
-  Graph& g = *p.graph;
-  auto label = [&](int v, MemoryCategory c) { g.mutable_value(v).category = c; };
-  for (int i = 0; i < static_cast<int>(g.nodes().size()); ++i)
-    if (p.is_forward(i))
-      for (int v : g.nodes()[i].outputs) label(v, MemoryCategory::activations);
-  for (size_t i = 0; i < g.inputs().size(); ++i)
-    label(g.inputs()[i], i < n_params             ? MemoryCategory::params
-                         : i < n_params + n_state ? MemoryCategory::optimizer_state
-                                                  : MemoryCategory::activations);
-  for (const StepProgram::Microbatch& mb : p.micro)
-    for (int v : mb.grads) label(v, MemoryCategory::gradients);
-  for (int v : sums) label(v, MemoryCategory::gradients);
-  for (size_t o = 3; o < g.outputs().size(); ++o)
-    label(g.outputs()[o], o < 3 + n_params ? MemoryCategory::params : MemoryCategory::optimizer_state);
+  label_memory(p, sums);
   dump_pass("trace_autodiff", [&] {
     std::string head;
     for (size_t k = 0; k < p.micro.size(); ++k)
       head += fmt::format("{}forward: nodes [{}, {}), backward: [{}, {}), ",
                           p.micro.size() > 1 ? fmt::format("microbatch {}: ", k) : "", p.begin(k),
                           p.micro[k].forward_end, p.micro[k].forward_end, p.micro[k].backward_end);
-    return fmt::format("# {}clipping and update: [{}, {})\n", head, p.backward_end(), g.nodes().size()) + g.to_string();
+    return fmt::format("# {}clipping and update: [{}, {})\n", head, p.backward_end(), p.graph->nodes().size()) +
+           p.graph->to_string();
   });
   return p;
 }
