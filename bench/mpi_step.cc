@@ -45,7 +45,7 @@ Timed measure(px::TrainStep& step, const std::vector<px::Array>& batch, int warm
   px::TrainState s = step.init(0);
   Timed t;
   for (int i = 0; i < warmup; ++i) step(s, batch);
-  step.sharded_executable().reset_stats();
+  step.program().reset_stats();
   std::vector<double> times;
   for (int i = 0; i < steps; ++i) {
     auto t0 = std::chrono::steady_clock::now();
@@ -54,8 +54,8 @@ Timed measure(px::TrainStep& step, const std::vector<px::Array>& batch, int warm
   }
   std::sort(times.begin(), times.end());
   t.step_s = times[times.size() / 2];
-  const px::CollectiveStats& st = step.sharded_executable().stats();
-  const int pos = step.sharded_executable().positions().at(0);
+  const px::CollectiveStats& st = step.program().stats();
+  const int pos = step.program().positions().at(0);
   for (int k = 0; k < px::kNumCollectiveKinds; ++k) {
     const auto& e = st.at(pos, static_cast<px::CollectiveKind>(k));
     t.calls += e.calls;
@@ -63,7 +63,7 @@ Timed measure(px::TrainStep& step, const std::vector<px::Array>& batch, int warm
   }
   t.calls /= std::max(steps, 1);
   t.bytes /= std::max(steps, 1);
-  if (profiled) t.timeline = step.sharded_executable().executable().timeline();
+  if (profiled) t.timeline = step.program().executable().timeline();
   return t;
 }
 

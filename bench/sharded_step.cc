@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
         alone(sa, batch);
         px::reset_peak_memory(last);
         alone(sa, batch);
-        planned = alone.sharded_executable().memory().peak_bytes;
+        planned = alone.program().memory().peak_bytes;
         measured = px::memory_stats(last).peak_bytes_in_use - before;
       }
       t0 = std::chrono::steady_clock::now();
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
     auto run_one = [&](size_t k) { return k == 0 ? single(s0, batch).loss : (*sharded[k - 1])(st[k - 1], batch).loss; };
     for (int i = 0; i < a.warmup; ++i)
       for (size_t k = 0; k < n; ++k) run_one(k);
-    for (auto& s : sharded) s->sharded_executable().reset_stats();
+    for (auto& s : sharded) s->program().reset_stats();
     std::vector<std::vector<double>> times(n);
     for (int i = 0; i < a.steps; ++i)
       for (size_t k = 0; k < n; ++k) {
@@ -192,7 +192,7 @@ int main(int argc, char** argv) {
     for (size_t k = 1; k < n; ++k) {
       const px::TrainStep& s = *sharded[k - 1];
       if (f.verbose) std::fprintf(stderr, "%s\n%s", s.table().c_str(), s.collectives_table().c_str());
-      const px::CollectiveStats& stats = s.sharded_executable().stats();
+      const px::CollectiveStats& stats = s.program().stats();
       int64_t calls = 0, bytes = 0;
       for (int c = 0; c < px::kNumCollectiveKinds; ++c) {
         auto e = stats.total(static_cast<px::CollectiveKind>(c));
@@ -202,7 +202,7 @@ int main(int argc, char** argv) {
       const int64_t per = std::max(a.steps, 1) * devices.count;
       r[k].comm = "{\"calls_per_step\": " + std::to_string(calls / per) +
                   ", \"payload_bytes_per_step\": " + std::to_string(bytes / per) +
-                  ", \"collectives\": " + std::to_string(s.sharded_executable().program().collectives.size()) + "}";
+                  ", \"collectives\": " + std::to_string(s.program().program().collectives.size()) + "}";
     }
     const double tokens = static_cast<double>(a.batch * a.seq);
     std::printf(

@@ -147,11 +147,14 @@ class TrainStep {
   // A pipelined step's stages, planned memory per device and last run's timeline; throws
   // px::UserError for a step that is not pipelined.
   const PipelineReport& pipeline_report() const;
-  // The compiled local program (what each device runs: its memory report, profile and timeline)
-  // and the sharded executable around it (shardings, collectives, the devices it runs).
-  const Executable& executable() const;
-  const ShardedExecutable& sharded_executable() const;
-  ShardedExecutable& sharded_executable();
+  // The step's compiled programs, each a sharded executable (shardings, collectives, the devices
+  // it runs; its executable() is the local program each device runs: memory report, profile,
+  // timeline). A step on a mesh without a `stage` axis is one program; a pipelined step's are the
+  // programs of this process's stages, by stage (its forward, backward and update parts).
+  int num_programs() const;
+  const ShardedExecutable& program(int i = 0) const;
+  ShardedExecutable& program(int i = 0);
+  const Executable& executable() const { return program().executable(); }  // program(0)'s local program
   int64_t peak_bytes() const;  // the planned peak per device
   const optim::Optimizer& optimizer() const;
   const Sharding& batch_sharding(int i) const;

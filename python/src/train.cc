@@ -347,8 +347,13 @@ void bind_train(nb::module_& m) {
       .def("collectives_table", &px::TrainStep::collectives_table)
       .def("peak_bytes", &px::TrainStep::peak_bytes)
       .def(
-          "num_kernels", [](const px::TrainStep& s) { return s.executable().num_steps(); },
-          "The kernels the compiled step runs (build/bench/gpt_step prints it as `kernels`).")
+          "num_kernels",
+          [](const px::TrainStep& s) {
+            int n = 0;
+            for (int i = 0; i < s.num_programs(); ++i) n += s.program(i).executable().num_steps();
+            return n;
+          },
+          "The kernels the compiled step runs, over all its programs (a pipeline's stages included).")
       .def("steps_run", &px::TrainStep::steps_run);
 }
 

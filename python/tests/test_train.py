@@ -213,3 +213,19 @@ def test_remat_of_python_blocks_saves_memory_not_bits(rng):
     assert c.peak_bytes() == b.peak_bytes()
     with pytest.raises(px.Error, match="auto"):
         px.jit(lambda x: px.remat(lambda y: y * 2.0, "automatic")(x))(np.ones(2, np.float32))
+
+
+def test_a_pipelined_step_trains_like_one_device_and_counts_its_stages_kernels(rng):
+    cfg = config()  # two numbered layers: one per stage
+    model = px.nn.TransformerLm(cfg)
+    opt = px.optim.adamw(3e-3)
+    sample = [(px.int32, (4, 16)), (px.int32, (4, 16))]
+    flat = px.TrainStep(model, None, opt, sample, microbatches=2)
+    piped = px.TrainStep(model, None, opt, sample, microbatches=2,
+                         mesh=px.Mesh.create([("stage", 2)], devices="cpu:2"))
+    a, b = flat.init(0), piped.init(0)
+    for tokens, targets in _batches(rng, 3):
+        fa, fb = flat(a, tokens, targets), piped(b, tokens, targets)
+        assert abs(fa.loss - fb.loss) <= 1e-5 * abs(fa.loss), (fa, fb)
+    # Every stage's forward, backward and update programs (a step on one device: one program).
+    assert piped.num_kernels() > 100 and flat.num_kernels() > 100

@@ -344,6 +344,8 @@ PipelineRunner::PipelineRunner(StagedStep s, Communicator* comm)
                           : group;
     state_shardings_.emplace_back(held, s_.input_specs[j]);
   }
+  for (StageProgram& p : s_.programs)
+    if (p.exe) programs_.push_back(p.exe.get());
 }
 
 // Tags: a message of value v for microbatch m (-1: the step's) to group `to`, one per shard; then

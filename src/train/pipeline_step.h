@@ -139,6 +139,9 @@ class PipelineRunner {
   Array gather_state(size_t j, const ShardedArray& a) const;
   const PipelineReport& report() const { return report_; }
   const StagedStep& staged() const { return s_; }
+  // This process's compiled programs, by stage and then part (forward, backward or I and W, update
+  // levels, the reduction of gradient sums).
+  const std::vector<ShardedExecutable*>& programs() const { return programs_; }
   int process() const { return process_; }
   int num_processes() const { return processes_; }
   Communicator* communicator() const { return comm_; }
@@ -167,6 +170,7 @@ class PipelineRunner {
   std::vector<int> home_;                     // per state input: its home group
   std::vector<std::vector<int>> away_;        // per state input: the other groups reading it
   std::vector<Sharding> state_shardings_;     // per state input
+  std::vector<ShardedExecutable*> programs_;
 };
 
 }  // namespace px::detail

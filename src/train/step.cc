@@ -222,16 +222,13 @@ const PipelineReport& Step::pipeline_report() const {
   return c_.pipeline->report();
 }
 
-const ShardedExecutable& Step::executable() const {
-  if (!c_.exe)
-    throw UserError(
-        "[TrainStep] a pipelined step has no single executable: each stage's forward, backward and update are "
-        "programs of their own; read pipeline_report() for its memory and timeline");
-  return *c_.exe;
-}
+int Step::num_programs() const { return c_.pipeline ? static_cast<int>(c_.pipeline->programs().size()) : 1; }
 
-ShardedExecutable& Step::executable() {
-  return const_cast<ShardedExecutable&>(static_cast<const Step*>(this)->executable());
+ShardedExecutable& Step::program(int i) const {
+  if (i < 0 || i >= num_programs())
+    throw UserError("[TrainStep] program " + std::to_string(i) + " is not one of the step's " +
+                    std::to_string(num_programs()) + " (0 .. num_programs() - 1)");
+  return c_.pipeline ? *c_.pipeline->programs()[static_cast<size_t>(i)] : *c_.exe;
 }
 
 std::vector<Array> Step::gather_params(const TrainState& s) const {

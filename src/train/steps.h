@@ -104,9 +104,9 @@ class Step {
   const ShardingPlan& plan() const { return c_.plan; }
   std::string collectives_table() const;
   const Graph& graph() const { return *c_.graph; }
-  // Throws px::UserError for a pipelined step (one program per stage and part).
-  const ShardedExecutable& executable() const;
-  ShardedExecutable& executable();
+  // The compiled programs: one, or a pipeline's programs of this process's stages.
+  int num_programs() const;
+  ShardedExecutable& program(int i) const;
   int64_t peak_bytes() const;  // per device, planned
   bool pipelined() const { return c_.pipeline != nullptr; }
   const PipelineReport& pipeline_report() const;

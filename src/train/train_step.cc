@@ -60,9 +60,9 @@ TrainState TrainStep::restore(const Checkpoint& c) const {
 const ShardingPlan& TrainStep::plan() const { return step_->plan(); }
 std::string TrainStep::collectives_table() const { return step_->collectives_table(); }
 const Graph& TrainStep::graph() const { return step_->graph(); }
-const Executable& TrainStep::executable() const { return step_->executable().executable(); }
-const ShardedExecutable& TrainStep::sharded_executable() const { return step_->executable(); }
-ShardedExecutable& TrainStep::sharded_executable() { return step_->executable(); }
+int TrainStep::num_programs() const { return step_->num_programs(); }
+const ShardedExecutable& TrainStep::program(int i) const { return step_->program(i); }
+ShardedExecutable& TrainStep::program(int i) { return step_->program(i); }
 int64_t TrainStep::peak_bytes() const { return step_->peak_bytes(); }
 bool TrainStep::pipelined() const { return step_->pipelined(); }
 const PipelineReport& TrainStep::pipeline_report() const { return step_->pipeline_report(); }

@@ -226,7 +226,7 @@ TEST(Offload, FsdpOnFourDevicesWithOffloadEqualsFsdpWithout) {
     for (int i = 0; i < 2; ++i) r.metrics.push_back(step(s, f.batch(i)));
     r.params = step.gather_params(s);
     r.opt_state = step.gather_opt_state(s);
-    r.memory = step.sharded_executable().memory();
+    r.memory = step.program().memory();
     for (const ShardedArray& p : s.params)
       EXPECT_EQ(p.shards()[0].placement().kind, off.params.empty() ? MemoryKind::device : MemoryKind::pinned_host);
     return r;
@@ -264,7 +264,7 @@ TEST(Offload, TheCostModelAndAutoCountOffload) {
   TrainState s = step.init(0);
   EXPECT_TRUE(std::isfinite(step(s, f.batch(0)).loss));
   EXPECT_EQ(s.params[0].shards()[0].placement().kind, MemoryKind::pinned_host);
-  EXPECT_GT(step.sharded_executable().memory().host_input_bytes, 0);
+  EXPECT_GT(step.program().memory().host_input_bytes, 0);
 }
 
 TEST(Offload, BadOptionsAndMisplacedArraysGetClearErrors) {

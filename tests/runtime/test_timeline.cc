@@ -66,7 +66,7 @@ TEST(Timeline, ShowsEveryCollectiveInFlightAndTheShareOverlappedWithCompute) {
                  px::testing::on_mesh(Mesh::cpu({{"data", 2}}), ShardingStrategy::DDP, {}, o));
   TrainState s = step.init(0);
   step(s, f.batch(0));
-  const Timeline t = step.sharded_executable().executable().timeline();
+  const Timeline t = step.program().executable().timeline();
   expect_ordered(t);
   ASSERT_FALSE(t.in_flight.empty());
   double in_flight = 0;
@@ -85,7 +85,7 @@ TEST(Timeline, ShowsEveryCollectiveInFlightAndTheShareOverlappedWithCompute) {
   size_t on_track_1 = 0;
   for (const auto& e : j["traceEvents"]) on_track_1 += e["ph"] == "X" && e["tid"] == 1;
   EXPECT_EQ(on_track_1, t.in_flight.size());
-  EXPECT_NE(step.sharded_executable().executable().profile_report().find("% overlapped with compute"), std::string::npos);
+  EXPECT_NE(step.program().executable().profile_report().find("% overlapped with compute"), std::string::npos);
 }
 
 }  // namespace

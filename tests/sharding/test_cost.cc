@@ -377,7 +377,7 @@ TEST(Cost, PredictedCollectiveBytesAndPeakEqualTheRuntimeOnCpu8) {
     o.compile.compute_dtype = k.compute;
     TrainStep step(f.model.store(), recipe_check::opt(), f.loss, f.batch_types,
                    px::testing::on_mesh(mesh, k.strategy, {}, o));
-    const MemoryReport mem = step.sharded_executable().memory();
+    const MemoryReport mem = step.program().memory();
     EXPECT_EQ(pred.memory.peak_bytes, mem.peak_bytes);
     EXPECT_EQ(pred.memory.arena_bytes, mem.arena_bytes);
     EXPECT_EQ(pred.memory.input_bytes, mem.input_bytes);
@@ -388,14 +388,14 @@ TEST(Cost, PredictedCollectiveBytesAndPeakEqualTheRuntimeOnCpu8) {
     EXPECT_GT(pred.memory.by_category[static_cast<int>(MemoryCategory::optimizer_state)], 0);
     EXPECT_EQ(pred.memory.arena_max_by_category, mem.arena_max_by_category);
     // The compiled program costed directly gives the same prediction.
-    StepCost direct = cost_program(step.sharded_executable().program(), cluster, o.compile);
+    StepCost direct = cost_program(step.program().program(), cluster, o.compile);
     EXPECT_EQ(direct.memory.peak_bytes, mem.peak_bytes);
     EXPECT_DOUBLE_EQ(direct.step_s, pred.step_s);
 
     TrainState st = step.init(0);
-    step.sharded_executable().reset_stats();
+    step.program().reset_stats();
     EXPECT_TRUE(std::isfinite(step(st, f.batch(0)).loss));
-    const CollectiveStats& stats = step.sharded_executable().stats();
+    const CollectiveStats& stats = step.program().stats();
     int kinds = 0;
     for (int c = 0; c < kNumCollectiveKinds; ++c) {
       const auto kind = static_cast<CollectiveKind>(c);
@@ -417,7 +417,7 @@ TEST(Cost, PredictedCollectiveBytesAndPeakEqualTheRuntimeOnCpu8) {
       // With collectives beside compute the step is shorter, never shorter than either part.
       Cluster overlapped = cluster;
       overlapped.overlap_collectives = true;
-      StepCost o2 = cost_program(step.sharded_executable().program(), overlapped);
+      StepCost o2 = cost_program(step.program().program(), overlapped);
       EXPECT_LT(o2.step_s, pred.step_s);
       EXPECT_GE(o2.step_s, std::max(o2.compute_s, o2.comm_s) - 1e-15);
     }

@@ -37,7 +37,7 @@ TEST(MemoryPlan, FsdpPeakIsAFractionOfDdpAndEqualsTheMeasuredHighWaterMark) {
   Mesh mesh = Mesh::cpu({{"data", 8}});
   auto ddp = make_step(f, mesh, ShardingStrategy::DDP);
   auto fsdp = make_step(f, mesh, ShardingStrategy::FSDP);
-  MemoryReport d = ddp->sharded_executable().memory(), s = fsdp->sharded_executable().memory();
+  MemoryReport d = ddp->program().memory(), s = fsdp->program().memory();
   std::cout << "DDP  " << d.to_string() << "FSDP " << s.to_string();
   EXPECT_LE(static_cast<double>(s.peak_bytes), 0.35 * static_cast<double>(d.peak_bytes));
   // What the schedule and the buffer plan add to what must be alive: the tied embedding is gathered
@@ -56,7 +56,7 @@ TEST(MemoryPlan, FsdpPeakIsAFractionOfDdpAndEqualsTheMeasuredHighWaterMark) {
   EXPECT_EQ(cat(d, MemoryCategory::params), params);
   EXPECT_EQ(cat(d, MemoryCategory::optimizer_state), 2 * params);
   EXPECT_LE(cat(s, MemoryCategory::params), params / 8 + (1 << 20));  // small params stay replicated
-  EXPECT_EQ(ddp->sharded_executable().peak_bytes(3), d.peak_bytes);
+  EXPECT_EQ(ddp->program().peak_bytes(3), d.peak_bytes);
   ddp.reset();  // its arenas are allocated on the devices too
 
   // Run FSDP: the last device holds nothing but its shards, the batch and the arena.
@@ -85,22 +85,22 @@ TEST(MemoryPlan, FsdpGathersAreFreedAfterUseAndPrefetchedByTheLookahead) {
   auto one = make_step(f, mesh, ShardingStrategy::FSDP, 1);
   auto eager = make_step(f, mesh, ShardingStrategy::FSDP, 1000);
   auto gathered = [](const TrainStep& s) {
-    return s.sharded_executable().memory().arena_max_by_category[static_cast<int>(MemoryCategory::collective_buffers)];
+    return s.program().memory().arena_max_by_category[static_cast<int>(MemoryCategory::collective_buffers)];
   };
   const int64_t held0 = gathered(*at_use), held = gathered(*one), held_eager = gathered(*eager);
-  const int64_t peak0 = at_use->sharded_executable().memory().peak_bytes;
+  const int64_t peak0 = at_use->program().memory().peak_bytes;
   std::cout << "one layer " << layer << " bytes; gathered at once: lookahead 0 " << held0 << ", 1 " << held
             << ", eager " << held_eager << "; peaks " << peak0 << ", "
-            << one->sharded_executable().memory().peak_bytes << ", " << eager->sharded_executable().memory().peak_bytes
+            << one->program().memory().peak_bytes << ", " << eager->program().memory().peak_bytes
             << "\n";
   EXPECT_GT(held0, 0);
   EXPECT_LE(held, 2 * layer);
   EXPECT_GT(held_eager, held);
   // The bytes live at once stay those of gathering at first use (the arena around them may
   // fragment more when every gap below the peak is filled).
-  const int64_t live0 = at_use->sharded_executable().memory().arena_live_bytes;
+  const int64_t live0 = at_use->program().memory().arena_live_bytes;
   for (const TrainStep* s : {one.get(), eager.get()})
-    EXPECT_LE(s->sharded_executable().memory().arena_live_bytes, live0);
+    EXPECT_LE(s->program().memory().arena_live_bytes, live0);
   // All three give the same step.
   TrainState a = one->init(0), b = eager->init(0), c = at_use->init(0);
   auto batch = f.batch(0);
@@ -119,7 +119,7 @@ TEST(MemoryPlan, FsdpGathersMoveTheComputeDtype) {
   TrainStep step(f.model.store(), recipe_check::opt(), f.loss, f.batch_types,
                  px::testing::on_mesh(mesh, ShardingStrategy::FSDP, ShardingOptions{}, o));
   int bf16 = 0, f32 = 0, weights = 0;
-  const Graph& local = step.sharded_executable().executable().graph();
+  const Graph& local = step.program().executable().graph();
   for (const Node& n : local.nodes()) {
     if (n.prim->name != "all_gather") continue;
     if (local.type(n.outputs[0]).dtype == DType::bf16)
@@ -143,9 +143,9 @@ TEST(MemoryPlan, DdpStepIsOneScheduleWithCollectivesAsNodes) {
   Fixture f(nn::gpt2_config("gpt_6", 512, 64, 4, 6, 256, 16));
   Mesh mesh = Mesh::cpu({{"data", 4}});
   auto ddp = make_step(f, mesh, ShardingStrategy::DDP);
-  const Executable& exe = ddp->sharded_executable().executable();
+  const Executable& exe = ddp->program().executable();
   EXPECT_EQ(exe.num_devices(), 4);
-  EXPECT_GT(ddp->sharded_executable().program().collectives.size(), 6u);
+  EXPECT_GT(ddp->program().program().collectives.size(), 6u);
   std::string sum = exe.summary();
   EXPECT_NE(sum.find("all_reduce.start"), std::string::npos);
   EXPECT_NE(sum.find("all_reduce.wait"), std::string::npos);

@@ -245,11 +245,11 @@ void check_two_processes(ShardingStrategy strategy) {
   EXPECT_EQ(info.optimizer, opt()->name());
   size_t split_param = 0;
   for (size_t i = 0; i < f.model.store().size(); ++i)
-    if (!ref.sharded_executable().in_sharding(static_cast<int>(i)).is_fully_replicated()) {
+    if (!ref.program().in_sharding(static_cast<int>(i)).is_fully_replicated()) {
       split_param = i;
       break;
     }
-  const Sharding& w = ref.sharded_executable().in_sharding(static_cast<int>(split_param));
+  const Sharding& w = ref.program().in_sharding(static_cast<int>(split_param));
   const std::string name = f.model.store().paths()[split_param];
   int64_t chunks = 0, distinct = 1;
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir + "/state/" + name + "/c"))

@@ -30,9 +30,9 @@ TEST(Recipes, GptTpIsVocabParallelWithoutGathers) {
   Fixture f(gpt_micro());
   TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, {.mesh = mesh, .strategy = ShardingStrategy::TP});
   int gathers = 0;
-  for (const CollectiveRecord& c : step.sharded_executable().program().collectives)
+  for (const CollectiveRecord& c : step.program().program().collectives)
     gathers += c.kind == CollectiveKind::all_gather || c.kind == CollectiveKind::all_to_all;
-  EXPECT_EQ(gathers, 0) << step.sharded_executable().program().summary();
+  EXPECT_EQ(gathers, 0) << step.program().program().summary();
 }
 TEST(Recipes, LlamaDdpTpFsdpTp) {
   check_equivalent(llama_micro(), Mesh::cpu({{"data", 2}, {"fsdp", 2}, {"model", 2}}), ShardingStrategy::DDP);
@@ -93,7 +93,7 @@ TEST(Recipes, FsdpOverEightHoldsAnEighthOfEachLargeParamAndItsAdamState) {
   // The state stays sharded after a step.
   step(s, f.batch(0));
   for (size_t i = 0; i < s.params.size(); ++i)
-    EXPECT_EQ(s.params[i].sharding(), step.sharded_executable().in_sharding(static_cast<int>(i)));
+    EXPECT_EQ(s.params[i].sharding(), step.program().in_sharding(static_cast<int>(i)));
 }
 
 // Any recipe: each param and each optimizer slot of the param's shape holds 1 / (product of the
@@ -137,9 +137,9 @@ TEST(Recipes, DdpAllReducesExactlyTheGradientBytesOncePerStep) {
         f.model.store(), opt(), f.loss, f.batch_types,
         {.mesh = Mesh::cpu({{"data", 8}}), .strategy = ShardingStrategy::DDP, .sharding = {.bucket_bytes = bucket}});
     TrainState s = step.init(0);
-    step.sharded_executable().reset_stats();
+    step.program().reset_stats();
     for (int i = 0; i < 2; ++i) step(s, f.batch(i));
-    const CollectiveStats& st = step.sharded_executable().stats();
+    const CollectiveStats& st = step.program().stats();
     auto ar = st.total(CollectiveKind::all_reduce);
     // Every gradient once, plus two f32 scalars of the loss (its sum and its token count).
     EXPECT_EQ(ar.payload_bytes, 2 * 8 * (grad_bytes(f.model.store()) + 8)) << step.collectives_table();
@@ -160,7 +160,7 @@ TEST(Recipes, FsdpGathersParamsAndReduceScattersGradients) {
       f.model.store(), opt(), f.loss, f.batch_types,
       {.mesh = Mesh::cpu({{"data", 8}}), .strategy = ShardingStrategy::FSDP, .sharding = {.fsdp_min_bytes = 1024}});
   TrainState s = step.init(0);
-  step.sharded_executable().reset_stats();
+  step.program().reset_stats();
   step(s, f.batch(0));
   int64_t sharded = 0, replicated = 0, lookup_only = 0, tied = 0;
   for (const auto& p : step.plan().params) {
@@ -169,7 +169,7 @@ TEST(Recipes, FsdpGathersParamsAndReduceScattersGradients) {
     if (p.path == "embed.table" && !p.spec.is_replicated()) tied += p.type.nbytes();
   }
   ASSERT_GT(tied, 0);
-  const CollectiveStats& st = step.sharded_executable().stats();
+  const CollectiveStats& st = step.program().stats();
   // ZeRO-3: each sharded param gathered for the forward pass and again for the backward pass
   // (payload = the gathered param), except the position table, which only a lookup reads (its
   // gradient is a scatter of the cotangents), and the tied embedding, gathered for the lookup,
@@ -198,21 +198,21 @@ TEST(Recipes, SequenceParallelActivationRulesTrainLikeOneDevice) {
     Fixture f(cfg);
     TrainStep step(f.model.store(), opt(), f.loss, f.batch_types,
                    px::testing::on_mesh(Mesh::cpu({{"data", 2}, {"model", 2}}), ShardingStrategy::TP, o));
-    EXPECT_GT(step.sharded_executable().program().collectives.size(), 0u);
+    EXPECT_GT(step.program().program().collectives.size(), 0u);
     // Megatron's pattern: over 'model', activations are gathered over the sequence before the
     // column-parallel matmuls and the row-parallel sums reduce-scattered onto it; no weight is
     // gathered in their place and nothing is moved with all-to-alls.
     int gathers = 0, scatters = 0;
-    for (const auto& c : step.sharded_executable().program().collectives) {
+    for (const auto& c : step.program().program().collectives) {
       EXPECT_NE(c.kind, CollectiveKind::all_to_all) << c.to_string() << " " << c.reason;
       if (c.axes != std::vector<std::string>{"model"} || c.operand.rank() != 3) continue;
       if (c.kind == CollectiveKind::all_gather || c.kind == CollectiveKind::reduce_scatter) EXPECT_EQ(c.dim, 1) << c.to_string();
       gathers += c.kind == CollectiveKind::all_gather;
       scatters += c.kind == CollectiveKind::reduce_scatter;
     }
-    EXPECT_GE(gathers, 2 * cfg.n_layers) << step.sharded_executable().program().summary().substr(0, 4000);
-    EXPECT_GE(scatters, 2 * cfg.n_layers) << step.sharded_executable().program().summary().substr(0, 4000);
-    for (const auto& c : step.sharded_executable().program().collectives)
+    EXPECT_GE(gathers, 2 * cfg.n_layers) << step.program().program().summary().substr(0, 4000);
+    EXPECT_GE(scatters, 2 * cfg.n_layers) << step.program().program().summary().substr(0, 4000);
+    for (const auto& c : step.program().program().collectives)
       if (c.kind == CollectiveKind::all_gather && c.axes == std::vector<std::string>{"model"})
         for (const auto& pp : plan.params)
           EXPECT_FALSE(c.reason.find("needs %" + std::to_string(&pp - plan.params.data()) + " as") !=

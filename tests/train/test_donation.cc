@@ -46,7 +46,7 @@ Trial train(const nn::LmConfig& cfg, TrainStepOptions o, int steps = 3) {
   }
   r.trained.params = step.gather_params(s);
   r.trained.opt_state = step.gather_opt_state(s);
-  r.trained.memory = step.sharded_executable().memory();
+  r.trained.memory = step.program().memory();
   return r;
 }
 

@@ -48,7 +48,7 @@ Outcome train(TrainStepOptions o, int64_t batch = 8, const nn::LmConfig& cfg = g
   r.params = step.gather_params(s);
   r.peak = step.peak_bytes();
   r.memory = step.executable().memory();
-  r.collectives = step.sharded_executable().program().collectives;
+  r.collectives = step.program().program().collectives;
   return r;
 }
 

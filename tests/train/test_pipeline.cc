@@ -246,6 +246,11 @@ TEST(Pipeline, PlannedWithoutCompilingAsTheBuiltStepPlans) {
   EXPECT_GT(planned.predicted_bubble, 0);
   EXPECT_LT(planned.predicted_bubble, 1);
   EXPECT_TRUE(has(planned.to_string(), "predicted: step")) << planned.to_string();
+  // Its compiled programs: each stage's forward, backward and update, each a sharded executable.
+  ASSERT_GE(step.num_programs(), 3 * 4);
+  for (int i = 0; i < step.num_programs(); ++i) EXPECT_GT(step.program(i).executable().num_steps(), 0) << i;
+  EXPECT_EQ(&step.executable(), &step.program(0).executable());
+  EXPECT_TRUE(has(testing::user_error_of([&] { step.program(step.num_programs()); }), "is not one of the step's"));
 }
 
 // What a device group holds is its stages' share, planned from shapes (px::plan_pipeline).

@@ -48,8 +48,8 @@ TEST(TrainStepType, OneDeviceIsAOneDeviceMeshWithTheSameState) {
   EXPECT_EQ(step.process(), 0);
   EXPECT_GT(step.peak_bytes(), 0);
   // One path: the same program and executable types on one device as on a mesh.
-  EXPECT_EQ(step.sharded_executable().positions().size(), 1u);
-  EXPECT_EQ(&step.executable(), &step.sharded_executable().executable());
+  EXPECT_EQ(step.program().positions().size(), 1u);
+  EXPECT_EQ(&step.executable(), &step.program().executable());
 
   // The same model on a 2-device mesh: the same calls, the same state type.
   Fixture g(gpt_micro());
@@ -57,7 +57,7 @@ TEST(TrainStepType, OneDeviceIsAOneDeviceMeshWithTheSameState) {
                 {.mesh = Mesh::cpu({{"data", 2}}), .strategy = ShardingStrategy::DDP});
   TrainState d = ddp.init(0);
   EXPECT_EQ(d.params[0].shards().size(), 2u);
-  EXPECT_EQ(ddp.sharded_executable().positions().size(), 2u);
+  EXPECT_EQ(ddp.program().positions().size(), 2u);
   EXPECT_GT(ddp.executable().peak_bytes(), 0);
   for (int i = 0; i < 2; ++i) {
     StepMetrics a = step(s, f.batch(i)), b = ddp(d, g.batch(i));
