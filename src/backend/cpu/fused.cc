@@ -192,138 +192,157 @@ class TileAllocator {
   int used_ = 0;
 };
 
-Program build_program(const Graph& g, const FusedGroup& group) {
-  Program p;
-  const Node& first = g.nodes()[group.nodes[0]];
-  p.count = g.type(first.outputs[0]).numel();
+class ProgramBuilder {
+ public:
+  ProgramBuilder(const Graph& g, const FusedGroup& group) : g_(g), group_(group) {}
 
-  std::unordered_map<int, int> ext_in_index, ext_out_index;
-  for (size_t k = 0; k < group.ext_inputs.size(); ++k) ext_in_index[group.ext_inputs[k]] = static_cast<int>(k);
-  for (size_t k = 0; k < group.ext_outputs.size(); ++k) {
-    if (!ext_out_index.emplace(group.ext_outputs[k], static_cast<int>(k)).second)
-      throw Error("[fused] value stored twice");
+  Program build() {
+    const Node& first = g_.nodes()[group_.nodes[0]];
+    p_.count = g_.type(first.outputs[0]).numel();
+    index_externals();
+    find_renames();
+    plan_liveness();
+    for (size_t i = 0; i < group_.nodes.size(); ++i) add_node(static_cast<int>(i));
+    finish();
+    return std::move(p_);
+  }
+
+ private:
+  void index_externals() {
+    for (size_t k = 0; k < group_.ext_inputs.size(); ++k) ext_in_index_[group_.ext_inputs[k]] = static_cast<int>(k);
+    for (size_t k = 0; k < group_.ext_outputs.size(); ++k) {
+      if (!ext_out_index_.emplace(group_.ext_outputs[k], static_cast<int>(k)).second)
+        throw Error("[fused] value stored twice");
+    }
+  }
+
+  int root(int v) const {
+    auto it = root_map_.find(v);
+    return it == root_map_.end() ? v : it->second;
   }
 
   // A reshape member is a new name for its operand's tile (elementwise loops see flat indices), and
   // so is a cast between float types whose result the tile already holds: a widening one (f32
   // holds every bf16 and f16 value), or a narrowing one that is only stored (the store rounds, once,
   // as the cast would). Not a cast of an operand read in place: a store to an output sharing the
-  // operand's array may come first. Liveness is tracked per storage root: the last op position
-  // reading any name of it.
-  std::unordered_map<int, int> root_map;
-  auto root = [&](int v) {
-    auto it = root_map.find(v);
-    return it == root_map.end() ? v : it->second;
-  };
-  std::unordered_map<int, char> read_in_group;
-  for (int ni : group.nodes)
-    for (int v : g.nodes()[ni].inputs) read_in_group[v] = 1;
-  std::unordered_map<int, char> renames;  // node index -> 1: a new name for its operand's tile
-  for (int ni : group.nodes) {
-    const Node& n = g.nodes()[ni];
-    bool rename = n.prim == prims::reshape();
-    if (n.prim == prims::cast()) {
-      const int v = n.inputs.at(0), r = root(v);
-      const DType from = g.type(v).dtype, to = g.type(n.outputs.at(0)).dtype;
-      const bool in_place = ext_in_index.count(r) && g.type(r).dtype == DType::f32;
-      const bool exact = to == DType::f32 || to == from;
-      rename = is_float(from) && is_float(to) && !in_place && (exact || !read_in_group.count(n.outputs[0]));
-    }
-    if (rename) {
-      renames[ni] = 1;
-      root_map[n.outputs.at(0)] = root(n.inputs.at(0));
+  // operand's array may come first.
+  void find_renames() {
+    std::unordered_map<int, char> read_in_group;
+    for (int ni : group_.nodes)
+      for (int v : g_.nodes()[ni].inputs) read_in_group[v] = 1;
+    for (int ni : group_.nodes) {
+      const Node& n = g_.nodes()[ni];
+      bool rename = n.prim == prims::reshape();
+      if (n.prim == prims::cast()) {
+        const int v = n.inputs.at(0), r = root(v);
+        const DType from = g_.type(v).dtype, to = g_.type(n.outputs.at(0)).dtype;
+        const bool in_place = ext_in_index_.count(r) && g_.type(r).dtype == DType::f32;
+        const bool exact = to == DType::f32 || to == from;
+        rename = is_float(from) && is_float(to) && !in_place && (exact || !read_in_group.count(n.outputs[0]));
+      }
+      if (rename) {
+        renames_[ni] = 1;
+        root_map_[n.outputs.at(0)] = root(n.inputs.at(0));
+      }
     }
   }
-  std::unordered_map<int, int> last_read;
-  for (size_t i = 0; i < group.nodes.size(); ++i)
-    for (int v : g.nodes()[group.nodes[i]].inputs) last_read[root(v)] = static_cast<int>(i);
-  std::unordered_map<int, char> kept;  // roots with a stored name keep their tile to the end
-  for (int v : group.ext_outputs) kept[root(v)] = 1;
 
-  TileAllocator tiles;
-  std::unordered_map<int, int> slot_of;  // value id -> slot
-  std::vector<int> tile_of;              // slot -> scratch tile or -1
-  auto new_slot = [&](SlotPlace place) {
-    p.places.push_back(place);
-    tile_of.push_back(place.kind == SlotPlace::scratch ? place.index : -1);
-    return static_cast<int>(p.places.size()) - 1;
-  };
+  // Liveness is tracked per storage root: the last op position reading any name of it.
+  void plan_liveness() {
+    for (size_t i = 0; i < group_.nodes.size(); ++i)
+      for (int v : g_.nodes()[group_.nodes[i]].inputs) last_read_[root(v)] = static_cast<int>(i);
+    for (int v : group_.ext_outputs) kept_[root(v)] = 1;
+  }
+
+  int new_slot(SlotPlace place) {
+    p_.places.push_back(place);
+    tile_of_.push_back(place.kind == SlotPlace::scratch ? place.index : -1);
+    return static_cast<int>(p_.places.size()) - 1;
+  }
 
   // Slot of an external operand read as a contiguous tile (loaded on first use when not f32).
-  auto operand_slot = [&](int v, const std::string& who) {
-    auto it = slot_of.find(v);
-    if (it != slot_of.end()) return it->second;
-    auto e = ext_in_index.find(v);
-    if (e == ext_in_index.end()) throw Error("[fused] operand of '" + who + "' is neither external nor in the group");
-    if (g.type(v).numel() != p.count) throw Error("[fused] operand of '" + who + "' has the wrong element count");
-    DType t = g.type(v).dtype;
+  int operand_slot(int v, const std::string& who) {
+    auto it = slot_of_.find(v);
+    if (it != slot_of_.end()) return it->second;
+    auto e = ext_in_index_.find(v);
+    if (e == ext_in_index_.end()) throw Error("[fused] operand of '" + who + "' is neither external nor in the group");
+    if (g_.type(v).numel() != p_.count) throw Error("[fused] operand of '" + who + "' has the wrong element count");
+    DType t = g_.type(v).dtype;
     int slot;
     if (t == DType::f32) {
       slot = new_slot({SlotPlace::ext_in, e->second});
     } else {
-      slot = new_slot({SlotPlace::scratch, tiles.take()});
+      slot = new_slot({SlotPlace::scratch, tiles_.take()});
       Op op{Op::load};
       op.slot = slot;
       op.ext = e->second;
       op.dtype = t;
-      p.ops.push_back(op);
+      p_.ops.push_back(op);
     }
-    slot_of[v] = slot;
+    slot_of_[v] = slot;
     return slot;
-  };
+  }
 
   // Results are computed into scratch and stored at the end of the tile, after every operand
   // read: an output may then share its array with an operand (in-place updates).
-  std::vector<Op> stores;
-  for (size_t i = 0; i < group.nodes.size(); ++i) {
-    const Node& n = g.nodes()[group.nodes[i]];
-    const bool rename = renames.count(group.nodes[i]) > 0;
+  void store_if_external(int out, int slot, DType dtype) {
+    auto eo = ext_out_index_.find(out);
+    if (eo == ext_out_index_.end()) return;
+    Op st{Op::store};
+    st.slot = slot;
+    st.ext = eo->second;
+    st.dtype = dtype;
+    stores_.push_back(st);
+  }
+
+  void fill_broadcast(const Node& n, const TensorType& out_t, Op& op) {
+    auto e = ext_in_index_.find(n.inputs.at(0));
+    if (e == ext_in_index_.end()) throw Error("[fused] broadcast_in_dim of a value computed in the group");
+    op.kind = Op::broadcast;
+    op.ext = e->second;
+    op.dtype = g_.type(n.inputs[0]).dtype;
+    op.bcast = static_cast<int>(p_.loads.size());
+    p_.loads.push_back(make_broadcast_load(g_.type(n.inputs[0]), out_t, n.attrs));
+    if (p_.loads.back().sizes.size() > 8) throw Error("[fused] broadcast of too high a rank");
+  }
+
+  void fill_eltwise(const Node& n, Op& op) {
+    const EltwiseKernel* ek = find_eltwise(n.prim);
+    if (!ek || !ek->f32) throw Error("[fused] no f32 elementwise kernel for '" + n.prim->name + "'");
+    if (n.inputs.size() > static_cast<size_t>(kMaxArity))
+      throw Error("[fused] '" + n.prim->name + "' has too many operands");
+    op.fn = ek->f32;
+    std::vector<float> prm = ek->params ? ek->params(n.attrs) : std::vector<float>{};
+    if (!prm.empty()) {
+      op.params = static_cast<int>(p_.params.size());
+      p_.params.insert(p_.params.end(), prm.begin(), prm.end());
+    }
+    op.nargs = static_cast<int>(n.inputs.size());
+    for (int k = 0; k < op.nargs; ++k) op.args[k] = operand_slot(n.inputs[k], n.prim->name);
+  }
+
+  void add_node(int i) {
+    const Node& n = g_.nodes()[group_.nodes[i]];
     if (n.outputs.size() != 1) throw Error("[fused] '" + n.prim->name + "' has several results");
     int out = n.outputs[0];
-    const TensorType& out_t = g.type(out);
-    if (out_t.numel() != p.count) throw Error("[fused] group mixes element counts");
-    auto eo = ext_out_index.find(out);
+    const TensorType& out_t = g_.type(out);
+    if (out_t.numel() != p_.count) throw Error("[fused] group mixes element counts");
 
-    if (rename) {
+    if (renames_.count(group_.nodes[i]) > 0) {
       int slot = operand_slot(n.inputs.at(0), n.prim->name);
-      slot_of[out] = slot;
-      if (eo != ext_out_index.end()) {
-        Op st{Op::store};
-        st.slot = slot;
-        st.ext = eo->second;
-        st.dtype = out_t.dtype;
-        stores.push_back(st);
-      }
-      continue;  // nothing to free: the operand's root lives on under the new name
+      slot_of_[out] = slot;
+      store_if_external(out, slot, out_t.dtype);
+      return;  // nothing to free: the operand's root lives on under the new name
     }
     Op op{Op::compute};
-    if (n.prim == prims::broadcast_in_dim()) {
-      auto e = ext_in_index.find(n.inputs.at(0));
-      if (e == ext_in_index.end()) throw Error("[fused] broadcast_in_dim of a value computed in the group");
-      op.kind = Op::broadcast;
-      op.ext = e->second;
-      op.dtype = g.type(n.inputs[0]).dtype;
-      op.bcast = static_cast<int>(p.loads.size());
-      p.loads.push_back(make_broadcast_load(g.type(n.inputs[0]), out_t, n.attrs));
-      if (p.loads.back().sizes.size() > 8) throw Error("[fused] broadcast of too high a rank");
-    } else {
-      const EltwiseKernel* ek = find_eltwise(n.prim);
-      if (!ek || !ek->f32) throw Error("[fused] no f32 elementwise kernel for '" + n.prim->name + "'");
-      if (n.inputs.size() > static_cast<size_t>(kMaxArity))
-        throw Error("[fused] '" + n.prim->name + "' has too many operands");
-      op.fn = ek->f32;
-      std::vector<float> prm = ek->params ? ek->params(n.attrs) : std::vector<float>{};
-      if (!prm.empty()) {
-        op.params = static_cast<int>(p.params.size());
-        p.params.insert(p.params.end(), prm.begin(), prm.end());
-      }
-      op.nargs = static_cast<int>(n.inputs.size());
-      for (int k = 0; k < op.nargs; ++k) op.args[k] = operand_slot(n.inputs[k], n.prim->name);
-    }
+    if (n.prim == prims::broadcast_in_dim())
+      fill_broadcast(n, out_t, op);
+    else
+      fill_eltwise(n, op);
     // The result's tile is taken before the operands' tiles are freed: kernels never run in place.
-    op.slot = new_slot({SlotPlace::scratch, tiles.take()});
-    slot_of[out] = op.slot;
-    p.ops.push_back(op);
+    op.slot = new_slot({SlotPlace::scratch, tiles_.take()});
+    slot_of_[out] = op.slot;
+    p_.ops.push_back(op);
     // A result narrower than f32 is rounded to its dtype, except where it holds that dtype's
     // values already: a broadcast (its operand's values) and a cast to a float type (rounded by it).
     const bool exact = op.kind == Op::broadcast || (n.prim == prims::cast() && is_float(out_t.dtype));
@@ -331,47 +350,65 @@ Program build_program(const Graph& g, const FusedGroup& group) {
       Op r{Op::round};
       r.slot = op.slot;
       r.dtype = out_t.dtype;
-      p.ops.push_back(r);
+      p_.ops.push_back(r);
     }
-    if (eo != ext_out_index.end()) {
-      Op st{Op::store};
-      st.slot = op.slot;
-      st.ext = eo->second;
-      st.dtype = out_t.dtype;
-      stores.push_back(st);
-    }
-    // Free tiles read for the last time here (and results nobody reads), except stored results.
+    store_if_external(out, op.slot, out_t.dtype);
+    free_dead_tiles(n, i, out);
+  }
+
+  // Free tiles read for the last time here (and results nobody reads), except stored results.
+  void free_dead_tiles(const Node& n, int i, int out) {
     std::vector<int> done;
     for (int v : n.inputs)
-      if (last_read[root(v)] == static_cast<int>(i)) done.push_back(root(v));
-    if (!last_read.count(out)) done.push_back(out);
+      if (last_read_[root(v)] == i) done.push_back(root(v));
+    if (!last_read_.count(out)) done.push_back(out);
     std::sort(done.begin(), done.end());
     done.erase(std::unique(done.begin(), done.end()), done.end());
     for (int v : done) {
-      auto it = slot_of.find(v);
-      if (it != slot_of.end() && tile_of[it->second] >= 0 && !kept.count(v)) tiles.give(tile_of[it->second]);
+      auto it = slot_of_.find(v);
+      if (it != slot_of_.end() && tile_of_[it->second] >= 0 && !kept_.count(v)) tiles_.give(tile_of_[it->second]);
     }
   }
-  p.ops.insert(p.ops.end(), stores.begin(), stores.end());
-  if (p.params.empty()) p.params.push_back(0.0f);  // block functions get a valid pointer
-  for (int v : group.ext_outputs)
-    if (!slot_of.count(v)) throw InternalError("[fused] output %" + std::to_string(v) + " is not computed by the group");
-  p.stream = p.count >= kStreamBytes / 4;  // (count * 4 could overflow for huge counts)
-  if (p.stream) {
-    std::vector<char> seen(group.ext_inputs.size(), 0);
-    for (size_t k = 0; k < group.ext_inputs.size(); ++k) {
-      const TensorType& t = g.type(group.ext_inputs[k]);
-      if (t.numel() == p.count && !seen[k])
-        p.prefetch.push_back({static_cast<int>(k), static_cast<int>(dtype_size(t.dtype))});
+
+  void finish() {
+    p_.ops.insert(p_.ops.end(), stores_.begin(), stores_.end());
+    if (p_.params.empty()) p_.params.push_back(0.0f);  // block functions get a valid pointer
+    for (int v : group_.ext_outputs)
+      if (!slot_of_.count(v))
+        throw InternalError("[fused] output %" + std::to_string(v) + " is not computed by the group");
+    p_.stream = p_.count >= kStreamBytes / 4;  // (count * 4 could overflow for huge counts)
+    if (p_.stream) plan_prefetch();
+    p_.num_tiles = std::max(tiles_.used(), 1);
+    // Shorter tiles when many are live, so that they stay in L1 (multiples of 64 for alignment).
+    p_.tile = std::clamp<int64_t>(kScratchFloats / p_.num_tiles / 64 * 64, 256, kTile);
+  }
+
+  void plan_prefetch() {
+    std::vector<char> seen(group_.ext_inputs.size(), 0);
+    for (size_t k = 0; k < group_.ext_inputs.size(); ++k) {
+      const TensorType& t = g_.type(group_.ext_inputs[k]);
+      if (t.numel() == p_.count && !seen[k])
+        p_.prefetch.push_back({static_cast<int>(k), static_cast<int>(dtype_size(t.dtype))});
       seen[k] = 1;
     }
-    for (const Op& op : p.ops) p.compute_ops += op.kind == Op::compute || op.kind == Op::broadcast;
+    for (const Op& op : p_.ops) p_.compute_ops += op.kind == Op::compute || op.kind == Op::broadcast;
   }
-  p.num_tiles = std::max(tiles.used(), 1);
-  // Shorter tiles when many are live, so that they stay in L1 (multiples of 64 for alignment).
-  p.tile = std::clamp<int64_t>(kScratchFloats / p.num_tiles / 64 * 64, 256, kTile);
-  return p;
-}
+
+  const Graph& g_;
+  const FusedGroup& group_;
+  Program p_;
+  std::unordered_map<int, int> ext_in_index_, ext_out_index_;
+  std::unordered_map<int, int> root_map_;
+  std::unordered_map<int, char> renames_;  // node index -> 1: a new name for its operand's tile
+  std::unordered_map<int, int> last_read_;
+  std::unordered_map<int, char> kept_;  // roots with a stored name keep their tile to the end
+  TileAllocator tiles_;
+  std::unordered_map<int, int> slot_of_;  // value id -> slot
+  std::vector<int> tile_of_;              // slot -> scratch tile or -1
+  std::vector<Op> stores_;
+};
+
+Program build_program(const Graph& g, const FusedGroup& group) { return ProgramBuilder(g, group).build(); }
 }  // namespace
 
 Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
