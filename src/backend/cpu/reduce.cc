@@ -342,71 +342,89 @@ Plan make_plan(const TensorType& t, const std::vector<int64_t>& axes, int64_t ou
 
 // ---- the kernel ------------------------------------------------------------------------------------
 
+// Combines the per-unit partial results of a split inner reduction, in a fixed order.
+template <class Op>
+void combine_unit_partials(const Plan& p, const std::vector<typename Op::Acc>& partial, void* y, DType out_t) {
+  using Acc = typename Op::Acc;
+  parallel_items(p.units, p.units * p.parts, [&](int64_t b, int64_t e) {
+    for (int64_t u = b; u < e; ++u) {
+      Acc a = Op::id();
+      for (int64_t part = 0; part < p.parts; ++part) a = Op::merge(a, partial[u * p.parts + part]);
+      store<Op>(a, y, out_t, u);
+    }
+  });
+}
+
+// Combines the per-output partial results of a split column reduction, in a fixed order.
+template <class Op>
+void combine_output_partials(const Plan& p, const std::vector<typename Op::Acc>& partial, void* y, DType out_t) {
+  using Acc = typename Op::Acc;
+  parallel_items(p.out_n, p.out_n * p.parts, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      Acc a = Op::id();
+      for (int64_t part = 0; part < p.parts; ++part) a = Op::merge(a, partial[part * p.out_n + i]);
+      store<Op>(a, y, out_t, i);
+    }
+  });
+}
+
+// The reduced dims include the innermost one: each output reduces contiguous rows.
 template <class Op, Src S>
-Kernel make_reduce_kernel(const Plan& p, DType out_t) {
+Kernel make_inner_kernel(const Plan& p, DType out_t, std::shared_ptr<std::vector<typename Op::Acc>> partial) {
+  using T = typename SrcType<S>::T;
+  using Acc = typename Op::Acc;
+  return [p, out_t, partial](const void* const* in, void* const* out) {
+    const void* x = in[0];
+    void* y = out[0];
+    // Reduces the flattened range [j, j1) of the m * len elements of the unit at `base`.
+    auto reduce_range = [&](int64_t base, int64_t j, int64_t j1, T* buf) {
+      Walker od = reduced_walker(p, j / p.len);
+      int64_t l = j % p.len;
+      Acc a = Op::id();
+      while (j < j1) {
+        int64_t n = std::min(p.len - l, j1 - j);
+        for (int64_t q = 0; q < n; q += kSeg) {
+          int64_t k = std::min(kSeg, n - q);
+          a = Op::merge(a, Op::row(load<S>(x, base + od.off + l + q, k, buf), k));
+        }
+        j += n;
+        l = 0;
+        od.next();
+      }
+      return a;
+    };
+    if (p.parts == 1) {
+      // One item per output; the kept index is walked, not divided out, so short rows stay cheap.
+      parallel_items(p.units, p.in_n, [&](int64_t b, int64_t e) {
+        T buf[kSeg];
+        Walker kw = kept_walker(p, b);
+        bool simple = p.nr == 0 && p.len <= kSeg;
+        for (int64_t u = b; u < e; ++u, kw.next()) {
+          Acc a = simple ? Op::merge(Op::id(), Op::row(load<S>(x, kw.off, p.len, buf), p.len))
+                         : reduce_range(kw.off, 0, p.m * p.len, buf);
+          store<Op>(a, y, out_t, u);
+        }
+      });
+      return;
+    }
+    parallel_items(p.units * p.parts, p.in_n, [&](int64_t b, int64_t e) {
+      T buf[kSeg];
+      for (int64_t it = b; it < e; ++it) {
+        int64_t u = it / p.parts, part = it % p.parts;
+        int64_t j = part * p.chunk;
+        (*partial)[it] = reduce_range(kept_offset(p, u), j, std::min(p.m * p.len, j + p.chunk), buf);
+      }
+    });
+    combine_unit_partials<Op>(p, *partial, y, out_t);
+  };
+}
+
+// The innermost dim is kept: blocks of kColBlock columns are reduced down the rows.
+template <class Op, Src S>
+Kernel make_column_kernel(const Plan& p, DType out_t, std::shared_ptr<std::vector<typename Op::Acc>> partial) {
   using T = typename SrcType<S>::T;
   using Acc = typename Op::Acc;
   using Blk = typename Op::Blk;
-  // Partial results when the reduction itself is split; combined in a fixed order.
-  std::shared_ptr<std::vector<Acc>> partial;
-  if (p.parts > 1)
-    partial = std::make_shared<std::vector<Acc>>(static_cast<size_t>(p.parts * (p.inner_reduced ? p.units : p.out_n)));
-
-  if (p.inner_reduced) {
-    return [p, out_t, partial](const void* const* in, void* const* out) {
-      const void* x = in[0];
-      void* y = out[0];
-      // Reduces the flattened range [j, j1) of the m * len elements of the unit at `base`.
-      auto reduce_range = [&](int64_t base, int64_t j, int64_t j1, T* buf) {
-        Walker od = reduced_walker(p, j / p.len);
-        int64_t l = j % p.len;
-        Acc a = Op::id();
-        while (j < j1) {
-          int64_t n = std::min(p.len - l, j1 - j);
-          for (int64_t q = 0; q < n; q += kSeg) {
-            int64_t k = std::min(kSeg, n - q);
-            a = Op::merge(a, Op::row(load<S>(x, base + od.off + l + q, k, buf), k));
-          }
-          j += n;
-          l = 0;
-          od.next();
-        }
-        return a;
-      };
-      if (p.parts == 1) {
-        // One item per output; the kept index is walked, not divided out, so short rows stay cheap.
-        parallel_items(p.units, p.in_n, [&](int64_t b, int64_t e) {
-          T buf[kSeg];
-          Walker kw = kept_walker(p, b);
-          bool simple = p.nr == 0 && p.len <= kSeg;
-          for (int64_t u = b; u < e; ++u, kw.next()) {
-            Acc a = simple ? Op::merge(Op::id(), Op::row(load<S>(x, kw.off, p.len, buf), p.len))
-                           : reduce_range(kw.off, 0, p.m * p.len, buf);
-            store<Op>(a, y, out_t, u);
-          }
-        });
-        return;
-      }
-      parallel_items(p.units * p.parts, p.in_n, [&](int64_t b, int64_t e) {
-        T buf[kSeg];
-        for (int64_t it = b; it < e; ++it) {
-          int64_t u = it / p.parts, part = it % p.parts;
-          int64_t j = part * p.chunk;
-          (*partial)[it] = reduce_range(kept_offset(p, u), j, std::min(p.m * p.len, j + p.chunk), buf);
-        }
-      });
-      {
-        parallel_items(p.units, p.units * p.parts, [&](int64_t b, int64_t e) {
-          for (int64_t u = b; u < e; ++u) {
-            Acc a = Op::id();
-            for (int64_t part = 0; part < p.parts; ++part) a = Op::merge(a, (*partial)[u * p.parts + part]);
-            store<Op>(a, y, out_t, u);
-          }
-        });
-      }
-    };
-  }
-
   return [p, out_t, partial](const void* const* in, void* const* out) {
     const void* x = in[0];
     void* y = out[0];
@@ -471,16 +489,19 @@ Kernel make_reduce_kernel(const Plan& p, DType out_t) {
         }
       }
     });
-    if (p.parts > 1) {
-      parallel_items(p.out_n, p.out_n * p.parts, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) {
-          Acc a = Op::id();
-          for (int64_t part = 0; part < p.parts; ++part) a = Op::merge(a, (*partial)[part * p.out_n + i]);
-          store<Op>(a, y, out_t, i);
-        }
-      });
-    }
+    if (p.parts > 1) combine_output_partials<Op>(p, *partial, y, out_t);
   };
+}
+
+template <class Op, Src S>
+Kernel make_reduce_kernel(const Plan& p, DType out_t) {
+  using Acc = typename Op::Acc;
+  // Partial results when the reduction itself is split; combined in a fixed order.
+  std::shared_ptr<std::vector<Acc>> partial;
+  if (p.parts > 1)
+    partial = std::make_shared<std::vector<Acc>>(static_cast<size_t>(p.parts * (p.inner_reduced ? p.units : p.out_n)));
+  if (p.inner_reduced) return make_inner_kernel<Op, S>(p, out_t, std::move(partial));
+  return make_column_kernel<Op, S>(p, out_t, std::move(partial));
 }
 
 template <class Op, Src S>
