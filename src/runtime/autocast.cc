@@ -51,6 +51,163 @@ Attrs with_out_dtype(const Graph& g, const Node& n) {
   return a;
 }
 
+
+struct LayoutNarrowing {
+  const Graph& g;
+  const size_t nv;
+  std::vector<int> readers;
+  bool any = false;
+  // The plan, made before rebuilding (nothing in it: no new graph). wide[v]: the 16-bit type v was
+  // widened from, by a widening cast and the single-reader layout ops after it (which move to the
+  // 16-bit side); f32 if none.
+  std::vector<DType> wide;
+  std::vector<std::vector<char>> narrow_reads;
+  std::vector<DType> early;
+  std::vector<Tensor> now;        // the new graph's tensor of each value read so far
+  std::vector<Tensor> narrow_of;  // v == cast(narrow_of[v], f32), in the new graph
+  std::vector<Tensor> cast_of;    // the early casts: cast(v, early[v])
+
+  explicit LayoutNarrowing(const Graph& graph)
+      : g(graph), nv(graph.values().size()), readers(nv, 0), wide(nv, DType::f32), narrow_reads(graph.nodes().size()),
+        early(nv, DType::f32), now(nv), narrow_of(nv), cast_of(nv) {
+    for (const Node& n : g.nodes())
+      for (int v : n.inputs) ++readers[v];
+    for (int v : g.outputs()) ++readers[v];
+  }
+
+  static bool layout(const Node& n) { return n.prim == prims::reshape() || n.prim == prims::transpose(); }
+  bool widening(const Node& n) const { return widening_cast(g, n); }
+  bool narrowing(const Node& n) const {
+    return n.prim == prims::cast() && g.type(n.inputs[0]).dtype == DType::f32 && sixteen_bit(g.type(n.outputs[0]).dtype);
+  }
+  int producer(int v) const { return g.values()[v].producer; }
+
+  // The operands that node i, whose kernel widens them itself, can read narrow: where the narrow
+  // value leaves its results' types as they are (a loss gradient's type follows its logits unless
+  // it has an out_dtype), or where an `out_dtype` attribute keeps them (reduce_sum's: a bias
+  // gradient summed from the 16-bit gradient, its f32 copy never written).
+  bool reads_narrow(const Node& n, size_t k) const {
+    if (!(n.prim->widens_operands >> k & 1u) || wide[n.inputs[k]] == DType::f32) return false;
+    std::vector<TensorType> types;
+    for (int v : n.inputs) types.push_back(g.type(v));
+    types[k].dtype = wide[n.inputs[k]];
+    std::vector<TensorType> out = n.prim->infer(types, with_out_dtype(g, n));
+    for (size_t o = 0; o < n.outputs.size(); ++o)
+      if (out[o] != g.type(n.outputs[o])) return false;
+    return true;
+  }
+
+  void plan_wide() {
+    for (size_t i = 0; i < g.nodes().size(); ++i) {
+      const Node& n = g.nodes()[i];
+      if (widening(n)) {
+        wide[n.outputs[0]] = g.type(n.inputs[0]).dtype;
+      } else if (layout(n) && wide[n.inputs[0]] != DType::f32 && readers[n.inputs[0]] == 1) {
+        wide[n.outputs[0]] = wide[n.inputs[0]];
+        any = true;
+      }
+      if (!n.prim->widens_operands) continue;
+      narrow_reads[i].assign(n.inputs.size(), 0);
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        narrow_reads[i][k] = reads_narrow(n, k);
+        any = any || narrow_reads[i][k];
+      }
+    }
+  }
+
+  // A narrowing cast of v to `to` casts the value below v's single-reader layout ops (-1: the chain
+  // starts from a value widened from `to`, nothing to cast). That cast is made right after the
+  // value's producer, so that it joins the producer's elementwise group: at the narrowing cast's
+  // place, the layout ops of other values in between would have closed the group.
+  int cast_base(int v, DType to) const {
+    for (;;) {
+      if (wide[v] == to) return -1;
+      int p = producer(v);
+      if (p < 0 || !layout(g.nodes()[p]) || readers[v] != 1) return v;
+      v = g.nodes()[p].inputs[0];
+    }
+  }
+
+  // A narrowing cast with no layout op to move is placed after its value's producer too, where that
+  // is near (a reader in between, such as a bias gradient's reduce_sum, closes the group) or the
+  // cast is the value's only reader (the f32 value then dies there): a far cast of a value that
+  // lives on would hold both copies.
+  void plan_early() {
+    constexpr size_t kNear = 32;
+    for (size_t i = 0; i < g.nodes().size(); ++i) {
+      const Node& n = g.nodes()[i];
+      if (!narrowing(n)) continue;
+      const int v = n.inputs[0];
+      const int b = cast_base(v, g.type(n.outputs[0]).dtype);
+      any = any || b != v;  // layout ops to move, or a widened value to take back
+      // Not after a transfer or collective: the cast would wait there for what runs in the background.
+      if (b < 0 || producer(b) < 0 || early[b] != DType::f32 || is_async_primitive(*g.nodes()[producer(b)].prim))
+        continue;
+      if (b != v || readers[v] == 1 || i - static_cast<size_t>(producer(v)) <= kNear) {
+        early[b] = g.type(n.outputs[0]).dtype;
+        any = true;
+      }
+    }
+  }
+
+  Tensor emit_like(const Node& n, const Tensor& x) {
+    Tensor r = current_graph()->emit(*n.prim, {x}, n.attrs)[0];
+    current_graph()->mutable_value(r.id()).copy_facts(g.values()[n.outputs[0]]);
+    return r;
+  }
+
+  // v cast to `to`, with the single-reader layout ops that made v applied after the cast; an
+  // undefined tensor at the top when there is nothing to move.
+  Tensor narrowed(int v, DType to, bool top) {
+    if (narrow_of[v].defined() && narrow_of[v].dtype() == to) return narrow_of[v];
+    int p = producer(v);
+    if (p >= 0 && layout(g.nodes()[p]) && readers[v] == 1)
+      return emit_like(g.nodes()[p], narrowed(g.nodes()[p].inputs[0], to, false));
+    if (cast_of[v].defined() && cast_of[v].dtype() == to) return cast_of[v];
+    return top ? Tensor() : cast(now[v], to);
+  }
+
+  std::unique_ptr<Graph> rebuild() {
+    return replay(g, nullptr, [&](size_t i, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
+      const Node& n = g.nodes()[i];
+      for (size_t k = 0; k < ins.size(); ++k) now[n.inputs[k]] = ins[k];
+      std::optional<std::vector<Tensor>> res;
+      if (widening(n)) {
+        narrow_of[n.outputs[0]] = ins[0];
+      } else if (layout(n) && narrow_of[n.inputs[0]].defined() && readers[n.inputs[0]] == 1) {
+        Tensor moved = emit_like(n, narrow_of[n.inputs[0]]);
+        narrow_of[n.outputs[0]] = moved;
+        res = std::vector<Tensor>{cast(moved, DType::f32)};
+      } else if (narrowing(n)) {
+        Tensor t = narrowed(n.inputs[0], g.type(n.outputs[0]).dtype, true);
+        if (t.defined()) res = std::vector<Tensor>{t};
+      } else if (!narrow_reads[i].empty()) {
+        // An operand the kernel widens itself is read narrow (the widening cast dies if nothing
+        // else reads it).
+        std::vector<Tensor> read = ins;
+        bool changed = false;
+        for (size_t k = 0; k < ins.size(); ++k)
+          if (narrow_reads[i][k] && narrow_of[n.inputs[k]].defined()) {
+            read[k] = narrow_of[n.inputs[k]];
+            changed = true;
+          }
+        if (changed) res = emit_named(n, read, with_out_dtype(g, n));
+      }
+      bool casts_early = false;
+      for (int o : n.outputs) casts_early = casts_early || early[o] != DType::f32;
+      if (!casts_early) return res;
+      if (!res) res = emit_named(n, ins);
+      for (size_t k = 0; k < n.outputs.size(); ++k) {
+        const int o = n.outputs[k];
+        if (early[o] == DType::f32) continue;
+        cast_of[o] = cast((*res)[k], early[o]);
+        current_graph()->mutable_value(cast_of[o].id()).copy_facts(g.values()[o]);
+      }
+      return res;
+    });
+  }
+};
+
 }  // namespace
 
 std::unique_ptr<Graph> autocast(const Graph& g, DType compute, std::vector<int>* value_map) {
@@ -133,140 +290,10 @@ std::unique_ptr<Graph> narrow_producers(const Graph& g) {
 // (Primitive::widens_operands: adamw_update's gradient, the loss's logits) is read in its 16-bit
 // type. Every result keeps its bits; the layout ops move half the bytes.
 std::unique_ptr<Graph> narrow_layouts(const Graph& g) {
-  const size_t nv = g.values().size();
-  std::vector<int> readers(nv, 0);
-  for (const Node& n : g.nodes())
-    for (int v : n.inputs) ++readers[v];
-  for (int v : g.outputs()) ++readers[v];
-  auto layout = [](const Node& n) { return n.prim == prims::reshape() || n.prim == prims::transpose(); };
-  auto widening = [&](const Node& n) { return widening_cast(g, n); };
-  auto narrowing = [&](const Node& n) {
-    return n.prim == prims::cast() && g.type(n.inputs[0]).dtype == DType::f32 && sixteen_bit(g.type(n.outputs[0]).dtype);
-  };
-  auto producer = [&](int v) { return g.values()[v].producer; };
-  // The plan, made before rebuilding (nothing in it: no new graph). wide[v]: the 16-bit type v was
-  // widened from, by a widening cast and the single-reader layout ops after it (which move to the
-  // 16-bit side); f32 if none.
-  bool any = false;
-  std::vector<DType> wide(nv, DType::f32);
-  // The operands that node i, whose kernel widens them itself, can read narrow: where the narrow
-  // value leaves its results' types as they are (a loss gradient's type follows its logits unless
-  // it has an out_dtype), or where an `out_dtype` attribute keeps them (reduce_sum's: a bias
-  // gradient summed from the 16-bit gradient, its f32 copy never written).
-  auto reads_narrow = [&](const Node& n, size_t k) {
-    if (!(n.prim->widens_operands >> k & 1u) || wide[n.inputs[k]] == DType::f32) return false;
-    std::vector<TensorType> types;
-    for (int v : n.inputs) types.push_back(g.type(v));
-    types[k].dtype = wide[n.inputs[k]];
-    std::vector<TensorType> out = n.prim->infer(types, with_out_dtype(g, n));
-    for (size_t o = 0; o < n.outputs.size(); ++o)
-      if (out[o] != g.type(n.outputs[o])) return false;
-    return true;
-  };
-  std::vector<std::vector<char>> narrow_reads(g.nodes().size());
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    const Node& n = g.nodes()[i];
-    if (widening(n)) {
-      wide[n.outputs[0]] = g.type(n.inputs[0]).dtype;
-    } else if (layout(n) && wide[n.inputs[0]] != DType::f32 && readers[n.inputs[0]] == 1) {
-      wide[n.outputs[0]] = wide[n.inputs[0]];
-      any = true;
-    }
-    if (!n.prim->widens_operands) continue;
-    narrow_reads[i].assign(n.inputs.size(), 0);
-    for (size_t k = 0; k < n.inputs.size(); ++k) {
-      narrow_reads[i][k] = reads_narrow(n, k);
-      any = any || narrow_reads[i][k];
-    }
-  }
-  // A narrowing cast of v to `to` casts the value below v's single-reader layout ops (-1: the chain
-  // starts from a value widened from `to`, nothing to cast). That cast is made right after the
-  // value's producer, so that it joins the producer's elementwise group: at the narrowing cast's
-  // place, the layout ops of other values in between would have closed the group.
-  auto cast_base = [&](int v, DType to) {
-    for (;;) {
-      if (wide[v] == to) return -1;
-      int p = producer(v);
-      if (p < 0 || !layout(g.nodes()[p]) || readers[v] != 1) return v;
-      v = g.nodes()[p].inputs[0];
-    }
-  };
-  // A narrowing cast with no layout op to move is placed after its value's producer too, where that
-  // is near (a reader in between, such as a bias gradient's reduce_sum, closes the group) or the
-  // cast is the value's only reader (the f32 value then dies there): a far cast of a value that
-  // lives on would hold both copies.
-  constexpr size_t kNear = 32;
-  std::vector<DType> early(nv, DType::f32);
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    const Node& n = g.nodes()[i];
-    if (!narrowing(n)) continue;
-    const int v = n.inputs[0];
-    const int b = cast_base(v, g.type(n.outputs[0]).dtype);
-    any = any || b != v;  // layout ops to move, or a widened value to take back
-    // Not after a transfer or collective: the cast would wait there for what runs in the background.
-    if (b < 0 || producer(b) < 0 || early[b] != DType::f32 || is_async_primitive(*g.nodes()[producer(b)].prim))
-      continue;
-    if (b != v || readers[v] == 1 || i - static_cast<size_t>(producer(v)) <= kNear) {
-      early[b] = g.type(n.outputs[0]).dtype;
-      any = true;
-    }
-  }
-
-  std::vector<Tensor> now(nv);        // the new graph's tensor of each value read so far
-  std::vector<Tensor> narrow_of(nv);  // v == cast(narrow_of[v], f32), in the new graph
-  std::vector<Tensor> cast_of(nv);    // the early casts: cast(v, early[v])
-  auto emit_like = [&](const Node& n, const Tensor& x) {
-    Tensor r = current_graph()->emit(*n.prim, {x}, n.attrs)[0];
-    current_graph()->mutable_value(r.id()).copy_facts(g.values()[n.outputs[0]]);
-    return r;
-  };
-  // v cast to `to`, with the single-reader layout ops that made v applied after the cast; an
-  // undefined tensor at the top when there is nothing to move.
-  std::function<Tensor(int, DType, bool)> narrowed = [&](int v, DType to, bool top) -> Tensor {
-    if (narrow_of[v].defined() && narrow_of[v].dtype() == to) return narrow_of[v];
-    int p = producer(v);
-    if (p >= 0 && layout(g.nodes()[p]) && readers[v] == 1)
-      return emit_like(g.nodes()[p], narrowed(g.nodes()[p].inputs[0], to, false));
-    if (cast_of[v].defined() && cast_of[v].dtype() == to) return cast_of[v];
-    return top ? Tensor() : cast(now[v], to);
-  };
-  return replay(g, nullptr, [&](size_t i, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
-    const Node& n = g.nodes()[i];
-    for (size_t k = 0; k < ins.size(); ++k) now[n.inputs[k]] = ins[k];
-    std::optional<std::vector<Tensor>> res;
-    if (widening(n)) {
-      narrow_of[n.outputs[0]] = ins[0];
-    } else if (layout(n) && narrow_of[n.inputs[0]].defined() && readers[n.inputs[0]] == 1) {
-      Tensor moved = emit_like(n, narrow_of[n.inputs[0]]);
-      narrow_of[n.outputs[0]] = moved;
-      res = std::vector<Tensor>{cast(moved, DType::f32)};
-    } else if (narrowing(n)) {
-      Tensor t = narrowed(n.inputs[0], g.type(n.outputs[0]).dtype, true);
-      if (t.defined()) res = std::vector<Tensor>{t};
-    } else if (!narrow_reads[i].empty()) {
-      // An operand the kernel widens itself is read narrow (the widening cast dies if nothing
-      // else reads it).
-      std::vector<Tensor> read = ins;
-      bool changed = false;
-      for (size_t k = 0; k < ins.size(); ++k)
-        if (narrow_reads[i][k] && narrow_of[n.inputs[k]].defined()) {
-          read[k] = narrow_of[n.inputs[k]];
-          changed = true;
-        }
-      if (changed) res = emit_named(n, read, with_out_dtype(g, n));
-    }
-    bool casts_early = false;
-    for (int o : n.outputs) casts_early = casts_early || early[o] != DType::f32;
-    if (!casts_early) return res;
-    if (!res) res = emit_named(n, ins);
-    for (size_t k = 0; k < n.outputs.size(); ++k) {
-      const int o = n.outputs[k];
-      if (early[o] == DType::f32) continue;
-      cast_of[o] = cast((*res)[k], early[o]);
-      current_graph()->mutable_value(cast_of[o].id()).copy_facts(g.values()[o]);
-    }
-    return res;
-  });
+  LayoutNarrowing s(g);
+  s.plan_wide();
+  s.plan_early();
+  return s.rebuild();
 }
 
 // A widening cast that a reader far after it reads again (an activation's gradient in the backward

@@ -86,138 +86,142 @@ std::vector<Group> form_groups(const Graph& g, const Backend& backend, bool fuse
   return groups;
 }
 
-}  // namespace
+struct Placed {
+  int node, start, wait;
+};
 
-bool is_async_primitive(const Primitive& p) { return p.spmd.collective || &p == prims::transfer(); }
-
-std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
-  const auto& nodes = g.nodes();
-  const bool fuse_on = opt.fuse_elementwise && !env().disable_fusion;
+struct Scheduler {
+  const Graph& g;
+  const ScheduleOptions& opt;
+  const std::vector<Node>& nodes;
+  std::vector<Group> groups;
   std::vector<int> group_of;
-  std::vector<Group> groups = form_groups(g, opt.backend ? *opt.backend : cpu_backend(), fuse_on, group_of);
-  std::vector<std::vector<int>> users(g.values().size());
-  for (size_t i = 0; i < nodes.size(); ++i)
-    for (int v : nodes[i].inputs) users[v].push_back(static_cast<int>(i));
-  std::vector<char> is_output(g.values().size(), 0);
-  for (int v : g.outputs()) is_output[v] = 1;
-
-  // Compute groups ordered by their last member; collectives are placed among them below.
-  std::vector<int> order, colls;
-  for (size_t u = 0; u < groups.size(); ++u) (groups[u].collective ? colls : order).push_back(static_cast<int>(u));
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return groups[a].nodes.back() < groups[b].nodes.back(); });
-
+  std::vector<std::vector<int>> users;
+  std::vector<char> is_output;
   std::vector<Unit> compute;
-  std::vector<int> pos_of_node(nodes.size(), -1);  // compute position of each non-collective node
-  std::vector<char> in_group(g.values().size(), 0);
-  for (int u : order) {
-    const Group& grp = groups[u];
-    Unit unit;
-    if (grp.fused) {
-      unit.kind = Unit::Kind::fused;
-      unit.nodes = grp.nodes;
-      for (int ni : grp.nodes) in_group[nodes[ni].outputs[0]] = 1;
-      for (int ni : grp.nodes) {
-        for (int v : nodes[ni].inputs)
-          if (!in_group[v] && std::find(unit.in_values.begin(), unit.in_values.end(), v) == unit.in_values.end())
-            unit.in_values.push_back(v);
-        int out = nodes[ni].outputs[0];
-        bool escapes = is_output[out];
-        for (int user : users[out]) escapes = escapes || group_of[user] != u;
-        if (escapes) unit.out_values.push_back(out);
+  std::vector<int> pos_of_node;  // compute position of each non-collective node
+  int n_compute = 0;
+  std::vector<Placed> placed;
+  std::vector<int> wait_of_value;  // collective result -> its wait position
+  std::vector<int> late;           // indices into placed: all-gathers and fetches
+  std::vector<int> chained;        // fetches read by a collective: they run just before it starts
+  std::vector<int> first_use_of;
+  std::vector<int> placed_of_node;
+
+  Scheduler(const Graph& graph, const ScheduleOptions& options) : g(graph), opt(options), nodes(graph.nodes()) {}
+
+  void build_compute(const std::vector<int>& order) {
+    pos_of_node.assign(nodes.size(), -1);
+    std::vector<char> in_group(g.values().size(), 0);
+    for (int u : order) {
+      const Group& grp = groups[u];
+      Unit unit;
+      if (grp.fused) {
+        unit.kind = Unit::Kind::fused;
+        unit.nodes = grp.nodes;
+        for (int ni : grp.nodes) in_group[nodes[ni].outputs[0]] = 1;
+        for (int ni : grp.nodes) {
+          for (int v : nodes[ni].inputs)
+            if (!in_group[v] && std::find(unit.in_values.begin(), unit.in_values.end(), v) == unit.in_values.end())
+              unit.in_values.push_back(v);
+          int out = nodes[ni].outputs[0];
+          bool escapes = is_output[out];
+          for (int user : users[out]) escapes = escapes || group_of[user] != u;
+          if (escapes) unit.out_values.push_back(out);
+        }
+        for (int ni : grp.nodes) in_group[nodes[ni].outputs[0]] = 0;
+        for (int ni : grp.nodes) unit.label += (unit.label.empty() ? "fused{" : ",") + nodes[ni].prim->name;
+        unit.label += "}";
+        unit.alias_safe = true;
+      } else {
+        const Node& n = nodes[grp.nodes[0]];
+        unit.kind = is_reshape(n) && !is_output[n.outputs[0]] ? Unit::Kind::view : Unit::Kind::kernel;
+        unit.nodes = grp.nodes;
+        unit.in_values = n.inputs;
+        unit.out_values = n.outputs;
+        unit.label = n.prim->name;
+        unit.alias_safe = n.prim->in_place;
       }
-      for (int ni : grp.nodes) in_group[nodes[ni].outputs[0]] = 0;
-      for (int ni : grp.nodes) unit.label += (unit.label.empty() ? "fused{" : ",") + nodes[ni].prim->name;
-      unit.label += "}";
-      unit.alias_safe = true;
-    } else {
-      const Node& n = nodes[grp.nodes[0]];
-      unit.kind = is_reshape(n) && !is_output[n.outputs[0]] ? Unit::Kind::view : Unit::Kind::kernel;
-      unit.nodes = grp.nodes;
-      unit.in_values = n.inputs;
-      unit.out_values = n.outputs;
-      unit.label = n.prim->name;
-      unit.alias_safe = n.prim->in_place;
+      for (int ni : unit.nodes) pos_of_node[ni] = static_cast<int>(compute.size());
+      compute.push_back(std::move(unit));
     }
-    for (int ni : unit.nodes) pos_of_node[ni] = static_cast<int>(compute.size());
-    compute.push_back(std::move(unit));
+    n_compute = static_cast<int>(compute.size());
   }
-  const int n_compute = static_cast<int>(compute.size());
 
   // Collectives in graph order (a topological order): each gets a start and a wait position,
   // meaning "before compute unit k". A collective read by another waits at once.
-  struct Placed {
-    int node, start, wait;
-  };
-  std::vector<Placed> placed;
-  std::vector<int> wait_of_value(g.values().size(), -1);  // collective result -> its wait position
-  std::vector<int> late;                                  // indices into placed: all-gathers and fetches
-  std::vector<int> chained;  // fetches read by a collective: they run just before it starts
-  std::vector<int> first_use_of(colls.size());
-  for (size_t c = 0; c < colls.size(); ++c) {
-    const Node& n = nodes[groups[colls[c]].nodes[0]];
-    int ready = 0;
-    for (int v : n.inputs) {
-      int p = g.values()[v].producer;
-      if (p < 0) continue;
-      ready = std::max(ready, pos_of_node[p] >= 0 ? pos_of_node[p] + 1 : wait_of_value[v]);
-    }
-    int first_use = n_compute;
-    bool feeds_collective = false;
-    for (int v : n.outputs)
-      for (int user : users[v]) {
-        if (pos_of_node[user] >= 0)
-          first_use = std::min(first_use, pos_of_node[user]);
-        else
-          feeds_collective = true;
+  void place_collectives(const std::vector<int>& colls) {
+    wait_of_value.assign(g.values().size(), -1);
+    first_use_of.assign(colls.size(), 0);
+    for (size_t c = 0; c < colls.size(); ++c) {
+      const Node& n = nodes[groups[colls[c]].nodes[0]];
+      int ready = 0;
+      for (int v : n.inputs) {
+        int p = g.values()[v].producer;
+        if (p < 0) continue;
+        ready = std::max(ready, pos_of_node[p] >= 0 ? pos_of_node[p] + 1 : wait_of_value[v]);
       }
-    first_use = std::max(first_use, ready);
-    const TensorType &in_t = g.type(n.inputs[0]), &out_t = g.type(n.outputs[0]);
-    Placed p{groups[colls[c]].nodes[0], ready, ready};
-    if (feeds_collective && is_fetch(n)) {
-      chained.push_back(static_cast<int>(placed.size()));  // placed after its collective, below
-    } else if (feeds_collective) {
-      p.start = p.wait = ready;
-    } else if (is_fetch(n) || (!is_transfer(n) && out_t.nbytes() > in_t.nbytes())) {
-      p.start = p.wait = first_use;  // refined below with the lookahead
-      late.push_back(static_cast<int>(placed.size()));
-    } else {
-      p.wait = std::min(first_use, ready + std::max(opt.overlap_units, 0));
+      int first_use = n_compute;
+      bool feeds_collective = false;
+      for (int v : n.outputs)
+        for (int user : users[v]) {
+          if (pos_of_node[user] >= 0)
+            first_use = std::min(first_use, pos_of_node[user]);
+          else
+            feeds_collective = true;
+        }
+      first_use = std::max(first_use, ready);
+      const TensorType &in_t = g.type(n.inputs[0]), &out_t = g.type(n.outputs[0]);
+      Placed p{groups[colls[c]].nodes[0], ready, ready};
+      if (feeds_collective && is_fetch(n)) {
+        chained.push_back(static_cast<int>(placed.size()));  // placed after its collective, below
+      } else if (feeds_collective) {
+        p.start = p.wait = ready;
+      } else if (is_fetch(n) || (!is_transfer(n) && out_t.nbytes() > in_t.nbytes())) {
+        p.start = p.wait = first_use;  // refined below with the lookahead
+        late.push_back(static_cast<int>(placed.size()));
+      } else {
+        p.wait = std::min(first_use, ready + std::max(opt.overlap_units, 0));
+      }
+      first_use_of[placed.size()] = first_use;
+      for (int v : n.outputs) wait_of_value[v] = p.wait;
+      placed.push_back(p);
     }
-    first_use_of[placed.size()] = first_use;
-    for (int v : n.outputs) wait_of_value[v] = p.wait;
-    placed.push_back(p);
+    placed_of_node.assign(nodes.size(), -1);
+    for (size_t c = 0; c < placed.size(); ++c) placed_of_node[placed[c].node] = static_cast<int>(c);
   }
+
   // Lookahead over the all-gathers and fetches in order of first use, counted in slots: each
   // all-gather is a slot, and so is each run of fetches of one prefetch group (a layer's params).
-  std::stable_sort(late.begin(), late.end(), [&](int a, int b) { return first_use_of[a] < first_use_of[b]; });
-  std::vector<int> slot(late.size()), slot_first_use;
-  for (size_t j = 0; j < late.size(); ++j) {
-    const Node& n = nodes[placed[late[j]].node];
-    const Node* prev = j ? &nodes[placed[late[j - 1]].node] : nullptr;
-    bool same = prev && is_fetch(n) && is_fetch(*prev) && n.attrs.has("group") && prev->attrs.has("group") &&
-                n.attrs.s("group") == prev->attrs.s("group");
-    if (!same) slot_first_use.push_back(first_use_of[late[j]]);
-    slot[j] = static_cast<int>(slot_first_use.size()) - 1;
-  }
-  for (size_t j = 0; j < late.size(); ++j) {
-    Placed& p = placed[late[j]];
-    int ready = 0;
-    for (int v : nodes[p.node].inputs) {
-      int pr = g.values()[v].producer;
-      if (pr >= 0) ready = std::max(ready, pos_of_node[pr] >= 0 ? pos_of_node[pr] + 1 : wait_of_value[v]);
+  void apply_lookahead() {
+    std::stable_sort(late.begin(), late.end(), [&](int a, int b) { return first_use_of[a] < first_use_of[b]; });
+    std::vector<int> slot(late.size()), slot_first_use;
+    for (size_t j = 0; j < late.size(); ++j) {
+      const Node& n = nodes[placed[late[j]].node];
+      const Node* prev = j ? &nodes[placed[late[j - 1]].node] : nullptr;
+      bool same = prev && is_fetch(n) && is_fetch(*prev) && n.attrs.has("group") && prev->attrs.has("group") &&
+                  n.attrs.s("group") == prev->attrs.s("group");
+      if (!same) slot_first_use.push_back(first_use_of[late[j]]);
+      slot[j] = static_cast<int>(slot_first_use.size()) - 1;
     }
-    const int L = std::max(is_fetch(nodes[p.node]) ? opt.prefetch_depth : opt.collective_lookahead, 0);
-    int start = slot[j] >= L ? slot_first_use[slot[j] - L] : ready;
-    p.start = std::clamp(start, ready, p.wait);
+    for (size_t j = 0; j < late.size(); ++j) {
+      Placed& p = placed[late[j]];
+      int ready = 0;
+      for (int v : nodes[p.node].inputs) {
+        int pr = g.values()[v].producer;
+        if (pr >= 0) ready = std::max(ready, pos_of_node[pr] >= 0 ? pos_of_node[pr] + 1 : wait_of_value[v]);
+      }
+      const int L = std::max(is_fetch(nodes[p.node]) ? opt.prefetch_depth : opt.collective_lookahead, 0);
+      int start = slot[j] >= L ? slot_first_use[slot[j] - L] : ready;
+      p.start = std::clamp(start, ready, p.wait);
+    }
   }
-  std::vector<int> placed_of_node(nodes.size(), -1);
-  for (size_t c = 0; c < placed.size(); ++c) placed_of_node[placed[c].node] = static_cast<int>(c);
+
   // Ahead of use, but under the peak: the device bytes live while each compute unit runs, with
   // every all-gather and fetch made at its first use, give the peak that none of them may raise.
   // Each of them (in order of first use) then starts at the earliest position from the lookahead's
   // on from which its result fits under that peak until its wait.
-  if (!late.empty()) {
+  void cap_by_peak() {
     std::vector<int> root(g.values().size());  // a view's storage is its operand's
     for (size_t v = 0; v < root.size(); ++v) root[v] = static_cast<int>(v);
     for (const Unit& u : compute)
@@ -259,51 +263,83 @@ std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
 
   // A fetch read by a collective (an FSDP shard kept on the host) completes just before the
   // collective starts, or before its first compute use if that comes first.
-  for (int c : chained) {
-    Placed& p = placed[c];
-    int at = first_use_of[c];
-    for (int v : nodes[p.node].outputs)
-      for (int user : users[v])
-        if (placed_of_node[user] >= 0) at = std::min(at, placed[placed_of_node[user]].start);
-    p.start = p.wait = std::max(at, p.start);
+  void place_chained() {
+    for (int c : chained) {
+      Placed& p = placed[c];
+      int at = first_use_of[c];
+      for (int v : nodes[p.node].outputs)
+        for (int user : users[v])
+          if (placed_of_node[user] >= 0) at = std::min(at, placed[placed_of_node[user]].start);
+      p.start = p.wait = std::max(at, p.start);
+    }
   }
 
   // Merge: at each position, collective events in graph order (start before wait).
-  struct Event {
-    int pos, order, phase;
-  };
-  std::vector<Event> events;
-  for (size_t c = 0; c < placed.size(); ++c) {
-    events.push_back({placed[c].start, static_cast<int>(c), 0});
-    events.push_back({placed[c].wait, static_cast<int>(c), 1});
-  }
-  std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
-    if (a.pos != b.pos) return a.pos < b.pos;
-    if (a.order != b.order) return a.order < b.order;
-    return a.phase < b.phase;
-  });
-  std::vector<Unit> out;
-  out.reserve(compute.size() + events.size());
-  size_t e = 0;
-  for (int k = 0; k <= n_compute; ++k) {
-    for (; e < events.size() && events[e].pos == k; ++e) {
-      const Node& n = nodes[placed[events[e].order].node];
-      Unit u;
-      u.kind = events[e].phase == 0 ? Unit::Kind::collective_start : Unit::Kind::collective_wait;
-      u.nodes = {placed[events[e].order].node};
-      u.label = n.prim->name + (events[e].phase == 0 ? ".start" : ".wait");
-      if (events[e].phase == 0) {
-        u.in_values = n.inputs;
-        u.out_values = n.outputs;
-      } else {
-        u.in_values = n.inputs;
-        u.in_values.insert(u.in_values.end(), n.outputs.begin(), n.outputs.end());
-      }
-      out.push_back(std::move(u));
+  std::vector<Unit> merge() {
+    struct Event {
+      int pos, order, phase;
+    };
+    std::vector<Event> events;
+    for (size_t c = 0; c < placed.size(); ++c) {
+      events.push_back({placed[c].start, static_cast<int>(c), 0});
+      events.push_back({placed[c].wait, static_cast<int>(c), 1});
     }
-    if (k < n_compute) out.push_back(std::move(compute[k]));
+    std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+      if (a.pos != b.pos) return a.pos < b.pos;
+      if (a.order != b.order) return a.order < b.order;
+      return a.phase < b.phase;
+    });
+    std::vector<Unit> out;
+    out.reserve(compute.size() + events.size());
+    size_t e = 0;
+    for (int k = 0; k <= n_compute; ++k) {
+      for (; e < events.size() && events[e].pos == k; ++e) {
+        const Node& n = nodes[placed[events[e].order].node];
+        Unit u;
+        u.kind = events[e].phase == 0 ? Unit::Kind::collective_start : Unit::Kind::collective_wait;
+        u.nodes = {placed[events[e].order].node};
+        u.label = n.prim->name + (events[e].phase == 0 ? ".start" : ".wait");
+        if (events[e].phase == 0) {
+          u.in_values = n.inputs;
+          u.out_values = n.outputs;
+        } else {
+          u.in_values = n.inputs;
+          u.in_values.insert(u.in_values.end(), n.outputs.begin(), n.outputs.end());
+        }
+        out.push_back(std::move(u));
+      }
+      if (k < n_compute) out.push_back(std::move(compute[k]));
+    }
+    return out;
   }
-  return out;
+};
+
+}  // namespace
+
+bool is_async_primitive(const Primitive& p) { return p.spmd.collective || &p == prims::transfer(); }
+
+std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
+  Scheduler s(g, opt);
+  const auto& nodes = g.nodes();
+  const bool fuse_on = opt.fuse_elementwise && !env().disable_fusion;
+  s.groups = form_groups(g, opt.backend ? *opt.backend : cpu_backend(), fuse_on, s.group_of);
+  s.users.resize(g.values().size());
+  for (size_t i = 0; i < nodes.size(); ++i)
+    for (int v : nodes[i].inputs) s.users[v].push_back(static_cast<int>(i));
+  s.is_output.assign(g.values().size(), 0);
+  for (int v : g.outputs()) s.is_output[v] = 1;
+
+  // Compute groups ordered by their last member; collectives are placed among them below.
+  std::vector<int> order, colls;
+  for (size_t u = 0; u < s.groups.size(); ++u) (s.groups[u].collective ? colls : order).push_back(static_cast<int>(u));
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return s.groups[a].nodes.back() < s.groups[b].nodes.back(); });
+  s.build_compute(order);
+  s.place_collectives(colls);
+  s.apply_lookahead();
+  if (!s.late.empty()) s.cap_by_peak();
+  s.place_chained();
+  return s.merge();
 }
 
 std::string schedule_text(const std::vector<Unit>& units) {
