@@ -258,34 +258,18 @@ struct GemmState {
   int threads = 1;
 };
 
-Kernel dot_general_kernel(const KernelSpec& spec) {
-  const TensorType &lt = spec.in[0], &rt = spec.in[1], &ot = spec.out[0];
-  const auto &lc = spec.attrs.ints("lhs_contract"), &rc = spec.attrs.ints("rhs_contract");
-  const auto &lb = spec.attrs.ints("lhs_batch"), &rb = spec.attrs.ints("rhs_batch");
-  if (lt.rank() > kMaxRank || rt.rank() > kMaxRank)
-    throw Error("[dot_general] the CPU kernel supports operands up to rank " + std::to_string(kMaxRank));
+std::vector<int64_t> free_dims(int rank, const std::vector<int64_t>& b, const std::vector<int64_t>& c) {
+  std::vector<int64_t> f;
+  for (int64_t d = 0; d < rank; ++d)
+    if (std::find(b.begin(), b.end(), d) == b.end() && std::find(c.begin(), c.end(), d) == c.end()) f.push_back(d);
+  return f;
+}
 
-  auto free_of = [](int rank, const std::vector<int64_t>& b, const std::vector<int64_t>& c) {
-    std::vector<int64_t> f;
-    for (int64_t d = 0; d < rank; ++d)
-      if (std::find(b.begin(), b.end(), d) == b.end() && std::find(c.begin(), c.end(), d) == c.end()) f.push_back(d);
-    return f;
-  };
-  std::vector<int64_t> lf = free_of(lt.rank(), lb, lc), rf = free_of(rt.rank(), rb, rc);
-  int64_t bt = 1, m = 1, n = 1, k = 1;
-  for (int64_t d : lb) bt *= lt.shape[d];
-  for (int64_t d : lf) m *= lt.shape[d];
-  for (int64_t d : rf) n *= rt.shape[d];
-  for (int64_t d : lc) k *= lt.shape[d];
-  const int64_t out_n = ot.numel();
-  const DType out_t = ot.dtype;
-  if (out_n == 0) return [](const void* const*, void* const*) {};
-  if (k == 0)
-    return [out_n, out_t](const void* const*, void* const* out) {
-      std::memset(out[0], 0, static_cast<size_t>(out_n * dtype_size(out_t)));
-    };
-
-  // Try the contracting dims in the lhs's order and in the rhs's order; keep the cheaper plan.
+// Tries the contracting dims in the lhs's order and in the rhs's order; returns the cheaper plan.
+std::pair<View, View> cheaper_views(const TensorType& lt, const TensorType& rt, const std::vector<int64_t>& lb,
+                                    const std::vector<int64_t>& lf, const std::vector<int64_t>& lc,
+                                    const std::vector<int64_t>& rb, const std::vector<int64_t>& rf,
+                                    const std::vector<int64_t>& rc) {
   std::vector<size_t> idx(lc.size());
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
   View best_a, best_b;
@@ -307,13 +291,12 @@ Kernel dot_general_kernel(const KernelSpec& spec) {
       best_b = b;
     }
   }
-  View a = best_a, b = best_b;
-  if (lt.dtype == DType::bf16 && rt.dtype == DType::bf16 && a.direct && b.direct)
-    if (auto nm = native_bf16(a, b, bt, m, n, k, out_t))
-      return [nm](const void* const* in, void* const* out) { nm->run(in[0], in[1], out[0]); };
-  if (!a.direct) make_contiguous(a);
-  if (!b.direct) make_contiguous(b);
+  return {best_a, best_b};
+}
 
+std::shared_ptr<GemmState> make_gemm_state(const TensorType& lt, const TensorType& rt, const TensorType& ot,
+                                           const View& a, const View& b, int64_t bt, int64_t m, int64_t n,
+                                           int64_t k) {
   auto st = std::make_shared<GemmState>();
   st->a = operand_of(a);
   st->b = operand_of(b);
@@ -327,10 +310,10 @@ Kernel dot_general_kernel(const KernelSpec& spec) {
   st->batch_parallel = bt > 1 && bt >= st->threads && (bt >= 4 * st->threads || flops_per_matrix < 3.2e7);
   st->a_t = lt.dtype;
   st->b_t = rt.dtype;
-  st->out_t = out_t;
+  st->out_t = ot.dtype;
   st->a_n = lt.numel();
   st->b_n = rt.numel();
-  st->out_n = out_n;
+  st->out_n = ot.numel();
   st->a_copy = !a.direct;
   st->b_copy = !b.direct;
   if (st->a_copy) st->a_gather = make_gather(lt, a.order);
@@ -341,7 +324,10 @@ Kernel dot_general_kernel(const KernelSpec& spec) {
     int64_t count = side ? st->b_n : st->a_n;
     if (conv) st->convert_work += copy ? count * (kParallelConvert / kParallelGather) : count;
   }
+  return st;
+}
 
+Kernel sgemm_kernel(std::shared_ptr<GemmState> st) {
   return [st](const void* const* in, void* const* out) {
     GemmState& s = *st;
     const bool a_conv = s.a_copy || s.a_t != DType::f32, b_conv = s.b_copy || s.b_t != DType::f32;
@@ -379,6 +365,36 @@ Kernel dot_general_kernel(const KernelSpec& spec) {
     throw_if_sgemm_failed(s.err, "dot_general");
     if (c_conv) convert_from_f32(c_buf, out[0], s.out_t, s.out_n);
   };
+}
+
+Kernel dot_general_kernel(const KernelSpec& spec) {
+  const TensorType &lt = spec.in[0], &rt = spec.in[1], &ot = spec.out[0];
+  const auto &lc = spec.attrs.ints("lhs_contract"), &rc = spec.attrs.ints("rhs_contract");
+  const auto &lb = spec.attrs.ints("lhs_batch"), &rb = spec.attrs.ints("rhs_batch");
+  if (lt.rank() > kMaxRank || rt.rank() > kMaxRank)
+    throw Error("[dot_general] the CPU kernel supports operands up to rank " + std::to_string(kMaxRank));
+
+  std::vector<int64_t> lf = free_dims(lt.rank(), lb, lc), rf = free_dims(rt.rank(), rb, rc);
+  int64_t bt = 1, m = 1, n = 1, k = 1;
+  for (int64_t d : lb) bt *= lt.shape[d];
+  for (int64_t d : lf) m *= lt.shape[d];
+  for (int64_t d : rf) n *= rt.shape[d];
+  for (int64_t d : lc) k *= lt.shape[d];
+  const int64_t out_n = ot.numel();
+  const DType out_t = ot.dtype;
+  if (out_n == 0) return [](const void* const*, void* const*) {};
+  if (k == 0)
+    return [out_n, out_t](const void* const*, void* const* out) {
+      std::memset(out[0], 0, static_cast<size_t>(out_n * dtype_size(out_t)));
+    };
+
+  auto [a, b] = cheaper_views(lt, rt, lb, lf, lc, rb, rf, rc);
+  if (lt.dtype == DType::bf16 && rt.dtype == DType::bf16 && a.direct && b.direct)
+    if (auto nm = native_bf16(a, b, bt, m, n, k, out_t))
+      return [nm](const void* const* in, void* const* out) { nm->run(in[0], in[1], out[0]); };
+  if (!a.direct) make_contiguous(a);
+  if (!b.direct) make_contiguous(b);
+  return sgemm_kernel(make_gemm_state(lt, rt, ot, a, b, bt, m, n, k));
 }
 
 }  // namespace
