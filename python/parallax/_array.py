@@ -199,7 +199,8 @@ def asarray(x, dtype=None, *, copy=None) -> Array:
             arr = arr.astype(np.float32)
         elif arr.dtype.kind in "iu":
             arr = arr.astype(np.int32)
-        return asarray(np.ascontiguousarray(arr), want)
+        # np.require keeps a 0-d array 0-d (np.ascontiguousarray would make it shape (1,)).
+        return asarray(np.require(arr, requirements="C"), want)
     if want is not None and out.dtype != want:
         if copy is False:
             raise UserError(f"px.asarray(copy=False): converting {_core.dtype_name(out.dtype)} to "

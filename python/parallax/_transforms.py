@@ -28,15 +28,43 @@ def _as_output(x, where: str) -> Tensor:
     raise UserError(f"{where}: a traced function must return Tensors (or trees of them), got {type(x).__name__}")
 
 
+# The run-time checks of the px.jit traces in progress (innermost last): a list of (count,
+# message) pairs, or None for a jit made with check_indices=False.
+_checks: list = []
+
+
+def checking() -> bool:
+    """Whether the trace in progress is px.jit's with run-time checks (see runtime_check)."""
+    return bool(_checks) and _checks[-1] is not None
+
+
+def runtime_check(count: Tensor, message: str) -> None:
+    """Inside px.jit's trace: after the compiled program runs, px.UserError(message.format(count=n))
+    when the int32 scalar `count` is n != 0 (values only known at run time: labels, indices).
+    Elsewhere a no-op (px.TrainStep checks its batch's indices at its boundary)."""
+    if checking():
+        _checks[-1].append((count, message))
+
+
+def _raise_failed(checks, outs):
+    """outs without the check counts at their end; raises the first failed check's message."""
+    n = len(checks)
+    for (_, message), count in zip(checks, outs[len(outs) - n:]):
+        found = int(count.numpy())
+        if found:
+            raise UserError(message.format(count=found))
+    return outs[:len(outs) - n]
+
+
 def _sig_text(sig) -> str:
     return "(" + ", ".join(f"{_core.dtype_name(d)}[{','.join(map(str, s))}]" for d, s in sig) + ")"
 
 
 class _Compiled:
-    __slots__ = ("graph", "exe", "out_tree")
+    __slots__ = ("graph", "exe", "out_tree", "checks")
 
-    def __init__(self, graph, exe, out_tree):
-        self.graph, self.exe, self.out_tree = graph, exe, out_tree
+    def __init__(self, graph, exe, out_tree, checks):
+        self.graph, self.exe, self.out_tree, self.checks = graph, exe, out_tree, checks
 
 
 class jit:
@@ -45,12 +73,15 @@ class jit:
     Arguments are arrays (px.Array, NumPy, DLPack, Python numbers) or trees of them (tuples,
     lists, dicts, px.nn.Module). `max_traces` (default: unlimited) caps the signatures: a call
     with a new one past the cap raises px.UserError naming the signatures. `cache_size()` and
-    `trace_count` show the retracing."""
+    `trace_count` show the retracing. `check_indices` (default True): labels, token ids and
+    take(mode="raise") indices out of range raise px.UserError after the call (one count per
+    checked op is an extra output); False leaves the graph exactly the ops fn emits."""
 
-    def __init__(self, fn, *, max_traces: int | None = None, compile_options=None):
+    def __init__(self, fn, *, max_traces: int | None = None, compile_options=None, check_indices: bool = True):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.max_traces = max_traces
+        self.check_indices = check_indices
         self.compile_options = compile_options if compile_options is not None else _core.CompileOptions()
         self.trace_count = 0
         self._cache: dict = {}
@@ -72,18 +103,22 @@ class jit:
             seen = "; ".join(_sig_text(k[1]) for k in self._cache)
             raise UserError(f"px.jit({getattr(self.fn, '__name__', 'fn')}): new input signature {_sig_text(sig)} "
                             f"(traced for: {seen}) and max_traces={self.max_traces}")
-        out_tree = []
+        out_tree, checks = [], []
 
         def body(tensors):
-            out = self.fn(*tree_unflatten(treedef, tensors))
+            _checks.append(checks if self.check_indices else None)
+            try:
+                out = self.fn(*tree_unflatten(treedef, tensors))
+            finally:
+                _checks.pop()
             flat, tree = tree_flatten(out)
             out_tree.append(tree)
-            return [_as_output(x, "px.jit") for x in flat]
+            return [_as_output(x, "px.jit") for x in flat] + [count for count, _ in checks]
 
         graph = _core.trace(body, [(d, list(s)) for d, s in sig])
         self.trace_count += 1
         exe = _core.Executable.compile(graph, self.compile_options)
-        return _Compiled(graph, exe, out_tree[0])
+        return _Compiled(graph, exe, out_tree[0], checks)
 
     def _entry(self, args):
         arrays, treedef, sig = self._signature(args)
@@ -98,7 +133,8 @@ class jit:
         if _is_tracing(tree_flatten(args)[0]):
             return self.fn(*args)
         entry, arrays = self._entry(args)
-        return tree_unflatten(entry.out_tree, entry.exe.run(arrays))
+        outs = entry.exe.run(arrays)
+        return tree_unflatten(entry.out_tree, _raise_failed(entry.checks, outs) if entry.checks else outs)
 
     def lower(self, *args) -> _core.Graph:
         """The traced Graph for these arguments (traced and compiled if new)."""

@@ -18,7 +18,7 @@ __all__ = [
     "exp", "log", "tanh", "sqrt", "abs", "absolute", "square", "sign", "equal", "not_equal", "less",
     "less_equal", "greater", "greater_equal", "logical_and", "logical_or", "logical_not", "where",
     "astype", "reshape", "transpose", "swapaxes", "expand_dims", "squeeze", "broadcast_to",
-    "concatenate", "split", "pad", "sum", "mean", "max", "min", "matmul", "dot", "einsum", "take",
+    "concatenate", "split", "pad", "sum", "mean", "max", "min", "argmax", "argmin", "matmul", "dot", "einsum", "take",
     "arange", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "softmax",
     "log_softmax", "logsumexp", "rsqrt", "sigmoid", "asarray",
 ]
@@ -30,6 +30,11 @@ def _tensor(x, like: Tensor | None = None) -> Tensor:
     if like is not None and isinstance(x, (int, float, bool, _np.generic)) and not isinstance(x, _np.ndarray):
         return _core.full_like(like, float(x))
     return _core.constant(_px_asarray(x))
+
+
+def _type(t: Tensor) -> str:
+    """'f32[4,8]', as errors print a Tensor's type."""
+    return f"{_core.dtype_name(t.dtype)}[{','.join(map(str, t.shape))}]"
 
 
 def asarray(x) -> Tensor:
@@ -116,14 +121,52 @@ def mean(x, axis=None, keepdims=False):
     return _core.mean(x, _axes(axis, x.ndim), keepdims)
 
 
+def _nonempty(name, x, axes):
+    """Like NumPy: a reduction without an identity (max, argmax, ...) of no elements raises."""
+    for a in axes or range(x.ndim):
+        if x.shape[a] == 0:
+            raise UserError(f"px.numpy.{name}: reduces axis {a} of size 0 ({_type(x)}); an empty "
+                            "array has no maximum or minimum (NumPy raises too): reduce a non-empty axis")
+
+
 def max(x, axis=None, keepdims=False):  # noqa: A001
     x = _tensor(x)
-    return _core.max(x, _axes(axis, x.ndim), keepdims)
+    axes = _axes(axis, x.ndim)
+    _nonempty("max", x, axes)
+    return _core.max(x, axes, keepdims)
 
 
 def min(x, axis=None, keepdims=False):  # noqa: A001
     x = _tensor(x)
-    return _core.neg(_core.max(_core.neg(x), _axes(axis, x.ndim), keepdims))
+    axes = _axes(axis, x.ndim)
+    _nonempty("min", x, axes)
+    return _core.neg(_core.max(_core.neg(x), axes, keepdims))
+
+
+def _arg_extreme(name, x, axis, keepdims, pick):
+    x = _tensor(x)
+    _nonempty(name, x, _axes(axis, x.ndim))
+    if axis is None:
+        x, axis = reshape(x, [-1]), 0
+    axis = axis + x.ndim if axis < 0 else axis
+    best = pick(x, axis, keepdims=True)
+    hit = equal(x, best)
+    if x.dtype not in (_core.DType.i32, _core.DType.bool):
+        hit = logical_or(hit, not_equal(x, x))  # NaN wins, as in NumPy
+    n = x.shape[axis]
+    pos = _core.iota(list(x.shape), axis, _core.DType.i32)
+    first = negative(max(negative(where(hit, pos, full_like(pos, n))), axis, keepdims))
+    return first
+
+
+def argmax(x, axis=None, keepdims=False):
+    """The index of the first maximum along axis (None: of the flattened x), int32."""
+    return _arg_extreme("argmax", x, axis, keepdims, max)
+
+
+def argmin(x, axis=None, keepdims=False):
+    """The index of the first minimum along axis (None: of the flattened x), int32."""
+    return _arg_extreme("argmin", x, axis, keepdims, min)
 
 
 def reshape(x, shape):
@@ -238,13 +281,66 @@ def einsum(spec: str, *operands):
     return x if perm == list(range(len(perm))) else _core.transpose(x, perm)
 
 
-def take(a, indices, axis=0):
-    """Rows of a (axis 0) at int32 indices; out-of-range indices are clamped."""
-    if axis not in (0, None):
-        a = _tensor(a)
-        moved = swapaxes(a, 0, axis)
-        return _core.take(moved, _tensor(indices))
-    return _core.take(_tensor(a), _tensor(indices))
+def _count(bad) -> Tensor:
+    """The number of true elements of a bool Tensor (an int32 scalar)."""
+    return _core.sum(_core.cast(bad, _core.DType.i32), [], False)
+
+
+def _outside(indices, n, allowed=None):
+    """Where int32 indices lie outside [0, n) (and are not `allowed`)."""
+    bad = logical_or(less(indices, 0), greater_equal(indices, n))
+    return bad if allowed is None else logical_and(bad, not_equal(indices, allowed))
+
+
+def check_indices(indices, n, where: str, allowed=None):
+    """Inside px.jit: px.UserError after the run when an index lies outside [0, n) (other than
+    `allowed`); the message names `where` (docs/python.md, "Edges")."""
+    from ._transforms import checking, runtime_check
+
+    if not checking():
+        return
+    indices = _tensor(indices)
+    also = "" if allowed is None else f" and are not {allowed} (the ignore index)"
+    runtime_check(_count(_outside(indices, n, allowed)),
+                  f"{where}: {{count}} of the indices ({_type(indices)}) lie outside [0, {n}){also}")
+
+
+_TAKE_MODES = ("fill", "clip", "raise")
+
+
+def take(a, indices, axis=0, mode=None, fill_value=None):
+    """a's entries along `axis` (default 0; None: of the flattened a) at int32 indices, shaped
+    a.shape[:axis] + indices.shape + a.shape[axis + 1:]. Indices in [-n, 0) count from the end.
+    Out-of-range ones follow `mode` (JAX's): "fill" (default) gives fill_value (NaN for floats, the
+    lowest int32, True), "clip" clamps to [0, n - 1], "raise" is a px.UserError after a px.jit call."""
+    mode = mode or "fill"
+    if mode not in _TAKE_MODES:
+        raise UserError(f"px.numpy.take: mode={mode!r}; expected one of {', '.join(_TAKE_MODES)}")
+    a, indices = _tensor(a), _tensor(indices)
+    if indices.dtype != _core.DType.i32:
+        raise UserError(f"px.numpy.take: indices must be int32, got {_type(indices)}")
+    if axis is None:
+        a, axis = reshape(a, [-1]), 0
+    axis = axis + a.ndim if axis < 0 else axis
+    if not 0 <= axis < a.ndim:
+        raise UserError(f"px.numpy.take: axis {axis} is out of range for {_type(a)}")
+    n = a.shape[axis]
+    if mode != "clip":  # negative indices count from the end
+        indices = where(less(indices, 0), add(indices, n), indices)
+    if mode == "raise":
+        check_indices(indices, n, "px.numpy.take(mode='raise')")
+    moved = a if axis == 0 else _core.transpose(a, [axis, *range(axis), *range(axis + 1, a.ndim)])
+    out = _core.take(moved, indices)
+    if mode == "fill":
+        if fill_value is None:
+            fill_value = {_core.DType.i32: -2**31, _core.DType.bool: True}.get(a.dtype, float("nan"))
+        valid = logical_not(_outside(indices, n))
+        valid = reshape(valid, [*indices.shape, *[1] * (out.ndim - indices.ndim)])
+        out = where(valid, out, full_like(out, fill_value))
+    if axis == 0:
+        return out
+    k = indices.ndim  # out is indices.shape + a.shape[:axis] + a.shape[axis + 1:]
+    return _core.transpose(out, [*range(k, k + axis), *range(k), *range(k + axis, out.ndim)])
 
 
 def arange(n: int, dtype=_core.DType.i32):

@@ -42,17 +42,22 @@ def test_grad_of_a_loss_with_integer_labels_matches_cpp(rng):
     labels = rng.integers(0, 7, size=6).astype(np.int32)
     text, ref = _testing.reference("gelu_ce", [px.asarray(v) for v in (x, w, b, labels)])
 
-    @px.jit
-    def f(x, w, b, labels):
+    def fn(x, w, b, labels):
         def loss(w, b):
             return px.nn.cross_entropy_loss(px.nn.gelu(x @ w + b), labels)
 
         value, grads = px.value_and_grad(loss, argnums=(0, 1))(w, b)
         return value, *grads
 
+    f = px.jit(fn, check_indices=False)  # the very ops of the C++ function
     out = f(x, w, b, labels)
     assert str(f.lower(x, w, b, labels)) == text
     for got, want in zip(out, ref):
+        _same_bits(got, want)
+    # The label check (docs/python.md, "Edges") adds one output, and the same bits.
+    checked = px.jit(fn)
+    assert str(checked.lower(x, w, b, labels)) != text
+    for got, want in zip(checked(x, w, b, labels), ref):
         _same_bits(got, want)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _core
-from ..numpy import _tensor, log_softmax, logsumexp, softmax  # noqa: F401
+from ..numpy import _tensor, check_indices, log_softmax, logsumexp, softmax  # noqa: F401
 
 
 def gelu(x, approximate=True): return _core.gelu(_tensor(x), approximate)
@@ -27,14 +27,23 @@ def dot_product_attention(q, k, v, causal=True, scale=None, key_padding=None):
                                        None if key_padding is None else _tensor(key_padding))
 
 
+def _labels(op, logits, labels, ignore_index):
+    """The labels as a Tensor; inside px.jit, one outside [0, classes) other than ignore_index is a
+    px.UserError after the call (px.TrainStep checks its batch itself)."""
+    logits, labels = _tensor(logits), _tensor(labels)
+    check_indices(labels, logits.shape[-1], f"px.nn.{op}: labels", allowed=ignore_index)
+    return logits, labels
+
+
 def cross_entropy_loss(logits, labels, weights=None, ignore_index=-100):
     """Mean over non-ignored positions of -log softmax(logits)[label] (labels int32)."""
-    return _core.cross_entropy_loss(_tensor(logits), _tensor(labels), None if weights is None else _tensor(weights),
-                                    ignore_index)
+    logits, labels = _labels("cross_entropy_loss", logits, labels, ignore_index)
+    return _core.cross_entropy_loss(logits, labels, None if weights is None else _tensor(weights), ignore_index)
 
 
 def softmax_cross_entropy(logits, labels, ignore_index=-100):
-    return _core.softmax_cross_entropy(_tensor(logits), _tensor(labels), ignore_index)
+    logits, labels = _labels("softmax_cross_entropy", logits, labels, ignore_index)
+    return _core.softmax_cross_entropy(logits, labels, ignore_index)
 
 
 def one_hot(indices, depth, dtype=_core.DType.f32):

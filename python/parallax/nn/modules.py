@@ -173,7 +173,9 @@ class Embedding(Module):
         self.table = normal(seed, (vocab, dim), std)
 
     def __call__(self, tokens):
-        return pnp.take(self.table, tokens)
+        # Token ids outside [0, vocab) are an error: after a px.jit call, or at a TrainStep's batch.
+        pnp.check_indices(tokens, self.table.shape[0], "px.nn.Embedding: token ids")
+        return _core.take(pnp.asarray(self.table), pnp.asarray(tokens))
 
     def attend(self, x):
         x = pnp.asarray(x)
