@@ -52,6 +52,7 @@ def stop_gradient(x):
     return _core.stop_gradient(numpy.asarray(x))
 from ._core import Mesh, ShardingPlan, ShardingStrategy, StepMetrics, TrainState
 from ._train import PartitionSpec, TrainStep, create_sharded_model, offload_model, strategy
+from .from_torch import from_torch
 
 __version__ = _core.__version__
 
