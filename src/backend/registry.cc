@@ -85,6 +85,9 @@ Backend& backend_for(const std::string& platform) {
   return get();
 }
 
+// parse_devices and default_devices (core) check platforms against this registry.
+[[maybe_unused]] const bool g_platforms_listed = (set_platform_lister(&backend_platforms), true);
+
 const Primitive* primitive_handle(const std::string& name) { return &get_primitive(name); }
 
 void Backend::copy_boxes(const std::vector<BoxCopy>& jobs) {

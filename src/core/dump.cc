@@ -29,10 +29,7 @@ DumpState& state() {
   return s;
 }
 
-bool dump_candidates() {
-  const char* v = std::getenv("PX_DUMP_CANDIDATES");
-  return v && std::string(v) != "0" && std::string(v) != "";
-}
+bool dump_candidates() { return env().dump_candidates; }
 
 }  // namespace
 

@@ -5,8 +5,10 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 #include <tuple>
@@ -37,6 +39,25 @@ bool valid_platform_name(const std::string& name) {
                      [](unsigned char c) { return std::islower(c) || std::isdigit(c) || c == '_'; });
 }
 
+namespace {
+std::atomic<std::vector<std::string> (*)()> g_platform_lister{nullptr};
+}  // namespace
+
+void set_platform_lister(std::vector<std::string> (*list)()) { g_platform_lister.store(list); }
+
+void require_registered_platform(const std::string& platform, const std::string& text, const std::string& where) {
+  auto list = g_platform_lister.load();
+  if (!list) return;
+  const std::vector<std::string> names = list();
+  if (std::find(names.begin(), names.end(), platform) != names.end()) return;
+  std::string joined;
+  for (const std::string& n : names) joined += (joined.empty() ? "" : ", ") + n;
+  throw UserError(where + "'" + text + "': no backend is registered for platform '" + platform +
+                  "'; the registered platforms are " + joined + " (e.g. cpu:8 for 8 virtual CPU devices)" +
+                  (platform == "cuda" || platform == "gpu" ? "; this build has no CUDA device support yet" : "") +
+                  ", and a backend of your own registers with px::register_backend before its devices are named");
+}
+
 std::pair<std::string, int64_t> parse_device_text(const std::string& text, const std::string& where) {
   std::string t = trim(text);
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -44,8 +65,6 @@ std::pair<std::string, int64_t> parse_device_text(const std::string& text, const
                             " (N virtual CPU devices, e.g. cpu:8); another backend's devices likewise (ref:2)";
   size_t colon = t.find(':');
   std::string platform = trim(t.substr(0, colon));
-  if (platform == "cuda" || platform == "gpu")
-    throw Error(where + "'" + text + "': this build has no CUDA device support yet; " + forms);
   // The platform is a backend's name (checked against the registered backends where a program
   // compiles for it).
   if (!valid_platform_name(platform)) throw Error(where + "'" + text + "' is not a device set; " + forms);
@@ -97,10 +116,24 @@ EnvConfig parse_env(const std::function<const char*(const char*)>& get_raw, int 
                   "' is not a log level; use debug, info, warn, error or off");
     }
   }
-  if (const char* v = get("PX_DUMP")) c.dump_dir = v;
+  if (const char* v = get("PX_DUMP")) {
+    std::error_code ec;
+    if (std::filesystem::exists(v, ec) && !std::filesystem::is_directory(v, ec))
+      throw Error(std::string("[env] PX_DUMP='") + v +
+                  "' is a file, not a folder; set PX_DUMP to a folder (made when missing) for the programs' text");
+    c.dump_dir = v;
+  }
+  if (const char* v = get("PX_DUMP_CANDIDATES")) c.dump_candidates = parse_bool("PX_DUMP_CANDIDATES", v);
+  if (const char* v = get("PX_RECALIBRATE")) {
+    // Only 0 and 1: the cluster cache's reader (sharding/auto/cluster.cc) takes any other value for 1.
+    if (std::string(v) != "0" && std::string(v) != "1")
+      throw Error(std::string("[env] PX_RECALIBRATE='") + v + "' is not 0 or 1; use 1 to measure the clusters again");
+    c.recalibrate = std::string(v) == "1";
+  }
   if (const char* v = get("PX_DISABLE_FUSION")) c.disable_fusion = parse_bool("PX_DISABLE_FUSION", v);
   if (const char* v = get("PX_PROFILE")) c.profile = parse_bool("PX_PROFILE", v);
   if (const char* v = get("PX_DEVICES")) {
+    c.device_text = v;
     try {
       std::tie(c.device_platform, c.device_count) = parse_device_text(v, "[env] PX_DEVICES=");
     } catch (const Error& e) {
@@ -152,6 +185,9 @@ const std::vector<EnvVariable>& env_variables() {
       {"PX_DUMP", "directory where the program after every compiler pass (trace, sharding decision, partition, autocast, schedule, buffer plan) is written as text"},
       {"PX_DISABLE_FUSION", "1 compiles every elementwise op as its own kernel (for debugging and benchmarks)"},
       {"PX_PROFILE", "1 times every kernel; Executable::profile_report() prints the totals"},
+      {"PX_DUMP_CANDIDATES",
+       "1 also dumps the candidate programs that remat auto and AUTO sharding plan on the way (PX_DUMP/candidates/)"},
+      {"PX_RECALIBRATE", "1 measures the platform clusters again instead of reading their cached rates (0 or 1)"},
       {"PX_DEVICES",
        "devices meshes are made on by default (Mesh::create, Mesh::parse): cpu (default, one device) or "
        "cpu:N for N virtual CPU devices in this process, e.g. cpu:8 (under mpirun or srun: each process's "

@@ -23,8 +23,11 @@ struct EnvConfig {
   std::string dump_dir;                 // PX_DUMP: where each pass writes its program as text ("" = nowhere)
   bool disable_fusion = false;          // PX_DISABLE_FUSION=1: compile every elementwise op alone
   bool profile = false;                 // PX_PROFILE=1: time every kernel (Executable::profile_report)
+  bool dump_candidates = false;         // PX_DUMP_CANDIDATES=1: PX_DUMP also writes the plans' candidates
+  bool recalibrate = false;             // PX_RECALIBRATE=1: measure the platform clusters again (0 or 1)
   std::string device_platform = "cpu";  // PX_DEVICES: "cpu" or "cpu:N" (N virtual CPU devices), "ref:N", ...
   int64_t device_count = 1;
+  std::string device_text = "cpu";      // PX_DEVICES as given, for errors
   // A malformed PX_DEVICES is reported only where devices are used (default_devices()), so that
   // plain compiles, which need no devices, still work: this holds the error, "" when valid.
   std::string devices_error;
@@ -47,6 +50,13 @@ const EnvConfig& env();
 std::pair<std::string, int64_t> parse_device_text(const std::string& text, const std::string& where);
 // A backend's platform name: lower-case letters, digits and '_', starting with a letter ("cpu", "ref").
 bool valid_platform_name(const std::string& name);
+// The registered backends' platforms, as the backend registry (src/backend/registry.cc) lists
+// them: it installs its lister when the library is loaded. parse_devices and default_devices
+// refuse a platform that is not among them, naming those that are.
+void set_platform_lister(std::vector<std::string> (*list)());
+// Throws px::UserError starting with `where` and the quoted `text` when `platform` names no
+// registered backend (nothing is checked before a lister is installed).
+void require_registered_platform(const std::string& platform, const std::string& text, const std::string& where);
 
 // The parser behind env(), reading variables through `get` (which returns nullptr when unset).
 // PX_NUM_THREADS is capped at `cores` (0: available_cores()).

@@ -161,11 +161,14 @@ std::string DeviceSet::to_string() const {
 
 DeviceSet parse_devices(const std::string& text) {
   auto [platform, count] = parse_device_text(text, "[devices] ");
+  require_registered_platform(platform, text, "[devices] ");
   return DeviceSet{platform, count};
 }
 
 DeviceSet default_devices() {
   if (!env().devices_error.empty()) throw UserError(env().devices_error);
+  // Checked here, not where PX_DEVICES is read: a program may register its backend after that.
+  require_registered_platform(env().device_platform, env().device_text, "[env] PX_DEVICES=");
   return DeviceSet{env().device_platform, env().device_count};
 }
 

@@ -197,5 +197,23 @@ TEST(Platforms, BadPlatformsAreNamedWithTheFix) {
   EXPECT_NE(testing::error_of([] { register_backend("My GPU", cpu_backend); }).find("is not valid"), std::string::npos);
 }
 
+// A device set names a registered backend: "tpu:2", "gpu", "garbage" made devices of no backend
+// (PX_DEVICES=garbage trained on the CPU); now each is refused, listing the registered platforms.
+TEST(Platforms, DeviceSetsNameOnlyRegisteredPlatforms) {
+  for (const char* bad : {"tpu:2", "gpu", "garbage", "cuda:2"}) {
+    const std::string e = testing::error_of([&] { parse_devices(bad); });
+    EXPECT_EQ(e.rfind("[devices] '" + std::string(bad) + "': no backend is registered for platform '", 0), 0u) << e;
+    EXPECT_NE(e.find("the registered platforms are "), std::string::npos) << e;
+    for (const std::string& p : backend_platforms()) EXPECT_NE(e.find(p), std::string::npos) << p << ": " << e;
+  }
+  EXPECT_NE(testing::error_of([] { parse_devices("cuda:2"); }).find("no CUDA device support yet"), std::string::npos);
+  EXPECT_EQ(parse_devices("ref:2"), (DeviceSet{"ref", 2}));
+  EXPECT_EQ(parse_devices(" CPU:3 "), (DeviceSet{"cpu", 3}));
+  // A platform registered by the program is named from then on.
+  EXPECT_NE(testing::error_of([] { parse_devices("mine:2"); }).find("no backend is registered"), std::string::npos);
+  register_backend("mine", cpu_backend);
+  EXPECT_EQ(parse_devices("mine:2"), (DeviceSet{"mine", 2}));
+}
+
 }  // namespace
 }  // namespace px
