@@ -195,6 +195,8 @@ void save_safetensors(const std::string& path, const std::vector<std::string>& n
     if (n.empty()) throw UserError(where + ": array " + std::to_string(i) + " has an empty name");
     if (n == "__metadata__") throw UserError(where + ": '__metadata__' is reserved and cannot name a tensor");
     if (!valid_utf8(n)) throw UserError(where + ": the name of array " + std::to_string(i) + " is not valid UTF-8");
+    if (std::any_of(n.begin(), n.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }))
+      throw UserError(where + ": the name of array " + std::to_string(i) + " holds a control character (NUL, newline, ...)");
     if (!seen.insert(n).second) throw UserError(where + ": the name '" + n + "' is used twice");
     if (!arrays[i].defined()) throw UserError(where + ": array '" + n + "' is undefined (no data)");
   }
@@ -297,6 +299,11 @@ SafetensorsHeader read_safetensors_header(const std::string& path, uint64_t file
     }
     const std::string tw = "tensor '" + name + "': ";  // (clang lambdas cannot capture a structured binding)
     auto tfail = [&](const std::string& what) { fail(tw + what); };
+    if (name.empty()) fail("a tensor has an empty name");
+    for (unsigned char c : name)
+      if (c < 0x20 || c == 0x7f)
+        fail("tensor " + Json(name).dump() + ": the name holds control character " + std::to_string(c) +
+             " (a NUL or control byte in a name is a damaged header: such a name cannot be matched or printed)");
     if (!v.is_object()) tfail("entry must be an object, got " + kind_of(v));
     for (auto& [k, unused] : v.items())
       if (k != "dtype" && k != "shape" && k != "data_offsets") tfail("unexpected field '" + k + "'");
@@ -335,17 +342,34 @@ SafetensorsHeader read_safetensors_header(const std::string& path, uint64_t file
     out.tensors.push_back(std::move(t));
   }
 
-  // Data order; stable so that empty tensors at the same offset keep their header order.
+  // Data order (an empty tensor before a non-empty one at its offset); stable so that empty
+  // tensors at the same offset keep their header order. As the
+  // format's reference reader does, the tensors must tile the data exactly: each begins where the
+  // one before it ends, the first at 0, the last at the end of the file. A gap or trailing bytes
+  // are data no tensor owns (a damaged or hand-edited header), refused rather than skipped.
   std::stable_sort(out.tensors.begin(), out.tensors.end(),
-                   [](const SafetensorsTensor& a, const SafetensorsTensor& b) { return a.begin < b.begin; });
-  const SafetensorsTensor* last = nullptr;  // the non-empty tensor reaching furthest so far
+                   [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
+                     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+                   });
+  const SafetensorsTensor* last = nullptr;  // the tensor ending where the data read so far ends
+  auto span = [](const SafetensorsTensor& t) {
+    return "'" + t.name + "' [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + ")";
+  };
   for (const SafetensorsTensor& t : out.tensors) {
-    if (t.begin == t.end) continue;
-    if (last && t.begin < last->end)
-      fail("tensors '" + last->name + "' [" + std::to_string(last->begin) + ", " + std::to_string(last->end) +
-           ") and '" + t.name + "' [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + ") overlap");
-    if (!last || t.end > last->end) last = &t;
+    const uint64_t at = last ? last->end : 0;
+    if (t.begin < at)
+      fail("tensors " + span(*last) + " and " + span(t) + " overlap");
+    if (t.begin > at)
+      fail("no tensor holds data bytes [" + std::to_string(at) + ", " + std::to_string(t.begin) + ") " +
+           (last ? "between tensors " + span(*last) + " and " + span(t) : "before tensor " + span(t)) +
+           ": the tensors must follow each other without gaps (a damaged or hand-edited header)");
+    last = &t;
   }
+  const uint64_t end = last ? last->end : 0;
+  if (end != data_size)
+    fail(std::to_string(data_size - end) + " trailing data bytes after " +
+         (last ? "the last tensor " + span(*last) : std::string("the header (which names no tensor)")) +
+         ": no tensor holds them (a damaged or hand-edited header, or bytes appended to the file)");
   return out;
 }
 

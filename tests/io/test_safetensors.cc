@@ -174,6 +174,7 @@ TEST_F(Safetensors, SaveRejectsBadArguments) {
   EXPECT_TRUE(saves_fail({""}, {a}, "empty name"));
   EXPECT_TRUE(saves_fail({"__metadata__"}, {a}, "reserved"));
   EXPECT_TRUE(saves_fail({"\xff\xfe"}, {a}, "not valid UTF-8"));
+  EXPECT_TRUE(saves_fail({std::string("a\0b", 3)}, {a}, "holds a control character"));
   EXPECT_TRUE(saves_fail({"a"}, {a}, "not valid UTF-8", {{"k", "\xc3"}}));
   EXPECT_FALSE(fs::exists(path("bad.safetensors")));
   try {
@@ -185,14 +186,14 @@ TEST_F(Safetensors, SaveRejectsBadArguments) {
 }
 
 TEST_F(Safetensors, ReadsHandMadeFilesInDataOrder) {
-  // Header order differs from data order; a gap between tensors is tolerated; extra spaces too.
-  std::string data(4 + 4 + 2, '\0');
+  // Header order differs from data order; extra spaces are tolerated.
+  std::string data(4 + 2, '\0');
   float f = 3.5f;
-  std::memcpy(data.data() + 6, &f, 4);
+  std::memcpy(data.data() + 2, &f, 4);
   uint16_t h = f32_to_f16(-1.0f);
   std::memcpy(data.data(), &h, 2);
   std::string header =
-      R"( { "late" : {"shape": [1], "dtype": "F32", "data_offsets": [6, 10]},)"
+      R"( { "late" : {"shape": [1], "dtype": "F32", "data_offsets": [2, 6]},)"
       R"( "early": {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]}, "none": {"dtype":"BOOL","shape":[0],)"
       R"("data_offsets":[2,2]}, "__metadata__": {"a": "\u00e9\ud83d\ude42"} }   )";
   write_bytes(path("h.safetensors"), make_file(header, data));
@@ -252,6 +253,19 @@ TEST_F(Safetensors, RejectsDamagedFilesWithClearMessages) {
                                         R"("b":{"dtype":"I32","shape":[1],"data_offsets":[4,8]}})",
                                         data8)),
                          {"tensors 'a' [0, 8) and 'b' [4, 8) overlap"}));
+  // Data no tensor owns: a gap between tensors, before the first, or trailing bytes after the last.
+  EXPECT_TRUE(load_fails(with(make_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                        R"("b":{"dtype":"I16","shape":[1],"data_offsets":[6,8]}})",
+                                        data8)),
+                         {"d.safetensors", "no tensor holds data bytes [4, 6)", "between tensors 'a' [0, 4)"}));
+  EXPECT_TRUE(load_fails(with(make_file(R"({"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", data8)),
+                         {"no tensor holds data bytes [0, 4) before tensor 'b'"}));
+  EXPECT_TRUE(load_fails(with(make_file(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", data8)),
+                         {"d.safetensors", "4 trailing data bytes after the last tensor 'x' [0, 4)"}));
+  EXPECT_TRUE(load_fails(with(make_file("{}", data8)), {"8 trailing data bytes", "names no tensor"}));
+  // A NUL (or any control byte) inside a name.
+  EXPECT_TRUE(load_fails(with(make_file(R"({"a\u0000b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data8)),
+                         {"d.safetensors", "tensor \"a\\u0000b\"", "control character 0"}));
   EXPECT_TRUE(load_fails(
       with(make_file(R"({"x":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", std::string("\x01\x05", 2))),
       {"tensor 'x'", "BOOL element 1 holds byte 5"}));
