@@ -115,6 +115,8 @@ struct SaveJob;  // what one save writes (internal)
 }  // namespace ckpt
 
 // One directory of checkpoints: DIR/checkpoint_%08d/. Only committed checkpoints are seen.
+// Threads: save, save_async, wait and remove run one call at a time (a second call from another
+// thread meanwhile throws px::UserError); the const calls may run from any thread.
 class CheckpointManager {
  public:
   explicit CheckpointManager(std::string dir, CheckpointOptions options = {});
@@ -145,6 +147,7 @@ class CheckpointManager {
 
  private:
   void write(ckpt::SaveJob& job);
+  void wait_pending();  // wait() without the one-call-at-a-time check
   void check_saveable(const Checkpoint& c) const;
 
   std::string dir_;

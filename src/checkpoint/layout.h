@@ -48,12 +48,14 @@ Shape chunk_shape(const TensorType& type, const Sharding& s);
 void validate_array_name(const std::string& name);
 std::string mesh_text(const Mesh& m);  // "data:4,model:2"; "" for a mesh without axes
 
-// Every chunk file carries a tag naming its step, array and chunk key (zarr::encode_chunk), so a
-// chunk moved from another array or position, or left from another step, is refused on restore
-// instead of restoring as other values. metadata.json's "chunk_tags" says the checkpoint's chunks
-// have them (absent in checkpoints written before: their chunks are read unchecked).
-inline constexpr int kChunkTagVersion = 1;
-std::string chunk_tag(int64_t step, const std::string& array, const std::string& key);
+// Every chunk file carries a tag naming its step, array, chunk key and (from version 2) dtype
+// (zarr::encode_chunk), so a chunk moved from another array or position, left from another step,
+// or read as another dtype of the same size (metadata.json and zarr.json edited alike) is refused
+// on restore instead of restoring as other values. metadata.json's "chunk_tags" says which
+// version the checkpoint's chunks have (absent in checkpoints written before: read unchecked).
+inline constexpr int kChunkTagVersion = 2;
+std::string chunk_tag(int64_t step, const std::string& array, const std::string& key, DType dtype,
+                      int version = kChunkTagVersion);
 // "chunk c/0/1 of array 'w' of step 100" for a tag (or what is odd about it), for messages.
 std::string describe_chunk_tag(const std::string& tag);
 

@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cinttypes>
 #include <cstdio>
 #include <map>
@@ -63,14 +64,15 @@ std::string step_dir_name(int64_t step) {
 }
 
 std::optional<int64_t> parse_step_dir(const std::string& name) {
+  // Every step step_dir_name writes, up to INT64_MAX (19 digits), reads back; a number past it is
+  // no step of ours.
   const std::string prefix = "checkpoint_";
-  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() || name.size() > prefix.size() + 18)
-    return std::nullopt;
+  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) return std::nullopt;
+  const char *first = name.data() + prefix.size(), *last = name.data() + name.size();
+  if (!std::all_of(first, last, [](char c) { return c >= '0' && c <= '9'; })) return std::nullopt;
   int64_t step = 0;
-  for (size_t i = prefix.size(); i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    step = step * 10 + (name[i] - '0');
-  }
+  auto [end, ec] = std::from_chars(first, last, step);
+  if (ec != std::errc() || end != last) return std::nullopt;
   return step;
 }
 
@@ -137,22 +139,24 @@ std::string checked_json(const std::string& text, const std::string& what) {
   }
 }
 
-std::string chunk_tag(int64_t step, const std::string& array, const std::string& key) {
-  return "parallax-chunk/" + std::to_string(kChunkTagVersion) + "\n" + std::to_string(step) + "\n" + key + "\n" + array;
+std::string chunk_tag(int64_t step, const std::string& array, const std::string& key, DType dtype, int version) {
+  return "parallax-chunk/" + std::to_string(version) + "\n" + std::to_string(step) + "\n" + key + "\n" +
+         (version >= 2 ? std::string(dtype_name(dtype)) + "\n" : "") + array;
 }
 
 std::string describe_chunk_tag(const std::string& tag) {
   // Fields as chunk_tag writes them; the array name comes last and may hold anything.
+  const bool v1 = tag.rfind("parallax-chunk/1\n", 0) == 0;
+  if (!v1 && tag.rfind("parallax-chunk/2\n", 0) != 0) return "a chunk tag of another format";
   std::vector<std::string> f;
   size_t start = 0;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < (v1 ? 3 : 4); ++i) {
     size_t nl = tag.find('\n', start);
     if (nl == std::string::npos) return "a chunk tag of another format";
     f.push_back(tag.substr(start, nl - start));
     start = nl + 1;
   }
-  if (f[0].rfind("parallax-chunk/", 0) != 0) return "a chunk tag of another format";
-  return "chunk " + f[2] + " of array '" + tag.substr(start) + "' of step " + f[1];
+  return "chunk " + f[2] + " of array '" + tag.substr(start) + "'" + (v1 ? "" : " (" + f[3] + ")") + " of step " + f[1];
 }
 
 std::string metadata_json(const Checkpoint& c) {

@@ -109,7 +109,7 @@ void plan_array(ArrayPlan& a, size_t array_index, std::vector<ChunkTask>& tasks)
 
 // Reads, checks and decodes one chunk into the blocks it overlaps (chunks touch disjoint parts
 // of the blocks, so tasks run concurrently). `file` and `chunk` are the worker's scratch.
-void read_chunk(ArrayPlan& a, const ChunkTask& t, const std::string& checkpoint_dir, int64_t step, bool tagged,
+void read_chunk(ArrayPlan& a, const ChunkTask& t, const std::string& checkpoint_dir, int64_t step, int64_t tagged,
                 std::vector<char>& file, std::vector<char>& chunk) {
   const int rank = a.type.rank();
   const int64_t elem = dtype_size(a.type.dtype);
@@ -130,14 +130,19 @@ void read_chunk(ArrayPlan& a, const ChunkTask& t, const std::string& checkpoint_
   if (!err.empty()) fail(err);
   // The tag binds the file to this array, chunk and step: a chunk swapped with another, or one left
   // from another save, would otherwise restore as other values with a valid checksum.
-  const std::string want = chunk_tag(step, a.name, key);
-  if (tag.empty() && tagged)
+  // The version metadata.json names; without one (written before tags), the tag's own.
+  const int version = tagged > 0 ? static_cast<int>(tagged)
+                      : tag.rfind("parallax-chunk/1\n", 0) == 0 ? 1
+                                                                 : kChunkTagVersion;
+  const std::string want = chunk_tag(step, a.name, key, a.type.dtype, version);
+  if (tag.empty() && tagged > 0)
     fail(
         "the chunk file has no tag naming its array, chunk and step, which every chunk of this checkpoint has: "
         "it was copied from elsewhere");
   if (!tag.empty() && tag != want)
     fail("the chunk file holds " + describe_chunk_tag(tag) + ", not " + describe_chunk_tag(want) +
-         ": it was moved or copied from elsewhere");
+         ": it was moved or copied from elsewhere, or the array's dtype in " + std::string(kMetadata) +
+         " and zarr.json was edited");
   if (exact) return;
   for (size_t h : t.hits) {
     Block& b = a.blocks[h];
@@ -285,7 +290,7 @@ Checkpoint read_checkpoint(const std::string& checkpoint_dir, const RestoreOptio
   std::vector<std::vector<char>> files(kIoThreads), chunks(kIoThreads);
   ckpt_fs::parallel_for(tasks.size(), kIoThreads, [&](size_t i, int w) {
     try {
-      read_chunk(plans[tasks[i].array], tasks[i], checkpoint_dir, info.step, chunk_tags > 0, files[w], chunks[w]);
+      read_chunk(plans[tasks[i].array], tasks[i], checkpoint_dir, info.step, chunk_tags, files[w], chunks[w]);
     } catch (const Error& e) {
       errors[i] = e.what();
     }

@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <set>
@@ -12,6 +13,7 @@
 
 #include "checkpoint/fs.h"
 #include "checkpoint/layout.h"
+#include "core/exclusive.h"
 #include "core/log.h"
 #include "io/zarr.h"
 
@@ -44,7 +46,13 @@ struct CheckpointManager::Pending {
   // The host buffers of the last asynchronous save, reused by the next one: copying into pages
   // already mapped is several times faster than into fresh ones, and this copy stalls training.
   std::vector<Array> staging;
+  // save, save_async, wait and remove run one call at a time (they join and replace the thread).
+  std::atomic<bool> busy{false};
 };
+
+namespace {
+constexpr const char* kManagerCalls = "checkpoint manager (save, save_async, wait, remove)";
+}  // namespace
 
 namespace {
 
@@ -185,7 +193,7 @@ void write_job(Job& job, const std::string& tmp, const CheckpointOptions& option
     std::vector<char>& buf = bufs[worker];
     const std::string key = zarr::chunk_key(index);
     zarr::encode_chunk(data.raw(), static_cast<size_t>(data.nbytes()), a->meta.zstd_level, buf,
-                       chunk_tag(job.step, a->name, key));
+                       chunk_tag(job.step, a->name, key, a->meta.type.dtype));
     ckpt_fs::write_file(tmp + "/" + a->name + "/" + key, buf.data(), buf.size(), /*sync=*/false);
     pause();
   });
@@ -288,6 +296,11 @@ std::optional<int64_t> CheckpointManager::latest_step() const {
 bool CheckpointManager::pending() const { return pending_->thread.joinable(); }
 
 void CheckpointManager::wait() {
+  ExclusiveCall call(pending_->busy, kManagerCalls);
+  wait_pending();
+}
+
+void CheckpointManager::wait_pending() {
   if (pending_->thread.joinable()) pending_->thread.join();
   if (std::exception_ptr e = std::exchange(pending_->error, nullptr)) std::rethrow_exception(e);
 }
@@ -306,7 +319,8 @@ void CheckpointManager::check_saveable(const Checkpoint& c) const {
 }
 
 void CheckpointManager::save(const Checkpoint& c) {
-  wait();
+  ExclusiveCall call(pending_->busy, kManagerCalls);
+  wait_pending();
   check_saveable(c);
   Job job;
   build_job(c, options_.zstd_level, /*staging=*/nullptr, job);  // the caller's buffers: it waits
@@ -314,7 +328,8 @@ void CheckpointManager::save(const Checkpoint& c) {
 }
 
 void CheckpointManager::save_async(const Checkpoint& c) {
-  wait();
+  ExclusiveCall call(pending_->busy, kManagerCalls);
+  wait_pending();
   check_saveable(c);
   auto job = std::make_shared<Job>();
   build_job(c, options_.zstd_level, &pending_->staging, *job);
@@ -378,7 +393,8 @@ void CheckpointManager::write(Job& job) {
 }
 
 void CheckpointManager::remove(int64_t step) {
-  wait();
+  ExclusiveCall call(pending_->busy, kManagerCalls);
+  wait_pending();
   std::string p = path(step);
   if (!ckpt_fs::is_dir(p)) throw Error("[checkpoint] no checkpoint of step " + std::to_string(step) + " in " + dir_);
   std::string gone = p + kDeletingSuffix;

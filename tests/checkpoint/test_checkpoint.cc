@@ -4,7 +4,10 @@
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <filesystem>
+#include <thread>
+#include <limits>
 
 #include "ckpt_testing.h"
 #include "core/log.h"
@@ -416,7 +419,7 @@ TEST_F(CheckpointTest, SwappedMovedOrStaleChunksAreRefused) {
   testing::write_bytes(b, bytes_a);
   std::string err = error_of([&] { m.restore(20); });
   EXPECT_NE(err.find("array 'w.f32' chunk c/0/0"), std::string::npos) << err;
-  EXPECT_NE(err.find("holds chunk c/1/0 of array 'w.f32' of step 20, not chunk c/0/0 of array 'w.f32' of step 20"),
+  EXPECT_NE(err.find("holds chunk c/1/0 of array 'w.f32' (f32) of step 20, not chunk c/0/0 of array 'w.f32' (f32) of step 20"),
             std::string::npos)
       << err;
   EXPECT_NE(err.find("restore_step=10"), std::string::npos) << err;
@@ -427,7 +430,7 @@ TEST_F(CheckpointTest, SwappedMovedOrStaleChunksAreRefused) {
   const std::string stale = m.path(10) + "/w.f32/c/1/0";
   testing::write_bytes(b, testing::read_bytes(stale));
   err = error_of([&] { m.restore(20); });
-  EXPECT_NE(err.find("holds chunk c/1/0 of array 'w.f32' of step 10, not chunk c/1/0 of array 'w.f32' of step 20"),
+  EXPECT_NE(err.find("holds chunk c/1/0 of array 'w.f32' (f32) of step 10, not chunk c/1/0 of array 'w.f32' (f32) of step 20"),
             std::string::npos)
       << err;
   testing::write_bytes(b, bytes_b);
@@ -439,7 +442,7 @@ TEST_F(CheckpointTest, SwappedMovedOrStaleChunksAreRefused) {
   m.save(twins);
   testing::write_bytes(m.path(30) + "/x/c/0", testing::read_bytes(m.path(30) + "/y/c/0"));
   err = error_of([&] { m.restore(30); });
-  EXPECT_NE(err.find("holds chunk c/0 of array 'y' of step 30, not chunk c/0 of array 'x' of step 30"),
+  EXPECT_NE(err.find("holds chunk c/0 of array 'y' (f32) of step 30, not chunk c/0 of array 'x' (f32) of step 30"),
             std::string::npos)
       << err;
   EXPECT_EQ(error_of([&] { m.verify(30); }), err);
@@ -456,21 +459,124 @@ TEST_F(CheckpointTest, CheckpointsWithoutChunkTagsStillRestore) {
   std::vector<char> raw(4 * 4 * sizeof(float)), untagged;  // one {4, 4} f32 chunk
   std::string tag;
   ASSERT_EQ(zarr::decode_chunk(tagged.data(), tagged.size(), raw.data(), raw.size(), &tag), "");
-  EXPECT_EQ(tag, "parallax-chunk/1\n10\nc/1/0\nw.f32");
+  EXPECT_EQ(tag, "parallax-chunk/2\n10\nc/1/0\nf32\nw.f32");
   zarr::encode_chunk(raw.data(), raw.size(), 1, untagged);
   testing::write_bytes(chunk, std::string(untagged.begin(), untagged.end()));
   std::string err = error_of([&] { m.restore(10); });
   EXPECT_NE(err.find("chunk c/1/0"), std::string::npos) << err;
   EXPECT_NE(err.find("has no tag naming its array, chunk and step"), std::string::npos) << err;
 
-  // The old format: no "chunk_tags" in the metadata; every chunk untagged.
+  // Version 1 tags (no dtype), as checkpoints before version 2 have them, still restore.
   const std::string meta = m.path(10) + "/metadata.json";
   std::string text = testing::read_bytes(meta);
-  const std::string field = "\"chunk_tags\": 1,";
+  const std::string field = "\"chunk_tags\": 2,";
+  ASSERT_NE(text.find(field), std::string::npos) << text;
+  std::map<std::string, std::string> v2_chunks;  // w.f32's chunks ({4, 4} f32 each), tagged as version 1
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 2; ++j) {
+      const std::string key = "c/" + std::to_string(i) + "/" + std::to_string(j), file = m.path(10) + "/w.f32/" + key;
+      v2_chunks[file] = file == chunk ? tagged : testing::read_bytes(file);
+      std::vector<char> v1;
+      ASSERT_EQ(zarr::decode_chunk(v2_chunks[file].data(), v2_chunks[file].size(), raw.data(), raw.size()), "");
+      zarr::encode_chunk(raw.data(), raw.size(), 1, v1, "parallax-chunk/1\n10\n" + key + "\nw.f32");
+      testing::write_bytes(file, std::string(v1.begin(), v1.end()));
+    }
+  std::string v1_text = text;
+  testing::write_bytes(meta, v1_text.replace(v1_text.find(field), field.size(), "\"chunk_tags\": 1,"));
+  RestoreOptions only;
+  only.only = {"w.f32"};
+  EXPECT_TRUE(same_bits(m.restore(10, only).full("w.f32"), s.full["w.f32"]));
+  for (const auto& [file, bytes] : v2_chunks) testing::write_bytes(file, bytes);
+  testing::write_bytes(chunk, std::string(untagged.begin(), untagged.end()));
+
+  // The old format: no "chunk_tags" in the metadata; every chunk untagged.
   ASSERT_NE(text.find(field), std::string::npos) << text;
   testing::write_bytes(meta, text.replace(text.find(field), field.size(), ""));
   Checkpoint r = m.restore(10);
   for (auto& [name, want] : s.full) EXPECT_TRUE(same_bits(r.full(name), want)) << name;
+}
+
+// An array's dtype edited to another of the same size, in metadata.json and zarr.json alike,
+// restored the bytes as other values; each chunk's tag names its dtype.
+TEST_F(CheckpointTest, AnEditedDtypeIsRefused) {
+  CheckpointManager m(path("ckpt"));
+  Checkpoint c(7);
+  c.add("x", Array::from_f32({1.5f, -2.0f}, {2}));
+  m.save(c);
+  auto edit = [&](const std::string& file, const std::string& from, const std::string& to) {
+    std::string text = testing::read_bytes(file);
+    size_t at;
+    while ((at = text.find(from)) != std::string::npos) text.replace(at, from.size(), to);
+    testing::write_bytes(file, text);
+  };
+  edit(m.path(7) + "/metadata.json", "\"f32\"", "\"i32\"");
+  edit(m.path(7) + "/x/zarr.json", "\"float32\"", "\"int32\"");
+  edit(m.path(7) + "/x/zarr.json", "\"f32\"", "\"i32\"");
+  ASSERT_EQ(m.info(7).arrays.at(0).type.dtype, DType::i32);
+  const std::string err = error_of([&] { m.restore(7); });
+  EXPECT_NE(err.find("array 'x' chunk c/0"), std::string::npos) << err;
+  EXPECT_NE(err.find("holds chunk c/0 of array 'x' (f32) of step 7, not chunk c/0 of array 'x' (i32) of step 7"),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("or the array's dtype in metadata.json and zarr.json was edited"), std::string::npos) << err;
+}
+
+// save/save_async/wait/remove from two threads raced on the pending save's thread (std::terminate
+// when both started one); now a call while another runs is a px::UserError.
+TEST_F(CheckpointTest, ConcurrentSavesAreAnErrorNotACrash) {
+  CheckpointManager m(path("ckpt"));
+  std::atomic<int> refused{0}, other{0}, saved{0};
+  std::atomic<int64_t> next{1};
+  auto run = [&] {
+    for (int i = 0; i < 20; ++i) {
+      try {
+        const int64_t step = next.fetch_add(1);
+        Checkpoint c(step);
+        c.add("x", Array::from_f32(std::vector<float>(1 << 14, 1.0f), {1 << 14}));
+        if (i % 2) {
+          m.save_async(c);
+        } else {
+          m.save(c);
+        }
+        saved.fetch_add(1);
+      } catch (const UserError& e) {
+        const std::string w = e.what();
+        (w.find("this checkpoint manager (save, save_async, wait, remove) is already running on another thread") !=
+                 std::string::npos
+             ? refused
+             : other)
+            .fetch_add(1);
+      } catch (const Error& e) {
+        // A step older than one the other thread committed meanwhile: refused as it should be.
+        if (std::string(e.what()).find("older than the committed step") == std::string::npos) other.fetch_add(1);
+      } catch (...) {
+        other.fetch_add(1);
+      }
+    }
+  };
+  std::thread a(run), b(run);
+  a.join();
+  b.join();
+  m.wait();
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_GT(saved.load(), 0);
+  std::printf("%d saves, %d refused as concurrent\n", saved.load(), refused.load());
+}
+
+// Step 2^63-1 committed, but its directory name (19 digits) was not read back as a step.
+TEST_F(CheckpointTest, EveryStepUpToTheLargestIsSeen) {
+  CheckpointManager m(path("ckpt"));
+  for (int64_t step : {int64_t{999999999999999999}, std::numeric_limits<int64_t>::max()}) {
+    Checkpoint c(step);
+    c.add("x", Array::from_f32({1}, {1}));
+    m.save(c);
+    EXPECT_EQ(m.latest_step(), step);
+    EXPECT_EQ(m.restore(step).step, step);
+  }
+  EXPECT_EQ(m.steps().size(), 2u);
+  // A name past INT64_MAX is no step of ours: ignored, not wrapped around.
+  fs::create_directories(m.dir() + "/checkpoint_9223372036854775808");
+  testing::write_bytes(m.dir() + "/checkpoint_9223372036854775808/COMMITTED", "step 0\n");
+  EXPECT_EQ(m.latest_step(), std::numeric_limits<int64_t>::max());
 }
 
 TEST_F(CheckpointTest, MetadataStepMustMatchTheDirectory) {
