@@ -28,13 +28,17 @@ struct TextDataOptions {
   double eval_fraction = 0.01;
   uint64_t seed = 0;
   int64_t max_documents = 0;  // 0 = all
+  // A document is held whole to be tokenized: one longer than this is an error naming the file
+  // and line (a file without blank lines would otherwise be one document of its whole size).
+  int64_t max_document_bytes = int64_t{64} << 20;
   int64_t prefetch = 4;       // batches the background thread prepares ahead
 };
 
 // Reads the documents of `paths` in order (directories recursively, files sorted by path; "gcide"
 // for the installed dictionary), at most `max_documents` of them (0: all). Throws px::Error naming
-// the path (and line) at fault.
-std::vector<std::string> read_documents(const std::vector<std::string>& paths, int64_t max_documents = 0);
+// the path (and line) at fault, also for a document longer than `max_document_bytes`.
+std::vector<std::string> read_documents(const std::vector<std::string>& paths, int64_t max_documents = 0,
+                                        int64_t max_document_bytes = int64_t{64} << 20);
 
 // The installed GCIDE dictionary (/usr/share/dictd/gcide.dict.dz) as documents, one per entry,
 // markup stripped to plain text.
@@ -55,6 +59,9 @@ struct TextDatasetStats {
   double read_seconds = 0, tokenizer_seconds = 0, tokenize_seconds = 0, total_seconds = 0;
 };
 
+// Threads: next_train, state and restore run one call at a time; a second call from another
+// thread while one runs throws px::UserError ("already running on another thread"). tokenizer,
+// options, stats, num_eval_batches and eval_batch may be called from any thread.
 class TextDataset {
  public:
   explicit TextDataset(TextDataOptions opt);
@@ -80,6 +87,7 @@ class TextDataset {
 
  private:
   struct Impl;
+  Impl& impl() const;  // throws px::UserError on a moved-from dataset
   std::unique_ptr<Impl> impl_;
 };
 

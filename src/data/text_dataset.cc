@@ -1,6 +1,7 @@
 // TextDataset: documents -> tokens (cached) -> train/eval split -> packed sequences -> shuffled
 // global batches, prepared ahead by a background thread.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -14,8 +15,10 @@
 #include <thread>
 #include <unistd.h>
 
+#include "core/exclusive.h"
 #include "core/log.h"
 #include "data/text_internal.h"
+#include "io/crc32c.h"
 #include "io/regular_file.h"
 #include "parallax/text_data.h"
 
@@ -70,6 +73,15 @@ std::string corpus_key(const std::vector<fs::path>& files, int64_t max_documents
   return k;
 }
 
+// The crc32c of a token cache's bytes before its checksum.
+uint32_t token_cache_checksum(const char* magic, uint64_t nd, uint64_t nt, const TokenizedCorpus& c) {
+  uint32_t crc = io::crc32c(magic, 8);
+  crc = io::crc32c(&nd, 8, crc);
+  crc = io::crc32c(&nt, 8, crc);
+  crc = io::crc32c(c.offsets.data(), 8 * (nd + 1), crc);
+  return io::crc32c(c.tokens.data(), 4 * nt, crc);
+}
+
 }  // namespace
 
 bool read_token_cache(const fs::path& path, int64_t vocab_size, TokenizedCorpus& out) {
@@ -90,15 +102,17 @@ bool read_token_cache(const fs::path& path, int64_t vocab_size, TokenizedCorpus&
   f.read(reinterpret_cast<char*>(&nd), 8);
   f.read(reinterpret_cast<char*>(&nt), 8);
   if (!f || size < 24) bad(std::to_string(size) + " bytes, shorter than its 24-byte header");
+  if (std::memcmp(magic, "PXTOK01\n", 8) == 0) bad("it is of an older format, without a checksum");
   if (std::memcmp(magic, kTokenMagic, 8) != 0) bad("it does not start with the token cache's magic bytes");
+  if (size < 28) bad(std::to_string(size) + " bytes, shorter than its header and checksum");
   // The counts are bounded by the file's size before anything is sized by them.
-  const uint64_t body = size - 24;
+  const uint64_t body = size - 28;
   const std::string counts =
       "its header says " + std::to_string(nd) + " documents and " + std::to_string(nt) + " tokens";
   if (nd >= body / 8 || nt > (body - 8 * (nd + 1)) / 4)
     bad(counts + ", more than its " + std::to_string(size) + " bytes hold");
   if (body != 8 * (nd + 1) + 4 * nt)
-    bad(counts + ", which take " + std::to_string(24 + 8 * (nd + 1) + 4 * nt) + " bytes, but the file has " +
+    bad(counts + ", which take " + std::to_string(28 + 8 * (nd + 1) + 4 * nt) + " bytes, but the file has " +
         std::to_string(size));
   out.offsets.resize(nd + 1);
   out.tokens.resize(nt);
@@ -122,12 +136,15 @@ bool read_token_cache(const fs::path& path, int64_t vocab_size, TokenizedCorpus&
       if (static_cast<uint32_t>(t[i]) >= limit)
         bad("token " + std::to_string(i) + " is id " + std::to_string(t[i]) +
             ", outside the tokenizer's vocabulary [0, " + std::to_string(vocab_size) + ")");
+  uint32_t stored = 0;
+  f.read(reinterpret_cast<char*>(&stored), 4);
+  if (!f) bad("it is shorter than its size says");
+  if (stored != token_cache_checksum(magic, nd, nt, out))
+    bad("its checksum does not match its contents (overwritten or damaged since it was written)");
   return true;
 }
 
-namespace {
-
-void save_tokens(const fs::path& path, const TokenizedCorpus& c) {
+void write_token_cache(const fs::path& path, const TokenizedCorpus& c) {
   fs::path tmp = path;
   tmp += ".tmp" + std::to_string(::getpid());
   {
@@ -138,12 +155,16 @@ void save_tokens(const fs::path& path, const TokenizedCorpus& c) {
     f.write(reinterpret_cast<const char*>(&nt), 8);
     f.write(reinterpret_cast<const char*>(c.offsets.data()), static_cast<std::streamsize>(8 * (nd + 1)));
     f.write(reinterpret_cast<const char*>(c.tokens.data()), static_cast<std::streamsize>(4 * nt));
+    const uint32_t crc = token_cache_checksum(kTokenMagic, nd, nt, c);
+    f.write(reinterpret_cast<const char*>(&crc), 4);
     if (!f) throw Error("[data] cannot write the token cache '" + tmp.string() + "'; check that cache_dir is writable");
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) throw Error("[data] cannot move the token cache to '" + path.string() + "': " + ec.message());
 }
+
+namespace {
 
 // Tokenizes documents on all cores; the result does not depend on the thread count.
 TokenizedCorpus tokenize(const text::Tokenizer& tok, const std::vector<std::string>& docs) {
@@ -212,6 +233,9 @@ struct TextDataset::Impl {
 
   // Consumer position: the next batch next_train() returns.
   int64_t epoch = 0, index = 0;
+  // next_train, state and restore run one call at a time (ExclusiveCall): they move or read the
+  // position and start or stop the worker.
+  mutable std::atomic<bool> busy{false};
 
   // The background producer and its bounded queue.
   std::thread worker;
@@ -331,7 +355,7 @@ TextDataset::TextDataset(TextDataOptions opt) : impl_(std::make_unique<Impl>()) 
       const auto t = clock::now();
       for (const auto& f : files) {
         if (o.max_documents > 0 && static_cast<int64_t>(docs.size()) >= o.max_documents) break;
-        read_file_documents(f, docs, o.max_documents);
+        read_file_documents(f, docs, o.max_documents, o.max_document_bytes);
       }
       docs_read = true;
       m.stats.read_seconds = since(t);
@@ -400,7 +424,7 @@ TextDataset::TextDataset(TextDataOptions opt) : impl_(std::make_unique<Impl>()) 
     const auto t = clock::now();
     corpus = tokenize(*m.tok, d);
     m.stats.tokenize_seconds = since(t);
-    if (!token_file.empty()) save_tokens(token_file, corpus);
+    if (!token_file.empty()) write_token_cache(token_file, corpus);
   }
   const int64_t nd = corpus.documents();
   if (nd == 0) throw Error("[data] the corpus (" + join_paths(o.paths) + ") has no documents; check the paths");
@@ -443,12 +467,18 @@ TextDataset::~TextDataset() = default;
 TextDataset::TextDataset(TextDataset&&) noexcept = default;  // the worker thread uses the Impl, which stays put
 TextDataset& TextDataset::operator=(TextDataset&&) noexcept = default;
 
-const text::Tokenizer& TextDataset::tokenizer() const { return *impl_->tok; }
-const TextDataOptions& TextDataset::options() const { return impl_->opt; }
-const TextDatasetStats& TextDataset::stats() const { return impl_->stats; }
+TextDataset::Impl& TextDataset::impl() const {
+  if (!impl_) throw UserError("[data] this TextDataset was moved from; use the dataset it was moved to");
+  return *impl_;
+}
+
+const text::Tokenizer& TextDataset::tokenizer() const { return *impl().tok; }
+const TextDataOptions& TextDataset::options() const { return impl().opt; }
+const TextDatasetStats& TextDataset::stats() const { return impl().stats; }
 
 LmBatch TextDataset::next_train() {
-  Impl& m = *impl_;
+  Impl& m = impl();
+  ExclusiveCall call(m.busy, "text dataset (next_train, state, restore)");
   if (!m.worker.joinable()) m.start_worker();
   LmBatch b;
   {
@@ -467,11 +497,11 @@ LmBatch TextDataset::next_train() {
 }
 
 int64_t TextDataset::num_eval_batches() const {
-  return (impl_->stats.eval_sequences + impl_->opt.batch - 1) / impl_->opt.batch;
+  return (impl().stats.eval_sequences + impl().opt.batch - 1) / impl().opt.batch;
 }
 
 LmBatch TextDataset::eval_batch(int64_t i) const {
-  const Impl& m = *impl_;
+  const Impl& m = impl();
   if (i < 0 || i >= num_eval_batches())
     throw Error("[data] eval batch " + std::to_string(i) + " is not in [0, " + std::to_string(num_eval_batches()) +
                 ")" + (num_eval_batches() == 0 ? "; the eval split is empty (eval_fraction = 0)" : ""));
@@ -484,7 +514,8 @@ LmBatch TextDataset::eval_batch(int64_t i) const {
 }
 
 std::string TextDataset::state() const {
-  const Impl& m = *impl_;
+  const Impl& m = impl();
+  ExclusiveCall call(m.busy, "text dataset (next_train, state, restore)");
   nlohmann::json j = {{"epoch", m.epoch},
                       {"index", m.index},
                       {"seed", m.opt.seed},
@@ -495,7 +526,8 @@ std::string TextDataset::state() const {
 }
 
 void TextDataset::restore(const std::string& state) {
-  Impl& m = *impl_;
+  Impl& m = impl();
+  ExclusiveCall call(m.busy, "text dataset (next_train, state, restore)");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(state);

@@ -43,48 +43,54 @@ bool is_known_text_file(const fs::path& p) {
 
 }  // namespace
 
-std::string read_maybe_gz(const std::string& path, size_t limit, uint64_t inflate_floor) {
+GzReader::GzReader(const std::string& path, uint64_t inflate_floor) : path_(path), floor_(inflate_floor) {
   io::require_regular_file(path, "[data] ");
   std::error_code ec;
-  const uint64_t stored = fs::file_size(path, ec);
-  const uint64_t bound = std::max<uint64_t>(inflate_floor, ec ? 0 : stored * kMaxInflateRatio);
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (!f) throw Error("[data] cannot open '" + path + "'; check that it exists and is readable");
-  gzbuffer(f, 1 << 17);
+  stored_ = fs::file_size(path, ec);
+  bound_ = std::max<uint64_t>(inflate_floor, ec ? 0 : stored_ * kMaxInflateRatio);
+  f_ = gzopen(path.c_str(), "rb");
+  if (!f_) throw Error("[data] cannot open '" + path + "'; check that it exists and is readable");
+  gzbuffer(static_cast<gzFile>(f_), 1 << 17);
+}
+
+GzReader::~GzReader() {
+  if (f_) gzclose(static_cast<gzFile>(f_));
+}
+
+size_t GzReader::read(char* out, size_t n) {
+  gzFile f = static_cast<gzFile>(f_);
+  const int got = gzread(f, out, static_cast<unsigned>(std::min<size_t>(n, 1 << 30)));
+  int code = 0;
+  if (got < 0) throw Error("[data] '" + path_ + "' is corrupt or truncated (" + gzerror(f, &code) + ")");
+  if (got == 0) {
+    // A truncated stream ends without a read error; zlib records it as Z_BUF_ERROR.
+    std::string msg = gzerror(f, &code);
+    if (code != Z_OK) throw Error("[data] '" + path_ + "' is corrupt or truncated (" + msg + ")");
+    return 0;
+  }
+  inflated_ += static_cast<uint64_t>(got);
+  if (inflated_ > bound_) {
+    auto size = [](uint64_t b) {
+      return b >= (1 << 20) && b % (1 << 20) == 0 ? std::to_string(b >> 20) + " MiB" : std::to_string(b) + " bytes";
+    };
+    throw UserError("[data] '" + path_ + "' inflates to more than " + size(bound_) + " from " + size(stored_) +
+                    ": a compressed file may inflate to at most " + std::to_string(kMaxInflateRatio) +
+                    "x its size (or " + size(floor_) +
+                    "), text compresses about 3-10x and more is a decompression bomb; if the data is real, "
+                    "decompress it yourself and give the plain file");
+  }
+  return static_cast<size_t>(got);
+}
+
+std::string read_maybe_gz(const std::string& path, size_t limit, uint64_t inflate_floor) {
+  GzReader in(path, inflate_floor);
   std::string out;
   std::array<char, 1 << 16> buf;
   while (limit == 0 || out.size() < limit) {
-    int n = gzread(f, buf.data(), buf.size());
-    if (n < 0) {
-      int code = 0;
-      std::string msg = gzerror(f, &code);
-      gzclose(f);
-      throw Error("[data] '" + path + "' is corrupt or truncated (" + msg + ")");
-    }
-    if (n == 0) {
-      // A truncated stream ends without a read error; zlib records it as Z_BUF_ERROR.
-      int code = 0;
-      std::string msg = gzerror(f, &code);
-      if (code != Z_OK) {
-        gzclose(f);
-        throw Error("[data] '" + path + "' is corrupt or truncated (" + msg + ")");
-      }
-      break;
-    }
-    out.append(buf.data(), static_cast<size_t>(n));
-    if (out.size() > bound) {
-      gzclose(f);
-      auto size = [](uint64_t b) {
-        return b >= (1 << 20) && b % (1 << 20) == 0 ? std::to_string(b >> 20) + " MiB" : std::to_string(b) + " bytes";
-      };
-      throw UserError("[data] '" + path + "' inflates to more than " + size(bound) + " from " + size(stored) +
-                      ": a compressed file may inflate to at most " + std::to_string(kMaxInflateRatio) +
-                      "x its size (or " + size(inflate_floor) +
-                      "), text compresses about 3-10x and more is a decompression bomb; if the data is real, "
-                      "decompress it yourself and give the plain file");
-    }
+    const size_t n = in.read(buf.data(), buf.size());
+    if (n == 0) break;
+    out.append(buf.data(), n);
   }
-  gzclose(f);
   return out;
 }
 
@@ -97,44 +103,83 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(a, b - a + 1));
 }
 
-// Documents are separated by one or more blank lines; each keeps its inner line breaks.
-void split_paragraph_documents(const std::string& text, std::vector<std::string>& out, int64_t max_documents) {
-  std::string doc;
-  size_t start = 0;
-  auto flush = [&] {
-    if (!doc.empty()) out.push_back(std::move(doc));
-    doc.clear();
-  };
-  while (start < text.size()) {
-    if (max_documents > 0 && static_cast<int64_t>(out.size()) >= max_documents) return;
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    std::string_view line(text.data() + start, end - start);
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.find_first_not_of(" \t") == std::string_view::npos) {
-      flush();
-    } else {
-      if (!doc.empty()) doc += '\n';
-      doc.append(line);
+// The lines of a file (gzip or not), read in pieces: memory holds one line, not the file. A
+// line longer than `max_line` bytes is refused before it is held whole.
+class LineStream {
+ public:
+  LineStream(const std::string& path, uint64_t max_line) : in_(path), path_(path), max_line_(max_line) {}
+  // The next line without its '\n' (and '\r'); false at the end of the file.
+  bool next(std::string& line) {
+    line.clear();
+    while (true) {
+      const size_t nl = buf_.find('\n', pos_);
+      const size_t end = nl == std::string::npos ? buf_.size() : nl;
+      if (line.size() + (end - pos_) > max_line_) too_long(line_no_ + 1);
+      line.append(buf_, pos_, end - pos_);
+      pos_ = end;
+      if (nl != std::string::npos) {
+        ++pos_;
+        break;
+      }
+      buf_.resize(1 << 16);
+      buf_.resize(in_.read(buf_.data(), buf_.size()));
+      pos_ = 0;
+      if (buf_.empty()) {
+        if (line.empty()) return false;
+        break;
+      }
     }
-    start = end + 1;
+    ++line_no_;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    return true;
   }
-  if (max_documents <= 0 || static_cast<int64_t>(out.size()) < max_documents) flush();
+  int64_t line_no() const { return line_no_; }
+  [[noreturn]] void too_long(int64_t start_line) const {
+    throw UserError("[data] " + path_ + ":" + std::to_string(start_line) + ": the document here is longer than " +
+                    std::to_string(max_line_) + " bytes (max_document_bytes); a document is held whole to be "
+                    "tokenized: split it (blank lines separate the documents of a text file), or raise "
+                    "max_document_bytes (pax: data.max_document_bytes)");
+  }
+
+ private:
+  GzReader in_;
+  std::string path_, buf_;
+  size_t pos_ = 0;
+  uint64_t max_line_;
+  int64_t line_no_ = 0;
+};
+
+bool full(const std::vector<std::string>& out, int64_t max_documents) {
+  return max_documents > 0 && static_cast<int64_t>(out.size()) >= max_documents;
 }
 
-void read_jsonl(const std::string& path, const std::string& text, std::vector<std::string>& out,
-                int64_t max_documents) {
-  size_t start = 0;
-  int64_t line_no = 0;
-  while (start < text.size()) {
-    if (max_documents > 0 && static_cast<int64_t>(out.size()) >= max_documents) return;
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    ++line_no;
-    std::string_view line(text.data() + start, end - start);
-    start = end + 1;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    auto where = [&] { return "[data] " + path + ":" + std::to_string(line_no) + ": "; };
+// Documents are separated by one or more blank lines; each keeps its inner line breaks.
+void read_paragraph_documents(const std::string& path, std::vector<std::string>& out, int64_t max_documents,
+                              uint64_t max_document_bytes) {
+  LineStream lines(path, max_document_bytes);
+  std::string doc, line;
+  int64_t first_line = 0;  // where `doc` starts
+  while (!full(out, max_documents) && lines.next(line)) {
+    if (line.find_first_not_of(" \t") == std::string::npos) {
+      if (!doc.empty()) out.push_back(std::move(doc));
+      doc.clear();
+      continue;
+    }
+    if (doc.empty()) first_line = lines.line_no();
+    if ((doc.empty() ? 0 : doc.size() + 1) + line.size() > max_document_bytes) lines.too_long(first_line);
+    if (!doc.empty()) doc += '\n';
+    doc += line;
+  }
+  if (!doc.empty() && !full(out, max_documents)) out.push_back(std::move(doc));
+}
+
+void read_jsonl(const std::string& path, std::vector<std::string>& out, int64_t max_documents,
+                uint64_t max_document_bytes) {
+  LineStream lines(path, max_document_bytes);
+  std::string line;
+  while (!full(out, max_documents) && lines.next(line)) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto where = [&] { return "[data] " + path + ":" + std::to_string(lines.line_no()) + ": "; };
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
@@ -184,25 +229,29 @@ std::vector<fs::path> expand_paths(const std::vector<std::string>& paths) {
   return files;
 }
 
-void read_file_documents(const fs::path& file, std::vector<std::string>& out, int64_t max_documents) {
+void read_file_documents(const fs::path& file, std::vector<std::string>& out, int64_t max_documents,
+                         int64_t max_document_bytes) {
+  if (max_document_bytes < 1)
+    throw UserError("[data] max_document_bytes must be >= 1, got " + std::to_string(max_document_bytes));
   if (file == "gcide") {
     int64_t left = max_documents > 0 ? max_documents - static_cast<int64_t>(out.size()) : 0;
     auto docs = read_gcide(left);
     for (auto& d : docs) out.push_back(std::move(d));
     return;
   }
-  std::string text = read_maybe_gz(file.string());
+  const auto limit = static_cast<uint64_t>(max_document_bytes);
   if (is_jsonl(file))
-    read_jsonl(file.string(), text, out, max_documents);
+    read_jsonl(file.string(), out, max_documents, limit);
   else
-    split_paragraph_documents(text, out, max_documents);
+    read_paragraph_documents(file.string(), out, max_documents, limit);
 }
 
-std::vector<std::string> read_documents(const std::vector<std::string>& paths, int64_t max_documents) {
+std::vector<std::string> read_documents(const std::vector<std::string>& paths, int64_t max_documents,
+                                        int64_t max_document_bytes) {
   std::vector<std::string> docs;
   for (const auto& f : expand_paths(paths)) {
     if (max_documents > 0 && static_cast<int64_t>(docs.size()) >= max_documents) break;
-    read_file_documents(f, docs, max_documents);
+    read_file_documents(f, docs, max_documents, max_document_bytes);
   }
   return docs;
 }

@@ -1,12 +1,14 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include "core/log.h"
 #include "data/text_internal.h"
@@ -326,6 +328,9 @@ TEST(TextDataset, ABadTokenCacheIsRefusedAndRebuilt) {
   const int32_t out_of_vocab = static_cast<int32_t>(vocab) + 7, negative = -3;
   const int64_t backwards = 1, short_end = static_cast<int64_t>(nt) - 1;
   const size_t tokens_at = 24 + 8 * (nd + 1), last_offset = 24 + 8 * nd;
+  int32_t other_token;
+  std::memcpy(&other_token, good.data() + tokens_at, 4);
+  other_token = static_cast<int32_t>((other_token + 1) % vocab);
   struct Case {
     std::string bytes, fault;
   };
@@ -343,6 +348,10 @@ TEST(TextDataset, ABadTokenCacheIsRefusedAndRebuilt) {
       {with(24 + 8 * 3, &backwards, 8), "document 2 ends at token 1, outside ["},
       {with(last_offset, &short_end, 8),
        "its documents end at token " + std::to_string(short_end) + " of " + std::to_string(nt)},
+      // Overwritten with other tokens of the vocabulary, the same size: only the checksum sees it.
+      {with(tokens_at, &other_token, 4),
+       "its checksum does not match its contents (overwritten or damaged since it was written)"},
+      {"PXTOK01\n" + good.substr(8), "it is of an older format, without a checksum"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.fault);
@@ -380,6 +389,59 @@ TEST(TextDataset, ABadTokenCacheIsRefusedAndRebuilt) {
 
 // The check reads every token once: measured here so that a slow one shows (the budget is
 // generous for sanitizer builds).
+// next_train from two threads ended the process in std::terminate (both started the worker);
+// now a second call while one runs is a px::UserError, and the calls that ran give the batches
+// one thread would have had, in order.
+TEST(TextDataset, ConcurrentCallsAreAnErrorNotACrash) {
+  fs::path dir = temp_dir("threads");
+  fs::path corpus = write_corpus(dir, make_docs(60));
+  TextDataOptions o = options(dir, corpus);
+  TextDataset ds(o), alone(o);
+  std::atomic<int> ready{0}, refused{0}, other{0};
+  std::vector<std::vector<LmBatch>> got(2);
+  auto run = [&](int t) {
+    ready.fetch_add(1);
+    while (ready.load() < 2) {
+    }
+    for (int i = 0; i < 300; ++i) {
+      try {
+        got[t].push_back(ds.next_train());
+        if (i % 7 == 0) (void)ds.state();
+      } catch (const px::UserError& e) {
+        if (std::string(e.what()).find("this text dataset (next_train, state, restore) is already running on "
+                                       "another thread") != std::string::npos)
+          refused.fetch_add(1);
+        else
+          other.fetch_add(1);
+      } catch (...) {
+        other.fetch_add(1);
+      }
+    }
+  };
+  std::thread a(run, 0), b(run, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(other.load(), 0);
+  std::printf("%d of 600 calls refused as concurrent\n", refused.load());
+  // Every batch handed out is the next one of the sequence, whichever thread got it.
+  const size_t n = got[0].size() + got[1].size();
+  std::vector<LmBatch> want;
+  for (size_t i = 0; i < n; ++i) want.push_back(alone.next_train());
+  size_t matched = 0;
+  for (const LmBatch& w : want)
+    for (auto& g : got)
+      if (!g.empty() && same(g.front(), w)) {
+        g.erase(g.begin());
+        ++matched;
+        break;
+      }
+  EXPECT_EQ(matched, n);
+  // A moved-from dataset says so instead of crashing.
+  TextDataset moved = std::move(ds);
+  EXPECT_NE(error_of([&] { ds.next_train(); }).find("this TextDataset was moved from"), std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST(TextDataset, TheTokenCacheCheckIsCheap) {
   fs::path dir = temp_dir("cache_speed");
   px::data::TokenizedCorpus c;
@@ -387,15 +449,7 @@ TEST(TextDataset, TheTokenCacheCheckIsCheap) {
   c.tokens.resize(n);
   for (int64_t i = 0; i < n; ++i) c.tokens[i] = static_cast<int32_t>(i % 8000);
   c.offsets = {0, n};
-  {
-    std::ofstream f(dir / "tokens.bin", std::ios::binary);
-    uint64_t nd = 1, nt = n;
-    f.write(px::data::kTokenMagic, 8);
-    f.write(reinterpret_cast<const char*>(&nd), 8);
-    f.write(reinterpret_cast<const char*>(&nt), 8);
-    f.write(reinterpret_cast<const char*>(c.offsets.data()), 16);
-    f.write(reinterpret_cast<const char*>(c.tokens.data()), 4 * n);
-  }
+  px::data::write_token_cache(dir / "tokens.bin", c);
   px::data::TokenizedCorpus back;
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(px::data::read_token_cache(dir / "tokens.bin", 8000, back));

@@ -107,6 +107,35 @@ TEST(TextRead, ClearErrors) {
   fs::remove_all(d);
 }
 
+// A 1 GiB single document in a .txt.gz ended in std::bad_alloc: files are read line by line and
+// a document longer than max_document_bytes is an error naming the file and the line.
+TEST(TextRead, ADocumentLongerThanTheLimitNamesFileAndLine) {
+  fs::path d = temp_dir("long_doc");
+  write(d / "a.txt", "short\n\n" + std::string(300, 'x') + "\n\nafter\n");
+  std::string e = error_of([&] { px::data::read_documents({(d / "a.txt").string()}, 0, 100); });
+  EXPECT_NE(e.find("[data] " + (d / "a.txt").string() + ":3: the document here is longer than 100 bytes "
+                   "(max_document_bytes)"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("raise max_document_bytes (pax: data.max_document_bytes)"), std::string::npos) << e;
+  // Many short lines make one long document: named by the line it starts on.
+  std::string lines;
+  for (int i = 0; i < 30; ++i) lines += "0123456789\n";
+  write_gz(d / "b.txt.gz", "one\n\n\n" + lines);
+  e = error_of([&] { px::data::read_documents({(d / "b.txt.gz").string()}, 0, 100); });
+  EXPECT_NE(e.find((d / "b.txt.gz").string() + ":4: the document here is longer than 100 bytes"), std::string::npos)
+      << e;
+  write(d / "c.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"" + std::string(200, 'y') + "\"}\n");
+  e = error_of([&] { px::data::read_documents({(d / "c.jsonl").string()}, 0, 100); });
+  EXPECT_NE(e.find((d / "c.jsonl").string() + ":2: the document here is longer than 100 bytes"), std::string::npos)
+      << e;
+  // At the limit it is read; the default limit is 64 MiB.
+  EXPECT_EQ(px::data::read_documents({(d / "a.txt").string()}, 0, 300).size(), 3u);
+  EXPECT_EQ(px::data::read_documents({(d / "a.txt").string()}).size(), 3u);
+  EXPECT_NE(error_of([&] { px::data::read_documents({(d / "a.txt").string()}, 0, 0); }).find("must be >= 1"),
+            std::string::npos);
+  fs::remove_all(d);
+}
+
 // A small .gz that inflates to a GiB was read whole: inflating stops at a stated bound.
 TEST(TextRead, DecompressionIsBounded) {
   fs::path d = temp_dir("bomb");
