@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 #include "parallax/nn/pretrained.h"
@@ -138,6 +139,27 @@ TEST(Generate, RefusesBadRequests) {
   opt.max_new_tokens = 40;
   EXPECT_NE(error_of([&] { generate(m, params, {{1, 2}}, opt); }).find("max_seq_len 40"), std::string::npos);
   EXPECT_NE(error_of([&] { generate(m, {}, {{1, 2}}); }).find("params given"), std::string::npos);
+}
+
+// NaN logits (params that diverged) gave token 0s without a word; now an error naming the row.
+TEST(Generate, NonFiniteLogitsAreAnError) {
+  TransformerLm m(small_gpt2());
+  std::vector<Array> params = m.init(1);
+  for (Array& p : params)
+    if (p.dtype() == DType::f32) {
+      std::vector<float> nan(static_cast<size_t>(p.numel()), std::numeric_limits<float>::quiet_NaN());
+      p = Array::from_f32(nan, p.shape());
+    }
+  for (bool cache : {true, false})
+    for (double temperature : {0.0, 0.8}) {
+      SCOPED_TRACE(std::string(cache ? "cached" : "recomputed") + ", temperature " + std::to_string(temperature));
+      GenerateOptions opt;
+      opt.use_cache = cache;
+      opt.temperature = temperature;
+      const std::string e = testing::error_of([&] { generate(m, params, kPrompts, opt); });
+      EXPECT_NE(e.find("[generate] the logits of new token 0 of prompt 0 hold 50 NaN"), std::string::npos) << e;
+      EXPECT_NE(e.find("no token can be picked"), std::string::npos) << e;
+    }
 }
 
 }  // namespace

@@ -136,6 +136,27 @@ Program compile_full(const TransformerLm& m, int64_t batch, int64_t len) {
   return {Executable::compile(*g)};
 }
 
+// Logits no token can be picked from are an error, never a silent token 0: a NaN (greedy's
+// max_element and the sampler's weights are then meaningless), +inf, or a row that is all -inf.
+void check_logits(const float* logits, int64_t vocab, int64_t row, int64_t k) {
+  int64_t nan = 0, pos_inf = 0, neg_inf = 0, first = -1;
+  for (int64_t v = 0; v < vocab; ++v) {
+    const float x = logits[v];
+    if (std::isfinite(x)) continue;
+    (std::isnan(x) ? nan : x > 0 ? pos_inf : neg_inf) += 1;
+    if (first < 0 && !(x < 0)) first = v;
+  }
+  if (nan == 0 && pos_inf == 0 && neg_inf < vocab) return;
+  const std::string where = "[generate] the logits of new token " + std::to_string(k) + " of prompt " +
+                            std::to_string(row) + " ";
+  if (nan + pos_inf > 0)
+    throw Error(where + "hold " + std::to_string(nan) + " NaN and " + std::to_string(pos_inf) + " +inf of " +
+                std::to_string(vocab) + " (the first at token id " + std::to_string(first) +
+                "): no token can be picked from them; the params are probably not finite (a diverged or damaged "
+                "checkpoint, or weights read as another dtype): check the params for NaN and inf");
+  throw Error(where + "are -inf for every token id: no token can be picked from them");
+}
+
 int32_t pick(const float* logits, int64_t vocab, const GenerateOptions& opt, std::mt19937_64& rng) {
   if (opt.temperature <= 0.0) return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
   std::vector<int32_t> order(static_cast<size_t>(vocab));
@@ -219,6 +240,7 @@ std::vector<std::vector<int32_t>> generate(const TransformerLm& model, const std
     const float* l = logits.data<float>();
     bool all_done = true;
     for (int64_t r = 0; r < b; ++r) {
+      if (!done[r]) check_logits(l + r * c.vocab_size, c.vocab_size, r, k);
       int32_t t = done[r] ? stop[r] : pick(l + r * c.vocab_size, c.vocab_size, opt, rng);
       if (!done[r] && is_eos(t)) done[r] = true, stop[r] = t;
       out[r].push_back(t);
