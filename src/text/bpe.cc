@@ -305,6 +305,24 @@ bool sentencepiece_style(const json& j) {
          (j.contains("model") && j["model"].is_object() && j["model"].value("type", "") == "Unigram");
 }
 
+// Whether tokenizer.json's Metaspace pre-tokenizer prepends "▁" (prepend_scheme first or always;
+// add_prefix_space in older files). It does so only where the text does not start with a space
+// already, unlike SentencePiece's dummy prefix, which is always added.
+bool metaspace_prepends(const json& j) {
+  std::function<bool(const json&)> find = [&](const json& n) {
+    if (!n.is_object()) return false;
+    if (n.value("type", "") == "Metaspace") {
+      if (n.contains("prepend_scheme") && n["prepend_scheme"].is_string()) return n["prepend_scheme"] != "never";
+      return n.value("add_prefix_space", true);
+    }
+    if (n.contains("pretokenizers") && n["pretokenizers"].is_array())
+      for (const json& c : n["pretokenizers"])
+        if (find(c)) return true;
+    return false;
+  };
+  return find(j.value("pre_tokenizer", json()));
+}
+
 class BpeTokenizer : public Tokenizer {
  public:
   BpeTokenizer(const json& j, const std::string& file);
@@ -718,6 +736,7 @@ class HfSentencePiece : public Tokenizer {
     bos_ = sp_->bos_id(), eos_ = sp_->eos_id(), pad_ = sp_->pad_id();
     const std::string json_path = dir + "/tokenizer.json";
     if (tokenizer_json) {
+      metaspace_prepend_ = metaspace_prepends(*tokenizer_json);
       try {
         read_post_processor(tokenizer_json->value("post_processor", json()), json_path, sp_->vocab_size(), post_);
         has_post_ = tokenizer_json->contains("post_processor") && !(*tokenizer_json)["post_processor"].is_null();
@@ -747,7 +766,12 @@ class HfSentencePiece : public Tokenizer {
     }
   }
   std::string kind() const override { return "sentencepiece"; }
-  std::vector<int32_t> encode(std::string_view text) const override { return sp_->encode(text); }
+  // A text that starts with a space gets no second "▁" from tokenizer.json's Metaspace, while the
+  // model's dummy prefix would add one: "  two" is "▁▁two" in transformers, so one space less here.
+  std::vector<int32_t> encode(std::string_view text) const override {
+    if (metaspace_prepend_ && !text.empty() && text[0] == ' ') text.remove_prefix(1);
+    return sp_->encode(text);
+  }
   std::string decode(const std::vector<int32_t>& ids) const override { return sp_->decode(ids); }
   int64_t vocab_size() const override { return sp_->vocab_size(); }
   int32_t bos_id() const override { return bos_; }
@@ -778,7 +802,7 @@ class HfSentencePiece : public Tokenizer {
   std::unique_ptr<Tokenizer> sp_;
   int32_t bos_, eos_, pad_;
   PostProcessor post_;
-  bool has_post_ = false, add_bos_ = true, add_eos_ = false;
+  bool has_post_ = false, add_bos_ = true, add_eos_ = false, metaspace_prepend_ = false;
 };
 
 }  // namespace

@@ -32,6 +32,16 @@ struct TempDir {
   std::string operator/(const std::string& f) const { return (path / f).string(); }
 };
 
+// Whether the test venv's python exists; tests that need it skip with no_test_python_reason()
+// where it does not (scripts/setup_test_venv.sh makes it).
+inline bool has_test_python() {
+  const std::string py = test_python();
+  return py.find('/') == std::string::npos || ::access(py.c_str(), X_OK) == 0;
+}
+inline std::string no_test_python_reason() {
+  return "no test venv python at " + test_python() + "; run scripts/setup_test_venv.sh (or set PX_TEST_PYTHON)";
+}
+
 // Runs tests/python/<script> with the test venv's python; returns its exit code and output.
 inline int run_test_script(const std::string& script_name, const std::string& args, std::string* output) {
   // __FILE__ is relative to the build folder when ccache rewrites paths; binaries live in <build>/tests.

@@ -1,6 +1,7 @@
 """Small byte-level BPE tokenizers trained here with the `tokenizers` package, and their outputs
 on a test corpus, for tests/text/test_bpe.cc.
 
+  hf_tokenizers.py llama2 DIR  Llama 2 style directories around DIR/tokenizer.model (see llama2_styles)
   hf_tokenizers.py OUT_DIR     writes OUT_DIR/<style>/tokenizer.json (+ tokenizer_config.json)
                                for the gpt2, llama3, qwen2 and flags styles, and OUT_DIR/expected.json:
                                {style: [{"text", "ids", "special_ids", "decoded", "prefix_ids",
@@ -69,6 +70,19 @@ TEST = [
 ]
 
 
+# Texts for the SentencePiece-style directories (tests/text/test_bpe.cc trains their model on
+# sentences like the first ones).
+SPM_TEST = [
+    "Hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    "Der schnelle braune Fuchs springt über den faulen Hund.",
+    "Numbers 1234 and 56.78 here",
+    "Привет, как дела?",
+    "  two leading spaces, trailing one ",
+    "unseen: zebra ქართული 🦊",
+]
+
+
 def train(pre, specials, ignore_merges=False, normalizer=None, post=None):
     tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
     if normalizer is not None:
@@ -102,7 +116,52 @@ def flags_style():
     return tok
 
 
+def llama2_styles(out):
+    """Llama 2 style directories around OUT/tokenizer.model (a SentencePiece BPE model): its
+    tokenizer.json as transformers' LlamaTokenizer writes it (Metaspace, byte fallback, merges from
+    the pieces' scores), the model beside it, and tokenizer_config.json's add_bos_token /
+    add_eos_token; OUT/expected.json: AutoTokenizer's ids per style, as main() writes them."""
+    from transformers import AutoTokenizer, LlamaTokenizer
+    from transformers.convert_slow_tokenizer import import_protobuf
+    from transformers.tokenization_utils_base import generate_merges
+
+    proto = import_protobuf().ModelProto()
+    with open(os.path.join(out, "tokenizer.model"), "rb") as f:
+        proto.ParseFromString(f.read())
+    pieces = [(p.piece, p.score) for p in proto.pieces]
+    vocab = {piece: i for i, (piece, _) in enumerate(pieces)}
+    merges = generate_merges(vocab, dict(pieces))
+    names = {k: proto.pieces[getattr(proto.trainer_spec, k + "_id")].piece for k in ("unk", "bos", "eos")}
+    styles = {  # name: (LlamaTokenizer's add_bos_token, add_eos_token)
+        "llama2": (True, False),  # Llama 2 itself: "<s> $A"
+        "bos_eos": (True, True),
+        "eos_only": (False, True),
+        "none": (False, False),
+    }
+    expected = {}
+    for name, (bos, eos) in styles.items():
+        d = os.path.join(out, name)
+        tok = LlamaTokenizer(vocab=vocab, merges=merges, unk_token=names["unk"], bos_token=names["bos"],
+                             eos_token=names["eos"], add_bos_token=bos, add_eos_token=eos)
+        tok.save_pretrained(d)
+        with open(os.path.join(d, "tokenizer_config.json")) as f:
+            cfg = json.load(f)
+        cfg.update(add_bos_token=bos, add_eos_token=eos)
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump(cfg, f)
+        with open(os.path.join(out, "tokenizer.model"), "rb") as src, open(os.path.join(d, "tokenizer.model"), "wb") as dst:
+            dst.write(src.read())
+        auto = AutoTokenizer.from_pretrained(d)
+        rows = [{"text": t, "ids": auto(t, add_special_tokens=False)["input_ids"], "special_ids": auto(t)["input_ids"]}
+                for t in SPM_TEST]
+        expected[name] = {"rows": rows, "bos": auto.bos_token_id, "eos": auto.eos_token_id}
+    with open(os.path.join(out, "expected.json"), "w") as f:
+        json.dump(expected, f, ensure_ascii=False)
+
+
 def main():
+    if sys.argv[1] == "llama2":
+        return llama2_styles(sys.argv[2])
     out = sys.argv[1]
     llama3_specials = ["<|begin_of_text|>", "<|end_of_text|>"]
     styles = {

@@ -135,6 +135,44 @@ TEST(Bpe, SentencePieceStyleDirectoriesUseTokenizerModel) {
   EXPECT_NE(e.find("no tokenizer.json or tokenizer.model"), std::string::npos) << e;
 }
 
+// Llama 2 style directories (tokenizer.model, a Metaspace tokenizer.json as transformers'
+// LlamaTokenizer writes it, tokenizer_config.json's add_bos_token / add_eos_token): ids with and
+// without special tokens equal transformers' AutoTokenizer on the same directory. With a
+// tokenizer.json, transformers 5 adds what its post_processor says ("<s> $A" for Llama 2).
+TEST(Bpe, Llama2StyleDirectoriesEncodeAsAutoTokenizer) {
+  if (!testing::has_test_python()) GTEST_SKIP() << testing::no_test_python_reason();
+  TempDir dir("bpe_llama2");
+  std::vector<std::string> docs;
+  const std::vector<std::string> base = {"The quick brown fox jumps over the lazy dog. Hello world, again.",
+                                         "Der schnelle braune Fuchs springt über den faulen Hund.",
+                                         "Numbers 1234 and 56.78 here", "Привет, как дела? Всё хорошо."};
+  for (int i = 0; i < 60; ++i) docs.push_back(base[i % base.size()] + " " + std::to_string(i * 37));
+  // Llama 2's kind of model: BPE with byte fallback (pad 0, unk 1, bos 2, eos 3 here).
+  train_sentencepiece(docs, dir / "tokenizer.model", {.vocab_size = 400, .model_type = "bpe"});
+  std::string out;
+  ASSERT_EQ(testing::run_test_script("hf_tokenizers.py", "llama2 " + dir.str(), &out), 0) << out;
+  std::ifstream in(dir / "expected.json");
+  nlohmann::json expected = nlohmann::json::parse(in);
+  ASSERT_EQ(expected.size(), 4u);
+  for (auto& [style, e] : expected.items()) {
+    SCOPED_TRACE(style);
+    std::unique_ptr<Tokenizer> tok = load_hf_tokenizer(dir / style);
+    EXPECT_EQ(tok->kind(), "sentencepiece");
+    EXPECT_EQ(tok->bos_id(), e["bos"].get<int32_t>());
+    EXPECT_EQ(tok->eos_id(), e["eos"].get<int32_t>());
+    for (auto& row : e["rows"]) {
+      const std::string text = row["text"].get<std::string>();
+      SCOPED_TRACE("text: " + text);
+      EXPECT_EQ(tok->encode(text), row["ids"].get<std::vector<int32_t>>());
+      EXPECT_EQ(tok->encode_with_special_tokens(text), row["special_ids"].get<std::vector<int32_t>>());
+    }
+  }
+  // Llama 2 itself: "Hello world" starts with the BOS, also through load_tokenizer.
+  EXPECT_EQ(expected["llama2"]["rows"][0]["special_ids"][0], 2);
+  EXPECT_EQ(load_tokenizer(dir / "llama2/tokenizer.json")->encode_with_special_tokens("Hello world"),
+            expected["llama2"]["rows"][0]["special_ids"].get<std::vector<int32_t>>());
+}
+
 // The 256 characters of the byte-level alphabet, each with its byte as id.
 nlohmann::json byte_vocab() {
   nlohmann::json vocab;
