@@ -162,12 +162,17 @@ TEST(PretrainedExport, RefusesBadOptions) {
   std::vector<Array> params = m.init(1);
   using testing::error_of;
   SavePretrainedOptions so;
-  so.special.eos = {96};
-  EXPECT_NE(
-      error_of([&] { save_pretrained(m, params, root / "a", so); }).find("eos id 96 is outside the vocabulary [0, 96)"),
-      std::string::npos);
+  so.special.eos = {2, -3};
+  EXPECT_NE(error_of([&] { save_pretrained(m, params, root / "a", so); }).find("eos id -3 is not a token id"),
+            std::string::npos);
   so.special = {-5, {}, -1};
   EXPECT_NE(error_of([&] { save_pretrained(m, params, root / "a", so); }).find("bos id -5"), std::string::npos);
+  so.special = {};
+  so.generation_config_from = root / "nowhere";
+  EXPECT_NE(
+      error_of([&] { save_pretrained(m, params, root / "a", so); }).find("has no readable generation_config.json"),
+      std::string::npos);
+  so.generation_config_from.clear();
   so.special = {};
   so.dtype = DType::i32;
   EXPECT_NE(error_of([&] { save_pretrained(m, params, root / "a", so); }).find("use f32, bf16 or f16"),
@@ -193,6 +198,23 @@ TEST(PretrainedExport, RefusesBadOptions) {
   EXPECT_TRUE(cfg["bos_token_id"].is_null());
   EXPECT_EQ(cfg["torch_dtype"], "float16");
   EXPECT_EQ(load_pretrained(root / "b").special.eos, std::vector<int32_t>{});
+  // Ids beyond the vocabulary (GPT-2's default 50256 in a small one) are written as transformers
+  // writes them, and read back; save_options_of keeps them, the f16 dtype and the generation
+  // config, and names no tokenizer for a directory without tokenizer files.
+  so.special = {50256, {50256}, -1};
+  save_pretrained(m, params, root / "c", so);
+  std::ofstream(root / "c/generation_config.json") << R"({"eos_token_id": 50256, "top_k": 7, "do_sample": true})";
+  Pretrained c = load_pretrained(root / "c");
+  EXPECT_EQ(c.special.eos, std::vector<int32_t>{50256});
+  EXPECT_EQ(c.dtype, DType::f16);
+  SavePretrainedOptions keep = save_options_of(c);
+  EXPECT_EQ(keep.tokenizer_from, "");
+  EXPECT_EQ(keep.dtype, DType::f16);
+  save_pretrained(*c.model, c.params, root / "c", keep);  // over itself: read before written
+  nlohmann::json gen = read_json(root / "c/generation_config.json");
+  EXPECT_EQ(gen["top_k"], 7);
+  EXPECT_EQ(gen["do_sample"], true);
+  EXPECT_EQ(gen["eos_token_id"], 50256);
 }
 
 }  // namespace

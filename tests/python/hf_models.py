@@ -1,12 +1,20 @@
 """Small random Hugging Face models and their reference outputs, for tests/nn/test_pretrained*.cc.
 
-  hf_models.py cases ROOT NAME=ARCH[,--untied|,--tied][,--shard][,--generate,N] ...
-      per case, a random model saved with save_pretrained in ROOT/NAME/model, and
+  hf_models.py cases ROOT NAME=ARCH[,--untied|,--tied][,--shard][,--f16|,--bf16][,--ids|,--default_ids]
+                    [,--sampling][,--tokenizer][,--generate,N] ...
+      per case, a random model saved with save_pretrained in ROOT/NAME/model (in f16 or bf16; with
+      special ids, or transformers' defaults; with sampling defaults in generation_config.json; with
+      a small word-level tokenizer), and
       ROOT/NAME/ref.safetensors: a random batch ("tokens", "targets" i32 [B, S], "prompt" [B, P])
       and transformers' outputs on it: "logits", "loss", "grad.<name>" per parameter, greedy
       "generated" [B, N]
   hf_models.py logits MODEL_DIR REF OUT [MODEL_DIR REF OUT ...]
       OUT gets the "logits" of the model in MODEL_DIR (e.g. one we exported) on REF's tokens
+  hf_models.py roundtrip OUT_JSON SOURCE EXPORT [SOURCE EXPORT ...]
+      OUT_JSON gets, per EXPORT (a model we saved from SOURCE), what transformers reads from each
+      of the two: the dtype from_pretrained(dtype="auto") picks, config.json's special ids, the
+      generation config, and the ids the tokenizer (when there is one) gives a text with its
+      special ids
   hf_models.py check OUT_JSON N MODEL_DIR PROMPTS [MODEL_DIR PROMPTS ...]
       for a model we exported (PROMPTS: "1,2,3;4,5"): OUT_JSON gets, per MODEL_DIR, the dtype
       from_pretrained(dtype="auto") picks, the special ids transformers read (config and
@@ -24,13 +32,18 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 
-def make_config(arch, tied):
-    common = dict(vocab_size=96, max_position_embeddings=64, bos_token_id=None, eos_token_id=None,
-                  pad_token_id=None)
+def make_config(arch, tied, flags):
+    # No special ids, or (--ids) some, or (--default_ids) the class defaults (GPT-2's 50256, beyond
+    # this vocabulary).
+    ids = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if "--ids" in flags:
+        ids = dict(bos_token_id=1, eos_token_id=[2, 5], pad_token_id=0)
+    elif "--default_ids" in flags:
+        ids = {}
+    common = dict(vocab_size=96, max_position_embeddings=64, **ids)
     if arch == "gpt2":
         cfg = transformers.GPT2Config(vocab_size=96, n_positions=64, n_embd=32, n_layer=2, n_head=4,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                      bos_token_id=None, eos_token_id=None,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **ids,
                                       tie_word_embeddings=True if tied is None else tied)
         return cfg, transformers.GPT2LMHeadModel
     llama_like = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -56,9 +69,19 @@ def make_config(arch, tied):
     raise SystemExit(f"unknown arch {arch}")
 
 
+def write_tokenizer(out_dir):
+    """A small word-level tokenizer (tokenizer.json and tokenizer_config.json) beside the model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    words = ["<unk>", "<s>", "</s>"] + [chr(ord("a") + i) for i in range(26)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                         eos_token="</s>").save_pretrained(out_dir)
+
+
 def make(arch, out_dir, flags):
     tied = True if "--tied" in flags else False if "--untied" in flags else None
-    cfg, cls = make_config(arch, tied)
+    cfg, cls = make_config(arch, tied, flags)
     torch.manual_seed(0)
     model = cls(cfg).float()
     # Random values everywhere (HF zero-inits biases), norms near one.
@@ -68,8 +91,16 @@ def make(arch, out_dir, flags):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p) if name.endswith("weight") else 0.1 * torch.randn_like(p))
             else:
                 p.copy_(0.2 * torch.randn_like(p))
+    if "--sampling" in flags:  # a generation config beyond the ids
+        model.generation_config.update(do_sample=True, temperature=0.7, top_p=0.9, top_k=20, repetition_penalty=1.1,
+                                       max_new_tokens=40)
+    for flag, dtype in (("--f16", torch.float16), ("--bf16", torch.bfloat16)):
+        if flag in flags:
+            model = model.to(dtype)
     kw = dict(max_shard_size="20KB") if "--shard" in flags else {}
     model.save_pretrained(out_dir, safe_serialization=True, **kw)
+    if "--tokenizer" in flags:
+        write_tokenizer(out_dir)
 
 
 def load(model_dir):
@@ -87,6 +118,11 @@ def reference(model_dir, out_path, flags):
              "targets": torch.randint(0, vocab, (2, 12), generator=g, dtype=torch.int32),
              "prompt": torch.randint(0, vocab, (2, 8), generator=g, dtype=torch.int32)}
     tokens, targets = batch["tokens"].long(), batch["targets"].long()
+    # With a pad_token_id, the embedding's padding_idx row gets no gradient in torch; ours trains
+    # every row, so compare gradients as if there were none.
+    for m in model.modules():
+        if isinstance(m, torch.nn.Embedding):
+            m.padding_idx = None
     logits = model(tokens).logits
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
     loss.backward()
@@ -96,11 +132,31 @@ def reference(model_dir, out_path, flags):
         out["grad." + name] = p.grad.detach().contiguous()
     if "--generate" in flags:
         n = int(flags[flags.index("--generate") + 1])
+        # Greedy with no EOS and none of the model's sampling defaults (generate() fills what a
+        # generation_config argument leaves unset from the model's): the test decodes n tokens.
+        model.generation_config = transformers.GenerationConfig()
         with torch.no_grad():
             ids = model.generate(batch["prompt"].long(), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                                  pad_token_id=0, attention_mask=torch.ones_like(batch["prompt"].long()))
         out["generated"] = ids[:, batch["prompt"].shape[1]:].to(torch.int32).contiguous()
     save_file(out, out_path)
+
+
+def described(model_dir):
+    """What transformers reads from a model directory, but the weights: the dtype it picks, the
+    config's special ids, the generation config, and the tokenizer's ids of a text (if any)."""
+    import os
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
+    gc = model.generation_config.to_dict()
+    for key in ("transformers_version", "_from_model_config"):
+        gc.pop(key, None)
+    c = model.config
+    out = {"dtype": str(model.dtype).replace("torch.", ""),
+           "config_ids": [c.bos_token_id, c.eos_token_id, c.pad_token_id], "generation": gc, "tokenizer": None}
+    if any(os.path.exists(os.path.join(model_dir, f)) for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+        out["tokenizer"] = [tok("a b c")["input_ids"], tok.bos_token_id, tok.eos_token_id, tok.pad_token_id]
+    return out
 
 
 def main():
@@ -117,6 +173,12 @@ def main():
             with torch.no_grad():
                 logits = load(args[i])(load_file(args[i + 1])["tokens"].long()).logits
             save_file({"logits": logits.contiguous()}, args[i + 2])
+    elif cmd == "roundtrip":
+        import json
+        out = {args[i + 1]: {"source": described(args[i]), "export": described(args[i + 1])}
+               for i in range(1, len(args), 2)}
+        with open(args[0], "w") as f:
+            json.dump(out, f)
     elif cmd == "check":
         import json
         out, n = {}, int(args[1])

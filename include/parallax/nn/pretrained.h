@@ -5,7 +5,8 @@
 //   px::nn::Pretrained p = px::nn::load_pretrained("models/qwen2-0.5b");
 //   std::cout << p.architecture << "\n" << p.model->param_table();
 //   auto out = px::nn::generate(*p.model, p.params, {{151643, 9707}}, {.max_new_tokens = 32});
-//   px::nn::save_pretrained(*p.model, p.params, "out/qwen2-tuned");   // transformers loads it
+//   // transformers loads it, with p's special ids, generation config, dtype and tokenizer files:
+//   px::nn::save_pretrained(*p.model, p.params, "out/qwen2-tuned", px::nn::save_options_of(p));
 #pragma once
 
 #include <cstdint>
@@ -14,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "parallax/nn/transformer.h"
 #include "parallax/core.h"
+#include "parallax/nn/transformer.h"
 
 namespace px::nn {
 
@@ -33,6 +34,9 @@ struct Pretrained {
   std::vector<Array> params;             // f32, in model->store() order
   SpecialTokenIds special;               // bos/eos/pad ids (generate's eos_ids, save_pretrained's)
   std::string dir;                       // the directory it was read from
+  // The weights' dtype in the files: bf16 or f16 when every tensor is stored so, else f32 (what
+  // transformers' from_pretrained(dtype="auto") picks, and what save_options_of keeps).
+  DType dtype = DType::f32;
 };
 
 // The architectures (config.json "architectures") load_pretrained accepts.
@@ -69,7 +73,9 @@ struct SavePretrainedOptions {
   // -> Qwen2ForCausalLM, sliding_window -> MistralForCausalLM, else LlamaForCausalLM).
   std::string architecture;
   // Written to config.json and generation_config.json; ids not given are written as null (so
-  // transformers does not fall back to its defaults, e.g. Llama's eos 2, GPT-2's 50256).
+  // transformers does not fall back to its defaults, e.g. Llama's eos 2). Ids are >= 0 (-1: none)
+  // and may lie beyond the vocabulary, as transformers allows (GPT-2's default 50256 in a small
+  // test vocabulary): such an id is never generated.
   SpecialTokenIds special;
   // The tensors' dtype: f32, bf16 or f16 (round to nearest even); config.json's torch_dtype and
   // dtype say which.
@@ -81,9 +87,16 @@ struct SavePretrainedOptions {
   // special_tokens_map.json, vocab.json, merges.txt, added_tokens.json, chat_template.jinja)
   // are copied beside the weights; empty: none copied.
   std::string tokenizer_from;
+  // A directory whose generation_config.json (do_sample, temperature, top_p, max_length, ...) is
+  // kept in the one written, with its special ids replaced by `special`; empty: a
+  // generation_config.json of the special ids alone.
+  std::string generation_config_from;
 };
 
-// What reproduces `p` as it was read: its architecture, special ids and tokenizer files.
+// What reproduces `p` as it was read: its architecture, special ids, dtype, generation config
+// (when its directory has a generation_config.json) and tokenizer files (when it has any), so that
+// save_pretrained(*p.model, p.params, out, save_options_of(p)) writes a directory transformers
+// reads as it reads p.dir.
 SavePretrainedOptions save_options_of(const Pretrained& p);
 
 // Writes config.json, generation_config.json and the weights (model.safetensors, or shards and

@@ -4,15 +4,15 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <utility>
 #include <map>
 #include <set>
+#include <utility>
 
+#include "io/regular_file.h"
 #include "nn/pretrained/arch.h"
 #include "nn/pretrained/mapped_safetensors.h"
 #include "parallax/io.h"
 #include "parallax/nn/pretrained.h"
-#include "io/regular_file.h"
 
 namespace px::nn {
 
@@ -119,6 +119,15 @@ void fill_from(const detail::MappedTensor& t, const std::string& file, const std
   if (rd == detail::read_bf16) return fill_box<detail::read_bf16>(t, transpose, c0, off, out);
   if (rd == detail::read_f64) return fill_box<detail::read_f64>(t, transpose, c0, off, out);
   return fill_box<detail::read_f16>(t, transpose, c0, off, out);
+}
+
+// bf16 or f16 when every tensor the model reads is stored so, else f32.
+template <class Where>
+DType stored_dtype(const Where& where, const std::vector<std::string>& names) {
+  std::set<std::string> kinds;
+  for (const std::string& n : names) kinds.insert(where.at(n).first->dtype);
+  if (kinds.size() != 1) return DType::f32;
+  return *kinds.begin() == "BF16" ? DType::bf16 : *kinds.begin() == "F16" ? DType::f16 : DType::f32;
 }
 
 }  // namespace
@@ -252,6 +261,7 @@ Pretrained load(const std::string& dir, const std::function<void(int, Array)>* s
   }
   for (int i = 0; i < store.size(); ++i)
     if (!filled[i]) throw Error("[load_pretrained] internal: param '" + store.spec(i).path + "' has no mapping");
+  out.dtype = stored_dtype(where, names);
 
   for (size_t k = 0; k < maps.size(); ++k) {
     const auto& [t, file] = where.at(names[k]);

@@ -1,6 +1,7 @@
 // save_pretrained: our params written as a Hugging Face model directory (config.json,
-// generation_config.json, the weights in f32, bf16 or f16, in one file or in shards with their
-// index, and the tokenizer files of the source), and the special ids read back from one.
+// generation_config.json with the source's fields kept, the weights in f32, bf16 or f16, in one
+// file or in shards with their index, and the tokenizer files of the source), and the special ids
+// read back from one.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -125,6 +126,28 @@ const char* const kTokenizerFiles[] = {
     "tokenizer.json", "tokenizer_config.json", "tokenizer.model",    "special_tokens_map.json", "vocab.json",
     "merges.txt",     "added_tokens.json",     "chat_template.jinja"};
 
+bool has_tokenizer_files(const std::string& dir) {
+  std::error_code ec;
+  for (const char* f : kTokenizerFiles)
+    if (fs::is_regular_file(fs::path(dir) / f, ec)) return true;
+  return false;
+}
+
+// generation_config.json of `from` (an object; its fields are kept), or an empty object.
+json source_generation_config(const std::string& from) {
+  if (from.empty()) return json::object();
+  const fs::path path = fs::path(from) / "generation_config.json";
+  std::ifstream in(path);
+  if (!in)
+    throw Error("[save_pretrained] generation_config_from '" + from +
+                "' has no readable generation_config.json; give the model directory it came from, or leave it empty");
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object())
+    throw Error("[save_pretrained] " + path.string() +
+                " is not a JSON object; restore the file or leave generation_config_from empty");
+  return j;
+}
+
 void copy_tokenizer(const std::string& from, const fs::path& dir) {
   std::error_code ec;
   if (fs::equivalent(from, dir, ec)) return;
@@ -165,7 +188,11 @@ SavePretrainedOptions save_options_of(const Pretrained& p) {
   SavePretrainedOptions o;
   o.architecture = p.architecture;
   o.special = p.special;
-  o.tokenizer_from = p.dir;
+  o.dtype = p.dtype;
+  std::error_code ec;
+  if (!p.dir.empty() && fs::is_regular_file(fs::path(p.dir) / "generation_config.json", ec))
+    o.generation_config_from = p.dir;
+  if (!p.dir.empty() && has_tokenizer_files(p.dir)) o.tokenizer_from = p.dir;
   return o;
 }
 
@@ -198,11 +225,13 @@ void save_pretrained(const TransformerLm& model, const std::vector<Array>& param
   if (opt.max_shard_bytes < 0)
     throw Error("[save_pretrained] max_shard_bytes must be >= 0 (0: one file), got " +
                 std::to_string(opt.max_shard_bytes));
+  // Ids beyond the vocabulary are written as given: transformers saves them too (GPT-2's 50256 in
+  // a small vocabulary), load_pretrained reads them, and they are never generated.
   auto check_id = [&](int32_t id, const char* what, bool none_ok = true) {
-    if (id < (none_ok ? -1 : 0) || id >= cfg.vocab_size)
+    if (id < (none_ok ? -1 : 0))
       throw Error("[save_pretrained] " + std::string(what) + " " + std::to_string(id) +
-                  " is outside the vocabulary [0, " + std::to_string(cfg.vocab_size) +
-                  std::string("); give the id of the tokenizer's token") + (none_ok ? ", or -1 for none" : ""));
+                  std::string(" is not a token id; give the id of the tokenizer's token (>= 0)") +
+                  (none_ok ? ", or -1 for none" : ""));
   };
   check_id(opt.special.bos, "bos id");
   check_id(opt.special.pad, "pad id");
@@ -211,13 +240,13 @@ void save_pretrained(const TransformerLm& model, const std::vector<Array>& param
     if (!fs::is_directory(opt.tokenizer_from))
       throw Error("[save_pretrained] tokenizer_from '" + opt.tokenizer_from +
                   "' is not a directory; give the model directory whose tokenizer files to copy, or leave it empty");
-    bool any = false;
-    for (const char* f : kTokenizerFiles) any = any || fs::is_regular_file(fs::path(opt.tokenizer_from) / f);
-    if (!any)
+    if (!has_tokenizer_files(opt.tokenizer_from))
       throw Error("[save_pretrained] tokenizer_from '" + opt.tokenizer_from +
                   "' holds no tokenizer file (tokenizer.json, tokenizer.model, vocab.json, ...); give the directory "
                   "the tokenizer came from, or leave tokenizer_from empty");
   }
+
+  json generation = source_generation_config(opt.generation_config_from);  // read before anything is written
 
   // The config must round-trip: the mapping decides which params exist, so check it covers all.
   json j = arch.to_json(cfg);
@@ -287,9 +316,10 @@ void save_pretrained(const TransformerLm& model, const std::vector<Array>& param
   j["torch_dtype"] = dtype_str;  // transformers < 4.56
   j["dtype"] = dtype_str;        // later versions
   write_json(out / "config.json", j);
-  write_json(out / "generation_config.json", {{"bos_token_id", id_json(opt.special.bos)},
-                                              {"eos_token_id", eos_json(opt.special.eos)},
-                                              {"pad_token_id", id_json(opt.special.pad)}});
+  generation["bos_token_id"] = id_json(opt.special.bos);
+  generation["eos_token_id"] = eos_json(opt.special.eos);
+  generation["pad_token_id"] = id_json(opt.special.pad);
+  write_json(out / "generation_config.json", generation);
   if (!opt.tokenizer_from.empty()) copy_tokenizer(opt.tokenizer_from, out);
 }
 
