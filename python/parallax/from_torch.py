@@ -408,8 +408,9 @@ def _log_softmax(node, x, dim, half_to_float=False):
 def _embedding(node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     if scale_grad_by_freq:
         _unsupported(node, "embedding(scale_grad_by_freq=True) is not supported")
-    idx = _t(indices, _core.DType.i32)
-    rows = pnp.take(_t(weight), idx)
+    idx, weight = _t(indices, _core.DType.i32), _t(weight)
+    pnp.check_indices(idx, weight.shape[0], "px.from_torch: embedding indices")  # torch raises on these too
+    rows = _core.take(weight, idx)
     if padding_idx is not None and padding_idx >= 0:  # the padding row gets no gradient, as in torch
         pad = pnp.broadcast_to(pnp.expand_dims(pnp.equal(idx, int(padding_idx)), idx.ndim), rows.shape)
         rows = pnp.where(pad, _core.stop_gradient(rows), rows)
@@ -418,19 +419,12 @@ def _embedding(node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, 
 
 @_op("index.Tensor")
 def _index(node, x, indices):
-    x = _t(x)
     used = [i for i, t in enumerate(indices) if t is not None]
     if len(used) != 1:
         _unsupported(node, "index.Tensor with several index tensors (advanced indexing on more than one dim) "
                            "is not supported")
-    d = used[0]
-    idx = _t(indices[d], _core.DType.i32)
-    moved = x if d == 0 else pnp.transpose(x, [d] + [i for i in range(x.ndim) if i != d])
-    y = pnp.take(moved, idx)
-    if d == 0:
-        return y
-    k = idx.ndim
-    return pnp.transpose(y, list(range(k, k + d)) + list(range(k)) + list(range(k + d, y.ndim)))
+    # torch's x[..., idx, ...] with one index tensor is NumPy's take; out-of-range indices raise in both
+    return pnp.take(_t(x), _t(indices[used[0]], _core.DType.i32), axis=used[0], mode="raise")
 
 
 @_op("native_layer_norm.default")

@@ -199,6 +199,27 @@ def test_arbitrary_attention_masks_match_torch(rng):
     _close(pm(x), model(torch.from_numpy(x)).detach().numpy(), 1e-5, "masked attention")
 
 
+class _Gather(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.w = torch.nn.Parameter(torch.randn(5, 10, 3))
+
+    def forward(self, idx):
+        return self.w[:, idx].sum(-1)  # index.Tensor on dim 1 with an input index tensor
+
+
+def test_indexing_by_an_input_matches_torch():
+    model = _Gather()
+    idx = np.array([[9, 0], [-1, 4]], np.int32)
+    pm = px.from_torch(model, (torch.from_numpy(idx).long(),))
+    want = model(torch.from_numpy(idx).long())
+    _close(pm(idx), want.detach().numpy(), 1e-6, "w[:, idx]")
+    want.pow(2).sum().backward()
+    grad = px.grad(lambda m, i: px.numpy.sum(px.numpy.square(m(i))))(pm, idx).named_parameters()["w"]
+    _close(grad, model.w.grad.numpy(), 1e-6, "d/dw")
+
+
 class _Cumsum(torch.nn.Module):
     def __init__(self):
         super().__init__()
