@@ -15,6 +15,10 @@
       of the two: the dtype from_pretrained(dtype="auto") picks, config.json's special ids, the
       generation config, and the ids the tokenizer (when there is one) gives a text with its
       special ids
+  hf_models.py decode MODEL_DIR TOKENIZER_DIR OUT_JSON N PROMPT [PROMPT ...]
+      a random Llama over the tokenizer in TOKENIZER_DIR (its bos/eos), saved with the tokenizer
+      files in MODEL_DIR; OUT_JSON gets, per prompt, AutoTokenizer's ids (with its special tokens)
+      and generate()'s greedy new ids (up to N, stopping at the EOS)
   hf_models.py check OUT_JSON N MODEL_DIR PROMPTS [MODEL_DIR PROMPTS ...]
       for a model we exported (PROMPTS: "1,2,3;4,5"): OUT_JSON gets, per MODEL_DIR, the dtype
       from_pretrained(dtype="auto") picks, the special ids transformers read (config and
@@ -179,6 +183,34 @@ def main():
                for i in range(1, len(args), 2)}
         with open(args[0], "w") as f:
             json.dump(out, f)
+    elif cmd == "decode":
+        import json
+        import os
+        import shutil
+        model_dir, tok_dir, out_path, n, prompts = args[0], args[1], args[2], int(args[3]), args[4:]
+        tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
+        cfg = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=None)
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(1.0 + 0.1 * torch.randn_like(p) if "norm" in name else 0.3 * torch.randn_like(p))
+        model.save_pretrained(model_dir, safe_serialization=True)
+        for f in os.listdir(tok_dir):
+            if f.startswith("tokenizer"):
+                shutil.copy(os.path.join(tok_dir, f), model_dir)
+        model = load(model_dir)
+        tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+        out = []
+        for text in prompts:
+            ids = tok(text, return_tensors="pt")["input_ids"]
+            with torch.no_grad():  # greedy, stopping at the EOS of generation_config.json
+                gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
+            out.append({"prompt": text, "prompt_ids": ids[0].tolist(), "new": gen[0, ids.shape[1]:].tolist()})
+        with open(out_path, "w") as f:
+            json.dump({"eos": tok.eos_token_id, "rows": out}, f)
     elif cmd == "check":
         import json
         out, n = {}, int(args[1])
