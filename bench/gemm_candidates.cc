@@ -182,10 +182,7 @@ int main(int argc, char** argv) {
     shapes.push_back({'T', 'N', l.in, l.out, T, std::string(l.name) + "_dw"});
   }
 
-  px::bench::FmaPeak peak = px::bench::fma_peak(threads);
-  if (avx2_only) {
-    peak = {px::bench::peak_detail::fma_peak_avx2(threads), 0, "avx2", ""};
-  }
+  const px::FmaPeak peak = px::measure_fma_peak(threads, avx2_only);
   Json().s("bench", "fma_peak").i("threads", threads).s("isa", peak.isa).n("f32_gflops", peak.f32_gflops).print();
 
   std::vector<double> flops_total(cands.size(), 0.0), seconds_total(cands.size(), 0.0);

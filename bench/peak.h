@@ -1,22 +1,13 @@
 // The machine's limits, measured in the same run as a benchmark: the FMA peak (loops of
 // independent fused multiply-adds on registers only, so no memory traffic: what the cores can
 // compute at most) in f32 and in bf16 (AVX-512 BF16 dot products and AMX tile products, where the
-// CPU has them); the best GEMM rate on large squares (oneDNN sgemm, and its bf16 matmul); and the
-// oneDNN sgemm rate on the matmul shapes of a bench-gpt training step.
-//
-// The FMA peak is an upper bound for every kernel of the same dtype: a GEMM runs the same FMAs
-// plus loads. Each loop keeps enough independent accumulators to cover the FMA latency on every
-// pipe (a 4-cycle FMA on 2 pipes needs 8 in flight; the loops keep 12 to 24), fully unrolled so
-// that they live in registers, and both vector widths are tried (some cores split a 512-bit FMA
-// into two 256-bit halves, others have a third 256-bit pipe): the best figure is the peak.
+// CPU has them), from src/runtime/fma_peak.h (the loops pax's MFU uses, described there); the best
+// GEMM rate on large squares (oneDNN sgemm, and its bf16 matmul); and the oneDNN sgemm rate on the
+// matmul shapes of a bench-gpt training step.
 #pragma once
 
-#include <cpuid.h>
-#include <immintrin.h>
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -27,194 +18,14 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/fma_peak.h"
+
 namespace px::bench {
 
-namespace peak_detail {
-
-// acc[k] = acc[k] * b + c on `kAcc` independent vectors, `iters` times; returns their sum so that
-// the compiler cannot drop the work. The loop over k is fully unrolled (the array then lives in
-// registers: 24 + 2 of the 32 zmm registers, 14 + 2 of the 16 ymm ones).
-template <int kAcc>
-__attribute__((target("avx2,fma"))) float fma_avx2(int64_t iters) {
-  __m256 acc[kAcc];
-#pragma GCC unroll 32
-  for (int k = 0; k < kAcc; ++k) acc[k] = _mm256_set1_ps(1.0f + 1e-3f * static_cast<float>(k));
-  const __m256 b = _mm256_set1_ps(0.9999999f), c = _mm256_set1_ps(1e-7f);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 32
-    for (int k = 0; k < kAcc; ++k) acc[k] = _mm256_fmadd_ps(acc[k], b, c);
-  }
-  __m256 s = acc[0];
-#pragma GCC unroll 32
-  for (int k = 1; k < kAcc; ++k) s = _mm256_add_ps(s, acc[k]);
-  float out[8];
-  _mm256_storeu_ps(out, s);
-  return out[0];
-}
-
-template <int kAcc>
-__attribute__((target("avx512f"))) float fma_avx512(int64_t iters) {
-  __m512 acc[kAcc];
-#pragma GCC unroll 32
-  for (int k = 0; k < kAcc; ++k) acc[k] = _mm512_set1_ps(1.0f + 1e-3f * static_cast<float>(k));
-  const __m512 b = _mm512_set1_ps(0.9999999f), c = _mm512_set1_ps(1e-7f);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 32
-    for (int k = 0; k < kAcc; ++k) acc[k] = _mm512_fmadd_ps(acc[k], b, c);
-  }
-  __m512 s = acc[0];
-#pragma GCC unroll 32
-  for (int k = 1; k < kAcc; ++k) s = _mm512_add_ps(s, acc[k]);
-  return _mm512_reduce_add_ps(s);
-}
-
-// vdpbf16ps: per f32 lane, two bf16 products added to the accumulator (4 FLOPs).
-template <int kAcc>
-__attribute__((target("avx512f,avx512bf16"))) float dp_bf16_avx512(int64_t iters) {
-  __m512 acc[kAcc];
-#pragma GCC unroll 32
-  for (int k = 0; k < kAcc; ++k) acc[k] = _mm512_set1_ps(static_cast<float>(k));
-  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
-  const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-4f), _mm512_set1_ps(1e-4f));
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 32
-    for (int k = 0; k < kAcc; ++k) acc[k] = _mm512_dpbf16_ps(acc[k], a, b);
-  }
-  __m512 s = acc[0];
-#pragma GCC unroll 32
-  for (int k = 1; k < kAcc; ++k) s = _mm512_add_ps(s, acc[k]);
-  return _mm512_reduce_add_ps(s);
-}
-
-// AMX (Intel since Sapphire Rapids): tdpbf16ps multiplies a 16x32 bf16 tile by a 32x16 one into a
-// 16x16 f32 tile, 16 * 16 * 32 * 2 FLOPs. Four accumulator tiles fed by two A and two B tiles (the
-// 2x2 blocking GEMM kernels use) keep the tile unit busy across the instruction's latency.
-constexpr double kAmxFlopsPerIter = 4.0 * 16 * 16 * 32 * 2;
-
-// Whether this CPU has AMX-BF16 and the OS lets this process use the tile registers (Linux asks
-// for the permission once per process: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)).
-inline bool amx_bf16_usable() {
-  unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
-  if (!amx_bf16 || !amx_tile) return false;
-  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-}
-
-__attribute__((target("amx-tile,amx-bf16"))) inline float dp_bf16_amx(int64_t iters) {
-  struct alignas(64) TileConfig {
-    uint8_t palette = 1, start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-  } cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;  // 16 f32 or 32 bf16 per row
-    cfg.rows[t] = 16;
-  }
-  alignas(64) static thread_local uint16_t ab[16 * 32];
-  alignas(64) static thread_local float cbuf[16 * 16];
-  std::fill(ab, ab + 16 * 32, uint16_t{0x3a83});  // bf16 1e-3
-  _tile_loadconfig(&cfg);
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  _tile_loadd(4, ab, 64);
-  _tile_loadd(5, ab, 64);
-  _tile_loadd(6, ab, 64);
-  _tile_loadd(7, ab, 64);
-  for (int64_t i = 0; i < iters; ++i) {
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  }
-  float s = 0;
-  _tile_stored(0, cbuf, 64);
-  s += cbuf[0];
-  _tile_stored(3, cbuf, 64);
-  s += cbuf[255];
-  _tile_release();
-  return s;
-}
-
-// Best GFLOP/s of `loop` (flops_per_iter FLOPs an iteration) on `threads` threads at once, with
-// the iteration count doubled until one run takes at least 5 ms, then the best of 40 runs. Short
-// runs, many of them: on a shared machine other processes preempt the threads, and the peak is
-// what the cores do when they run; a short GEMM (a 512^3 sgemm takes 1-2 ms) can land in such a
-// window, so the loop must look for them too.
-template <class Loop>
-double best_gflops(Loop loop, double flops_per_iter, int threads, int64_t first_iters = 1 << 12) {
-  volatile float sink = 0;
-  int team = threads;  // the threads OpenMP actually gave: each runs the whole loop
-  auto run = [&](int64_t iters) {
-    const auto t0 = std::chrono::steady_clock::now();
-#pragma omp parallel num_threads(threads)
-    {
-      const float r = loop(iters);
-      if (r == 12345.f) sink = r;
-      if (omp_get_thread_num() == 0) team = omp_get_num_threads();
-    }
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  int64_t iters = first_iters;
-  while (run(iters) < 0.005 && iters < (int64_t{1} << 34)) iters *= 2;
-  double best = 0;
-  for (int rep = 0; rep < 40; ++rep) {
-    const double s = run(iters);
-    best = std::max(best, flops_per_iter * static_cast<double>(iters) * team / s / 1e9);
-  }
-  return best;
-}
-
-// The f32 FMA-loop peak with 256-bit vectors only (what an AVX2 CPU would get).
-inline double fma_peak_avx2(int threads) {
-  return std::max(best_gflops(fma_avx2<12>, 2.0 * 8 * 12, threads), best_gflops(fma_avx2<14>, 2.0 * 8 * 14, threads));
-}
-
-}  // namespace peak_detail
-
-struct FmaPeak {
-  double f32_gflops = 0;   // the best f32 FMA loop (the widest vectors, or 256-bit where faster)
-  double bf16_gflops = 0;  // the best bf16 loop (AVX-512 BF16 dot products, AMX tiles); 0 when none
-  std::string isa;         // "avx512" or "avx2", "+bf16" with AVX-512 BF16, "+amx" with AMX-BF16
-  std::string bf16_isa;    // which bf16 loop was the fastest: "amx", "avx512_bf16" or ""
-};
-
-// The FMA-loop peak on `threads` threads (each on its own core when OMP_PROC_BIND allows).
-inline FmaPeak fma_peak(int threads = omp_get_max_threads()) {
-  using namespace peak_detail;
-  FmaPeak p;
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    p.f32_gflops = fma_peak_avx2(threads);
-    p.isa = "avx2";
-  }
-  if (__builtin_cpu_supports("avx512f")) {
-    // On some cores (AMD Zen 4) a 512-bit FMA takes two 256-bit pipes: keep the faster.
-    for (double w :
-         {best_gflops(fma_avx512<16>, 2.0 * 16 * 16, threads), best_gflops(fma_avx512<24>, 2.0 * 16 * 24, threads)})
-      p.f32_gflops = std::max(p.f32_gflops, w);
-    p.isa = "avx512";
-    if (__builtin_cpu_supports("avx512bf16")) {
-      p.bf16_gflops = std::max(best_gflops(dp_bf16_avx512<16>, 4.0 * 16 * 16, threads),
-                               best_gflops(dp_bf16_avx512<24>, 4.0 * 16 * 24, threads));
-      p.bf16_isa = "avx512_bf16";
-      p.isa += "+bf16";
-    }
-  }
-  if (amx_bf16_usable()) {
-    const double amx = best_gflops(dp_bf16_amx, kAmxFlopsPerIter, threads, 1 << 6);
-    if (amx > p.bf16_gflops) {
-      p.bf16_gflops = amx;
-      p.bf16_isa = "amx";
-    }
-    p.isa += "+amx";
-  }
-  return p;
-}
+// The FMA-loop peak on `threads` threads (each on its own core when OMP_PROC_BIND allows): the
+// library's (src/runtime/fma_peak.h, what pax's MFU is taken against), measured now.
+using FmaPeak = px::FmaPeak;
+inline FmaPeak fma_peak(int threads = omp_get_max_threads()) { return px::measure_fma_peak(threads); }
 
 // The best GEMM rate on square sizes `sizes` (the best of `reps` timed calls each, after a
 // warm-up call): f32 through oneDNN's sgemm (what the CPU backend calls), bf16 (bf16 operands and

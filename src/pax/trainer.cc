@@ -34,6 +34,7 @@
 #include "pax/plot.h"
 #include "pax/step_runner.h"
 #include "pax/summary.h"
+#include "runtime/fma_peak.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -363,6 +364,57 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+// MFU: the model's matmul FLOPs per step against the hardware's peak (runtime/fma_peak.h): this
+// machine's FMA-loop peak at the model's dtype (measured once per machine and cached), times the
+// run's processes (each measures the CPUs it may run on; the mesh's virtual devices share them).
+// Said once, at the start. A rate above the peak means the peak is wrong: it is measured again once,
+// and if the rate is still above, MFU shows 100% with a warning, never more.
+class MfuMeter {
+ public:
+  MfuMeter(double model_flops_per_step, DType dtype, int processes, Reporter& report)
+      : model_flops_(model_flops_per_step), dtype_(dtype), processes_(processes), report_(report) {
+    set_peak(hardware_peak());
+    report_.line("MFU against the peak " + peak_.describe(dtype_) +
+                 (processes_ > 1 ? " per process, x" + std::to_string(processes_) + " processes" : std::string()));
+  }
+  double peak_flops() const { return peak_flops_; }
+
+  // The MFU of `steps_per_s`, in [0, 1].
+  double operator()(double steps_per_s) {
+    Mfu m = model_flops_utilization(model_flops_ * steps_per_s, peak_flops_);
+    if (m.over_peak && !remeasured_) {
+      remeasured_ = true;
+      report_.line("warning: the model's " + fmt("%.3g", model_flops_ * steps_per_s / 1e12) +
+                   " TFLOP/s is above the peak of " + fmt("%.3g", peak_flops_ / 1e12) +
+                   " TFLOP/s, which no kernel can beat: measuring the peak again");
+      set_peak(hardware_peak(/*remeasure=*/true));
+      report_.line("MFU against the peak " + peak_.describe(dtype_));
+      m = model_flops_utilization(model_flops_ * steps_per_s, peak_flops_);
+    }
+    if (m.over_peak && !warned_) {
+      warned_ = true;
+      report_.line("warning: the model's " + fmt("%.3g", model_flops_ * steps_per_s / 1e12) +
+                   " TFLOP/s is still above the re-measured peak: the peak or the step's FLOP count is wrong; MFU "
+                   "is shown as 100% when above it (this is said once)");
+    }
+    return m.fraction;
+  }
+
+ private:
+  void set_peak(HardwarePeak p) {
+    peak_ = std::move(p);
+    peak_flops_ = peak_.flops(dtype_) * processes_;
+  }
+
+  double model_flops_;
+  DType dtype_;
+  int processes_;
+  Reporter& report_;
+  HardwarePeak peak_;
+  double peak_flops_ = 0;
+  bool remeasured_ = false, warned_ = false;
+};
+
 }  // namespace
 
 TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
@@ -498,12 +550,8 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
   };
 
   const int64_t tokens_per_step = c.data.batch * c.model.seq_len;
-  // MFU: the model's matmul FLOPs per step against the matmul peak of every device of the run on
-  // sharding.cluster (its devices' rate at the model's dtype; virtual CPU devices share the host's).
-  const double model_flops = model_flops_per_step(c, model);
-  const Cluster cluster = load_cluster(c.sharding.cluster);
-  const double peak_flops = cluster.device_on(mesh).matmul_flops(c.model.dtype == "bf16" ? DType::bf16 : DType::f32) *
-                            static_cast<double>(mesh.size());
+  MfuMeter mfu(model_flops_per_step(c, model), c.model.dtype == "bf16" ? DType::bf16 : DType::f32,
+               world ? world->size : 1, report);
   auto peak_memory = [&] {
     int64_t most = 0;
     for (int d : runner->device_ids())
@@ -570,6 +618,7 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
       t_window = t, window_steps = 0, loss_sum = 0, excluded_window = 0;
       // Writing the summary (event files, metrics.jsonl, plots) is left out of the next window too.
       timed([&] {
+        const double utilization = mfu(sps);
         report.scalars(
             "train", step,
             {{"loss", mean},
@@ -581,12 +630,13 @@ TrainResult train(const ExperimentConfig& cfg, const RunOptions& opts) {
               c.optimizer.clip_norm > 0 ? std::min<double>(m.grad_norm, c.optimizer.clip_norm) : m.grad_norm},
              {"steps_per_sec", sps},
              {"tokens_per_sec", sps * tokens_per_step},
-             {"mfu", model_flops * sps / peak_flops},
+             {"mfu", utilization},
+             {"peak_flops", mfu.peak_flops()},
              {"peak_memory_bytes_per_device", static_cast<double>(peak_memory())}});
         report.line("train step " + std::to_string(step) + "  loss " + fmt("%.4f", m.loss) + "  mean " +
                     fmt("%.4f", mean) + "  lr " + fmt("%.3g", m.lr) + "  grad_norm " + fmt("%.3g", m.grad_norm) + "  " +
                     fmt("%.0f", sps * tokens_per_step) + " tokens/s  MFU " +
-                    fmt("%.1f", 100 * model_flops * sps / peak_flops) + "%  ETA " +
+                    fmt("%.1f", 100 * utilization) + "%  ETA " +
                     hms((c.train.steps - step) / wall_rate));
       });
     }
