@@ -45,6 +45,7 @@ LmConfig small_llama() {
 }
 
 TEST(PretrainedExport, TransformersGenerateStopsAtTheExportedEosAndReadsBf16Shards) {
+  if (!testing::has_test_python()) GTEST_SKIP() << testing::no_test_python_reason();
   TempDir root("pretrained_export");
   TransformerLm m(small_llama());
   std::vector<Array> params = m.init(3);

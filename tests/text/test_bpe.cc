@@ -20,6 +20,7 @@ namespace {
 using testing::TempDir;
 
 TEST(Bpe, MatchesTokenizersOnAMultilingualCorpus) {
+  if (!testing::has_test_python()) GTEST_SKIP() << testing::no_test_python_reason();
   TempDir dir("bpe");
   std::string out;
   ASSERT_EQ(testing::run_test_script("hf_tokenizers.py", dir.str(), &out), 0) << out;
