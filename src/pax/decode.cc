@@ -185,8 +185,10 @@ int64_t export_run(const ExperimentConfig& c, const RunOptions& opts, const std:
   so.dtype = x.dtype;
   so.max_shard_bytes = x.max_shard_bytes;
   if (!c.train.init_from_hf.empty()) {
-    // Fine-tuned from a Hugging Face model: its special ids and tokenizer files.
+    // Fine-tuned from a Hugging Face model: its special ids, generation config and tokenizer files.
     so.special = nn::read_special_token_ids(c.train.init_from_hf);
+    if (std::filesystem::exists(std::filesystem::path(c.train.init_from_hf) / "generation_config.json"))
+      so.generation_config_from = c.train.init_from_hf;
     for (const char* name : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
                              "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja"})
       if (std::filesystem::exists(std::filesystem::path(c.train.init_from_hf) / name))
