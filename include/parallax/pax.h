@@ -49,6 +49,7 @@ struct DataConfig {
   int64_t batch = 8;               // global batch, split over the data-parallel groups
   double eval_fraction = 0.01;     // text: share of documents held out for eval
   int64_t max_documents = 0;       // text: 0 = all
+  int64_t max_document_bytes = int64_t{64} << 20;  // text: a longer document is an error naming its file and line
   int64_t copy_eval_batches = 8;   // copy_task: size of the fixed eval set, in batches
 };
 

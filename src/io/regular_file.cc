@@ -40,6 +40,19 @@ void require_regular_file(const std::string& path, const std::string& prefix) {
   if (!kind.empty()) refuse(path, prefix, kind);
 }
 
+void require_directory(const std::string& path, const std::string& prefix, bool must_exist) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (must_exist)
+      throw UserError(prefix + "'" + path + "' does not exist; give an existing directory");
+    return;
+  }
+  if (S_ISDIR(st.st_mode)) return;
+  const std::string kind = S_ISREG(st.st_mode) ? "a regular file" : kind_of(st.st_mode);
+  throw UserError(prefix + "'" + path + "' is " + kind + ", not a directory; give a directory" +
+                  (must_exist ? "" : " (made when missing)"));
+}
+
 int open_for_reading(const std::string& path, const std::string& prefix) {
   // O_NONBLOCK makes open return at once on a FIFO without a writer; for regular files it changes nothing.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);

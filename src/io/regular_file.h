@@ -18,6 +18,10 @@ std::string non_regular_kind(const std::string& path);
 // `path` exists and is not a regular file.
 void require_regular_file(const std::string& path, const std::string& prefix);
 
+// Throws px::UserError("<prefix>'<path>' is a regular file, not a directory; ...") when `path`
+// exists and is not a directory (symlinks followed); `must_exist` also refuses a missing path.
+void require_directory(const std::string& path, const std::string& prefix, bool must_exist = false);
+
 // open(path, O_RDONLY | O_CLOEXEC) that never blocks: a FIFO is opened non-blocking, found by
 // fstat and refused (px::UserError as above, the descriptor closed). Returns -1 with errno set
 // when open itself fails.

@@ -27,6 +27,7 @@
 #include <iostream>
 
 #include "core/env.h"
+#include "io/regular_file.h"
 #include "parallax/pax.h"
 #include "pax/export.h"
 #include "pax/model.h"
@@ -147,6 +148,7 @@ std::string flag_hint(CLI::App& app, int argc, char** argv) {
 
 void need_job_dir(const Common& o) {
   if (o.job_dir.empty()) throw px::Error("[pax] no job dir: pass --job_log_dir=DIR");
+  px::io::require_directory(o.job_dir, "[pax] --job_log_dir ");
 }
 
 }  // namespace

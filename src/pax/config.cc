@@ -114,6 +114,8 @@ const std::vector<Field>& table() {
       int_field("data.batch", &E::data, &DataConfig::batch, 1, 1e7, "global batch in sequences"),
       float_field("data.eval_fraction", &E::data, &DataConfig::eval_fraction, 0, 0.5, "share of documents held out"),
       int_field("data.max_documents", &E::data, &DataConfig::max_documents, 0, kBig, "documents read (0: all)"),
+      int_field("data.max_document_bytes", &E::data, &DataConfig::max_document_bytes, 1, kBig,
+                "longest document read, in bytes (a longer one is an error naming its file and line)"),
       int_field("data.copy_eval_batches", &E::data, &DataConfig::copy_eval_batches, 1, 1e6,
                 "copy_task: batches in the fixed eval set"),
       str_field("tokenizer.model", &E::tokenizer, &TokenizerConfig::model,

@@ -98,6 +98,7 @@ class TextSource : public DataSource {
     o.eval_fraction = c.data.eval_fraction;
     o.seed = c.train.seed;
     o.max_documents = c.data.max_documents;
+    o.max_document_bytes = c.data.max_document_bytes;
     return o;
   }
   data::TextDataset ds_;

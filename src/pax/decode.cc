@@ -8,6 +8,7 @@
 #include "parallax/nn/pretrained.h"
 #include "parallax/pax.h"
 #include "parallax/text.h"
+#include "io/regular_file.h"
 #include "pax/checkpoint.h"
 #include "pax/data_source.h"
 #include "pax/export.h"
@@ -134,6 +135,7 @@ DecodeResult decode(const ExperimentConfig& c, const RunOptions& opts, const Dec
 }
 
 DecodeResult decode_pretrained(const std::string& dir, const DecodeOptions& d) {
+  io::require_directory(dir, "[pax] decode: --hf_model ", /*must_exist=*/true);
   nn::Pretrained p = nn::load_pretrained(dir);
   std::unique_ptr<text::Tokenizer> tok;
   // load_hf_tokenizer: tokenizer.json, or tokenizer.model where that is SentencePiece-style or absent.
@@ -166,6 +168,10 @@ int64_t export_run(const ExperimentConfig& c, const RunOptions& opts, const std:
   if (format == "safetensors" && (x.dtype != DType::f32 || x.max_shard_bytes > 0))
     throw UserError("[pax] export: --dtype and --max_shard_size apply to --format=hf; --format=safetensors writes "
                     "the checkpoint's f32 params as one file");
+  if (format == "hf") io::require_directory(out_dir, "[pax] export: --out ");
+  if (format == "safetensors" && std::filesystem::is_directory(out_dir))
+    throw UserError("[pax] export: --out '" + out_dir + "' is a directory; --format=safetensors writes one file: give "
+                    "a file path, e.g. " + out_dir + "/params.safetensors");
   check_runnable(c);
   if (format == "safetensors") {
     Checkpoints ckpt(opts.job_dir, c.train.checkpoint_keep);

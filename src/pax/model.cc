@@ -13,6 +13,7 @@
 #include "parallax/nn/pretrained.h"
 #include "pax/step_runner.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -124,13 +125,43 @@ Mesh make_mesh(const ExperimentConfig& c, const DeviceSet& devices) {
                   "sharding.mesh=data:" + std::to_string(devices.count));
     return Mesh::cpu({{c.sharding.data_axis, 1}});
   }
+  Mesh mesh;
   try {
-    return Mesh::parse(c.sharding.mesh, devices);
+    mesh = Mesh::parse(c.sharding.mesh, devices);
   } catch (const Error& e) {
     throw Error("[pax] sharding.mesh=" + c.sharding.mesh + " on " + devices.to_string() + ": " + e.what() +
                 " (pass --devices cpu:N to match the mesh)");
   }
+  // The batch is split over the data axis at its resolved size (data:-1 takes the devices left).
+  for (const MeshAxis& a : mesh.axes())
+    if (a.name == c.sharding.data_axis && c.data.batch % a.size != 0)
+      throw UserError("[pax] data.batch=" + std::to_string(c.data.batch) + " is not divisible by the data axis '" +
+                      a.name + "' of size " + std::to_string(a.size) + " in the mesh " + mesh.to_string() +
+                      ": each data shard takes an equal share of the rows; set data.batch to a multiple of " +
+                      std::to_string(a.size) + " (e.g. " + std::to_string((c.data.batch / a.size + 1) * a.size) +
+                      ") or change sharding.mesh");
+  return mesh;
 }
+
+namespace {
+
+// A cluster file's links per axis ([axis.NAME]) must name axes of the mesh they are applied to:
+// a misspelt or stale name would leave that axis on the default links without a word.
+Mesh apply_cluster(const Cluster& cl, const Mesh& mesh) {
+  for (const auto& [name, link] : cl.axis_links) {
+    const auto& axes = mesh.axes();
+    if (std::none_of(axes.begin(), axes.end(), [&](const MeshAxis& a) { return a.name == name; })) {
+      std::string have;
+      for (const MeshAxis& a : axes) have += (have.empty() ? "" : ", ") + a.name;
+      throw UserError("[pax] cluster " + cl.name + " gives a link for axis '" + name + "' ([axis." + name +
+                      "]) but the mesh " + mesh.to_string() + " has no such axis (its axes: " + have +
+                      "); rename the table to one of those axes, or remove it");
+    }
+  }
+  return cl.apply(mesh);
+}
+
+}  // namespace
 
 ShardingStrategy strategy_of(const ExperimentConfig& c) {
   const std::string& s = c.sharding.strategy;
@@ -295,7 +326,7 @@ PlanReport plan_pipelined(const ExperimentConfig& c, const Mesh& mesh, const nn:
   PlanReport r = report_head(c, model, mesh);
   std::optional<Cluster> cl;
   if (!cluster.empty()) cl = load_cluster(cluster);
-  const PipelineReport p = plan_pipeline(lm_config(c), cl ? cl->apply(mesh) : mesh, strategy_of(c), step_setup(c),
+  const PipelineReport p = plan_pipeline(lm_config(c), cl ? apply_cluster(*cl, mesh) : mesh, strategy_of(c), step_setup(c),
                                          pipeline_options(c), cl ? &*cl : nullptr);
   r.pipeline = p.to_string();
   for (int d = 0; d < p.schedule.devices; ++d) {
@@ -346,7 +377,7 @@ PlanReport plan(const ExperimentConfig& c, const std::string& devices, const std
   }
   Cluster cl = load_cluster(cluster);
   const StepSetup setup = step_setup(c);
-  std::vector<RecipeCost> costs = cost_recipes(lm_config(c), cl.apply(mesh), cl, setup, {strategy_of(c)});
+  std::vector<RecipeCost> costs = cost_recipes(lm_config(c), apply_cluster(cl, mesh), cl, setup, {strategy_of(c)});
   if (costs.empty() || !costs[0].applies) {
     r.cost_note = "not predicted: " + (costs.empty() ? std::string("no cost") : costs[0].reason);
     return r;

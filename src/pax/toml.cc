@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "io/regular_file.h"
 #include "io/toml_guard.h"
 #include "parallax/pax.h"
 
@@ -105,6 +106,7 @@ std::string to_toml(const ExperimentConfig& c) {
 
 // The file's table; a syntax error names the file and the line.
 static toml::table parse_toml_file(const std::string& path) {
+  io::require_regular_file(path, "[pax] config file ");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("[pax] cannot read config file '" + path + "'");
   std::ostringstream buf;
@@ -148,6 +150,7 @@ void apply_toml_file(ExperimentConfig& c, const std::string& path) {
 }
 
 ExperimentConfig from_toml_file(const std::string& path, const ExperimentConfig* base) {
+  io::require_regular_file(path, "[pax] config file ");  // a directory opens, and reads as an empty config
   if (!std::ifstream(path)) throw Error("[pax] cannot read config file '" + path + "'");
   ExperimentConfig c;
   if (base) {

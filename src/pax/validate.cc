@@ -2,7 +2,10 @@
 // the schedule's warmup fits its length, sharding rules parse), and what running needs beyond them.
 // Apart from the field table (config.cc), so that reading and writing configs needs no model code.
 #include <cstdlib>
+#include <mutex>
+#include <set>
 
+#include "core/log.h"
 #include "parallax/pax.h"
 #include "parallax/sharding.h"
 #include "pax/model.h"
@@ -20,6 +23,75 @@ optim::Schedule make_schedule(const ExperimentConfig& c) {
   if (s.kind == "rsqrt") return optim::rsqrt(lr, s.warmup_steps);
   return optim::constant(lr);
 }
+
+namespace {
+
+bool one_of(const std::string& v, std::initializer_list<const char*> values) {
+  for (const char* x : values)
+    if (v == x) return true;
+  return false;
+}
+
+bool has_mesh_axis(const std::string& mesh, const std::string& axis) {
+  const size_t at = mesh.find(axis + ":");
+  return at != std::string::npos && (at == 0 || mesh[at - 1] == ',');
+}
+
+// Settings of fields that the rest of the config makes unused, each with what would make it apply.
+// `error`: the field names what the run is about (training data), and ignoring it would train on
+// something else; the others are tuning knobs a registered experiment may carry into a setting
+// where they do nothing, so they are a warning (docs/pax.md, "Fields that have no effect").
+struct Unused {
+  std::string message;
+  bool error;
+};
+
+std::vector<Unused> unused_fields(const ExperimentConfig& c) {
+  static const ExperimentConfig defaults;
+  std::vector<Unused> out;
+  auto check = [&](const char* path, bool applies, const std::string& needs, bool error = false) {
+    if (applies || get_field(c, path) == get_field(defaults, path)) return;
+    out.push_back({"[pax] " + std::string(path) + "=" + field_text(c, path) + " has no effect here: it applies only " +
+                       needs,
+                   error});
+  };
+  const OptimizerConfig& o = c.optimizer;
+  const bool adam = one_of(o.name, {"adam", "adamw"});
+  for (const char* f : {"optimizer.beta1", "optimizer.beta2", "optimizer.eps"})
+    check(f, adam, "with optimizer.name=adamw or adam (here " + o.name + ")");
+  check("optimizer.momentum", o.name == "sgd", "with optimizer.name=sgd (here " + o.name + ")");
+  const std::string& k = c.schedule.kind;
+  const std::string here = " (here " + k + ")";
+  check("schedule.warmup_steps", k != "constant", "with a schedule.kind other than constant" + here);
+  check("schedule.decay_steps", k == "warmup_exponential", "with schedule.kind=warmup_exponential" + here);
+  check("schedule.decay_rate", k == "warmup_exponential", "with schedule.kind=warmup_exponential" + here);
+  check("schedule.min_fraction", one_of(k, {"warmup_cosine", "warmup_exponential"}),
+        "with schedule.kind=warmup_cosine or warmup_exponential" + here);
+  check("schedule.total_steps", k == "warmup_cosine", "with schedule.kind=warmup_cosine" + here);
+  const ShardingConfig& sh = c.sharding;
+  check("sharding.fsdp_min_bytes", one_of(sh.strategy, {"fsdp", "fsdp_tp", "auto"}),
+        "with sharding.strategy=fsdp, fsdp_tp or auto (here " + sh.strategy + ")");
+  check("sharding.cluster", sh.strategy == "auto",
+        "with sharding.strategy=auto (here " + sh.strategy + "); pax plan --cluster costs any plan");
+  check("sharding.auto_pipeline", sh.strategy == "auto", "with sharding.strategy=auto (here " + sh.strategy + ")");
+  const bool piped = has_mesh_axis(sh.mesh, "stage") || (sh.strategy == "auto" && sh.auto_pipeline);
+  const std::string stage = "on a mesh with a stage axis (sharding.mesh=" + (sh.mesh.empty() ? "\"\"" : sh.mesh) +
+                            " has none; e.g. stage:2," + (sh.mesh.empty() ? "data:1" : sh.mesh) +
+                            ") or with sharding.strategy=auto and sharding.auto_pipeline=true";
+  for (const char* f : {"sharding.schedule", "sharding.virtual_stages", "sharding.balance_stages",
+                        "sharding.layers_per_stage"})
+    check(f, piped, stage);
+  check("memory.budget_bytes", c.memory.remat == "auto", "with memory.remat=auto (here " + c.memory.remat + ")");
+  check("memory.prefetch_depth", c.memory.offload != "none", "with a memory.offload other than none");
+  const bool text = c.data.kind == "text";
+  for (const char* f : {"data.paths", "data.cache_dir", "data.eval_fraction", "data.max_documents", "data.max_document_bytes",
+                        "tokenizer.model"})
+    check(f, text, "with data.kind=text (here " + c.data.kind + ", which trains on the built-in copy task)", true);
+  check("data.copy_eval_batches", c.data.kind == "copy_task", "with data.kind=copy_task (here " + c.data.kind + ")");
+  return out;
+}
+
+}  // namespace
 
 void validate(const ExperimentConfig& c) {
   // Each field in its range (set_field_value checks the value it stores).
@@ -55,6 +127,14 @@ void validate(const ExperimentConfig& c) {
                 "): each shard's microbatches are its own rows; set data.batch to a multiple of " +
                 std::to_string(shards * mb) + " or train.microbatches to a divisor of " +
                 std::to_string(batch / shards));
+  // Fields the rest of the config leaves unused: an error, or a warning logged once per process.
+  for (const Unused& u : unused_fields(c)) {
+    if (u.error) throw UserError(u.message + "; set that, or drop the field");
+    static std::mutex mu;
+    static std::set<std::string> warned;
+    std::lock_guard<std::mutex> lock(mu);
+    if (warned.insert(u.message).second) PX_LOG(warn) << u.message;
+  }
   for (const std::string& r : c.sharding.rules) {
     size_t eq = r.find('=');
     if (eq == std::string::npos || eq == 0)

@@ -318,8 +318,10 @@ TEST(PaxCli, AutoShardingPlansExplainsAndTrains) {
 
 TEST(PaxCli, EverySetTypeIsAcceptedAndRejectedAsDocumented) {
   const std::string base = "describe --exp=copy.TransformerLmTiny";
-  for (const char* ok : {"train.steps=70", "optimizer.lr=1e-4", "tokenizer.model=/x.model", "model.tied_embedding=false",
-                         "optimizer.name=sgd", "data.paths=a.txt,b.txt", "sharding.mesh=data:1"}) {
+  // (The text data fields apply only to text data: set with data.kind=text.)
+  for (const char* ok : {"train.steps=70", "optimizer.lr=1e-4", "data.kind=text --set tokenizer.model=/x.model",
+                         "model.tied_embedding=false", "optimizer.name=sgd", "data.kind=text --set data.paths=a.txt,b.txt",
+                         "sharding.mesh=data:1"}) {
     Result r = pax(base + " --set " + ok);
     EXPECT_EQ(r.rc, 0) << ok << ": " << r.out;
   }
@@ -410,6 +412,51 @@ TEST(PaxCli, UserErrorsExitWithCode2AndOneLine) {
   Result plan = pax("plan --exp=c4.C4Spmd16BAdam32Replicas");
   EXPECT_EQ(plan.rc, 0) << plan.out;
   EXPECT_NE(plan.out.find("per device: params"), std::string::npos);
+}
+
+// Names and paths that were accepted and then ignored or misread (issue 52): each is refused,
+// naming what is allowed.
+TEST(PaxCli, UnknownNamesAndPathsOfTheWrongKindAreRefused) {
+  auto with_env = [](const char* name, const char* value, const std::string& args) {
+    ::setenv(name, value, 1);
+    Result r = pax(args);
+    ::unsetenv(name);
+    return r;
+  };
+  Result r = with_env("PX_DEVICES", "garbage", "describe --exp=copy.TransformerLmTiny");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("PX_DEVICES='garbage': no backend is registered for platform 'garbage'; the registered "
+                       "platforms are cpu, ref"),
+            std::string::npos) << r.out;
+  r = with_env("PX_LOG_LEVEL", "loud", "describe --exp=copy.TransformerLmTiny");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("PX_LOG_LEVEL='loud' is not a log level; use debug, info, warn, error or off"),
+            std::string::npos) << r.out;
+  r = pax("plan --exp=copy.TransformerLmTiny --devices=tpu:2 --set sharding.mesh=data:2");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("'tpu:2': no backend is registered for platform 'tpu'"), std::string::npos) << r.out;
+  const std::string dir = job("a_dir"), file = ::testing::TempDir() + "/pax_e2e_kind_file";
+  std::filesystem::create_directories(dir);
+  std::ofstream(file) << "x";
+  r = pax("describe --config " + dir);
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("config file '" + dir + "' is a directory, not a regular file"), std::string::npos) << r.out;
+  r = pax("decode --hf_model=" + file + " --prompt=hi");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("--hf_model '" + file + "' is a regular file, not a directory"), std::string::npos) << r.out;
+  r = pax("train --exp=copy.TransformerLmTiny --job_log_dir=" + file);
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("--job_log_dir '" + file + "' is a regular file, not a directory"), std::string::npos) << r.out;
+  r = pax("export --exp=copy.TransformerLmTiny --job_log_dir=" + dir + " --out=" + file);
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("export: --out '" + file + "' is a regular file, not a directory"), std::string::npos) << r.out;
+  r = pax("describe --exp=copy.TransformerLmTiny --set data.paths=corpus.txt");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("data.paths=corpus.txt has no effect here: it applies only with data.kind=text"),
+            std::string::npos) << r.out;
+  r = pax("describe --exp=copy.TransformerLmTiny --set sharding.schedule=zero_bubble");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("sharding.schedule=zero_bubble has no effect here"), std::string::npos) << r.out;
 }
 
 // Saved on {data:4, model:2} with FSDP_TP, resumed on {data:8} with DDP, on {model:2} with TP and on

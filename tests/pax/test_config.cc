@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/log.h"
 #include "parallax/pax.h"
 #include "parallax/plan.h"
 #include "pax/model.h"
@@ -108,6 +109,89 @@ TEST(PaxConfig, MicrobatchesDivideTheBatchAndEachDataShard) {
   set_field(c, "train.microbatches", "2");
   EXPECT_EQ(error_of([&] { validate(c); }), "<no error>");
   EXPECT_NE(plan(c).text().find("microbatches: 2"), std::string::npos) << plan(c).text();
+}
+
+// pax plan planned a batch the data axis does not divide (data:3 with data.batch=8, or data:-1
+// resolved on the devices); now the mesh as made is checked, naming the fix.
+TEST(PaxPlan, TheDataAxisDividesTheBatch) {
+  ExperimentConfig c = tiny();
+  set_field(c, "data.batch", "8");
+  set_field(c, "sharding.mesh", "data:3");
+  std::string e = error_of([&] { plan(c); });
+  EXPECT_NE(e.find("[pax] data.batch=8 is not divisible by the data axis 'data' of size 3"), std::string::npos) << e;
+  EXPECT_NE(e.find("set data.batch to a multiple of 3 (e.g. 9)"), std::string::npos) << e;
+  set_field(c, "sharding.mesh", "data:-1");
+  e = error_of([&] { plan(c, "cpu:3"); });
+  EXPECT_NE(e.find("not divisible by the data axis 'data' of size 3"), std::string::npos) << e;
+  set_field(c, "data.batch", "9");
+  EXPECT_EQ(error_of([&] { plan(c, "cpu:3"); }), "<no error>");
+}
+
+// A cluster file's [axis.NAME] link for an axis the mesh lacks was accepted (the axis it meant
+// kept the default links); now it is an error naming the mesh's axes.
+TEST(PaxPlan, AClusterFileNamesOnlyTheMeshsAxes) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "px_test_cluster_axes";
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "c.toml").string();
+  std::ofstream(file) << "name = \"two\"\n[device]\nmatmul_flops_f32 = 1e12\nmatmul_flops_bf16 = 2e12\n"
+                         "vector_flops = 1e11\nmemory_bandwidth = 1e11\nmemory_bytes = 1e10\n"
+                         "[intra_node]\nbandwidth_bytes_per_s = 1e10\nlatency_s = 1e-6\n"
+                         "[axis.modle]\nbandwidth_bytes_per_s = 1e10\nlatency_s = 1e-6\n";
+  ExperimentConfig c = tiny();
+  set_field(c, "sharding.mesh", "data:2");
+  const std::string e = error_of([&] { plan(c, "", file); });
+  EXPECT_NE(e.find("gives a link for axis 'modle' ([axis.modle]) but the mesh"), std::string::npos) << e;
+  EXPECT_NE(e.find("(its axes: data)"), std::string::npos) << e;
+  std::filesystem::remove_all(dir);
+}
+
+// A field the rest of the config leaves unused: the training data fields are an error (the run
+// would train on the copy task), the tuning knobs a warning logged once, naming what would apply it.
+TEST(PaxConfig, FieldsWithoutEffectAreNamed) {
+  ExperimentConfig c = tiny();
+  set_field(c, "data.paths", "my_corpus.txt");
+  std::string e = error_of([&] { validate(c); });
+  EXPECT_NE(e.find("[pax] data.paths=my_corpus.txt has no effect here: it applies only with data.kind=text"),
+            std::string::npos) << e;
+  c = tiny();
+  set_field(c, "sharding.schedule", "zero_bubble");
+  set_field(c, "optimizer.momentum", "0.9");
+  std::vector<std::string> warnings;
+  LogSink old = set_log_sink([&](const LogRecord& r) { warnings.push_back(r.message); });
+  validate(c);
+  validate(c);  // once per process
+  set_log_sink(old);
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_NE(warnings[0].find("optimizer.momentum=0.9 has no effect here: it applies only with optimizer.name=sgd"),
+            std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[1].find("sharding.schedule=zero_bubble has no effect here: it applies only on a mesh with a "
+                             "stage axis"),
+            std::string::npos) << warnings[1];
+  // With a stage axis it applies: no warning.
+  set_field(c, "optimizer.momentum", "0");
+  set_field(c, "sharding.mesh", "stage:2,data:1");
+  warnings.clear();
+  old = set_log_sink([&](const LogRecord& r) { warnings.push_back(r.message); });
+  validate(c);
+  set_log_sink(old);
+  EXPECT_TRUE(warnings.empty()) << warnings[0];
+  // No shipped experiment sets a field it does not use.
+  for (const ExperimentInfo& x : list_experiments()) {
+    warnings.clear();
+    old = set_log_sink([&](const LogRecord& r) { warnings.push_back(r.message); });
+    EXPECT_EQ(error_of([&] { validate(experiment(x.name)); }), "<no error>") << x.name;
+    set_log_sink(old);
+    EXPECT_TRUE(warnings.empty()) << x.name << ": " << warnings[0];
+  }
+}
+
+TEST(PaxConfig, PathsAreOfTheirKind) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "px_test_path_kinds";
+  std::filesystem::create_directories(dir);
+  std::string e = error_of([&] { from_toml_file(dir.string()); });
+  EXPECT_NE(e.find("[pax] config file '" + dir.string() + "' is a directory, not a regular file"), std::string::npos)
+      << e;
+  std::filesystem::remove_all(dir);
 }
 
 // Every numeric field: a value past its range names the field, the value and the range (step
