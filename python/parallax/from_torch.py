@@ -408,13 +408,30 @@ def _log_softmax(node, x, dim, half_to_float=False):
 def _embedding(node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     if scale_grad_by_freq:
         _unsupported(node, "embedding(scale_grad_by_freq=True) is not supported")
-    idx, weight = _t(indices, _core.DType.i32), _t(weight)
+    weight = _t(weight)
+    span = _constant_range(indices, weight.shape[0])
+    if span is not None:  # learned positions: rows start..stop, a slice (its gradient a pad, no scatter)
+        rows = pnp.reshape(_core.slice_axis(weight, 0, *span), [*indices.shape, weight.shape[1]])
+        return rows
+    idx = _t(indices, _core.DType.i32)
     pnp.check_indices(idx, weight.shape[0], "px.from_torch: embedding indices")  # torch raises on these too
     rows = _core.take(weight, idx)
     if padding_idx is not None and padding_idx >= 0:  # the padding row gets no gradient, as in torch
         pad = pnp.broadcast_to(pnp.expand_dims(pnp.equal(idx, int(padding_idx)), idx.ndim), rows.shape)
         rows = pnp.where(pad, _core.stop_gradient(rows), rows)
     return rows
+
+
+def _constant_range(indices, n):
+    """(start, stop) when indices is a torch constant holding start, start + 1, ... (< n)."""
+    torch = _torch()
+    if not isinstance(indices, torch.Tensor) or indices.numel() == 0 or indices.numel() > n:
+        return None
+    flat = indices.reshape(-1)
+    start = int(flat[0])
+    if start < 0 or not torch.equal(flat, torch.arange(start, start + flat.numel(), dtype=flat.dtype)):
+        return None
+    return start, start + flat.numel()
 
 
 @_op("index.Tensor")
@@ -538,6 +555,63 @@ def _feeds_only_matmuls(node) -> bool:
                                     and list(u.args).count(node) == 1 for u in node.users)
 
 
+# ---- decomposed activations, recognized -------------------------------------------------------
+def _call(node, *targets):
+    return getattr(node, "op", None) == "call_function" and str(node.target) in targets
+
+
+def _scaled(node, x, value) -> bool:
+    """node is x * value (either order), value a number within 1e-6."""
+    if not _call(node, "aten.mul.Tensor", "aten.mul.Scalar") or len(node.args) != 2:
+        return False
+    a, b = node.args
+    return any(p is x and isinstance(q, (int, float)) and abs(q - value) <= 1e-6 * abs(value)
+               for p, q in ((a, b), (b, a)))
+
+
+def _other(node, known):
+    """The operand of a binary node that is not `known` (None when neither is)."""
+    a, b = node.args[0], node.args[1]
+    return b if a is known else a if b is known else None
+
+
+def _match_gelu_tanh(node):
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as GPT-2's gelu_new decomposes: returns x."""
+    if not _call(node, "aten.mul.Tensor") or len(node.args) != 2:
+        return None
+    for half, one_plus in (node.args, node.args[::-1]):
+        if not (_call(half, "aten.mul.Tensor") and _call(one_plus, "aten.add.Tensor")):
+            continue
+        x = half.args[0] if _scaled(half, half.args[0], 0.5) else half.args[1]
+        th = one_plus.args[0] if one_plus.args[1] == 1.0 else one_plus.args[1]
+        if not (_scaled(half, x, 0.5) and 1.0 in one_plus.args and _call(th, "aten.tanh.default")):
+            continue
+        inner = th.args[0]
+        if not _call(inner, "aten.mul.Tensor"):
+            continue
+        total = next((a for a in inner.args if _call(a, "aten.add.Tensor")), None)
+        if total is None or not _scaled(inner, total, 0.7978845608028654) or len(total.args) != 2:
+            continue
+        cubic = _other(total, x)
+        cube = next((a for a in getattr(cubic, "args", ()) if _call(a, "aten.pow.Tensor_Scalar")), None)
+        if cube is not None and _scaled(cubic, cube, 0.044715) and cube.args[0] is x and cube.args[1] == 3:
+            return x
+    return None
+
+
+def _match_silu(node):
+    """x * sigmoid(x) (silu as it decomposes): returns x."""
+    if not _call(node, "aten.mul.Tensor") or len(node.args) != 2:
+        return None
+    for x, sig in (node.args, node.args[::-1]):
+        if _call(sig, "aten.sigmoid.default") and sig.args[0] is x:
+            return x
+    return None
+
+
+_FUSED = ((lambda node, x: F.gelu(_t(x), True), _match_gelu_tanh), (lambda node, x: F.silu(_t(x)), _match_silu))
+
+
 # ---- the program: the exported graph, its constant part evaluated ------------------------------
 class _Program:
     """What a TorchModule replays: the exported graph's steps, with every op whose inputs are all
@@ -570,13 +644,14 @@ class _Program:
             if spec.kind != OutputKind.USER_OUTPUT:
                 raise UserError(f"px.from_torch: {what}'s forward writes to '{spec.target}' ({spec.kind.name}): "
                                 "Parallax programs are pure; compute the new state outside the model")
-        self.steps = []
+        self.steps = []  # (node, handler, args, kwargs): args and kwargs hold fx Nodes
         with torch.no_grad():
             for node in ep.graph.nodes:
                 if node.op == "call_function":
                     self._add(node)
                 elif node.op == "output":
                     self.outputs = list(node.args[0])
+        self._drop_dead_steps()
 
     def _add(self, node):
         torch = _torch()
@@ -591,7 +666,23 @@ class _Program:
             _unsupported(node, f"the ATen op {name} is not supported")
         if name == "aten.permute.default" and list(node.args[1]) == [1, 0] and _feeds_only_matmuls(node):
             handler = _defer_transpose
-        self.steps.append((node, handler))
+        for fused, match in _FUSED:
+            x = match(node)
+            if x is not None:  # one fused op for the decomposed activation: its inner ops go dead
+                self.steps.append((node, fused, (x,), {}))
+                return
+        self.steps.append((node, handler, node.args, node.kwargs))
+
+    def _drop_dead_steps(self):
+        """Steps no output depends on (the insides of fused activations) are not replayed."""
+        torch = _torch()
+        live = {o.name for o in self.outputs if isinstance(o, torch.fx.Node)}
+        kept = []
+        for step in reversed(self.steps):
+            if step[0].name in live:
+                kept.append(step)
+                torch.fx.node.map_arg((step[2], step[3]), lambda n: live.add(n.name))
+        self.steps = kept[::-1]
 
     def run(self, params: dict, inputs: list):
         """The outputs (a Tensor, or a tuple of them) for param and input Tensors."""
@@ -603,8 +694,8 @@ class _Program:
             return env[n.name] if n.name in env else self.consts[n.name]
 
         ctx = _Ctx()
-        for node, handler in self.steps:
-            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), value)
+        for node, handler, node_args, node_kwargs in self.steps:
+            args, kwargs = torch.fx.node.map_arg((node_args, node_kwargs), value)
             kwargs = dict(kwargs)
             if handler in _NEEDS_CTX:
                 kwargs["_ctx"] = ctx

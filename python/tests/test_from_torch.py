@@ -109,7 +109,7 @@ def test_logits_and_gradients_equal_torch(name, rng):
         _close(g, torch_params[path].grad.numpy(), 1e-5, f"{name} d loss / d {path}")
 
 
-def test_params_share_the_torch_tensors_memory():
+def test_params_share_the_torch_tensors_memory_and_ops_fuse():
     model = _hf("gpt2")
     pm = _convert(model)
     params = pm.named_parameters()
@@ -118,7 +118,11 @@ def test_params_share_the_torch_tensors_memory():
         assert params[path].data_ptr == p.data_ptr(), path
     assert pm.input_names == ["input_ids"]
     # HF's causal mask (built by torch, a constant) becomes Parallax's fused causal attention
-    assert str(pm.graph).count("= attention[causal=1 key_padding=0") == 2
+    graph = str(pm.graph)
+    assert graph.count("= attention[causal=1 key_padding=0") == 2
+    # gelu_new's decomposition (tanh form) is one fused gelu again, and no op of it is left
+    assert graph.count('= gelu[approximate="tanh"]') == 2 and "tanh" not in graph.replace('"tanh"', "")
+    assert "silu" in str(_convert(_hf("llama")).graph)  # x * sigmoid(x): fused silu
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "mistral", "qwen2"])
