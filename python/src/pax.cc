@@ -37,7 +37,7 @@ void bind_pax(nb::module_& m) {
         "The installed GCIDE dictionary as plain-text documents, one per entry.",
         nb::call_guard<nb::gil_scoped_release>());
   d.def("read_documents", &px::data::read_documents, nb::arg("paths"), nb::arg("max_documents") = 0,
-        nb::call_guard<nb::gil_scoped_release>());
+        nb::arg("max_document_bytes") = int64_t{64} << 20, nb::call_guard<nb::gil_scoped_release>());
 
   nb::module_ p = m.def_submodule("_pax", "pax experiments (px::pax)");
   nb::class_<pax::ExperimentConfig>(p, "ExperimentConfig", "A resolved experiment: every field by dotted path.")
