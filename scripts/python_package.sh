@@ -1,34 +1,27 @@
 #!/usr/bin/env bash
-# Builds the Python package (python/) over the INSTALLED library and runs its tests:
-#   1. installs the library (built in $PX_BUILD_DIR, default build/) into build/python-prefix,
-#   2. pip-installs python/ into the test venv (scripts/setup_test_venv.sh), which compiles only
-#      the bindings (find_package(parallax) through CMAKE_PREFIX_PATH),
-#   3. runs `python -m pytest python/tests -q`.
-# Run after the build (cmake -S . -B build -G Ninja && cmake --build build); from the repo root:
+# Builds and installs the Python package the documented way, `pip install .` at the repository
+# root (one scikit-build-core build of the library and the bindings: pyproject.toml), into the test
+# venv (scripts/setup_test_venv.sh), then runs `python -m pytest python/tests -q` from outside the
+# source tree. From the repo root:
 #   bash scripts/python_package.sh            # extra arguments go to pytest, e.g. -k jit
+# The build dir persists: build-wheel/<wheel tag>/ (pyproject.toml), or $PX_BUILD_DIR/python-wheel
+# when PX_BUILD_DIR is set, so that people building side by side keep separate trees. With ccache
+# (the top-level CMakeLists.txt uses it) a first build over an existing build's objects is mostly
+# cache hits, and a rebuild compiles only what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUILD=${PX_BUILD_DIR:-build}
-PREFIX="$PWD/$BUILD/python-prefix"
 start=$(date +%s)
-
-if [ ! -f "$BUILD/CMakeCache.txt" ]; then
-  echo "python_package: no build in $BUILD/; first: cmake -S . -B $BUILD -G Ninja && cmake --build $BUILD" >&2
-  exit 1
-fi
-# A no-op after a full build; otherwise builds just what the install needs.
-cmake --build "$BUILD" -j2 --target pax >/dev/null  # pax links every library component
-cmake --install "$BUILD" --prefix "$PREFIX" >/dev/null
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 
 PY=$(bash scripts/setup_test_venv.sh)
+build_dir=()
+[ -n "${PX_BUILD_DIR:-}" ] && build_dir=("-Cbuild-dir=$PX_BUILD_DIR/python-wheel")
 # The venv already holds the build requirements (scikit-build-core, nanobind): no isolated build
-# env, so nothing is fetched here. ccache, when present, makes rebuilds of the bindings instant.
-launcher=""
-command -v ccache >/dev/null && launcher="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
-CMAKE_PREFIX_PATH="$PREFIX" CMAKE_ARGS="$launcher" \
-  "$PY" -m pip install -q --no-build-isolation --no-deps ./python
+# env, so nothing is downloaded here.
+"$PY" -m pip install -q --no-build-isolation --no-deps "${build_dir[@]}" .
 echo "python_package: installed in $(( $(date +%s) - start )) s" >&2
 
 # From outside the source tree, so that `import parallax` is the installed package.
-(cd "$BUILD" && "$PY" -m pytest "$OLDPWD/python/tests" -q "$@")
+tests="$PWD/python/tests"
+(cd "$(mktemp -d)" && "$PY" -m pytest "$tests" -q "$@")
 echo "python_package: done in $(( $(date +%s) - start )) s" >&2
