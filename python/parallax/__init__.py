@@ -10,7 +10,7 @@
     f(np.ones((4, 8), np.float32), np.ones((8, 2), np.float32))
 """
 
-from . import _core
+from ._native import _core  # names the Debian packages of missing system libraries
 from ._core import (
     Array,
     CompileOptions,
@@ -51,6 +51,7 @@ def stop_gradient(x):
     """x, with no gradient flowing back through it."""
     return _core.stop_gradient(numpy.asarray(x))
 from ._core import Mesh, ShardingPlan, ShardingStrategy, StepMetrics, TrainState
+from ._core import memory_stats, platform_memory_stats, reset_peak_memory, reset_platform_peak_memory
 from ._train import PartitionSpec, TrainStep, create_sharded_model, offload_model, strategy
 from .from_torch import from_torch
 

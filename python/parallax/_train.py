@@ -3,11 +3,12 @@ px.create_sharded_model (the seed's entry point: a model, sample inputs and a st
 
 from __future__ import annotations
 
+import inspect
 import os
 
 from . import _core
 from ._array import Array, asarray, dtype as _dtype
-from ._core import Mesh, ShardingStrategy, TransformerLm, UserError
+from ._core import Mesh, ShardingStrategy, Tensor, TransformerLm, UserError
 from ._tree import tree_flatten, tree_unflatten
 
 
@@ -123,7 +124,7 @@ class TrainStep:
             self._treedef = None
             self.paths = model.store.paths()
             return
-        from .nn.modules import Module
+        from .nn.modules import Deferred, Module
 
         leaves, self._treedef = tree_flatten(model)
         if isinstance(model, Module):
@@ -131,10 +132,13 @@ class TrainStep:
         else:
             self.paths = [f"p{i}" for i in range(len(leaves))]
         self._scope = _core.Scope()
-        for path, leaf in zip(self.paths, leaves):
-            a = asarray(leaf)
-            self._scope.declare(path, a.dtype, list(a.shape))
-        self._initial = [asarray(x) for x in leaves]
+        # A factory's params (Deferred) are declared with their initializers and drawn by init().
+        self._initial = [None if isinstance(x, Deferred) else asarray(x) for x in leaves]
+        for path, leaf, a in zip(self.paths, leaves, self._initial):
+            if a is None:
+                self._scope.declare(path, leaf.dtype, list(leaf.shape), leaf.init)
+            else:
+                self._scope.declare(path, a.dtype, list(a.shape))
         store = self._scope.store
         treedef = self._treedef
 
@@ -146,7 +150,12 @@ class TrainStep:
 
     def init(self, seed_or_params=None) -> _core.TrainState:
         """The state from the model's current params (default), a seed (the built-in LMs'
-        initializers), or a list of arrays in param order."""
+        initializers), or a list of arrays in param order. A model built by a
+        create_sharded_model factory draws its params from a seed (default 0), each shard on the
+        device that holds it; params the factory gave values keep them."""
+        if self._treedef is not None and any(a is None for a in self._initial) and \
+                (seed_or_params is None or isinstance(seed_or_params, int)):
+            return self._cpp.init_partly(self._scope.store, seed_or_params or 0, self._initial)
         if seed_or_params is None:
             if self._treedef is None:
                 return self._cpp.init(0)
@@ -204,13 +213,49 @@ class TrainStep:
         return self._cpp.plan().mesh.size
 
 
+def _model_loss(model, *inputs):
+    """Without loss_fn, a model's call on the inputs is its loss."""
+    out = model(*inputs)
+    if not (isinstance(out, Tensor) and out.ndim == 0):
+        what = f"a Tensor of shape {tuple(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
+        raise UserError(f"create_sharded_model: without loss_fn, the model's call on sample_inputs must return the "
+                        f"scalar loss; it returned {what}: pass loss_fn(model, *inputs) -> scalar")
+    return out
+
+
+def _built(model_or_fn):
+    """The model itself, or what a zero-argument factory builds (with deferred params)."""
+    from .nn.modules import Module, deferred_params
+
+    if isinstance(model_or_fn, (Module, TransformerLm)) or not callable(model_or_fn):
+        return model_or_fn
+    try:
+        required = [p for p in inspect.signature(model_or_fn).parameters.values()
+                    if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        required = []
+    if required:
+        raise UserError(f"create_sharded_model: model_or_fn is a callable taking {[p.name for p in required]}; pass "
+                        "a zero-argument factory (lambda: Model(...)), a model, or (fn, params) with "
+                        "fn(params, *inputs) -> loss")
+    with deferred_params():
+        model = model_or_fn()
+    if callable(model) and not isinstance(model, (Module, TransformerLm)):
+        raise UserError(f"create_sharded_model: the factory returned a {type(model).__name__}; it must return the "
+                        "model (a px.nn.Module, a px.nn.TransformerLm or a tree of params)")
+    return model
+
+
 def create_sharded_model(model_or_fn, sample_inputs, *, loss_fn=None, optimizer=None,
                          strategy=ShardingStrategy.AUTO, data_axis_name: str = "data",
                          model_axis_name: str = "model", mesh: Mesh | None = None, **options) -> TrainStep:
     """The seed's entry point: a training step for model_or_fn sharded over a mesh.
 
-    model_or_fn: a px.nn.Module (with loss_fn(model, *inputs)), a built-in px.nn.TransformerLm,
-    or a callable (params, *inputs) -> loss together with params passed as model_or_fn=(fn, params).
+    model_or_fn: a px.nn.Module (with loss_fn(model, *inputs); without it, model(*inputs) is the
+    loss), a built-in px.nn.TransformerLm,
+    a zero-argument factory of either (lambda: Model(...): run with its px.nn params deferred, so
+    that init() draws each shard on its own device and the whole model never exists), or a
+    callable (params, *inputs) -> loss together with params passed as model_or_fn=(fn, params).
     mesh: default Mesh.create([(data_axis_name, -1), (model_axis_name, 1)]) over PX_DEVICES
     (cpu:4 gives 4 devices); strategy: AUTO, DDP, FSDP, TP, FSDP_TP or MANUAL (or their names).
     Returns a px.TrainStep (init, __call__, plan(), explain(), table())."""
@@ -221,9 +266,11 @@ def create_sharded_model(model_or_fn, sample_inputs, *, loss_fn=None, optimizer=
         fn, params = model_or_fn
         model, loss_fn = params, (lambda p, *xs: fn(p, *xs))
     else:
-        model = model_or_fn
+        model = _built(model_or_fn)
     if loss_fn is None and not isinstance(model, TransformerLm):
-        raise UserError("create_sharded_model: pass loss_fn(model, *inputs) -> scalar for a Python model")
+        if not callable(model):
+            raise UserError("create_sharded_model: pass loss_fn(model, *inputs) -> scalar for a Python model")
+        loss_fn = _model_loss
     if mesh is None:
         mesh = Mesh.create([(data_axis_name, -1), (model_axis_name, 1)])
     return TrainStep(model, loss_fn, optimizer or adamw(), sample_inputs, mesh=mesh, strategy=strat,

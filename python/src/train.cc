@@ -13,6 +13,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "bind.h"
+#include "parallax/memory.h"
 #include "parallax/nn/transformer.h"
 #include "parallax/optim.h"
 #include "parallax/parallel.h"
@@ -31,12 +32,66 @@ struct Optimizer {
 };
 
 // Declares a param at a dotted path under the root scope (the values come from Python).
-void declare(nn::Scope& root, const std::string& path, px::DType dtype, const px::Shape& shape) {
+// `init` draws it when the step initializes from a seed (a param a factory made without values).
+void declare(nn::Scope& root, const std::string& path, px::DType dtype, const px::Shape& shape,
+             const nn::Init& init) {
   nn::Scope s = root;
   size_t start = 0;
   for (size_t dot; (dot = path.find('.', start)) != std::string::npos; start = dot + 1)
     s = s.sub(path.substr(start, dot - start));
-  s.param(path.substr(start), {dtype, shape}, nn::Init::zeros());
+  s.param(path.substr(start), {dtype, shape}, init);
+}
+
+// A state whose params are `values[i]` where given (full host arrays, split onto the devices) and
+// otherwise drawn from the store's initializers where each shard lives (nn::init_box): a model
+// built by a create_sharded_model factory never exists whole.
+px::TrainState init_partly(const px::TrainStep& step, const nn::ParamStore& store, uint64_t seed,
+                           const std::vector<std::optional<px::Array>>& values) {
+  if (values.size() != static_cast<size_t>(store.size()))
+    throw px::Error("TrainStep.init: " + std::to_string(values.size()) + " values for " +
+                    std::to_string(store.size()) + " params");
+  px::TrainState s = step.begin_state();
+  for (int i = 0; i < store.size(); ++i) {
+    if (values[i]) {
+      step.set_param(s, i, *values[i]);
+      continue;
+    }
+    const nn::ParamSpec& spec = store.spec(i);
+    step.set_param(s, i, [&spec, seed](const std::vector<int64_t>& offsets, px::Array& out) {
+      nn::init_box(spec, seed, offsets, out);
+    });
+  }
+  return s;
+}
+
+void bind_memory(nb::module_& m) {
+  nb::class_<px::MemoryStats>(m, "MemoryStats", "Bytes px holds (px::MemoryStats).")
+      .def_ro("bytes_in_use", &px::MemoryStats::bytes_in_use)
+      .def_ro("peak_bytes_in_use", &px::MemoryStats::peak_bytes_in_use)
+      .def_ro("allocations", &px::MemoryStats::allocations)
+      .def("__repr__", [](const px::MemoryStats& s) {
+        return "MemoryStats(bytes_in_use=" + std::to_string(s.bytes_in_use) +
+               ", peak_bytes_in_use=" + std::to_string(s.peak_bytes_in_use) + ")";
+      });
+  auto placement = [](int device, const std::string& kind, const std::string& platform) {
+    return px::Placement{device, px::parse_memory_kind(kind), platform};
+  };
+  m.def(
+      "memory_stats",
+      [placement](int device, const std::string& kind, const std::string& platform) {
+        return px::memory_stats(placement(device, kind, platform));
+      },
+      nb::arg("device") = 0, nb::arg("kind") = "device", nb::arg("platform") = "cpu",
+      "The bytes px holds on one device (on the CPU backend: that device's pool of host memory).");
+  m.def(
+      "reset_peak_memory",
+      [placement](int device, const std::string& kind, const std::string& platform) {
+        px::reset_peak_memory(placement(device, kind, platform));
+      },
+      nb::arg("device") = 0, nb::arg("kind") = "device", nb::arg("platform") = "cpu");
+  m.def("platform_memory_stats", &px::platform_memory_stats, nb::arg("platform") = "cpu",
+        "The bytes px holds over every device and memory kind of a platform (cpu: the host memory px holds).");
+  m.def("reset_platform_peak_memory", &px::reset_platform_peak_memory, nb::arg("platform") = "cpu");
 }
 
 optim::ParamFilter decay_filter(const std::optional<std::vector<std::string>>& exclude, int min_rank) {
@@ -93,6 +148,7 @@ std::vector<px::TensorType> batch_types(const std::vector<std::pair<px::DType, p
 }  // namespace
 
 void bind_train(nb::module_& m) {
+  bind_memory(m);
   // ---- params ----------------------------------------------------------------------------------
   nb::class_<nn::ParamStore>(m, "ParamStore", "The params of one model, in declaration order.")
       .def_prop_ro("size", &nn::ParamStore::size)
@@ -115,10 +171,23 @@ void bind_train(nb::module_& m) {
           },
           "The Tensors bound to the params while a step traces its loss.");
 
+  nb::class_<nn::Init>(m, "Init",
+                       "How a param's initial values are drawn (px::nn::Init): counter-based, the same bits on any mesh.")
+      .def_static("zeros", &nn::Init::zeros)
+      .def_static("ones", &nn::Init::ones)
+      .def_static("constant", &nn::Init::constant, nb::arg("value"))
+      .def_static("normal", &nn::Init::normal, nb::arg("std"))
+      .def_static("truncated_normal", &nn::Init::truncated_normal, nb::arg("std"))
+      .def_static("uniform", &nn::Init::uniform, nb::arg("lo"), nb::arg("hi"))
+      .def_static("lecun_normal", &nn::Init::lecun_normal, nb::arg("scale") = 1.0)
+      .def_rw("fan_in_scaled", &nn::Init::fan_in_scaled, "std (or the bounds) divided by sqrt(fan_in)")
+      .def("__repr__", &nn::Init::to_string);
+
   nb::class_<nn::Scope>(m, "Scope", "The root of a module tree: a new ParamStore.")
       .def(nb::init<>())
       .def_prop_ro("store", &nn::Scope::store, nb::rv_policy::reference_internal)
-      .def("declare", &declare, nb::arg("path"), nb::arg("dtype"), nb::arg("shape"));
+      .def("declare", &declare, nb::arg("path"), nb::arg("dtype"), nb::arg("shape"),
+           nb::arg("init") = nn::Init::zeros());
 
   // ---- Transformer LMs -------------------------------------------------------------------------
   nb::enum_<nn::NormKind>(m, "NormKind")
@@ -335,6 +404,7 @@ void bind_train(nb::module_& m) {
       .def("init", nb::overload_cast<uint64_t>(&px::TrainStep::init, nb::const_), nb::arg("seed"))
       .def("init", nb::overload_cast<const std::vector<px::Array>&>(&px::TrainStep::init, nb::const_),
            nb::arg("params"))
+      .def("init_partly", &init_partly, nb::arg("store"), nb::arg("seed"), nb::arg("values"))
       .def("__call__", &px::TrainStep::operator(), nb::arg("state"), nb::arg("batch"),
            nb::call_guard<nb::gil_scoped_release>())
       .def("gather_params", &px::TrainStep::gather_params, nb::arg("state"))

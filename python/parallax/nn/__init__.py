@@ -1,6 +1,6 @@
 """px.nn: neural-network ops (functional), modules and the built-in Transformer LMs."""
 
-from .._core import LmConfig, MlpKind, NormKind, PositionKind, TransformerLm  # noqa: F401
+from .._core import Init, LmConfig, MlpKind, NormKind, PositionKind, TransformerLm  # noqa: F401
 from .functional import (  # noqa: F401
     apply_rope,
     cross_entropy_loss,
@@ -20,6 +20,7 @@ from .functional import (  # noqa: F401
 )
 from .modules import (  # noqa: F401
     CausalSelfAttention,
+    Deferred,
     Embedding,
     LayerNorm,
     Linear,

@@ -8,6 +8,7 @@ tracing its params are Tensors. Param paths follow the attributes: "blocks.0.att
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -21,7 +22,7 @@ from . import functional as F
 
 
 def _is_dynamic(v) -> bool:
-    if isinstance(v, (Array, Tensor, np.ndarray, Module)):
+    if isinstance(v, (Array, Tensor, np.ndarray, Module, Deferred)):
         return True
     if isinstance(v, (list, tuple)):
         return len(v) > 0 and all(_is_dynamic(x) or x is None for x in v) and any(x is not None for x in v)
@@ -84,6 +85,7 @@ class Module:
                 out[path] = v
 
         walk(self, prefix)
+        walk = None  # the recursive closure is a cycle that would keep `out` (every param) until gc runs
         return out
 
     def parameters(self) -> list:
@@ -138,18 +140,67 @@ def _unflatten_module(cls, aux, children):
 register_pytree_node(Module, _flatten_module, lambda aux, ch: _unflatten_module(Module, aux, ch))
 
 
-# ---- initializers (NumPy, seeded) -----------------------------------------------------------------
+# ---- initializers (NumPy, seeded; or deferred) --------------------------------------------------
+class Deferred:
+    """A param of a model built by a px.create_sharded_model factory: its shape, dtype and
+    initializer (a px.nn.Init), without values. The TrainStep draws each shard on the device that
+    holds it when it initializes (px::nn::init_box), so the whole param never exists."""
+
+    __slots__ = ("shape", "dtype", "init")
+
+    def __init__(self, shape, init, dtype=_core.DType.f32):
+        self.shape, self.init, self.dtype = tuple(int(d) for d in shape), init, dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __array__(self, *args, **kwargs):
+        raise UserError(f"{self!r} has no values: a create_sharded_model factory's params are drawn on their "
+                        "devices by step.init(); make params with px.nn's initializers there, or pass a built model")
+
+    def __repr__(self):
+        return f"Deferred({_core.dtype_name(self.dtype)}[{','.join(map(str, self.shape))}], {self.init!r})"
+
+
+_deferring = []  # non-empty while a create_sharded_model factory runs
+
+
+@contextlib.contextmanager
+def deferred_params():
+    """While active, px.nn's initializers (normal, lecun_normal, zeros, ones) give Deferred params."""
+    _deferring.append(True)
+    try:
+        yield
+    finally:
+        _deferring.pop()
+
+
 def _rng(seed):
     return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
 
 
 def normal(seed, shape, std):
+    if _deferring:
+        return Deferred(shape, _core.Init.normal(std))
     return asarray((_rng(seed).standard_normal(shape) * std).astype(np.float32))
 
 
 def lecun_normal(seed, shape):
+    if _deferring:
+        init = _core.Init.normal(1.0)
+        init.fan_in_scaled = True  # 1/sqrt(prod(shape[:-1])), as below
+        return Deferred(shape, init)
     fan_in = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
     return normal(seed, shape, 1.0 / math.sqrt(fan_in))
+
+
+def zeros(n):
+    return Deferred((n,), _core.Init.zeros()) if _deferring else asarray(np.zeros(n, np.float32))
+
+
+def ones(n):
+    return Deferred((n,), _core.Init.ones()) if _deferring else asarray(np.ones(n, np.float32))
 
 
 # ---- layers ------------------------------------------------------------------------------------------
@@ -159,7 +210,7 @@ class Linear(Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, seed=0, std=None):
         shape = (in_features, out_features)
         self.w = lecun_normal(seed, shape) if std is None else normal(seed, shape, std)
-        self.b = asarray(np.zeros(out_features, np.float32)) if bias else None
+        self.b = zeros(out_features) if bias else None
 
     def __call__(self, x):
         y = pnp.matmul(x, self.w)
@@ -184,8 +235,8 @@ class Embedding(Module):
 
 class LayerNorm(Module):
     def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True):
-        self.scale = asarray(np.ones(dim, np.float32))
-        self.bias = asarray(np.zeros(dim, np.float32)) if bias else None
+        self.scale = ones(dim)
+        self.bias = zeros(dim) if bias else None
         self.eps = eps
 
     def __call__(self, x):
@@ -194,7 +245,7 @@ class LayerNorm(Module):
 
 class RMSNorm(Module):
     def __init__(self, dim: int, eps: float = 1e-6):
-        self.scale = asarray(np.ones(dim, np.float32))
+        self.scale = ones(dim)
         self.eps = eps
 
     def __call__(self, x):
@@ -245,7 +296,6 @@ class CausalSelfAttention(Module):
         self.wk = lecun_normal(rng, (d_model, hkv))
         self.wv = lecun_normal(rng, (d_model, hkv))
         self.wo = lecun_normal(rng, (hq, d_model))
-        zeros = lambda n: asarray(np.zeros(n, np.float32))  # noqa: E731
         self.bq, self.bk, self.bv, self.bo = (zeros(hq), zeros(hkv), zeros(hkv), zeros(d_model)) if bias else \
             (None, None, None, None)
 
