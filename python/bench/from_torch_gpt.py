@@ -7,8 +7,9 @@ weights loaded into it), and torch eager (forward, backward, AdamW step).
 Each round runs one step of each, the order rotating from round to round (a shared machine's load
 changes: pairs that run back to back see the same load). Prints one JSON object: the median step
 time of each, and per-round ratios (from_torch over px.nn, torch eager over from_torch) as their
-median, min and max, and each one's fastest step (the least disturbed by other load); the first
-losses of the three agree (the same model and weights)."""
+median, min and max, each one's fastest step (the least disturbed by other load), and the same for
+the CPU seconds of all threads (time.process_time); the first losses of the three agree (the same
+model and weights)."""
 
 import argparse
 import json
@@ -84,15 +85,17 @@ def main():
     for f in runs.values():
         f()
     times = {k: [] for k in runs}
+    cpu = {k: [] for k in runs}  # CPU seconds of all threads: less swayed by other processes than wall time
     order = list(runs)
     for r in range(a.rounds):
         for k in order[r % 3:] + order[:r % 3]:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             runs[k]()
             times[k].append(time.perf_counter() - start)
+            cpu[k].append(time.process_time() - start_cpu)
 
-    def ratios(num, den):
-        rs = [x / y for x, y in zip(times[num], times[den])]
+    def ratios(num, den, of=times):
+        rs = [x / y for x, y in zip(of[num], of[den])]
         return {"median": round(statistics.median(rs), 3), "min": round(min(rs), 3), "max": round(max(rs), 3)}
 
     print(json.dumps({
@@ -101,8 +104,11 @@ def main():
         "median_step_s": {k: round(statistics.median(v), 4) for k, v in times.items()},
         "min_step_s": {k: round(min(v), 4) for k, v in times.items()},
         "kernels": {k: s.num_kernels() for k, s in steps.items()},
+        "median_cpu_s": {k: round(statistics.median(v), 4) for k, v in cpu.items()},
         "from_torch_over_px_nn_time": ratios("from_torch", "px_nn"),
-        "torch_eager_over_from_torch_time": ratios("torch_eager", "from_torch")}))
+        "torch_eager_over_from_torch_time": ratios("torch_eager", "from_torch"),
+        "from_torch_over_px_nn_cpu": ratios("from_torch", "px_nn", cpu),
+        "torch_eager_over_from_torch_cpu": ratios("torch_eager", "from_torch", cpu)}))
 
 
 if __name__ == "__main__":
