@@ -43,10 +43,11 @@ struct DeviceSet {
   std::string to_string() const;  // "cpu:8", or "cpu:8 over 2 processes"
   bool operator==(const DeviceSet& o) const = default;
 };
-// Parses "cpu" (= cpu:1) or "cpu:N" (N >= 1); anything else (e.g. "cuda:2", not supported yet)
-// throws px::Error naming the text and the accepted forms.
+// Parses "cpu" (= cpu:1) or "cpu:N" (N >= 1), likewise any registered backend's platform
+// ("ref:2"); a malformed text throws px::Error naming the accepted forms, a platform without a
+// backend ("tpu:2", "cuda:2") px::UserError naming the registered ones.
 DeviceSet parse_devices(const std::string& text);
-// The devices named by PX_DEVICES (cpu:1 when unset).
+// The devices named by PX_DEVICES (cpu:1 when unset), checked as parse_devices checks.
 DeviceSet default_devices();
 
 struct MemoryStats {

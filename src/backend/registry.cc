@@ -85,8 +85,34 @@ Backend& backend_for(const std::string& platform) {
   return get();
 }
 
-// parse_devices and default_devices (core) check platforms against this registry.
-[[maybe_unused]] const bool g_platforms_listed = (set_platform_lister(&backend_platforms), true);
+namespace {
+
+// A device set names a registered backend: "tpu:2" or "garbage" would make devices no backend
+// runs. Throws px::UserError starting with `where` and the quoted `text`, naming the platforms.
+void require_registered_platform(const std::string& platform, const std::string& text, const std::string& where) {
+  if (has_backend(platform)) return;
+  throw UserError(fmt::format(
+      "{}'{}': no backend is registered for platform '{}'; the registered platforms are {} (e.g. cpu:8 for 8 virtual "
+      "CPU devices){}, and a backend of your own registers with px::register_backend before its devices are named",
+      where, text, platform, fmt::join(backend_platforms(), ", "),
+      platform == "cuda" || platform == "gpu" ? "; this build has no CUDA device support yet" : ""));
+}
+
+}  // namespace
+
+// Here, not in core/memory.cc beside DeviceSet: the platforms they may name are this registry's.
+DeviceSet parse_devices(const std::string& text) {
+  auto [platform, count] = parse_device_text(text, "[devices] ");
+  require_registered_platform(platform, text, "[devices] ");
+  return DeviceSet{platform, count};
+}
+
+DeviceSet default_devices() {
+  if (!env().devices_error.empty()) throw UserError(env().devices_error);
+  // Checked here, not where PX_DEVICES is read: a program may register its backend after that.
+  require_registered_platform(env().device_platform, env().device_text, "[env] PX_DEVICES=");
+  return DeviceSet{env().device_platform, env().device_count};
+}
 
 const Primitive* primitive_handle(const std::string& name) { return &get_primitive(name); }
 

@@ -5,7 +5,6 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -37,25 +36,6 @@ bool valid_platform_name(const std::string& name) {
   return !name.empty() && std::islower(static_cast<unsigned char>(name[0])) &&
          std::all_of(name.begin(), name.end(),
                      [](unsigned char c) { return std::islower(c) || std::isdigit(c) || c == '_'; });
-}
-
-namespace {
-std::atomic<std::vector<std::string> (*)()> g_platform_lister{nullptr};
-}  // namespace
-
-void set_platform_lister(std::vector<std::string> (*list)()) { g_platform_lister.store(list); }
-
-void require_registered_platform(const std::string& platform, const std::string& text, const std::string& where) {
-  auto list = g_platform_lister.load();
-  if (!list) return;
-  const std::vector<std::string> names = list();
-  if (std::find(names.begin(), names.end(), platform) != names.end()) return;
-  std::string joined;
-  for (const std::string& n : names) joined += (joined.empty() ? "" : ", ") + n;
-  throw UserError(where + "'" + text + "': no backend is registered for platform '" + platform +
-                  "'; the registered platforms are " + joined + " (e.g. cpu:8 for 8 virtual CPU devices)" +
-                  (platform == "cuda" || platform == "gpu" ? "; this build has no CUDA device support yet" : "") +
-                  ", and a backend of your own registers with px::register_backend before its devices are named");
 }
 
 std::pair<std::string, int64_t> parse_device_text(const std::string& text, const std::string& where) {

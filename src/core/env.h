@@ -50,13 +50,6 @@ const EnvConfig& env();
 std::pair<std::string, int64_t> parse_device_text(const std::string& text, const std::string& where);
 // A backend's platform name: lower-case letters, digits and '_', starting with a letter ("cpu", "ref").
 bool valid_platform_name(const std::string& name);
-// The registered backends' platforms, as the backend registry (src/backend/registry.cc) lists
-// them: it installs its lister when the library is loaded. parse_devices and default_devices
-// refuse a platform that is not among them, naming those that are.
-void set_platform_lister(std::vector<std::string> (*list)());
-// Throws px::UserError starting with `where` and the quoted `text` when `platform` names no
-// registered backend (nothing is checked before a lister is installed).
-void require_registered_platform(const std::string& platform, const std::string& text, const std::string& where);
 
 // The parser behind env(), reading variables through `get` (which returns nullptr when unset).
 // PX_NUM_THREADS is capped at `cores` (0: available_cores()).

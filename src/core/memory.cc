@@ -159,17 +159,7 @@ std::string DeviceSet::to_string() const {
   return processes == 1 ? s : s + " over " + std::to_string(processes) + " processes";
 }
 
-DeviceSet parse_devices(const std::string& text) {
-  auto [platform, count] = parse_device_text(text, "[devices] ");
-  require_registered_platform(platform, text, "[devices] ");
-  return DeviceSet{platform, count};
-}
-
-DeviceSet default_devices() {
-  if (!env().devices_error.empty()) throw UserError(env().devices_error);
-  // Checked here, not where PX_DEVICES is read: a program may register its backend after that.
-  require_registered_platform(env().device_platform, env().device_text, "[env] PX_DEVICES=");
-  return DeviceSet{env().device_platform, env().device_count};
-}
+// parse_devices and default_devices are defined with the backend registry (src/backend/registry.cc),
+// which knows the platforms they may name.
 
 }  // namespace px
