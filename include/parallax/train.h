@@ -144,8 +144,9 @@ class TrainStep {
   std::string collectives_table() const;
   const Graph& graph() const;  // the traced step (global shapes, before partitioning)
   bool pipelined() const;      // the mesh has a `stage` axis
-  // A pipelined step's stages, planned memory per device and last run's timeline; throws
-  // px::UserError for a step that is not pipelined.
+  // The step's stages, planned memory per device and last run's timeline. Every step runs as a
+  // pipeline: on a mesh without a `stage` axis it has one stage, whose one program is the whole
+  // step (its microbatches inside), and no actions (its timeline is one "step" span).
   const PipelineReport& pipeline_report() const;
   // The step's compiled programs, each a sharded executable (shardings, collectives, the devices
   // it runs; its executable() is the local program each device runs: memory report, profile,

@@ -138,10 +138,9 @@ void check_rows_per_device(const ShardingPlan& plan, const std::vector<TensorTyp
   }
 }
 
-// A mesh with a `stage` axis: the pipeline's programs compiled, each state array on its stage's devices.
-CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
-                               const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
-  PipelinedStep b = build_pipelined(store, opt, loss_fn, batch_types, options);
+// What Step holds: the staged programs and the runner that runs them, each state array on its
+// stage's devices (one stage: the mesh's).
+CompiledStep compiled(PipelinedStep b, const TrainStepOptions& options) {
   CompiledStep c;
   c.plan = std::move(b.plan);
   c.state_specs = std::move(b.state_specs);
@@ -149,14 +148,17 @@ CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& op
   c.n_state = b.staged.n_state;
   c.index_uses = index_uses(*b.graph);
   c.graph = std::move(b.graph);
-  c.pipeline = std::make_unique<PipelineRunner>(
-      std::move(b.staged), c.plan.mesh.num_processes() > 1 ? options.sharding.communicator : nullptr);
-  // The state on its stages' devices; the batch and the step counter whole (split by the runner).
-  c.in_shardings = c.pipeline->state_shardings();
-  c.in_shardings.resize(c.graph->inputs().size(), Sharding::replicated(Mesh()));
-  c.process = c.pipeline->process();
-  const PipelineReport& r = c.pipeline->report();
-  const int64_t limit = memory_limit(options, c.plan.mesh);
+  c.comm = c.plan.mesh.num_processes() > 1 ? options.sharding.communicator : nullptr;
+  const bool whole_group = b.staged.process_of_group.empty();  // one stage over every process
+  c.runner = std::make_unique<PipelineRunner>(std::move(b.staged), whole_group ? nullptr : c.comm);
+  c.in_shardings = c.runner->input_shardings();
+  c.process = c.runner->process();
+  return c;
+}
+
+// A pipelined step over the memory limit on some device group: what is planned where, and what helps.
+void check_pipeline_memory(const PipelineReport& r, const TrainStepOptions& options, const Mesh& mesh) {
+  const int64_t limit = memory_limit(options, mesh);
   for (int d = 0; d < r.schedule.devices; ++d)
     if (limit > 0 && r.planned_peak(d) > limit)
       throw UserError(fmt::format(
@@ -164,6 +166,13 @@ CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& op
           "Raise the microbatch count (smaller microbatches), use 1F1B rather than GPipe, set a remat policy, or "
           "use more stages",
           r.planned_peak(d), d, limit, r.to_string()));
+}
+
+// The pipeline pass, compiled and checked against the memory limit.
+CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
+                               const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
+  CompiledStep c = compiled(build_pipelined(store, opt, loss_fn, batch_types, options), options);
+  check_pipeline_memory(c.runner->report(), options, c.plan.mesh);
   return c;
 }
 
@@ -299,8 +308,8 @@ PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt
   PipelinedStep r;
   r.state_specs = state_specs_for(plan, opt.state_slots(store.types()), store.types());
   auto cut = [&](StepProgram q, bool compile_it) {
-    return stage_programs(std::move(q), schedule, options.pipeline, mesh, plan, r.state_specs, options.compile,
-                          cluster, compile_it);
+    return stage_programs(std::move(q), schedule, options.pipeline, mesh, plan, r.state_specs, options.compile, cluster,
+                          compile_it);
   };
   StepProgram p =
       trace_train_step(store, opt, loss_fn, micro_types, options.clip_norm, "TrainStep", options.skip_nonfinite, 1);
@@ -512,20 +521,17 @@ CompiledStep compile_step(nn::ParamStore& store, const optim::Optimizer& opt, co
     }
   }
 
-  // 7. Compile: autocast, cse + dce, schedule and fusion, collective lowering, buffer plan.
-  CompiledStep c;
-  c.plan = std::move(d.plan);
-  c.state_specs = std::move(d.state_specs);
-  c.n_params = d.program.n_params;
-  c.n_state = d.program.n_state;
-  c.index_uses = index_uses(*d.program.graph);
-  c.graph = std::move(d.program.graph);
-  c.exe = ShardedExecutable::compile(std::move(l.local), l.compile, options.sharding.device_parallelism,
-                                     options.sharding.communicator);
-  for (size_t i = 0; i < c.graph->inputs().size(); ++i)
-    c.in_shardings.push_back(c.exe->in_sharding(static_cast<int>(i)));
-  c.process = c.exe->process();
-  return c;
+  // 7. Compile: autocast, cse + dce, schedule and fusion, collective lowering, buffer plan. The
+  // program is the whole step, the one stage of a pipeline of one stage.
+  PipelinedStep b;
+  b.plan = std::move(d.plan);
+  b.state_specs = std::move(d.state_specs);
+  b.staged = one_stage(d.program.graph->clone(),
+                       ShardedExecutable::compile(std::move(l.local), l.compile, options.sharding.device_parallelism,
+                                                  options.sharding.communicator),
+                       d.program.n_params, d.program.n_state);
+  b.graph = std::move(d.program.graph);
+  return compiled(std::move(b), options);
 }
 
 }  // namespace px::detail

@@ -35,7 +35,7 @@ double PipelineReport::bubble_measured() const {
   for (const auto& dev : timeline) {
     devices += !dev.empty();
     for (const Span& s : dev)
-      if (s.name != "update") busy += s.end_s - s.begin_s;
+      if (s.name != "update" && s.name != "step") busy += s.end_s - s.begin_s;
   }
   return devices ? 1.0 - busy / (static_cast<double>(devices) * schedule_s) : 0;
 }
@@ -238,9 +238,11 @@ PipelineReport pipeline_report(const StagedStep& s) {
   for (const StageProgram& p : s.programs) {
     const int d = s.schedule.device_of(p.stage);
     rep.arena_bytes[d] += p.arena_bytes;
-    for (int v : p.inputs) {
+    for (size_t k = 0; k < p.inputs.size(); ++k) {
+      const int v = p.inputs[k];
       const int input = g.values()[v].producer < 0 ? g.values()[v].output_index : -1;
-      if (input >= 0 && static_cast<size_t>(input) < s.n_params + s.n_state) state_read[d].insert(v);
+      const bool on_device = !p.exe || p.exe->executable().input_kind(static_cast<int>(k)) == MemoryKind::device;
+      if (input >= 0 && static_cast<size_t>(input) < s.n_params + s.n_state && on_device) state_read[d].insert(v);
     }
   }
   for (int d = 0; d < D; ++d) {
@@ -295,11 +297,13 @@ PipelineRunner::PipelineRunner(StagedStep s, Communicator* comm)
       comm_(comm) {
   const Graph& g = *s_.graph;
   for (int v : g.outputs()) is_output_[v] = 1;
-  if (s_.process_of_group.empty()) s_.process_of_group.assign(s_.groups.size(), 0);
-  processes_ = 1 + *std::max_element(s_.process_of_group.begin(), s_.process_of_group.end());
+  // One group that every process runs its part of (one stage): nothing is sent between processes.
+  const bool shared = s_.process_of_group.empty();
+  if (shared) s_.process_of_group.assign(s_.groups.size(), s_.process);
+  processes_ = shared ? 1 : 1 + *std::max_element(s_.process_of_group.begin(), s_.process_of_group.end());
   if (processes_ > 1 && !comm_)
     throw InternalError("[pipeline] a pipeline over several processes needs this process's communicator");
-  process_ = comm_ ? comm_->process_index() : 0;
+  process_ = comm_ ? comm_->process_index() : s_.process;
   auto process_of = [&](int stage) { return s_.process_of_group[s_.schedule.device_of(stage)]; };
   // The values another process reads, numbered for their message tags.
   message_index_.assign(g.values().size(), -1);
@@ -339,11 +343,18 @@ PipelineRunner::PipelineRunner(StagedStep s, Communicator* comm)
     const int h = home_[j];
     const Mesh& group = s_.groups[h];
     const Mesh held = processes_ > 1
-                          ? group.with_process_of(std::vector<int>(static_cast<size_t>(group.size()), s_.process_of_group[h]),
-                                                  processes_)
+                          ? group.with_process_of(
+                                std::vector<int>(static_cast<size_t>(group.size()), s_.process_of_group[h]), processes_)
                           : group;
     state_shardings_.emplace_back(held, s_.input_specs[j]);
   }
+  // The batch and the step counter: as the one program of a one-stage step takes them, else whole
+  // (split into each program's microbatches and layouts here).
+  input_shardings_ = state_shardings_;
+  const bool whole_step = s_.programs.size() == 1 && s_.programs[0].part == StagePart::step;
+  for (size_t i = n_state; i < g.inputs().size(); ++i)
+    input_shardings_.push_back(whole_step ? s_.programs[0].exe->in_sharding(static_cast<int>(i))
+                                          : Sharding::replicated(Mesh()));
   for (StageProgram& p : s_.programs)
     if (p.exe) programs_.push_back(p.exe.get());
 }
@@ -366,6 +377,7 @@ ShardedArray on_group(const ShardedArray& a, const Mesh& group, const PartitionS
 
 Array PipelineRunner::gather_state(size_t j, const ShardedArray& a) const {
   const int h = home_.at(j), owner = s_.process_of_group[h];
+  if (s_.groups[h].num_processes() > 1) return gather(a, programs_.at(0)->communicator());  // a collective
   Array whole;
   if (owner == process_) whole = gather(on_group(a, s_.groups[h], s_.input_specs[j]));
   if (processes_ == 1) return whole;
@@ -382,7 +394,8 @@ Array PipelineRunner::gather_state(size_t j, const ShardedArray& a) const {
 
 // The state inputs that groups other than their home read, for this step: the home's shards
 // themselves when both groups are in this process, else a message of each shard.
-std::map<std::pair<size_t, int>, ShardedArray> PipelineRunner::copy_state(const std::vector<ShardedArray>& state) const {
+std::map<std::pair<size_t, int>, ShardedArray> PipelineRunner::copy_state(
+    const std::vector<ShardedArray>& state) const {
   std::map<std::pair<size_t, int>, ShardedArray> copies;
   const int64_t D = s_.schedule.devices, G = s_.groups[0].size();
   auto tag = [&](size_t j, int d, int shard) { return copy_tag_ + (static_cast<int64_t>(j) * D + d) * G + shard; };
@@ -418,6 +431,7 @@ std::map<std::pair<size_t, int>, ShardedArray> PipelineRunner::copy_state(const 
 ShardedArray PipelineRunner::state_input(size_t j, int d, const Sharding& sh, const std::vector<ShardedArray>& state,
                                          const std::map<std::pair<size_t, int>, ShardedArray>& copies) const {
   const ShardedArray& a = d == home_[j] ? state.at(j) : copies.at({j, d});
+  if (a.sharding() == sh) return a;
   if (sh.spec == s_.input_specs[j]) return ShardedArray(a.type(), sh, a.shards());
   return shard(gather(on_group(a, s_.groups[d], s_.input_specs[j])), sh);  // a program that reads it otherwise
 }
@@ -425,10 +439,12 @@ ShardedArray PipelineRunner::state_input(size_t j, int d, const Sharding& sh, co
 // One run's inputs, the messages between the device groups of this process (and to and from other
 // processes), the step's outputs and the first failure, which stops every group.
 struct PipelineRunner::Exchange {
-  Exchange(const PipelineRunner& runner, const std::vector<ShardedArray>& st, const Array& counter)
-      : r(runner), state(st), step(counter) {}
+  Exchange(const PipelineRunner& runner, const std::vector<ShardedArray>& st, const std::vector<char>& don,
+           const Array& counter)
+      : r(runner), state(st), donate(don), step(counter) {}
   const PipelineRunner& r;
   const std::vector<ShardedArray>& state;
+  const std::vector<char>& donate;
   const Array& step;
   std::vector<std::vector<Array>> micro;  // per microbatch and batch input: its rows
   std::map<std::pair<size_t, int>, ShardedArray> copies;
@@ -450,9 +466,9 @@ struct PipelineRunner::Exchange {
     const Sharding& sh = exe.in_sharding(i);
     if (at < n_state) return r.state_input(at, d, sh, state, copies);
     const Array& whole = at < n_state + r.s_.n_batch ? micro.at(std::max(m, 0))[at - n_state] : step;
-    if (sh.is_fully_replicated())
+    if (sh.is_fully_replicated() && sh.mesh.num_processes() == 1)
       return ShardedArray(g.type(v), sh, std::vector<Array>(static_cast<size_t>(sh.mesh.size()), whole));
-    return shard(whole, sh);
+    return shard(whole, sh, exe.process());
   }
 
   void send(int v, int m, int to, const ShardedArray& a) {
@@ -517,9 +533,13 @@ class PipelineRunner::GroupRun {
       timeline.push_back({pipeline::action_name(a, s_.schedule.virtual_stages > 1), ready_, x_.since()});
     }
     const double begin = x_.since();
+    bool whole = false;
     for (int k : s_.updates)
-      if (s_.schedule.device_of(s_.programs[k].stage) == d_) run_program(k, -1);
-    timeline.push_back({"update", begin, x_.since()});
+      if (s_.schedule.device_of(s_.programs[k].stage) == d_) {
+        run_program(k, -1);
+        whole = whole || s_.programs[k].part == StagePart::step;
+      }
+    timeline.push_back({whole ? "step" : "update", begin, x_.since()});
   }
 
  private:
@@ -571,13 +591,34 @@ class PipelineRunner::GroupRun {
       in.push_back(g.values()[v].producer < 0 ? x_.input(v, m, *p.exe, static_cast<int>(i), d_) : take(v, m));
     }
     ready_ = x_.since();
-    std::vector<ShardedArray> out = p.exe->run(in);
+    std::vector<ShardedArray> out = run_donating(p, in);
     int64_t out_bytes = 0;
     for (const ShardedArray& a : out) out_bytes += a.shards()[0].nbytes();
     if (m >= 0) held_peak = std::max(held_peak, bytes_ + out_bytes);
     for (size_t o = 0; o < out.size(); ++o) put(p.outputs[o], m, std::move(out[o]));
     for (int v : p.inputs)
       if (g.values()[v].producer >= 0) release(v, m);
+  }
+
+  // Runs p, writing each output that a state input donates into that input's arrays (the state
+  // this group is home of, held by nobody else).
+  std::vector<ShardedArray> run_donating(const StageProgram& p, const std::vector<ShardedArray>& in) {
+    const Executable& exe = p.exe->executable();
+    std::vector<ShardedArray> out(p.outputs.size());
+    bool donated = false;
+    for (size_t o = 0; o < p.outputs.size(); ++o) {
+      const int k = exe.output_donor(static_cast<int>(o));
+      if (k < 0) continue;
+      const ValueInfo& info = s_.graph->values()[p.inputs[k]];
+      const size_t j = static_cast<size_t>(info.output_index);
+      if (info.producer < 0 && j < x_.donate.size() && x_.donate[j] && x_.r.home_[j] == d_) {
+        out[o] = in[k];
+        donated = true;
+      }
+    }
+    if (!donated) return p.exe->run(in);
+    p.exe->run_into(in, out);
+    return out;
   }
 
   // Runs an accumulate or mean program on each device's copy, in place.
@@ -636,10 +677,10 @@ class PipelineRunner::GroupRun {
   double ready_ = 0;                          // when the running action's inputs had all arrived
 };
 
-PipelineRunner::Outputs PipelineRunner::run(const std::vector<ShardedArray>& state, const Array& step,
-                                             const std::vector<Array>& batch) {
+PipelineRunner::Outputs PipelineRunner::run(const std::vector<ShardedArray>& state, const std::vector<char>& donate,
+                                            const Array& step, const std::vector<Array>& batch) {
   const int D = s_.schedule.devices, M = s_.schedule.microbatches;
-  Exchange x(*this, state, step);
+  Exchange x(*this, state, donate, step);
   // Per microbatch and batch input: its rows, each device's from the rows it holds.
   x.micro.resize(static_cast<size_t>(M));
   for (int m = 0; m < M; ++m)
@@ -652,15 +693,19 @@ PipelineRunner::Outputs PipelineRunner::run(const std::vector<ShardedArray>& sta
     if (s_.process_of_group[d] == process_) groups.emplace_back(x, d);
   const int L = static_cast<int>(groups.size());
   x.t0 = Clock::now();
+  if (L == 1) {  // its kernels keep every thread of the process
+    groups[0].run();
+  } else {
 #pragma omp parallel num_threads(L)
-  {
-    try {
-      if (omp_get_num_threads() != L)
-        throw Error(fmt::format("[pipeline] the step needs one thread per device group ({}), OpenMP gave {}", L,
-                                omp_get_num_threads()));
-      groups[omp_get_thread_num()].run();
-    } catch (...) {
-      x.fail(std::current_exception());
+    {
+      try {
+        if (omp_get_num_threads() != L)
+          throw Error(fmt::format("[pipeline] the step needs one thread per device group ({}), OpenMP gave {}", L,
+                                  omp_get_num_threads()));
+        groups[omp_get_thread_num()].run();
+      } catch (...) {
+        x.fail(std::current_exception());
+      }
     }
   }
   if (x.failure) std::rethrow_exception(x.failure);
@@ -674,7 +719,8 @@ PipelineRunner::Outputs PipelineRunner::run(const std::vector<ShardedArray>& sta
   double first = 1e30, last = 0;
   for (const auto& dev : report_.timeline)
     for (const PipelineReport::Span& sp : dev)
-      if (sp.name != "update") first = std::min(first, sp.begin_s), last = std::max(last, sp.end_s);
+      if (sp.name != "update" && sp.name != "step")
+        first = std::min(first, sp.begin_s), last = std::max(last, sp.end_s);
   report_.schedule_s = last > first ? last - first : 0;
 
   Outputs out;
@@ -683,6 +729,78 @@ PipelineRunner::Outputs PipelineRunner::run(const std::vector<ShardedArray>& sta
   out.lr = metric(2, x.results);
   out.state = new_state(state, x.results);
   return out;
+}
+
+MemoryKind PipelineRunner::state_kind(size_t j) const {
+  const Graph& g = *s_.graph;
+  for (const StageProgram& p : s_.programs) {
+    if (!p.exe || s_.schedule.device_of(p.stage) != home_.at(j)) continue;
+    for (size_t k = 0; k < p.inputs.size(); ++k) {
+      const ValueInfo& info = g.values()[p.inputs[k]];
+      if (info.producer < 0 && static_cast<size_t>(info.output_index) == j)
+        return p.exe->executable().input_kind(static_cast<int>(k));
+    }
+  }
+  return MemoryKind::device;
+}
+
+int64_t PipelineRunner::planned_peak() const {
+  int64_t peak = 0;
+  for (int d = 0; d < report_.schedule.devices; ++d) peak = std::max(peak, report_.planned_peak(d));
+  return peak;
+}
+
+std::string PipelineRunner::collectives_table() const {
+  struct Row {
+    int64_t count = 0, bytes = 0;
+  };
+  std::map<std::string, Row> planned;
+  int64_t runs = 0, devices = 0;
+  CollectiveStats::Entry counted[kNumCollectiveKinds];
+  for (const ShardedExecutable* exe : programs_) {
+    for (const CollectiveRecord& c : exe->program().collectives) {
+      if (c.local_slice()) continue;
+      std::string key = collective_name(*c.kind);
+      for (size_t i = 0; i < c.axes.size(); ++i) key += (i ? "," : " over ") + c.axes[i];
+      Row& r = planned[key];
+      ++r.count;
+      const TensorType& t = c.kind == CollectiveKind::all_gather ? c.result : c.operand;
+      r.bytes += numel(t.shape) * dtype_size(t.dtype);
+    }
+    if (exe->stats().per_device.empty()) continue;
+    for (int k = 0; k < kNumCollectiveKinds; ++k) {
+      const CollectiveStats::Entry e = exe->stats().total(static_cast<CollectiveKind>(k));
+      counted[k].calls += e.calls;
+      counted[k].payload_bytes += e.payload_bytes;
+      counted[k].wire_bytes += e.wire_bytes;
+    }
+  }
+  // Steps: the runs of a program run once a step; devices: this process's, over its groups.
+  std::set<int> groups;
+  for (int k : s_.updates) {
+    const StageProgram& p = s_.programs[k];
+    if (!p.exe || !groups.insert(s_.schedule.device_of(p.stage)).second) continue;
+    runs = p.exe->runs_counted();
+    devices += static_cast<int64_t>(p.exe->positions().size());
+  }
+  std::ostringstream os;
+  os << "planned collectives per step (payload bytes per device):\n";
+  for (const auto& [k, r] : planned) os << "  " << k << ": " << r.count << " calls, " << r.bytes << " bytes\n";
+  if (planned.empty())
+    os << (s_.groups[0].size() * s_.schedule.devices == 1 ? "  none: the step runs on one device\n" : "  none\n");
+  if (report_.messages > 0)
+    os << "messages between stages per step: " << report_.messages << ", " << report_.message_bytes << " bytes\n";
+  const int64_t steps = std::max<int64_t>(runs, 1);
+  devices = std::max<int64_t>(devices, 1);
+  os << "counted at run time, per step and device (over " << runs << " steps):\n";
+  for (int k = 0; k < kNumCollectiveKinds; ++k) {
+    const CollectiveStats::Entry& e = counted[k];
+    if (e.calls == 0) continue;
+    os << "  " << collective_name(static_cast<CollectiveKind>(k)) << ": " << e.calls / (steps * devices)
+       << " calls, payload " << e.payload_bytes / (steps * devices) << " bytes, wire "
+       << e.wire_bytes / (steps * devices) << " bytes\n";
+  }
+  return os.str();
 }
 
 // Output o (< 3: the loss, gradient norm or learning rate) whole on every process: sent by the
@@ -700,6 +818,7 @@ Array PipelineRunner::metric(int o, const std::map<int, ShardedArray>& results) 
   auto it = results.find(v);
   if (it == results.end()) throw InternalError(fmt::format("[pipeline] output %{} was not computed", v));
   Array a = it->second.sharding().is_fully_replicated() ? it->second.shards().at(0) : gather(it->second);
+  if (processes_ == 1) return a;
   for (int q = 0; q < processes_; ++q)
     if (q != process_) comm_->send(q, tag, a.raw(), a.nbytes());
   return a;
@@ -721,9 +840,8 @@ std::vector<ShardedArray> PipelineRunner::new_state(const std::vector<ShardedArr
     auto it = results.find(v);
     if (it == results.end()) throw InternalError(fmt::format("[pipeline] output %{} was not computed", v));
     const ShardedArray& a = it->second;
-    out.push_back(a.sharding().spec == want.spec
-                      ? ShardedArray(a.type(), want, a.shards(), process_)
-                      : shard(gather(a), want, process_));
+    out.push_back(a.sharding().spec == want.spec ? ShardedArray(a.type(), want, a.shards(), process_)
+                                                 : shard(gather(a), want, process_));
   }
   return out;
 }

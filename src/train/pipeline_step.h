@@ -37,7 +37,9 @@
 
 namespace px::detail {
 
-enum class StagePart { forward, backward, backward_input, backward_weight, update, accumulate, mean, reduce };
+// `step`: the whole step of a one-stage pipeline in one program (forward, backward and the gradient
+// sums of every microbatch, then the update): with one stage nothing is sent, so nothing is cut.
+enum class StagePart { forward, backward, backward_input, backward_weight, update, accumulate, mean, reduce, step };
 
 // One program of the pipelined step, over values of the traced step.
 struct StageProgram {
@@ -57,13 +59,15 @@ struct StagedStep {
   pipeline::Schedule schedule;
   bool split_backward = false;        // the schedule's actions are I and W: each backward is two programs
   std::vector<Mesh> groups;           // per pipeline device: its devices, over the mesh's other axes
-  std::vector<int> process_of_group;  // per pipeline device: the process running it (0 in one process)
+  std::vector<int> process_of_group;  // per pipeline device: the process running it (0 in one process);
+                                      // empty: every process runs its part of the one group
+  int process = 0;                    // this process's index among the mesh's processes
   int batch_shards = 1;               // the batch's rows are split this many ways in a group
   std::vector<std::vector<std::string>> stage_layers;
   std::vector<StageProgram> programs;
   // Per stage: the program index of each part (-1: none).
   std::vector<int> forward, backward, backward_input, backward_weight, accumulate, mean, reduce;
-  std::vector<int> updates;                // update programs by level, then stage
+  std::vector<int> updates;                // run once a step after the actions: updates by level, then stage
   std::vector<int> accumulated;            // values summed over microbatches: the loss and each gradient
   std::vector<int> stage_of_value;         // per value of the graph: the stage computing it (-1: input)
   std::vector<int64_t> device_bytes;       // per value crossing programs: bytes on each device of its group
@@ -82,8 +86,15 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
                           const Mesh& mesh, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
                           const CompileOptions& copt, const Cluster* cluster = nullptr, bool compile = true);
 
-// The pipeline pass of a training step on a mesh with a `stage` axis: checks, the recipe's plan for
-// one stage's devices, the step of one microbatch traced and remat'd, then cut (compile_step.cc).
+// The staged step of a mesh without a `stage` axis: one stage whose one program (`exe`, compiled
+// from the traced step `graph`, its microbatches inside) is the whole step; its group is the mesh,
+// run by every process holding a part of it.
+StagedStep one_stage(std::unique_ptr<Graph> graph, std::unique_ptr<ShardedExecutable> exe, size_t n_params,
+                     size_t n_state);
+
+// A training step's programs, staged: on a mesh with a `stage` axis (build_pipelined: checks, the
+// recipe's plan for one stage's devices, the step of one microbatch traced and remat'd, then cut),
+// or one stage, its one program the whole step (compile_step.cc).
 struct PipelinedStep {
   ShardingPlan plan;  // on the whole mesh: each param's spec inside its stage
   std::vector<PartitionSpec> state_specs;
@@ -114,9 +125,9 @@ struct Readers {
   std::vector<std::vector<int>> micro_remote, step_remote;  // per value: other groups reading it
 };
 
-// Runs a staged step. The state (params and optimizer state) is held where it is updated: each
-// array on the device group of its home stage (the stage whose update program writes it), split by
-// the plan's spec there (state_shardings()), and only by the process running that group; other
+// Runs a staged step (every training step: a mesh without a `stage` axis is one stage). The state (params and optimizer
+// state) is held where it is updated: each array on the device group of its home stage (the stage whose update program
+// writes it), split by the plan's spec there (state_shardings()), and only by the process running that group; other
 // processes hold nothing of it. A group of another stage that reads it (a tied embedding's head)
 // gets a copy at the start of each step, a message when the groups are in different processes.
 // The batch is whole (split into microbatches here) and `step` the counter (i32).
@@ -131,10 +142,20 @@ class PipelineRunner {
     Array loss, grad_norm, lr;        // whole, on every process
     std::vector<ShardedArray> state;  // the new params and optimizer state, in state_shardings()
   };
-  Outputs run(const std::vector<ShardedArray>& state, const Array& step, const std::vector<Array>& batch);
+  // donate[j]: state input j may be written in place by a program that updates it (nobody else
+  // holds its arrays).
+  Outputs run(const std::vector<ShardedArray>& state, const std::vector<char>& donate, const Array& step,
+              const std::vector<Array>& batch);
+  // Where state input j is kept (pinned_host when offloaded): as the first program reading it wants it.
+  MemoryKind state_kind(size_t j) const;
+  // The most bytes a device of any group plans to use (its programs, the state, what it holds).
+  int64_t planned_peak() const;
   // Per state input (params, then optimizer state): its home group's devices and the plan's spec,
   // the mesh knowing the process that runs the group (of this runner's processes).
   const std::vector<Sharding>& state_shardings() const { return state_shardings_; }
+  // Per input of the traced step: the state's as above, then how the caller's batch arrays and
+  // step counter are split (whole where the runner splits them into microbatches).
+  const std::vector<Sharding>& input_shardings() const { return input_shardings_; }
   // State input j whole: every process calls it, in the same order; the home process sends it.
   Array gather_state(size_t j, const ShardedArray& a) const;
   const PipelineReport& report() const { return report_; }
@@ -142,6 +163,7 @@ class PipelineRunner {
   // This process's compiled programs, by stage and then part (forward, backward or I and W, update
   // levels, the reduction of gradient sums).
   const std::vector<ShardedExecutable*>& programs() const { return programs_; }
+  std::string collectives_table() const;  // each program's collectives, planned and counted; messages
   int process() const { return process_; }
   int num_processes() const { return processes_; }
   Communicator* communicator() const { return comm_; }
@@ -164,12 +186,13 @@ class PipelineRunner {
   std::vector<char> is_output_;  // per value: an output of the step
   Communicator* comm_ = nullptr;
   int process_ = 0, processes_ = 1;
-  std::vector<int> message_index_;  // per value sent to another process: its number
-  int64_t output_tag_ = 0;          // the first tag after the messages' (message_tag)
-  int64_t gather_tag_ = 0, copy_tag_ = 0;     // gather_state's, then the state copies'
-  std::vector<int> home_;                     // per state input: its home group
-  std::vector<std::vector<int>> away_;        // per state input: the other groups reading it
-  std::vector<Sharding> state_shardings_;     // per state input
+  std::vector<int> message_index_;         // per value sent to another process: its number
+  int64_t output_tag_ = 0;                 // the first tag after the messages' (message_tag)
+  int64_t gather_tag_ = 0, copy_tag_ = 0;  // gather_state's, then the state copies'
+  std::vector<int> home_;                  // per state input: its home group
+  std::vector<std::vector<int>> away_;     // per state input: the other groups reading it
+  std::vector<Sharding> state_shardings_;  // per state input
+  std::vector<Sharding> input_shardings_;  // per input of the traced step
   std::vector<ShardedExecutable*> programs_;
 };
 

@@ -824,3 +824,47 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
 }
 
 }  // namespace px::detail
+
+namespace px::detail {
+
+StagedStep one_stage(std::unique_ptr<Graph> graph, std::unique_ptr<ShardedExecutable> exe, size_t n_params,
+                     size_t n_state) {
+  const Graph& g = *graph;
+  const size_t nv = g.values().size(), n_state_in = n_params + n_state;
+  StagedStep r;
+  r.n_params = n_params;
+  r.n_state = n_state;
+  r.n_batch = g.inputs().size() - n_state_in - 1;  // the step counter is the last input
+  r.schedule.per_device.assign(1, {});
+  r.groups = {exe->in_sharding(0).mesh};
+  r.process = exe->process();
+  r.stage_layers.assign(1, {});
+  r.stage_of_value.assign(nv, 0);
+  for (int v : g.inputs()) r.stage_of_value[v] = -1;
+  r.device_bytes.assign(nv, 0);
+  r.value_spec.resize(nv);
+  for (std::vector<int>* part :
+       {&r.forward, &r.backward, &r.backward_input, &r.backward_weight, &r.accumulate, &r.mean, &r.reduce})
+    part->assign(1, -1);
+  // Its working memory: what the program plans beside the state it reads in device memory.
+  int64_t state_bytes = 0;
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    r.input_specs.push_back(exe->in_sharding(static_cast<int>(i)).spec);
+    if (i < n_state_in && exe->executable().input_kind(static_cast<int>(i)) == MemoryKind::device)
+      state_bytes += TensorType{g.type(g.inputs()[i]).dtype,
+                                exe->in_sharding(static_cast<int>(i)).local_shape(g.type(g.inputs()[i]).shape)}
+                         .nbytes();
+  }
+  StageProgram sp;
+  sp.part = StagePart::step;
+  sp.inputs = g.inputs();
+  sp.outputs = g.outputs();
+  sp.arena_bytes = exe->memory().peak_bytes - state_bytes;
+  sp.exe = std::move(exe);
+  r.programs.push_back(std::move(sp));
+  r.updates = {0};
+  r.graph = std::move(graph);
+  return r;
+}
+
+}  // namespace px::detail

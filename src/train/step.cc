@@ -1,5 +1,6 @@
-// The run loop of a training step, on one device as on any mesh: the program compile_step made,
-// run over this process's shards of params, optimizer state and batch.
+// A training step, on one device as on any mesh, pipelined or not: the staged programs that
+// compile_step made, run by their runner (pipeline_step.cc) over this process's shards of params,
+// optimizer state and batch.
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -49,9 +50,7 @@ TrainState Step::begin_state() const {
   return s;
 }
 
-MemoryKind Step::input_kind(size_t i) const {
-  return c_.exe ? c_.exe->executable().input_kind(static_cast<int>(i)) : MemoryKind::device;
-}
+MemoryKind Step::input_kind(size_t i) const { return c_.runner->state_kind(i); }
 
 // Input `i`'s shards moved to the memory kind the step keeps it in (offload: pinned_host) now, one
 // param at a time, so that a model whose state only fits offloaded can be initialized.
@@ -63,10 +62,7 @@ ShardedArray Step::placed(ShardedArray a, size_t i) const {
 }
 
 // State input i whole (over several processes a collective: every process calls it in turn).
-Array Step::gathered(size_t i, const ShardedArray& a) const {
-  if (c_.pipeline) return c_.pipeline->gather_state(i, a);
-  return c_.exe ? gather(a, c_.exe->communicator()) : gather(a);
-}
+Array Step::gathered(size_t i, const ShardedArray& a) const { return c_.runner->gather_state(i, a); }
 
 void Step::set_param(TrainState& s, int i, const Array& full) const {
   check_param(s, i, full.type());
@@ -143,7 +139,6 @@ StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch)
       throw Error("[TrainStep] batch array " + std::to_string(i) + " has type " + type_str(batch[i].type()) +
                   ", the step was traced for " + type_str(batch_types_[i]));
   check_indices(c_.index_uses, c_.n_params + c_.n_state, batch);
-  if (c_.pipeline) return run_pipelined(state, batch);  // its state is not donated
   // Params and state live where the step keeps them (offload: pinned_host); moved there once.
   size_t k = 0;
   for (auto* group : {&state.params, &state.opt_state})
@@ -152,36 +147,26 @@ StepMetrics Step::operator()(TrainState& state, const std::vector<Array>& batch)
       for (Array& sh : a.mutable_shards())
         if (sh.placement().kind != want) sh = sh.to({sh.placement().device, want});
     }
-  // A state array that someone else also holds (a copy of the TrainState) is not written into:
-  // its new value goes to a new array, so the copy keeps the old value.
+  // The new params and state are written into the arrays of the old ones, in place (the plan counts
+  // them once), unless someone else also holds them (a copy of the TrainState): then the new values
+  // go to new arrays and the copy keeps the old ones.
   std::vector<char> donate;
+  std::vector<ShardedArray> in;
+  in.reserve(c_.n_params + c_.n_state);
   for (auto* group : {&state.params, &state.opt_state})
     for (const ShardedArray& a : *group) {
       bool sole = true;
       for (const Array& sh : a.shards()) sole = sole && sh.sole_owner();
       donate.push_back(sole);
+      in.push_back(a);
     }
-  std::vector<ShardedArray> in;
-  in.reserve(c_.n_params + c_.n_state + batch.size() + 1);
-  for (auto& p : state.params) in.push_back(p);
-  for (auto& s : state.opt_state) in.push_back(s);
-  for (size_t i = 0; i < batch.size(); ++i)
-    in.push_back(shard(batch[i], batch_sharding(static_cast<int>(i)), c_.process));
-  Array step = Array::from_i32({traced_step(state.step, "TrainStep")}, {});
-  in.push_back(shard(step, c_.in_shardings.at(in.size()), c_.process));
-  // Donation: the new params and state are written into the arrays of the old ones, in place (the
-  // plan counts them once); the metrics land in the arrays of the last step.
-  std::vector<ShardedArray>& out = out_;
-  out.resize(3 + c_.n_params + c_.n_state);
-  for (size_t i = 0; i < c_.n_params + c_.n_state; ++i) out[3 + i] = donate[i] ? in[i] : ShardedArray();
-  c_.exe->run_into(in, out);
-  // The metrics are replicated: any local shard holds them.
-  StepMetrics m = step_metrics(out[0].shards()[0].to_f32()[0], out[1].shards()[0].to_f32()[0],
-                               out[2].shards()[0].to_f32()[0], skip_nonfinite_);
-  // The same arrays (unless the executable could not take them, then new ones); out_ lets go of them.
-  for (size_t i = 0; i < c_.n_params; ++i) state.params[i] = std::move(out[3 + i]);
-  for (size_t i = 0; i < c_.n_state; ++i) state.opt_state[i] = std::move(out[3 + c_.n_params + i]);
-  out.resize(3);
+  PipelineRunner::Outputs out =
+      c_.runner->run(in, donate, Array::from_i32({traced_step(state.step, "TrainStep")}, {}), batch);
+  in.clear();
+  const StepMetrics m =
+      step_metrics(out.loss.to_f32()[0], out.grad_norm.to_f32()[0], out.lr.to_f32()[0], skip_nonfinite_);
+  for (size_t i = 0; i < c_.n_params; ++i) state.params[i] = std::move(out.state[i]);
+  for (size_t i = 0; i < c_.n_state; ++i) state.opt_state[i] = std::move(out.state[c_.n_params + i]);
   count(state, m);
   return m;
 }
@@ -194,41 +179,19 @@ void Step::count(TrainState& state, const StepMetrics& m) {
   ++steps_run_;
 }
 
-// Each state array lives on its stage's devices, held by the process running them.
-StepMetrics Step::run_pipelined(TrainState& state, const std::vector<Array>& batch) {
-  std::vector<ShardedArray> in = state.params;
-  in.insert(in.end(), state.opt_state.begin(), state.opt_state.end());
-  PipelineRunner::Outputs out =
-      c_.pipeline->run(in, Array::from_i32({traced_step(state.step, "TrainStep")}, {}), batch);
-  const StepMetrics m = step_metrics(out.loss.to_f32()[0], out.grad_norm.to_f32()[0], out.lr.to_f32()[0], skip_nonfinite_);
-  for (size_t i = 0; i < c_.n_params; ++i) state.params[i] = std::move(out.state[i]);
-  for (size_t i = 0; i < c_.n_state; ++i) state.opt_state[i] = std::move(out.state[c_.n_params + i]);
-  count(state, m);
-  return m;
-}
+int64_t Step::peak_bytes() const { return c_.runner->planned_peak(); }
 
-int64_t Step::peak_bytes() const {
-  if (!c_.pipeline) return c_.exe->memory().peak_bytes;
-  int64_t peak = 0;
-  for (int d = 0; d < c_.pipeline->report().schedule.devices; ++d)
-    peak = std::max(peak, c_.pipeline->report().planned_peak(d));
-  return peak;
-}
+bool Step::pipelined() const { return pipeline::has_stage_axis(c_.plan.mesh); }
 
-const PipelineReport& Step::pipeline_report() const {
-  if (!c_.pipeline)
-    throw UserError(
-        "[TrainStep] this step is not pipelined: pipeline_report() is for a step on a mesh with a `stage` axis");
-  return c_.pipeline->report();
-}
+const PipelineReport& Step::pipeline_report() const { return c_.runner->report(); }
 
-int Step::num_programs() const { return c_.pipeline ? static_cast<int>(c_.pipeline->programs().size()) : 1; }
+int Step::num_programs() const { return static_cast<int>(c_.runner->programs().size()); }
 
 ShardedExecutable& Step::program(int i) const {
   if (i < 0 || i >= num_programs())
     throw UserError("[TrainStep] program " + std::to_string(i) + " is not one of the step's " +
                     std::to_string(num_programs()) + " (0 .. num_programs() - 1)");
-  return c_.pipeline ? *c_.pipeline->programs()[static_cast<size_t>(i)] : *c_.exe;
+  return *c_.runner->programs()[static_cast<size_t>(i)];
 }
 
 std::vector<Array> Step::gather_params(const TrainState& s) const {
@@ -243,12 +206,9 @@ std::vector<Array> Step::gather_opt_state(const TrainState& s) const {
   return out;
 }
 
-int Step::rank() const { return c_.pipeline ? c_.pipeline->process() : c_.process; }
+int Step::rank() const { return c_.process; }
 
-Communicator* Step::communicator() const {
-  if (c_.plan.mesh.num_processes() == 1) return nullptr;
-  return c_.pipeline ? c_.pipeline->communicator() : &c_.exe->communicator();
-}
+Communicator* Step::communicator() const { return c_.comm; }
 
 ckpt::StateLayout Step::layout() const {
   ckpt::StateLayout l;
@@ -382,43 +342,6 @@ TrainState Step::load(const std::string& path) const {
   return restore(read_checkpoint(dir, restore_options()), dir);
 }
 
-std::string Step::collectives_table() const {
-  std::ostringstream os;
-  if (c_.pipeline) {
-    const PipelineReport& r = c_.pipeline->report();
-    os << "a pipelined step: no collectives; " << r.messages << " messages between stages per step, " << r.message_bytes
-       << " bytes\n";
-    return os.str();
-  }
-  struct Row {
-    int64_t count = 0, bytes = 0;
-  };
-  std::map<std::string, Row> planned;
-  for (const CollectiveRecord& c : c_.exe->program().collectives) {
-    if (c.local_slice()) continue;
-    std::string key = collective_name(*c.kind);
-    for (size_t i = 0; i < c.axes.size(); ++i) key += (i ? "," : " over ") + c.axes[i];
-    Row& r = planned[key];
-    ++r.count;
-    const TensorType& t = c.kind == CollectiveKind::all_gather ? c.result : c.operand;
-    r.bytes += numel(t.shape) * dtype_size(t.dtype);
-  }
-  os << "planned collectives per step (payload bytes per device):\n";
-  for (const auto& [k, r] : planned) os << "  " << k << ": " << r.count << " calls, " << r.bytes << " bytes\n";
-  if (planned.empty()) os << (c_.plan.mesh.size() == 1 ? "  none: the step runs on one device\n" : "  none\n");
-  const CollectiveStats& st = c_.exe->stats();
-  const int64_t steps = std::max<int64_t>(c_.exe->runs_counted(), 1);
-  const int64_t devices = std::max<int64_t>(static_cast<int64_t>(c_.exe->positions().size()), 1);
-  os << "counted at run time, per step and device (over " << c_.exe->runs_counted() << " steps):\n";
-  for (int k = 0; k < kNumCollectiveKinds; ++k) {
-    CollectiveStats::Entry e =
-        st.per_device.empty() ? CollectiveStats::Entry{} : st.total(static_cast<CollectiveKind>(k));
-    if (e.calls == 0) continue;
-    os << "  " << collective_name(static_cast<CollectiveKind>(k)) << ": " << e.calls / (steps * devices)
-       << " calls, payload " << e.payload_bytes / (steps * devices) << " bytes, wire "
-       << e.wire_bytes / (steps * devices) << " bytes\n";
-  }
-  return os.str();
-}
+std::string Step::collectives_table() const { return c_.runner->collectives_table(); }
 
 }  // namespace px::detail

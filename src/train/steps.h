@@ -58,19 +58,20 @@ int32_t traced_step(int64_t step, const std::string& who);
 // was traced with skip_nonfinite (then a non-finite step left params and state unchanged).
 StepMetrics step_metrics(float loss, float grad_norm, float lr, bool skip);
 
-// What the pipeline leaves: the plan, the traced step and the compiled program.
+// What the pipeline leaves: the plan, the traced step and its programs, staged (one stage on a mesh
+// without a `stage` axis) and run by one runner.
 struct CompiledStep {
   CompiledStep();
   CompiledStep(CompiledStep&&) noexcept;
   CompiledStep& operator=(CompiledStep&&) noexcept;
   ~CompiledStep();
-  ShardingPlan plan;                         // each param's spec (one device: all replicated)
-  std::vector<PartitionSpec> state_specs;    // per optimizer-state slot
-  std::unique_ptr<Graph> graph;              // the traced step, global shapes, after remat
-  std::unique_ptr<ShardedExecutable> exe;    // the local program, compiled for this process's devices
-  std::unique_ptr<PipelineRunner> pipeline;  // instead of exe on a mesh with a `stage` axis
-  std::vector<Sharding> in_shardings;        // per input of the traced step: how the caller's arrays are split
-  int process = 0;                           // the mesh process this step runs
+  ShardingPlan plan;                       // each param's spec (one device: all replicated)
+  std::vector<PartitionSpec> state_specs;  // per optimizer-state slot
+  std::unique_ptr<Graph> graph;            // the traced step, global shapes, after remat
+  std::unique_ptr<PipelineRunner> runner;  // this process's programs and their run loop
+  Communicator* comm = nullptr;            // over several processes; else null
+  std::vector<Sharding> in_shardings;      // per input of the traced step: how the caller's arrays are split
+  int process = 0;                         // the mesh process this step runs
   size_t n_params = 0, n_state = 0;
   std::vector<IndexUse> index_uses;  // per input of the traced step
 };
@@ -108,7 +109,7 @@ class Step {
   int num_programs() const;
   ShardedExecutable& program(int i) const;
   int64_t peak_bytes() const;  // per device, planned
-  bool pipelined() const { return c_.pipeline != nullptr; }
+  bool pipelined() const;      // the mesh has a `stage` axis
   const PipelineReport& pipeline_report() const;
   const Sharding& batch_sharding(int i) const;
   int64_t steps_run() const { return steps_run_; }
@@ -121,7 +122,6 @@ class Step {
   MemoryKind input_kind(size_t i) const;
   ShardedArray placed(ShardedArray a, size_t i) const;
   Array gathered(size_t i, const ShardedArray& a) const;
-  StepMetrics run_pipelined(TrainState& state, const std::vector<Array>& batch);
   void count(TrainState& state, const StepMetrics& m);
   nn::ParamStore& store_;
   optim::OptimizerPtr opt_;
@@ -129,7 +129,6 @@ class Step {
   CompiledStep c_;
   int64_t steps_run_ = 0;
   bool skip_nonfinite_ = false;
-  std::vector<ShardedArray> out_;  // the metrics arrays, reused; the state is donated (written in place)
   std::atomic<bool> busy_{false};  // one step at a time: a concurrent call throws
 };
 

@@ -526,9 +526,13 @@ TEST(Pipeline, BadSettingsNameTheFix) {
     TrainStep(root.store(), opt(), loss, {{DType::f32, {4, 4}}}, pipelined(2, 2, pipeline::Kind::gpipe));
   });
   EXPECT_TRUE(has(e, "no layer boundaries")) << e;
-  // Not pipelined: no report.
+  // Not pipelined: a pipeline of one stage, its one program the whole step, planned as the step.
   TrainStep plain(f.model.store(), opt(), f.loss, f.batch_types);
-  EXPECT_TRUE(has(testing::user_error_of([&] { plain.pipeline_report(); }), "not pipelined"));
+  EXPECT_FALSE(plain.pipelined());
+  EXPECT_EQ(plain.pipeline_report().schedule.stages(), 1);
+  EXPECT_EQ(plain.num_programs(), 1);
+  EXPECT_EQ(plain.pipeline_report().planned_peak(0), plain.executable().memory().peak_bytes);
+  EXPECT_EQ(plain.peak_bytes(), plain.executable().memory().peak_bytes);
 }
 
 }  // namespace
