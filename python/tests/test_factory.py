@@ -1,7 +1,11 @@
 """px.create_sharded_model with a zero-argument factory: the seed's call as written, params drawn
 shard by shard on their devices (docs/python.md, "Sharding")."""
 
+import os
+import subprocess
+import sys
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,10 +33,27 @@ def _batch(seed, vocab=64, length=9):
     return t[:, :-1].copy(), t[:, 1:].copy()
 
 
-def test_the_seeds_call_with_a_factory_trains_like_one_device(monkeypatch):
-    monkeypatch.setenv("PX_DEVICES", "cpu:8")
-    step = px.create_sharded_model(model_or_fn=lambda: Model(64, 32, 2), sample_inputs=_batch(0),
-                                   strategy=px.ShardingStrategy.FSDP, data_axis_name="data", model_axis_name="model")
+def test_the_seeds_call_as_written(tmp_path):
+    # PX_DEVICES is read once per process (when the first default mesh is made): a fresh interpreter.
+    script = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import parallax as px
+from test_factory import Model, _batch
+step = px.create_sharded_model(model_or_fn=lambda: Model(64, 32, 2), sample_inputs=_batch(0),
+                               strategy=px.ShardingStrategy.FSDP, data_axis_name="data", model_axis_name="model")
+state = step.init()
+print(step.plan().mesh, step(state, *_batch(1)).loss > 0)
+"""
+    env = dict(os.environ, PX_DEVICES="cpu:8")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "Mesh{data: 8, model: 1} on cpu:8 True" in out.stdout
+
+
+def test_a_factory_model_trains_like_one_device():
+    step = px.create_sharded_model(lambda: Model(64, 32, 2), _batch(0), strategy="FSDP",
+                                   mesh=px.Mesh.cpu([("data", 8), ("model", 1)]))
     assert step.devices == 8 and "blocks.1.fc.w" in step.table()
     one = px.create_sharded_model(lambda: Model(64, 32, 2), _batch(0), strategy="DDP",
                                   mesh=px.Mesh.cpu([("data", 1), ("model", 1)]))
