@@ -62,7 +62,7 @@ std::vector<Unused> unused_fields(const ExperimentConfig& c) {
   check("optimizer.momentum", o.name == "sgd", "with optimizer.name=sgd (here " + o.name + ")");
   const std::string& k = c.schedule.kind;
   const std::string here = " (here " + k + ")";
-  check("schedule.warmup_steps", k != "constant", "with a schedule.kind other than constant" + here);
+  check("schedule.warmup_steps", !one_of(k, {"constant"}), "with a schedule.kind other than constant" + here);
   check("schedule.decay_steps", k == "warmup_exponential", "with schedule.kind=warmup_exponential" + here);
   check("schedule.decay_rate", k == "warmup_exponential", "with schedule.kind=warmup_exponential" + here);
   check("schedule.min_fraction", one_of(k, {"warmup_cosine", "warmup_exponential"}),

@@ -466,8 +466,9 @@ struct PipelineRunner::Exchange {
     const Sharding& sh = exe.in_sharding(i);
     if (at < n_state) return r.state_input(at, d, sh, state, copies);
     const Array& whole = at < n_state + r.s_.n_batch ? micro.at(std::max(m, 0))[at - n_state] : step;
-    if (sh.is_fully_replicated() && sh.mesh.num_processes() == 1)
-      return ShardedArray(g.type(v), sh, std::vector<Array>(static_cast<size_t>(sh.mesh.size()), whole));
+    bool same_place = sh.is_fully_replicated() && sh.mesh.num_processes() == 1;
+    for (int p = 0; same_place && p < sh.mesh.size(); ++p) same_place = whole.placement() == sh.mesh.placement(p);
+    if (same_place) return ShardedArray(g.type(v), sh, std::vector<Array>(static_cast<size_t>(sh.mesh.size()), whole));
     return shard(whole, sh, exe.process());
   }
 
