@@ -18,7 +18,8 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // bench-gpt (DESIGN.md section 10) unless overridden: --steps --warmup --vocab --d --heads
-// --layers --ff --seq --batch, and --dtype f32|bf16|both where the benchmark takes it.
+// --layers --ff --seq --batch, and --dtype f32|bf16|both where the benchmark takes it; each flag
+// as "--flag value" or "--flag=value".
 // --flavour llama gives the Llama flavour of equal size (RMSNorm, SwiGLU, rotary positions, untied
 // head, no biases, --kv_heads 2; SwiGLU's d_ff = 2/3 of 4d rounded up to a multiple of 256, 1536
 // at d 512, so that its three matrices hold about what GELU's two of 4d do).
@@ -56,22 +57,29 @@ inline GptArgs parse_gpt_args(int argc, char** argv, const char* prog, GptArgs a
     std::fprintf(stderr, "%s: %s (see the header of bench/%s.cc)\n", prog, msg.c_str(), prog);
     std::exit(2);
   };
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::string(argv[i]) == "--size") {
-      a.size = argv[i + 1];
+  // "--flag value" or "--flag=value".
+  std::vector<std::pair<std::string, std::string>> flags;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (size_t eq = k.find('='); k.rfind("--", 0) == 0 && eq != std::string::npos) {
+      flags.emplace_back(k.substr(0, eq), k.substr(eq + 1));
+      continue;
+    }
+    if (i + 1 >= argc) fail("flag " + k + " needs a value");
+    flags.emplace_back(k, argv[++i]);
+  }
+  for (const auto& [k, v] : flags)
+    if (k == "--size") {
+      a.size = v;
       if (a.size == "gpt2_small") {
         a.vocab = 50257, a.d = 768, a.heads = 12, a.kv_heads = 4, a.layers = 12, a.seq = 1024, a.batch = 2;
       } else if (a.size != "bench") {
         fail("--size must be bench or gpt2_small, not '" + a.size + "'");
       }
     }
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (i + 1 >= argc) fail("flag " + k + " needs a value");
-    std::string v = argv[++i];
+  for (const auto& [k, v] : flags) {
     int64_t n = std::atoll(v.c_str());
-    if (k == "--size")
-      continue;  // applied above, before the flags that override it
+    if (k == "--size") continue;  // applied above, before the flags that override it
     if (k == "--dtype" && takes_dtype)
       a.dtype = v;
     else if (k == "--flavour")
@@ -101,6 +109,7 @@ inline GptArgs parse_gpt_args(int argc, char** argv, const char* prog, GptArgs a
   }
   if (a.dtype != "f32" && a.dtype != "bf16" && a.dtype != "both") fail("--dtype must be f32, bf16 or both");
   if (a.flavour != "gpt2" && a.flavour != "llama") fail("--flavour must be gpt2 or llama");
+  if (a.steps < 1 || a.warmup < 0) fail("--steps must be >= 1 and --warmup >= 0");
   return a;
 }
 
