@@ -118,6 +118,16 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels, int64_t
 // times (label != ignore_index). weights may be undefined (all ones).
 Tensor cross_entropy_loss(const Tensor& logits, const Tensor& labels, const Tensor& weights = Tensor(),
                           int64_t ignore_index = -100);
+// A language model's head and loss fused: softmax_cross_entropy(logits, labels, ignore_index) of
+// logits = h w^T (vocab_axis 0: w [V, D], an embedding table) or h w (vocab_axis 1: w [D, V], a
+// Linear weight), computed in chunks of rows and vocabulary so that the [..., V] logits never
+// exist whole, forward or backward; f32 accumulation whatever the dtype (h and w share one).
+// h [..., D], labels i32 [...]; the result is f32 [...].
+Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& labels, int64_t vocab_axis,
+                            int64_t ignore_index = -100);
+// cross_entropy_loss of the same logits, through linear_cross_entropy.
+Tensor linear_cross_entropy_loss(const Tensor& h, const Tensor& w, const Tensor& labels, int64_t vocab_axis,
+                                 const Tensor& weights = Tensor(), int64_t ignore_index = -100);
 struct AttentionOptions {
   bool causal = true;
   std::optional<double> scale;  // default 1/sqrt(head_dim)

@@ -40,6 +40,7 @@ struct ModelConfig {
   double init_std = 0.02;
   bool tied_embedding = true;  // the head reuses the embedding (GPT-2); Llama unties it
   std::string dtype = "f32";  // compute dtype of the matmuls: f32 | bf16 (params and norms stay f32)
+  bool fused_head = false;    // the head and loss as one chunked primitive: no [batch, seq, vocab] logits
 };
 
 struct DataConfig {

@@ -43,6 +43,7 @@ std::string LmConfig::to_string() const {
      << "\ncompute_dtype = " << dtype_name(compute_dtype) << "\n";
   // Options the presets leave off are listed only when set.
   if (qkv_bias) os << "qkv_bias = true\n";
+  if (fused_head) os << "fused_head = true\n";
   if (sliding_window > 0) os << "sliding_window = " << sliding_window << "\n";
   if (rope_scaling.kind != RopeScaling::Kind::none)
     os << "rope_scaling = " << (rope_scaling.kind == RopeScaling::Kind::linear ? "linear" : "llama3") << " x"
@@ -171,7 +172,18 @@ Tensor next_token_loss(const TransformerLm& model, const Tensor& tokens, const T
   if (weights.defined() && weights.shape() != targets.shape())
     throw Error("[next_token_loss] weights must have the targets' shape " + shape_str(targets.shape()) + ", got " +
                 type_str(weights.type()));
-  return cross_entropy_loss(model.logits(tokens), targets, weights);
+  if (!model.config().fused_head) return cross_entropy_loss(model.logits(tokens), targets, weights);
+  // The head's weight as it is: a Linear's [d_model, vocab] (vocab_axis 1) or the tied table
+  // [vocab, d_model] (vocab_axis 0), in the compute dtype as the unfused head's matmul reads it.
+  Tensor h = model.hidden(tokens);
+  const bool untied = model.head.w.defined();
+  Tensor w = untied ? model.head.w.value() : model.embed.table.value();
+  const DType cd = model.config().compute_dtype;
+  if (cd != DType::f32) {
+    h = cast(h, cd);
+    w = cast(w, cd);
+  }
+  return linear_cross_entropy_loss(h, w, targets, untied ? 1 : 0, weights);
 }
 
 }  // namespace px::nn

@@ -428,9 +428,11 @@ Tensor cross_entropy_loss(const Tensor& logits, const Tensor& labels, const Tens
 }
 
 void register_attention_primitives();  // nn_attention.cc
+void register_linear_ce_primitives();   // nn_linear_ce.cc
 
 void register_nn_primitives() {
   register_attention_primitives();
+  register_linear_ce_primitives();
   using Vjp = std::vector<Tensor> (*)(const VjpArgs&);
   for (auto [name, vjp] : {std::pair<const char*, Vjp>{"softmax", softmax_vjp}, {"log_softmax", log_softmax_vjp}}) {
     Primitive p;

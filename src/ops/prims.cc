@@ -33,6 +33,11 @@ const Primitive* iota() { static const Primitive* p = lookup("iota"); return p; 
 const Primitive* layer_norm() { static const Primitive* p = lookup("layer_norm"); return p; }
 const Primitive* layer_norm_grad() { static const Primitive* p = lookup("layer_norm_grad"); return p; }
 const Primitive* le() { static const Primitive* p = lookup("le"); return p; }
+const Primitive* linear_cross_entropy() { static const Primitive* p = lookup("linear_cross_entropy"); return p; }
+const Primitive* linear_cross_entropy_grad() {
+  static const Primitive* p = lookup("linear_cross_entropy_grad");
+  return p;
+}
 const Primitive* log() { static const Primitive* p = lookup("log"); return p; }
 const Primitive* log_softmax() { static const Primitive* p = lookup("log_softmax"); return p; }
 const Primitive* logical_and() { static const Primitive* p = lookup("logical_and"); return p; }

@@ -33,6 +33,8 @@ const Primitive* iota();
 const Primitive* layer_norm();
 const Primitive* layer_norm_grad();
 const Primitive* le();
+const Primitive* linear_cross_entropy();
+const Primitive* linear_cross_entropy_grad();
 const Primitive* log();
 const Primitive* log_softmax();
 const Primitive* logical_and();

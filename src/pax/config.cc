@@ -106,6 +106,8 @@ const std::vector<Field>& table() {
       bool_field("model.tied_embedding", &E::model, &ModelConfig::tied_embedding,
                  "the output head reuses the token embedding"),
       enum_field("model.dtype", &E::model, &ModelConfig::dtype, {"f32", "bf16"}, "matmul compute dtype"),
+      bool_field("model.fused_head", &E::model, &ModelConfig::fused_head,
+                 "the head and loss as one chunked primitive (no [batch, seq, vocab] logits buffer)"),
       enum_field("data.kind", &E::data, &DataConfig::kind, {"copy_task", "text"},
                  "the built-in copy task or text files through a SentencePiece tokenizer"),
       list_field("data.paths", &E::data, &DataConfig::paths, "text files or folders (.txt, .jsonl, .gz) or 'gcide'"),

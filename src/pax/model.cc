@@ -52,6 +52,7 @@ nn::LmConfig pretrained_lm_config(const ExperimentConfig& c, const nn::LmConfig&
                     "'; set model.seq_len to at most " + std::to_string(hf.max_seq_len));
   hf.name = ours.name;
   hf.compute_dtype = ours.compute_dtype;
+  hf.fused_head = ours.fused_head;
   hf.init_std = ours.init_std;
   hf.validate();
   return hf;
@@ -70,6 +71,7 @@ nn::LmConfig lm_config(const ExperimentConfig& c) {
   cfg.init_std = m.init_std;
   cfg.tied_embedding = m.tied_embedding;
   cfg.compute_dtype = m.dtype == "bf16" ? DType::bf16 : DType::f32;
+  cfg.fused_head = m.fused_head;
   if (!c.train.init_from_hf.empty()) return pretrained_lm_config(c, cfg);
   cfg.validate();
   return cfg;

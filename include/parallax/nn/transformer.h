@@ -41,6 +41,10 @@ struct LmConfig {
   double init_std = 0.02;
   // Matmul operand dtype (bf16: params cast to bf16 for matmuls; norms, softmax and loss stay f32).
   DType compute_dtype = DType::f32;
+  // next_token_loss computes the head and the loss as one primitive (linear_cross_entropy): the
+  // [batch, seq, vocab] logits and their gradient are never held whole, forward or backward, at
+  // the cost of one more logits matmul in the backward. Off by default; logits() is unchanged.
+  bool fused_head = false;
 
   int64_t head_dim() const { return n_heads > 0 ? d_model / n_heads : 0; }
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
@@ -122,7 +126,9 @@ class TransformerLm : public Module {
 };
 
 // Mean cross entropy of the model's next-token predictions: tokens, targets i32[B, S]; weights
-// (optional) f32[B, S]. Targets equal to -100 are ignored.
+// (optional) f32[B, S]. Targets equal to -100 are ignored. With LmConfig::fused_head the head
+// and the loss are one linear_cross_entropy of the final hidden state (the same value up to f32
+// rounding; in bf16 the logits are not rounded to bf16 between the matmul and the loss).
 Tensor next_token_loss(const TransformerLm& model, const Tensor& tokens, const Tensor& targets,
                        const Tensor& weights = Tensor());
 

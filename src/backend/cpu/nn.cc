@@ -346,9 +346,11 @@ std::vector<float> gelu_params(const Attrs& a) { return {a.s("approximate") == "
 }  // namespace
 
 void register_attention_kernels();  // nn_attention.cc
+void register_linear_ce_kernels();  // nn_linear_ce.cc
 
 void register_nn_kernels() {
   register_attention_kernels();
+  register_linear_ce_kernels();
   register_kernel_pair(prims::softmax(), prims::log_softmax(), softmax_kernel);
   register_kernel_pair(prims::layer_norm(), prims::rms_norm(), norm_kernel);
   register_kernel_pair(prims::layer_norm_grad(), prims::rms_norm_grad(), norm_grad_kernel);

@@ -1,6 +1,7 @@
 // Reference kernels of the nn family: softmax, log_softmax, layer_norm, rms_norm (and their
-// gradients), softmax_cross_entropy (and its gradient), gelu (and its gradient) and silu, written
-// from their definitions in src/ops/nn.cc in double. Attention lives in attention.cc.
+// gradients), softmax_cross_entropy and linear_cross_entropy (and their gradients), gelu (and its
+// gradient) and silu, written from their definitions in src/ops/ in double. Attention lives in
+// attention.cc.
 //
 // Conventions shared with the primitives' definitions:
 //  - layer_norm returns (y, mean, rstd) and rms_norm (y, rstd); the statistics are f32 over the
@@ -170,6 +171,55 @@ Kernel make_ce(const Spec& s, bool grad) {
   };
 }
 
+// ---- linear cross entropy ------------------------------------------------------------------
+
+// From the definition: logits = h w^T (vocab_axis 0, w [v, d]) or h w (1, w [d, v]) in double,
+// then the loss and logsumexp of softmax_cross_entropy per row; the gradient is
+// dh = g w and dw = g^T h with g = ct (softmax - onehot) (0 on ignored rows, NaN on bad labels).
+// The gradient recomputes each row's logsumexp in double rather than reading the saved f32 one.
+Kernel make_linear_ce(const Spec& s, bool grad) {
+  const int64_t d = s.in.at(0).shape.back(), rows = s.in.at(2).numel();
+  const int vocab_axis = static_cast<int>(s.attrs.i("vocab_axis"));
+  const int64_t v = s.in.at(1).shape[vocab_axis];
+  const DType dt = s.in[0].dtype, wdt = s.in[1].dtype;
+  const int64_t ignore = s.attrs.i("ignore_index");
+  return [=](const void* const* in, void* const* out) {
+    auto w_at = [&](int64_t c, int64_t k) { return load(in[1], wdt, vocab_axis == 0 ? c * d + k : k * v + c); };
+    std::vector<double> x(static_cast<size_t>(v)), dh(static_cast<size_t>(rows * d), 0.0),
+        dw(static_cast<size_t>(grad ? v * d : 0), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      double m = -INFINITY;
+      for (int64_t c = 0; c < v; ++c) {
+        double acc = 0;
+        for (int64_t k = 0; k < d; ++k) acc += load(in[0], dt, r * d + k) * w_at(c, k);
+        x[c] = acc;
+        m = std::max(m, acc);
+      }
+      double sum = 0;
+      for (int64_t c = 0; c < v; ++c) sum += std::exp(x[c] - m);
+      const double lse = m + std::log(sum);
+      const int64_t label = static_cast<int64_t>(load(in[2], DType::i32, r));
+      const bool ignored = label == ignore, bad = !ignored && (label < 0 || label >= v);
+      if (!grad) {
+        store(out[0], DType::f32, r, bad ? kNaN : ignored ? 0.0 : lse - x[label]);
+        store(out[1], DType::f32, r, lse);
+        continue;
+      }
+      const double ct = ignored ? 0.0 : load(in[4], DType::f32, r);
+      for (int64_t c = 0; c < v; ++c) {
+        const double g = bad ? kNaN : ct == 0.0 ? 0.0 : (std::exp(x[c] - lse) - (c == label ? 1.0 : 0.0)) * ct;
+        for (int64_t k = 0; k < d; ++k) {
+          dh[r * d + k] += g * w_at(c, k);
+          dw[vocab_axis == 0 ? c * d + k : k * v + c] += g * load(in[0], dt, r * d + k);
+        }
+      }
+    }
+    if (!grad) return;
+    for (int64_t i = 0; i < rows * d; ++i) store(out[0], dt, i, dh[i]);
+    for (int64_t i = 0; i < v * d; ++i) store(out[1], wdt, i, dw[i]);
+  };
+}
+
 // ---- gelu / gelu_grad / silu ---------------------------------------------------------------
 
 bool gelu_tanh(const Attrs& a) {
@@ -214,6 +264,7 @@ void register_nn_kernels() {
   register_kernel_pair(prims::layer_norm(), prims::rms_norm(), make_norm);
   register_kernel_pair(prims::layer_norm_grad(), prims::rms_norm_grad(), make_norm_grad);
   register_kernel_pair(prims::softmax_cross_entropy(), prims::softmax_cross_entropy_grad(), make_ce);
+  register_kernel_pair(prims::linear_cross_entropy(), prims::linear_cross_entropy_grad(), make_linear_ce);
   register_kernel(prims::gelu(), [](const Spec& s) {
     const bool t = gelu_tanh(s.attrs);
     return make_unary(s, [t](double x) { return gelu(x, t); });
