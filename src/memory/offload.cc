@@ -59,75 +59,40 @@ Tensor to_memory(const Tensor& x, MemoryKind kind, const std::string& group) {
   return emit1("transfer", {x}, std::move(a));
 }
 
-namespace {
+namespace memory_pass {
 
-// The step traced again with every node `which` selects replaced by its primitive's
-// decomposition; the values' facts, the gradients and the node ranges follow the values and nodes.
-StepProgram decompose_nodes(StepProgram p, const std::function<bool(const Node&)>& which) {
-  const Graph& g = *p.graph;
-  if (std::none_of(g.nodes().begin(), g.nodes().end(), which)) return p;
-  std::vector<int> start(g.nodes().size() + 1), new_id;
+std::unique_ptr<Graph> split_host_updates(const Graph& g, const std::vector<char>& update,
+                                          const std::vector<char>& offloaded, std::vector<int>* new_id,
+                                          std::vector<int>* start) {
+  auto which = [&](size_t i) {
+    const Node& n = g.nodes()[i];
+    return update[i] && n.prim->decompose &&
+           std::any_of(n.inputs.begin(), n.inputs.end(), [&](int v) { return offloaded[v] != 0; });
+  };
+  bool any = false;
+  for (size_t i = 0; i < g.nodes().size() && !any; ++i) any = which(i);
+  if (!any) return nullptr;
+  start->assign(g.nodes().size() + 1, 0);
   std::unique_ptr<Graph> out =
-      replay(g, &new_id, [&](size_t i, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
-        start[i] = static_cast<int>(current_graph()->nodes().size());
+      replay(g, new_id, [&](size_t i, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
+        (*start)[i] = static_cast<int>(current_graph()->nodes().size());
+        if (!which(i)) return std::nullopt;
         const Node& n = g.nodes()[i];
-        if (!which(n)) return std::nullopt;
         return n.prim->decompose(ins, n.attrs);
       });
-  start[g.nodes().size()] = static_cast<int>(out->nodes().size());
-  p.remap_grads([&](int v) { return new_id[v]; });
-  p.remap_nodes(start);
-  p.graph = std::move(out);
-  return p;
+  (*start)[g.nodes().size()] = static_cast<int>(out->nodes().size());
+  return out;
 }
 
-}  // namespace
-
-StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
-  const size_t n_in = p.graph->inputs().size();
-  if (o.prefetch_depth < 0)
-    throw UserError(fmt::format("[offload] prefetch_depth must be >= 0 (layers fetched ahead), got {}", o.prefetch_depth));
-  std::vector<MemoryKind> in_kind(n_in, MemoryKind::device);
-  bool any = false;
-  for (size_t i = 0; i < p.n_params; ++i)
-    for (const std::string& pat : o.params)
-      if (glob_match(pat, p.paths[i])) {
-        in_kind[i] = MemoryKind::pinned_host;
-        any = true;
-      }
-  for (const std::string& pat : o.params) {
-    bool hit = false;
-    for (size_t i = 0; i < p.n_params && !hit; ++i) hit = glob_match(pat, p.paths[i]);
-    if (!hit)
-      throw UserError(fmt::format("[offload] the pattern '{}' matches no param; params are named like '{}'", pat,
-                                  p.paths.empty() ? std::string("?") : p.paths.front()));
-  }
-  if (o.optimizer_state)
-    for (size_t i = p.n_params; i < p.n_params + p.n_state; ++i) in_kind[i] = MemoryKind::pinned_host;
-  any = any || (o.optimizer_state && p.n_state > 0);
-  if (!any) return p;
-  // With the optimizer state on the device, an update that reads an offloaded param is split into
-  // its elementwise parts: the ones that read the param (new = old - step) run on the host, the
-  // moments stay on the device, and one array (the step) crosses instead of the gradient and both
-  // moments there and back.
-  if (!o.optimizer_state) {
-    std::vector<char> offloaded(p.graph->values().size(), 0);
-    for (size_t i = 0; i < p.n_params; ++i) offloaded[p.graph->inputs()[i]] = in_kind[i] == MemoryKind::pinned_host;
-    p = decompose_nodes(std::move(p), [offloaded](const Node& n) {
-      return n.prim->decompose &&
-             std::any_of(n.inputs.begin(), n.inputs.end(), [&](int v) { return offloaded[v] != 0; });
-    });
-  }
-  const Graph& g = *p.graph;
-
+std::unique_ptr<Graph> offload_program(const Graph& g, const OffloadRewrite& r, std::vector<int>* start) {
+  const size_t n_in = g.inputs().size();
   const std::vector<Node>& nodes = g.nodes();
   std::vector<ValueInfo> values = g.values();
-  for (size_t i = 0; i < n_in; ++i) values[g.inputs()[i]].kind = in_kind[i];
-  // The group (layer) of every value that is a param, for the fetches' prefetch groups.
   std::vector<std::string> group_of(values.size());
-  for (size_t i = 0; i < p.n_params; ++i) group_of[g.inputs()[i]] = memory_pass::layer_of(p.paths[i]);
-  for (size_t i = p.n_params; i < p.n_params + p.n_state; ++i) group_of[g.inputs()[i]] = g.input_names()[i];
-
+  for (size_t i = 0; i < n_in; ++i) {
+    values[g.inputs()[i]].kind = r.in_kind.at(i);
+    group_of[g.inputs()[i]] = r.group.at(i);
+  }
   std::vector<Node> out;
   out.reserve(nodes.size() * 2);
   auto add_transfer = [&](int v, MemoryKind to, const std::string& group) {
@@ -142,12 +107,10 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
     int value = -1, last_use = -1;
   };
   std::vector<Copy> fetched(values.size()), returned(values.size());
-  std::vector<int> start(nodes.size() + 1);
-  const bool host_update = o.optimizer_state;
-  const std::vector<char> phase = memory_pass::phases(p);
+  start->assign(nodes.size() + 1, 0);
   for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
     Node n = nodes[i];
-    start[i] = static_cast<int>(out.size());
+    (*start)[i] = static_cast<int>(out.size());
     if (n.prim == prims::transfer()) {  // already placed (remat offload of saved residuals)
       values[n.outputs[0]].kind = parse_memory_kind(n.attrs.s("to"));
       out.push_back(std::move(n));
@@ -158,13 +121,12 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
     // value is computed where it lives.
     bool reads_host = false;
     for (int v : n.inputs) reads_host = reads_host || values[v].kind == MemoryKind::pinned_host;
-    const MemoryKind where =
-        phase[i] == 2 && (host_update || reads_host) ? MemoryKind::pinned_host : MemoryKind::device;
+    const MemoryKind where = r.update.at(i) && (r.host_update || reads_host) ? MemoryKind::pinned_host : MemoryKind::device;
     for (int& v : n.inputs) {
       if (values[v].kind == where) continue;
       if (where == MemoryKind::device) {
         Copy& c = fetched[v];
-        if (c.value < 0 || i - c.last_use > memory_pass::kFetchReuseNodes) c.value = add_transfer(v, MemoryKind::device, group_of[v]);
+        if (c.value < 0 || i - c.last_use > kFetchReuseNodes) c.value = add_transfer(v, MemoryKind::device, group_of[v]);
         c.last_use = i;
         v = c.value;
       } else {
@@ -176,17 +138,75 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
     for (int v : n.outputs) values[v].kind = where;
     out.push_back(std::move(n));
   }
-  start[nodes.size()] = static_cast<int>(out.size());
-  // New params and state go back where the old ones live (in place, between steps).
+  (*start)[nodes.size()] = static_cast<int>(out.size());
+  // Outputs left where they must be (new params and state where the old ones live).
   std::vector<int> outputs = g.outputs();
-  for (size_t k = 3; k < outputs.size(); ++k) {
-    const MemoryKind want = in_kind[k - 3];
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    if (k >= r.out_kind.size() || !r.out_kind[k]) continue;
     int& v = outputs[k];
-    if (values[v].kind != want) v = add_transfer(v, want, "");
+    if (values[v].kind != *r.out_kind[k]) v = add_transfer(v, *r.out_kind[k], "");
   }
-  p.graph = memory_pass::rebuilt(std::move(out), std::move(values), g, std::move(outputs));
+  return rebuilt(std::move(out), std::move(values), g, std::move(outputs));
+}
+
+}  // namespace memory_pass
+
+StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
+  const size_t n_in = p.graph->inputs().size();
+  if (o.prefetch_depth < 0)
+    throw UserError(fmt::format("[offload] prefetch_depth must be >= 0 (layers fetched ahead), got {}", o.prefetch_depth));
+  const std::vector<MemoryKind> state_kind = offloaded_state(o, p.paths, p.n_state);
+  std::vector<MemoryKind> in_kind(n_in, MemoryKind::device);
+  std::copy(state_kind.begin(), state_kind.end(), in_kind.begin());
+  if (std::count(in_kind.begin(), in_kind.end(), MemoryKind::pinned_host) == 0) return p;
+  // With the optimizer state on the device, an update that reads an offloaded param is split into
+  // its elementwise parts: the ones that read the param (new = old - step) run on the host, the
+  // moments stay on the device, and one array (the step) crosses instead of the gradient and both
+  // moments there and back.
+  if (!o.optimizer_state) {
+    std::vector<char> offloaded(p.graph->values().size(), 0);
+    for (size_t i = 0; i < p.n_params; ++i) offloaded[p.graph->inputs()[i]] = in_kind[i] == MemoryKind::pinned_host;
+    std::vector<int> new_id, start;
+    const std::vector<char> any_node(p.graph->nodes().size(), 1);
+    if (std::unique_ptr<Graph> split = memory_pass::split_host_updates(*p.graph, any_node, offloaded, &new_id, &start)) {
+      p.remap_grads([&](int v) { return new_id[v]; });
+      p.remap_nodes(start);
+      p.graph = std::move(split);
+    }
+  }
+  const Graph& g = *p.graph;
+  memory_pass::OffloadRewrite r;
+  r.in_kind = in_kind;
+  r.group.assign(n_in, "");
+  for (size_t i = 0; i < p.n_params; ++i) r.group[i] = memory_pass::layer_of(p.paths[i]);
+  for (size_t i = p.n_params; i < p.n_params + p.n_state; ++i) r.group[i] = g.input_names()[i];
+  const std::vector<char> phase = memory_pass::phases(p);
+  r.update.assign(phase.size(), 0);
+  for (size_t i = 0; i < phase.size(); ++i) r.update[i] = phase[i] == 2;
+  r.host_update = o.optimizer_state;
+  r.out_kind.assign(g.outputs().size(), std::nullopt);
+  for (size_t k = 3; k < g.outputs().size(); ++k) r.out_kind[k] = in_kind[k - 3];
+  std::vector<int> start;
+  p.graph = memory_pass::offload_program(g, r, &start);
   p.remap_nodes(start);
   return p;
+}
+
+std::vector<MemoryKind> offloaded_state(const OffloadOptions& o, const std::vector<std::string>& paths, size_t n_state) {
+  std::vector<MemoryKind> kind(paths.size() + n_state, MemoryKind::device);
+  for (const std::string& pat : o.params) {
+    bool hit = false;
+    for (size_t i = 0; i < paths.size(); ++i)
+      if (glob_match(pat, paths[i])) {
+        kind[i] = MemoryKind::pinned_host;
+        hit = true;
+      }
+    if (!hit)
+      throw UserError(fmt::format("[offload] the pattern '{}' matches no param; params are named like '{}'", pat,
+                                  paths.empty() ? std::string("?") : paths.front()));
+  }
+  if (o.optimizer_state) std::fill(kind.begin() + static_cast<std::ptrdiff_t>(paths.size()), kind.end(), MemoryKind::pinned_host);
+  return kind;
 }
 
 }  // namespace px

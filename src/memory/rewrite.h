@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,5 +40,26 @@ std::vector<char> phases(const StepProgram& p);
 // Sets the layer of every value of p's graph (see layer_of; "" for the batch and what depends on
 // no param), for the memory report's largest users and the over-limit error.
 void label_layers(StepProgram& p);
+
+// The offload rewrite of one program (offload_step for a whole step; each program of a pipelined
+// step): where each input lives and which nodes are clipping and update.
+struct OffloadRewrite {
+  std::vector<MemoryKind> in_kind;                  // per input: device or pinned_host
+  std::vector<std::string> group;                   // per input: its prefetch group (a param's layer)
+  std::vector<char> update;                         // per node: clipping or update
+  std::vector<std::optional<MemoryKind>> out_kind;  // per output: where it is left (none: where computed)
+  bool host_update = false;                         // every update node runs on the host
+};
+// g with every device use of a pinned_host value reading a fetched copy (one per cluster of nearby
+// uses), update nodes on the host where `host_update` or they read the host, and values crossing
+// to the other memory transferred. start[i]: where old node i's nodes begin (start[size]: new size).
+std::unique_ptr<Graph> offload_program(const Graph& g, const OffloadRewrite& r, std::vector<int>* start);
+
+// g with each node that `which` marks, has a decomposition and reads a value `offloaded` marks
+// replaced by its decomposition (so that the elementwise parts reading it can run where it lives);
+// null when there is none. new_id and start map the old values and nodes to the new.
+std::unique_ptr<Graph> split_host_updates(const Graph& g, const std::vector<char>& which,
+                                          const std::vector<char>& offloaded, std::vector<int>* new_id,
+                                          std::vector<int>* start);
 
 }  // namespace px::memory_pass

@@ -257,8 +257,6 @@ PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt
     throw UserError("[pipeline] the mesh " + mesh.to_string() +
                     " spans several processes: give this process's communicator (ShardingOptions::communicator, "
                     "e.g. px::process_world().communicator)");
-  if (!options.offload.params.empty() || options.offload.optimizer_state)
-    throw UserError("[pipeline] offload is not built for pipelined steps: drop TrainStepOptions::offload");
   check_microbatches(options.microbatches, batch_types, "TrainStep");
   const int M = options.microbatches;
   const pipeline::Schedule schedule = pipeline::make_schedule(
@@ -308,8 +306,8 @@ PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt
   PipelinedStep r;
   r.state_specs = state_specs_for(plan, opt.state_slots(store.types()), store.types());
   auto cut = [&](StepProgram q, bool compile_it) {
-    return stage_programs(std::move(q), schedule, options.pipeline, mesh, plan, r.state_specs, options.compile, cluster,
-                          compile_it);
+    return stage_programs(std::move(q), schedule, options.pipeline, mesh, plan, r.state_specs, options.compile,
+                          options.offload, cluster, compile_it);
   };
   StepProgram p =
       trace_train_step(store, opt, loss_fn, micro_types, options.clip_norm, "TrainStep", options.skip_nonfinite, 1);

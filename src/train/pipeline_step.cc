@@ -241,7 +241,7 @@ PipelineReport pipeline_report(const StagedStep& s) {
     for (size_t k = 0; k < p.inputs.size(); ++k) {
       const int v = p.inputs[k];
       const int input = g.values()[v].producer < 0 ? g.values()[v].output_index : -1;
-      const bool on_device = !p.exe || p.exe->executable().input_kind(static_cast<int>(k)) == MemoryKind::device;
+      const bool on_device = k >= p.input_kinds.size() || p.input_kinds[k] == MemoryKind::device;
       if (input >= 0 && static_cast<size_t>(input) < s.n_params + s.n_state && on_device) state_read[d].insert(v);
     }
   }
@@ -735,11 +735,10 @@ PipelineRunner::Outputs PipelineRunner::run(const std::vector<ShardedArray>& sta
 MemoryKind PipelineRunner::state_kind(size_t j) const {
   const Graph& g = *s_.graph;
   for (const StageProgram& p : s_.programs) {
-    if (!p.exe || s_.schedule.device_of(p.stage) != home_.at(j)) continue;
-    for (size_t k = 0; k < p.inputs.size(); ++k) {
+    if (s_.schedule.device_of(p.stage) != home_.at(j)) continue;
+    for (size_t k = 0; k < p.inputs.size() && k < p.input_kinds.size(); ++k) {
       const ValueInfo& info = g.values()[p.inputs[k]];
-      if (info.producer < 0 && static_cast<size_t>(info.output_index) == j)
-        return p.exe->executable().input_kind(static_cast<int>(k));
+      if (info.producer < 0 && static_cast<size_t>(info.output_index) == j) return p.input_kinds[k];
     }
   }
   return MemoryKind::device;

@@ -47,6 +47,7 @@ struct StageProgram {
   int stage = 0;
   int level = 0;                           // update: programs of a level read other stages' earlier levels
   std::vector<int> inputs, outputs;        // value ids of the traced step, in the program's order
+  std::vector<MemoryKind> input_kinds;     // per input: where the program reads it (pinned_host: offloaded)
   std::unique_ptr<ShardedExecutable> exe;  // over the stage's device group (null when only planned)
   std::unique_ptr<Executable> local;       // accumulate and mean: run on each device's copy
   int64_t arena_bytes = 0;                 // working memory per device, planned
@@ -78,13 +79,14 @@ struct StagedStep {
 
 // Cuts `p` (traced for one microbatch of each device's rows, after remat) into stage programs for
 // `schedule` on `mesh` (a `stage` axis and others), each partitioned by `plan` (made for the mesh of
-// one group) and compiled with `copt`. Throws px::UserError for a model without numbered layers,
+// one group), offloaded by `offload` and compiled with `copt`. Throws px::UserError for a model without numbered layers,
 // more stages than layers or a split that does not add up.
 // With `cluster`, each program's time is predicted on it; without `compile`, nothing is compiled
 // or allocated (planning only: the report, not run).
 StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, const PipelineOptions& options,
                           const Mesh& mesh, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
-                          const CompileOptions& copt, const Cluster* cluster = nullptr, bool compile = true);
+                          const CompileOptions& copt, const OffloadOptions& offload = {},
+                          const Cluster* cluster = nullptr, bool compile = true);
 
 // The staged step of a mesh without a `stage` axis: one stage whose one program (`exe`, compiled
 // from the traced step `graph`, its microbatches inside) is the whole step; its group is the mesh,

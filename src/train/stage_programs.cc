@@ -12,6 +12,7 @@
 #include "core/enum_names.h"
 #include "ir/primitive.h"
 #include "memory/rewrite.h"
+#include "memory/step_program.h"
 #include "parallax/ops.h"
 #include "runtime/program.h"
 #include "sharding/groups.h"
@@ -577,13 +578,33 @@ struct StageCompiler {
   // is timed and planned once (every group has the same shape of mesh and the same links).
   std::map<std::string, std::pair<double, int64_t>> planned_alike;
 
+  // Offload: where each param and optimizer state array lives, its prefetch group, and per value
+  // the state array whose new value it is.
+  bool host_update = false;
+  std::vector<MemoryKind> state_kind;
+  std::vector<std::string> state_group;
+  std::map<int, size_t> new_state_of;
+
   StageCompiler(const StepProgram& p, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
-                const CompileOptions& copt, const Cluster* cluster, bool compile, StagedStep& r)
+                const CompileOptions& copt, const OffloadOptions& offload, const Cluster* cluster, bool compile,
+                StagedStep& r)
       : g(*p.graph), r(r), cluster(cluster), compile(compile), out_sharding(output_shardings(p, plan, r)), o(copt) {
     o.platform = plan.mesh.platform();
     o.output_donors.clear();
     o.memory_limit_bytes = o.host_memory_limit_bytes = 0;
     o.one_forward_pass = false;
+    host_update = offload.optimizer_state && p.n_state > 0;
+    state_kind = offloaded_state(offload, p.paths, p.n_state);
+    if (std::count(state_kind.begin(), state_kind.end(), MemoryKind::pinned_host) > 0) {
+      if (offload.prefetch_depth < 0)
+        throw UserError(
+            fmt::format("[offload] prefetch_depth must be >= 0 (layers fetched ahead), got {}", offload.prefetch_depth));
+      o.prefetch_depth = offload.prefetch_depth;
+    }
+    for (size_t j = 0; j < state_kind.size(); ++j) {
+      state_group.push_back(j < p.n_params ? memory_pass::layer_of(p.paths[j]) : g.input_names()[j]);
+      new_state_of[g.outputs().at(3 + j)] = j;
+    }
     std::vector<TensorType> batch_types;
     for (size_t i = 0; i < p.n_batch; ++i) batch_types.push_back(g.type(g.inputs()[p.n_params + p.n_state + i]));
     whole = decide_train_step(p, plan, state_specs, batch_types, /*bucket_bytes=*/0);
@@ -593,7 +614,51 @@ struct StageCompiler {
     partial_of.resize(g.values().size());
   }
 
+  // The state array that graph input value v is, or -1.
+  int state_index(int v) const {
+    const ValueInfo& info = g.values()[v];
+    return info.producer < 0 && static_cast<size_t>(info.output_index) < state_kind.size() ? info.output_index : -1;
+  }
+
+  // The offload pass on program sp's partitioned program (offload_step's rewrite, as the flat
+  // step's): the offloaded state it reads fetched ahead of use, its update on the host where the
+  // optimizer state is there (else only the parts reading an offloaded param), new values left
+  // where the old ones live.
+  void offload(SpmdProgram& prog, const StageProgram& sp) const {
+    if (std::count(state_kind.begin(), state_kind.end(), MemoryKind::pinned_host) == 0) return;
+    memory_pass::OffloadRewrite w;
+    bool any = false;
+    for (int v : sp.inputs) {
+      const int j = state_index(v);
+      w.in_kind.push_back(j >= 0 ? state_kind[j] : MemoryKind::device);
+      w.group.push_back(j >= 0 ? state_group[j] : "");
+      any = any || w.in_kind.back() == MemoryKind::pinned_host;
+    }
+    w.in_kind.resize(prog.local->inputs().size(), MemoryKind::device);  // the mesh coordinates after them
+    w.group.resize(w.in_kind.size());
+    const bool update = sp.part == StagePart::update;
+    for (int v : sp.outputs) {
+      auto it = new_state_of.find(v);
+      w.out_kind.push_back(it == new_state_of.end() ? std::nullopt : std::optional<MemoryKind>(state_kind[it->second]));
+    }
+    if (!any && !(update && host_update)) return;
+    std::vector<int> new_id, start;
+    if (update && !host_update) {  // only the elementwise parts reading an offloaded param run on the host
+      const Graph& local = *prog.local;
+      std::vector<char> offloaded(local.values().size(), 0);
+      for (size_t k = 0; k < w.in_kind.size(); ++k)
+        offloaded[local.inputs()[k]] = w.in_kind[k] == MemoryKind::pinned_host;
+      if (auto split = memory_pass::split_host_updates(local, std::vector<char>(local.nodes().size(), 1), offloaded,
+                                                       &new_id, &start))
+        prog.local = std::move(split);
+    }
+    w.update.assign(prog.local->nodes().size(), update);
+    w.host_update = host_update;
+    prog.local = memory_pass::offload_program(*prog.local, w, &start);
+  }
+
   void finish(StageProgram& sp, SpmdProgram prog, const Mesh& group) {
+    for (int v : prog.local->inputs()) sp.input_kinds.push_back(prog.local->values()[v].kind);
     if (compile) {
       if (cluster) sp.seconds = cost_program(prog, *cluster, o).step_s;
       sp.exe = ShardedExecutable::compile(std::move(prog), o, DeviceParallelism::within_kernels);
@@ -684,6 +749,7 @@ struct StageCompiler {
       split_sent_values(sp, c, *sub, group, decision);
       DumpProgram scope("train_step." + name);
       SpmdProgram prog = partition(*sub, decision);
+      offload(prog, sp);
       for (size_t i = 0; i < sp.outputs.size(); ++i) {
         const int v = sp.outputs[i];
         spec_of[v] = prog.out_shardings[i].spec;
@@ -800,7 +866,8 @@ void index_programs(StagedStep& r) {
 
 StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, const PipelineOptions& options,
                           const Mesh& mesh, const ShardingPlan& plan, const std::vector<PartitionSpec>& state_specs,
-                          const CompileOptions& copt, const Cluster* cluster, bool compile) {
+                          const CompileOptions& copt, const OffloadOptions& offload, const Cluster* cluster,
+                          bool compile) {
   StagedStep r;
   r.schedule = schedule;
   r.n_params = p.n_params;
@@ -814,7 +881,7 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
   connect_programs(p, c, r);
   build_device_groups(mesh, schedule, cluster, r);
   set_input_specs(p, plan, state_specs, r);
-  StageCompiler compiler(p, plan, state_specs, copt, cluster, compile, r);
+  StageCompiler compiler(p, plan, state_specs, copt, offload, cluster, compile, r);
   compiler.compile_programs(c, program_order(g, c, r.programs));
   index_programs(r);
   compiler.add_reduce_programs();
@@ -848,14 +915,15 @@ StagedStep one_stage(std::unique_ptr<Graph> graph, std::unique_ptr<ShardedExecut
     part->assign(1, -1);
   // Its working memory: what the program plans beside the state it reads in device memory.
   int64_t state_bytes = 0;
+  StageProgram sp;
   for (size_t i = 0; i < g.inputs().size(); ++i) {
     r.input_specs.push_back(exe->in_sharding(static_cast<int>(i)).spec);
+    sp.input_kinds.push_back(exe->executable().input_kind(static_cast<int>(i)));
     if (i < n_state_in && exe->executable().input_kind(static_cast<int>(i)) == MemoryKind::device)
       state_bytes += TensorType{g.type(g.inputs()[i]).dtype,
                                 exe->in_sharding(static_cast<int>(i)).local_shape(g.type(g.inputs()[i]).shape)}
                          .nbytes();
   }
-  StageProgram sp;
   sp.part = StagePart::step;
   sp.inputs = g.inputs();
   sp.outputs = g.outputs();
