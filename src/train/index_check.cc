@@ -1,5 +1,5 @@
 // Token ids out of range would be clamped by the take kernel (a batch with a token >= vocab_size
-// would train on the wrong rows) and make NaN in softmax_cross_entropy. So the step checks the
+// would train on the wrong rows) and make NaN in softmax_cross_entropy (and linear_cross_entropy). So the step checks the
 // batch at its boundary: once, which batch inputs index what (on the global traced graph, before
 // partitioning, so vocabulary-parallel steps see the whole vocabulary); per step, one branch-free
 // pass over those inputs (0.2 us for an [8, 32] batch, 79 us for tokens and targets of [64, 2048]).
@@ -39,6 +39,9 @@ std::vector<IndexUse> index_uses(const Graph& g) {
     if (p == prims::softmax_cross_entropy() || p == prims::softmax_cross_entropy_grad())
       bind(n.inputs[1], g.type(n.inputs[0]).shape.back(), n.attrs.i("ignore_index"),
            "softmax_cross_entropy, the classes of " + type_str(g.type(n.inputs[0])));
+    if (p == prims::linear_cross_entropy() || p == prims::linear_cross_entropy_grad())  // h, w, labels
+      bind(n.inputs[2], g.type(n.inputs[1]).shape[static_cast<size_t>(n.attrs.i("vocab_axis"))],
+           n.attrs.i("ignore_index"), "linear_cross_entropy, the classes of " + type_str(g.type(n.inputs[1])));
   }
   return uses;
 }

@@ -160,6 +160,12 @@ std::vector<Use> typical_uses() {
          Tensor loss = softmax_cross_entropy(in[0], in[1]);
          return V{loss, gradients(sum(loss), {in[0]})[0]};
        }},
+      {"the fused head and loss and its gradient",
+       {x23, f32({5, 3}), {DType::i32, {2}}},
+       [](const V& in) {
+         Tensor loss = linear_cross_entropy(in[0], in[1], in[2], 0);
+         return gradients(sum(loss), {in[0], in[1]});
+       }},
       {"attention and its gradient",
        {f32({1, 2, 3, 4}), f32({1, 1, 3, 4}), f32({1, 1, 3, 4}), {DType::boolean, {1, 3}}},
        [](const V& in) {

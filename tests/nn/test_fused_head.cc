@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "../sharding/recipe_check.h"
@@ -81,6 +82,19 @@ TEST(FusedHead, ThePlannedPeakFallsByAtLeastTheLogits) {
   };
   const int64_t logits = int64_t{8} * 32 * 8192 * 4, unfused = peak(false), fused_peak = peak(true);
   EXPECT_GE(unfused - fused_peak, logits) << "unfused " << unfused << " fused " << fused_peak;
+}
+
+// A target outside the vocabulary is refused at the step's boundary, naming the fused head's
+// classes, as the unfused loss's is (not a NaN loss).
+TEST(FusedHead, ATargetOutsideTheVocabularyIsNamed) {
+  Fixture f(fused(recipe_check::gpt_micro()));
+  TrainStep step(f.model.store(), opt(), f.loss, f.batch_types);
+  TrainState s = step.init(0);
+  std::vector<Array> batch = f.batch(0);
+  batch[1].data<int32_t>()[5] = 256;
+  const std::string e = testing::user_error_of([&] { step(s, batch); });
+  EXPECT_NE(e.find("batch input 1 holds 256 at flat index 5, outside [0, 256)"), std::string::npos) << e;
+  EXPECT_NE(e.find("linear_cross_entropy"), std::string::npos) << e;
 }
 
 TEST(FusedHead, IsListedInTheConfigOnlyWhenOn) {
