@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 #include <tuple>
+#include <unistd.h>
 
 namespace px {
 
@@ -153,8 +154,57 @@ EnvConfig parse_env(const std::function<const char*(const char*)>& get_raw, int 
   return c;
 }
 
+namespace {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string misspelt_env_note(const std::vector<std::string>& set_names) {
+  std::string note;
+  for (const std::string& name : set_names) {
+    std::string upper = name;
+    std::transform(upper.begin(), upper.end(), upper.begin(), [](unsigned char ch) { return std::toupper(ch); });
+    if (upper.rfind("PX_", 0) != 0) continue;
+    const EnvVariable* best = nullptr;
+    size_t best_d = 3;  // two edits at most: further off, it is some tool's own variable
+    bool known = false;
+    for (const EnvVariable& v : env_variables()) {
+      known = known || name == v.name;
+      const size_t d = edit_distance(upper, v.name);
+      if (d < best_d) best = &v, best_d = d;
+    }
+    if (known || !best) continue;
+    note += std::string(note.empty() ? "" : "\n") + "[env] " + name + " is set but parallax reads no such variable; did you mean " +
+            best->name + "? (px::env_variables() and docs/conventions.md list the ones it reads)";
+  }
+  return note;
+}
+
 const EnvConfig& env() {
-  static const EnvConfig c = parse_env([](const char* name) { return std::getenv(name); });
+  static const EnvConfig c = [] {
+    EnvConfig e = parse_env([](const char* name) { return std::getenv(name); });
+    std::vector<std::string> names;
+    for (char** v = environ; v && *v; ++v) {
+      const std::string kv(*v);
+      names.push_back(kv.substr(0, kv.find('=')));
+    }
+    e.misspelt_note = misspelt_env_note(names);
+    return e;
+  }();
   return c;
 }
 
@@ -181,7 +231,10 @@ const std::vector<EnvVariable>& env_variables() {
 
 void apply_thread_settings() {
   static std::once_flag warned;
-  if (!env().num_threads_note.empty()) std::call_once(warned, [] { PX_LOG(warn) << env().num_threads_note; });
+  std::call_once(warned, [] {
+    if (!env().num_threads_note.empty()) PX_LOG(warn) << env().num_threads_note;
+    if (!env().misspelt_note.empty()) PX_LOG(warn) << env().misspelt_note;
+  });
   int n = env().num_threads;
   if (n > 0 && omp_get_max_threads() != n) omp_set_num_threads(n);
 }

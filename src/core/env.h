@@ -19,6 +19,9 @@ struct EnvConfig {
   // Set when PX_NUM_THREADS asked for more threads than the cores available (num_threads is then
   // the core count): the warning apply_thread_settings() logs once.
   std::string num_threads_note;
+  // Set by env() when a PX_ variable it does not read is within two edits of one it does (PX_DEVICE
+  // for PX_DEVICES): the warning apply_thread_settings() logs once, naming the likely one.
+  std::string misspelt_note;
   LogLevel log_level = LogLevel::warn;  // PX_LOG_LEVEL: debug | info | warn | error | off
   std::string dump_dir;                 // PX_DUMP: where each pass writes its program as text ("" = nowhere)
   bool disable_fusion = false;          // PX_DISABLE_FUSION=1: compile every elementwise op alone
@@ -54,6 +57,9 @@ bool valid_platform_name(const std::string& name);
 // The parser behind env(), reading variables through `get` (which returns nullptr when unset).
 // PX_NUM_THREADS is capped at `cores` (0: available_cores()).
 EnvConfig parse_env(const std::function<const char*(const char*)>& get, int cores = 0);
+// For each of `set_names` (the environment's variable names) that starts with PX_, is not one the
+// library reads and is within two edits of one it does: a line naming it and that one ("" if none).
+std::string misspelt_env_note(const std::vector<std::string>& set_names);
 // The cores this process may run on (its CPU affinity), at least 1.
 int available_cores();
 

@@ -1,6 +1,8 @@
 // Logging (macro, levels, pluggable sink, check macro) and the environment parser.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <omp.h>
 #include <unistd.h>
 
@@ -193,6 +195,21 @@ TEST(Env, EveryVariableIsDocumented) {
   }
   for (const char* want : {"PX_NUM_THREADS", "PX_LOG_LEVEL", "PX_DUMP", "PX_DISABLE_FUSION", "PX_DEVICES"})
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+}
+
+// A PX_ variable within two edits of one the library reads is named with that one; the library's
+// own, other tools' (further off) and other variables are not.
+TEST(Env, AMisspeltVariableIsNamedWithTheOneMeant) {
+  const std::string note =
+      misspelt_env_note({"PX_DEVICE", "px_profle", "PX_DEVICES", "PX_BUILD_DIR", "HOME", "PX_TEST_VENV"});
+  EXPECT_NE(note.find("[env] PX_DEVICE is set but parallax reads no such variable; did you mean PX_DEVICES?"),
+            std::string::npos)
+      << note;
+  EXPECT_NE(note.find("[env] px_profle is set but parallax reads no such variable; did you mean PX_PROFILE?"),
+            std::string::npos)
+      << note;
+  EXPECT_EQ(std::count(note.begin(), note.end(), '\n'), 1) << note;  // two lines: nothing on the others
+  EXPECT_EQ(misspelt_env_note({"PX_DEVICES", "PX_NUM_THREADS", "PX_BUILD_DIR", "PATH"}), "");
 }
 
 // More threads than cores: capped at the cores, with a note that apply_thread_settings() logs.
