@@ -154,6 +154,18 @@ EnvConfig parse_env(const std::function<const char*(const char*)>& get_raw, int 
   return c;
 }
 
+bool recalibrate_requested() {
+  const char* v = std::getenv("PX_RECALIBRATE");
+  if (!v) return false;
+  return parse_env([v](const char* name) { return std::string(name) == "PX_RECALIBRATE" ? v : nullptr; }).recalibrate;
+}
+
+std::string user_cache_dir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return xdg;
+  if (const char* home = std::getenv("HOME"); home && *home) return (std::filesystem::path(home) / ".cache").string();
+  return "";
+}
+
 namespace {
 
 size_t edit_distance(const std::string& a, const std::string& b) {

@@ -14,6 +14,7 @@
 #include <thread>
 
 #if __has_include("parallax/text_data.h")
+#include "core/env.h"
 #include "io/json_number.h"
 #include "parallax/text.h"
 #include "parallax/text_data.h"
@@ -58,11 +59,7 @@ std::string data_cache_dir(const ExperimentConfig& c, const std::string& job_dir
   // A job dir prepared before the cache was shared keeps reading its own.
   std::error_code ec;
   if (!job_dir.empty() && fs::is_directory(fs::path(job_dir) / "data", ec)) return job_dir + "/data";
-  fs::path base;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
-    base = xdg;
-  else if (const char* home = std::getenv("HOME"); home && *home)
-    base = fs::path(home) / ".cache";
+  const fs::path base = user_cache_dir();
   if (!base.empty()) {
     const fs::path shared = base / "parallax" / "data";
     fs::create_directories(shared, ec);

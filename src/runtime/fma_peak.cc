@@ -24,6 +24,8 @@
 #include <optional>
 #include <vector>
 
+#include "core/env.h"
+
 // The loops are what is measured: optimized (unrolled into registers) in every build, a Debug one
 // too, where they would otherwise go through memory.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -345,21 +347,15 @@ std::string HardwarePeak::describe(DType operands) const {
 }
 
 std::string hardware_peak_cache_path() {
-  std::filesystem::path base;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
-    base = xdg;
-  else if (const char* home = std::getenv("HOME"); home && *home)
-    base = std::filesystem::path(home) / ".cache";
-  else
-    base = std::filesystem::temp_directory_path();
+  const std::string cache = user_cache_dir();
+  const std::filesystem::path base = cache.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(cache);
   std::string model;
   for (char ch : cpu_model()) model += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
   return (base / "parallax" / ("fma_peak-" + model + "-" + std::to_string(usable_cpus()) + "cpus.json")).string();
 }
 
 HardwarePeak hardware_peak(bool remeasure) {
-  const char* env = std::getenv("PX_RECALIBRATE");
-  if (env && *env && std::string(env) != "0") remeasure = true;
+  remeasure = remeasure || recalibrate_requested();
   const std::string cpu = cpu_model(), path = hardware_peak_cache_path();
   const int cpus = usable_cpus();
   std::optional<HardwarePeak> cached = read_cached(path, cpu, cpus);
@@ -390,3 +386,4 @@ Mfu model_flops_utilization(double model_flops_per_s, double peak_flops) {
 }
 
 }  // namespace px
+

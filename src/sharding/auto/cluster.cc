@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/env.h"
 #include "io/regular_file.h"
 #include "io/toml_guard.h"
 #include "ir/primitive.h"
@@ -576,11 +577,8 @@ constexpr const char* kBuildFlavour = "";
 #endif
 
 std::string cluster_cache_path(const std::string& platform) {
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  std::filesystem::path base;
-  if (xdg && *xdg) base = xdg;
-  else if (const char* home = std::getenv("HOME"); home && *home) base = std::filesystem::path(home) / ".cache";
-  else base = std::filesystem::temp_directory_path();
+  const std::string cache = user_cache_dir();
+  const std::filesystem::path base = cache.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(cache);
   // One file per thread count: processes run with other counts (an mpirun test with one thread
   // each) measure other rates, and must not overwrite each other's.
   return (base / "parallax" /
@@ -591,8 +589,7 @@ std::string cluster_cache_path(const std::string& platform) {
 
 Cluster platform_cluster(const std::string& platform, bool recalibrate) {
   const std::string path = cluster_cache_path(platform);
-  const char* env = std::getenv("PX_RECALIBRATE");
-  if (env && *env && std::string(env) != "0") recalibrate = true;
+  recalibrate = recalibrate || recalibrate_requested();
   const std::string fp = "calibrated on " + host_fingerprint(platform);
   if (!recalibrate && std::filesystem::exists(path)) {
     try {
