@@ -216,6 +216,7 @@ void bind_train(nb::module_& m) {
       .def_rw("rope_theta", &nn::LmConfig::rope_theta)
       .def_rw("init_std", &nn::LmConfig::init_std)
       .def_rw("compute_dtype", &nn::LmConfig::compute_dtype)
+      .def_rw("fused_head", &nn::LmConfig::fused_head, "the LM head and loss as one linear_cross_entropy")
       .def("validate", &nn::LmConfig::validate)
       .def("__str__", &nn::LmConfig::to_string)
       .def_static("preset", &nn::lm_config, nb::arg("name"), "gpt2_tiny, bench_gpt, llama_tiny, gpt2_small, ...")

@@ -77,6 +77,18 @@ def test_python_llama_trains_like_the_cpp_llama(rng):
         assert abs(c.loss - p.loss) <= 1e-6, (c, p)
 
 
+def test_fused_head_trains_as_the_unfused_head(rng):
+    losses = {}
+    for fused in (False, True):
+        cfg = px.nn.LmConfig.llama("tiny_llama", 64, 32, 4, 2, 2, 48, 16)
+        cfg.fused_head = fused
+        model = px.nn.TransformerLm(cfg)
+        step = px.TrainStep(model, None, px.optim.adamw(3e-3), [(px.int32, (4, 16))] * 2)
+        state = step.init(1)
+        losses[fused] = [step(state, t, y).loss for t, y in _batches(np.random.default_rng(3), 3)]
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5)
+
+
 def test_python_gpt_loss_under_jit_equals_the_train_step_loss(rng):
     model = python_gpt_like(config(), seed=3)
     tokens, targets = _batches(rng, 1)[0]
