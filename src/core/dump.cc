@@ -30,12 +30,7 @@ DumpState& state() {
 }
 
 // Read each time, not from env()'s first reading: a program may turn it on between two steps.
-bool dump_candidates() {
-  const char* v = std::getenv("PX_DUMP_CANDIDATES");
-  if (!v) return false;
-  return parse_env([v](const char* name) { return std::string(name) == "PX_DUMP_CANDIDATES" ? v : nullptr; })
-      .dump_candidates;
-}
+bool dump_candidates() { return env_now("PX_DUMP_CANDIDATES").dump_candidates; }
 
 }  // namespace
 

@@ -154,11 +154,13 @@ EnvConfig parse_env(const std::function<const char*(const char*)>& get_raw, int 
   return c;
 }
 
-bool recalibrate_requested() {
-  const char* v = std::getenv("PX_RECALIBRATE");
-  if (!v) return false;
-  return parse_env([v](const char* name) { return std::string(name) == "PX_RECALIBRATE" ? v : nullptr; }).recalibrate;
+EnvConfig env_now(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v) return EnvConfig();
+  return parse_env([v, name](const char* n) { return std::string(n) == name ? v : nullptr; });
 }
+
+bool recalibrate_requested() { return env_now("PX_RECALIBRATE").recalibrate; }
 
 std::string user_cache_dir() {
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return xdg;

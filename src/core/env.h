@@ -60,8 +60,11 @@ EnvConfig parse_env(const std::function<const char*(const char*)>& get, int core
 // For each of `set_names` (the environment's variable names) that starts with PX_, is not one the
 // library reads and is within two edits of one it does: a line naming it and that one ("" if none).
 std::string misspelt_env_note(const std::vector<std::string>& set_names);
-// PX_RECALIBRATE as set now, checked as env() checks it (a program may set it between two calls
-// that read a measured cluster or peak from their cache).
+// The one variable `name` as set now, parsed and checked as env() does (the other fields are
+// their defaults): for variables a program may set between two calls (PX_DUMP_CANDIDATES).
+EnvConfig env_now(const char* name);
+// PX_RECALIBRATE as set now (a program may set it between two calls that read a measured cluster
+// or peak from their cache).
 bool recalibrate_requested();
 // $XDG_CACHE_HOME, else $HOME/.cache, else "" (the caller's fallback): where parallax/ caches live.
 std::string user_cache_dir();
