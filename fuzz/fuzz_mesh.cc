@@ -1,8 +1,10 @@
-// parse_devices and Mesh::parse on arbitrary text (first line: the device set, the rest: the
-// mesh): a px::Error, or a mesh whose axes hold exactly the devices.
+// The device-set parser (parse_device_text, what parse_devices and PX_DEVICES read before the
+// registry checks the platform) and Mesh::parse on arbitrary text (first line: the device set, the
+// rest: the mesh): a px::Error, or a mesh whose axes hold exactly the devices.
 #include <cstdlib>
 #include <string>
 
+#include "core/env.h"
 #include "parallax/sharding.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -12,7 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string mesh = nl == std::string::npos ? text : text.substr(nl + 1);
   px::DeviceSet devices{"cpu", 8};
   try {
-    devices = px::parse_devices(dev);
+    auto [platform, count] = px::parse_device_text(dev, "[devices] ");
+    devices = px::DeviceSet{platform, count};
     if (devices.count < 1 || devices.count > 65536) std::abort();
   } catch (const px::Error&) {
   }
