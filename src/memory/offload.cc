@@ -61,12 +61,11 @@ Tensor to_memory(const Tensor& x, MemoryKind kind, const std::string& group) {
 
 namespace memory_pass {
 
-std::unique_ptr<Graph> split_host_updates(const Graph& g, const std::vector<char>& update,
-                                          const std::vector<char>& offloaded, std::vector<int>* new_id,
-                                          std::vector<int>* start) {
+std::unique_ptr<Graph> split_host_updates(const Graph& g, const std::vector<char>& offloaded,
+                                          std::vector<int>* new_id, std::vector<int>* start) {
   auto which = [&](size_t i) {
     const Node& n = g.nodes()[i];
-    return update[i] && n.prim->decompose &&
+    return n.prim->decompose &&
            std::any_of(n.inputs.begin(), n.inputs.end(), [&](int v) { return offloaded[v] != 0; });
   };
   bool any = false;
@@ -153,8 +152,6 @@ std::unique_ptr<Graph> offload_program(const Graph& g, const OffloadRewrite& r, 
 
 StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
   const size_t n_in = p.graph->inputs().size();
-  if (o.prefetch_depth < 0)
-    throw UserError(fmt::format("[offload] prefetch_depth must be >= 0 (layers fetched ahead), got {}", o.prefetch_depth));
   const std::vector<MemoryKind> state_kind = offloaded_state(o, p.paths, p.n_state);
   std::vector<MemoryKind> in_kind(n_in, MemoryKind::device);
   std::copy(state_kind.begin(), state_kind.end(), in_kind.begin());
@@ -167,8 +164,7 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
     std::vector<char> offloaded(p.graph->values().size(), 0);
     for (size_t i = 0; i < p.n_params; ++i) offloaded[p.graph->inputs()[i]] = in_kind[i] == MemoryKind::pinned_host;
     std::vector<int> new_id, start;
-    const std::vector<char> any_node(p.graph->nodes().size(), 1);
-    if (std::unique_ptr<Graph> split = memory_pass::split_host_updates(*p.graph, any_node, offloaded, &new_id, &start)) {
+    if (std::unique_ptr<Graph> split = memory_pass::split_host_updates(*p.graph, offloaded, &new_id, &start)) {
       p.remap_grads([&](int v) { return new_id[v]; });
       p.remap_nodes(start);
       p.graph = std::move(split);
@@ -193,6 +189,8 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
 }
 
 std::vector<MemoryKind> offloaded_state(const OffloadOptions& o, const std::vector<std::string>& paths, size_t n_state) {
+  if (o.prefetch_depth < 0)
+    throw UserError(fmt::format("[offload] prefetch_depth must be >= 0 (layers fetched ahead), got {}", o.prefetch_depth));
   std::vector<MemoryKind> kind(paths.size() + n_state, MemoryKind::device);
   for (const std::string& pat : o.params) {
     bool hit = false;

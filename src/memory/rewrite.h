@@ -55,11 +55,10 @@ struct OffloadRewrite {
 // to the other memory transferred. start[i]: where old node i's nodes begin (start[size]: new size).
 std::unique_ptr<Graph> offload_program(const Graph& g, const OffloadRewrite& r, std::vector<int>* start);
 
-// g with each node that `which` marks, has a decomposition and reads a value `offloaded` marks
-// replaced by its decomposition (so that the elementwise parts reading it can run where it lives);
-// null when there is none. new_id and start map the old values and nodes to the new.
-std::unique_ptr<Graph> split_host_updates(const Graph& g, const std::vector<char>& which,
-                                          const std::vector<char>& offloaded, std::vector<int>* new_id,
-                                          std::vector<int>* start);
+// g with each node that has a decomposition and reads a value `offloaded` marks replaced by its
+// decomposition (so that the elementwise parts reading it can run where it lives); null when there
+// is none. new_id and start map the old values and nodes to the new.
+std::unique_ptr<Graph> split_host_updates(const Graph& g, const std::vector<char>& offloaded,
+                                          std::vector<int>* new_id, std::vector<int>* start);
 
 }  // namespace px::memory_pass

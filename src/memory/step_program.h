@@ -68,7 +68,7 @@ StepProgram remat_automatic(StepProgram p, int64_t budget, const std::function<i
 // read the gradients transferred there. Results are bitwise those without offload.
 StepProgram offload_step(StepProgram p, const OffloadOptions& options);
 // Where each param (by `paths`) and then each of the n_state optimizer state arrays lives under
-// `options`; throws px::UserError for a pattern that matches no param.
+// `options`; throws px::UserError for a pattern that matches no param or a negative prefetch depth.
 std::vector<MemoryKind> offloaded_state(const OffloadOptions& options, const std::vector<std::string>& paths,
                                         size_t n_state);
 

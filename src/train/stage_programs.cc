@@ -580,7 +580,7 @@ struct StageCompiler {
 
   // Offload: where each param and optimizer state array lives, its prefetch group, and per value
   // the state array whose new value it is.
-  bool host_update = false;
+  bool offloading = false, host_update = false;
   std::vector<MemoryKind> state_kind;
   std::vector<std::string> state_group;
   std::map<int, size_t> new_state_of;
@@ -595,12 +595,8 @@ struct StageCompiler {
     o.one_forward_pass = false;
     host_update = offload.optimizer_state && p.n_state > 0;
     state_kind = offloaded_state(offload, p.paths, p.n_state);
-    if (std::count(state_kind.begin(), state_kind.end(), MemoryKind::pinned_host) > 0) {
-      if (offload.prefetch_depth < 0)
-        throw UserError(
-            fmt::format("[offload] prefetch_depth must be >= 0 (layers fetched ahead), got {}", offload.prefetch_depth));
-      o.prefetch_depth = offload.prefetch_depth;
-    }
+    offloading = std::count(state_kind.begin(), state_kind.end(), MemoryKind::pinned_host) > 0;
+    if (offloading) o.prefetch_depth = offload.prefetch_depth;
     for (size_t j = 0; j < state_kind.size(); ++j) {
       state_group.push_back(j < p.n_params ? memory_pass::layer_of(p.paths[j]) : g.input_names()[j]);
       new_state_of[g.outputs().at(3 + j)] = j;
@@ -625,7 +621,7 @@ struct StageCompiler {
   // optimizer state is there (else only the parts reading an offloaded param), new values left
   // where the old ones live.
   void offload(SpmdProgram& prog, const StageProgram& sp) const {
-    if (std::count(state_kind.begin(), state_kind.end(), MemoryKind::pinned_host) == 0) return;
+    if (!offloading) return;
     memory_pass::OffloadRewrite w;
     bool any = false;
     for (int v : sp.inputs) {
@@ -648,8 +644,7 @@ struct StageCompiler {
       std::vector<char> offloaded(local.values().size(), 0);
       for (size_t k = 0; k < w.in_kind.size(); ++k)
         offloaded[local.inputs()[k]] = w.in_kind[k] == MemoryKind::pinned_host;
-      if (auto split = memory_pass::split_host_updates(local, std::vector<char>(local.nodes().size(), 1), offloaded,
-                                                       &new_id, &start))
+      if (auto split = memory_pass::split_host_updates(local, offloaded, &new_id, &start))
         prog.local = std::move(split);
     }
     w.update.assign(prog.local->nodes().size(), update);
