@@ -111,11 +111,18 @@ uint64_t source_hash(const std::string& s) {
   return h;
 }
 
+// The source's first lines: the element math, and the block-wide sum and maximum of the row kernels
+// (a warp shuffle tree, then one warp over the warps' partials; blockDim.x a multiple of 32, at most
+// 1024). Guarded, so that several kernels can share one translation unit. PX_EMULATED_BLOCK is
+// defined only where a test compiles kernels as host code with one thread per block
+// (tests/backend/test_cuda_emulated.cc): a block's reduction is then its one thread's value.
 std::string prelude() {
   return std::string("#include \"") + kElementMathInclude +
-         "\"\nnamespace em = px::em;\n"
-         // The block-wide sum and maximum of the row kernels: a warp shuffle tree, then one warp over
-         // the warps' partials (blockDim.x a multiple of 32, at most 1024).
+         "\"\n"
+         "#ifndef PX_KERNEL_PRELUDE\n"
+         "#define PX_KERNEL_PRELUDE\n"
+         "namespace em = px::em;\n"
+         "#ifndef PX_EMULATED_BLOCK\n"
          "__device__ __forceinline__ float px_warp_sum(float v) {\n"
          "  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
          "  return v;\n}\n"
@@ -136,7 +143,11 @@ std::string prelude() {
          "  __syncthreads();\n"
          "  const float r = part[0];\n"
          "  __syncthreads();\n"
-         "  return r;\n}\n";
+         "  return r;\n}\n"
+         "#else\n"
+         "inline float px_block_reduce(float v, bool) { return v; }\n"
+         "#endif\n"
+         "#endif\n";
 }
 
 KernelSource finish(const std::string& family, const std::string& body, const std::string& label, Launch launch,
