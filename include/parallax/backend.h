@@ -9,6 +9,7 @@
 // behind the same calls; docs/adding-a-backend.md walks through adding one.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -79,22 +80,39 @@ struct FusionLimits {
   int window = 32;        // a group no node joined for this many nodes closes (bounds lifetimes)
 };
 
+// The queues of a device: its kernels and collectives run on `compute`; copies from host memory
+// to the device on `host_to_device`, back on `device_to_host` (a CUDA backend's three streams).
+enum class StreamKind : uint8_t { compute, host_to_device, device_to_host };
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // ---- Memory ----
   // Memory of a placement (device memory or pinned host memory of one of its devices), `bytes` a
-  // multiple of 64; nullptr (or a px::Error) when out of memory. px::allocate_bytes calls it for
-  // every Array and arena of the platform and counts it (px::memory_stats, capacities), so this
-  // only allocates. The default is 64-byte-aligned host memory (the cpu and ref backends).
+  // multiple of 64; nullptr (or a px::Error) when out of memory. This is the only allocator of a
+  // platform's memory: px::allocate_bytes calls it for every Array and arena of the platform and
+  // counts it (px::memory_stats, capacities). The default is 64-byte-aligned host memory (the cpu
+  // backend, and the ref backend unless PX_REF_DISCRETE=1).
   virtual void* allocate(const Placement& p, int64_t bytes) {
     return std::aligned_alloc(64, static_cast<size_t>(bytes));
   }
   virtual void free(const Placement& p, void* ptr, int64_t bytes) { std::free(ptr); }
-  // The native stream (queue) of a device that its kernels and collectives run on: a CUDA backend's
-  // cudaStream_t, bound into kernels by make_kernel and handed to the communicator
-  // (Communicator::streams) for its calls. Host backends run on the calling thread: nullptr.
-  virtual void* stream(const Placement& device) { return nullptr; }
+  // Whether the host may read and write memory at `p` through its pointer. When not (an
+  // accelerator's device memory), everything the host reads or writes goes through copy(): Arrays'
+  // to_f32 / to / clone, checkpoints, the communicators' staging (px::copy_bytes).
+  virtual bool host_visible(const Placement& p) const { return true; }
+  // ---- Streams ----
+  // The native queue of one of a device's streams: a CUDA backend's cudaStream_t, bound into
+  // kernels by make_kernel and handed to the communicator (Communicator::streams) for its calls.
+  // Host backends run on the calling thread: nullptr.
+  virtual void* stream(const Placement& device, StreamKind kind = StreamKind::compute) { return nullptr; }
+  // An event that completes when the work queued on that stream of `device` so far has (an event
+  // that holds nothing: already complete, the host backends').
+  virtual Event record(const Placement& device, StreamKind kind) { return Event(); }
+  // Returns when all work queued on every stream of `device` is done: the executor calls it before
+  // the host may read what a program wrote there.
+  virtual void synchronize(const Placement& device) {}
   // What the schedule pass may ask: whether elementwise node n can join a fused group, and whether
   // the backend has a kernel of its own for a primitive (a node's `prim`; a backend keys its
   // kernels by the primitive, see primitive_handle below).
@@ -109,6 +127,8 @@ class Backend {
   // devices run side by side (for_each_device) always get their own.
   virtual bool kernels_per_device() const { return false; }
   // Starts the copies on the backend's copy stream, in order; the event completes when all have.
+  // A job's two sides are this backend's memory (device or pinned host) or host memory, told apart
+  // by the pointers (as cudaMemcpyDefault does).
   virtual Event copy(std::vector<CopyJob> jobs) = 0;
   // The box copies (packing and unpacking around a collective), returning when all are done. The
   // default copies them one after the other on the host; the CPU backend spreads them over its threads.

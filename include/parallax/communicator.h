@@ -66,6 +66,10 @@ class Communicator {
   void broadcast(const Buffers& ins, const MutBuffers& outs, int64_t count, DType t, int root,
                  const DeviceGroups& groups);
   virtual void barrier() = 0;
+  // Whether the calls take device memory as it is (an NCCL communicator's device pointers). False,
+  // the default: they read and write host memory, and the runtime stages device memory that the host
+  // cannot reach (Backend::host_visible) through host buffers around each call.
+  virtual bool reads_device_memory() const { return false; }
 
   // Point-to-point messages between processes, for values whose time only the sender knows (a
   // pipeline's activations and gradients between stages): send queues a copy of `bytes` bytes for

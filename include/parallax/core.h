@@ -123,6 +123,9 @@ class Array {
   Array astype(DType d) const;
   Array clone() const;
   Array to(const Placement& p) const;  // a copy at p (another device or memory kind); *this when already there
+  // *this when the host may read and write its memory through raw() (px::host_visible), else a
+  // copy in host memory: what host code that reads an array's bytes takes first.
+  Array on_host() const;
   Array reshape(const Shape& s) const;  // shares the buffer
   // True when no other Array shares this buffer (so writing into it is invisible elsewhere).
   // Never for adopted memory, which its library also holds.

@@ -78,14 +78,30 @@ int64_t memory_capacity(const Placement& p);
 void* allocate_bytes(const Placement& p, int64_t bytes);
 void free_bytes(const Placement& p, void* ptr, int64_t bytes);
 
-// Where a platform's memory comes from: its backend's allocate and free (parallax/backend.h;
-// px::register_backend registers them). A platform with none registered gets 64-byte-aligned host
-// memory, which is what the built-in cpu and ref backends use. Registering throws when memory of
-// the platform is already in use (it came from the host, and must go back there), or twice.
+// Where a platform's memory comes from: its backend's allocate, free and copy (parallax/backend.h;
+// px::register_backend registers them, and the built-in backends register theirs before any
+// Array is made). A platform with none registered gets 64-byte-aligned host memory. Registering
+// throws when memory of the platform is already in use (it came from the host, and must go back
+// there), or twice.
 struct PlatformMemory {
   std::function<void*(const Placement&, int64_t)> allocate;  // uncounted; throws or returns nullptr when out of memory
   std::function<void(const Placement&, void*, int64_t)> free;
+  // Copies `bytes` from src to dst and returns when done; one side is this platform's memory, the
+  // other this platform's or host memory (as memmove: the ranges may overlap). Unset: memmove.
+  std::function<void(void* dst, const void* src, int64_t bytes)> copy;
+  // Whether the host may read and write memory of this placement through its pointer. False for
+  // device memory of an accelerator (and of the `ref` backend's discrete mode): the host reaches
+  // it only through `copy` (px::copy_bytes, Array::to, Array::to_f32). Unset: always.
+  std::function<bool(const Placement&)> host_visible;
 };
 void register_platform_memory(const std::string& platform, PlatformMemory memory);
+
+// Whether the host may dereference memory at `p` (PlatformMemory::host_visible). Host memory
+// (`cpu`, and `pinned_host` of every built-in platform) always is.
+bool host_visible(const Placement& p);
+// Copies `bytes` from `src` at `src_at` to `dst` at `dst_at` through the platforms' copies (memmove
+// where both are host-visible; staged through host memory between two platforms that are not),
+// returning when done.
+void copy_bytes(const Placement& dst_at, void* dst, const Placement& src_at, const void* src, int64_t bytes);
 
 }  // namespace px

@@ -133,10 +133,10 @@ bool row_major(const std::vector<int64_t>& shape, const std::vector<int64_t>& st
 
 nb::capsule to_dlpack(const px::Array& a) {
   auto* e = new Export;
-  e->array = a;
+  e->array = a.on_host();  // device memory the host cannot read: exported as a host copy
   e->shape = a.shape();
   DLTensor& t = e->managed.dl_tensor;
-  t.data = const_cast<void*>(a.raw());
+  t.data = const_cast<void*>(e->array.raw());
   t.device = {kDLCPU, 0};
   t.ndim = static_cast<int32_t>(e->shape.size());
   t.dtype = dl_dtype(a.dtype());
@@ -225,6 +225,7 @@ const char* buffer_format(px::DType d) {
 // Shape and strides of an exported buffer, freed by releasebuffer.
 struct BufferInfo {
   std::vector<Py_ssize_t> shape, strides;
+  px::Array host;  // what the view shows: the array itself, or its host copy when the host cannot read it
 };
 
 int fill_buffer(PyObject* owner, const px::Array& a, Py_buffer* view, int flags, bool as_bytes) {
@@ -243,7 +244,17 @@ int fill_buffer(PyObject* owner, const px::Array& a, Py_buffer* view, int flags,
     view->obj = nullptr;
     return -1;
   }
+  const bool copied = !px::host_visible(a.placement());
+  if (copied && (flags & PyBUF_WRITABLE) == PyBUF_WRITABLE) {
+    PyErr_SetString(PyExc_BufferError,
+                    ("px.Array: the array is in " + a.placement().to_string() +
+                     " memory, which the host cannot write through a view; take a host copy: a.to_host()")
+                        .c_str());
+    view->obj = nullptr;
+    return -1;
+  }
   auto* info = new BufferInfo;
+  info->host = a.on_host();
   if (as_bytes) {
     info->shape = {static_cast<Py_ssize_t>(a.nbytes())};
     info->strides = {1};
@@ -256,11 +267,11 @@ int fill_buffer(PyObject* owner, const px::Array& a, Py_buffer* view, int flags,
       stride *= info->shape[i];
     }
   }
-  view->buf = const_cast<void*>(a.raw());
+  view->buf = const_cast<void*>(info->host.raw());
   view->obj = owner;
   Py_INCREF(owner);
   view->len = static_cast<Py_ssize_t>(a.nbytes());
-  view->readonly = a.read_only() ? 1 : 0;
+  view->readonly = a.read_only() || copied ? 1 : 0;
   view->itemsize = as_bytes ? 1 : static_cast<Py_ssize_t>(px::dtype_size(a.dtype()));
   view->format = (flags & PyBUF_FORMAT) ? const_cast<char*>(fmt) : nullptr;
   view->ndim = static_cast<int>(info->shape.size());
@@ -362,12 +373,21 @@ void bind_array(nb::module_& m) {
       .def("astype", &px::Array::astype, nb::arg("dtype"))
       .def("copy", &px::Array::clone)
       .def(
+          "to_host", [](const px::Array& a) { return a.on_host(); },
+          "The array in host memory: itself when the host can read its memory (the cpu platform), else a copy "
+          "(device memory of an accelerator).")
+      .def(
           "reshape", [](const px::Array& a, const std::vector<int64_t>& s) { return a.reshape(s); }, nb::arg("shape"),
           "A view with another shape (same buffer).")
       .def(
           "__dlpack__",
           [](const px::Array& a, nb::handle stream, nb::handle max_version, nb::handle dl_device, nb::handle copy) {
             if (!copy.is_none() && nb::cast<bool>(copy)) return to_dlpack(a.clone());
+            if (!copy.is_none() && !px::host_visible(a.placement()))
+              throw nb::buffer_error(("px.Array.__dlpack__: the array is in " + a.placement().to_string() +
+                                      " memory, which is exported to the host only as a copy; call with copy=None "
+                                      "or copy=True")
+                                         .c_str());
             // DLPack (legacy capsules) cannot say read-only: the consumer gets a copy it may write.
             if (a.read_only()) {
               if (!copy.is_none())

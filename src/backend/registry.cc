@@ -31,6 +31,24 @@ void add(const std::string& platform, std::function<Backend&()> get) {
     throw Error("[backend] platform '" + platform + "' is registered twice");
 }
 
+// A platform's memory as its backend allocates, frees, copies and reaches it.
+PlatformMemory memory_of(std::function<Backend&()> get) {
+  PlatformMemory m;
+  m.allocate = [get](const Placement& p, int64_t bytes) { return get().allocate(p, bytes); };
+  m.free = [get](const Placement& p, void* ptr, int64_t bytes) { get().free(p, ptr, bytes); };
+  m.copy = [get](void* dst, const void* src, int64_t bytes) { get().copy({CopyJob{dst, src, bytes}}).wait(); };
+  m.host_visible = [get](const Placement& p) { return get().host_visible(p); };
+  return m;
+}
+
+// The built-in backends' memory is theirs from the start (before any Array is made, which may be
+// before any backend is looked up): registered while the library loads.
+[[maybe_unused]] const bool builtin_memory_registered = [] {
+  register_platform_memory("cpu", memory_of(cpu_backend));
+  register_platform_memory("ref", memory_of(ref::backend));
+  return true;
+}();
+
 // The built-in backends; the registry lock is held.
 void register_builtins() {
   static bool done = false;
@@ -49,9 +67,7 @@ void register_backend(const std::string& platform, std::function<Backend&()> get
   std::lock_guard<std::mutex> l(registry_mutex());
   register_builtins();
   if (registry().count(platform)) throw Error("[backend] platform '" + platform + "' is registered twice");
-  register_platform_memory(platform,
-                           {[get](const Placement& p, int64_t bytes) { return get().allocate(p, bytes); },
-                            [get](const Placement& p, void* ptr, int64_t bytes) { get().free(p, ptr, bytes); }});
+  register_platform_memory(platform, memory_of(get));
   add(platform, std::move(get));
 }
 

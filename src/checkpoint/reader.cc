@@ -160,8 +160,13 @@ void read_chunk(ArrayPlan& a, const ChunkTask& t, const std::string& checkpoint_
 ShardedArray assemble(ArrayPlan& a) {
   std::vector<Array> shards(a.target.mesh.local_positions(a.process).size());
   for (Block& b : a.blocks)
-    for (size_t i = 0; i < b.positions.size(); ++i)
-      shards[a.target.mesh.local_index(b.positions[i])] = i == 0 ? b.data : b.data.clone();
+    for (size_t i = 0; i < b.positions.size(); ++i) {
+      // Read in host memory; on another platform's devices (an accelerator's), copied there.
+      const Placement at = a.target.mesh.placement(b.positions[i]);
+      shards[a.target.mesh.local_index(b.positions[i])] = at.platform != b.data.placement().platform ? b.data.to(at)
+                                                          : i == 0                                   ? b.data
+                                                                                                     : b.data.clone();
+    }
   return ShardedArray(a.type, a.target, std::move(shards), a.process);
 }
 

@@ -114,7 +114,8 @@ void build_job(const Checkpoint& c, int zstd_level, std::vector<Array>* staging,
     aj.meta.attributes_json = attrs.dump();
     std::vector<int> local = local_positions(a.mesh(), a.process());
     for (const ChunkRef& r : distinct_chunks(a.type(), a.sharding()))
-      if (std::binary_search(local.begin(), local.end(), r.owner)) aj.chunks.emplace_back(r.index, a.shard(r.owner));
+      if (std::binary_search(local.begin(), local.end(), r.owner))  // device memory the host cannot read: copied
+        aj.chunks.emplace_back(r.index, a.shard(r.owner).on_host());
     job.arrays.push_back(std::move(aj));
   }
   if (!staging) return;

@@ -241,6 +241,7 @@ Array Array::from_i32(const std::vector<int32_t>& v, const Shape& shape) {
 }
 
 std::vector<float> Array::to_f32() const {
+  if (!host_visible(where_)) return on_host().to_f32();
   std::vector<float> out(static_cast<size_t>(numel()));
   for (size_t i = 0; i < out.size(); ++i) {
     switch (dtype()) {
@@ -255,6 +256,7 @@ std::vector<float> Array::to_f32() const {
 }
 
 std::vector<int32_t> Array::to_i32() const {
+  if (!host_visible(where_)) return on_host().to_i32();
   std::vector<int32_t> out(static_cast<size_t>(numel()));
   if (dtype() == DType::i32) {
     if (!out.empty()) std::memcpy(out.data(), raw(), out.size() * 4);
@@ -277,16 +279,18 @@ Array Array::astype(DType d) const {
 
 Array Array::clone() const {
   Array a(dtype(), shape(), where_);
-  if (nbytes()) std::memcpy(a.raw(), raw(), static_cast<size_t>(nbytes()));
+  copy_bytes(where_, a.raw(), where_, raw(), nbytes());
   return a;
 }
 
 Array Array::to(const Placement& p) const {
   if (p == where_) return *this;
   Array a(dtype(), shape(), p);
-  if (nbytes()) std::memcpy(a.raw(), raw(), static_cast<size_t>(nbytes()));
+  copy_bytes(p, a.raw(), where_, raw(), nbytes());
   return a;
 }
+
+Array Array::on_host() const { return host_visible(where_) ? *this : to(Placement{}); }
 
 Array Array::reshape(const Shape& s) const {
   if (px::numel(s) != numel())

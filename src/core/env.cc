@@ -112,6 +112,7 @@ EnvConfig parse_env(const std::function<const char*(const char*)>& get_raw, int 
     c.recalibrate = std::string(v) == "1";
   }
   if (const char* v = get("PX_DISABLE_FUSION")) c.disable_fusion = parse_bool("PX_DISABLE_FUSION", v);
+  if (const char* v = get("PX_REF_DISCRETE")) c.ref_discrete = parse_bool("PX_REF_DISCRETE", v);
   if (const char* v = get("PX_PROFILE")) c.profile = parse_bool("PX_PROFILE", v);
   if (const char* v = get("PX_DEVICES")) {
     c.device_text = v;
@@ -228,6 +229,9 @@ const std::vector<EnvVariable>& env_variables() {
       {"PX_LOG_LEVEL", "least severe log records shown: debug, info, warn (default), error, off"},
       {"PX_DUMP", "directory where the program after every compiler pass (trace, sharding decision, partition, autocast, schedule, buffer plan) is written as text"},
       {"PX_DISABLE_FUSION", "1 compiles every elementwise op as its own kernel (for debugging and benchmarks)"},
+      {"PX_REF_DISCRETE",
+       "1 maps the ref backend's device memory inaccessible to the host, as an accelerator's is: a host "
+       "read of a device buffer faults, naming it (for testing device-memory paths on a CPU)"},
       {"PX_PROFILE", "1 times every kernel; Executable::profile_report() prints the totals"},
       {"PX_DUMP_CANDIDATES",
        "1 also dumps the candidate programs that remat auto and AUTO sharding plan on the way (PX_DUMP/candidates/)"},

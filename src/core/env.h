@@ -25,6 +25,9 @@ struct EnvConfig {
   LogLevel log_level = LogLevel::warn;  // PX_LOG_LEVEL: debug | info | warn | error | off
   std::string dump_dir;                 // PX_DUMP: where each pass writes its program as text ("" = nowhere)
   bool disable_fusion = false;          // PX_DISABLE_FUSION=1: compile every elementwise op alone
+  // PX_REF_DISCRETE=1: the `ref` backend's device memory is mapped inaccessible to the host outside
+  // its kernels and copies, as an accelerator's is (src/backend/ref/discrete.cc).
+  bool ref_discrete = false;
   bool profile = false;                 // PX_PROFILE=1: time every kernel (Executable::profile_report)
   bool dump_candidates = false;         // PX_DUMP_CANDIDATES=1: PX_DUMP also writes the plans' candidates
   bool recalibrate = false;             // PX_RECALIBRATE=1: measure the platform clusters again (0 or 1)

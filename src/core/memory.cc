@@ -5,6 +5,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -142,6 +143,8 @@ void free_bytes(const Placement& p, void* ptr, int64_t bytes) {
 void register_platform_memory(const std::string& platform, PlatformMemory memory) {
   if (!memory.allocate || !memory.free)
     throw Error("[memory] platform '" + platform + "' registered without an allocate and a free");
+  if (memory.host_visible && !memory.copy)
+    throw Error("[memory] platform '" + platform + "' has memory the host cannot read but no copy to reach it");
   Platform& pl = platform_of(platform);
   std::lock_guard<std::mutex> l(platforms_mutex);
   if (pl.memory.load()) throw Error("[memory] platform '" + platform + "' registers its memory twice");
@@ -150,6 +153,28 @@ void register_platform_memory(const std::string& platform, PlatformMemory memory
                 " bytes of it were allocated from host memory; register its backend before making arrays on "
                 "its devices");
   pl.memory.store(new PlatformMemory(std::move(memory)));  // lives as long as the process
+}
+
+bool host_visible(const Placement& p) {
+  const PlatformMemory* m = platform_of(p.platform).memory.load();
+  return !m || !m->host_visible || m->host_visible(p);
+}
+
+void copy_bytes(const Placement& dst_at, void* dst, const Placement& src_at, const void* src, int64_t bytes) {
+  if (bytes <= 0 || dst == src) return;
+  const bool dst_host = host_visible(dst_at), src_host = host_visible(src_at);
+  if (dst_host && src_host) {
+    std::memmove(dst, src, static_cast<size_t>(bytes));
+    return;
+  }
+  const PlatformMemory* dm = platform_of(dst_at.platform).memory.load();
+  const PlatformMemory* sm = platform_of(src_at.platform).memory.load();
+  if (src_host) return dm->copy(dst, src, bytes);
+  if (dst_host || dst_at.platform == src_at.platform) return sm->copy(dst, src, bytes);
+  // Two platforms that the host cannot read: through a host buffer.
+  std::unique_ptr<std::byte[]> staged(new std::byte[static_cast<size_t>(bytes)]);
+  sm->copy(staged.get(), src, bytes);
+  dm->copy(dst, staged.get(), bytes);
 }
 
 // ---- device sets ----

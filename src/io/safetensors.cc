@@ -230,8 +230,9 @@ void save_safetensors(const std::string& path, const std::vector<std::string>& n
       for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(hl >> (8 * i));
       write_all(f.fd, len, 8, where);
       write_all(f.fd, text.data(), text.size(), where);
-      for (const Array& a : arrays)
-        if (a.nbytes() > 0) write_all(f.fd, a.raw(), static_cast<size_t>(a.nbytes()), where);
+      for (const Array& device_array : arrays)
+        if (const Array a = device_array.on_host(); a.nbytes() > 0)
+          write_all(f.fd, a.raw(), static_cast<size_t>(a.nbytes()), where);
       if (::fsync(f.fd) != 0) throw IoError(where + ": fsync failed: " + errno_text());
       int fd = f.fd;
       f.fd = -1;

@@ -1,5 +1,7 @@
 #include "runtime/collectives.h"
 
+#include <functional>
+
 #include "core/box.h"
 #include "ir/primitive.h"
 #include "parallax/collectives.h"
@@ -36,22 +38,70 @@ CollectiveOp make_collective_op(const Graph& g, const Node& n, CollectiveGroups 
   return c;
 }
 
+namespace {
+
+using Exchange = std::function<CollectiveHandle(const Buffers&, const MutBuffers&)>;
+
+// One communicator call on every local device's buffers (in_bytes and out_bytes each); staged:
+// the inputs copied to host buffers by the backend, the call run on those and waited for, and
+// the outputs copied back.
+CollectiveHandle exchange(Backend& backend, bool stage, const Buffers& ins, const MutBuffers& outs, int64_t in_bytes,
+                          int64_t out_bytes, const Exchange& call) {
+  if (!stage) return call(ins, outs);
+  const size_t D = ins.size();
+  std::vector<std::vector<std::byte>> host_in(D), host_out(D);  // outputs zeroed: a permute's unsent targets
+  Buffers hin(D);
+  MutBuffers hout(D);
+  std::vector<CopyJob> jobs;
+  for (size_t d = 0; d < D; ++d) {
+    host_in[d].resize(static_cast<size_t>(in_bytes));
+    host_out[d].resize(static_cast<size_t>(out_bytes));
+    hin[d] = host_in[d].data();
+    hout[d] = host_out[d].data();
+    jobs.push_back({host_in[d].data(), ins[d], in_bytes});
+  }
+  backend.copy(std::move(jobs)).wait();
+  call(hin, hout).wait();
+  jobs.clear();
+  for (size_t d = 0; d < D; ++d) jobs.push_back({outs[d], host_out[d].data(), out_bytes});
+  backend.copy(std::move(jobs)).wait();
+  return CollectiveHandle();
+}
+
+}  // namespace
+
 CollectiveHandle start_collective(Communicator& comm, Backend& backend, const CollectiveOp& c, const Buffers& ins,
-                                  const MutBuffers& outs, const MutBuffers& scratch_in, const MutBuffers& scratch_out) {
+                                  const MutBuffers& outs, const MutBuffers& scratch_in, const MutBuffers& scratch_out,
+                                  bool stage) {
   const size_t D = ins.size();
   const int64_t es = dtype_size(c.dtype);
   const int64_t count = numel(c.in_shape);
+  const int64_t bytes = count * es;
   const DeviceGroups& groups = c.groups.groups;
+  stage = stage && !comm.reads_device_memory();
+  auto all_gather = [&](const Buffers& in, const MutBuffers& out) {
+    return exchange(backend, stage, in, out, bytes, bytes * c.n,
+                    [&](const Buffers& i, const MutBuffers& o) { return comm.start_all_gather(i, o, count, c.dtype, groups); });
+  };
+  auto reduce_scatter = [&](const Buffers& in, const MutBuffers& out) {
+    return exchange(backend, stage, in, out, bytes, bytes / c.n, [&](const Buffers& i, const MutBuffers& o) {
+      return comm.start_reduce_scatter(i, o, count, c.dtype, c.op, groups);
+    });
+  };
   switch (c.kind) {
     case CollectiveKind::all_reduce:
-      return comm.start_all_reduce(ins, outs, count, c.dtype, c.op, groups);
+      return exchange(backend, stage, ins, outs, bytes, bytes, [&](const Buffers& i, const MutBuffers& o) {
+        return comm.start_all_reduce(i, o, count, c.dtype, c.op, groups);
+      });
     case CollectiveKind::permute:
-      return comm.start_permute(ins, outs, count, c.dtype, c.groups.pairs);
+      return exchange(backend, stage, ins, outs, bytes, bytes, [&](const Buffers& i, const MutBuffers& o) {
+        return comm.start_permute(i, o, count, c.dtype, c.groups.pairs);
+      });
     case CollectiveKind::all_gather:
-      if (!c.scratch_in) return comm.start_all_gather(ins, outs, count, c.dtype, groups);
+      if (!c.scratch_in) return all_gather(ins, outs);
       break;
     case CollectiveKind::reduce_scatter:
-      if (!c.scratch_in) return comm.start_reduce_scatter(ins, outs, count, c.dtype, c.op, groups);
+      if (!c.scratch_in) return reduce_scatter(ins, outs);
       break;
     case CollectiveKind::all_to_all:
       break;
@@ -86,15 +136,17 @@ CollectiveHandle start_collective(Communicator& comm, Backend& backend, const Co
   const Buffers packed_in(scratch_in.begin(), scratch_in.end());
   switch (c.kind) {
     case CollectiveKind::all_gather:  // gather whole blocks into scratch [n, in_shape], then lay them along dim
-      comm.start_all_gather(ins, scratch_in, count, c.dtype, groups).wait();
+      all_gather(ins, scratch_in).wait();
       boxes(packed_in, outs, false, c.dim, c.out_shape);
       return CollectiveHandle();
     case CollectiveKind::reduce_scatter:
       boxes(ins, scratch_in, true, c.dim, c.in_shape);
-      return comm.start_reduce_scatter(packed_in, outs, count, c.dtype, c.op, groups);
+      return reduce_scatter(packed_in, outs);
     default:  // all_to_all: pack the blocks of split_dim, exchange, lay the received ones along concat_dim
       boxes(ins, scratch_in, true, c.dim, c.in_shape);
-      comm.start_all_to_all(packed_in, scratch_out, count, c.dtype, groups).wait();
+      exchange(backend, stage, packed_in, scratch_out, bytes, bytes, [&](const Buffers& i, const MutBuffers& o) {
+        return comm.start_all_to_all(i, o, count, c.dtype, groups);
+      }).wait();
       boxes(Buffers(scratch_out.begin(), scratch_out.end()), outs, false, c.concat_dim, c.out_shape);
       return CollectiveHandle();
   }

@@ -549,7 +549,8 @@ void Executable::Impl::run_collective(int u) {
     if (op.scratch_in) s_in[d] = st.out_ptrs[k++];
     if (op.scratch_out) s_out[d] = st.out_ptrs[k++];
   }
-  handles[c] = start_collective(*comm, *backend, op, ins, outs, s_in, s_out);
+  const bool stage = !backend->host_visible(at(devices[0].id));  // device memory a host communicator cannot read
+  handles[c] = start_collective(*comm, *backend, op, ins, outs, s_in, s_out, stage);
 }
 
 void Executable::Impl::run_block(const Block& b) {

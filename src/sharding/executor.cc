@@ -107,10 +107,9 @@ std::unique_ptr<ShardedExecutable> ShardedExecutable::compile(SpmdProgram progra
   const int64_t D = static_cast<int64_t>(local.size());
   impl->devices = D;
   for (int p : impl->positions) {
-    std::vector<int64_t> c = mesh.coords(p);
-    Array a(DType::i32, {static_cast<int64_t>(c.size())}, mesh.placement(p));
-    for (size_t k = 0; k < c.size(); ++k) a.data<int32_t>()[k] = static_cast<int32_t>(c[k]);
-    impl->coords.push_back(a);
+    const std::vector<int64_t> c = mesh.coords(p);
+    impl->coords.push_back(
+        Array::from_i32(std::vector<int32_t>(c.begin(), c.end()), {static_cast<int64_t>(c.size())}).to(mesh.placement(p)));
   }
   DeviceSetup setup;
   setup.device_ids.clear();

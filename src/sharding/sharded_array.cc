@@ -105,11 +105,12 @@ int64_t ShardedArray::bytes_per_device() const { return shards_.empty() ? 0 : sh
 
 ShardedArray shard(const Array& full, const Sharding& s, int process) {
   const std::vector<int64_t> zero(full.shape().size(), 0);
+  const Array host = full.on_host();
   return shard(
       full.type(),
       [&](const std::vector<int64_t>& off, Array& out) {
-        copy_box(full.raw(), full.shape(), off.data(), out.raw(), out.shape(), zero.data(), out.shape(),
-                 dtype_size(full.dtype()));
+        copy_box(host.raw(), host.shape(), off.data(), out.raw(), out.shape(), zero.data(), out.shape(),
+                 dtype_size(host.dtype()));
       },
       s, process);
 }
@@ -126,24 +127,27 @@ ShardedArray shard(const TensorType& type, const BoxReader& read, const Sharding
     std::vector<int64_t> c = s.mesh.coords(p);
     bool holder = true;
     for (int a : partial_axes) holder = holder && c[a] == 0;
-    Array a(type.dtype, local, s.mesh.placement(p));
+    // The shard is filled in host memory when the host cannot reach the device's, then copied there.
+    const Placement at = s.mesh.placement(p);
+    const bool direct = host_visible(at);
+    Array a(type.dtype, local, direct ? at : Placement{});
     if (!holder) {
       if (a.nbytes()) std::memset(a.raw(), 0, static_cast<size_t>(a.nbytes()));
-      shards.push_back(a);
+      shards.push_back(a.to(at));
       continue;
     }
     std::vector<int64_t> off = s.shard_offsets(type.shape, p);
     auto same = std::find_if(read_at.begin(), read_at.end(), [&](const auto& r) { return r.first == off; });
     if (same != read_at.end()) {
-      if (a.nbytes()) std::memcpy(a.raw(), shards[same->second].raw(), static_cast<size_t>(a.nbytes()));
-    } else {
-      read(off, a);
-      if (a.type() != TensorType{type.dtype, local})
-        throw Error("[shard] the reader replaced the shard of position " + std::to_string(p) + " (" +
-                    type_str(TensorType{type.dtype, local}) + ") by " + type_str(a.type()) + "; fill it in place");
-      read_at.emplace_back(std::move(off), shards.size());
+      shards.push_back(shards[same->second].to(at));
+      continue;
     }
-    shards.push_back(a);
+    read(off, a);
+    if (a.type() != TensorType{type.dtype, local})
+      throw Error("[shard] the reader replaced the shard of position " + std::to_string(p) + " (" +
+                  type_str(TensorType{type.dtype, local}) + ") by " + type_str(a.type()) + "; fill it in place");
+    read_at.emplace_back(std::move(off), shards.size());
+    shards.push_back(a.to(at));
   }
   return ShardedArray(type, s, std::move(shards), process);
 }
@@ -164,7 +168,7 @@ Array assemble(const TensorType& type, const Sharding& s, const Block& block) {
     bool rep = true;  // the representative of its partial group (coordinate 0 on partial axes)
     for (int ax : partial_axes) rep = rep && c[ax] == 0;
     if (!rep) continue;
-    Array blk = block(p);
+    Array blk = block(p).on_host();
     if (!partial_axes.empty()) {
       std::vector<float> acc = blk.to_f32();
       for (int q = 0; q < s.mesh.size(); ++q) {
@@ -216,8 +220,10 @@ Array gather(const ShardedArray& a, Communicator& comm) {
   Buffers ins;
   MutBuffers outs;
   std::vector<Array> gathered;
+  std::vector<Array> host;  // the communicator reads and writes host memory
   for (const Array& s : a.shards()) {
-    ins.push_back(s.raw());
+    host.push_back(s.on_host());
+    ins.push_back(host.back().raw());
     gathered.emplace_back(a.dtype(), Shape{mesh.size(), count});
     outs.push_back(gathered.back().raw());
   }

@@ -269,7 +269,7 @@ PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt
   std::vector<MeshAxis> others;
   for (const MeshAxis& a : mesh.axes())
     if (a.name != "stage") others.push_back(a);
-  const Mesh group(others);
+  const Mesh group(others, {}, mesh.platform());
   ShardingPlan plan = one_device_plan(store.paths(), store.types());  // a stage on one device: every param whole
   plan.mesh = group;
   if (group.size() > 1) {

@@ -51,7 +51,8 @@ void check_indices(const std::vector<IndexUse>& uses, size_t first, const std::v
   for (size_t b = 0; b < batch.size() && first + b < uses.size(); ++b) {
     const IndexUse& u = uses[first + b];
     if (u.bound < 0) continue;
-    const int32_t* v = batch[b].data<int32_t>();
+    const Array host = batch[b].on_host();
+    const int32_t* v = host.data<int32_t>();
     const int64_t n = batch[b].numel();
     const uint32_t lim = static_cast<uint32_t>(u.bound);
     bool ok = true;  // branch-free over the batch; the slow loop runs only to name a bad value

@@ -108,11 +108,19 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Messages between processes carry host memory: an array on devices the host cannot reach is sent
+// from a host copy (send copies it before returning).
+void send_array(Communicator& comm, int to, int64_t tag, const Array& a) {
+  const Array host = a.on_host();
+  comm.send(to, tag, host.raw(), host.nbytes());
+}
+
 // Microbatch k of m of a batch array whose rows are split `shards` ways: each shard's rows k, k + m,
 // ... of its own rows, the shards' in order (the rows trace_train_step slices, so that each device's
 // microbatch is made of rows it holds).
-Array microbatch_rows(const Array& x, int shards, int k, int m) {
-  if (m == 1 || x.shape().empty()) return x;
+Array microbatch_rows(const Array& batch, int shards, int k, int m) {
+  if (m == 1 || batch.shape().empty()) return batch;
+  const Array x = batch.on_host();
   Shape rows = x.shape();
   const int64_t per_shard = rows[0] / shards;
   rows[0] /= m;
@@ -407,7 +415,7 @@ std::map<std::pair<size_t, int>, ShardedArray> PipelineRunner::copy_state(
         copies[{j, d}] = on_group(state[j], s_.groups[d], s_.input_specs[j]);
       } else if (from == process_) {
         for (size_t i = 0; i < state[j].shards().size(); ++i)
-          comm_->send(to, tag(j, d, static_cast<int>(i)), state[j].shards()[i].raw(), state[j].shards()[i].nbytes());
+          send_array(*comm_, to, tag(j, d, static_cast<int>(i)), state[j].shards()[i]);
       }
     }
   }
@@ -419,8 +427,9 @@ std::map<std::pair<size_t, int>, ShardedArray> PipelineRunner::copy_state(
       const TensorType local{state[j].dtype(), sh.local_shape(state[j].shape())};
       std::vector<Array> shards;
       for (int i = 0; i < sh.mesh.size(); ++i) {
-        shards.emplace_back(local.dtype, local.shape, s_.groups[d].placement(i));
-        comm_->receive(from, tag(j, d, i), shards.back().raw(), shards.back().nbytes());
+        Array host(local.dtype, local.shape);
+        comm_->receive(from, tag(j, d, i), host.raw(), host.nbytes());
+        shards.push_back(host.to(s_.groups[d].placement(i)));
       }
       copies[{j, d}] = ShardedArray(state[j].type(), sh, std::move(shards));
     }
@@ -476,7 +485,7 @@ struct PipelineRunner::Exchange {
     const int proc = r.s_.process_of_group[to];
     if (proc != r.process_) {
       for (size_t i = 0; i < a.shards().size(); ++i)
-        r.comm_->send(proc, r.message_tag(v, m, to, static_cast<int>(i)), a.shards()[i].raw(), a.shards()[i].nbytes());
+        send_array(*r.comm_, proc, r.message_tag(v, m, to, static_cast<int>(i)), a.shards()[i]);
       return;
     }
     std::lock_guard<std::mutex> lock(mu);
@@ -820,7 +829,7 @@ Array PipelineRunner::metric(int o, const std::map<int, ShardedArray>& results) 
   Array a = it->second.sharding().is_fully_replicated() ? it->second.shards().at(0) : gather(it->second);
   if (processes_ == 1) return a;
   for (int q = 0; q < processes_; ++q)
-    if (q != process_) comm_->send(q, tag, a.raw(), a.nbytes());
+    if (q != process_) send_array(*comm_, q, tag, a);
   return a;
 }
 

@@ -25,7 +25,7 @@ class CountingBackend final : public Backend {
     return Backend::allocate(p, bytes);
   }
   // A stream per device, as a GPU backend has: a token the tests can recognise.
-  void* stream(const Placement& device) override { return stream_of(device.device); }
+  void* stream(const Placement& device, StreamKind) override { return stream_of(device.device); }
   static void* stream_of(int device) { return reinterpret_cast<void*>(uintptr_t{0x1000} + device); }
   void copy_boxes(const std::vector<BoxCopy>& jobs) override {
     box_copies += static_cast<int>(jobs.size());

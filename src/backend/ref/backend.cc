@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 
 #include "backend/kernel_table.h"
 #include "backend/ref/ref.h"
@@ -37,6 +38,18 @@ class RefBackend final : public Backend {
   std::string name() const override { return "ref"; }
   bool can_fuse(const Graph&, const Node&) const override { return false; }
   bool has_kernel(const Primitive* primitive) const override { return find_kernel(primitive) != nullptr; }
+  // Discrete mode: device memory is mapped apart and opened only around the backend's own work.
+  void* allocate(const Placement& p, int64_t bytes) override {
+    return discrete() && p.kind == MemoryKind::device ? discrete_allocate(bytes) : Backend::allocate(p, bytes);
+  }
+  void free(const Placement& p, void* ptr, int64_t bytes) override {
+    if (discrete() && p.kind == MemoryKind::device)
+      discrete_free(ptr);
+    else
+      Backend::free(p, ptr, bytes);
+  }
+  bool host_visible(const Placement& p) const override { return !discrete() || p.kind != MemoryKind::device; }
+
   Kernel make_kernel(const Graph& g, const Unit& unit, const Placement&) override {
     if (unit.kind != Unit::Kind::kernel)
       throw InternalError("[ref] asked for a fused unit, but the ref backend never fuses");
@@ -46,12 +59,29 @@ class RefBackend final : public Backend {
     std::vector<TensorType> in_t, out_t;
     for (int v : n.inputs) in_t.push_back(g.type(v));
     for (int v : n.outputs) out_t.push_back(g.type(v));
-    return (*f)(Spec{in_t, out_t, n.attrs});
+    Kernel k = (*f)(Spec{in_t, out_t, n.attrs});
+    if (!discrete()) return k;
+    return [k = std::move(k), n_in = in_t.size(), n_out = out_t.size()](const void* const* in, void* const* out) {
+      DeviceAccess open(in, n_in, const_cast<const void* const*>(out), n_out);
+      k(in, out);
+    };
   }
   Event copy(std::vector<CopyJob> jobs) override {
-    for (const CopyJob& j : jobs)
-      if (j.bytes > 0 && j.dst != j.src) std::memmove(j.dst, j.src, static_cast<size_t>(j.bytes));
+    for (const CopyJob& j : jobs) {
+      if (j.bytes <= 0 || j.dst == j.src) continue;
+      std::optional<DeviceAccess> open;
+      if (discrete()) open.emplace(std::initializer_list<const void*>{j.dst, j.src});
+      std::memmove(j.dst, j.src, static_cast<size_t>(j.bytes));
+    }
     return Event();
+  }
+  void copy_boxes(const std::vector<BoxCopy>& jobs) override {
+    std::optional<DeviceAccess> open;
+    for (const BoxCopy& j : jobs) {
+      if (discrete()) open.emplace(std::initializer_list<const void*>{j.dst, j.src});
+      Backend::copy_boxes({j});
+      open.reset();
+    }
   }
   int num_threads() const override { return 1; }
   FusionLimits fusion() const override {

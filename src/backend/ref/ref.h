@@ -48,6 +48,27 @@ void store(void* p, DType t, int64_t i, double v);
 // Row-major strides of a shape (elements).
 std::vector<int64_t> strides_of(const std::vector<int64_t>& shape);
 
+// Discrete device memory (PX_REF_DISCRETE=1, discrete.cc): device buffers the host cannot touch
+// except inside a DeviceAccess, which the backend's kernels and copies open around their work.
+bool discrete();
+void* discrete_allocate(int64_t bytes);  // nullptr when out of memory
+void discrete_free(void* p);
+bool is_device_buffer(const void* p);
+// Opens the device buffers that hold these pointers (host pointers and null are ignored) for
+// reading and writing until it is destroyed.
+class DeviceAccess {
+ public:
+  DeviceAccess(std::initializer_list<const void*> pointers);
+  DeviceAccess(const void* const* in, size_t n_in, const void* const* out, size_t n_out);
+  ~DeviceAccess();
+  DeviceAccess(const DeviceAccess&) = delete;
+  DeviceAccess& operator=(const DeviceAccess&) = delete;
+
+ private:
+  void open(const void* p);
+  std::vector<uintptr_t> opened_;
+};
+
 // The kernel families, each in its own file.
 void register_elementwise_kernels();  // elementwise.cc
 void register_shape_kernels();        // shape.cc: reshape, transpose, broadcast, slice, pad, concat, ...

@@ -236,7 +236,8 @@ std::vector<std::vector<int32_t>> generate(const TransformerLm& model, const std
   std::vector<bool> done(static_cast<size_t>(b), false);
   std::vector<int32_t> stop(static_cast<size_t>(b), -1);  // the EOS id each finished row emitted
   // logits f32[B, V] of the k-th new token (0-based) of every row; false once every row has stopped.
-  auto emit = [&](const Array& logits, int64_t k) {
+  auto emit = [&](const Array& device_logits, int64_t k) {
+    const Array logits = device_logits.on_host();
     const float* l = logits.data<float>();
     bool all_done = true;
     for (int64_t r = 0; r < b; ++r) {
@@ -262,7 +263,7 @@ std::vector<std::vector<int32_t>> generate(const TransformerLm& model, const std
     Program full = compile_full(model, b, len);
     for (int64_t k = 0; k < opt.max_new_tokens; ++k) {
       auto t0 = clock::now();
-      Array all = full.run(params, {Array::from_i32(seq, {b, len})})[0];  // [B, L, V]
+      const Array all = full.run(params, {Array::from_i32(seq, {b, len})})[0].on_host();  // [B, L, V]
       Array last(DType::f32, {b, c.vocab_size});
       for (int64_t r = 0; r < b; ++r)
         std::copy_n(all.data<float>() + (r * len + plen[r] + k - 1) * c.vocab_size, c.vocab_size,
