@@ -1,0 +1,175 @@
+// The CUDA backend (backend.h): never run, see there. One compute stream and one copy stream per
+// device; allocations are stream-ordered on the compute stream (cudaMallocAsync from the device's
+// default pool, whose release threshold keeps freed memory cached for reuse) and synchronized
+// before they are handed out, so that an Array is usable at once from any stream.
+#include "backend/cuda/backend.h"
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/codegen.h"
+#include "backend/cuda/nvrtc.h"
+#include "ir/primitive.h"
+#include "parallax/backend.h"
+#include "parallax/core.h"
+
+namespace px::cuda {
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("[cuda] ") + what + " failed: " + cudaGetErrorString(e));
+}
+
+struct Device {
+  int index = 0;
+  int sm = 0;  // compute capability as 80, 90
+  cudaStream_t compute = nullptr, copies = nullptr;
+};
+
+// A generated kernel loaded on one device: the library stays loaded while a Kernel holds it.
+struct Loaded {
+  cudaLibrary_t library = nullptr;
+  cudaKernel_t kernel = nullptr;
+  ~Loaded() {
+    if (library) cudaLibraryUnload(library);
+  }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int count) {
+    for (int d = 0; d < count; ++d) {
+      Device dev;
+      dev.index = d;
+      check(cudaSetDevice(d), "cudaSetDevice");
+      int major = 0, minor = 0;
+      check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d), "cudaDeviceGetAttribute");
+      check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d), "cudaDeviceGetAttribute");
+      dev.sm = major * 10 + minor;
+      check(cudaStreamCreateWithFlags(&dev.compute, cudaStreamNonBlocking), "cudaStreamCreate");
+      check(cudaStreamCreateWithFlags(&dev.copies, cudaStreamNonBlocking), "cudaStreamCreate");
+      // Freed blocks stay in the pool (a caching allocator) instead of going back to the driver.
+      cudaMemPool_t pool = nullptr;
+      check(cudaDeviceGetDefaultMemPool(&pool, d), "cudaDeviceGetDefaultMemPool");
+      uint64_t keep = UINT64_MAX;
+      check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+      devices_.push_back(dev);
+    }
+  }
+
+  std::string name() const override { return "cuda"; }
+
+  void* allocate(const Placement& p, int64_t bytes) override {
+    const Device& d = device(p);
+    check(cudaSetDevice(d.index), "cudaSetDevice");
+    void* ptr = nullptr;
+    if (p.kind == MemoryKind::pinned_host) {
+      if (cudaMallocHost(&ptr, static_cast<size_t>(bytes)) != cudaSuccess) return nullptr;
+      return ptr;
+    }
+    if (cudaMallocAsync(&ptr, static_cast<size_t>(bytes), d.compute) != cudaSuccess) return nullptr;
+    check(cudaStreamSynchronize(d.compute), "cudaStreamSynchronize");
+    return ptr;
+  }
+
+  void free(const Placement& p, void* ptr, int64_t) override {
+    const Device& d = device(p);
+    check(cudaSetDevice(d.index), "cudaSetDevice");
+    if (p.kind == MemoryKind::pinned_host)
+      cudaFreeHost(ptr);
+    else
+      cudaFreeAsync(ptr, d.compute);  // after the kernels already queued that read it
+  }
+
+  bool can_fuse(const Graph& g, const Node& n) const override { return can_generate_elementwise(g, n); }
+  bool has_kernel(const Primitive* primitive) const override { return can_generate(primitive); }
+  bool kernels_per_device() const override { return true; }  // a library is loaded per device
+
+  Kernel make_kernel(const Graph& g, const Unit& unit, const Placement& where) override {
+    const KernelSource src = generate(g, unit);
+    const Device& d = device(where);
+    const Cubin cubin = compile_cubin(src, d.sm);
+    if (!cubin.ok)
+      throw InternalError("[cuda] the generated kernel " + src.name + " (" + src.label + ") does not compile for sm_" +
+                          std::to_string(d.sm) + ":\n" + cubin.log);
+    check(cudaSetDevice(d.index), "cudaSetDevice");
+    auto loaded = std::make_shared<Loaded>();
+    check(cudaLibraryLoadData(&loaded->library, cubin.image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+          "cudaLibraryLoadData");
+    check(cudaLibraryGetKernel(&loaded->kernel, loaded->library, src.name.c_str()), "cudaLibraryGetKernel");
+    const int nin = src.num_inputs, nout = src.num_outputs;
+    const dim3 grid(static_cast<unsigned>(src.launch.blocks)), block(static_cast<unsigned>(src.launch.threads));
+    const cudaStream_t stream = d.compute;
+    const int dev = d.index;
+    // Queued on the device's compute stream; the caller synchronizes before the host reads results.
+    return [loaded, nin, nout, grid, block, stream, dev](const void* const* in, void* const* out) {
+      std::vector<void*> ptrs(static_cast<size_t>(nin + nout));
+      std::vector<void*> args(ptrs.size());
+      for (int k = 0; k < nin; ++k) ptrs[k] = const_cast<void*>(in[k]);
+      for (int k = 0; k < nout; ++k) ptrs[nin + k] = out[k];
+      for (size_t k = 0; k < ptrs.size(); ++k) args[k] = &ptrs[k];
+      check(cudaSetDevice(dev), "cudaSetDevice");
+      check(cudaLaunchKernel(reinterpret_cast<const void*>(loaded->kernel), grid, block, args.data(), 0, stream),
+            "cudaLaunchKernel");
+    };
+  }
+
+  // In order on the copy stream of device 0 after everything queued so far (cudaMemcpyDefault
+  // tells host, pinned and device pointers apart); the event waits for the stream.
+  Event copy(std::vector<CopyJob> jobs) override {
+    if (jobs.empty()) return Event();
+    const Device& d = devices_.at(0);
+    check(cudaSetDevice(d.index), "cudaSetDevice");
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the kernels that wrote the sources
+    for (const CopyJob& j : jobs)
+      if (j.bytes > 0 && j.dst != j.src)
+        check(cudaMemcpyAsync(j.dst, j.src, static_cast<size_t>(j.bytes), cudaMemcpyDefault, d.copies),
+              "cudaMemcpyAsync");
+    const cudaStream_t s = d.copies;
+    return Event([s] { check(cudaStreamSynchronize(s), "cudaStreamSynchronize"); });
+  }
+
+  int num_threads() const override { return 1; }
+
+ private:
+  const Device& device(const Placement& p) const {
+    if (p.device < 0 || p.device >= static_cast<int>(devices_.size()))
+      throw UserError("[cuda] device " + std::to_string(p.device) + " is not visible: this process sees " +
+                      std::to_string(devices_.size()) + " (CUDA_VISIBLE_DEVICES, PX_DEVICES=cuda:N)");
+    return devices_[p.device];
+  }
+
+  std::vector<Device> devices_;
+};
+
+}  // namespace
+
+int visible_devices() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: clear the sticky error
+    return 0;
+  }
+  return n;
+}
+
+bool register_cuda_backend() {
+  static std::mutex m;
+  std::lock_guard<std::mutex> l(m);
+  if (has_backend("cuda")) return true;
+  const int n = visible_devices();
+  if (n <= 0) return false;
+  register_backend("cuda", [n]() -> Backend& {
+    static CudaBackend b(n);
+    return b;
+  });
+  return true;
+}
+
+}  // namespace px::cuda

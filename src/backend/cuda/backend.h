@@ -1,0 +1,24 @@
+// The CUDA backend (platform `cuda`): device memory from the CUDA runtime's stream-ordered pool,
+// copies with cudaMemcpyAsync, and the generator's kernels (codegen.h) compiled by NVRTC for the
+// device's architecture, loaded with cudaLibraryLoadData and launched on the device's stream.
+//
+// NEVER RUN: no GPU was available to this project when it was written. It builds with the CUDA
+// toolkit and its test skips without a device (tests/backend/test_cuda_backend.cc); whether it
+// works is for the first run on a GPU (issue 50's scripts/gpu_check.sh) to show.
+//
+// Not yet: matmuls (cuBLASLt), attention (cuDNN), shape ops and collectives have no kernels here,
+// so a program with them fails to compile naming the primitive; the memory seam's host_visible and
+// stream hooks (parallax/backend.h, in progress) are not overridden yet, nor does the backend
+// registry register this backend by itself: register_cuda_backend() does, where a GPU is visible.
+#pragma once
+
+namespace px::cuda {
+
+// The number of CUDA devices this process sees (0 without a driver or a device).
+int visible_devices();
+
+// Registers platform `cuda` (px::register_backend) when a device is visible and it is not
+// registered yet; returns whether it is registered.
+bool register_cuda_backend();
+
+}  // namespace px::cuda
