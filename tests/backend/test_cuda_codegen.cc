@@ -156,6 +156,20 @@ TEST(CudaCodegen, IndexOptimizerAndRandomKernelsCompile) {
   node(prims::fold_in(), {key}, Attrs{{"data", int64_t{42}}});
 }
 
+TEST(CudaCodegen, ShapeKernelsCompile) {
+  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::boolean}) {
+    const TensorType x{t, {3, 5, 7}};
+    node(prims::transpose(), {x}, Attrs{{"perm", std::vector<int64_t>{2, 0, 1}}});
+    node(prims::slice(), {x},
+         Attrs{{"starts", std::vector<int64_t>{1, 0, 2}}, {"limits", std::vector<int64_t>{3, 5, 7}},
+               {"strides", std::vector<int64_t>{1, 2, 2}}});
+    node(prims::pad(), {x},
+         Attrs{{"lo", std::vector<int64_t>{1, 0, 2}}, {"hi", std::vector<int64_t>{0, 1, 1}},
+               {"interior", std::vector<int64_t>{0, 1, 0}}, {"value", 0.5}});
+    node(prims::concat(), {x, TensorType{t, {3, 2, 7}}, x}, Attrs{{"axis", int64_t{1}}});
+  }
+}
+
 // A kernel that does not compile is reported with NVRTC's log, not as a cubin.
 TEST(CudaCodegen, ACompileErrorIsReportedWithItsLog) {
   cuda::KernelSource k;

@@ -260,6 +260,17 @@ std::vector<Case> single_node_cases() {
   cs.push_back(single(prims::reduce_sum(), {TensorType{DType::i32, {4, 3, 33}}}, Attrs{{"axes", std::vector<int64_t>{2}}}));
   cs.push_back(single(prims::reduce_max(), {TensorType{DType::i32, {4, 3, 33}}}, Attrs{{"axes", std::vector<int64_t>{0}}}));
   cs.push_back(single(prims::fold_in(), {TensorType{DType::i32, {2}}}, Attrs{{"data", int64_t{42}}}));
+  for (DType t : {DType::f32, DType::bf16, DType::i32, DType::boolean}) {
+    const TensorType x{t, {3, 5, 7}};
+    cs.push_back(single(prims::transpose(), {x}, Attrs{{"perm", std::vector<int64_t>{2, 0, 1}}}));
+    cs.push_back(single(prims::slice(), {x},
+         Attrs{{"starts", std::vector<int64_t>{1, 0, 2}}, {"limits", std::vector<int64_t>{3, 5, 7}},
+               {"strides", std::vector<int64_t>{1, 2, 2}}}));
+    cs.push_back(single(prims::pad(), {x},
+         Attrs{{"lo", std::vector<int64_t>{1, 0, 2}}, {"hi", std::vector<int64_t>{0, 1, 1}},
+               {"interior", std::vector<int64_t>{0, 1, 0}}, {"value", 0.5}}));
+    cs.push_back(single(prims::concat(), {x, TensorType{t, {3, 2, 7}}, x}, Attrs{{"axis", int64_t{1}}}));
+  }
   return cs;
 }
 

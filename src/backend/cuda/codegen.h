@@ -14,8 +14,8 @@
 // silu, broadcast_in_dim of an operand read as a strided load, reshape as a rename), full, iota;
 // reduce_sum and reduce_max; softmax and log_softmax; layer_norm and rms_norm and their
 // gradients; softmax_cross_entropy and its gradient; take, scatter_add and one_hot; adamw_update;
-// random_uniform, random_normal and fold_in. Matmuls and attention are left to cuBLASLt and
-// cuDNN; shape ops (transpose, slice, pad, concat) are not generated yet.
+// random_uniform, random_normal and fold_in; transpose, slice, pad and concat. Matmuls and
+// attention are left to cuBLASLt and cuDNN; constants are data, copied to the device.
 #pragma once
 
 #include <cstdint>

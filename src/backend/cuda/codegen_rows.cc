@@ -1,6 +1,6 @@
 // The generator's row kernels (reductions, softmax, the norms and their gradients, cross entropy
 // and its gradient: one block of 256 threads per row, block-wide sums and maxima in f32), and its
-// per-element kernels of the index, optimizer and random families (a grid-stride loop).
+// per-element kernels of the index, shape, optimizer and random families (a grid-stride loop).
 //
 // Semantics are the primitives' as the ref backend computes them (src/backend/ref/): float rows
 // are accumulated in f32 here (the ref backend accumulates in double), in a tree order, so results
@@ -342,6 +342,73 @@ KernelSource fold_in(const Graph& g, const Unit& u, const Node& n) {
   return done("foldin", b, g, u, n, one);
 }
 
+// ---- shape ops: transpose, slice, pad, concat ------------------------------------------------
+
+// Each result element reads the operand element it comes from (pad: or takes the pad value);
+// elements move as stored, without conversion. idx<d> is the result index along dim d.
+KernelSource shape_op(const Graph& g, const Unit& u, const Node& n) {
+  const TensorType& ot = g.type(n.outputs[0]);
+  const TensorType& xt = g.type(n.inputs[0]);
+  const int r = ot.rank();
+  std::vector<int64_t> xs(static_cast<size_t>(xt.rank()), 1);
+  for (int d = xt.rank() - 2; d >= 0; --d) xs[d] = xs[d + 1] * xt.shape[d + 1];
+  std::string b = header(g, u) + grid_stride_loop(ot.numel());
+  int64_t inner = 1;
+  for (int d = r - 1; d >= 0; --d) {
+    b += "    const long long idx" + std::to_string(d) + " = (i / " + i64(inner) + ") % " + i64(ot.shape[d]) + ";\n";
+    inner *= ot.shape[d];
+  }
+  std::string src = "0LL";
+  if (n.prim == prims::transpose()) {
+    const std::vector<int64_t>& perm = n.attrs.ints("perm");
+    for (int j = 0; j < r; ++j) src += " + idx" + std::to_string(j) + " * " + i64(xs.at(perm.at(j)));
+    b += "    out0[i] = in0[" + src + "];\n";
+  } else if (n.prim == prims::slice()) {
+    const std::vector<int64_t>& starts = n.attrs.ints("starts");
+    const std::vector<int64_t> steps =
+        n.attrs.has("strides") ? n.attrs.ints("strides") : std::vector<int64_t>(static_cast<size_t>(r), 1);
+    for (int d = 0; d < r; ++d)
+      src += " + (" + i64(starts.at(d)) + " + idx" + std::to_string(d) + " * " + i64(steps.at(d)) + ") * " + i64(xs[d]);
+    b += "    out0[i] = in0[" + src + "];\n";
+  } else if (n.prim == prims::pad()) {
+    const std::vector<int64_t>& lo = n.attrs.ints("lo");
+    const std::vector<int64_t> interior =
+        n.attrs.has("interior") ? n.attrs.ints("interior") : std::vector<int64_t>(static_cast<size_t>(r), 0);
+    b += "    bool inside = true;\n    long long at = 0, q;\n";
+    for (int d = 0; d < r; ++d) {
+      const int64_t step = interior.at(d) + 1;
+      b += "    q = idx" + std::to_string(d) + " - " + i64(lo.at(d)) + ";\n";
+      b += "    inside = inside && q >= 0 && q % " + i64(step) + " == 0 && q / " + i64(step) + " < " + i64(xt.shape[d]) +
+           ";\n";
+      b += "    at += (q / " + i64(step) + ") * " + i64(xs[d]) + ";\n";
+    }
+    const double v = n.attrs.f("value", 0.0);
+    const Reg reg = reg_of(ot.dtype);
+    const std::string value = reg == Reg::f ? flit(round_value(ot.dtype, v))
+                              : reg == Reg::i ? ilit(saturate_i32(v))
+                                              : std::string(v != 0.0 ? "true" : "false");
+    b += "    out0[i] = inside ? in0[at] : (" + storage(ot.dtype) + ")" + store(ot.dtype, value) + ";\n";
+  } else {  // concat: the operand whose range along `axis` holds the index
+    const int64_t axis = n.attrs.i("axis");
+    int64_t at = 0;
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      const TensorType& t = g.type(n.inputs[k]);
+      std::vector<int64_t> ts(static_cast<size_t>(t.rank()), 1);
+      for (int d = t.rank() - 2; d >= 0; --d) ts[d] = ts[d + 1] * t.shape[d + 1];
+      std::string e = "0LL";
+      for (int d = 0; d < r; ++d)
+        e += " + " + (d == axis ? "(idx" + std::to_string(d) + " - " + i64(at) + ")" : "idx" + std::to_string(d)) +
+             " * " + i64(ts[d]);
+      const int64_t end = at + t.shape.at(axis);
+      b += "    " + std::string(k ? "else " : "") + "if (idx" + std::to_string(axis) + " < " + i64(end) + ") out0[i] = in" +
+           std::to_string(k) + "[" + e + "];\n";
+      at = end;
+    }
+  }
+  b += "  }\n}\n";
+  return done("shape", b, g, u, n, elementwise_launch(ot.numel()));
+}
+
 using Generator = KernelSource (*)(const Graph&, const Unit&, const Node&);
 
 const std::map<const Primitive*, Generator>& generators() {
@@ -364,6 +431,10 @@ const std::map<const Primitive*, Generator>& generators() {
       {prims::random_uniform(), random},
       {prims::random_normal(), random},
       {prims::fold_in(), fold_in},
+      {prims::transpose(), shape_op},
+      {prims::slice(), shape_op},
+      {prims::pad(), shape_op},
+      {prims::concat(), shape_op},
   };
   return m;
 }
@@ -376,7 +447,7 @@ KernelSource generate_row(const Graph& g, const Unit& unit, const Node& n) {
   auto it = generators().find(n.prim);
   if (it == generators().end())
     throw Error("[cuda codegen] no generated kernel for primitive '" + n.prim->name +
-                "' (matmuls and attention run through cuBLASLt and cuDNN; shape ops are not generated yet)");
+                "' (matmuls and attention are for cuBLASLt and cuDNN, not generated)");
   return it->second(g, unit, n);
 }
 
