@@ -72,9 +72,9 @@ TEST(CudaCodegen, ElementwisePrimitivesCompileInEveryDtype) {
       node(prims::gelu(), {x}, Attrs{{"approximate", std::string(form)}});
       node(prims::gelu_grad(), {x}, Attrs{{"approximate", std::string(form)}});
     }
-    for (const Primitive* p : {prims::add(), prims::sub(), prims::mul(), prims::div(), prims::pow(), prims::maximum(),
-                               prims::minimum(), prims::eq(), prims::ne(), prims::lt(), prims::le(), prims::gt(),
-                               prims::ge()})
+    for (const Primitive* p :
+         {prims::add(), prims::sub(), prims::mul(), prims::div(), prims::pow(), prims::maximum(), prims::minimum(),
+          prims::eq(), prims::ne(), prims::lt(), prims::le(), prims::gt(), prims::ge()})
       node(p, {x, x});
     node(prims::select(), {TensorType{DType::boolean, s}, x, x});
     for (DType to : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::boolean})
@@ -106,9 +106,9 @@ TEST(CudaCodegen, RowKernelsCompileInEveryDtype) {
   for (DType t : kFloats) {
     const TensorType x{t, {6, 33}}, x3{t, {4, 3, 33}};
     for (const Primitive* p : {prims::reduce_sum(), prims::reduce_max()}) {
-      node(p, {x3}, Attrs{{"axes", std::vector<int64_t>{2}}});      // trailing: one block per row
+      node(p, {x3}, Attrs{{"axes", std::vector<int64_t>{2}}});  // trailing: one block per row
       node(p, {x3}, Attrs{{"axes", std::vector<int64_t>{1, 2}}});
-      node(p, {x3}, Attrs{{"axes", std::vector<int64_t>{0}}});      // leading: one thread per result
+      node(p, {x3}, Attrs{{"axes", std::vector<int64_t>{0}}});  // leading: one thread per result
       node(p, {x3}, Attrs{{"axes", std::vector<int64_t>{0, 2}}});
     }
     node(prims::reduce_sum(), {x3}, Attrs{{"axes", std::vector<int64_t>{2}}, {"out_dtype", DType::f32}});
@@ -137,19 +137,26 @@ TEST(CudaCodegen, IndexOptimizerAndRandomKernelsCompile) {
   const TensorType key{DType::i32, {2}}, scalar{DType::f32, {}};
   for (DType t : kFloats) {
     for (int64_t decay : {0, 1}) {
-      std::vector<TensorType> in{TensorType{t, {9, 4}}, TensorType{t, {9, 4}}, TensorType{DType::f32, {9, 4}},
-                                 TensorType{DType::f32, {9, 4}}, scalar, scalar};
+      std::vector<TensorType> in{TensorType{t, {9, 4}},
+                                 TensorType{t, {9, 4}},
+                                 TensorType{DType::f32, {9, 4}},
+                                 TensorType{DType::f32, {9, 4}},
+                                 scalar,
+                                 scalar};
       if (decay) in.push_back(scalar);
-      node(prims::adamw_update(), in,
-           Attrs{{"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"decay", decay}});
+      node(prims::adamw_update(), in, Attrs{{"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"decay", decay}});
     }
     const std::vector<int64_t> shape{4, 6};
     node(prims::random_uniform(), {key}, Attrs{{"shape", shape}, {"dtype", t}, {"lo", 0.0}, {"hi", 1.0}});
     node(prims::random_normal(), {key}, Attrs{{"shape", shape}, {"dtype", t}});
     // A block of a larger draw: at a fixed offset, and at a run-time origin (a sharded draw).
     node(prims::random_uniform(), {key},
-         Attrs{{"shape", shape}, {"dtype", t}, {"lo", -1.0}, {"hi", 1.0},
-               {"global_shape", std::vector<int64_t>{8, 12}}, {"offset", std::vector<int64_t>{4, 6}}});
+         Attrs{{"shape", shape},
+               {"dtype", t},
+               {"lo", -1.0},
+               {"hi", 1.0},
+               {"global_shape", std::vector<int64_t>{8, 12}},
+               {"offset", std::vector<int64_t>{4, 6}}});
     node(prims::random_normal(), {key, TensorType{DType::i32, {2}}},
          Attrs{{"shape", shape}, {"dtype", t}, {"global_shape", std::vector<int64_t>{8, 12}}});
   }
@@ -161,11 +168,14 @@ TEST(CudaCodegen, ShapeKernelsCompile) {
     const TensorType x{t, {3, 5, 7}};
     node(prims::transpose(), {x}, Attrs{{"perm", std::vector<int64_t>{2, 0, 1}}});
     node(prims::slice(), {x},
-         Attrs{{"starts", std::vector<int64_t>{1, 0, 2}}, {"limits", std::vector<int64_t>{3, 5, 7}},
+         Attrs{{"starts", std::vector<int64_t>{1, 0, 2}},
+               {"limits", std::vector<int64_t>{3, 5, 7}},
                {"strides", std::vector<int64_t>{1, 2, 2}}});
     node(prims::pad(), {x},
-         Attrs{{"lo", std::vector<int64_t>{1, 0, 2}}, {"hi", std::vector<int64_t>{0, 1, 1}},
-               {"interior", std::vector<int64_t>{0, 1, 0}}, {"value", 0.5}});
+         Attrs{{"lo", std::vector<int64_t>{1, 0, 2}},
+               {"hi", std::vector<int64_t>{0, 1, 1}},
+               {"interior", std::vector<int64_t>{0, 1, 0}},
+               {"value", 0.5}});
     node(prims::concat(), {x, TensorType{t, {3, 2, 7}}, x}, Attrs{{"axis", int64_t{1}}});
   }
 }
@@ -174,7 +184,9 @@ TEST(CudaCodegen, ShapeKernelsCompile) {
 TEST(CudaCodegen, ACompileErrorIsReportedWithItsLog) {
   cuda::KernelSource k;
   k.name = "px_broken";
-  k.source = "#include \"px_element_math.h\"\nextern \"C\" __global__ void px_broken(float* out0) { out0[0] = em::no_such(1.0f); }\n";
+  k.source =
+      "#include \"px_element_math.h\"\nextern \"C\" __global__ void px_broken(float* out0) { out0[0] = "
+      "em::no_such(1.0f); }\n";
   const cuda::Cubin c = cuda::compile_cubin(k, 80);
   EXPECT_FALSE(c.ok);
   EXPECT_TRUE(c.image.empty());
@@ -236,7 +248,8 @@ class PrintCounts : public ::testing::Environment {
  public:
   void TearDown() override {
     for (const auto& [sm, names] : compiled())
-      std::printf("NVRTC %s: %zu distinct kernels compiled for sm_%d\n", cuda::nvrtc_version().c_str(), names.size(), sm);
+      std::printf("NVRTC %s: %zu distinct kernels compiled for sm_%d\n", cuda::nvrtc_version().c_str(), names.size(),
+                  sm);
   }
 };
 const auto* const kPrintCounts = ::testing::AddGlobalTestEnvironment(new PrintCounts);

@@ -172,8 +172,8 @@ void check(Library& lib, const Case& c, uint32_t seed) {
     const Bytes& want = ref.at(c.unit.out_values[k]);
     for (int64_t i = 0; i < t.numel(); ++i) {
       const double g = ref::load(outs[k].data(), t.dtype, i), w = ref::load(want.data(), t.dtype, i);
-      ASSERT_TRUE(close(g, w, t.dtype, rows)) << "result " << k << " (" << type_str(t) << ") element " << i << ": got "
-                                              << g << ", the ref backend " << w;
+      ASSERT_TRUE(close(g, w, t.dtype, rows))
+          << "result " << k << " (" << type_str(t) << ") element " << i << ": got " << g << ", the ref backend " << w;
     }
   }
 }
@@ -215,7 +215,8 @@ std::vector<Case> single_node_cases() {
       cs.push_back(single(prims::cast(), {x}, Attrs{{"dtype", to}}));
     cs.push_back(single(prims::full(), {}, Attrs{{"shape", s}, {"value", 0.1}, {"dtype", t}}));
     cs.push_back(single(prims::iota(), {}, Attrs{{"shape", s}, {"axis", int64_t{1}}, {"dtype", t}}));
-    cs.push_back(single(prims::broadcast_in_dim(), {TensorType{t, {5}}}, Attrs{{"shape", s}, {"dims", std::vector<int64_t>{1}}}));
+    cs.push_back(single(prims::broadcast_in_dim(), {TensorType{t, {5}}},
+                        Attrs{{"shape", s}, {"dims", std::vector<int64_t>{1}}}));
     cs.push_back(single(prims::broadcast_in_dim(), {TensorType{t, {3, 7}}},
                         Attrs{{"shape", s}, {"dims", std::vector<int64_t>{0, 2}}}));
     // Row kernels.
@@ -243,10 +244,15 @@ std::vector<Case> single_node_cases() {
                          TensorType{DType::f32, {9, 4}}, scalar, scalar, scalar},
                         Attrs{{"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"decay", int64_t{1}}}));
     const std::vector<int64_t> shape{4, 6};
-    cs.push_back(single(prims::random_uniform(), {key}, Attrs{{"shape", shape}, {"dtype", t}, {"lo", -1.0}, {"hi", 1.0}}));
+    cs.push_back(
+        single(prims::random_uniform(), {key}, Attrs{{"shape", shape}, {"dtype", t}, {"lo", -1.0}, {"hi", 1.0}}));
     cs.push_back(single(prims::random_uniform(), {key},
-                        Attrs{{"shape", shape}, {"dtype", t}, {"lo", 0.0}, {"hi", 1.0},
-                              {"global_shape", std::vector<int64_t>{8, 12}}, {"offset", std::vector<int64_t>{4, 6}}}));
+                        Attrs{{"shape", shape},
+                              {"dtype", t},
+                              {"lo", 0.0},
+                              {"hi", 1.0},
+                              {"global_shape", std::vector<int64_t>{8, 12}},
+                              {"offset", std::vector<int64_t>{4, 6}}}));
     cs.push_back(single(prims::random_normal(), {key}, Attrs{{"shape", shape}, {"dtype", t}}));
   }
   const TensorType i{DType::i32, s}, b{DType::boolean, s};
@@ -257,18 +263,23 @@ std::vector<Case> single_node_cases() {
   cs.push_back(single(prims::logical_not(), {b}));
   cs.push_back(single(prims::select(), {b, i, i}));
   cs.push_back(single(prims::cast(), {i}, Attrs{{"dtype", DType::bf16}}));
-  cs.push_back(single(prims::reduce_sum(), {TensorType{DType::i32, {4, 3, 33}}}, Attrs{{"axes", std::vector<int64_t>{2}}}));
-  cs.push_back(single(prims::reduce_max(), {TensorType{DType::i32, {4, 3, 33}}}, Attrs{{"axes", std::vector<int64_t>{0}}}));
+  cs.push_back(
+      single(prims::reduce_sum(), {TensorType{DType::i32, {4, 3, 33}}}, Attrs{{"axes", std::vector<int64_t>{2}}}));
+  cs.push_back(
+      single(prims::reduce_max(), {TensorType{DType::i32, {4, 3, 33}}}, Attrs{{"axes", std::vector<int64_t>{0}}}));
   cs.push_back(single(prims::fold_in(), {TensorType{DType::i32, {2}}}, Attrs{{"data", int64_t{42}}}));
   for (DType t : {DType::f32, DType::bf16, DType::i32, DType::boolean}) {
     const TensorType x{t, {3, 5, 7}};
     cs.push_back(single(prims::transpose(), {x}, Attrs{{"perm", std::vector<int64_t>{2, 0, 1}}}));
     cs.push_back(single(prims::slice(), {x},
-         Attrs{{"starts", std::vector<int64_t>{1, 0, 2}}, {"limits", std::vector<int64_t>{3, 5, 7}},
-               {"strides", std::vector<int64_t>{1, 2, 2}}}));
+                        Attrs{{"starts", std::vector<int64_t>{1, 0, 2}},
+                              {"limits", std::vector<int64_t>{3, 5, 7}},
+                              {"strides", std::vector<int64_t>{1, 2, 2}}}));
     cs.push_back(single(prims::pad(), {x},
-         Attrs{{"lo", std::vector<int64_t>{1, 0, 2}}, {"hi", std::vector<int64_t>{0, 1, 1}},
-               {"interior", std::vector<int64_t>{0, 1, 0}}, {"value", 0.5}}));
+                        Attrs{{"lo", std::vector<int64_t>{1, 0, 2}},
+                              {"hi", std::vector<int64_t>{0, 1, 1}},
+                              {"interior", std::vector<int64_t>{0, 1, 0}},
+                              {"value", 0.5}}));
     cs.push_back(single(prims::concat(), {x, TensorType{t, {3, 2, 7}}, x}, Attrs{{"axis", int64_t{1}}}));
   }
   return cs;

@@ -46,12 +46,14 @@ uint32_t bits_of(float f) {
 // ---- inputs ----------------------------------------------------------------------------------
 
 std::vector<float> special_values() {
-  return {0.0f, -0.0f, kInf, -kInf, std::nanf(""), -std::nanf(""), FLT_MIN, -FLT_MIN, FLT_TRUE_MIN,
-          -FLT_TRUE_MIN, FLT_MAX, -FLT_MAX, 1.0f, -1.0f, 0.5f, 2.0f, 3.0f, -3.0f, 88.72283f, 89.0f, -104.0f,
-          -87.33654f, 9.1f, -9.1f, 0.921875f, -0.921875f, 20.0f, -20.0f, 65504.0f, 65519.0f, 65520.0f,
-          -65520.0f, 1e5f, 3e-5f, 1e-7f, 2.9e-8f, 5.9604645e-8f, 2.9802322e-8f, 1.00390625f, 1.01171875f,
-          1.0009765625f, 3.4e38f, 2147483520.0f, 2147483648.0f, -2147483648.0f, -2147483904.0f, 0.49999997f,
-          -0.49999997f, 1e-40f, -1e-40f};
+  return {0.0f,          -0.0f,         kInf,           -kInf,          std::nanf(""), -std::nanf(""), FLT_MIN,
+          -FLT_MIN,      FLT_TRUE_MIN,  -FLT_TRUE_MIN,  FLT_MAX,        -FLT_MAX,      1.0f,           -1.0f,
+          0.5f,          2.0f,          3.0f,           -3.0f,          88.72283f,     89.0f,          -104.0f,
+          -87.33654f,    9.1f,          -9.1f,          0.921875f,      -0.921875f,    20.0f,          -20.0f,
+          65504.0f,      65519.0f,      65520.0f,       -65520.0f,      1e5f,          3e-5f,          1e-7f,
+          2.9e-8f,       5.9604645e-8f, 2.9802322e-8f,  1.00390625f,    1.01171875f,   1.0009765625f,  3.4e38f,
+          2147483520.0f, 2147483648.0f, -2147483648.0f, -2147483904.0f, 0.49999997f,   -0.49999997f,   1e-40f,
+          -1e-40f};
 }
 
 // Every 4099th float bit pattern of both signs, a dense sweep of [-12, 12] and the special values.
@@ -88,11 +90,16 @@ std::vector<std::byte> encode(const std::vector<float>& x, DType t) {
 // Element i of a dtype-t buffer as the header loads it (f32 for float dtypes).
 float em_load(const std::vector<std::byte>& b, DType t, size_t i) {
   switch (t) {
-    case DType::f32: return reinterpret_cast<const float*>(b.data())[i];
-    case DType::bf16: return em::bf16_to_f32(reinterpret_cast<const uint16_t*>(b.data())[i]);
-    case DType::f16: return em::f16_to_f32(reinterpret_cast<const uint16_t*>(b.data())[i]);
-    case DType::i32: return static_cast<float>(reinterpret_cast<const int32_t*>(b.data())[i]);
-    case DType::boolean: return reinterpret_cast<const uint8_t*>(b.data())[i] ? 1.0f : 0.0f;
+    case DType::f32:
+      return reinterpret_cast<const float*>(b.data())[i];
+    case DType::bf16:
+      return em::bf16_to_f32(reinterpret_cast<const uint16_t*>(b.data())[i]);
+    case DType::f16:
+      return em::f16_to_f32(reinterpret_cast<const uint16_t*>(b.data())[i]);
+    case DType::i32:
+      return static_cast<float>(reinterpret_cast<const int32_t*>(b.data())[i]);
+    case DType::boolean:
+      return reinterpret_cast<const uint8_t*>(b.data())[i] ? 1.0f : 0.0f;
   }
   return 0;
 }
@@ -179,13 +186,13 @@ void check_float_op(const Primitive* prim, int arity, const std::function<float(
       if (d > c.worst) c = {d, i};
       if (d > bound) {
         ADD_FAILURE() << prim->name << " in " << dtype_name(t) << ": at (" << a << ", " << b << ") got " << got
-                      << " (0x" << std::hex << bits_of(got) << std::dec << "), the ref backend " << want[i]
-                      << ": " << d << " ulp, bound " << bound;
+                      << " (0x" << std::hex << bits_of(got) << std::dec << "), the ref backend " << want[i] << ": " << d
+                      << " ulp, bound " << bound;
         return;
       }
     }
-    std::printf("%-10s %-5s %zu inputs: max %.3f ulp (at x = %.9g)\n", prim->name.c_str(), dtype_name(t),
-                x.size(), c.worst, static_cast<double>(x[c.at]));
+    std::printf("%-10s %-5s %zu inputs: max %.3f ulp (at x = %.9g)\n", prim->name.c_str(), dtype_name(t), x.size(),
+                c.worst, static_cast<double>(x[c.at]));
   }
 }
 
@@ -221,11 +228,13 @@ TEST(ElementMath, TranscendentalsAreWithinTheirBoundsOfTheRefBackend) {
   const Attrs erf_form{{"approximate", std::string("erf")}}, tanh_form{{"approximate", std::string("tanh")}};
   // gelu's erf form: within 7 ulp where Phi(x) >= 2^-126 (x >= -12.9); below, Phi's tail is
   // subnormal or 0 and the product loses its precision (it is 0 or a few ulp of 2^-149 there).
-  check_float_op(prims::gelu(), 1, [](float x, float) { return em::gelu(x, false); }, 7.5, erf_form,
-                 [](float x) { return x < -12.9f; });
+  check_float_op(
+      prims::gelu(), 1, [](float x, float) { return em::gelu(x, false); }, 7.5, erf_form,
+      [](float x) { return x < -12.9f; });
   // The tanh form from x = -1 up; below, the rounding of 2u in float reaches the result.
-  check_float_op(prims::gelu(), 1, [](float x, float) { return em::gelu(x, true); }, 6.5, tanh_form,
-                 [](float x) { return x < -1.0f; });
+  check_float_op(
+      prims::gelu(), 1, [](float x, float) { return em::gelu(x, true); }, 6.5, tanh_form,
+      [](float x) { return x < -1.0f; });
   // gelu_grad is Phi(x) + x phi(x) (the tanh form s + x s (1 - s) z'), which crosses 0 near x = -0.75:
   // its error is bounded in ulps of its larger term.
   const auto erf_terms = [](float x) {
@@ -238,10 +247,12 @@ TEST(ElementMath, TranscendentalsAreWithinTheirBoundsOfTheRefBackend) {
   };
   // The erf form from |x| = 4 on: e^{-x^2 / 2} with x^2 rounded in f32 bounds it relatively (the
   // CPU backend's formula too); GeluGradErfFormTailIsWithinItsRelativeError checks that part.
-  check_float_op(prims::gelu_grad(), 1, [](float x, float) { return em::gelu_grad(x, false); }, 8.0, erf_form,
-                 [](float x) { return std::fabs(x) > 4.0f; }, erf_terms);
-  check_float_op(prims::gelu_grad(), 1, [](float x, float) { return em::gelu_grad(x, true); }, 8.0, tanh_form,
-                 [](float x) { return x < -1.0f; }, tanh_terms);
+  check_float_op(
+      prims::gelu_grad(), 1, [](float x, float) { return em::gelu_grad(x, false); }, 8.0, erf_form,
+      [](float x) { return std::fabs(x) > 4.0f; }, erf_terms);
+  check_float_op(
+      prims::gelu_grad(), 1, [](float x, float) { return em::gelu_grad(x, true); }, 8.0, tanh_form,
+      [](float x) { return x < -1.0f; }, tanh_terms);
 }
 
 TEST(ElementMath, GeluGradErfFormTailIsWithinItsRelativeError) {
@@ -323,9 +334,12 @@ TEST(ElementMath, IntegerOpsWrapAsTheRefBackend) {
     int arity;
     int32_t (*f)(int32_t, int32_t);
   };
-  const Op ops[] = {{prims::add(), 2, em::iadd},           {prims::sub(), 2, em::isub},
-                    {prims::mul(), 2, em::imul},           {prims::div(), 2, em::idiv},
-                    {prims::maximum(), 2, em::imaximum},   {prims::minimum(), 2, em::iminimum},
+  const Op ops[] = {{prims::add(), 2, em::iadd},
+                    {prims::sub(), 2, em::isub},
+                    {prims::mul(), 2, em::imul},
+                    {prims::div(), 2, em::idiv},
+                    {prims::maximum(), 2, em::imaximum},
+                    {prims::minimum(), 2, em::iminimum},
                     {prims::neg(), 1, [](int32_t x, int32_t) { return em::ineg(x); }},
                     {prims::abs(), 1, [](int32_t x, int32_t) { return em::iabs(x); }}};
   for (const Op& op : ops) {
@@ -362,7 +376,8 @@ TEST(ElementMath, CastsEqualTheRefBackendBitwise) {
       std::vector<std::byte> got(want.size());
       for (int64_t i = 0; i < n; ++i) {
         std::byte* g = got.data() + i * dtype_size(to);
-        const bool int_path = (from == DType::i32 || from == DType::boolean) && (to == DType::i32 || to == DType::boolean);
+        const bool int_path =
+            (from == DType::i32 || from == DType::boolean) && (to == DType::i32 || to == DType::boolean);
         const int32_t iv = from == DType::i32 ? reinterpret_cast<const int32_t*>(in.data())[i]
                                               : static_cast<int32_t>(em_load(in, from, static_cast<size_t>(i)));
         const float v = em_load(in, from, static_cast<size_t>(i));
@@ -447,7 +462,7 @@ TEST(ElementMath, AdamwUpdateEqualsTheRefBackendBitwise) {
   for (DType pt : {DType::f32, DType::bf16})
     for (int64_t decay : {0, 1}) {
       const double b1 = 0.9, b2 = 0.95, eps = 1e-8;
-      std::vector<TensorType> it{TensorType{pt, {n}}, TensorType{pt, {n}}, TensorType{DType::f32, {n}},
+      std::vector<TensorType> it{TensorType{pt, {n}},         TensorType{pt, {n}},        TensorType{DType::f32, {n}},
                                  TensorType{DType::f32, {n}}, TensorType{DType::f32, {}}, TensorType{DType::f32, {}}};
       if (decay) it.push_back(TensorType{DType::f32, {}});
       std::vector<TensorType> ot{TensorType{pt, {n}}, TensorType{DType::f32, {n}}, TensorType{DType::f32, {n}}};
@@ -461,12 +476,14 @@ TEST(ElementMath, AdamwUpdateEqualsTheRefBackendBitwise) {
       k(in, out);
       for (int64_t i = 0; i < n; ++i) {
         const size_t e = static_cast<size_t>(i);
-        const em::AdamW r = em::adamw(em_load(pb, pt, e), em_load(gb, pt, e), m[i], v[i], static_cast<float>(b1),
-                                      static_cast<float>(1.0 - b1), static_cast<float>(b2), static_cast<float>(1.0 - b2),
-                                      static_cast<float>(eps), step, inv_sqrt_bc2, decay != 0, wd);
+        const em::AdamW r =
+            em::adamw(em_load(pb, pt, e), em_load(gb, pt, e), m[i], v[i], static_cast<float>(b1),
+                      static_cast<float>(1.0 - b1), static_cast<float>(b2), static_cast<float>(1.0 - b2),
+                      static_cast<float>(eps), step, inv_sqrt_bc2, decay != 0, wd);
         ASSERT_EQ(bits_of(r.m), bits_of(mo[i])) << i;
         ASSERT_EQ(bits_of(r.v), bits_of(vo[i])) << i;
-        ASSERT_EQ(distance(em_store(r.p, pt), em_load(po, pt, e), pt), 0) << dtype_name(pt) << " decay " << decay << " at " << i;
+        ASSERT_EQ(distance(em_store(r.p, pt), em_load(po, pt, e), pt), 0)
+            << dtype_name(pt) << " decay " << decay << " at " << i;
       }
     }
 }
@@ -494,9 +511,9 @@ TEST(ElementMath, UniformDrawsEqualTheCpuBackendBitwise) {
       const int code = t == DType::bf16 ? em::kBF16 : t == DType::f16 ? em::kF16 : em::kF32;
       const em::UniformBounds bounds = em::uniform_bounds(code, flo, fhi);  // once per kernel
       for (int64_t i = 0; i < rows * cols; ++i) {
-        const float v = em::uniform_in_range(
-            em::uniform(static_cast<uint64_t>(i), static_cast<uint32_t>(key[0]), static_cast<uint32_t>(key[1]), flo, fhi),
-            code, flo, fhi, bounds);
+        const float v = em::uniform_in_range(em::uniform(static_cast<uint64_t>(i), static_cast<uint32_t>(key[0]),
+                                                         static_cast<uint32_t>(key[1]), flo, fhi),
+                                             code, flo, fhi, bounds);
         ASSERT_EQ(bits_of(v), bits_of(static_cast<float>(ref::load(want.data(), t, i))))
             << dtype_name(t) << " [" << lo << ", " << hi << ") at " << i;
       }
@@ -510,14 +527,15 @@ TEST(ElementMath, NormalDrawsAndFoldInEqualTheCpuBackend) {
   const std::vector<std::byte> want =
       run_cpu(prims::random_normal(), {TensorType{DType::i32, {2}}}, TensorType{DType::f32, {n}}, attrs, {key});
   for (int64_t i = 0; i < n; ++i) {
-    const float got = em::normal(static_cast<uint64_t>(i), static_cast<uint32_t>(key[0]), static_cast<uint32_t>(key[1]));
+    const float got =
+        em::normal(static_cast<uint64_t>(i), static_cast<uint32_t>(key[0]), static_cast<uint32_t>(key[1]));
     ASSERT_EQ(bits_of(got), bits_of(reinterpret_cast<const float*>(want.data())[i])) << i;
   }
   for (int64_t data : {int64_t{0}, int64_t{1}, int64_t{7} << 40, int64_t{-3}}) {
     const std::vector<std::byte> k = run_cpu(prims::fold_in(), {TensorType{DType::i32, {2}}},
                                              TensorType{DType::i32, {2}}, Attrs{{"data", data}}, {key});
-    const em::Philox b = em::fold_in(static_cast<uint32_t>(key[0]), static_cast<uint32_t>(key[1]),
-                                     static_cast<uint64_t>(data));
+    const em::Philox b =
+        em::fold_in(static_cast<uint32_t>(key[0]), static_cast<uint32_t>(key[1]), static_cast<uint64_t>(data));
     EXPECT_EQ(b.w[0], reinterpret_cast<const uint32_t*>(k.data())[0]);
     EXPECT_EQ(b.w[1], reinterpret_cast<const uint32_t*>(k.data())[1]);
   }

@@ -1,7 +1,8 @@
-// The CUDA backend (backend.h): never run, see there. One compute stream and one copy stream per
-// device; allocations are stream-ordered on the compute stream (cudaMallocAsync from the device's
-// default pool, whose release threshold keeps freed memory cached for reuse) and synchronized
-// before they are handed out, so that an Array is usable at once from any stream.
+// The CUDA backend (backend.h): never run, see there. Three streams per device (StreamKind):
+// kernels on compute, copies on host_to_device or device_to_host after the compute stream's work.
+// Allocations are stream-ordered on the compute stream (cudaMallocAsync from the device's default
+// pool, whose release threshold keeps freed memory cached for reuse) and synchronized before they
+// are handed out, so that an Array is usable at once from any stream.
 #include "backend/cuda/backend.h"
 
 #include <cuda_runtime.h>
@@ -29,8 +30,21 @@ void check(cudaError_t e, const char* what) {
 struct Device {
   int index = 0;
   int sm = 0;  // compute capability as 80, 90
-  cudaStream_t compute = nullptr, copies = nullptr;
+  cudaStream_t compute = nullptr;
+  cudaStream_t streams[3] = {};  // by StreamKind: compute, host_to_device, device_to_host
 };
+
+// An event recorded on `stream` now; waiting synchronizes with it and destroys it.
+Event record_on(cudaStream_t stream) {
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaEventRecord(e, stream), "cudaEventRecord");
+  return Event([e] {
+    const cudaError_t r = cudaEventSynchronize(e);
+    cudaEventDestroy(e);
+    check(r, "cudaEventSynchronize");
+  });
+}
 
 // A generated kernel loaded on one device: the library stays loaded while a Kernel holds it.
 struct Loaded {
@@ -52,8 +66,9 @@ class CudaBackend final : public Backend {
       check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d), "cudaDeviceGetAttribute");
       check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d), "cudaDeviceGetAttribute");
       dev.sm = major * 10 + minor;
-      check(cudaStreamCreateWithFlags(&dev.compute, cudaStreamNonBlocking), "cudaStreamCreate");
-      check(cudaStreamCreateWithFlags(&dev.copies, cudaStreamNonBlocking), "cudaStreamCreate");
+      for (cudaStream_t& st : dev.streams)
+        check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
+      dev.compute = dev.streams[0];
       // Freed blocks stay in the pool (a caching allocator) instead of going back to the driver.
       cudaMemPool_t pool = nullptr;
       check(cudaDeviceGetDefaultMemPool(&pool, d), "cudaDeviceGetDefaultMemPool");
@@ -85,6 +100,21 @@ class CudaBackend final : public Backend {
       cudaFreeHost(ptr);
     else
       cudaFreeAsync(ptr, d.compute);  // after the kernels already queued that read it
+  }
+
+  // Device memory is the GPU's; pinned host memory is the host's too.
+  bool host_visible(const Placement& p) const override { return p.kind == MemoryKind::pinned_host; }
+
+  void* stream(const Placement& p, StreamKind kind) override { return device(p).streams[static_cast<int>(kind)]; }
+  Event record(const Placement& p, StreamKind kind) override {
+    const Device& d = device(p);
+    check(cudaSetDevice(d.index), "cudaSetDevice");
+    return record_on(d.streams[static_cast<int>(kind)]);
+  }
+  void synchronize(const Placement& p) override {
+    const Device& d = device(p);
+    check(cudaSetDevice(d.index), "cudaSetDevice");
+    for (cudaStream_t st : d.streams) check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
   }
 
   bool can_fuse(const Graph& g, const Node& n) const override { return can_generate_elementwise(g, n); }
@@ -120,19 +150,38 @@ class CudaBackend final : public Backend {
     };
   }
 
-  // In order on the copy stream of device 0 after everything queued so far (cudaMemcpyDefault
-  // tells host, pinned and device pointers apart); the event waits for the stream.
+  // In order on one copy stream, after the kernels already queued on the device's compute stream
+  // (which may have written the sources): host_to_device when the first job writes device memory,
+  // else device_to_host; cudaMemcpyDefault tells host, pinned and device pointers apart. The
+  // device is the one owning the first device pointer among the jobs (device 0 if none).
   Event copy(std::vector<CopyJob> jobs) override {
     if (jobs.empty()) return Event();
-    const Device& d = devices_.at(0);
+    const auto on_device = [](const void* ptr, int* dev) {
+      cudaPointerAttributes a{};
+      if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+      }
+      if (a.type != cudaMemoryTypeDevice) return false;
+      *dev = a.device;
+      return true;
+    };
+    int dev = 0;
+    const bool to_device = on_device(jobs[0].dst, &dev);
+    if (!to_device) on_device(jobs[0].src, &dev);
+    const Device& d = devices_.at(static_cast<size_t>(dev));
     check(cudaSetDevice(d.index), "cudaSetDevice");
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the kernels that wrote the sources
+    const cudaStream_t s =
+        d.streams[static_cast<int>(to_device ? StreamKind::host_to_device : StreamKind::device_to_host)];
+    cudaEvent_t after = nullptr;
+    check(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventRecord(after, d.compute), "cudaEventRecord");
+    check(cudaStreamWaitEvent(s, after, 0), "cudaStreamWaitEvent");
+    cudaEventDestroy(after);  // released once the wait has happened
     for (const CopyJob& j : jobs)
       if (j.bytes > 0 && j.dst != j.src)
-        check(cudaMemcpyAsync(j.dst, j.src, static_cast<size_t>(j.bytes), cudaMemcpyDefault, d.copies),
-              "cudaMemcpyAsync");
-    const cudaStream_t s = d.copies;
-    return Event([s] { check(cudaStreamSynchronize(s), "cudaStreamSynchronize"); });
+        check(cudaMemcpyAsync(j.dst, j.src, static_cast<size_t>(j.bytes), cudaMemcpyDefault, s), "cudaMemcpyAsync");
+    return record_on(s);
   }
 
   int num_threads() const override { return 1; }

@@ -6,10 +6,10 @@
 // toolkit and its test skips without a device (tests/backend/test_cuda_backend.cc); whether it
 // works is for the first run on a GPU (issue 50's scripts/gpu_check.sh) to show.
 //
-// Not yet: matmuls (cuBLASLt), attention (cuDNN), shape ops and collectives have no kernels here,
-// so a program with them fails to compile naming the primitive; the memory seam's host_visible and
-// stream hooks (parallax/backend.h, in progress) are not overridden yet, nor does the backend
-// registry register this backend by itself: register_cuda_backend() does, where a GPU is visible.
+// Not yet: matmuls (cuBLASLt), attention (cuDNN), constants and collectives (NCCL) have no kernels
+// here, so a program with them fails to compile naming the primitive; allocations synchronize
+// their stream (no caching allocator of our own over the pool yet); the backend registry does not
+// register this backend by itself: register_cuda_backend() does, where a GPU is visible.
 #pragma once
 
 namespace px::cuda {

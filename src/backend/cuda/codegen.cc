@@ -25,11 +25,15 @@ bool int_like(DType d) { return d == DType::i32 || d == DType::boolean; }
 
 std::string storage(DType d) {
   switch (d) {
-    case DType::f32: return "float";
+    case DType::f32:
+      return "float";
     case DType::bf16:
-    case DType::f16: return "unsigned short";
-    case DType::i32: return "int";
-    case DType::boolean: return "unsigned char";
+    case DType::f16:
+      return "unsigned short";
+    case DType::i32:
+      return "int";
+    case DType::boolean:
+      return "unsigned char";
   }
   return "float";
 }
@@ -41,10 +45,14 @@ std::string reg_type(Reg r) { return r == Reg::f ? "float" : r == Reg::i ? "int"
 std::string load(DType d, const std::string& element) {
   switch (d) {
     case DType::f32:
-    case DType::i32: return element;
-    case DType::bf16: return "em::bf16_to_f32(" + element + ")";
-    case DType::f16: return "em::f16_to_f32(" + element + ")";
-    case DType::boolean: return "(" + element + " != 0)";
+    case DType::i32:
+      return element;
+    case DType::bf16:
+      return "em::bf16_to_f32(" + element + ")";
+    case DType::f16:
+      return "em::f16_to_f32(" + element + ")";
+    case DType::boolean:
+      return "(" + element + " != 0)";
   }
   return element;
 }
@@ -52,10 +60,14 @@ std::string load(DType d, const std::string& element) {
 std::string store(DType d, const std::string& v) {
   switch (d) {
     case DType::f32:
-    case DType::i32: return v;
-    case DType::bf16: return "em::f32_to_bf16(" + v + ")";
-    case DType::f16: return "em::f32_to_f16(" + v + ")";
-    case DType::boolean: return "(unsigned char)(" + v + " ? 1 : 0)";
+    case DType::i32:
+      return v;
+    case DType::bf16:
+      return "em::f32_to_bf16(" + v + ")";
+    case DType::f16:
+      return "em::f32_to_f16(" + v + ")";
+    case DType::boolean:
+      return "(unsigned char)(" + v + " ? 1 : 0)";
   }
   return v;
 }
@@ -233,7 +245,9 @@ const std::unordered_map<const Primitive*, const char*>& comparisons() {
   return m;
 }
 
-bool is_identity(const Primitive* p) { return p == prims::stop_gradient() || p == prims::tag() || p == prims::reshape(); }
+bool is_identity(const Primitive* p) {
+  return p == prims::stop_gradient() || p == prims::tag() || p == prims::reshape();
+}
 
 bool elementwise_prim(const Primitive* p) {
   return functions().count(p) || comparisons().count(p) || is_identity(p) || p == prims::logical_and() ||
@@ -381,7 +395,8 @@ class Elementwise {
       return define(Reg::b, "(" + as(0, r) + " " + c->second + " " + as(1, r) + ")");
     }
     if (n.prim == prims::logical_and() || n.prim == prims::logical_or())
-      return define(Reg::b, "(" + as(0, Reg::b) + (n.prim == prims::logical_and() ? " && " : " || ") + as(1, Reg::b) + ")");
+      return define(Reg::b,
+                    "(" + as(0, Reg::b) + (n.prim == prims::logical_and() ? " && " : " || ") + as(1, Reg::b) + ")");
     if (n.prim == prims::logical_not()) return define(Reg::b, "(!" + as(0, Reg::b) + ")");
     std::string call;
     Reg result = Reg::f;
@@ -441,7 +456,8 @@ bool can_generate(const Primitive* p) { return elementwise_prim(p) || can_genera
 KernelSource generate(const Graph& g, const Unit& unit) {
   if (unit.nodes.empty()) throw InternalError("[cuda codegen] an empty unit");
   if (unit.kind == Unit::Kind::fused) return Elementwise(g, unit).emit();
-  if (unit.kind != Unit::Kind::kernel) throw InternalError("[cuda codegen] asked for a unit that is not a kernel: " + unit.label);
+  if (unit.kind != Unit::Kind::kernel)
+    throw InternalError("[cuda codegen] asked for a unit that is not a kernel: " + unit.label);
   const Node& n = g.nodes()[unit.nodes[0]];
   if (elementwise_prim(n.prim) || n.prim == prims::broadcast_in_dim()) return Elementwise(g, unit).emit();
   return generate_row(g, unit, n);

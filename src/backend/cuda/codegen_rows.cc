@@ -20,14 +20,13 @@ namespace {
 
 std::string i64(int64_t v) { return std::to_string(v) + "LL"; }
 
-
 std::string header(const Graph& g, const Unit& u) {
   return "extern \"C\" __global__ void @NAME@(" + params(dtypes_of(g, u.in_values), dtypes_of(g, u.out_values)) +
          ") {\n";
 }
 
-KernelSource done(const std::string& family, const std::string& body, const Graph& g, const Unit& u,
-                  const Node& n, Launch launch) {
+KernelSource done(const std::string& family, const std::string& body, const Graph& g, const Unit& u, const Node& n,
+                  Launch launch) {
   return finish(family, body, n.prim->name + " " + type_label(g.type(n.inputs.empty() ? n.outputs[0] : n.inputs[0])),
                 launch, static_cast<int>(u.in_values.size()), static_cast<int>(u.out_values.size()));
 }
@@ -175,7 +174,8 @@ KernelSource norm_grad(const Graph& g, const Unit& u, const Node& n) {
   const std::string gk = "(" + load(yd, dy + "[" + e + "]") + " * " + load(gd, "in1[k]") + ")";
   b += "  float mg = 0.0f, mgx = 0.0f;\n";
   b += loop + " {\n    const float xh = " + xh + ", gk = " + gk + ";\n    mg += gk;\n    mgx += gk * xh;\n";
-  b += "    out1[" + e + "] = " + store(g.type(n.outputs[1]).dtype, load(yd, dy + "[" + e + "]") + " * xh") + ";\n  }\n";
+  b +=
+      "    out1[" + e + "] = " + store(g.type(n.outputs[1]).dtype, load(yd, dy + "[" + e + "]") + " * xh") + ";\n  }\n";
   b += std::string("  mg = ") + (rms ? "0.0f" : "px_block_reduce(mg, false) * inv_d") + ";\n";
   b += "  mgx = px_block_reduce(mgx, false) * inv_d;\n";
   b += loop + " {\n    const float xh = " + xh + ", gk = " + gk + ";\n";
@@ -225,7 +225,8 @@ KernelSource take(const Graph& g, const Unit& u, const Node& n) {
   const int64_t rows = table.shape.at(0), per = rows == 0 ? 0 : table.numel() / rows;
   const int64_t count = g.type(n.outputs[0]).numel();
   std::string b = header(g, u) + grid_stride_loop(count);
-  b += "    const long long j = i / " + i64(std::max<int64_t>(per, 1)) + ", c = i % " + i64(std::max<int64_t>(per, 1)) + ";\n";
+  b += "    const long long j = i / " + i64(std::max<int64_t>(per, 1)) + ", c = i % " + i64(std::max<int64_t>(per, 1)) +
+       ";\n";
   b += "    const int idx = in1[j];\n";
   b += "    out0[i] = in0[" + clamp_row("idx", rows) + " * " + i64(per) + " + c];\n  }\n}\n";
   return done("take", b, g, u, n, elementwise_launch(count));
@@ -237,12 +238,14 @@ KernelSource scatter_add(const Graph& g, const Unit& u, const Node& n) {
   const int64_t rows = ot.shape.at(0), d = rows == 0 ? 0 : ot.numel() / rows, k = g.type(n.inputs[0]).numel();
   const bool integer = ot.dtype == DType::i32;
   std::string b = header(g, u) + grid_stride_loop(ot.numel());
-  b += "    const long long r = i / " + i64(std::max<int64_t>(d, 1)) + ", c = i % " + i64(std::max<int64_t>(d, 1)) + ";\n";
+  b += "    const long long r = i / " + i64(std::max<int64_t>(d, 1)) + ", c = i % " + i64(std::max<int64_t>(d, 1)) +
+       ";\n";
   b += std::string("    ") + (integer ? "unsigned int acc = 0u;\n" : "float acc = 0.0f;\n");
   b += "    for (long long j = 0; j < " + i64(k) + "; ++j) {\n";
   b += "      const int idx = in0[j];\n";
   b += "      if (" + clamp_row("idx", rows) + " == r) acc += " +
-       (integer ? std::string("(unsigned int)in1[j * ") + i64(d) + " + c]" : load(ot.dtype, "in1[j * " + i64(d) + " + c]")) +
+       (integer ? std::string("(unsigned int)in1[j * ") + i64(d) + " + c]"
+                : load(ot.dtype, "in1[j * " + i64(d) + " + c]")) +
        ";\n    }\n";
   b += "    out0[i] = " + (integer ? std::string("(int)acc") : store(ot.dtype, "acc")) + ";\n  }\n}\n";
   return done("scatter", b, g, u, n, elementwise_launch(ot.numel()));
@@ -253,7 +256,8 @@ KernelSource one_hot(const Graph& g, const Unit& u, const Node& n) {
   const TensorType& ot = g.type(n.outputs[0]);
   const Reg r = reg_of(ot.dtype);
   std::string b = header(g, u) + grid_stride_loop(ot.numel());
-  b += "    const bool hit = in0[i / " + i64(std::max<int64_t>(depth, 1)) + "] == i % " + i64(std::max<int64_t>(depth, 1)) + ";\n";
+  b += "    const bool hit = in0[i / " + i64(std::max<int64_t>(depth, 1)) + "] == i % " +
+       i64(std::max<int64_t>(depth, 1)) + ";\n";
   b += "    out0[i] = " + store(ot.dtype, convert(Reg::b, r, "hit")) + ";\n  }\n}\n";
   return done("onehot", b, g, u, n, elementwise_launch(ot.numel()));
 }
@@ -378,13 +382,13 @@ KernelSource shape_op(const Graph& g, const Unit& u, const Node& n) {
     for (int d = 0; d < r; ++d) {
       const int64_t step = interior.at(d) + 1;
       b += "    q = idx" + std::to_string(d) + " - " + i64(lo.at(d)) + ";\n";
-      b += "    inside = inside && q >= 0 && q % " + i64(step) + " == 0 && q / " + i64(step) + " < " + i64(xt.shape[d]) +
-           ";\n";
+      b += "    inside = inside && q >= 0 && q % " + i64(step) + " == 0 && q / " + i64(step) + " < " +
+           i64(xt.shape[d]) + ";\n";
       b += "    at += (q / " + i64(step) + ") * " + i64(xs[d]) + ";\n";
     }
     const double v = n.attrs.f("value", 0.0);
     const Reg reg = reg_of(ot.dtype);
-    const std::string value = reg == Reg::f ? flit(round_value(ot.dtype, v))
+    const std::string value = reg == Reg::f   ? flit(round_value(ot.dtype, v))
                               : reg == Reg::i ? ilit(saturate_i32(v))
                                               : std::string(v != 0.0 ? "true" : "false");
     b += "    out0[i] = inside ? in0[at] : (" + storage(ot.dtype) + ")" + store(ot.dtype, value) + ";\n";
@@ -400,8 +404,8 @@ KernelSource shape_op(const Graph& g, const Unit& u, const Node& n) {
         e += " + " + (d == axis ? "(idx" + std::to_string(d) + " - " + i64(at) + ")" : "idx" + std::to_string(d)) +
              " * " + i64(ts[d]);
       const int64_t end = at + t.shape.at(axis);
-      b += "    " + std::string(k ? "else " : "") + "if (idx" + std::to_string(axis) + " < " + i64(end) + ") out0[i] = in" +
-           std::to_string(k) + "[" + e + "];\n";
+      b += "    " + std::string(k ? "else " : "") + "if (idx" + std::to_string(axis) + " < " + i64(end) +
+           ") out0[i] = in" + std::to_string(k) + "[" + e + "];\n";
       at = end;
     }
   }

@@ -30,8 +30,7 @@ Cubin compile_now(const KernelSource& k, int sm) {
   const char* headers[] = {element_math_text()};
   const char* names[] = {kElementMathInclude};
   nvrtcProgram prog = nullptr;
-  check(nvrtcCreateProgram(&prog, k.source.c_str(), (k.name + ".cu").c_str(), 1, headers, names),
-        "nvrtcCreateProgram");
+  check(nvrtcCreateProgram(&prog, k.source.c_str(), (k.name + ".cu").c_str(), 1, headers, names), "nvrtcCreateProgram");
   std::unique_ptr<nvrtcProgram, void (*)(nvrtcProgram*)> guard(&prog, [](nvrtcProgram* p) { nvrtcDestroyProgram(p); });
   const std::vector<std::string> opts = nvrtc_options(sm);
   std::vector<const char*> argv;
@@ -52,8 +51,12 @@ Cubin compile_now(const KernelSource& k, int sm) {
 }  // namespace
 
 std::vector<std::string> nvrtc_options(int sm) {
-  return {"--gpu-architecture=sm_" + std::to_string(sm), "--std=c++17", "--fmad=false", "--prec-div=true",
-          "--prec-sqrt=true", "--ftz=false"};
+  return {"--gpu-architecture=sm_" + std::to_string(sm),
+          "--std=c++17",
+          "--fmad=false",
+          "--prec-div=true",
+          "--prec-sqrt=true",
+          "--ftz=false"};
 }
 
 Cubin compile_cubin(const KernelSource& kernel, int sm) {
