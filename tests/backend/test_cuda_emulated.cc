@@ -45,6 +45,7 @@ constexpr const char* kShim = R"(#include <cstdint>
 struct PxDim { unsigned x; };
 inline PxDim blockIdx{0}, threadIdx{0}, blockDim{1}, gridDim{1};
 extern "C" void px_emu_launch(unsigned block, unsigned grid) { blockIdx.x = block; gridDim.x = grid; }
+template <class T> inline T atomicAdd(T* p, T v) { const T old = *p; *p = old + v; return old; }
 )";
 
 // ---- the ref backend over a whole graph -------------------------------------------------------
@@ -163,7 +164,10 @@ void check(Library& lib, const Case& c, uint32_t seed) {
   std::vector<void*> args;
   for (int v : c.unit.in_values) args.push_back(ref.at(v).data());
   for (int v : c.unit.out_values) outs.emplace_back(ref.at(v).size(), std::byte{0x5a});  // poisoned
-  for (Bytes& o : outs) args.push_back(o.data());
+  for (Bytes& o : outs) {
+    if (c.k.zero_outputs) std::fill(o.begin(), o.end(), std::byte{0});  // as the launcher does
+    args.push_back(o.data());
+  }
   lib.run(c.k, args);
   if (::testing::Test::HasFatalFailure()) return;
   const bool rows = c.unit.kind == Unit::Kind::kernel && !c.g->nodes()[c.unit.nodes[0]].prim->elementwise;

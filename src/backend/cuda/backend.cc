@@ -134,17 +134,21 @@ class CudaBackend final : public Backend {
           "cudaLibraryLoadData");
     check(cudaLibraryGetKernel(&loaded->kernel, loaded->library, src.name.c_str()), "cudaLibraryGetKernel");
     const int nin = src.num_inputs, nout = src.num_outputs;
+    std::vector<size_t> zero;  // bytes of each result to zero before the launch (atomic sums)
+    if (src.zero_outputs)
+      for (int v : unit.out_values) zero.push_back(static_cast<size_t>(g.type(v).nbytes()));
     const dim3 grid(static_cast<unsigned>(src.launch.blocks)), block(static_cast<unsigned>(src.launch.threads));
     const cudaStream_t stream = d.compute;
     const int dev = d.index;
     // Queued on the device's compute stream; the caller synchronizes before the host reads results.
-    return [loaded, nin, nout, grid, block, stream, dev](const void* const* in, void* const* out) {
+    return [loaded, nin, nout, grid, block, stream, dev, zero](const void* const* in, void* const* out) {
       std::vector<void*> ptrs(static_cast<size_t>(nin + nout));
       std::vector<void*> args(ptrs.size());
       for (int k = 0; k < nin; ++k) ptrs[k] = const_cast<void*>(in[k]);
       for (int k = 0; k < nout; ++k) ptrs[nin + k] = out[k];
       for (size_t k = 0; k < ptrs.size(); ++k) args[k] = &ptrs[k];
       check(cudaSetDevice(dev), "cudaSetDevice");
+      for (size_t k = 0; k < zero.size(); ++k) check(cudaMemsetAsync(out[k], 0, zero[k], stream), "cudaMemsetAsync");
       check(cudaLaunchKernel(reinterpret_cast<const void*>(loaded->kernel), grid, block, args.data(), 0, stream),
             "cudaLaunchKernel");
     };

@@ -45,6 +45,7 @@ struct KernelSource {
   std::string label;   // what it computes, for messages: "fused{mul,exp} bf16[4,8]"
   Launch launch;
   int num_inputs = 0, num_outputs = 0;  // its parameters: inputs, then outputs
+  bool zero_outputs = false;            // the launcher zeroes the results first (atomic sums)
 };
 
 // Whether node n can join a generated elementwise kernel (a CUDA backend's can_fuse).

@@ -232,22 +232,32 @@ KernelSource take(const Graph& g, const Unit& u, const Node& n) {
   return done("take", b, g, u, n, elementwise_launch(count));
 }
 
-// Each result element sums its updates in index order (deterministic; the ref backend's order).
+// f32 and i32 results: the launcher zeroes the result (KernelSource::zero_outputs) and each update
+// element is added at its row with an atomic add, one thread per update element (f32 sums are then
+// in no fixed order: equal to the ref backend's within rounding, not bitwise from run to run; i32
+// sums wrap, exactly). 16-bit results: each result element sums its updates in index order (the ref
+// backend's order), a loop over every index per element, slow for large tables.
 KernelSource scatter_add(const Graph& g, const Unit& u, const Node& n) {
   const TensorType& ot = g.type(n.outputs[0]);
   const int64_t rows = ot.shape.at(0), d = rows == 0 ? 0 : ot.numel() / rows, k = g.type(n.inputs[0]).numel();
-  const bool integer = ot.dtype == DType::i32;
+  const std::string dd = i64(std::max<int64_t>(d, 1));
+  if (ot.dtype == DType::f32 || ot.dtype == DType::i32) {
+    std::string b = header(g, u) + grid_stride_loop(k * d);
+    b += "    const long long j = i / " + dd + ", c = i % " + dd + ";\n";
+    b += "    const int idx = in0[j];\n";
+    b += "    atomicAdd(&out0[" + clamp_row("idx", rows) + " * " + dd + " + c], in1[i]);\n  }\n}\n";
+    KernelSource ks = done("scatter", b, g, u, n, elementwise_launch(k * d));
+    ks.zero_outputs = true;
+    return ks;
+  }
   std::string b = header(g, u) + grid_stride_loop(ot.numel());
-  b += "    const long long r = i / " + i64(std::max<int64_t>(d, 1)) + ", c = i % " + i64(std::max<int64_t>(d, 1)) +
-       ";\n";
-  b += std::string("    ") + (integer ? "unsigned int acc = 0u;\n" : "float acc = 0.0f;\n");
+  b += "    const long long r = i / " + dd + ", c = i % " + dd + ";\n";
+  b += "    float acc = 0.0f;\n";
   b += "    for (long long j = 0; j < " + i64(k) + "; ++j) {\n";
   b += "      const int idx = in0[j];\n";
-  b += "      if (" + clamp_row("idx", rows) + " == r) acc += " +
-       (integer ? std::string("(unsigned int)in1[j * ") + i64(d) + " + c]"
-                : load(ot.dtype, "in1[j * " + i64(d) + " + c]")) +
+  b += "      if (" + clamp_row("idx", rows) + " == r) acc += " + load(ot.dtype, "in1[j * " + i64(d) + " + c]") +
        ";\n    }\n";
-  b += "    out0[i] = " + (integer ? std::string("(int)acc") : store(ot.dtype, "acc")) + ";\n  }\n}\n";
+  b += "    out0[i] = " + store(ot.dtype, "acc") + ";\n  }\n}\n";
   return done("scatter", b, g, u, n, elementwise_launch(ot.numel()));
 }
 
