@@ -6,7 +6,12 @@
 // A failure names the kernel and prints NVRTC's log and the source. Built only with PX_WITH_CUDA.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -32,7 +37,7 @@ std::map<int, std::set<std::string>>& compiled() {
 
 void expect_compiles(const cuda::KernelSource& k) {
   for (int sm : kArchs) {
-    const cuda::Cubin c = cuda::compile_cubin(k, sm);
+    const cuda::Cubin c = cuda::compile_cubin(k, sm, /*disk=*/false);  // compiled here, not read back
     ASSERT_TRUE(c.ok) << "kernel " << k.name << " (" << k.label << ") does not compile for sm_" << sm
                       << "; NVRTC's log:\n"
                       << c.log << "\nsource:\n"
@@ -187,10 +192,41 @@ TEST(CudaCodegen, ACompileErrorIsReportedWithItsLog) {
   k.source =
       "#include \"px_element_math.h\"\nextern \"C\" __global__ void px_broken(float* out0) { out0[0] = "
       "em::no_such(1.0f); }\n";
-  const cuda::Cubin c = cuda::compile_cubin(k, 80);
+  const cuda::Cubin c = cuda::compile_cubin(k, 80, /*disk=*/false);
   EXPECT_FALSE(c.ok);
   EXPECT_TRUE(c.image.empty());
   EXPECT_NE(c.log.find("no_such"), std::string::npos) << c.log;
+}
+
+// The on-disk cache: a compiled kernel's cubin is written under XDG_CACHE_HOME, and a kernel whose
+// file is there is read back instead of compiled (a planted file proves which).
+TEST(CudaCodegen, CubinsAreCachedOnDisk) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("px_cubins_" + std::to_string(::getpid()));
+  const char* old = std::getenv("XDG_CACHE_HOME");
+  const std::string saved = old ? old : "";
+  ::setenv("XDG_CACHE_HOME", dir.c_str(), 1);
+  Graph g;
+  Tensor x = g.input(TensorType{DType::f32, {17}});
+  Tensor y = g.emit(*prims::exp(), {x})[0];
+  g.set_outputs({y});
+  Unit u{Unit::Kind::kernel, {0}, {x.id()}, {y.id()}};
+  const cuda::KernelSource k = cuda::generate(g, u);
+  const std::string path = cuda::cubin_cache_path(k, 80);
+  EXPECT_EQ(path.rfind(dir.string(), 0), 0u) << path;
+  const cuda::Cubin c = cuda::compile_cubin(k, 80);
+  ASSERT_TRUE(c.ok) << c.log;
+  std::ifstream f(path, std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), c.image);
+  // Another architecture's file, planted before its first compile in this process, is what comes back.
+  const std::string planted = cuda::cubin_cache_path(k, 90);
+  std::ofstream(planted, std::ios::binary) << "planted";
+  EXPECT_EQ(cuda::compile_cubin(k, 90).image, "planted");
+  if (old)
+    ::setenv("XDG_CACHE_HOME", saved.c_str(), 1);
+  else
+    ::unsetenv("XDG_CACHE_HOME");
+  std::filesystem::remove_all(dir);
 }
 
 // The units of a real program as the schedule forms them (the CPU backend's fusion decisions):
