@@ -16,6 +16,7 @@
 #include "backend/cuda/codegen.h"
 #include "backend/cuda/nvrtc.h"
 #include "ir/primitive.h"
+#include "ops/prims.h"
 #include "parallax/backend.h"
 #include "parallax/core.h"
 
@@ -118,12 +119,16 @@ class CudaBackend final : public Backend {
   }
 
   bool can_fuse(const Graph& g, const Node& n) const override { return can_generate_elementwise(g, n); }
-  bool has_kernel(const Primitive* primitive) const override { return can_generate(primitive); }
+  bool has_kernel(const Primitive* primitive) const override {
+    return primitive == prims::constant() || can_generate(primitive);
+  }
   bool kernels_per_device() const override { return true; }  // a library is loaded per device
 
   Kernel make_kernel(const Graph& g, const Unit& unit, const Placement& where) override {
-    const KernelSource src = generate(g, unit);
     const Device& d = device(where);
+    const Node& first = g.nodes()[unit.nodes.at(0)];
+    if (unit.kind == Unit::Kind::kernel && first.prim == prims::constant()) return constant(first, d);
+    const KernelSource src = generate(g, unit);
     const Cubin cubin = compile_cubin(src, d.sm);
     if (!cubin.ok)
       throw InternalError("[cuda] the generated kernel " + src.name + " (" + src.label + ") does not compile for sm_" +
@@ -191,6 +196,25 @@ class CudaBackend final : public Backend {
   int num_threads() const override { return 1; }
 
  private:
+  // A constant's bytes are copied to the device once, here; each run copies them into the result
+  // on the compute stream. (This copy of the value is not counted by px::memory_stats.)
+  Kernel constant(const Node& n, const Device& d) {
+    const Array& value = n.attrs.array("value");
+    const size_t bytes = static_cast<size_t>(value.nbytes());
+    if (bytes == 0) return [](const void* const*, void* const*) {};
+    check(cudaSetDevice(d.index), "cudaSetDevice");
+    void* raw = nullptr;
+    check(cudaMalloc(&raw, bytes), "cudaMalloc");
+    std::shared_ptr<void> buf(raw, [](void* p) { cudaFree(p); });
+    check(cudaMemcpy(raw, value.on_host().raw(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    const cudaStream_t stream = d.compute;
+    const int dev = d.index;
+    return [buf, bytes, stream, dev](const void* const*, void* const* out) {
+      check(cudaSetDevice(dev), "cudaSetDevice");
+      check(cudaMemcpyAsync(out[0], buf.get(), bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+    };
+  }
+
   const Device& device(const Placement& p) const {
     if (p.device < 0 || p.device >= static_cast<int>(devices_.size()))
       throw UserError("[cuda] device " + std::to_string(p.device) + " is not visible: this process sees " +
