@@ -49,7 +49,7 @@ namespace {
 // tokenizer(text): GPT-2 and Qwen2 none, Llama a BOS), or parses ids; generates until any of
 // `eos_ids`; and turns the new ids back into text.
 DecodeResult run_decode(const nn::TransformerLm& model, const std::vector<Array>& params, const text::Tokenizer* tok,
-                        const std::vector<int32_t>& eos_ids, const DecodeOptions& d) {
+                        const std::vector<int32_t>& eos_ids, const DecodeOptions& d, const std::string& platform) {
   if (d.max_new_tokens < 1)
     throw UserError("[pax] decode: max_new_tokens must be >= 1, got " + std::to_string(d.max_new_tokens));
   const int64_t context = model.config().max_seq_len, vocab = model.config().vocab_size;
@@ -81,6 +81,7 @@ DecodeResult run_decode(const nn::TransformerLm& model, const std::vector<Array>
   g.use_cache = d.use_cache;
   g.token_seconds = &r.token_seconds;
   g.eos_ids = eos_ids;
+  g.platform = platform;
   r.new_ids = nn::generate(model, params, {r.prompt_ids}, g)[0];
   // generate() repeats the EOS to the end of the row: the tokens produced are those before the first.
   auto eos = std::find_if(r.new_ids.begin(), r.new_ids.end(),
@@ -129,7 +130,8 @@ DecodeResult decode(const ExperimentConfig& c, const RunOptions& opts, const Dec
   nn::TransformerLm model(lm_config(c));
   std::optional<int64_t> step = d.step;
   std::vector<Array> params = Checkpoints(opts.job_dir, c.train.checkpoint_keep).params(step, model);
-  DecodeResult r = run_decode(model, params, data->tokenizer(), eos_ids_of({}, data->tokenizer()), d);
+  DecodeResult r = run_decode(model, params, data->tokenizer(), eos_ids_of({}, data->tokenizer()), d,
+                              resolve_devices(c, opts.devices, false).platform);
   r.step = *step;
   return r;
 }
@@ -144,7 +146,7 @@ DecodeResult decode_pretrained(const std::string& dir, const DecodeOptions& d) {
       tok = text::load_hf_tokenizer(dir);
       break;
     }
-  return run_decode(*p.model, p.params, tok.get(), eos_ids_of(p.special, tok.get()), d);
+  return run_decode(*p.model, p.params, tok.get(), eos_ids_of(p.special, tok.get()), d, default_devices().platform);
 }
 
 int64_t export_checkpoint(const ExperimentConfig& c, const RunOptions& opts, const std::string& out_dir,

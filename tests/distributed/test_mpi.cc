@@ -219,7 +219,7 @@ void check_training(const std::vector<std::pair<std::string, int64_t>>& axes, Sh
   using clock = std::chrono::steady_clock;
   const ProcessWorld& w = process_world();
   const int steps = 2;
-  Mesh single = Mesh::create(axes, DeviceSet{"cpu", w.devices.count, 1});
+  Mesh single = Mesh::create(axes, DeviceSet{w.devices.platform, w.devices.count, 1});
   Mesh split = Mesh::create(axes, w.devices);
   ShardingOptions sopt;
   sopt.device_parallelism = DeviceParallelism::over_devices;
@@ -393,7 +393,7 @@ void check_pipeline(const nn::LmConfig& cfg, int microbatches) {
 
   Fixture f(cfg, per * microbatches);
   TrainStepOptions one = o;
-  one.mesh = Mesh::create(axes, DeviceSet{"cpu", w.devices.count, 1});
+  one.mesh = Mesh::create(axes, DeviceSet{w.devices.platform, w.devices.count, 1});
   one.sharding.communicator = nullptr;
   TrainStep ref(f.model.store(), opt(), f.loss, f.batch_types, one);
   TrainState rs = ref.init(0);
@@ -481,7 +481,7 @@ TEST(MpiRanks, PipelineStateIsSplitOverTheProcessesBitwise) {
 
   Fixture f(cfg, per * M);
   TrainStepOptions one = o;
-  one.mesh = Mesh::create(axes, DeviceSet{"cpu", w.devices.count, 1});
+  one.mesh = Mesh::create(axes, DeviceSet{w.devices.platform, w.devices.count, 1});
   one.sharding.communicator = nullptr;
   std::vector<Array> want;
   const int64_t one_peak = measured([&] {

@@ -27,9 +27,10 @@ struct Result {
   std::string out;
 };
 
-// Runs pax with the arguments (a shell word list) and captures stdout and stderr together.
-Result pax(const std::string& args) {
-  const std::string cmd = std::string(PX_PAX_BIN) + " " + args + " 2>&1";
+// Runs pax with the arguments (a shell word list) and captures stdout and stderr together; `env`:
+// variables set for it ("PX_DEVICES=ref:2 PX_REF_DISCRETE=1").
+Result pax(const std::string& args, const std::string& env = "") {
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(PX_PAX_BIN) + " " + args + " 2>&1";
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
   char buf[4096];
@@ -488,6 +489,42 @@ TEST(PaxCli, ResumesOnAnotherMeshAndStrategy) {
     EXPECT_NEAR(got.first, same.first, 1e-5 * std::abs(same.first)) << name;
     EXPECT_NEAR(got.second, same.second, 1e-5 * std::abs(same.second)) << name;
   }
+}
+
+// train, eval and decode on devices whose memory the host cannot read (the ref backend's discrete
+// mode, as an accelerator's): the same losses as on the CPU within the ref backend's rounding, a
+// checkpoint that eval and decode read back, and the same greedy tokens with and without the cache.
+TEST(PaxCli, TrainsEvalsAndDecodesOnDeviceMemoryTheHostCannotRead) {
+  const std::string steps = " --set train.steps=4 --set train.summary_interval=1 --set train.eval_interval=4"
+                            " --set train.checkpoint_interval=4 --set sharding.mesh=data:2 --set sharding.strategy=fsdp";
+  const std::string dev = job("discrete"), cpu = job("discrete_cpu");
+  const std::string discrete = "PX_REF_DISCRETE=1";
+  Result r = pax("train" + kSmall + steps + " --devices=ref:2 --job_log_dir=" + dev, discrete);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  Result c = pax("train" + kSmall + steps + " --devices=cpu:2 --job_log_dir=" + cpu);
+  ASSERT_EQ(c.rc, 0) << c.out;
+  auto on_dev = metrics(dev, "train"), on_cpu = metrics(cpu, "train");
+  ASSERT_EQ(on_dev.size(), 4u);
+  ASSERT_EQ(on_cpu.size(), 4u);
+  for (size_t i = 0; i < on_dev.size(); ++i) {
+    const double want = on_cpu[i]["loss"], got = on_dev[i]["loss"];
+    EXPECT_NEAR(got, want, 1e-4 * std::abs(want)) << "step " << i + 1;
+  }
+  Result e = pax("eval --devices=ref:2 --config " + dev + "/config.toml --job_log_dir=" + dev, discrete);
+  ASSERT_EQ(e.rc, 0) << e.out;
+  EXPECT_NE(e.out.find("eval step 4: loss"), std::string::npos) << e.out;
+  const std::string base =
+      "decode --devices=ref:1 --config " + dev + "/config.toml --job_log_dir=" + dev + " --prompt '3 1 4 1 5'";
+  Result cached = pax(base + " --max_new_tokens 6", discrete);
+  Result plain = pax(base + " --max_new_tokens 6 --no_cache", discrete);
+  ASSERT_EQ(cached.rc, 0) << cached.out;
+  ASSERT_EQ(plain.rc, 0) << plain.out;
+  auto last_line = [](const std::string& out) {
+    const std::string s = out.substr(0, out.find_last_not_of('\n') + 1);
+    return s.substr(s.find_last_of('\n') + 1);
+  };
+  EXPECT_EQ(last_line(cached.out), last_line(plain.out));
+  EXPECT_EQ(last_line(cached.out).rfind("3 1 4 1 5 | ", 0), 0u) << cached.out;
 }
 
 // A damaged latest checkpoint: train stops with an error that offers --restore_step; resuming

@@ -126,6 +126,9 @@ struct GenerateOptions {
   bool use_cache = true;
   // When set, receives the seconds each new token took (index i: the (i+1)-th new token).
   std::vector<double>* token_seconds = nullptr;
+  // The platform whose device 0 runs the programs (pax decode: its devices'); the params are copied
+  // there once, the KV cache stays there, and only the logits come back to the host.
+  std::string platform = "cpu";
 };
 
 // Continues each prompt by max_new_tokens tokens; returns only the new ids. Prompts may differ in

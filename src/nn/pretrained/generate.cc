@@ -116,7 +116,7 @@ struct Program {
   }
 };
 
-Program compile_cached(const TransformerLm& m, int64_t batch, int64_t seq, int64_t len) {
+Program compile_cached(const TransformerLm& m, int64_t batch, int64_t seq, int64_t len, const CompileOptions& o) {
   const LmConfig& c = m.config();
   std::vector<TensorType> types{{DType::i32, {batch, seq}}, {DType::i32, {batch, seq}}, {DType::i32, {batch}}};
   for (int64_t i = 0; i < 2 * c.n_layers; ++i) types.push_back({DType::f32, {batch, c.kv_heads(), len, c.head_dim()}});
@@ -126,14 +126,14 @@ Program compile_cached(const TransformerLm& m, int64_t batch, int64_t seq, int64
         return lm_cached(m, in[0], in[1], in[2], std::vector<Tensor>(in.begin() + 3, in.end()));
       },
       types);
-  return {Executable::compile(*g)};
+  return {Executable::compile(*g, o)};
 }
 
-Program compile_full(const TransformerLm& m, int64_t batch, int64_t len) {
+Program compile_full(const TransformerLm& m, int64_t batch, int64_t len, const CompileOptions& o) {
   auto g =
       trace_with_params(m.store(), [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{m.logits(in[0])}; },
                         {{DType::i32, {batch, len}}});
-  return {Executable::compile(*g)};
+  return {Executable::compile(*g, o)};
 }
 
 // Logits no token can be picked from are an error, never a silent token 0: a NaN (greedy's
@@ -229,6 +229,12 @@ std::vector<std::vector<int32_t>> generate(const TransformerLm& model, const std
   std::vector<int64_t> plen(static_cast<size_t>(b));
   for (int64_t r = 0; r < b; ++r) plen[r] = static_cast<int64_t>(prompts[r].size());
 
+  // The programs run on device 0 of the platform, where the params are copied once.
+  CompileOptions o;
+  o.platform = opt.platform;
+  std::vector<Array> on_device;
+  for (const Array& a : params) on_device.push_back(a.to({0, MemoryKind::device, opt.platform}));
+
   std::mt19937_64 rng(opt.seed);
   std::vector<std::vector<int32_t>> out(prompts.size());
   std::vector<int32_t> seq(static_cast<size_t>(b * len), 0);  // the rows so far, padded on the right
@@ -260,10 +266,10 @@ std::vector<std::vector<int32_t>> generate(const TransformerLm& model, const std
   };
 
   if (!opt.use_cache) {
-    Program full = compile_full(model, b, len);
+    Program full = compile_full(model, b, len, o);
     for (int64_t k = 0; k < opt.max_new_tokens; ++k) {
       auto t0 = clock::now();
-      const Array all = full.run(params, {Array::from_i32(seq, {b, len})})[0].on_host();  // [B, L, V]
+      const Array all = full.run(on_device, {Array::from_i32(seq, {b, len})})[0].on_host();  // [B, L, V]
       Array last(DType::f32, {b, c.vocab_size});
       for (int64_t r = 0; r < b; ++r)
         std::copy_n(all.data<float>() + (r * len + plen[r] + k - 1) * c.vocab_size, c.vocab_size,
@@ -277,7 +283,7 @@ std::vector<std::vector<int32_t>> generate(const TransformerLm& model, const std
 
   // Prefill: every row from position 0, right-padded to the longest prompt. A short row's padding
   // lands in cache slots past its prompt, which its mask hides until its own tokens overwrite them.
-  Program prefill = compile_cached(model, b, p, len);
+  Program prefill = compile_cached(model, b, p, len, o);
   std::vector<int32_t> toks(static_cast<size_t>(b * p), 0), pos(toks.size()), last(static_cast<size_t>(b));
   for (int64_t r = 0; r < b; ++r) {
     std::copy(prompts[r].begin(), prompts[r].end(), toks.begin() + r * p);
@@ -288,11 +294,11 @@ std::vector<std::vector<int32_t>> generate(const TransformerLm& model, const std
   for (int64_t i = 0; i < 2 * c.n_layers; ++i)
     batch.push_back(Array::zeros(DType::f32, {b, c.kv_heads(), len, c.head_dim()}));
   auto t0 = clock::now();
-  std::vector<Array> res = prefill.run(params, batch);
+  std::vector<Array> res = prefill.run(on_device, batch);
   bool more = emit(res[0], 0);
   record(t0);
   if (!more || opt.max_new_tokens == 1) return finish();
-  Program decode = compile_cached(model, b, 1, len);
+  Program decode = compile_cached(model, b, 1, len, o);
   std::vector<int32_t> first(static_cast<size_t>(b));
   std::iota(first.begin(), first.end(), 0);  // S = 1: row r's token is flat index r
   batch[2] = Array::from_i32(first, {b});
@@ -306,7 +312,7 @@ std::vector<std::vector<int32_t>> generate(const TransformerLm& model, const std
     batch[0] = Array::from_i32(tok, {b, 1});
     batch[1] = Array::from_i32(at, {b, 1});
     for (size_t i = 1; i < res.size(); ++i) batch[2 + i] = std::move(res[i]);
-    res = decode.run(params, batch);
+    res = decode.run(on_device, batch);
     more = emit(res[0], k);
     record(t0);
     if (!more) break;
