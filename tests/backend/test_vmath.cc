@@ -297,6 +297,20 @@ TEST(VecMath, GeluTanhAndSiluAreAccurate) {
   EXPECT_LE(worst_silu, 4.0);
 }
 
+// Far in the tails gelu's gradient is 1 (x > 0) or 0 (x < 0) in both forms, not NaN: the tanh
+// form's second term is 0 there, also where x^3 overflows (0 times inf).
+TEST(VecMath, GeluGradIsFiniteFarInTheTails) {
+  px::cpu::register_all_kernels();
+  const std::vector<float> x = {1e5f, -1e5f, 1e13f, -1e13f, 1e20f, -1e20f, 3e38f, -3e38f, 200.0f, -200.0f};
+  for (const float mode : {0.0f, 1.0f}) {
+    std::vector<float> dy(x.size());
+    const float* in[1] = {x.data()};
+    const float params[1] = {mode};
+    px::cpu::find_eltwise(px::primitive_handle("gelu_grad"))->f32(in, dy.data(), static_cast<int64_t>(x.size()), params);
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(dy[i], x[i] > 0 ? 1.0f : 0.0f) << "x " << x[i] << " tanh " << mode;
+  }
+}
+
 // The row helpers of the row kernels, at the test's own vector width: every length up to a few
 // vectors (so every tail), against double sums; the exponentials written in place.
 TEST(VecMath, RowHelpersCoverEveryTail) {

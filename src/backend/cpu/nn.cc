@@ -321,7 +321,8 @@ void gelu_f32(const float* const* in, float* out, int64_t n, const float* params
 }
 
 // d/dx x sigmoid(z), z = 2u: s + x s (1 - s) z' with e = exp(-|z|) <= 1, r = 1 / (1 + e):
-// s and 1 - s are r and e r (which one is which by the sign of z), so s (1 - s) = e r^2.
+// s and 1 - s are r and e r (which one is which by the sign of z), so s (1 - s) = e r^2. Where e
+// is 0 (|z| > 104) the second term is 0, also where x^3 overflows (0 times inf would be NaN).
 void gelu_grad_f32(const float* const* in, float* out, int64_t n, const float* params) {
   if (params[0] != 0.0f) {
     vecmath::map(in[0], out, n, [](V x) {
@@ -330,7 +331,8 @@ void gelu_grad_f32(const float* const* in, float* out, int64_t n, const float* p
       V r = vecmath::div(vecmath::splat(1.0f), 1.0f + e);
       V er = e * r;
       V s = vecmath::select(vecmath::ge(z, 0.0f), r, er);
-      return s + x * (er * r) * (2.0f * kC) * (1.0f + 3.0f * kA * x * x);
+      V tail = x * (er * r) * (2.0f * kC) * (1.0f + 3.0f * kA * x * x);
+      return s + vecmath::select(vecmath::gt(er, vecmath::splat(0.0f)), tail, vecmath::splat(0.0f));
     });
   } else {
     vecmath::map(in[0], out, n, [](V x) { return vecmath::phi(x) + x * kInvSqrt2Pi * vecmath::exp(-0.5f * x * x); });
