@@ -146,7 +146,8 @@ Kernel uniform_kernel(const KernelSpec& spec) {
       const uint64_t block = idx >> 2;
       Philox r = philox4x32_10(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0, 0, k0, k1);
       for (int lane = static_cast<int>(idx & 3); lane < 4 && i < n; ++lane, ++i) {
-        float v = round_to(dt, lo + (hi - lo) * to_unit(r.v[lane]));
+        // One rounding, whatever the compiler contracts (the ref backend's and the device's formula).
+        float v = round_to(dt, std::fma(hi - lo, to_unit(r.v[lane]), lo));
         dst[i] = v >= hi ? top : v < lo ? bottom : v;
       }
     }
