@@ -52,7 +52,7 @@ void bind_pretrained(nb::module_& m) {
       "generate",
       [](const px::nn::TransformerLm& model, const std::vector<px::Array>& params,
          const std::vector<std::vector<int32_t>>& prompts, int64_t max_new_tokens, double temperature, int64_t top_k,
-         double top_p, uint64_t seed, int32_t eos_id, bool use_cache) {
+         double top_p, uint64_t seed, int32_t eos_id, bool use_cache, const std::string& platform) {
         px::nn::GenerateOptions o;
         o.max_new_tokens = max_new_tokens;
         o.temperature = temperature;
@@ -61,11 +61,13 @@ void bind_pretrained(nb::module_& m) {
         o.seed = seed;
         o.eos_id = eos_id;
         o.use_cache = use_cache;
+        o.platform = platform;
         return px::nn::generate(model, params, prompts, o);
       },
       nb::arg("model"), nb::arg("params"), nb::arg("prompts"), nb::arg("max_new_tokens") = 32,
       nb::arg("temperature") = 0.0, nb::arg("top_k") = 0, nb::arg("top_p") = 1.0, nb::arg("seed") = 0,
-      nb::arg("eos_id") = -1, nb::arg("use_cache") = true, nb::call_guard<nb::gil_scoped_release>());
+      nb::arg("eos_id") = -1, nb::arg("use_cache") = true, nb::arg("platform") = "cpu",
+      nb::call_guard<nb::gil_scoped_release>());
 
   nb::class_<px::text::Tokenizer>(m, "Tokenizer", "Text to token ids and back (SentencePiece or byte-level BPE).")
       .def_prop_ro("kind", &px::text::Tokenizer::kind)

@@ -98,6 +98,12 @@ for _ in range(3):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(a)), (k, a, b)
 # The params read back through host copies. Within AdamW's step (lr 3e-3), not tighter: a key bias
 # has no gradient but rounding noise (softmax ignores it), which AdamW scales to whole steps.
+# Decoding on a ref device: the same greedy tokens as on the CPU, with and without the cache.
+cpp = px.nn.TransformerLm(config())
+weights = cpp.init(0)
+on_cpu = px.nn.generate(cpp, weights, [[1, 2, 3]], max_new_tokens=5)
+for cache in (True, False):
+    assert px.nn.generate(cpp, weights, [[1, 2, 3]], max_new_tokens=5, platform="ref", use_cache=cache) == on_cpu
 want = one.named_params(s1)
 for k, s in steps.items():
     got = s.named_params(states[k])

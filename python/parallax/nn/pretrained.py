@@ -40,10 +40,11 @@ def save_pretrained(model: TransformerLm, params, directory, architecture: str =
 
 
 def generate(model: TransformerLm, params, prompts, *, max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0,
-             seed=0, eos_id=-1, use_cache=True) -> list[list[int]]:
-    """Continues each prompt (lists of token ids, all of one length); returns the new ids."""
+             seed=0, eos_id=-1, use_cache=True, platform="cpu") -> list[list[int]]:
+    """Continues each prompt (lists of token ids, all of one length); returns the new ids. The
+    programs run on device 0 of `platform` ("cpu", "ref", ...), the params copied there once."""
     return _core.generate(model, [asarray(p) for p in params], [list(map(int, p)) for p in prompts],
-                          max_new_tokens, temperature, top_k, top_p, seed, eos_id, use_cache)
+                          max_new_tokens, temperature, top_k, top_p, seed, eos_id, use_cache, platform)
 
 
 _programs: "weakref.WeakKeyDictionary[TransformerLm, dict]" = weakref.WeakKeyDictionary()
