@@ -78,7 +78,6 @@ CollectiveHandle start_collective(Communicator& comm, Backend& backend, const Co
   const int64_t count = numel(c.in_shape);
   const int64_t bytes = count * es;
   const DeviceGroups& groups = c.groups.groups;
-  stage = stage && !comm.reads_device_memory();
   auto all_gather = [&](const Buffers& in, const MutBuffers& out) {
     return exchange(backend, stage, in, out, bytes, bytes * c.n,
                     [&](const Buffers& i, const MutBuffers& o) { return comm.start_all_gather(i, o, count, c.dtype, groups); });

@@ -40,7 +40,8 @@ CollectiveOp make_collective_op(const Graph& g, const Node& n, CollectiveGroups 
 // Starts the collective for every local device at once (one buffer per device in each list;
 // scratch as sized by the op), the packing around it on `backend`. The returned handle is waited
 // before the result is read. `stage`: the buffers are device memory the host cannot reach and the
-// communicator reads host memory: each call goes through host copies (and returns complete).
+// communicator reads host memory (the caller decides: Communicator::reads_device_memory,
+// Backend::host_visible): each call goes through host copies (and returns complete).
 CollectiveHandle start_collective(Communicator& comm, Backend& backend, const CollectiveOp& c, const Buffers& ins,
                                   const MutBuffers& outs, const MutBuffers& scratch_in, const MutBuffers& scratch_out,
                                   bool stage = false);

@@ -113,6 +113,9 @@ struct Executable::Impl {
   std::string platform = "cpu";  // the backend's: its devices' memory (Placement::platform)
   Placement at(int device, MemoryKind kind = MemoryKind::device) const { return {device, kind, platform}; }
   bool over_devices = false;
+  // The devices' memory is not the host's and the communicator reads host memory: collectives are
+  // staged through host buffers (start_collective).
+  bool stage_collectives = false;
   std::vector<CollectiveHandle> handles;  // per collective, between its start and its wait
   std::vector<double> step_seconds;       // per unit, summed over runs; empty unless profiling
   std::vector<double> first_run_seconds;  // per unit, the first run's (one-time costs: page faults, JIT)
@@ -273,19 +276,64 @@ PlannedProgram plan_program(const Graph& g, const CompileOptions& opt,
   return p;
 }
 
-std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOptions& opt, const DeviceSetup& setup) {
-  using Impl = Executable::Impl;
-  apply_thread_settings();
-  if (setup.device_ids.empty()) throw Error("[compile] internal: no devices to compile for");
-  // Devices with a capacity limit what the plan may use.
+namespace {
+
+// The options with the memory limits lowered to the devices' capacities (what the plan may use).
+CompileOptions limited_by_capacity(const CompileOptions& opt, const std::vector<int>& device_ids) {
   CompileOptions limited = opt;
-  for (int id : setup.device_ids)
+  for (int id : device_ids)
     for (auto [kind, limit] : {std::pair{MemoryKind::device, &limited.memory_limit_bytes},
                                std::pair{MemoryKind::pinned_host, &limited.host_memory_limit_bytes}}) {
       const int64_t cap = memory_capacity({id, kind, opt.platform});
       if (cap > 0 && (*limit == 0 || cap < *limit)) *limit = cap;
     }
-  std::unique_ptr<Impl> impl = plan_impl(src, limited, setup.groups);
+  return limited;
+}
+
+// Kernels and arenas per device, each step's pointers at its arena offsets (in_off / out_off:
+// >= 0 the device arena, <= -2 the host arena at -2 - offset, -1 patched at every run). Kernels
+// hold per-thread scratch, so devices that run at the same time need their own instances; devices
+// run one after the other share them.
+void make_devices(Executable::Impl& impl, const DeviceSetup& setup, const std::vector<std::vector<int64_t>>& in_off,
+                  const std::vector<std::vector<int64_t>>& out_off) {
+  const Graph& g = *impl.graph;
+  for (size_t d = 0; d < setup.device_ids.size(); ++d) {
+    // Held by impl from the start: its destructor frees the arena if a kernel lookup below throws.
+    impl.devices.emplace_back();
+    Executable::Impl::Device& dev = impl.devices.back();
+    dev.id = setup.device_ids[d];
+    dev.arena = static_cast<std::byte*>(allocate_bytes(impl.at(dev.id), impl.plan.peak_bytes));
+    if (impl.host_plan.peak_bytes > 0)
+      dev.host_arena = static_cast<std::byte*>(
+          allocate_bytes(impl.at(dev.id, MemoryKind::pinned_host), impl.host_plan.peak_bytes));
+    dev.spill.assign(impl.homes.size(), nullptr);
+    dev.spilled.assign(impl.homes.size(), 0);
+    dev.ranges.reserve(g.inputs().size() + g.outputs().size());
+    for (size_t s = 0; s < impl.units.size(); ++s) {
+      const Unit& unit = impl.units[s];
+      Step st;
+      if (d > 0 && !impl.over_devices && !impl.backend->kernels_per_device()) {
+        st.kernel = impl.devices[0].steps[s].kernel;
+      } else if (unit.kind == Unit::Kind::fused || unit.kind == Unit::Kind::kernel) {
+        st.kernel = impl.backend->make_kernel(g, unit, impl.at(dev.id));
+      }
+      auto ptr = [&](int64_t off) -> std::byte* {
+        return off >= 0 ? dev.arena + off : off <= -2 ? dev.host_arena + (-2 - off) : nullptr;
+      };
+      for (int64_t off : in_off[s]) st.in_ptrs.push_back(ptr(off));
+      for (int64_t off : out_off[s]) st.out_ptrs.push_back(ptr(off));
+      dev.steps.push_back(std::move(st));
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOptions& opt, const DeviceSetup& setup) {
+  using Impl = Executable::Impl;
+  apply_thread_settings();
+  if (setup.device_ids.empty()) throw Error("[compile] internal: no devices to compile for");
+  std::unique_ptr<Impl> impl = plan_impl(src, limited_by_capacity(opt, setup.device_ids), setup.groups);
   bool has_collectives = false;
   for (const CollectiveOp& c : impl->colls) has_collectives = has_collectives || !c.transfer;
   if (has_collectives && !setup.comm)
@@ -345,8 +393,6 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
     }
   }
 
-  // Kernels and arenas per device. Kernels hold per-thread scratch, so devices that run at the
-  // same time need their own instances; devices run one after the other share them.
   if (setup.comm && setup.comm->local_positions().size() != setup.device_ids.size())
     throw Error("[compile] internal: " + std::to_string(setup.device_ids.size()) +
                 " devices but the communicator has " + std::to_string(setup.comm->local_positions().size()) +
@@ -358,34 +404,9 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
     impl->comm->bind_streams(std::move(streams));
   }
   impl->over_devices = setup.over_devices && setup.device_ids.size() > 1;
-  for (size_t d = 0; d < setup.device_ids.size(); ++d) {
-    // Held by impl from the start: its destructor frees the arena if a kernel lookup below throws.
-    impl->devices.emplace_back();
-    Impl::Device& dev = impl->devices.back();
-    dev.id = setup.device_ids[d];
-    dev.arena = static_cast<std::byte*>(allocate_bytes(impl->at(dev.id), impl->plan.peak_bytes));
-    if (impl->host_plan.peak_bytes > 0)
-      dev.host_arena = static_cast<std::byte*>(
-          allocate_bytes(impl->at(dev.id, MemoryKind::pinned_host), impl->host_plan.peak_bytes));
-    dev.spill.assign(impl->homes.size(), nullptr);
-    dev.spilled.assign(impl->homes.size(), 0);
-    dev.ranges.reserve(g.inputs().size() + g.outputs().size());
-    for (size_t s = 0; s < impl->units.size(); ++s) {
-      const Unit& unit = impl->units[s];
-      Step st;
-      if (d > 0 && !impl->over_devices && !impl->backend->kernels_per_device()) {
-        st.kernel = impl->devices[0].steps[s].kernel;
-      } else if (unit.kind == Unit::Kind::fused || unit.kind == Unit::Kind::kernel) {
-        st.kernel = impl->backend->make_kernel(g, unit, impl->at(dev.id));
-      }
-      auto ptr = [&](int64_t off) -> std::byte* {
-        return off >= 0 ? dev.arena + off : off <= -2 ? dev.host_arena + (-2 - off) : nullptr;
-      };
-      for (int64_t off : in_off[s]) st.in_ptrs.push_back(ptr(off));
-      for (int64_t off : out_off[s]) st.out_ptrs.push_back(ptr(off));
-      dev.steps.push_back(std::move(st));
-    }
-  }
+  impl->stage_collectives = impl->comm && !impl->comm->reads_device_memory() &&
+                            !impl->backend->host_visible(impl->at(setup.device_ids[0]));
+  make_devices(*impl, setup, in_off, out_off);
   for (const Unit& u : impl->units) impl->fused_groups += u.kind == Unit::Kind::fused;
   if (opt.profile || env().profile) {
     impl->step_seconds.assign(impl->units.size(), 0.0);
@@ -549,8 +570,7 @@ void Executable::Impl::run_collective(int u) {
     if (op.scratch_in) s_in[d] = st.out_ptrs[k++];
     if (op.scratch_out) s_out[d] = st.out_ptrs[k++];
   }
-  const bool stage = !backend->host_visible(at(devices[0].id));  // device memory a host communicator cannot read
-  handles[c] = start_collective(*comm, *backend, op, ins, outs, s_in, s_out, stage);
+  handles[c] = start_collective(*comm, *backend, op, ins, outs, s_in, s_out, stage_collectives);
 }
 
 void Executable::Impl::run_block(const Block& b) {

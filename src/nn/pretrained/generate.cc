@@ -179,11 +179,15 @@ int32_t pick(const float* logits, int64_t vocab, const GenerateOptions& opt, std
   return order[d(rng)];
 }
 
-}  // namespace
+// The request checked: the sampling options, the prompts against the vocabulary, the lengths
+// against the cache and the model, the params' count. Returns the longest prompt and the cache
+// length (0 when nothing is to be generated).
+struct Request {
+  int64_t longest = 0, len = 0;
+};
 
-std::vector<std::vector<int32_t>> generate(const TransformerLm& model, const std::vector<Array>& params,
-                                           const std::vector<std::vector<int32_t>>& prompts,
-                                           const GenerateOptions& opt) {
+Request check_request(const TransformerLm& model, const std::vector<Array>& params,
+                      const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& opt) {
   const LmConfig& c = model.config();
   // Sampling options first: out of range they would be clamped or ignored below without a word.
   if (!(opt.temperature >= 0.0) || !std::isfinite(opt.temperature))
@@ -201,27 +205,39 @@ std::vector<std::vector<int32_t>> generate(const TransformerLm& model, const std
     throw UserError("[generate] max_len " + std::to_string(opt.max_len) +
                     " is negative; use 0 (the prompt plus max_new_tokens) or a cache length");
   if (prompts.empty()) throw Error("[generate] give at least one non-empty prompt");
-  const int64_t b = static_cast<int64_t>(prompts.size());
-  int64_t p = 0;  // the longest prompt
+  Request q;
   for (auto& pr : prompts) {
     if (pr.empty())
       throw Error("[generate] prompt " + std::to_string(&pr - prompts.data()) +
                   " is empty; every prompt needs at least one token (e.g. the BOS id)");
-    p = std::max(p, static_cast<int64_t>(pr.size()));
+    q.longest = std::max(q.longest, static_cast<int64_t>(pr.size()));
     for (int32_t t : pr)
       if (t < 0 || t >= c.vocab_size)
         throw Error("[generate] token id " + std::to_string(t) + " is outside the vocabulary [0, " +
                     std::to_string(c.vocab_size) + ")");
   }
-  if (opt.max_new_tokens <= 0) return std::vector<std::vector<int32_t>>(prompts.size());
-  const int64_t len = opt.max_len > 0 ? opt.max_len : p + opt.max_new_tokens;
-  if (len < p + opt.max_new_tokens || len > c.max_seq_len)
+  if (opt.max_new_tokens <= 0) return q;
+  const int64_t p = q.longest;
+  q.len = opt.max_len > 0 ? opt.max_len : p + opt.max_new_tokens;
+  if (q.len < p + opt.max_new_tokens || q.len > c.max_seq_len)
     throw Error("[generate] the prompt (" + std::to_string(p) + ") plus max_new_tokens (" +
-                std::to_string(opt.max_new_tokens) + ") must fit max_len " + std::to_string(len) +
+                std::to_string(opt.max_new_tokens) + ") must fit max_len " + std::to_string(q.len) +
                 " and the model's max_seq_len " + std::to_string(c.max_seq_len));
   if (static_cast<int>(params.size()) != model.store().size())
     throw Error("[generate] " + std::to_string(params.size()) + " params given, the model has " +
                 std::to_string(model.store().size()));
+  return q;
+}
+
+}  // namespace
+
+std::vector<std::vector<int32_t>> generate(const TransformerLm& model, const std::vector<Array>& params,
+                                           const std::vector<std::vector<int32_t>>& prompts,
+                                           const GenerateOptions& opt) {
+  const LmConfig& c = model.config();
+  const Request q = check_request(model, params, prompts, opt);
+  if (opt.max_new_tokens <= 0) return std::vector<std::vector<int32_t>>(prompts.size());
+  const int64_t b = static_cast<int64_t>(prompts.size()), p = q.longest, len = q.len;
 
   std::vector<int32_t> eos = opt.eos_ids;
   if (opt.eos_id >= 0) eos.push_back(opt.eos_id);
