@@ -539,9 +539,6 @@ def _defer_transpose(node, x, perm, *, _ctx):
     _ctx.transposed[node.name] = _t(x)
 
 
-_NEEDS_CTX = (_mm, _addmm, _defer_transpose)
-
-
 class _Ctx:
     __slots__ = ("transposed",)
 
@@ -612,6 +609,125 @@ def _match_silu(node):
 _FUSED = ((lambda node, x: F.gelu(_t(x), True), _match_gelu_tanh), (lambda node, x: F.silu(_t(x)), _match_silu))
 
 
+# ---- projections and reshape chains, written as px.nn writes them -----------------------------
+# torch's Linear and GPT-2's Conv1D on x [B, S, d] export as view(x, [B*S, d]) -> addmm -> view to
+# [B, S, n]. Replayed op for op, the reshapes around every matmul cost copy kernels that px.nn's
+# x @ w does not have (two reshapes in a row compile to a copy, and so does a reshape fused next to
+# the unreshaped value, as the residual stream's gradient is). So a projection runs as x @ w on x's
+# own leading dims, a chain of reshapes as one reshape, and GPT-2's fused q/k/v projection
+# (split(x @ w + b) into three) as three projections on columns of w, as px.nn's attention has
+# them: their gradients pad [d, d] weight pieces instead of [B*S, d] activation pieces.
+_RESHAPES = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.unsqueeze.default",
+             "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default")
+_PASS_THROUGH = _RESHAPES + ("aten.clone.default", "aten.alias.default", "aten.contiguous.default")
+
+
+def _reshape_root(x, consts):
+    """The value a chain of reshapes (and value-preserving copies) ending at x starts from."""
+    while _call(x, *_PASS_THROUGH) and x.name not in consts:
+        x = x.args[0]
+    return x
+
+
+def _dims(n) -> list[int]:
+    return [int(s) for s in n.meta["val"].shape]
+
+
+def _reshaped(node, x):
+    return pnp.reshape(_t(x), _shape(node))
+
+
+def _matmul_parts(mm):
+    """(bias or None, a, w) of mm(a, w) or addmm(bias, a, w) with alpha = beta = 1 and a bias of
+    one dim, else None."""
+    if not _call(mm, "aten.addmm.default", "aten.mm.default") or mm.kwargs:
+        return None
+    if str(mm.target) == "aten.mm.default":
+        return (None, *mm.args) if len(mm.args) == 2 else None
+    bias = mm.args[0]
+    if len(mm.args) != 3 or not hasattr(bias, "meta") or len(_dims(bias)) != 1:
+        return None
+    return tuple(mm.args)
+
+
+def _projection(node, consts):
+    """(bias, x, w, shape) when node is view(addmm(bias, view(x), w)) that flattens leading dims for
+    the matmul and restores them after (the matmul used only there): x reshaped to shape (its
+    leading dims, the contracted dim; often x's own shape) is what w multiplies. Else None."""
+    mm = node.args[0]
+    parts = _matmul_parts(mm)
+    if parts is None or len(mm.users) != 1 or not _call(parts[1], *_RESHAPES) or parts[1].name in consts:
+        return None
+    x = _reshape_root(parts[1], consts)
+    out = _dims(node)
+    if not hasattr(x, "meta") or len(out) < 2 or out[-1] != _dims(mm)[-1]:
+        return None
+    return parts[0], x, parts[2], out[:-1] + [_dims(parts[1])[-1]]
+
+
+def _split_projection(node, consts):
+    """(bias, x, w, shape, sizes, piece dims) when node splits the last dim of a projection (as
+    _projection finds it) that nothing else uses: GPT-2's q/k/v. A piece whose one use reshapes its
+    last dim into heads [H, hd] gets those dims (the weight's columns are reshaped instead: the
+    activation is never reshaped); else None in its place. None when node is no such split."""
+    if not _call(node, "aten.split_with_sizes.default", "aten.split.Tensor"):
+        return None
+    src, sizes = node.args[0], node.args[1]
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+    lead = _dims(src)[:-1]
+    if not _call(src, *_RESHAPES) or len(src.users) != 1 or _axis(dim, len(lead) + 1) != len(lead):
+        return None
+    proj = _projection(src, consts)
+    if proj is None:
+        return None
+    total = _dims(src)[-1]
+    if isinstance(sizes, int):
+        sizes = [min(sizes, total - i) for i in range(0, total, sizes)]
+    sizes = [int(s) for s in sizes]
+    dims = [None] * len(sizes)
+    for item in node.users:
+        uses = list(item.users)
+        if item.target is operator.getitem and len(uses) == 1 and _call(uses[0], *_RESHAPES):
+            out = _dims(uses[0])
+            if out[:len(lead)] == lead and len(out) > len(lead) and int(np.prod(out[len(lead):])) == sizes[item.args[1]]:
+                dims[item.args[1]] = out[len(lead):]
+    return (*proj, sizes, dims)
+
+
+def _project(node, bias, x, w, *, shape, w_name, pieces=None, piece_dims=None, _ctx):
+    """reshape(x, shape) @ w + bias contracting its last dim (w may be a deferred transpose: then
+    its source), or with pieces (split sizes) the list of x @ w[:, piece] + bias[piece], each with
+    its columns as piece_dims (e.g. [H, hd]) where given."""
+    x, src = pnp.reshape(_t(x), shape), _ctx.transposed.get(w_name)
+    k = x.ndim - 1
+
+    def one(start=None, stop=None, dims=None):
+        cut = (lambda t, axis: t) if start is None else (lambda t, axis: _core.slice_axis(t, axis, start, stop))
+        if src is not None:  # [n, K]: rows are the output's columns
+            ws = cut(src, 0)
+            if dims:
+                ws = pnp.reshape(ws, [*dims, ws.shape[1]])
+            y = _core.dot_general(x, ws, [k], [ws.ndim - 1])
+        else:  # [K, n]
+            ws = cut(_t(w), 1)
+            y = pnp.matmul(x, ws) if not dims else _core.dot_general(x, pnp.reshape(ws, [ws.shape[0], *dims]), [k], [0])
+        if bias is None:
+            return y
+        b = cut(_t(bias, y.dtype), 0)
+        return y + (pnp.reshape(b, dims) if dims else b)
+
+    if pieces is None:
+        return one()
+    out, start = [], 0
+    for size, dims in zip(pieces, piece_dims or [None] * len(pieces)):
+        out.append(one(start, start + size, dims))
+        start += size
+    return out
+
+
+_NEEDS_CTX = (_mm, _addmm, _defer_transpose, _project)
+
+
 # ---- the program: the exported graph, its constant part evaluated ------------------------------
 class _Program:
     """What a TorchModule replays: the exported graph's steps, with every op whose inputs are all
@@ -671,7 +787,28 @@ class _Program:
             if x is not None:  # one fused op for the decomposed activation: its inner ops go dead
                 self.steps.append((node, fused, (x,), {}))
                 return
+        rewritten = self._projection_step(node) if name in _RESHAPES or "split" in name else None
+        if rewritten is not None:
+            self.steps.append(rewritten)
+            return
+        if name in _RESHAPES:  # one reshape for the chain: its inner reshapes go dead
+            self.steps.append((node, _reshaped, (_reshape_root(node.args[0], self.consts),), {}))
+            return
         self.steps.append((node, handler, node.args, node.kwargs))
+
+    def _projection_step(self, node):
+        """The step of a projection on x's own leading dims (or of its split into pieces), whose
+        reshapes and whole-width matmul go dead; None where node is neither."""
+        found = _split_projection(node, self.consts)
+        if found is not None:
+            bias, x, w, shape, sizes, dims = found
+            return node, _project, (bias, x, w), {"shape": shape, "w_name": getattr(w, "name", None),
+                                                   "pieces": sizes, "piece_dims": dims}
+        found = None if "split" in str(node.target) else _projection(node, self.consts)
+        if found is None:
+            return None
+        bias, x, w, shape = found
+        return node, _project, (bias, x, w), {"shape": shape, "w_name": getattr(w, "name", None)}
 
     def _drop_dead_steps(self):
         """Steps no output depends on (the insides of fused activations) are not replayed."""
