@@ -53,7 +53,7 @@ vpy=$work/venv/bin/python
 lap "fresh venv with the wheel and its test extra (numpy, pytest, ml_dtypes)"
 
 # 3. What the installed package links: nothing in the clone or the build dir.
-pkg=$("$vpy" -c 'import os, parallax; print(os.path.dirname(parallax.__file__))')
+pkg=$(cd "$work" && env -u PYTHONPATH "$vpy" -c 'import os, parallax; print(os.path.dirname(parallax.__file__))')
 case "$pkg/" in "$work/venv/"*) ;; *) fail "import parallax found $pkg, not the fresh venv's package" ;; esac
 mapfile -t libs < <(find "$pkg" -name '*.so*' -type f)
 [ ${#libs[@]} -gt 0 ] || fail "no shared library in $pkg"
