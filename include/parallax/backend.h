@@ -48,7 +48,10 @@ class Event {
   std::function<void()> wait_;
 };
 
-// A prepared kernel: runs one compute unit on raw operand and result buffers.
+// A prepared kernel: runs one compute unit on raw operand and result buffers. A unit whose backend
+// asks for working memory (Backend::scratch_bytes) gets it after its results, at
+// out[unit.out_values.size()]: planned in the device's arena like a result that lives only while
+// the unit runs, so a step allocates nothing outside its plan.
 using Kernel = std::function<void(const void* const* in, void* const* out)>;
 
 // One copy between memory kinds (or within one). The jobs of one call run in order; a job's
@@ -122,6 +125,11 @@ class Backend {
   // `device` (what a backend binds into it: the device's stream, its library handles); throws
   // naming the primitive when the backend has none.
   virtual Kernel make_kernel(const Graph& g, const Unit& unit, const Placement& device) = 0;
+  // The working memory (bytes; 0: none) the kernel of `unit` needs while it runs, beside its
+  // results: the f32 copies of 16-bit operands, per-thread tiles and partial sums. Asked when the
+  // program is planned, before any kernel is made; the kernel finds it at out[unit.out_values.size()],
+  // 64-byte aligned. A backend that wraps another forwards this with make_kernel.
+  virtual int64_t scratch_bytes(const Graph& g, const Unit& unit, const Placement& device) const { return 0; }
   // Whether every device of a process needs kernel instances of its own. False: devices that run
   // one after the other share device 0's instances (the CPU's kernels hold only per-thread scratch);
   // devices run side by side (for_each_device) always get their own.

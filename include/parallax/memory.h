@@ -18,8 +18,17 @@ const char* memory_kind_name(MemoryKind k);
 MemoryKind parse_memory_kind(const std::string& name);  // "device" or "pinned_host"; throws naming both
 
 // What a buffer holds, for the memory report: every byte a device uses for a step is one of these.
-enum class MemoryCategory : uint8_t { params, gradients, optimizer_state, activations, temporaries, collective_buffers };
-constexpr int kNumMemoryCategories = 6;
+// `kernel_scratch` is the working memory kernels ask for while they run (Backend::scratch_bytes).
+enum class MemoryCategory : uint8_t {
+  params,
+  gradients,
+  optimizer_state,
+  activations,
+  temporaries,
+  collective_buffers,
+  kernel_scratch
+};
+constexpr int kNumMemoryCategories = 7;
 const char* memory_category_name(MemoryCategory c);
 
 // A device (global id, as in Mesh::device_ids) of a platform (a backend's name: "cpu", "ref"),

@@ -61,7 +61,7 @@ const char* memory_kind_name(MemoryKind k) { return k == MemoryKind::device ? "d
 
 const char* memory_category_name(MemoryCategory c) {
   static constexpr const char* names[] = {"params",      "gradients",   "optimizer_state",
-                                          "activations", "temporaries", "collective_buffers"};
+                                          "activations", "temporaries", "collective_buffers", "kernel_scratch"};
   static_assert(std::size(names) == kNumMemoryCategories);
   return enum_name(c, names);
 }

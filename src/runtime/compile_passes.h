@@ -6,6 +6,7 @@
 //   order             updates as gradients complete                           order.cc
 //   schedule          units: kernels, fused groups, views, collective events  schedule.cc
 //   lower_collectives collective ops, packing scratch, transfers              lower_collectives.cc
+//   kernel_scratch    the working memory each kernel asks its backend for     lower_collectives.cc
 //   donate            which outputs are written into donated inputs           donation.cc
 //   plan_arenas       one buffer plan per memory kind                         plan.cc
 //   memory_report     per-device bytes by category and layer, the floor       memory_report.cc
@@ -19,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "parallax/backend.h"
 #include "parallax/runtime.h"
 #include "runtime/collectives.h"
 #include "runtime/plan.h"
@@ -36,12 +38,13 @@ std::unique_ptr<Graph> simplify(const Graph& src, const CompileOptions& opt);
 void place_values(Graph& g);
 
 // The buffers of a scheduled program: ids [0, values) are values, stored at their root (a view
-// shares its operand's storage), then the collectives' packing scratch.
+// shares its operand's storage), then the collectives' packing scratch and the kernels' scratch.
 struct ProgramBuffers {
   std::vector<int> root;  // per value
   std::vector<int64_t> bytes;
   std::vector<MemoryCategory> category;
   std::vector<MemoryKind> kind;
+  std::vector<int> kernel_scratch;  // per unit: its kernel's working memory (a buffer id), or -1
 };
 ProgramBuffers value_buffers(const Graph& g, const std::vector<Unit>& units);
 
@@ -55,6 +58,12 @@ struct LoweredCollectives {
 };
 LoweredCollectives lower_collectives(const Graph& g, const std::vector<Unit>& units,
                                      const std::function<CollectiveGroups(const Node&)>& groups, ProgramBuffers& buffers);
+
+// Asks `backend` for the working memory of every compute unit's kernel (Backend::scratch_bytes)
+// and adds one device buffer per unit that needs some (category kernel_scratch): the unit writes it
+// and nothing reads it, so it is live only while the unit runs.
+void kernel_scratch(const Graph& g, const std::vector<Unit>& units, const Backend& backend, const Placement& device,
+                    ProgramBuffers& buffers);
 
 // Output o is written into input output_donor[o]'s array (-1: not donated); in place when that
 // input's last reader runs before the writer, else computed into the arena and copied at the end.

@@ -53,7 +53,8 @@ struct Executable::Impl {
   std::vector<Unit> units;
   int fused_groups = 0;
   std::vector<int> root;  // value -> the value whose storage it shares (reshapes are views)
-  // Buffers of the plan: ids [0, values) are values (by root), then collective packing scratch.
+  // Buffers of the plan: ids [0, values) are values (by root), then collective packing scratch and
+  // the kernels' scratch.
   std::vector<int64_t> buffer_bytes;
   BufferPlan plan;       // device memory
   BufferPlan host_plan;  // pinned_host memory (offload); empty when nothing lives there
@@ -64,6 +65,7 @@ struct Executable::Impl {
   std::vector<CollectiveOp> colls;
   std::vector<int> coll_of_unit;
   std::vector<std::vector<int>> scratch_of;  // per collective: its packing scratch buffer ids
+  std::vector<int> kernel_scratch;           // per unit: its kernel's scratch buffer id, or -1
   // Blocks of the run loop: a run of compute units, or one collective event.
   struct Block {
     int begin, end;
@@ -209,6 +211,7 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
 
   ProgramBuffers buffers = value_buffers(g, impl->units);
   LoweredCollectives colls = lower_collectives(g, impl->units, groups, buffers);
+  kernel_scratch(g, impl->units, *impl->backend, impl->at(0), buffers);
   const Donation donation = donate(g, impl->units, buffers, opt.output_donors);
 
   // Returned values: the first position of each computed value is its home (caller memory).
@@ -247,6 +250,7 @@ std::unique_ptr<Executable::Impl> plan_impl(const Graph& src, const CompileOptio
   impl->colls = std::move(colls.ops);
   impl->coll_of_unit = std::move(colls.of_unit);
   impl->scratch_of = std::move(colls.scratch_of);
+  impl->kernel_scratch = std::move(buffers.kernel_scratch);
   impl->plan = std::move(plans.device);
   impl->host_plan = std::move(plans.host);
   impl->handles.resize(impl->colls.size());
@@ -383,6 +387,7 @@ std::unique_ptr<Executable> compile_on_devices(const Graph& src, const CompileOp
     std::vector<int> outs = unit.out_values;
     if (impl->coll_of_unit[s] >= 0 && unit.kind == Unit::Kind::collective_start)
       outs.insert(outs.end(), scratch_of[impl->coll_of_unit[s]].begin(), scratch_of[impl->coll_of_unit[s]].end());
+    if (impl->kernel_scratch[s] >= 0) outs.push_back(impl->kernel_scratch[s]);  // after the results
     for (size_t k = 0; k < outs.size(); ++k) {
       int v = outs[k];
       if (v < static_cast<int>(nv) && home_of[v] >= 0) {

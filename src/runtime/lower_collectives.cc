@@ -1,6 +1,7 @@
 // Collective events of the schedule become ops the communicator runs (with their packing scratch
 // added to the program's buffers); copies between memory kinds ("transfer") become ops of the
-// backend's copy stream. Also: the program's buffers, one per value at its storage root.
+// backend's copy stream. Also: the program's buffers, one per value at its storage root, and the
+// kernels' working memory.
 #include <map>
 
 #include "ir/primitive.h"
@@ -24,6 +25,23 @@ ProgramBuffers value_buffers(const Graph& g, const std::vector<Unit>& units) {
     b.kind.push_back(info.kind);
   }
   return b;
+}
+
+void kernel_scratch(const Graph& g, const std::vector<Unit>& units, const Backend& backend, const Placement& device,
+                    ProgramBuffers& buffers) {
+  buffers.kernel_scratch.assign(units.size(), -1);
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].kind != Unit::Kind::kernel && units[u].kind != Unit::Kind::fused) continue;
+    const int64_t bytes = backend.scratch_bytes(g, units[u], device);
+    if (bytes < 0)
+      throw InternalError("[compile] the " + backend.name() + " backend asks for " + std::to_string(bytes) +
+                          " bytes of scratch for " + units[u].label);
+    if (bytes == 0) continue;
+    buffers.kernel_scratch[u] = static_cast<int>(buffers.bytes.size());
+    buffers.bytes.push_back(bytes);
+    buffers.category.push_back(MemoryCategory::kernel_scratch);
+    buffers.kind.push_back(MemoryKind::device);
+  }
 }
 
 LoweredCollectives lower_collectives(const Graph& g, const std::vector<Unit>& units,

@@ -137,6 +137,9 @@ void check_limits(const MemoryReport& rep, const CompileOptions& opt, const Grap
       os << "  %" << b << " " << type_str(g.type(b)) << " " << buffers.bytes[b] << " bytes from "
          << (p >= 0 ? g.nodes()[p].prim->name : std::string("input"))
          << (g.values()[b].layer.empty() ? std::string() : " in " + g.values()[b].layer) << "\n";
+    } else if (const auto u = std::find(buffers.kernel_scratch.begin(), buffers.kernel_scratch.end(), b);
+               u != buffers.kernel_scratch.end()) {
+      os << "  scratch of unit " << (u - buffers.kernel_scratch.begin()) << " " << buffers.bytes[b] << " bytes\n";
     } else {
       os << "  collective scratch " << buffers.bytes[b] << " bytes\n";
     }

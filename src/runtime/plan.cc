@@ -211,7 +211,8 @@ namespace px {
 
 // The program's arenas: a unit reads its operands' storage roots and writes its results (a view
 // writes nothing); a collective's scratch is written at its start and read at its wait, so it is
-// live between them, as are its operand and result. Each memory kind's plan sees the other kind's
+// live between them, as are its operand and result; a kernel's scratch is written by its unit and
+// read by none, so it is live only while the unit runs. Each memory kind's plan sees the other kind's
 // buffers as external; returned values stay live to the end.
 ArenaPlans plan_arenas(const Graph& g, const std::vector<Unit>& units, const ProgramBuffers& buffers,
                        const LoweredCollectives& colls, const std::vector<char>& external) {
@@ -227,6 +228,7 @@ ArenaPlans plan_arenas(const Graph& g, const std::vector<Unit>& units, const Pro
       std::vector<int>& side = unit.kind == Unit::Kind::collective_start ? ps.out : ps.in;
       side.insert(side.end(), colls.scratch_of[c].begin(), colls.scratch_of[c].end());
     }
+    if (const int b = buffers.kernel_scratch.empty() ? -1 : buffers.kernel_scratch[u]; b >= 0) ps.out.push_back(b);
     a.steps.push_back(std::move(ps));
   }
   for (int v : g.outputs()) a.live_to_end.push_back(root[v]);

@@ -596,6 +596,7 @@ class PipelineRunner::GroupRun {
     const Graph& g = *s_.graph;
     const StageProgram& p = s_.programs[k];
     std::vector<ShardedArray> in;
+    in.reserve(p.inputs.size());
     for (size_t i = 0; i < p.inputs.size(); ++i) {
       const int v = p.inputs[i];
       in.push_back(g.values()[v].producer < 0 ? x_.input(v, m, *p.exe, static_cast<int>(i), d_) : take(v, m));

@@ -795,7 +795,7 @@ struct StageCompiler {
     const int S = r.schedule.stages(), M = r.schedule.microbatches;
     r.accumulate.assign(S, -1);
     r.mean.assign(S, -1);
-    if (M <= 1 || !compile) return;
+    if (M <= 1) return;
     for (int s = 0; s < S; ++s) {
       std::vector<int> vals;
       for (int v : r.accumulated)
@@ -828,8 +828,12 @@ struct StageCompiler {
         sp.part = q;
         sp.stage = s;
         sp.inputs = sp.outputs = vals;
-        sp.local = Executable::compile(*graph, in_place);
-        sp.arena_bytes = sp.local->peak_bytes();
+        if (compile) {
+          sp.local = Executable::compile(*graph, in_place);
+          sp.arena_bytes = sp.local->peak_bytes();
+        } else {  // planned only (remat auto's candidates): their loops' scratch counts too
+          sp.arena_bytes = plan_program(*graph, in_place, {}).report.arena_bytes;
+        }
         (q == StagePart::accumulate ? r.accumulate : r.mean)[s] = static_cast<int>(r.programs.size());
         r.programs.push_back(std::move(sp));
       }

@@ -163,6 +163,9 @@ class WrappedCpu final : public Backend {
       static_cast<float*>(out[0])[0] += 1.0f;
     };
   }
+  int64_t scratch_bytes(const Graph& g, const Unit& unit, const Placement& device) const override {
+    return cpu_backend().scratch_bytes(g, unit, device);
+  }
   Event copy(std::vector<CopyJob> jobs) override { return cpu_backend().copy(std::move(jobs)); }
   int num_threads() const override { return cpu_backend().num_threads(); }
   FusionLimits fusion() const override { return cpu_backend().fusion(); }

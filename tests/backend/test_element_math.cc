@@ -492,9 +492,13 @@ TEST(ElementMath, AdamwUpdateEqualsTheRefBackendBitwise) {
 
 std::vector<std::byte> run_cpu(const Primitive* prim, const std::vector<TensorType>& in_t, const TensorType& out_t,
                                const Attrs& attrs, const std::vector<const void*>& in) {
-  Kernel k = (*cpu::find_kernel(prim))(cpu::KernelSpec{in_t, {out_t}, attrs});
+  const std::vector<TensorType> outs{out_t};
+  const cpu::KernelSpec spec{in_t, outs, attrs};
+  Kernel k = (*cpu::find_kernel(prim))(spec);
   std::vector<std::byte> out(static_cast<size_t>(out_t.nbytes()));
-  void* op[] = {out.data()};
+  // The kernel's working memory follows its result, as the runtime hands it over.
+  std::vector<float> scratch(static_cast<size_t>(cpu::scratch_bytes(prim, spec) / 4 + 16));
+  void* op[] = {out.data(), scratch.data()};
   k(in.data(), op);
   return out;
 }

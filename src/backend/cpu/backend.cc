@@ -91,6 +91,15 @@ class CopyStream {
   bool stop_ = false;
 };
 
+// A node's operand and result types, as a kernel spec takes them.
+struct NodeTypes {
+  std::vector<TensorType> in, out;
+  NodeTypes(const Graph& g, const Node& n) {
+    for (int v : n.inputs) in.push_back(g.type(v));
+    for (int v : n.outputs) out.push_back(g.type(v));
+  }
+};
+
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
@@ -111,10 +120,14 @@ class CpuBackend final : public Backend {
     const Node& n = g.nodes()[unit.nodes.at(0)];
     const cpu::KernelFactory* f = cpu::find_kernel(n.prim);
     if (!f) throw Error("[compile] no CPU kernel for primitive '" + n.prim->name + "'");
-    std::vector<TensorType> in_t, out_t;
-    for (int v : n.inputs) in_t.push_back(g.type(v));
-    for (int v : n.outputs) out_t.push_back(g.type(v));
-    return (*f)(cpu::KernelSpec{in_t, out_t, n.attrs});
+    const NodeTypes t(g, n);
+    return (*f)(cpu::KernelSpec{t.in, t.out, n.attrs});
+  }
+  int64_t scratch_bytes(const Graph& g, const Unit& unit, const Placement&) const override {
+    if (unit.kind == Unit::Kind::fused) return cpu::fused_scratch_bytes(g, {unit.nodes, unit.in_values, unit.out_values});
+    const Node& n = g.nodes()[unit.nodes.at(0)];
+    const NodeTypes t(g, n);
+    return cpu::scratch_bytes(n.prim, cpu::KernelSpec{t.in, t.out, n.attrs});
   }
 
   Event copy(std::vector<CopyJob> jobs) override { return stream_.submit(std::move(jobs)); }

@@ -409,42 +409,70 @@ class ProgramBuilder {
 };
 
 Program build_program(const Graph& g, const FusedGroup& group) { return ProgramBuilder(g, group).build(); }
-}  // namespace
 
-Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
+// A group of one all-integer node takes the exact i32 path of that node's own kernel: its factory,
+// else null.
+const KernelFactory* integer_kernel(const Graph& g, const FusedGroup& group) {
   if (group.nodes.empty()) throw InternalError("[fused] empty group");
   const Node& first = g.nodes()[group.nodes[0]];
-  if (group.nodes.size() == 1 && first.prim->elementwise) {
-    // An all-integer node takes the exact i32 path of its own single-node kernel.
-    const EltwiseKernel* ek = find_eltwise(first.prim);
-    const KernelFactory* f = find_kernel(first.prim);
-    bool all_int = int_like(g.type(first.outputs[0]).dtype);
-    for (int v : first.inputs) all_int = all_int && int_like(g.type(v).dtype);
-    if (ek && ek->i32 && all_int && f) {
-      std::vector<TensorType> in_t, out_t;
-      for (int v : first.inputs) in_t.push_back(g.type(v));
-      out_t.push_back(g.type(first.outputs[0]));
-      return (*f)(KernelSpec{in_t, out_t, first.attrs});
-    }
-  }
+  if (group.nodes.size() != 1 || !first.prim->elementwise) return nullptr;
+  const EltwiseKernel* ek = find_eltwise(first.prim);
+  const KernelFactory* f = find_kernel(first.prim);
+  bool all_int = int_like(g.type(first.outputs[0]).dtype);
+  for (int v : first.inputs) all_int = all_int && int_like(g.type(v).dtype);
+  return ek && ek->i32 && all_int ? f : nullptr;
+}
 
+// Per thread, in the kernel's scratch: the tiles, then the slot pointer table. Each thread's part
+// starts a cache line (64 bytes) past the previous one's end: the threads write their slot
+// pointers every tile, and a shared line would bounce between the cores.
+// Small loops run on the calling thread alone (one part): waking a team costs microseconds. In
+// double: count * ops overflows int64 for counts near 2^63.
+struct FusedScratch {
+  int threads = 1;  // that run the loop
+  int64_t tile_floats = 0, ptr_stride = 0, table_at = 0, per_thread = 0;  // per_thread, table_at: bytes
+  explicit FusedScratch(const Program& p) {
+    const int64_t ntiles = (p.count + p.tile - 1) / p.tile;
+    const bool small = static_cast<double>(p.count) * static_cast<double>(p.ops.size()) < (1 << 14);
+    threads = ntiles <= 1 || small ? 1 : num_threads();
+    tile_floats = p.num_tiles * p.tile + 16;
+    ptr_stride = (static_cast<int64_t>(p.places.size()) + 7) / 8 * 8 + 8;
+    ScratchLayout l;
+    l.add_floats(tile_floats);
+    table_at = l.add(ptr_stride * static_cast<int64_t>(sizeof(float*)));
+    per_thread = l.bytes;
+  }
+  int64_t bytes() const { return threads * per_thread; }
+};
+
+}  // namespace
+
+int64_t fused_scratch_bytes(const Graph& g, const FusedGroup& group) {
+  if (integer_kernel(g, group)) return 0;  // no i32 kernel asks for scratch
+  return FusedScratch(build_program(g, group)).bytes();
+}
+
+Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
+  if (const KernelFactory* f = integer_kernel(g, group)) {
+    const Node& first = g.nodes()[group.nodes[0]];
+    std::vector<TensorType> in_t, out_t;
+    for (int v : first.inputs) in_t.push_back(g.type(v));
+    out_t.push_back(g.type(first.outputs[0]));
+    return (*f)(KernelSpec{in_t, out_t, first.attrs});
+  }
   auto prog = std::make_shared<const Program>(build_program(g, group));
-  const int threads = num_threads();
-  const int nslots = static_cast<int>(prog->places.size());
-  // Per thread: the scratch tiles and the slot pointer table (all preallocated here).
-  // Each thread's part starts a cache line (64 bytes) past the previous one's end: the threads
-  // write their slot pointers every tile, and a shared line would bounce between the cores.
-  const size_t tile_floats = static_cast<size_t>(prog->num_tiles) * prog->tile + 16;
-  const size_t ptr_stride = static_cast<size_t>(nslots + 7) / 8 * 8 + 8;
-  auto scratch = std::make_shared<std::vector<float>>(static_cast<size_t>(threads) * tile_floats);
-  auto ptr_table = std::make_shared<std::vector<float*>>(static_cast<size_t>(threads) * ptr_stride);
-  return [prog, scratch, ptr_table, threads, nslots, tile_floats, ptr_stride](const void* const* in, void* const* out) {
+  const FusedScratch layout(*prog);
+  const int threads = layout.threads, nslots = static_cast<int>(prog->places.size());
+  const size_t results = group.ext_outputs.size();
+  return [prog, layout, threads, nslots, results](const void* const* in, void* const* out) {
     const Program& p = *prog;
+    std::byte* scratch = scratch_of<std::byte>(out, results);
     const int64_t tile = p.tile, ntiles = (p.count + tile - 1) / tile;
     // Runs tiles [t0, t1) on thread `tid`'s scratch.
     auto run_tiles = [&](int tid, int64_t t0, int64_t t1) {
-      float* base = scratch->data() + tid * tile_floats;
-      float** ptr = ptr_table->data() + static_cast<size_t>(tid) * ptr_stride;
+      std::byte* mine = scratch + tid * layout.per_thread;
+      float* base = reinterpret_cast<float*>(mine);
+      float** ptr = reinterpret_cast<float**>(mine + layout.table_at);
       for (int s = 0; s < nslots; ++s)
         if (p.places[s].kind == SlotPlace::scratch) ptr[s] = base + p.places[s].index * tile;
       for (int64_t t = t0; t < t1; ++t) {
@@ -503,9 +531,7 @@ Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
     };
     // A serial OpenMP region still costs libgomp a team allocation, so serial runs skip OpenMP;
     // parallel ones always ask for the same team size, which libgomp caches.
-    // Waking a team costs microseconds: small loops stay on the calling thread.
-    // In double: count * ops overflows int64 for counts near 2^63.
-    if (ntiles <= 1 || threads <= 1 || static_cast<double>(p.count) * static_cast<double>(p.ops.size()) < (1 << 14)) {
+    if (threads <= 1) {
       run_tiles(0, 0, ntiles);
       return;
     }

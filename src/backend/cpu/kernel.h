@@ -4,6 +4,7 @@
 // OpenMP (shared with oneDNN), so the total number of compute threads is the number of cores.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -25,8 +26,32 @@ struct KernelSpec {
 using Kernel = std::function<void(const void* const* in, void* const* out)>;
 using KernelFactory = std::function<Kernel(const KernelSpec&)>;
 
+// Working memory of a kernel, in bytes for its spec (0: none). The runtime plans it with the
+// program's buffers (Backend::scratch_bytes) and hands it to the kernel after its results, at
+// out[spec.out.size()]: 64-byte aligned, live only while the kernel runs, so a step allocates
+// nothing outside its plan. A factory that uses it registers the size with it, both computed from
+// one plan of the spec so that they agree.
+using ScratchSize = std::function<int64_t(const KernelSpec&)>;
+
 // Throws px::Error when the primitive has a kernel already.
 void register_kernel(const Primitive* prim, KernelFactory f);
+void register_kernel(const Primitive* prim, KernelFactory f, ScratchSize scratch);
+int64_t scratch_bytes(const Primitive* prim, const KernelSpec& spec);  // 0 where none is registered
+// A kernel's scratch (out[results]) as T*.
+template <class T = float>
+T* scratch_of(void* const* out, size_t results) {
+  return static_cast<T*>(out[results]);
+}
+// Parts of one kernel's scratch, each starting a cache line: add(bytes) returns the part's offset.
+struct ScratchLayout {
+  int64_t bytes = 0;
+  int64_t add(int64_t n) {
+    const int64_t at = bytes;
+    bytes += (std::max<int64_t>(n, 0) + 63) / 64 * 64;
+    return at;
+  }
+  int64_t add_floats(int64_t n) { return add(n * static_cast<int64_t>(sizeof(float))); }
+};
 // A primitive registered above the backends (src/sharding's local_slice, sharding_constraint), by
 // a getter that returns null until it is registered (src/backend/kernel_table.h).
 void register_late_kernel(const Primitive* (*handle)(), KernelFactory f);
@@ -59,6 +84,7 @@ struct FusedGroup {
   std::vector<int> ext_outputs;
 };
 Kernel make_fused_kernel(const Graph& g, const FusedGroup& group);
+int64_t fused_scratch_bytes(const Graph& g, const FusedGroup& group);  // its tiles and slot tables
 
 // Registers every CPU kernel family (called once by the runtime).
 void register_all_kernels();
@@ -91,12 +117,6 @@ inline uint16_t bf16_bits(float f) {
 }
 
 int num_threads();
-
-// n floats of scratch for one run of a kernel: shared by every kernel the calling thread runs
-// (they run one after another there), so that the f32 copies and partials a kernel needs only
-// while it runs are held once per thread, not once per node of every program. Grown on demand and
-// kept for the thread's life; valid until the calling thread's next thread_scratch call.
-float* thread_scratch(int64_t n);
 
 // Runs body(i) for every i in [0, n): split statically over up to `threads` OpenMP threads when
 // `parallel`, else in the calling thread without entering an OpenMP region (libgomp allocates a

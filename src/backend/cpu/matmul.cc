@@ -1,13 +1,16 @@
 // CPU kernel of dot_general on oneDNN. The factory views each operand as a strided
 // [batch, rows, cols] matrix stack when its dims nest evenly (transposed layouts included), and
-// otherwise gathers it into preallocated scratch. f32 runs on sgemm called directly (oneDNN's
+// otherwise gathers it into its scratch (planned by the runtime with the program's buffers). f32 runs on sgemm called directly (oneDNN's
 // matmul primitive wraps the same jit sgemm): nothing to set up per call, and stacks of small
 // matrices run one matrix per thread. bf16 operands run on oneDNN's bf16 matmul primitive where
 // the CPU has a native one (AVX512-BF16, AMX; f32 accumulation), else they are converted to f32
 // scratch for sgemm: oneDNN 2.6 has only a slow reference bf16 matmul on other CPUs.
 #include <algorithm>
 #include <cstring>
+#include <array>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
@@ -202,17 +205,25 @@ Operand operand_of(const View& v) {
   return {t ? 'T' : 'N', t ? v.sc : v.sr, v.sb};
 }
 
-// A bf16 matmul primitive over strided views, with the operands' pointers set per call.
+// A bf16 matmul primitive over strided views, with the operands' pointers and oneDNN's scratchpad
+// (planned with the program's buffers: user scratchpad mode) set per call.
 struct NativeMatmul {
   dnnl::matmul prim;
-  dnnl::memory a, b, c;
+  dnnl::memory a, b, c, scratch;
   dnnl::stream stream;
-  void run(const void* pa, const void* pb, void* pc) {
+  void run(const void* pa, const void* pb, void* pc, void* ps) {
     a.set_data_handle(const_cast<void*>(pa));
     b.set_data_handle(const_cast<void*>(pb));
     c.set_data_handle(pc);
-    prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
-    stream.wait();
+    scratch.set_data_handle(ps);
+    // The C call with an array of arguments: the C++ one builds a hash map at every call.
+    const dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, a.get()},
+                                     {DNNL_ARG_WEIGHTS, b.get()},
+                                     {DNNL_ARG_DST, c.get()},
+                                     {DNNL_ARG_SCRATCHPAD, scratch.get()}};
+    dnnl_status_t st = dnnl_primitive_execute(prim.get(), stream.get(), 4, args);
+    if (st == dnnl_success) st = dnnl_stream_wait(stream.get());
+    if (st != dnnl_success) throw InternalError("[cpu] dot_general: a oneDNN bf16 matmul failed with status " + std::to_string(st));
   }
 };
 
@@ -221,28 +232,46 @@ const dnnl::engine& cpu_engine() {
   return eng;
 }
 
+using MatmulPd = dnnl::matmul::primitive_desc;
+
 // The native bf16 matmul for direct views, or null where oneDNN has none but its reference code.
-std::shared_ptr<NativeMatmul> native_bf16(const View& a, const View& b, int64_t bt, int64_t m, int64_t n, int64_t k,
-                                          DType out_t) {
+// Cached by shape and strides: the scratch size (at plan time) and the kernel ask for the same.
+std::shared_ptr<const MatmulPd> native_bf16(const View& a, const View& b, int64_t bt, int64_t m, int64_t n,
+                                            int64_t k, DType out_t) {
   using md = dnnl::memory::desc;
   using dt = dnnl::memory::data_type;
   if (out_t != DType::f32 && out_t != DType::bf16) return nullptr;
+  using Key = std::array<int64_t, 11>;
+  static std::mutex mutex;
+  static std::map<Key, std::shared_ptr<const MatmulPd>> cache;
+  const Key key{a.sb, a.sr, a.sc, b.sb, b.sr, b.sc, bt, m, n, k, static_cast<int64_t>(out_t)};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  std::shared_ptr<const MatmulPd> pd;
   try {
     md a_md({bt, m, k}, dt::bf16, dnnl::memory::dims{bt == 1 ? m * k : a.sb, a.sr, a.sc});
     md b_md({bt, k, n}, dt::bf16, dnnl::memory::dims{bt == 1 ? k * n : b.sb, b.sr, b.sc});
     md c_md({bt, m, n}, out_t == DType::f32 ? dt::f32 : dt::bf16, dnnl::memory::dims{m * n, n, 1});
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), cpu_engine());
-    if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return nullptr;
-    auto nm = std::make_shared<NativeMatmul>();
-    nm->prim = dnnl::matmul(pd);
-    nm->a = dnnl::memory(a_md, cpu_engine(), DNNL_MEMORY_NONE);
-    nm->b = dnnl::memory(b_md, cpu_engine(), DNNL_MEMORY_NONE);
-    nm->c = dnnl::memory(c_md, cpu_engine(), DNNL_MEMORY_NONE);
-    nm->stream = dnnl::stream(cpu_engine());
-    return nm;
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    auto made = std::make_shared<MatmulPd>(dnnl::matmul::desc(a_md, b_md, c_md), attr, cpu_engine());
+    if (std::string(made->impl_info_str()).rfind("ref", 0) != 0) pd = std::move(made);
   } catch (const dnnl::error&) {
-    return nullptr;  // unimplemented for these strides on this CPU: the f32 path below
+    // unimplemented for these strides on this CPU: the f32 path below
   }
+  cache.emplace(key, pd);
+  return pd;
+}
+
+std::shared_ptr<NativeMatmul> native_matmul(const MatmulPd& pd) {
+  auto nm = std::make_shared<NativeMatmul>();
+  nm->prim = dnnl::matmul(pd);
+  nm->a = dnnl::memory(pd.src_desc(), cpu_engine(), DNNL_MEMORY_NONE);
+  nm->b = dnnl::memory(pd.weights_desc(), cpu_engine(), DNNL_MEMORY_NONE);
+  nm->c = dnnl::memory(pd.dst_desc(), cpu_engine(), DNNL_MEMORY_NONE);
+  nm->scratch = dnnl::memory(pd.scratchpad_desc(), cpu_engine(), DNNL_MEMORY_NONE);
+  nm->stream = dnnl::stream(cpu_engine());
+  return nm;
 }
 
 struct GemmState {
@@ -327,18 +356,25 @@ std::shared_ptr<GemmState> make_gemm_state(const TensorType& lt, const TensorTyp
   return st;
 }
 
+// The f32 copies of the operands and the f32 result, [a | b | c] as needed, in the kernel's scratch.
+struct GemmScratch {
+  bool a_conv, b_conv, c_conv;
+  int64_t a_len, b_len, c_len;
+  explicit GemmScratch(const GemmState& s)
+      : a_conv(s.a_copy || s.a_t != DType::f32), b_conv(s.b_copy || s.b_t != DType::f32), c_conv(s.out_t != DType::f32),
+        a_len(a_conv ? s.a_n : 0), b_len(b_conv ? s.b_n : 0), c_len(c_conv ? s.out_n : 0) {}
+  int64_t bytes() const { return (a_len + b_len + c_len) * static_cast<int64_t>(sizeof(float)); }
+};
+
 Kernel sgemm_kernel(std::shared_ptr<GemmState> st) {
   return [st](const void* const* in, void* const* out) {
     GemmState& s = *st;
-    const bool a_conv = s.a_copy || s.a_t != DType::f32, b_conv = s.b_copy || s.b_t != DType::f32;
-    const bool c_conv = s.out_t != DType::f32;
-    // The f32 copies of the operands and the f32 result, [a | b | c] as needed, from the scratch
-    // that this thread's kernels share.
-    const int64_t a_len = a_conv ? s.a_n : 0, b_len = b_conv ? s.b_n : 0, c_len = c_conv ? s.out_n : 0;
-    float* base = a_len + b_len + c_len > 0 ? thread_scratch(a_len + b_len + c_len) : nullptr;
+    const GemmScratch sc(s);
+    const bool a_conv = sc.a_conv, b_conv = sc.b_conv, c_conv = sc.c_conv;
+    float* base = sc.bytes() > 0 ? scratch_of(out, 1) : nullptr;
     float* a_buf = a_conv ? base : nullptr;
-    float* b_buf = b_conv ? base + a_len : nullptr;
-    float* c_buf = c_conv ? base + a_len + b_len : nullptr;
+    float* b_buf = b_conv ? base + sc.a_len : nullptr;
+    float* c_buf = c_conv ? base + sc.a_len + sc.b_len : nullptr;
     if (a_conv || b_conv) {
 #pragma omp parallel if (s.convert_work > kParallelConvert)
       {
@@ -367,38 +403,65 @@ Kernel sgemm_kernel(std::shared_ptr<GemmState> st) {
   };
 }
 
-Kernel dot_general_kernel(const KernelSpec& spec) {
+// What a dot_general's kernel will be, from its spec alone: the kernel and its scratch size are
+// both made from this.
+struct MatmulPlan {
+  int64_t bt = 1, m = 1, n = 1, k = 1;
+  bool empty = false;                        // no result elements, or k = 0 (zeros)
+  std::shared_ptr<const MatmulPd> native;    // bf16 on oneDNN's matmul, else sgemm:
+  std::shared_ptr<GemmState> gemm;
+};
+
+MatmulPlan plan_matmul(const KernelSpec& spec) {
   const TensorType &lt = spec.in[0], &rt = spec.in[1], &ot = spec.out[0];
   const auto &lc = spec.attrs.ints("lhs_contract"), &rc = spec.attrs.ints("rhs_contract");
   const auto &lb = spec.attrs.ints("lhs_batch"), &rb = spec.attrs.ints("rhs_batch");
   if (lt.rank() > kMaxRank || rt.rank() > kMaxRank)
     throw Error("[dot_general] the CPU kernel supports operands up to rank " + std::to_string(kMaxRank));
-
   std::vector<int64_t> lf = free_dims(lt.rank(), lb, lc), rf = free_dims(rt.rank(), rb, rc);
-  int64_t bt = 1, m = 1, n = 1, k = 1;
-  for (int64_t d : lb) bt *= lt.shape[d];
-  for (int64_t d : lf) m *= lt.shape[d];
-  for (int64_t d : rf) n *= rt.shape[d];
-  for (int64_t d : lc) k *= lt.shape[d];
-  const int64_t out_n = ot.numel();
-  const DType out_t = ot.dtype;
+  MatmulPlan p;
+  for (int64_t d : lb) p.bt *= lt.shape[d];
+  for (int64_t d : lf) p.m *= lt.shape[d];
+  for (int64_t d : rf) p.n *= rt.shape[d];
+  for (int64_t d : lc) p.k *= lt.shape[d];
+  p.empty = ot.numel() == 0 || p.k == 0;
+  if (p.empty) return p;
+  auto [a, b] = cheaper_views(lt, rt, lb, lf, lc, rb, rf, rc);
+  if (lt.dtype == DType::bf16 && rt.dtype == DType::bf16 && a.direct && b.direct)
+    if ((p.native = native_bf16(a, b, p.bt, p.m, p.n, p.k, ot.dtype))) return p;
+  if (!a.direct) make_contiguous(a);
+  if (!b.direct) make_contiguous(b);
+  p.gemm = make_gemm_state(lt, rt, ot, a, b, p.bt, p.m, p.n, p.k);
+  return p;
+}
+
+int64_t dot_general_scratch(const KernelSpec& spec) {
+  const MatmulPlan p = plan_matmul(spec);
+  if (p.empty) return 0;
+  if (p.native) return static_cast<int64_t>(p.native->scratchpad_desc().get_size());
+  return GemmScratch(*p.gemm).bytes();
+}
+
+Kernel dot_general_kernel(const KernelSpec& spec) {
+  MatmulPlan p = plan_matmul(spec);
+  const int64_t out_n = spec.out[0].numel();
+  const DType out_t = spec.out[0].dtype;
   if (out_n == 0) return [](const void* const*, void* const*) {};
-  if (k == 0)
+  if (p.empty)
     return [out_n, out_t](const void* const*, void* const* out) {
       std::memset(out[0], 0, static_cast<size_t>(out_n * dtype_size(out_t)));
     };
-
-  auto [a, b] = cheaper_views(lt, rt, lb, lf, lc, rb, rf, rc);
-  if (lt.dtype == DType::bf16 && rt.dtype == DType::bf16 && a.direct && b.direct)
-    if (auto nm = native_bf16(a, b, bt, m, n, k, out_t))
-      return [nm](const void* const* in, void* const* out) { nm->run(in[0], in[1], out[0]); };
-  if (!a.direct) make_contiguous(a);
-  if (!b.direct) make_contiguous(b);
-  return sgemm_kernel(make_gemm_state(lt, rt, ot, a, b, bt, m, n, k));
+  if (p.native) {
+    const bool scratch = p.native->scratchpad_desc().get_size() > 0;
+    return [nm = native_matmul(*p.native), scratch](const void* const* in, void* const* out) {
+      nm->run(in[0], in[1], out[0], scratch ? out[1] : nullptr);
+    };
+  }
+  return sgemm_kernel(std::move(p.gemm));
 }
 
 }  // namespace
 
-void register_matmul_kernels() { register_kernel(prims::dot_general(), dot_general_kernel); }
+void register_matmul_kernels() { register_kernel(prims::dot_general(), dot_general_kernel, dot_general_scratch); }
 
 }  // namespace px::cpu

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 
@@ -98,14 +99,9 @@ void uniform_row(float* p, int64_t sk) {
   for (int64_t j = 0; j < sk; ++j) p[j] = u;
 }
 
-// Per-thread scratch rows, sized in the factory (f32 copies of 16-bit operands, and partials, come
-// from thread_scratch when the kernel runs).
-struct Buffers {
-  int threads = 1;
-  int64_t per_thread = 0;
-  std::vector<float> rows;
-  std::atomic<int> gemm_err{0};  // the first failing dnnl_sgemm status of a run
-  float* mine() { return rows.data() + static_cast<size_t>(omp_get_thread_num()) * per_thread; }
+// The sgemm status of a run (the f32 path): the first failure, thrown after the parallel region.
+struct GemmErr {
+  std::atomic<int> gemm_err{0};
 };
 
 // p as f32: itself, or its copy at copies + at (null copies: every operand is f32).
@@ -152,13 +148,13 @@ struct Product {
 struct Bf16Products {
   std::map<std::tuple<Form, int64_t, int64_t>, Product> table;  // (form, nr, nc)
   std::vector<dnnl::stream> streams;                            // per thread
-  std::vector<std::vector<uint8_t>> scratch;                    // per thread
-  std::vector<std::vector<uint16_t>> low;                       // per thread: P or dS in bf16
   std::atomic<int> err{0};
-  // Runs the product on thread `tid`; a failure is recorded and thrown after the parallel region.
-  void run(Form f, int64_t nr, int64_t nc, int tid, const void* a, const void* b, void* c) {
+  // Runs the product on thread `tid` with oneDNN's scratchpad at `pad` (the thread's, in the
+  // kernel's scratch); a failure is recorded and thrown after the parallel region.
+  void run(Form f, int64_t nr, int64_t nc, int tid, void* pad, const void* a, const void* b, void* c) {
     Product& prod = table.find({f, nr, nc})->second;
     Product::Mem& m = prod.mem[static_cast<size_t>(tid)];
+    dnnl_memory_set_data_handle(m.scratch.get(), pad);
     dnnl_memory_set_data_handle(m.a.get(), const_cast<void*>(a));
     dnnl_memory_set_data_handle(m.b.get(), const_cast<void*>(b));
     dnnl_memory_set_data_handle(m.c.get(), c);
@@ -176,15 +172,22 @@ struct Bf16Products {
   }
 };
 
+// One block product's description: `form` for nr query rows against nc keys.
+struct ProductDesc {
+  Form form;
+  int64_t nr, nc;
+  dnnl::matmul::primitive_desc pd;
+};
+
 // The products `forms` for every row block's (nr, nc), and for nc = Sk (rows that attend to every
-// key); null where oneDNN has no native bf16 matmul for one of them (the f32 path then runs).
-std::shared_ptr<Bf16Products> make_bf16_products(const Geom& G, std::initializer_list<Form> forms, int threads) {
-  if (G.dt != DType::bf16 || G.sq == 0 || G.sk == 0 || G.d == 0) return nullptr;
+// key); empty where oneDNN has no native bf16 matmul for one of them (the f32 path then runs).
+std::vector<ProductDesc> bf16_product_descs(const Geom& G, std::initializer_list<Form> forms) {
+  if (G.dt != DType::bf16 || G.sq == 0 || G.sk == 0 || G.d == 0) return {};
   using md = dnnl::memory::desc;
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
-  auto P = std::make_shared<Bf16Products>();
-  size_t scratch = 0;
+  std::vector<ProductDesc> descs;
+  std::map<std::tuple<Form, int64_t, int64_t>, char> seen;
   const int64_t d = G.d, sk = G.sk;
   try {
     for (int64_t blk = 0; blk < G.blocks(); ++blk) {
@@ -192,7 +195,7 @@ std::shared_ptr<Bf16Products> make_bf16_products(const Geom& G, std::initializer
       for (int64_t nc : {G.limit(blk * G.rows + nr - 1), sk}) {
         if (nc == 0) continue;
         for (Form f : forms) {
-          if (P->table.count({f, nr, nc})) continue;
+          if (!seen.emplace(std::tuple{f, nr, nc}, 1).second) continue;
           md a, b, c;
           bool acc = false;
           switch (f) {
@@ -222,29 +225,113 @@ std::shared_ptr<Bf16Products> make_bf16_products(const Geom& G, std::initializer
             attr.set_post_ops(po);
           }
           dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, bf16_engine());
-          if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return nullptr;
-          Product& prod = P->table[{f, nr, nc}];
-          prod.prim = dnnl::matmul(pd);
-          prod.scratch_md = pd.scratchpad_desc();
-          scratch = std::max(scratch, prod.scratch_md.get_size());
-          for (int t = 0; t < threads; ++t)
-            prod.mem.push_back({dnnl::memory(a, bf16_engine(), DNNL_MEMORY_NONE),
-                                dnnl::memory(b, bf16_engine(), DNNL_MEMORY_NONE),
-                                dnnl::memory(c, bf16_engine(), DNNL_MEMORY_NONE), dnnl::memory()});
+          if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return {};
+          descs.push_back({f, nr, nc, std::move(pd)});
         }
       }
     }
-    P->scratch.assign(static_cast<size_t>(threads), std::vector<uint8_t>(std::max<size_t>(scratch, 64)));
-    for (auto& [key, prod] : P->table)
-      for (int t = 0; t < threads; ++t)
-        prod.mem[static_cast<size_t>(t)].scratch =
-            dnnl::memory(prod.scratch_md, bf16_engine(), P->scratch[static_cast<size_t>(t)].data());
-    for (int t = 0; t < threads; ++t) P->streams.emplace_back(bf16_engine());
   } catch (const dnnl::error&) {
-    return nullptr;
+    return {};
   }
-  P->low.assign(static_cast<size_t>(threads), std::vector<uint16_t>(static_cast<size_t>(G.rows * sk)));
+  return descs;
+}
+
+std::initializer_list<Form> forms_of(bool grad) {
+  static const std::initializer_list<Form> fwd{Form::qk, Form::pv};
+  static const std::initializer_list<Form> bwd{Form::qk, Form::ptdo, Form::dovt, Form::dsk, Form::dstq};
+  return grad ? bwd : fwd;
+}
+
+// Whether the pass (grad or not) runs on native bf16 products, and the largest scratchpad one of
+// them needs: decided once per geometry, so that its scratch (planned before the kernel is made)
+// and its kernel agree.
+struct Native {
+  bool native = false;
+  int64_t scratchpad = 0;  // bytes
+};
+Native native_products(const Geom& G, bool grad) {
+  using Key = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, bool, int>;
+  static std::mutex mutex;
+  static std::map<Key, Native> known;
+  const Key key{grad, G.sq, G.sk, G.d, G.rows, G.causal, static_cast<int>(G.dt)};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  Native n;
+  for (const ProductDesc& desc : bf16_product_descs(G, forms_of(grad))) {
+    n.native = true;
+    n.scratchpad = std::max(n.scratchpad, static_cast<int64_t>(desc.pd.scratchpad_desc().get_size()));
+  }
+  known.emplace(key, n);
+  return n;
+}
+
+// The products of the pass for `threads` threads (native_products said they exist).
+std::shared_ptr<Bf16Products> make_bf16_products(const Geom& G, bool grad, int threads) {
+  auto P = std::make_shared<Bf16Products>();
+  try {
+    for (ProductDesc& desc : bf16_product_descs(G, forms_of(grad))) {
+      Product& prod = P->table[{desc.form, desc.nr, desc.nc}];
+      prod.prim = dnnl::matmul(desc.pd);
+      prod.scratch_md = desc.pd.scratchpad_desc();
+      for (int t = 0; t < threads; ++t)
+        prod.mem.push_back({dnnl::memory(desc.pd.src_desc(), bf16_engine(), DNNL_MEMORY_NONE),
+                            dnnl::memory(desc.pd.weights_desc(), bf16_engine(), DNNL_MEMORY_NONE),
+                            dnnl::memory(desc.pd.dst_desc(), bf16_engine(), DNNL_MEMORY_NONE),
+                            dnnl::memory(prod.scratch_md, bf16_engine(), DNNL_MEMORY_NONE)});
+    }
+    for (int t = 0; t < threads; ++t) P->streams.emplace_back(bf16_engine());
+  } catch (const dnnl::error& e) {
+    throw InternalError(std::string("[cpu] attention: oneDNN described a bf16 matmul it then could not make: ") +
+                        e.what());
+  }
+  if (P->table.empty()) throw InternalError("[cpu] attention: no native bf16 products for this geometry");
   return P;
+}
+
+// A pass's scratch, from its spec alone (the kernel finds it after its results): first what the
+// threads share (the f32 copies of 16-bit operands off the native path; the gradient's dk/dv
+// partials per query head unless written straight out), then a part per thread: its f32 rows
+// (scores, dP, a block's dq or P V's rows), its bf16 rows (P or dS) and oneDNN's scratchpad.
+struct AttnScratch {
+  int threads = 1;
+  bool native = false;
+  int64_t shared_at = 0, rows_at = 0, low_at = 0, pad_at = 0, per_thread = 0;  // bytes
+  int64_t bytes = 0;
+  float* shared(std::byte* base) const { return reinterpret_cast<float*>(base); }
+  std::byte* mine(std::byte* base, int tid) const { return base + shared_at + tid * per_thread; }
+  float* rows(std::byte* base, int tid) const { return reinterpret_cast<float*>(mine(base, tid) + rows_at); }
+  uint16_t* low(std::byte* base, int tid) const { return reinterpret_cast<uint16_t*>(mine(base, tid) + low_at); }
+  void* pad(std::byte* base, int tid) const { return mine(base, tid) + pad_at; }
+};
+
+AttnScratch attn_scratch(const KernelSpec& spec, bool grad) {
+  const Geom G = geom_of(spec);
+  const int64_t q_n = spec.in[0].numel(), kv_n = spec.in[1].numel(), sk = std::max<int64_t>(G.sk, 1);
+  const Native n = native_products(G, grad);
+  const bool wide_operands = G.dt == DType::f32, direct_kv = G.g == 1 && wide_operands;
+  AttnScratch L;
+  L.threads = num_threads();
+  L.native = n.native;
+  int64_t shared = 0, rows = 0;  // floats
+  if (!grad) {
+    shared = n.native || wide_operands ? 0 : 2 * q_n + 2 * kv_n;
+    rows = n.native ? G.rows * std::max(G.sk, G.d) : G.rows * sk;
+  } else if (n.native) {
+    shared = 2 * kv_n * G.g;
+    rows = 2 * G.rows * G.sk + G.rows * G.d;
+  } else {
+    shared = (direct_kv ? 0 : 2 * kv_n * G.g) + (wide_operands ? 0 : 3 * q_n + 2 * kv_n);
+    rows = 2 * G.rows * sk;
+  }
+  ScratchLayout whole, part;
+  whole.add_floats(shared);
+  L.shared_at = whole.bytes;
+  L.rows_at = part.add_floats(rows);
+  L.low_at = part.add(n.native ? G.rows * G.sk * 2 : 0);
+  L.pad_at = part.add(n.native ? std::max<int64_t>(n.scratchpad, 1) : 0);
+  L.per_thread = part.bytes;
+  L.bytes = L.shared_at + L.threads * L.per_thread;
+  return L;
 }
 
 // The bf16 path's row loops, on the library's widest vectors (vecmath).
@@ -377,21 +464,17 @@ void probability_rows(const Geom& G, float* s, int64_t r0, int64_t nr, int64_t n
 }
 
 // The forward pass on bf16 operands through `P` (make_bf16_products with qk and pv).
-Kernel attention_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P) {
-  auto buf = std::make_shared<Buffers>();
-  buf->threads = num_threads();
-  buf->per_thread = G.rows * std::max(G.sk, G.d);  // the scores, then P V's rows in f32
-  buf->rows.resize(static_cast<size_t>(buf->threads * buf->per_thread));
+Kernel attention_bf16_kernel(const Geom& G, const AttnScratch& L, std::shared_ptr<Bf16Products> P) {
   const int64_t items = G.b * G.hkv * G.g * G.blocks();
-  return [G, buf, P, items](const void* const* in, void* const* out) {
-    Buffers& B = *buf;
+  return [G, L, P, items](const void* const* in, void* const* out) {
+    std::byte* base = scratch_of<std::byte>(out, 2);
     const auto* q = static_cast<const uint16_t*>(in[0]);
     const auto* k = static_cast<const uint16_t*>(in[1]);
     const auto* v = static_cast<const uint16_t*>(in[2]);
     const uint8_t* pad = G.pad ? static_cast<const uint8_t*>(in[3]) : nullptr;
     auto* o = static_cast<uint16_t*>(out[0]);
     float* lse = static_cast<float*>(out[1]);
-#pragma omp parallel for num_threads(B.threads) schedule(dynamic) if (items > 1)
+#pragma omp parallel for num_threads(L.threads) schedule(dynamic) if (items > 1)
     for (int64_t it = 0; it < items; ++it) {
       const int tid = omp_get_thread_num();
       const int64_t blk = it % G.blocks(), head = it / G.blocks();
@@ -399,12 +482,13 @@ Kernel attention_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P) {
       const int64_t r0 = blk * G.rows, nr = std::min(G.rows, G.sq - r0);
       float* lb = lse + ((bi * G.hkv + h) * G.g + gi) * G.sq + r0;
       const uint8_t* keep = pad ? pad + bi * G.sk : nullptr;
-      float* s = B.mine();
+      float* s = L.rows(base, tid);
+      void* scratchpad = L.pad(base, tid);
       // Scores [nr, ncols] with ld ncols; a block with a row that sees no key spans every key (the
       // row attends to all of them uniformly).
       const int64_t ncols = G.blind_row(r0, keep) ? G.sk : G.limit(r0 + nr - 1);
-      P->run(Form::qk, nr, ncols, tid, q + G.q_off(bi, h, gi) + r0 * G.d, k + G.kv_off(bi, h), s);
-      uint16_t* pb = P->low[static_cast<size_t>(tid)].data();  // bf16 exp(s - max), ld ncols
+      P->run(Form::qk, nr, ncols, tid, scratchpad, q + G.q_off(bi, h, gi) + r0 * G.d, k + G.kv_off(bi, h), s);
+      uint16_t* pb = L.low(base, tid);  // bf16 exp(s - max), ld ncols
       float inv[kMaxRows];
       for (int64_t r = 0; r < nr; ++r) {
         float* sr = s + r * ncols;
@@ -420,7 +504,7 @@ Kernel attention_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P) {
         inv[r] = 1.0f / sum;
         lb[r] = m + std::log(sum);
       }
-      P->run(Form::pv, nr, ncols, tid, pb, v + G.kv_off(bi, h), s);
+      P->run(Form::pv, nr, ncols, tid, scratchpad, pb, v + G.kv_off(bi, h), s);
       uint16_t* ob = o + G.q_off(bi, h, gi) + r0 * G.d;
       for (int64_t r = 0; r < nr; ++r) wide::to_bf16(s + r * G.d, inv[r], G.d, ob + r * G.d);
     }
@@ -431,18 +515,16 @@ Kernel attention_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P) {
 
 Kernel attention_kernel(const KernelSpec& spec) {
   const Geom G = geom_of(spec);
-  if (auto P = make_bf16_products(G, {Form::qk, Form::pv}, num_threads()))
-    return attention_bf16_kernel(G, std::move(P));
+  const AttnScratch L = attn_scratch(spec, false);
+  if (L.native) return attention_bf16_kernel(G, L, make_bf16_products(G, false, L.threads));
   const int64_t q_n = spec.in[0].numel(), kv_n = spec.in[1].numel();
-  auto buf = std::make_shared<Buffers>();
-  buf->threads = num_threads();
-  buf->per_thread = G.rows * std::max<int64_t>(G.sk, 1);
-  buf->rows.resize(static_cast<size_t>(buf->threads * buf->per_thread));
   const int64_t items = G.b * G.hkv * G.g * G.blocks();
-  return [G, buf, q_n, kv_n, items](const void* const* in, void* const* out) {
-    Buffers& B = *buf;
+  auto err = std::make_shared<GemmErr>();
+  return [G, L, err, q_n, kv_n, items](const void* const* in, void* const* out) {
+    GemmErr& B = *err;
+    std::byte* base = scratch_of<std::byte>(out, 2);
     // 16-bit operands: f32 copies of q, k, v and the f32 output, [q | k | v | o].
-    float* copies = G.dt == DType::f32 ? nullptr : thread_scratch(2 * q_n + 2 * kv_n);
+    float* copies = G.dt == DType::f32 ? nullptr : L.shared(base);
     const float* q = as_f32(in[0], G.dt, copies, 0, q_n);
     const float* k = as_f32(in[1], G.dt, copies, q_n, kv_n);
     const float* v = as_f32(in[2], G.dt, copies, q_n + kv_n, kv_n);
@@ -453,7 +535,7 @@ Kernel attention_kernel(const KernelSpec& spec) {
       if (q_n > 0) std::memset(o, 0, static_cast<size_t>(q_n) * sizeof(float));  // o is null when empty
       std::fill(lse, lse + G.b * G.hkv * G.g * G.sq, kNegInf);
     } else {
-#pragma omp parallel for num_threads(B.threads) schedule(dynamic) if (items > 1)
+#pragma omp parallel for num_threads(L.threads) schedule(dynamic) if (items > 1)
       for (int64_t it = 0; it < items; ++it) {
         const int64_t blk = it % G.blocks(), head = it / G.blocks();
         const int64_t gi = head % G.g, h = head / G.g % G.hkv, bi = head / (G.g * G.hkv);
@@ -464,7 +546,7 @@ Kernel attention_kernel(const KernelSpec& spec) {
         float* ob = o + G.q_off(bi, h, gi) + r0 * G.d;
         float* lb = lse + ((bi * G.hkv + h) * G.g + gi) * G.sq + r0;
         const uint8_t* keep = pad ? pad + bi * G.sk : nullptr;
-        float* s = B.mine();
+        float* s = L.rows(base, omp_get_thread_num());
         const int64_t ncols = G.limit(r0 + nr - 1);
         sgemm(B.gemm_err, 'N', 'T', nr, ncols, G.d, G.scale, qb, G.d, kb, G.d, 0.0f, s, G.sk);
         float inv[kMaxRows];
@@ -482,16 +564,13 @@ Kernel attention_kernel(const KernelSpec& spec) {
 // The backward pass on bf16 operands through `P` (qk, ptdo, dovt, dsk, dstq): a block's dq rows in
 // f32 scratch, stored as bf16 as soon as they are made; dk and dv as f32 partials per query head,
 // summed over grouped heads and stored as bf16.
-Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P, int64_t kv_n) {
+Kernel attention_grad_bf16_kernel(const Geom& G, const AttnScratch& L, std::shared_ptr<Bf16Products> P,
+                                  int64_t kv_n) {
   const int p = G.pad ? 4 : 3;  // index of lse; the output cotangent follows
-  auto buf = std::make_shared<Buffers>();
-  buf->threads = num_threads();
-  buf->per_thread = 2 * G.rows * G.sk + G.rows * G.d;  // scores, dP, a block's dq rows
-  buf->rows.resize(static_cast<size_t>(buf->threads * buf->per_thread));
   const int64_t heads = G.b * G.hkv * G.g;
   return [=](const void* const* in, void* const* out) {
-    Buffers& B = *buf;
-    float* part = thread_scratch(2 * kv_n * G.g);
+    std::byte* base = scratch_of<std::byte>(out, 3);
+    float* part = L.shared(base);
     const auto* q = static_cast<const uint16_t*>(in[0]);
     const auto* k = static_cast<const uint16_t*>(in[1]);
     const auto* v = static_cast<const uint16_t*>(in[2]);
@@ -499,7 +578,7 @@ Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P
     const float* lse = static_cast<const float*>(in[p]);
     const auto* dout = static_cast<const uint16_t*>(in[p + 1]);
     auto* dq = static_cast<uint16_t*>(out[0]);
-#pragma omp parallel for num_threads(B.threads) schedule(dynamic) if (heads > 1)
+#pragma omp parallel for num_threads(L.threads) schedule(dynamic) if (heads > 1)
     for (int64_t head = 0; head < heads; ++head) {
       const int tid = omp_get_thread_num();
       const int64_t gi = head % G.g, h = head / G.g % G.hkv, bi = head / (G.g * G.hkv);
@@ -510,10 +589,11 @@ Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P
       std::memset(dkb, 0, static_cast<size_t>(G.sk * G.d) * sizeof(float));
       std::memset(dvb, 0, static_cast<size_t>(G.sk * G.d) * sizeof(float));
       const uint8_t* keep = pad ? pad + bi * G.sk : nullptr;
-      float* s = B.mine();
+      float* s = L.rows(base, tid);  // scores, dP, a block's dq rows
+      void* scratchpad = L.pad(base, tid);
       float* dp = s + G.rows * G.sk;
       float* dqb = dp + G.rows * G.sk;
-      uint16_t* low = P->low[static_cast<size_t>(tid)].data();
+      uint16_t* low = L.low(base, tid);
       for (int64_t blk = 0; blk < G.blocks(); ++blk) {
         const int64_t r0 = blk * G.rows, nr = std::min(G.rows, G.sq - r0);
         const int64_t qo = G.q_off(bi, h, gi) + r0 * G.d;
@@ -524,7 +604,7 @@ Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P
           continue;
         }
         // P from the saved log-sum-exp.
-        P->run(Form::qk, nr, ncols, tid, q + qo, kb, s);  // ld ncols, as dP below
+        P->run(Form::qk, nr, ncols, tid, scratchpad, q + qo, kb, s);  // ld ncols, as dP below
         for (int64_t r = 0; r < nr; ++r) {  // P in f32 (for dS) and in bf16 (for the products)
           float* sr = s + r * ncols;
           uint16_t* pr = low + r * ncols;
@@ -536,8 +616,8 @@ Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P
           mask_row(G, sr, r0 + r, ncols, keep);
           wide::exp_to_bf16(sr, lb[r], ncols, pr, sr);
         }
-        P->run(Form::ptdo, nr, ncols, tid, low, dout + qo, dvb);  // dv += P^T dO
-        P->run(Form::dovt, nr, ncols, tid, dout + qo, vb, dp);    // dP = dO V^T
+        P->run(Form::ptdo, nr, ncols, tid, scratchpad, low, dout + qo, dvb);  // dv += P^T dO
+        P->run(Form::dovt, nr, ncols, tid, scratchpad, dout + qo, vb, dp);    // dP = dO V^T
         for (int64_t r = 0; r < nr; ++r) {                        // dS = P (dP - rowsum(P dP)) scale, in bf16
           const float* sr = s + r * ncols;
           const float* dr = dp + r * ncols;
@@ -547,36 +627,34 @@ Kernel attention_grad_bf16_kernel(const Geom& G, std::shared_ptr<Bf16Products> P
           }
           wide::ds_to_bf16(sr, dr, wide::dot(sr, dr, ncols), G.scale, ncols, low + r * ncols);
         }
-        P->run(Form::dsk, nr, ncols, tid, low, kb, dqb);       // dQ = dS K
-        P->run(Form::dstq, nr, ncols, tid, low, q + qo, dkb);  // dK += dS^T Q
+        P->run(Form::dsk, nr, ncols, tid, scratchpad, low, kb, dqb);       // dQ = dS K
+        P->run(Form::dstq, nr, ncols, tid, scratchpad, low, q + qo, dkb);  // dK += dS^T Q
         wide::to_bf16(dqb, 1.0f, nr * G.d, dq + qo);
       }
     }
     int st = P->err.exchange(0);
     if (st != 0)
       throw InternalError("[cpu] attention_grad: a oneDNN bf16 matmul failed with status " + std::to_string(st));
-    sum_kv_partials(G, part, kv_n, out[1], out[2], B.threads);
+    sum_kv_partials(G, part, kv_n, out[1], out[2], L.threads);
   };
 }
 
 Kernel attention_grad_kernel(const KernelSpec& spec) {
   const Geom G = geom_of(spec);
   const int64_t q_n = spec.in[0].numel(), kv_n = spec.in[1].numel();
-  if (auto P = make_bf16_products(G, {Form::qk, Form::ptdo, Form::dovt, Form::dsk, Form::dstq}, num_threads()))
-    return attention_grad_bf16_kernel(G, std::move(P), kv_n);
+  const AttnScratch L = attn_scratch(spec, true);
+  if (L.native) return attention_grad_bf16_kernel(G, L, make_bf16_products(G, true, L.threads), kv_n);
   const int p = G.pad ? 4 : 3;  // index of lse; the output cotangent follows
-  auto buf = std::make_shared<Buffers>();
-  buf->threads = num_threads();
-  buf->per_thread = 2 * G.rows * std::max<int64_t>(G.sk, 1);
-  buf->rows.resize(static_cast<size_t>(buf->threads * buf->per_thread));
   const bool direct_kv = G.g == 1 && G.dt == DType::f32;
   const int64_t heads = G.b * G.hkv * G.g;
+  auto err = std::make_shared<GemmErr>();
   return [=](const void* const* in, void* const* out) {
-    Buffers& B = *buf;
-    // Scratch [dk/dv partials per query head | q | k | v | dout | dq]: the partials unless direct,
-    // the f32 copies and result for 16-bit operands.
+    GemmErr& B = *err;
+    std::byte* base = scratch_of<std::byte>(out, 3);
+    // Shared scratch [dk/dv partials per query head | q | k | v | dout | dq]: the partials unless
+    // direct, the f32 copies and result for 16-bit operands.
     const int64_t part_n = direct_kv ? 0 : 2 * kv_n * G.g, copy_n = G.dt == DType::f32 ? 0 : 3 * q_n + 2 * kv_n;
-    float* part = thread_scratch(part_n + copy_n);
+    float* part = L.shared(base);
     float* copies = copy_n ? part + part_n : nullptr;
     const float* q = as_f32(in[0], G.dt, copies, 0, q_n);
     const float* k = as_f32(in[1], G.dt, copies, q_n, kv_n);
@@ -595,7 +673,7 @@ Kernel attention_grad_kernel(const KernelSpec& spec) {
       return direct_kv ? static_cast<float*>(out[2]) + G.kv_off(bi, h)
                        : part + kv_n * G.g + ((bi * G.hkv + h) * G.g + gi) * G.sk * G.d;
     };
-#pragma omp parallel for num_threads(B.threads) schedule(dynamic) if (heads > 1)
+#pragma omp parallel for num_threads(L.threads) schedule(dynamic) if (heads > 1)
     for (int64_t head = 0; head < heads; ++head) {
       const int64_t gi = head % G.g, h = head / G.g % G.hkv, bi = head / (G.g * G.hkv);
       const float* kb = k + G.kv_off(bi, h);
@@ -607,7 +685,7 @@ Kernel attention_grad_kernel(const KernelSpec& spec) {
         std::memset(dvb, 0, static_cast<size_t>(G.sk * G.d) * sizeof(float));
       }
       const uint8_t* keep = pad ? pad + bi * G.sk : nullptr;
-      float* s = B.mine();
+      float* s = L.rows(base, omp_get_thread_num());
       float* dp = s + G.rows * G.sk;
       for (int64_t blk = 0; blk < G.blocks(); ++blk) {
         const int64_t r0 = blk * G.rows, nr = std::min(G.rows, G.sq - r0);
@@ -639,15 +717,16 @@ Kernel attention_grad_kernel(const KernelSpec& spec) {
     }
     throw_if_sgemm_failed(B.gemm_err, "attention_grad");
     if (G.dt != DType::f32) store_f32(dq, out[0], G.dt, 0, q_n);
-    if (!direct_kv) sum_kv_partials(G, part, kv_n, out[1], out[2], B.threads);
+    if (!direct_kv) sum_kv_partials(G, part, kv_n, out[1], out[2], L.threads);
   };
 }
 
 }  // namespace
 
 void register_attention_kernels() {
-  register_kernel(prims::attention(), attention_kernel);
-  register_kernel(prims::attention_grad(), attention_grad_kernel);
+  for (bool grad : {false, true})
+    register_kernel(grad ? prims::attention_grad() : prims::attention(), grad ? attention_grad_kernel : attention_kernel,
+                    [grad](const KernelSpec& spec) { return attn_scratch(spec, grad).bytes; });
 }
 
 }  // namespace px::cpu

@@ -14,7 +14,7 @@
 // thread's f32 copy of dh, summed over the threads at the end. All math is f32; 16-bit h is
 // widened once per call and a 16-bit block of w once per block; 16-bit results are rounded once.
 //
-// Scratch (thread_scratch of the calling thread, outside the planned buffers): per thread a
+// Scratch (the kernel's, planned with the program's buffers): per thread a
 // logits block (2 MiB), the f32 block of w (16-bit w), the row statistics (forward) or an f32
 // dh [rows, d] (gradient); and h in f32 (16-bit h).
 #include <omp.h>
@@ -49,6 +49,13 @@ struct Dims {
   int64_t h_len() const { return narrow() ? rows * d : 0; }
   int64_t w_len() const { return narrow() ? vb * d : 0; }
   int64_t block_len() const { return w_len() + rb * vb; }
+  // The gradient's per-thread dw block (16-bit w) and f32 dh.
+  int64_t dw_len() const { return narrow() ? vb * d : 0; }
+  int64_t dh_len() const { return rows * d; }
+  // Per thread: the forward's [w block | logits block | max, sum, label logit of every row]; the
+  // gradient's [w block | logits block | dw block | dh].
+  int64_t per_thread(bool grad) const { return block_len() + (grad ? dw_len() + dh_len() : 3 * rows); }
+  int64_t scratch_floats(bool grad) const { return h_len() + threads * per_thread(grad); }
 };
 
 Dims dims_of(const KernelSpec& spec) {
@@ -132,9 +139,8 @@ Kernel forward_kernel(const Dims& s) {
     float* lse = static_cast<float*>(out[1]);
     const int32_t* labels = static_cast<const int32_t*>(in[2]);
     if (s.rows == 0) return;
-    // Per thread: [w block | logits block | max, sum, label logit of every row].
-    const int64_t per = s.block_len() + 3 * s.rows;
-    float* base = thread_scratch(s.h_len() + s.threads * per);
+    const int64_t per = s.per_thread(false);
+    float* base = scratch_of(out, 2);
     const float* h = widened_h(s, in[0], base);
     float* stats = base + s.h_len();
     std::atomic<int> err{0};
@@ -237,10 +243,8 @@ Kernel grad_kernel(const Dims& s) {
       std::memset(out[1], 0, static_cast<size_t>(s.v * s.d * dtype_size(s.dt)));
       return;
     }
-    // Per thread: [w block | logits block | dw block (16-bit w) | dh f32].
-    const int64_t dw_len = s.narrow() ? s.vb * s.d : 0, dh_len = s.rows * s.d;
-    const int64_t per = s.block_len() + dw_len + dh_len;
-    float* base = thread_scratch(s.h_len() + s.threads * per);
+    const int64_t dw_len = s.dw_len(), dh_len = s.dh_len(), per = s.per_thread(true);
+    float* base = scratch_of(out, 2);
     const void* args[6] = {in[0], in[1], in[2], in[3], in[4], widened_h(s, in[0], base)};
     float* scratch = base + s.h_len();
     std::atomic<int> err{0};
@@ -278,7 +282,12 @@ Kernel lce_kernel(const KernelSpec& spec, bool grad) {
 }  // namespace
 
 void register_linear_ce_kernels() {
-  register_kernel_pair(prims::linear_cross_entropy(), prims::linear_cross_entropy_grad(), lce_kernel);
+  for (bool grad : {false, true})
+    register_kernel(grad ? prims::linear_cross_entropy_grad() : prims::linear_cross_entropy(),
+                    [grad](const KernelSpec& spec) { return lce_kernel(spec, grad); },
+                    [grad](const KernelSpec& spec) {
+                      return dims_of(spec).scratch_floats(grad) * static_cast<int64_t>(sizeof(float));
+                    });
 }
 
 }  // namespace px::cpu

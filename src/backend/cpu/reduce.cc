@@ -344,7 +344,7 @@ Plan make_plan(const TensorType& t, const std::vector<int64_t>& axes, int64_t ou
 
 // Combines the per-unit partial results of a split inner reduction, in a fixed order.
 template <class Op>
-void combine_unit_partials(const Plan& p, const std::vector<typename Op::Acc>& partial, void* y, DType out_t) {
+void combine_unit_partials(const Plan& p, const typename Op::Acc* partial, void* y, DType out_t) {
   using Acc = typename Op::Acc;
   parallel_items(p.units, p.units * p.parts, [&](int64_t b, int64_t e) {
     for (int64_t u = b; u < e; ++u) {
@@ -357,7 +357,7 @@ void combine_unit_partials(const Plan& p, const std::vector<typename Op::Acc>& p
 
 // Combines the per-output partial results of a split column reduction, in a fixed order.
 template <class Op>
-void combine_output_partials(const Plan& p, const std::vector<typename Op::Acc>& partial, void* y, DType out_t) {
+void combine_output_partials(const Plan& p, const typename Op::Acc* partial, void* y, DType out_t) {
   using Acc = typename Op::Acc;
   parallel_items(p.out_n, p.out_n * p.parts, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
@@ -370,12 +370,13 @@ void combine_output_partials(const Plan& p, const std::vector<typename Op::Acc>&
 
 // The reduced dims include the innermost one: each output reduces contiguous rows.
 template <class Op, Src S>
-Kernel make_inner_kernel(const Plan& p, DType out_t, std::shared_ptr<std::vector<typename Op::Acc>> partial) {
+Kernel make_inner_kernel(const Plan& p, DType out_t) {
   using T = typename SrcType<S>::T;
   using Acc = typename Op::Acc;
-  return [p, out_t, partial](const void* const* in, void* const* out) {
+  return [p, out_t](const void* const* in, void* const* out) {
     const void* x = in[0];
     void* y = out[0];
+    Acc* partial = p.parts > 1 ? scratch_of<Acc>(out, 1) : nullptr;
     // Reduces the flattened range [j, j1) of the m * len elements of the unit at `base`.
     auto reduce_range = [&](int64_t base, int64_t j, int64_t j1, T* buf) {
       Walker od = reduced_walker(p, j / p.len);
@@ -412,22 +413,23 @@ Kernel make_inner_kernel(const Plan& p, DType out_t, std::shared_ptr<std::vector
       for (int64_t it = b; it < e; ++it) {
         int64_t u = it / p.parts, part = it % p.parts;
         int64_t j = part * p.chunk;
-        (*partial)[it] = reduce_range(kept_offset(p, u), j, std::min(p.m * p.len, j + p.chunk), buf);
+        partial[it] = reduce_range(kept_offset(p, u), j, std::min(p.m * p.len, j + p.chunk), buf);
       }
     });
-    combine_unit_partials<Op>(p, *partial, y, out_t);
+    combine_unit_partials<Op>(p, partial, y, out_t);
   };
 }
 
 // The innermost dim is kept: blocks of kColBlock columns are reduced down the rows.
 template <class Op, Src S>
-Kernel make_column_kernel(const Plan& p, DType out_t, std::shared_ptr<std::vector<typename Op::Acc>> partial) {
+Kernel make_column_kernel(const Plan& p, DType out_t) {
   using T = typename SrcType<S>::T;
   using Acc = typename Op::Acc;
   using Blk = typename Op::Blk;
-  return [p, out_t, partial](const void* const* in, void* const* out) {
+  return [p, out_t](const void* const* in, void* const* out) {
     const void* x = in[0];
     void* y = out[0];
+    Acc* partial = p.parts > 1 ? scratch_of<Acc>(out, 1) : nullptr;
     int64_t items = p.units * p.ncb * p.parts;
     parallel_items(items, p.in_n, [&](int64_t b, int64_t e) {
       T buf[4][kColBlock];
@@ -457,7 +459,7 @@ Kernel make_column_kernel(const Plan& p, DType out_t, std::shared_ptr<std::vecto
           if (p.parts == 1) {
             store_n<Op>(blk, y, out_t, o, w);
           } else {
-            Acc* dst = partial->data() + part * p.out_n + o;
+            Acc* dst = partial + part * p.out_n + o;
             for (int64_t c = 0; c < w; ++c) dst[c] = static_cast<Acc>(blk[c]);
           }
           continue;
@@ -484,24 +486,26 @@ Kernel make_column_kernel(const Plan& p, DType out_t, std::shared_ptr<std::vecto
         if (p.parts == 1) {
           store_n<Op>(acc, y, out_t, o, w);
         } else {
-          Acc* dst = partial->data() + part * p.out_n + o;
+          Acc* dst = partial + part * p.out_n + o;
           for (int64_t c = 0; c < w; ++c) dst[c] = acc[c];
         }
       }
     });
-    if (p.parts > 1) combine_output_partials<Op>(p, *partial, y, out_t);
+    if (p.parts > 1) combine_output_partials<Op>(p, partial, y, out_t);
   };
+}
+
+// A split reduction's partial results (in the kernel's scratch), combined in a fixed order.
+template <class Op>
+int64_t partial_bytes(const Plan& p) {
+  if (p.out_n == 0 || p.copy_only || p.in_n == 0 || p.parts <= 1) return 0;
+  return p.parts * (p.inner_reduced ? p.units : p.out_n) * static_cast<int64_t>(sizeof(typename Op::Acc));
 }
 
 template <class Op, Src S>
 Kernel make_reduce_kernel(const Plan& p, DType out_t) {
-  using Acc = typename Op::Acc;
-  // Partial results when the reduction itself is split; combined in a fixed order.
-  std::shared_ptr<std::vector<Acc>> partial;
-  if (p.parts > 1)
-    partial = std::make_shared<std::vector<Acc>>(static_cast<size_t>(p.parts * (p.inner_reduced ? p.units : p.out_n)));
-  if (p.inner_reduced) return make_inner_kernel<Op, S>(p, out_t, std::move(partial));
-  return make_column_kernel<Op, S>(p, out_t, std::move(partial));
+  if (p.inner_reduced) return make_inner_kernel<Op, S>(p, out_t);
+  return make_column_kernel<Op, S>(p, out_t);
 }
 
 template <class Op, Src S>
@@ -539,11 +543,18 @@ Kernel make_reduce(const KernelSpec& spec) {
   }
 }
 
+template <class FOp, class IOp>
+int64_t reduce_scratch(const KernelSpec& spec) {
+  const TensorType& t = spec.in[0];
+  const Plan p = make_plan(t, spec.attrs.ints("axes"), spec.out[0].numel());
+  return t.dtype == DType::i32 ? partial_bytes<IOp>(p) : partial_bytes<FOp>(p);
+}
+
 }  // namespace
 
 void register_reduce_kernels() {
-  register_kernel(prims::reduce_sum(), make_reduce<SumF, SumI>);
-  register_kernel(prims::reduce_max(), make_reduce<MaxF, MaxI>);
+  register_kernel(prims::reduce_sum(), make_reduce<SumF, SumI>, reduce_scratch<SumF, SumI>);
+  register_kernel(prims::reduce_max(), make_reduce<MaxF, MaxI>, reduce_scratch<MaxF, MaxI>);
 }
 
 }  // namespace px::cpu

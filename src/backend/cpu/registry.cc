@@ -24,6 +24,10 @@ KernelTable<KernelFactory>& kernels() {
   static KernelTable<KernelFactory> t("cpu");
   return t;
 }
+KernelTable<ScratchSize>& scratch_sizes() {
+  static KernelTable<ScratchSize> t("cpu scratch");
+  return t;
+}
 KernelTable<EltwiseKernel>& eltwise() {
   static KernelTable<EltwiseKernel> t("cpu elementwise");
   return t;
@@ -47,6 +51,17 @@ KernelFactory checked(const std::string& prim, KernelFactory f) {
 
 void register_kernel(const Primitive* prim, KernelFactory f) {
   kernels().add(prim, checked(prim ? prim->name : std::string(), std::move(f)));
+}
+
+void register_kernel(const Primitive* prim, KernelFactory f, ScratchSize scratch) {
+  register_kernel(prim, std::move(f));
+  scratch_sizes().add(prim, std::move(scratch));
+}
+
+int64_t scratch_bytes(const Primitive* prim, const KernelSpec& spec) {
+  register_all_kernels();
+  const ScratchSize* f = scratch_sizes().find(prim);
+  return f ? (*f)(spec) : 0;
 }
 
 void register_late_kernel(const Primitive* (*handle)(), KernelFactory f) {
@@ -237,12 +252,6 @@ void convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n) {
 int num_threads() {
   apply_thread_settings();
   return omp_get_max_threads();
-}
-
-float* thread_scratch(int64_t n) {
-  thread_local std::vector<float> buf;
-  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
-  return buf.data();
 }
 
 }  // namespace px::cpu

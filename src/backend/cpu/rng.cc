@@ -84,17 +84,24 @@ inline float to_unit(uint32_t x) { return static_cast<float>(x >> 8) * (1.0f / 1
 
 // Runs fill(first_global_index, count, f32 dst) over contiguous runs, in parallel row blocks,
 // then converts to the result dtype.
+constexpr int64_t kBlock = 1024;
+
+// A 16-bit draw's scratch: an f32 block per thread.
+int64_t draw_scratch(const KernelSpec& spec) {
+  if (spec.out[0].dtype == DType::f32 || spec.out[0].numel() == 0) return 0;
+  return num_threads() * kBlock * static_cast<int64_t>(sizeof(float));
+}
+
 template <class Fill>
 Kernel draw_kernel(const KernelSpec& spec, Fill fill) {
   const DrawGeom geom = make_geom(spec);
   DType dt = spec.out[0].dtype;
   if (geom.count == 0) return [](const void* const*, void* const*) {};
   const int64_t rows = geom.count / geom.inner;
-  constexpr int64_t kBlock = 1024;
   const int nt = num_threads();
-  auto scratch = std::make_shared<std::vector<float>>(static_cast<size_t>(nt * kBlock));
   const bool origin_operand = spec.in.size() == 2;
   return [=](const void* const* in, void* const* out) {
+    float* scratch = dt == DType::f32 ? nullptr : scratch_of(out, 1);
     DrawGeom g = geom;
     if (origin_operand)  // the block's offset, known at run time (a sharded draw)
       for (int d = 0; d < g.rank; ++d) g.offset[d] = static_cast<const int32_t*>(in[1])[d];
@@ -108,7 +115,7 @@ Kernel draw_kernel(const KernelSpec& spec, Fill fill) {
       const int64_t len = std::min(kBlock, g.inner - c0);
       const int64_t local = row * g.inner + c0;
       float* dst = dt == DType::f32 ? static_cast<float*>(out[0]) + local
-                                    : scratch->data() + static_cast<size_t>(omp_get_thread_num()) * kBlock;
+                                    : scratch + static_cast<size_t>(omp_get_thread_num()) * kBlock;
       fill(row_start(g, row) + c0, len, k0, k1, dst);
       if (dt != DType::f32) store_f32(dst, out[0], dt, local, len);
     }
@@ -191,9 +198,9 @@ Kernel fold_in_kernel(const KernelSpec& spec) {
 }  // namespace
 
 void register_rng_kernels() {
-  register_kernels({{prims::random_uniform(), uniform_kernel},
-                    {prims::random_normal(), normal_kernel},
-                    {prims::fold_in(), fold_in_kernel}});
+  register_kernel(prims::random_uniform(), uniform_kernel, draw_scratch);
+  register_kernel(prims::random_normal(), normal_kernel, draw_scratch);
+  register_kernel(prims::fold_in(), fold_in_kernel);
 }
 
 }  // namespace px::cpu
