@@ -52,21 +52,25 @@ void store_one(void* p, DType t, int64_t i, float v) {
   }
 }
 
-// Per-thread f32 scratch rows, sized in the factory; each thread's part on cache lines of its own.
-struct Scratch {
+// f32 rows in the kernel's scratch (planned with the program's buffers; the kernel finds it after
+// its results): `shared` floats the threads share, then a part per thread on cache lines of its own.
+struct Rows {
   int threads = 1;
-  int64_t per_thread = 0;
-  std::vector<float> buf;
-  Scratch(int64_t floats_per_thread) : threads(num_threads()), per_thread((floats_per_thread + 15) / 16 * 16 + 16) {
-    buf.resize(static_cast<size_t>(threads * std::max<int64_t>(per_thread, 1)));
-  }
-  // A thread of parallel_rows' team takes its own part. Run serially (parallel_rows opens no region)
-  // from a thread of an outer team, a device's thread, the number may pass the team size this was
-  // sized for: such a call is the only one on this kernel at that time (concurrent devices each have
-  // their own kernels), so it takes the first part.
-  float* get() {
+  int64_t shared = 0, per_thread = 0;  // floats
+  Rows(int64_t shared_floats, int64_t floats_per_thread)
+      : threads(num_threads()),
+        shared((shared_floats + 15) / 16 * 16),
+        per_thread(floats_per_thread > 0 ? (floats_per_thread + 15) / 16 * 16 + 16 : 0) {}
+  int64_t bytes() const { return (shared + threads * per_thread) * static_cast<int64_t>(sizeof(float)); }
+  // The kernel's scratch (null when it needs none).
+  float* base(void* const* out, size_t results) const { return bytes() > 0 ? scratch_of(out, results) : nullptr; }
+  // A thread of parallel_rows' team takes its own part. Run serially (parallel_rows opens no
+  // region) from a thread of an outer team, a device's thread, the number may pass the team size
+  // this was sized for: such a call is the only one on this scratch at that time, so it takes the
+  // first part.
+  float* mine(float* base) const {
     const int t = omp_get_thread_num();
-    return buf.data() + static_cast<size_t>(t < threads ? t : 0) * per_thread;
+    return base + shared + static_cast<int64_t>(t < threads ? t : 0) * per_thread;
   }
 };
 
@@ -84,6 +88,16 @@ void softmax_row(const float* x, float* y, int64_t n, bool log) {
   }
 }
 
+// Per thread: a line in f32 and its result, unless the line is contiguous f32.
+Rows softmax_rows(const KernelSpec& spec, bool = false) {
+  const TensorType& t = spec.in[0];
+  const int axis = static_cast<int>(spec.attrs.i("axis"));
+  int64_t inner = 1;
+  for (int d = axis + 1; d < t.rank(); ++d) inner *= t.shape[d];
+  const bool direct = t.dtype == DType::f32 && inner == 1;
+  return Rows(0, direct ? 0 : 2 * t.shape[axis]);
+}
+
 Kernel softmax_kernel(const KernelSpec& spec, bool log) {
   const TensorType& t = spec.in[0];
   const int axis = static_cast<int>(spec.attrs.i("axis"));
@@ -92,10 +106,12 @@ Kernel softmax_kernel(const KernelSpec& spec, bool log) {
   for (int d = axis + 1; d < t.rank(); ++d) inner *= t.shape[d];
   const DType dt = t.dtype;
   const bool direct = dt == DType::f32 && inner == 1;
-  auto scratch = std::make_shared<Scratch>(direct ? 0 : 2 * n);
-  const int nt = scratch->threads;
+  const Rows rows = softmax_rows(spec);
+  const int nt = rows.threads;
   const int64_t total = t.numel();
+  const size_t results = spec.out.size();
   return [=](const void* const* in, void* const* out) {
+    float* scratch = rows.base(out, results);
     const int64_t lines = outer * inner;
     parallel_rows(lines, nt, total > kParallelMin, [&](int64_t line) {
       const int64_t o = line / inner, j = line % inner;
@@ -104,7 +120,7 @@ Kernel softmax_kernel(const KernelSpec& spec, bool log) {
         softmax_row(static_cast<const float*>(in[0]) + base, static_cast<float*>(out[0]) + base, n, log);
         return;
       }
-      float* xs = scratch->get();
+      float* xs = rows.mine(scratch);
       float* ys = xs + n;
       if (inner == 1) {
         load_f32(in[0], dt, base, xs, n);
@@ -121,6 +137,14 @@ Kernel softmax_kernel(const KernelSpec& spec, bool log) {
 
 // ---- layer_norm / rms_norm -----------------------------------------------------------------
 
+// Shared: gamma and beta in f32 (16-bit params); per thread: x and y staged in f32 where either is
+// stored narrower.
+Rows norm_rows(const KernelSpec& spec, bool = false) {
+  const DType dt = spec.in[0].dtype, odt = spec.out[0].dtype;
+  const int64_t d = spec.in[0].shape.back();
+  return Rows(dt == DType::f32 ? 0 : 2 * d, dt != DType::f32 || odt != DType::f32 ? 2 * d : 0);
+}
+
 Kernel norm_kernel(const KernelSpec& spec, bool rms) {
   const TensorType& t = spec.in[0];
   const int64_t d = t.shape.back();
@@ -130,24 +154,25 @@ Kernel norm_kernel(const KernelSpec& spec, bool rms) {
   const float eps = static_cast<float>(spec.attrs.f("eps"));
   // Rows of other types go through f32 scratch: x loaded, y stored (also y alone for an f32 x).
   const bool staged = dt != DType::f32 || odt != DType::f32;
-  auto scratch = std::make_shared<Scratch>(staged ? 2 * d : 0);
-  auto params = std::make_shared<std::vector<float>>(dt == DType::f32 ? 0 : 2 * d);
-  const int nt = scratch->threads;
+  const Rows scratch = norm_rows(spec);
+  const int nt = scratch.threads;
+  const size_t results = spec.out.size();
   return [=](const void* const* in, void* const* out) {
+    float* base = scratch.base(out, results);
     const float* gamma = static_cast<const float*>(in[1]);
     const float* beta = has_beta ? static_cast<const float*>(in[2]) : nullptr;
-    if (dt != DType::f32) {
-      load_f32(in[1], dt, 0, params->data(), d);
-      gamma = params->data();
+    if (dt != DType::f32) {  // gamma and beta in f32, shared
+      load_f32(in[1], dt, 0, base, d);
+      gamma = base;
       if (has_beta) {
-        load_f32(in[2], dt, 0, params->data() + d, d);
-        beta = params->data() + d;
+        load_f32(in[2], dt, 0, base + d, d);
+        beta = base + d;
       }
     }
     float* mean_out = rms ? nullptr : static_cast<float*>(out[1]);
     float* rstd_out = static_cast<float*>(out[rms ? 1 : 2]);
     parallel_rows(rows, nt, rows * d > kParallelMin, [&](int64_t r) {
-      float* s = staged ? scratch->get() : nullptr;
+      float* s = staged ? scratch.mine(base) : nullptr;
       if (dt != DType::f32) load_f32(in[0], dt, r * d, s, d);
       const float* x = dt == DType::f32 ? static_cast<const float*>(in[0]) + r * d : s;
       float* y = staged ? s + d : static_cast<float*>(out[0]) + r * d;
@@ -178,27 +203,34 @@ Kernel norm_kernel(const KernelSpec& spec, bool rms) {
 
 // One pass per row (in L1): g = dy gamma and xhat = (x - mean) rstd, the row sums of g and g xhat,
 // then dx = rstd (g - sum(g) / D - xhat sum(g xhat) / D) (rms: no sum(g) term) and dy xhat.
+// Shared: gamma in f32 (16-bit gamma); per thread: x and dy as f32 where they are stored narrower.
+Rows norm_grad_rows(const KernelSpec& spec, bool = false) {
+  const DType dt = spec.in[0].dtype, gdt = spec.in[1].dtype, ydt = spec.in.back().dtype;
+  const int64_t d = spec.in[0].shape.back();
+  return Rows(gdt == DType::f32 ? 0 : d, dt != DType::f32 || ydt != DType::f32 ? 2 * d : 0);
+}
+
 Kernel norm_grad_kernel(const KernelSpec& spec, bool rms) {
   const TensorType& t = spec.in[0];
   const int64_t d = t.shape.back();
   const int64_t rows = d == 0 ? numel(Shape(t.shape.begin(), t.shape.end() - 1)) : t.numel() / d;
   const DType dt = t.dtype, gdt = spec.in[1].dtype, ydt = spec.in.back().dtype;
-  // Per thread: x and dy as f32 where they are stored narrower.
-  auto scratch = std::make_shared<Scratch>(dt != DType::f32 || ydt != DType::f32 ? 2 * d : 0);
-  auto gamma32 = std::make_shared<std::vector<float>>(gdt == DType::f32 ? 0 : d);
-  const int nt = scratch->threads;
+  const Rows scratch = norm_grad_rows(spec);
+  const int nt = scratch.threads;
+  const size_t results = spec.out.size();
   return [=](const void* const* in, void* const* out) {
+    float* base = scratch.base(out, results);
     const float* gamma = static_cast<const float*>(in[1]);
-    if (gdt != DType::f32) {
-      load_f32(in[1], gdt, 0, gamma32->data(), d);
-      gamma = gamma32->data();
+    if (gdt != DType::f32) {  // gamma in f32, shared
+      load_f32(in[1], gdt, 0, base, d);
+      gamma = base;
     }
     const float* mean_in = rms ? nullptr : static_cast<const float*>(in[2]);
     const float* rstd_in = static_cast<const float*>(in[rms ? 2 : 3]);
     const void* dy_in = in[rms ? 3 : 4];
     const float inv_d = d > 0 ? 1.0f / static_cast<float>(d) : 0.0f;
     parallel_rows(rows, nt, rows * d > kParallelMin, [&](int64_t r) {
-      float* s = scratch->get();
+      float* s = base ? scratch.mine(base) : nullptr;
       const float* x = static_cast<const float*>(in[0]) + r * d;
       const float* dy = static_cast<const float*>(dy_in) + r * d;
       if (dt != DType::f32) {
@@ -240,20 +272,28 @@ Kernel norm_grad_kernel(const KernelSpec& spec, bool rms) {
 
 // ---- softmax cross entropy -----------------------------------------------------------------
 
+// Per thread: the row in f32 when the logits are narrower, the gradient row when it is stored narrower.
+Rows ce_rows(const KernelSpec& spec, bool grad) {
+  const int64_t v = spec.in[0].shape.back();
+  const DType dt = spec.in[0].dtype, odt = grad ? spec.out[0].dtype : DType::f32;
+  return Rows(0, (dt == DType::f32 ? 0 : v) + (odt == DType::f32 ? 0 : v));
+}
+
 Kernel ce_kernel(const KernelSpec& spec, bool grad) {
   const TensorType& t = spec.in[0];
   const int64_t v = t.shape.back();
   const int64_t rows = spec.in[1].numel();
   const DType dt = t.dtype, odt = grad ? spec.out[0].dtype : DType::f32;
   const int64_t ignore = spec.attrs.i("ignore_index");
-  // Per thread: the row in f32 when the logits are narrower, the gradient row when it is stored narrower.
   const int64_t x_room = dt == DType::f32 ? 0 : v;
-  auto scratch = std::make_shared<Scratch>(x_room + (odt == DType::f32 ? 0 : v));
-  const int nt = scratch->threads;
+  const Rows scratch = ce_rows(spec, grad);
+  const int nt = scratch.threads;
+  const size_t results = spec.out.size();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   // A large bf16 gradient (a language model's logits) streams past the cache, as fused loops do.
   const bool stream = odt == DType::bf16 && rows * v >= (2 << 20);
   return [=](const void* const* in, void* const* out) {
+    float* base = scratch.base(out, results);
     const int32_t* labels = static_cast<const int32_t*>(in[1]);
     const float* ct = grad ? static_cast<const float*>(in[2]) : nullptr;
     parallel_rows(rows, nt, rows * v > kParallelMin, [&](int64_t r) {
@@ -261,7 +301,7 @@ Kernel ce_kernel(const KernelSpec& spec, bool grad) {
       const bool ignored = label == ignore;
       const bool bad = !ignored && (label < 0 || label >= v);  // surfaces as NaN, never a crash
       const float* x;
-      float* s = x_room + (odt == DType::f32 ? 0 : v) > 0 ? scratch->get() : nullptr;
+      float* s = base ? scratch.mine(base) : nullptr;
       if (dt == DType::f32) {
         x = static_cast<const float*>(in[0]) + r * v;
       } else {
@@ -345,6 +385,15 @@ void silu_f32(const float* const* in, float* out, int64_t n, const float*) {
 
 std::vector<float> gelu_params(const Attrs& a) { return {a.s("approximate") == "tanh" ? 1.0f : 0.0f}; }
 
+// A kernel pair (the flag false for `off`, true for `on`) with its scratch rows.
+void register_pair(const Primitive* off, const Primitive* on, Kernel (*f)(const KernelSpec&, bool),
+                   Rows (*rows)(const KernelSpec&, bool)) {
+  for (bool flag : {false, true})
+    register_kernel(
+        flag ? on : off, [f, flag](const KernelSpec& s) { return f(s, flag); },
+        [rows, flag](const KernelSpec& s) { return rows(s, flag).bytes(); });
+}
+
 }  // namespace
 
 void register_attention_kernels();  // nn_attention.cc
@@ -353,10 +402,10 @@ void register_linear_ce_kernels();  // nn_linear_ce.cc
 void register_nn_kernels() {
   register_attention_kernels();
   register_linear_ce_kernels();
-  register_kernel_pair(prims::softmax(), prims::log_softmax(), softmax_kernel);
-  register_kernel_pair(prims::layer_norm(), prims::rms_norm(), norm_kernel);
-  register_kernel_pair(prims::layer_norm_grad(), prims::rms_norm_grad(), norm_grad_kernel);
-  register_kernel_pair(prims::softmax_cross_entropy(), prims::softmax_cross_entropy_grad(), ce_kernel);
+  register_pair(prims::softmax(), prims::log_softmax(), softmax_kernel, softmax_rows);
+  register_pair(prims::layer_norm(), prims::rms_norm(), norm_kernel, norm_rows);
+  register_pair(prims::layer_norm_grad(), prims::rms_norm_grad(), norm_grad_kernel, norm_grad_rows);
+  register_pair(prims::softmax_cross_entropy(), prims::softmax_cross_entropy_grad(), ce_kernel, ce_rows);
   register_eltwise(prims::gelu(), EltwiseKernel{gelu_f32, nullptr, gelu_params});
   register_eltwise(prims::gelu_grad(), EltwiseKernel{gelu_grad_f32, nullptr, gelu_params});
   register_eltwise(prims::silu(), EltwiseKernel{silu_f32, nullptr, nullptr});
