@@ -1,17 +1,23 @@
-// The pass pipeline of a training step, listed once and in order. Every step runs it, on one
-// device (a mesh of one device, every param replicated) as on any mesh:
+// The pass pipeline of a training step, listed once and in order (build_step). Every step runs
+// it: one device (a mesh of one device, every param replicated), any mesh, gradient accumulation
+// (M microbatches traced inside the step) and pipelines (S stages: the step of one microbatch,
+// cut into stage programs that the schedule runs M times):
 //
-//   trace + autodiff   trace_train_step                 src/train/trace_step.cc
-//   remat              remat_step / remat_automatic     src/memory/remat.cc
-//   sharding decision  one device, recipe or AUTO       src/sharding/recipes/, src/sharding/auto/
-//   partition          annotate, propagate, partition   src/sharding/partitioner.cc
-//   offload            offload_local                    src/memory/offload.cc
+//   shape              stages, schedule, what is traced      step_shape (below)
+//   trace + autodiff   trace_train_step                      src/train/trace_step.cc
+//   sharding decision  one device, recipe or AUTO            plan_step (below), src/sharding/
+//   remat              remat_step / remat_automatic          src/memory/remat.cc
+//   partition          annotate, propagate, partition        src/sharding/partitioner.cc
+//   offload            offload_local                         src/memory/offload.cc
+//     (S stages: the stage cut, then partition and offload per stage program: stage_programs.cc)
 //   memory check       plan_program, the settings that would fit   (below)
 //   compile            autocast, cse + dce, schedule and fusion, collective lowering, buffer plan
 //                                                       src/runtime/executable.cc
 //
-// Each pass writes its result under PX_DUMP (core/dump.h) as train_step.NN.<pass>.txt. The
-// candidates that remat `auto` or AUTO plan on the way are dumped only with PX_DUMP_CANDIDATES=1.
+// Remat `auto` plans each candidate through the same passes (nothing compiled), AUTO's costing
+// calls lower_train_step (partition, offload), and AUTO's pipelined candidates are this pipeline
+// with compile = false. Each pass writes its result under PX_DUMP (core/dump.h) as
+// train_step.NN.<pass>.txt; the candidates planned on the way only with PX_DUMP_CANDIDATES=1.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -140,7 +146,7 @@ void check_rows_per_device(const ShardingPlan& plan, const std::vector<TensorTyp
 
 // What Step holds: the staged programs and the runner that runs them, each state array on its
 // stage's devices (one stage: the mesh's).
-CompiledStep compiled(PipelinedStep b, const TrainStepOptions& options) {
+CompiledStep compiled(BuiltStep b, const TrainStepOptions& options) {
   CompiledStep c;
   c.plan = std::move(b.plan);
   c.state_specs = std::move(b.state_specs);
@@ -168,12 +174,158 @@ void check_pipeline_memory(const PipelineReport& r, const TrainStepOptions& opti
           r.planned_peak(d), d, limit, r.to_string()));
 }
 
-// The pipeline pass, compiled and checked against the memory limit.
-CompiledStep compile_pipelined(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
-                               const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
-  CompiledStep c = compiled(build_pipelined(store, opt, loss_fn, batch_types, options), options);
-  check_pipeline_memory(c.runner->report(), options, c.plan.mesh);
-  return c;
+// How a step is cut: S stages run by a schedule (1 on a mesh without a `stage` axis) and M
+// microbatches. The sharding plan is made for one stage's devices (the mesh without its `stage`
+// axis), and what is traced is the whole batch with its microbatches inside (one stage), or the
+// step of one microbatch (S stages: the schedule runs it M times).
+struct StepShape {
+  int stages = 1;
+  pipeline::Schedule schedule;
+  Mesh mesh, group;
+  bool sharded = false;  // planned by a recipe or AUTO; else one device's plan, every param whole
+  std::vector<TensorType> traced_types;
+  int traced_microbatches = 1;
+};
+
+StepShape step_shape(const TrainStepOptions& options, const std::vector<TensorType>& batch_types) {
+  StepShape s;
+  s.mesh = s.group = options.mesh ? *options.mesh : Mesh();
+  s.sharded = options.mesh.has_value();
+  s.traced_types = batch_types;
+  s.traced_microbatches = options.microbatches;
+  if (!options.mesh || !pipeline::has_stage_axis(*options.mesh)) return s;
+  if (s.mesh.num_processes() > 1 && !options.sharding.communicator)
+    throw UserError("[pipeline] the mesh " + s.mesh.to_string() +
+                    " spans several processes: give this process's communicator (ShardingOptions::communicator, "
+                    "e.g. px::process_world().communicator)");
+  check_microbatches(options.microbatches, batch_types, "TrainStep");
+  const int M = options.microbatches;
+  s.stages = static_cast<int>(s.mesh.axis_size("stage"));
+  s.schedule = pipeline::make_schedule(options.pipeline.schedule, s.stages, M, options.pipeline.virtual_stages);
+  std::vector<MeshAxis> others;
+  for (const MeshAxis& a : s.mesh.axes())
+    if (a.name != "stage") others.push_back(a);
+  s.group = Mesh(others, {}, s.mesh.platform());
+  s.sharded = s.group.size() > 1;
+  for (TensorType& t : s.traced_types)
+    if (t.rank() > 0) t.shape[0] /= M;
+  s.traced_microbatches = 1;
+  return s;
+}
+
+// The stage programs of a pipelined step (compile = false: planned only).
+StagedStep cut(StepProgram p, const DecidedStep& d, const StepShape& s, const TrainStepOptions& options,
+               const Cluster* cluster, bool compile) {
+  return stage_programs(std::move(p), s.schedule, options.pipeline, s.mesh, d.plan, d.state_specs, options.compile,
+                        options.offload, cluster, compile);
+}
+
+// The planned peak of one device with step program `p` under d's plan (the busiest device group's
+// of a pipeline, with the microbatches its schedule holds): nothing compiled.
+int64_t planned_peak(const StepProgram& p, const DecidedStep& d, const StepShape& s,
+                     const std::vector<TensorType>& batch_types, const TrainStepOptions& options,
+                     const Cluster* cluster) {
+  DumpCandidates quiet;
+  if (s.stages == 1) return planned(p, d.plan, d.state_specs, batch_types, options, options.offload).peak_bytes;
+  const PipelineReport rep = pipeline_report(cut(p.clone(), d, s, options, cluster, false));
+  int64_t peak = 0;
+  for (int g = 0; g < rep.schedule.devices; ++g) peak = std::max(peak, rep.planned_peak(g));
+  return peak;
+}
+
+// The sharding plan: one device's, a recipe's, or AUTO's search for the step (under remat `auto`,
+// the step that saves the least: a plan that fits at all fits with it). Over several processes
+// AUTO's first process solves and sends its plan.
+ShardingPlan plan_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
+                       const StepProgram& traced, const StepShape& s, const TrainStepOptions& options) {
+  if (!s.sharded) {
+    ShardingPlan plan = one_device_plan(store.paths(), store.types());
+    if (s.stages > 1) plan.mesh = s.group;
+    return plan;
+  }
+  DumpCandidates quiet;  // the forward program and AUTO's candidates are not passes of this step
+  auto fwd = nn::trace_with_params(
+      store, [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{loss_fn(b)}; }, s.traced_types);
+  if (options.strategy != ShardingStrategy::AUTO)
+    return plan_sharding(*fwd, store.paths(), s.group, options.strategy, options.sharding);
+  const bool remat_auto = options.remat.policy == RematPolicy::automatic;
+  const StepProgram planned_on =
+      remat_step(traced.clone(), remat_auto ? RematOptions{RematPolicy::nothing_saveable, {}} : options.remat);
+  const std::vector<TensorType> types = store.types();
+  ShardingPlan plan = solve_auto_once(options.sharding, s.mesh, store.paths(), types, [&] {
+    return solve_train_step(*fwd, planned_on, opt.state_slots(types), types, s.traced_types, s.group,
+                            options.sharding, options.compile, options.offload);
+  });
+  if (s.stages > 1) plan.mesh = s.group;
+  return plan;
+}
+
+// Passes 1-3, for every kind of step: trace and differentiate, the sharding decision, remat. A
+// recipe's plan needs only the forward program, so remat `auto` measures each candidate under it.
+DecidedStep decide(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
+                   const std::vector<TensorType>& batch_types, const TrainStepOptions& options, const StepShape& s,
+                   const Cluster* cluster = nullptr) {
+  DecidedStep d;
+  d.program = trace_train_step(store, opt, loss_fn, s.traced_types, options.clip_norm, "TrainStep",
+                               options.skip_nonfinite, s.traced_microbatches);
+  d.plan = plan_step(store, opt, loss_fn, d.program, s, options);
+  if (s.stages > 1) {  // each device's rows split over the batch axes inside a stage
+    int64_t shards = 1;
+    for (const std::string& a : d.plan.batch_axes) shards *= s.group.axis_size(a);
+    for (size_t i = 0; i < batch_types.size(); ++i)
+      if (batch_types[i].rank() > 0 && batch_types[i].shape[0] % shards != 0)
+        throw UserError(fmt::format(
+            "[pipeline] batch array {} ({}) does not split over the {} devices of the batch axes inside a stage: use "
+            "a batch size that is a multiple of {}",
+            i, type_str(batch_types[i]), shards, shards * options.microbatches));
+  }
+  check_rows_per_device(d.plan, batch_types, options.microbatches);
+  d.state_specs = state_specs_for(d.plan, opt.state_slots(store.types()), store.types());
+  if (options.remat.policy == RematPolicy::automatic) {
+    auto peak_of = [&](const StepProgram& p) { return planned_peak(p, d, s, batch_types, options, cluster); };
+    const int64_t budget =
+        options.remat.budget_bytes > 0 ? options.remat.budget_bytes : memory_limit(options, s.mesh);
+    d.program = remat_automatic(std::move(d.program), budget, peak_of);
+  } else {
+    d.program = remat_step(std::move(d.program), options.remat);
+  }
+  dump_pass("remat", [&] { return d.program.graph->to_string(); });
+  return d;
+}
+
+// Passes 4-6 of a step of one stage: partition and offload, the memory check (over the limit, say
+// what is at the peak and what would fit), then compile.
+StagedStep lower_one_stage(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
+                           const std::vector<TensorType>& batch_types, const TrainStepOptions& options,
+                           const DecidedStep& d) {
+  const Mesh& mesh = d.plan.mesh;
+  LoweredStep l = lower(d.program, d.plan, d.state_specs, batch_types, options, options.offload);
+  const int64_t limit = memory_limit(options, mesh);
+  if (limit > 0 && options.remat.policy != RematPolicy::automatic) {
+    MemoryReport report;
+    {
+      DumpCandidates quiet;
+      CompileOptions unlimited = l.compile;
+      unlimited.memory_limit_bytes = unlimited.host_memory_limit_bytes = 0;
+      report = plan_program(*l.local.local, unlimited, collective_groups(mesh)).report;
+    }
+    if (report.peak_bytes > limit) {
+      auto traced = [&](int microbatches) {  // throws px::UserError where they do not divide the rows
+        check_rows_per_device(d.plan, batch_types, microbatches);
+        return trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "TrainStep",
+                                options.skip_nonfinite, microbatches);
+      };
+      auto peak_with = [&](const StepProgram& p, const OffloadOptions& o) {
+        return planned(p, d.plan, d.state_specs, batch_types, options, o).peak_bytes;
+      };
+      over_limit(report, limit, options, traced, peak_with, d.program, mesh.size());
+    }
+  }
+  // The program is the whole step, the one stage of a pipeline of one stage.
+  return one_stage(d.program.graph->clone(),
+                   ShardedExecutable::compile(std::move(l.local), l.compile, options.sharding.device_parallelism,
+                                              options.sharding.communicator),
+                   d.program.n_params, d.program.n_state);
 }
 
 // The memory a device of `mesh` may use for a pipelined candidate: AUTO's limit, else the cluster's.
@@ -198,7 +350,7 @@ bool plan_candidate(PipelineCandidate& c, nn::ParamStore& store, const optim::Op
                     const TrainStepOptions& base, const Cluster& cluster) {
   try {
     c.report = pipeline_report(
-        build_pipelined(store, opt, loss_fn, batch_types, candidate_options(base, c), &cluster, false).staged);
+        build_step(store, opt, loss_fn, batch_types, candidate_options(base, c), &cluster, false).staged);
   } catch (const UserError&) {
     return false;
   }
@@ -245,100 +397,47 @@ std::optional<TrainStepOptions> faster_pipeline(nn::ParamStore& store, const opt
   return candidate_options(options, c);
 }
 
-}  // namespace
-
-// The pipeline pass (see pipeline_step.h): the step of one microbatch, traced and remat'd as any
-// step, cut into stage programs that each go through the runtime's passes (stage_programs.cc).
-PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
-                              const std::vector<TensorType>& batch_types, const TrainStepOptions& options,
-                              const Cluster* cluster, bool compile) {
-  const Mesh& mesh = *options.mesh;
-  if (mesh.num_processes() > 1 && !options.sharding.communicator)
-    throw UserError("[pipeline] the mesh " + mesh.to_string() +
-                    " spans several processes: give this process's communicator (ShardingOptions::communicator, "
-                    "e.g. px::process_world().communicator)");
-  check_microbatches(options.microbatches, batch_types, "TrainStep");
-  const int M = options.microbatches;
-  const pipeline::Schedule schedule = pipeline::make_schedule(
-      options.pipeline.schedule, static_cast<int>(mesh.axis_size("stage")), M, options.pipeline.virtual_stages);
-  std::vector<TensorType> micro_types = batch_types;
-  for (TensorType& t : micro_types)
-    if (t.rank() > 0) t.shape[0] /= M;
-
-  // The recipe's plan for one stage's devices (the mesh without its `stage` axis).
-  std::vector<MeshAxis> others;
-  for (const MeshAxis& a : mesh.axes())
-    if (a.name != "stage") others.push_back(a);
-  const Mesh group(others, {}, mesh.platform());
-  ShardingPlan plan = one_device_plan(store.paths(), store.types());  // a stage on one device: every param whole
-  plan.mesh = group;
-  if (group.size() > 1) {
-    DumpCandidates quiet;  // the forward program and AUTO's candidates are not passes of this step
-    auto fwd = nn::trace_with_params(
-        store, [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{loss_fn(b)}; }, micro_types);
-    if (options.strategy != ShardingStrategy::AUTO) {
-      plan = plan_sharding(*fwd, store.paths(), group, options.strategy, options.sharding);
-    } else {
-      // AUTO inside the stages: its search for the step of one microbatch on a stage's devices
-      // (the whole model costed there: each stage's params get the same layouts). Over several
-      // processes the first solves and sends its plan.
-      const StepProgram micro_step = remat_step(
-          trace_train_step(store, opt, loss_fn, micro_types, options.clip_norm, "TrainStep", options.skip_nonfinite, 1),
-          options.remat);
-      const std::vector<TensorType> types = store.types();
-      plan = solve_auto_once(options.sharding, mesh, store.paths(), types, [&] {
-        return solve_train_step(*fwd, micro_step, opt.state_slots(types), types, micro_types, group, options.sharding,
-                                options.compile);
-      });
-      plan.mesh = group;
-    }
-  }
-  int64_t shards = 1;
-  for (const std::string& a : plan.batch_axes) shards *= group.axis_size(a);
-  for (size_t i = 0; i < batch_types.size(); ++i)
-    if (batch_types[i].rank() > 0 && batch_types[i].shape[0] % shards != 0)
-      throw UserError(fmt::format(
-          "[pipeline] batch array {} ({}) does not split over the {} devices of the batch axes inside a stage: use a "
-          "batch size that is a multiple of {}",
-          i, type_str(batch_types[i]), shards, shards * M));
-  check_rows_per_device(plan, batch_types, M);  // each device's microbatches are made of its own rows
-
-  PipelinedStep r;
-  r.state_specs = state_specs_for(plan, opt.state_slots(store.types()), store.types());
-  auto cut = [&](StepProgram q, bool compile_it) {
-    return stage_programs(std::move(q), schedule, options.pipeline, mesh, plan, r.state_specs, options.compile,
-                          options.offload, cluster, compile_it);
-  };
-  StepProgram p =
-      trace_train_step(store, opt, loss_fn, micro_types, options.clip_norm, "TrainStep", options.skip_nonfinite, 1);
-  if (options.remat.policy == RematPolicy::automatic) {
-    // The least recompute whose busiest device group's planned peak (the schedule's held
-    // microbatches included) fits: each candidate cut into stages and planned, nothing compiled.
-    auto peak_of = [&](const StepProgram& q) {
-      DumpCandidates quiet;
-      const PipelineReport rep = pipeline_report(cut(q.clone(), false));
-      int64_t peak = 0;
-      for (int d = 0; d < rep.schedule.devices; ++d) peak = std::max(peak, rep.planned_peak(d));
-      return peak;
-    };
-    const int64_t budget = options.remat.budget_bytes > 0 ? options.remat.budget_bytes : memory_limit(options, mesh);
-    p = remat_automatic(std::move(p), budget, peak_of);
+// Passes 4-6 of a decided step: its stage programs (one: the whole step), compiled or planned.
+BuiltStep built(DecidedStep d, const StepShape& s, nn::ParamStore& store, const optim::Optimizer& opt,
+                const TrainStep::LossFn& loss_fn, const std::vector<TensorType>& batch_types,
+                const TrainStepOptions& options, const Cluster* cluster, bool compile) {
+  BuiltStep r;
+  r.graph = d.program.graph->clone();
+  if (s.stages == 1) {
+    if (!compile)
+      throw UserError("[plan_pipeline] the mesh " + s.mesh.to_string() +
+                      " has no `stage` axis: a pipeline's plan needs one (e.g. Mesh({{\"stage\", 2, {}}})); a mesh "
+                      "without one is planned by px::plan_auto or px::cost_recipes");
+    r.staged = lower_one_stage(store, opt, loss_fn, batch_types, options, d);
   } else {
-    p = remat_step(std::move(p), options.remat);
+    r.staged = cut(std::move(d.program), d, s, options, cluster, compile);
+    if (compile) check_pipeline_memory(pipeline_report(r.staged), options, s.mesh);
+    d.plan.mesh = s.mesh;
+    for (ParamPlacement& pp : d.plan.params)
+      for (size_t st = 0; st < r.staged.stage_layers.size(); ++st)
+        for (const std::string& l : r.staged.stage_layers[st])
+          if (l == memory_pass::layer_of(pp.path))
+            pp.reason = fmt::format("stage {} (device group {}), {}", st, s.schedule.device_of(static_cast<int>(st)),
+                                    pp.reason);
   }
-  dump_pass("remat", [&] { return p.graph->to_string(); });
-  r.graph = p.graph->clone();
-  r.staged = cut(std::move(p), compile);
-  r.plan = std::move(plan);
-  r.plan.mesh = mesh;
-  for (ParamPlacement& pp : r.plan.params)
-    for (size_t st = 0; st < r.staged.stage_layers.size(); ++st)
-      for (const std::string& l : r.staged.stage_layers[st])
-        if (l == memory_pass::layer_of(pp.path))
-          pp.reason =
-              fmt::format("stage {} (device group {}), {}", st, schedule.device_of(static_cast<int>(st)), pp.reason);
+  r.plan = std::move(d.plan);
+  r.state_specs = std::move(d.state_specs);
   return r;
 }
+
+}  // namespace
+
+// The pass pipeline of every step (the file's header): flat, accumulated or pipelined, each pass
+// once. A pipelined step's passes 4-6 run per stage program (stage_programs.cc); compile = false
+// plans them without compiling (AUTO's pipelined candidates, plan_pipeline).
+BuiltStep build_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
+                     const std::vector<TensorType>& batch_types, const TrainStepOptions& options,
+                     const Cluster* cluster, bool compile) {
+  const StepShape s = step_shape(options, batch_types);
+  return built(decide(store, opt, loss_fn, batch_types, options, s, cluster), s, store, opt, loss_fn, batch_types,
+               options, cluster, compile);
+}
+
 
 std::vector<PipelineCandidate> pipeline_candidates(nn::ParamStore& store, const optim::Optimizer& opt,
                                                    const TrainStep::LossFn& loss_fn,
@@ -406,130 +505,41 @@ CompiledStep::~CompiledStep() = default;
 
 DecidedStep decide_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                         const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
-  const Mesh mesh = options.mesh ? *options.mesh : Mesh();
   if (options.mesh && pipeline::has_stage_axis(*options.mesh))
     throw UserError(
         "[plan] a mesh with a `stage` axis is planned when its step is built (TrainStep: pipeline_report(); "
         "pax: train with PX_PROFILE=1 writes it to profile.txt); the plan of shardings covers meshes "
         "without one");
-  const bool one_device = !options.mesh;
-  const bool auto_plan = !one_device && options.strategy == ShardingStrategy::AUTO;
-  const bool remat_auto = options.remat.policy == RematPolicy::automatic;
-  const std::vector<TensorType> types = store.types();
-  const std::vector<optim::StateSlot> slots = opt.state_slots(types);
-
-  // 1. Trace and differentiate.
-  DecidedStep d;
-  d.program = trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "TrainStep", options.skip_nonfinite,
-                               options.microbatches);
-
-  // 2-3. Remat and the sharding decision. A recipe's plan needs only the forward program, so it
-  // comes first and remat `auto` measures each candidate under it. AUTO plans the whole step, so
-  // under remat `auto` it plans the step that saves the least (a plan that fits at all fits with
-  // it), and remat `auto` then picks the least recompute that fits under that plan.
-  if (one_device) {
-    d.plan = one_device_plan(store.paths(), store.types());
-  } else {
-    DumpCandidates quiet;  // the forward program and AUTO's candidates are not passes of this step
-    auto fwd = nn::trace_with_params(
-        store, [&](const std::vector<Tensor>& b) { return std::vector<Tensor>{loss_fn(b)}; }, batch_types);
-    if (!auto_plan) {
-      d.plan = plan_sharding(*fwd, store.paths(), mesh, options.strategy, options.sharding);
-    } else {
-      const StepProgram planned_on =
-          remat_step(d.program.clone(), remat_auto ? RematOptions{RematPolicy::nothing_saveable, {}} : options.remat);
-      d.plan = solve_auto_once(options.sharding, mesh, store.paths(), types, [&] {
-        return solve_train_step(*fwd, planned_on, slots, types, batch_types, mesh, options.sharding, options.compile,
-                                options.offload);
-      });
-    }
-  }
-  check_rows_per_device(d.plan, batch_types, options.microbatches);
-  d.state_specs = state_specs_for(d.plan, slots, types);
-  if (remat_auto) {
-    auto peak_of = [&](const StepProgram& p) {
-      DumpCandidates quiet;
-      return planned(p, d.plan, d.state_specs, batch_types, options, options.offload).peak_bytes;
-    };
-    const int64_t budget = options.remat.budget_bytes > 0 ? options.remat.budget_bytes : memory_limit(options, mesh);
-    d.program = remat_automatic(std::move(d.program), budget, peak_of);
-  } else {
-    d.program = remat_step(std::move(d.program), options.remat);
-  }
-  dump_pass("remat", [&] { return d.program.graph->to_string(); });
-  d.decision =
-      decide_train_step(d.program, d.plan, d.state_specs, batch_types, bucket_bytes_for(d.plan, options.sharding));
-  return d;
+  return decide(store, opt, loss_fn, batch_types, options, step_shape(options, batch_types));
 }
 
 CompiledStep compile_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
                           const std::vector<TensorType>& batch_types, const TrainStepOptions& options) {
   DumpProgram dump("train_step");
-  if (options.mesh && pipeline::has_stage_axis(*options.mesh))
-    return compile_pipelined(store, opt, loss_fn, batch_types, options);
-  // 1-3. Trace, remat, decide. AUTO may pipeline the mesh's devices instead (auto_pipeline), unless
-  // the user's rules name the mesh's axes.
-  const bool try_pipeline = options.mesh && options.strategy == ShardingStrategy::AUTO &&
-                            options.sharding.auto_pipeline && options.mesh->num_processes() == 1 &&
-                            options.sharding.rules.empty() && options.sharding.activation_rules.empty();
-  DecidedStep d;
+  // AUTO may pipeline the mesh's devices instead (auto_pipeline) when that is predicted faster
+  // than its best plan on the mesh as given, unless the user's rules name the mesh's axes.
+  const bool try_pipeline = options.mesh && !pipeline::has_stage_axis(*options.mesh) &&
+                            options.strategy == ShardingStrategy::AUTO && options.sharding.auto_pipeline &&
+                            options.mesh->num_processes() == 1 && options.sharding.rules.empty() &&
+                            options.sharding.activation_rules.empty();
+  if (!try_pipeline) return compiled(build_step(store, opt, loss_fn, batch_types, options), options);
+  const StepShape s = step_shape(options, batch_types);
+  std::optional<DecidedStep> d;
   std::optional<UserError> flat_error;
   try {
-    d = decide_step(store, opt, loss_fn, batch_types, options);
+    d = decide(store, opt, loss_fn, batch_types, options, s);
   } catch (const UserError& e) {
-    if (!try_pipeline) throw;
     flat_error = e;  // nothing fits as given: a pipeline may
   }
-  if (try_pipeline) {
-    std::string why;
-    const double flat_s = flat_error ? std::numeric_limits<double>::infinity() : d.plan.predicted_step_s;
-    if (std::optional<TrainStepOptions> piped =
-            faster_pipeline(store, opt, loss_fn, batch_types, options, flat_s, why)) {
-      CompiledStep c = compile_pipelined(store, opt, loss_fn, batch_types, *piped);
-      c.plan.explanation = why + (flat_error ? "" : d.plan.explanation);
-      return c;
-    }
-    if (flat_error) throw *flat_error;
+  std::string why;
+  const double flat_s = d ? d->plan.predicted_step_s : std::numeric_limits<double>::infinity();
+  if (std::optional<TrainStepOptions> piped = faster_pipeline(store, opt, loss_fn, batch_types, options, flat_s, why)) {
+    CompiledStep c = compiled(build_step(store, opt, loss_fn, batch_types, *piped), *piped);
+    c.plan.explanation = why + (d ? d->plan.explanation : "");
+    return c;
   }
-  const Mesh& mesh = d.plan.mesh;
-
-  // 4-5. Partition (dumped as sharding_decision, annotate, partition) and offload.
-  LoweredStep l = lower(d.program, d.plan, d.state_specs, batch_types, options, options.offload);
-
-  // 6. The memory check, before anything is allocated: over the limit, say what would fit.
-  const int64_t limit = memory_limit(options, mesh);
-  if (limit > 0 && options.remat.policy != RematPolicy::automatic) {
-    MemoryReport report;
-    {
-      DumpCandidates quiet;
-      CompileOptions unlimited = l.compile;
-      unlimited.memory_limit_bytes = unlimited.host_memory_limit_bytes = 0;
-      report = plan_program(*l.local.local, unlimited, collective_groups(mesh)).report;
-    }
-    if (report.peak_bytes > limit) {
-      auto traced = [&](int microbatches) {  // throws px::UserError where they do not divide the rows
-        check_rows_per_device(d.plan, batch_types, microbatches);
-        return trace_train_step(store, opt, loss_fn, batch_types, options.clip_norm, "TrainStep",
-                                options.skip_nonfinite, microbatches);
-      };
-      auto peak_with = [&](const StepProgram& p, const OffloadOptions& o) {
-        return planned(p, d.plan, d.state_specs, batch_types, options, o).peak_bytes;
-      };
-      over_limit(report, limit, options, traced, peak_with, d.program, mesh.size());
-    }
-  }
-
-  // 7. Compile: autocast, cse + dce, schedule and fusion, collective lowering, buffer plan. The
-  // program is the whole step, the one stage of a pipeline of one stage.
-  PipelinedStep b;
-  b.plan = std::move(d.plan);
-  b.state_specs = std::move(d.state_specs);
-  b.staged = one_stage(d.program.graph->clone(),
-                       ShardedExecutable::compile(std::move(l.local), l.compile, options.sharding.device_parallelism,
-                                                  options.sharding.communicator),
-                       d.program.n_params, d.program.n_state);
-  b.graph = std::move(d.program.graph);
-  return compiled(std::move(b), options);
+  if (flat_error) throw *flat_error;
+  return compiled(built(std::move(*d), s, store, opt, loss_fn, batch_types, options, nullptr, true), options);
 }
 
 }  // namespace px::detail

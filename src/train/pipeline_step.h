@@ -94,18 +94,19 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
 StagedStep one_stage(std::unique_ptr<Graph> graph, std::unique_ptr<ShardedExecutable> exe, size_t n_params,
                      size_t n_state);
 
-// A training step's programs, staged: on a mesh with a `stage` axis (build_pipelined: checks, the
-// recipe's plan for one stage's devices, the step of one microbatch traced and remat'd, then cut),
-// or one stage, its one program the whole step (compile_step.cc).
-struct PipelinedStep {
+// A training step built by the pass pipeline (compile_step.cc, the one list of its passes): the
+// plan, the traced step and its stage programs (one stage on a mesh without a `stage` axis, its
+// one program the whole step). compile = false plans a pipelined step's programs without
+// compiling them (AUTO's pipelined candidates, plan_pipeline); cluster times them.
+struct BuiltStep {
   ShardingPlan plan;  // on the whole mesh: each param's spec inside its stage
   std::vector<PartitionSpec> state_specs;
-  std::unique_ptr<Graph> graph;  // the traced step of one microbatch, after remat
+  std::unique_ptr<Graph> graph;  // the traced step (of one microbatch when pipelined), after remat
   StagedStep staged;
 };
-PipelinedStep build_pipelined(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
-                              const std::vector<TensorType>& batch_types, const TrainStepOptions& options,
-                              const Cluster* cluster = nullptr, bool compile = true);
+BuiltStep build_step(nn::ParamStore& store, const optim::Optimizer& opt, const TrainStep::LossFn& loss_fn,
+                     const std::vector<TensorType>& batch_types, const TrainStepOptions& options,
+                     const Cluster* cluster = nullptr, bool compile = true);
 
 // AUTO's pipelined candidates for base.mesh's devices (px::search_pipelines says which): every
 // stage count S > 1 dividing the devices that `stages_ok` accepts, each planned (nothing compiled)

@@ -78,11 +78,9 @@ std::vector<RecipeCost> cost_recipes(const nn::LmConfig& cfg_in, const Mesh& mes
       o.strategy = s;
       o.sharding = setup.sharding;
       DecidedStep d = detail::decide_step(model.store(), *opt, loss, batch_types, o);
-      SpmdProgram prog = partition(*d.program.graph, d.decision);
-      CompileOptions c = to.compile;
-      c.one_forward_pass = d.program.micro.size() <= 1;
-      offload_local(prog, d.program, to.offload, c);
-      rc.cost = cost_program(prog, cluster, c);
+      const LoweredStep l =
+          lower_train_step(d.program, d.plan, d.state_specs, batch_types, o.sharding, to.compile, to.offload);
+      rc.cost = cost_program(l.local, cluster, l.compile);
       rc.param_bytes_per_device = d.plan.param_bytes_per_device();
       rc.applies = true;
     } catch (const Error& e) {
@@ -161,7 +159,7 @@ PipelineReport plan_pipeline(const nn::LmConfig& cfg_in, const Mesh& mesh, Shard
   const auto [cfg, opt, batch_types] = setup_of(cfg_in, setup, "plan_pipeline");
   nn::TransformerLm model(cfg);  // declares params (types and paths); allocates none
   TrainStep::LossFn loss = [&](const std::vector<Tensor>& b) { return nn::next_token_loss(model, b[0], b[1]); };
-  detail::PipelinedStep p = detail::build_pipelined(model.store(), *opt, loss, batch_types,
+  detail::BuiltStep p = detail::build_step(model.store(), *opt, loss, batch_types,
                                                     pipelined_options(mesh, strategy, setup, pipeline), cluster,
                                                     /*compile=*/false);
   return detail::pipeline_report(p.staged);

@@ -18,7 +18,6 @@ struct DecidedStep {
   ShardingPlan plan;                      // each param's spec
   std::vector<PartitionSpec> state_specs;  // per optimizer-state slot
   StepProgram program;                    // the traced step (global shapes) after remat
-  ShardingDecision decision;              // what partition() applies
 };
 
 // The recipe's decision for a traced training step: inputs laid out by the plan (optimizer state
