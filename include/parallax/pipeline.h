@@ -149,6 +149,10 @@ struct PipelineReport {
   std::vector<int64_t> param_bytes;  // per device: of its params (a part of state_bytes)
   int64_t planned_peak(int device) const;   // state + accumulators + arenas + planned held
   int64_t measured_peak(int device) const;  // the same with the measured held bytes (0 before a run)
+  // The threads each device group's kernels are made for and run on, where one process runs
+  // several groups (each on a thread of its own, sharing the process's threads); 0: one group a
+  // process, every thread.
+  int threads_per_group = 0;
   int64_t message_bytes = 0;  // sent between devices per step, over all devices (activations and their gradients)
   int messages = 0;
   // The last run, per device: each action (and "update") with when it began and ended, in seconds

@@ -253,8 +253,30 @@ void apply_thread_settings() {
     if (!env().num_threads_note.empty()) PX_LOG(warn) << env().num_threads_note;
     if (!env().misspelt_note.empty()) PX_LOG(warn) << env().misspelt_note;
   });
+  if (ThreadBudget::current() > 0) return;
   int n = env().num_threads;
   if (n > 0 && omp_get_max_threads() != n) omp_set_num_threads(n);
+}
+
+namespace {
+thread_local int t_budget = 0;
+}  // namespace
+
+ThreadBudget::ThreadBudget(int threads) : prev_budget_(t_budget), prev_omp_(omp_get_max_threads()) {
+  t_budget = std::max(1, threads);
+  omp_set_num_threads(t_budget);  // what oneDNN and nested regions started by this thread take
+}
+
+ThreadBudget::~ThreadBudget() {
+  t_budget = prev_budget_;
+  omp_set_num_threads(prev_omp_);
+}
+
+int ThreadBudget::current() { return t_budget; }
+
+int process_threads() {
+  apply_thread_settings();
+  return omp_get_max_threads();
 }
 
 }  // namespace px

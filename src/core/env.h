@@ -80,7 +80,28 @@ struct EnvVariable {
 };
 const std::vector<EnvVariable>& env_variables();  // for --help texts and docs
 
-// Applies PX_NUM_THREADS to the calling thread's OpenMP settings (idempotent and cheap).
+// Applies PX_NUM_THREADS to the calling thread's OpenMP settings (idempotent and cheap), unless
+// a ThreadBudget holds the calling thread.
 void apply_thread_settings();
+
+// The threads the calling thread's kernels take: its ThreadBudget, else PX_NUM_THREADS, else
+// OpenMP's count.
+int process_threads();
+
+// While alive, the calling thread's kernels are made for and run on `threads` threads (at least
+// 1), whatever PX_NUM_THREADS says: a pipeline's device groups in one process share the cores,
+// each group's thread compiling and running its programs under its share. Nests; restores the
+// thread's OpenMP setting on destruction.
+class ThreadBudget {
+ public:
+  explicit ThreadBudget(int threads);
+  ~ThreadBudget();
+  ThreadBudget(const ThreadBudget&) = delete;
+  ThreadBudget& operator=(const ThreadBudget&) = delete;
+  static int current();  // the budget holding the calling thread, 0 when none
+
+ private:
+  int prev_budget_ = 0, prev_omp_ = 1;
+};
 
 }  // namespace px

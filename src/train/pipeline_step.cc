@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/env.h"
 #include "train/pipeline_step.h"
 
 namespace px {
@@ -47,7 +48,9 @@ double PipelineReport::bubble_theory() const {
 std::string PipelineReport::to_string() const {
   std::ostringstream os;
   os << "pipeline: " << pipeline::kind_name(schedule.kind) << ", " << schedule.devices << " devices, "
-     << schedule.stages() << " stages, " << schedule.microbatches << " microbatches\n";
+     << schedule.stages() << " stages, " << schedule.microbatches << " microbatches";
+  if (threads_per_group > 0) os << ", " << threads_per_group << " thread(s) per device group";
+  os << "\n";
   for (size_t s = 0; s < stage_layers.size(); ++s)
     os << fmt::format("  stage {} (device {}): {}\n", s, schedule.device_of(static_cast<int>(s)),
                       fmt::join(stage_layers[s], ", "));
@@ -237,6 +240,7 @@ PipelineReport pipeline_report(const StagedStep& s) {
   PipelineReport rep;
   rep.schedule = s.schedule;
   rep.stage_layers = s.stage_layers;
+  rep.threads_per_group = s.threads_per_group;
   rep.state_bytes.assign(D, 0);
   rep.accumulator_bytes.assign(D, 0);
   rep.arena_bytes.assign(D, 0);
@@ -707,12 +711,17 @@ PipelineRunner::Outputs PipelineRunner::run(const std::vector<ShardedArray>& sta
   if (L == 1) {  // its kernels keep every thread of the process
     groups[0].run();
   } else {
+    // Each group's thread runs its kernels on its share of the threads (threads_per_group, what
+    // they were made for): their own parallel regions nest inside the groups'.
+    if (omp_get_max_active_levels() < 2) omp_set_max_active_levels(2);
 #pragma omp parallel num_threads(L)
     {
       try {
         if (omp_get_num_threads() != L)
           throw Error(fmt::format("[pipeline] the step needs one thread per device group ({}), OpenMP gave {}", L,
                                   omp_get_num_threads()));
+        std::optional<ThreadBudget> budget;
+        if (s_.threads_per_group > 0) budget.emplace(s_.threads_per_group);
         groups[omp_get_thread_num()].run();
       } catch (...) {
         x.fail(std::current_exception());

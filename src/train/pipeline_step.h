@@ -63,6 +63,9 @@ struct StagedStep {
   std::vector<int> process_of_group;  // per pipeline device: the process running it (0 in one process);
                                       // empty: every process runs its part of the one group
   int process = 0;                    // this process's index among the mesh's processes
+  // The threads each device group's kernels are made for and run on: the process's threads split
+  // between the groups one process runs (0: one group a process, every thread).
+  int threads_per_group = 0;
   int batch_shards = 1;               // the batch's rows are split this many ways in a group
   std::vector<std::vector<std::string>> stage_layers;
   std::vector<StageProgram> programs;

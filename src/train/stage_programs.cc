@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "core/dump.h"
+#include "core/env.h"
 #include "core/enum_names.h"
 #include "ir/primitive.h"
 #include "memory/rewrite.h"
@@ -494,6 +495,11 @@ void build_device_groups(const Mesh& mesh, const pipeline::Schedule& schedule, c
     r.groups.push_back(Mesh(others, ids, mesh.platform()));
     r.process_of_group.push_back(process);
   }
+  // A process runs each of its groups on a thread of its own: the groups share its threads.
+  std::map<int, int> groups_of;
+  int most = 0;
+  for (int p : r.process_of_group) most = std::max(most, ++groups_of[p]);
+  if (most > 1) r.threads_per_group = std::max(1, process_threads() / most);
   if (cluster) r.stage_link = axes[stage_dim].link;
 }
 
@@ -654,6 +660,8 @@ struct StageCompiler {
 
   void finish(StageProgram& sp, SpmdProgram prog, const Mesh& group) {
     for (int v : prog.local->inputs()) sp.input_kinds.push_back(prog.local->values()[v].kind);
+    std::optional<ThreadBudget> budget;  // the kernels (and their scratch) for the group's threads
+    if (r.threads_per_group > 0) budget.emplace(r.threads_per_group);
     if (compile) {
       if (cluster) sp.seconds = cost_program(prog, *cluster, o).step_s;
       sp.exe = ShardedExecutable::compile(std::move(prog), o, DeviceParallelism::within_kernels);
@@ -823,6 +831,8 @@ struct StageCompiler {
           types);
       CompileOptions in_place = o;
       for (size_t i = 0; i < k; ++i) in_place.output_donors.push_back(static_cast<int>(i));
+      std::optional<ThreadBudget> budget;
+      if (r.threads_per_group > 0) budget.emplace(r.threads_per_group);
       for (auto [q, graph] : {std::pair{StagePart::accumulate, sum.get()}, std::pair{StagePart::mean, mean.get()}}) {
         StageProgram sp;
         sp.part = q;

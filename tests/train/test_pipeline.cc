@@ -3,6 +3,7 @@
 // the memory planned per device from the schedule is what the run holds, and bad settings get
 // errors that name the fix.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <unistd.h>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "../sharding/recipe_check.h"
+#include "core/env.h"
 #include "distributed/threaded.h"
 #include "parallax/parallel.h"
 #include "parallax/plan.h"
@@ -108,6 +110,41 @@ TEST(Pipeline, Bf16StagesOnMoreThreadsThanTheKernelTeamEqualOneDevice) {
   four.compile.compute_dtype = DType::bf16;
   const Trained want = train(gpt4(), one, 5), got = train(gpt4(), four, 5);
   expect_equal(want, got, "bf16 gpipe", /*sum_order=*/true);
+}
+
+// One process running several device groups splits its threads between them: each group's
+// kernels are made for its share (their scratch planned for it) and run on it, their parallel
+// regions nested inside the group's thread. With 4 OpenMP threads and 2 groups: 2 each.
+TEST(Pipeline, EachDeviceGroupRunsOnItsShareOfTheThreads) {
+  {  // the mechanism: under a budget, a group's thread starts regions of that many threads
+    const int levels = omp_get_max_active_levels();
+    omp_set_max_active_levels(2);
+    std::vector<int> seen(2, 0);
+#pragma omp parallel num_threads(2)
+    {
+      ThreadBudget budget(3);
+      int team = 0;
+#pragma omp parallel
+      {
+#pragma omp single
+        team = omp_get_num_threads();
+      }
+      seen[omp_get_thread_num()] = 10 * team + process_threads();
+    }
+    omp_set_max_active_levels(levels);
+    EXPECT_EQ(seen, (std::vector<int>{33, 33}));
+  }
+  if (env().num_threads > 0) GTEST_SKIP() << "PX_NUM_THREADS sets every thread's count";
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(4);
+  TrainStepOptions one;
+  one.microbatches = 2;
+  std::string report;
+  const Trained want = train(gpt4(), one, 3);
+  const Trained got = train(gpt4(), pipelined(2, 2, pipeline::Kind::one_f_one_b), 3, &report);
+  omp_set_num_threads(threads);
+  EXPECT_TRUE(has(report, "2 thread(s) per device group")) << report;
+  expect_equal(want, got, "two groups of two threads", /*sum_order=*/true);
 }
 
 // 3-D parallelism: stages over `stage`, data, FSDP or tensor parallelism inside each stage. Equal to

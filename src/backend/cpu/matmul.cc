@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
@@ -395,6 +396,22 @@ Kernel sgemm_kernel(std::shared_ptr<GemmState> st) {
       // Inside the region oneDNN runs each sgemm on the calling thread.
 #pragma omp parallel for num_threads(s.threads) schedule(static)
       for (int64_t i = 0; i < s.bt; ++i) gemm(i);
+    } else if (s.threads > 1 && omp_in_parallel() && s.m >= 16 * s.threads) {
+      // On a thread of an enclosing region (a pipeline's device group), oneDNN would run the sgemm
+      // on that thread alone: the group's threads take a block of rows each.
+      for (int64_t i = 0; i < s.bt; ++i) {
+        const float* a0 = a_ptr + i * s.a.batch_stride;
+        const float* b0 = b_ptr + i * s.b.batch_stride;
+        float* c0 = c_ptr + i * s.m * s.n;
+#pragma omp parallel num_threads(s.threads)
+        {
+          const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+          const int64_t r0 = s.m * t / nt, r1 = s.m * (t + 1) / nt;
+          const float* a_rows = s.a.trans == 'N' ? a0 + r0 * s.a.ld : a0 + r0;
+          sgemm(s.err, s.a.trans, s.b.trans, r1 - r0, s.n, s.k, 1.0f, a_rows, s.a.ld, b0, s.b.ld, 0.0f, c0 + r0 * s.n,
+                s.n);
+        }
+      }
     } else {
       for (int64_t i = 0; i < s.bt; ++i) gemm(i);
     }
