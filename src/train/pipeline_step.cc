@@ -713,7 +713,8 @@ PipelineRunner::Outputs PipelineRunner::run(const std::vector<ShardedArray>& sta
   } else {
     // Each group's thread runs its kernels on its share of the threads (threads_per_group, what
     // they were made for): their own parallel regions nest inside the groups'.
-    if (omp_get_max_active_levels() < 2) omp_set_max_active_levels(2);
+    const int levels = omp_get_max_active_levels();  // restored after: elsewhere nothing nests
+    omp_set_max_active_levels(std::max(levels, 2));
 #pragma omp parallel num_threads(L)
     {
       try {
@@ -727,6 +728,7 @@ PipelineRunner::Outputs PipelineRunner::run(const std::vector<ShardedArray>& sta
         x.fail(std::current_exception());
       }
     }
+    omp_set_max_active_levels(levels);
   }
   if (x.failure) std::rethrow_exception(x.failure);
 
