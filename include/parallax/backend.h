@@ -81,6 +81,10 @@ struct FusionLimits {
   bool enabled = true;    // false: every node is its own unit (Backend::can_fuse is never asked)
   size_t max_group = 48;  // nodes in one fused loop
   int window = 32;        // a group no node joined for this many nodes closes (bounds lifetimes)
+  // A reduce_sum or reduce_max of a value computed in an open group may join it as its last member:
+  // the backend's kernel then evaluates the chain while it reduces (the reduced operand is never
+  // written unless something else reads it). False: reductions are always kernels of their own.
+  bool reductions = false;
 };
 
 // The queues of a device: its kernels and collectives run on `compute`; copies from host memory

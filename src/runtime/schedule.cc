@@ -18,6 +18,10 @@ bool is_fetch(const Node& n) { return is_transfer(n) && n.attrs.s("to") == "devi
 
 bool is_broadcast(const Node& n) { return n.prim == prims::broadcast_in_dim() && n.outputs.size() == 1; }
 bool is_reshape(const Node& n) { return n.prim == prims::reshape() && n.inputs.size() == 1 && n.outputs.size() == 1; }
+bool is_reduction(const Node& n) {
+  return (n.prim == prims::reduce_sum() || n.prim == prims::reduce_max()) && n.inputs.size() == 1 &&
+         n.outputs.size() == 1;
+}
 
 struct Group {
   std::vector<int> nodes;
@@ -44,18 +48,42 @@ std::vector<Group> form_groups(const Graph& g, const Backend& backend, bool fuse
         return;
       }
   };
+  auto is_open = [&](int u) {
+    for (auto& [cnt, ou] : open_by_count)
+      if (ou == u) return true;
+    return false;
+  };
+  // A float reduction of a value that an open group computes joins it as its last member and
+  // closes it (the backend's FusionLimits::reductions): the group's loop feeds the reduction, and
+  // the operand is written only if something else reads it. Not a group that only renames an
+  // operand (a reshape): that is a view, which the reduction reads in place.
+  auto joins_as_reduction = [&](const Node& n) {
+    if (!fuse_on || !limits.reductions || !is_reduction(n) || !is_float(g.type(n.inputs[0]).dtype) ||
+        !is_float(g.type(n.outputs[0]).dtype) || g.type(n.inputs[0]).numel() == g.type(n.outputs[0]).numel())
+      return -1;
+    const int p = g.values()[n.inputs[0]].producer;
+    const int u = p < 0 ? -1 : group_of[p];
+    if (u < 0 || !is_open(u) || groups[u].nodes.size() >= limits.max_group) return -1;
+    for (int m : groups[u].nodes)
+      if (!is_reshape(nodes[m])) return u;
+    return -1;
+  };
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];
     for (auto it = open_by_count.begin(); it != open_by_count.end();)
       it = groups[it->second].nodes.back() + limits.window < static_cast<int>(i) ? open_by_count.erase(it) : std::next(it);
+    if (const int u = joins_as_reduction(n); u >= 0) {
+      groups[u].nodes.push_back(static_cast<int>(i));
+      group_of[i] = u;
+      close(u);
+      continue;
+    }
     std::vector<int> reads;  // open groups this node reads
     for (int v : n.inputs) {
       int p = g.values()[v].producer;
       if (p < 0) continue;
       int u = group_of[p];
-      bool is_open = false;
-      for (auto& [cnt, ou] : open_by_count) is_open = is_open || ou == u;
-      if (is_open && std::find(reads.begin(), reads.end(), u) == reads.end()) reads.push_back(u);
+      if (is_open(u) && std::find(reads.begin(), reads.end(), u) == reads.end()) reads.push_back(u);
     }
     const bool coll = is_async_primitive(*n.prim);
     int64_t count = n.outputs.empty() ? -1 : g.type(n.outputs[0]).numel();
@@ -132,7 +160,9 @@ struct Scheduler {
         for (int ni : grp.nodes) in_group[nodes[ni].outputs[0]] = 0;
         for (int ni : grp.nodes) unit.label += (unit.label.empty() ? "fused{" : ",") + nodes[ni].prim->name;
         unit.label += "}";
-        unit.alias_safe = true;
+        // A loop that ends in a reduction writes the reduction's result while it may still read
+        // operands (row by row): no result shares an operand's buffer.
+        unit.alias_safe = !is_reduction(nodes[grp.nodes.back()]);
       } else {
         const Node& n = nodes[grp.nodes[0]];
         unit.kind = is_reshape(n) && !is_output[n.outputs[0]] ? Unit::Kind::view : Unit::Kind::kernel;

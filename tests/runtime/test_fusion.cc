@@ -1,5 +1,6 @@
 // The fused-loop engine on real ops: fused and unfused runs agree bit for bit (16-bit, integer
-// and bool intermediates, NaNs and infinities included), broadcasts of external operands fuse as strided loads, and
+// and bool intermediates, NaNs and infinities included), broadcasts of external operands fuse as strided loads,
+// reductions join the loop that computes their operand, and
 // the autocast pass gives bf16/f16 matmuls with f32 results.
 #include <algorithm>
 #include <cstring>
@@ -213,7 +214,7 @@ TEST(Fusion, ReshapesInsideAChainAreRenames) {
   expect_identical(r);
   std::string s = r.exe->summary();
   EXPECT_EQ(s.find(": reshape"), std::string::npos) << s;
-  EXPECT_EQ(r.exe->num_steps(), 2) << s;  // one fused loop and the reduction
+  EXPECT_EQ(r.exe->num_steps(), 1) << s;  // one fused loop, the reduction in it
   std::vector<float> xs = x.to_f32(), bs = b.to_f32(), w = r.fused[0].to_f32();
   for (int i = 0; i < 60; ++i) ASSERT_NEAR(w[i], std::exp(xs[i]) * 2 + xs[i] + bs[i], 1e-5);
   EXPECT_EQ(r.fused[0].shape(), (Shape{3, 20}));
@@ -268,6 +269,74 @@ TEST(Fusion, LargeResultsWrittenWithStreamingStoresAreExact) {
   std::vector<Array> out = b.fused;
   b.exe->run_into({a, c}, out);
   EXPECT_EQ(std::memcmp(out[1].raw(), b.unfused[1].raw(), static_cast<size_t>(out[1].nbytes())), 0);
+}
+
+// A reduction of a value computed in a fused loop joins the loop (FusionLimits::reductions): the
+// loop feeds the reduction range by range, in the unfused kernel's order, so the result is the
+// same bits; the reduced operand is written only where something else reads it.
+TEST(Fusion, ReductionsJoinTheLoopThatFeedsThem) {
+  struct Case {
+    Shape x;
+    std::vector<int64_t> axes;
+  };
+  for (const Case& c : std::vector<Case>{{{3000}, {}},                // one sum, one part
+                                         {{300001}, {}},              // split into parts
+                                         {{64, 300}, {1}},            // rows
+                                         {{5000, 6}, {1}},            // short rows
+                                         {{7, 70000}, {1}},           // few long rows: split
+                                         {{4000, 37}, {0}},           // columns
+                                         {{300, 5000}, {0}},          // column blocks
+                                         {{3, 500, 40}, {0, 2}},      // alternating dims
+                                         {{6, 50, 9}, {1}},           // a middle dim
+                                         {{8, 1, 5}, {1, 2}}}) {      // a size-1 dim reduced too
+    SCOPED_TRACE(shape_str(c.x));
+    Array x = random_array(c.x, DType::f32, 5, -2, 2), b = random_array({c.x.back()}, DType::f32, 6);
+    for (bool is_max : {false, true}) {
+      auto both = run_both(
+          [&](const std::vector<Tensor>& in) {
+            Tensor y = square(in[0] + in[1]);  // bias add (a strided load), then the square
+            return std::vector<Tensor>{is_max ? max(y, c.axes) : sum(y, c.axes)};
+          },
+          {x, b});
+      expect_identical(both);
+      EXPECT_EQ(both.exe->num_steps(), 1) << both.exe->summary();
+    }
+  }
+}
+
+TEST(Fusion, AReductionInTheLoopStillWritesWhatOthersRead) {
+  Array x = random_array({513, 77}, DType::f32, 7, -3, 3);
+  auto both = run_both(
+      [](const std::vector<Tensor>& in) {
+        Tensor y = in[0] * 3.0, z = square(y);
+        return std::vector<Tensor>{sum(z, {0}), y, z + 1.0};
+      },
+      {x});
+  expect_identical(both);
+  auto alone = run_both([](const std::vector<Tensor>& in) { return std::vector<Tensor>{sum(square(in[0]), {1}), in[0] * 2.0}; },
+                        {x});
+  expect_identical(alone);
+}
+
+TEST(Fusion, SixteenBitOperandsOfAReductionInTheLoop) {
+  for (DType half : {DType::bf16, DType::f16}) {
+    Array x = random_array({900, 33}, half, 8, -4, 4);
+    auto both = run_both(
+        [half](const std::vector<Tensor>& in) {
+          Tensor w = cast(cast(in[0], DType::f32) * 1.5, half);  // a narrowing cast read only by the sum
+          return std::vector<Tensor>{sum(w, {1}), sum(cast(in[0], DType::f32), {0}), max(square(in[0]), {0, 1})};
+        },
+        {x});
+    expect_identical(both);
+  }
+}
+
+TEST(Fusion, AReductionOfAViewIsNotALoop) {
+  Array x = random_array({40, 30}, DType::f32, 9);
+  auto both = run_both([](const std::vector<Tensor>& in) { return std::vector<Tensor>{sum(reshape(in[0], {1200}))}; },
+                       {x});
+  expect_identical(both);
+  EXPECT_EQ(both.exe->num_fused_groups(), 0) << both.exe->summary();
 }
 
 TEST(Autocast, Bf16ProgramMatchesF32WithinTolerance) {

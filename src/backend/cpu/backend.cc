@@ -114,6 +114,12 @@ class CpuBackend final : public Backend {
     return !(all_int && ek->i32);
   }
   bool has_kernel(const Primitive* primitive) const override { return cpu::find_kernel(primitive) != nullptr; }
+  // A reduction joins the loop that computes its operand (src/backend/cpu/reduce_feed.h).
+  FusionLimits fusion() const override {
+    FusionLimits l;
+    l.reductions = true;
+    return l;
+  }
 
   Kernel make_kernel(const Graph& g, const Unit& unit, const Placement&) override {
     if (unit.kind == Unit::Kind::fused) return cpu::make_fused_kernel(g, {unit.nodes, unit.in_values, unit.out_values});

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "backend/cpu/kernel.h"
+#include "backend/cpu/reduce_feed.h"
 #include "ir/primitive.h"
 #include "ops/prims.h"
 
@@ -410,6 +411,50 @@ class ProgramBuilder {
 
 Program build_program(const Graph& g, const FusedGroup& group) { return ProgramBuilder(g, group).build(); }
 
+// Runs the program's ops over elements [off, off + len) (len <= p.tile) on one thread's tiles
+// (base) and slot table (ptr, scratch slots set); prefetch() runs before each compute op.
+template <class Prefetch>
+void run_ops(const Program& p, const void* const* in, void* const* out, float* base, float** ptr, int64_t off,
+             int64_t len, Prefetch&& prefetch) {
+  const int nslots = static_cast<int>(p.places.size());
+  const int64_t tile = p.tile;
+  for (int s = 0; s < nslots; ++s)
+    if (p.places[s].kind == SlotPlace::ext_in)
+      ptr[s] = const_cast<float*>(static_cast<const float*>(in[p.places[s].index])) + off;
+  for (const Op& op : p.ops) {
+    if (op.kind == Op::compute || op.kind == Op::broadcast) prefetch();
+    switch (op.kind) {
+      case Op::load:
+        load_f32(in[op.ext], op.dtype, off, ptr[op.slot], len);
+        break;
+      case Op::broadcast: {
+        // Read in place where the tile is one contiguous run of the operand, else filled.
+        float* tile_ptr = base + p.places[op.slot].index * tile;
+        const float* view = broadcast_view(p.loads[op.bcast], in[op.ext], op.dtype, off, len);
+        ptr[op.slot] = view ? const_cast<float*>(view) : tile_ptr;
+        if (!view) run_broadcast(p.loads[op.bcast], in[op.ext], op.dtype, off, len, tile_ptr);
+        break;
+      }
+      case Op::compute: {
+        const float* args[kMaxArity];
+        for (int k = 0; k < op.nargs; ++k) args[k] = ptr[op.args[k]];
+        op.fn(args, ptr[op.slot], len, p.params.data() + std::max(op.params, 0));
+        break;
+      }
+      case Op::round: quantize(ptr[op.slot], len, op.dtype); break;
+      case Op::store:
+        if (p.stream && op.dtype == DType::f32)
+          stream_f32(ptr[op.slot], static_cast<float*>(out[op.ext]) + off, len);
+        else if (p.stream && op.dtype == DType::bf16)
+          stream_bf16(ptr[op.slot], static_cast<uint16_t*>(out[op.ext]) + off, len);
+        else
+          store_f32(ptr[op.slot], out[op.ext], op.dtype, off, len);
+        break;
+    }
+  }
+}
+
+
 // A group of one all-integer node takes the exact i32 path of that node's own kernel: its factory,
 // else null.
 const KernelFactory* integer_kernel(const Graph& g, const FusedGroup& group) {
@@ -445,10 +490,121 @@ struct FusedScratch {
   int64_t bytes() const { return threads * per_thread; }
 };
 
+bool ends_in_reduction(const Graph& g, const FusedGroup& group) {
+  const Node& last = g.nodes()[group.nodes.back()];
+  return last.prim == prims::reduce_sum() || last.prim == prims::reduce_max();
+}
+
+// A group that ends in a reduction (reduce_feed.h): the loop of the members before it (the chain)
+// feeds the reduction's kernel range by range. The chain's results are the group's but the
+// reduction's (the group's last), then the reduced operand, which the reduction gets from its
+// tile: it is stored only when it is a result of the group too.
+struct FedGroup {
+  FusedGroup chain;
+  const Node* reduce = nullptr;
+  Program prog;
+  int sink_slot = -1;             // the operand's slot after the chain's ops
+  DType sink_dtype = DType::f32;  // the operand's dtype (a stored-only narrowing cast is rounded on the copy)
+  std::vector<TensorType> reduce_in, reduce_out;
+  std::vector<std::pair<int, int>> contiguous;  // operands read element for element: (index, element bytes)
+
+  FedGroup(const Graph& g, const FusedGroup& group) : reduce(&g.nodes()[group.nodes.back()]) {
+    const int result = reduce->outputs.at(0), operand = reduce->inputs.at(0);
+    if (group.nodes.size() < 2 || group.ext_outputs.empty() || group.ext_outputs.back() != result)
+      throw InternalError("[fused] a group ending in a reduction must have the reduction's result last");
+    chain.nodes.assign(group.nodes.begin(), group.nodes.end() - 1);
+    chain.ext_inputs = group.ext_inputs;
+    chain.ext_outputs.assign(group.ext_outputs.begin(), group.ext_outputs.end() - 1);
+    auto at = std::find(chain.ext_outputs.begin(), chain.ext_outputs.end(), operand);
+    const bool stored = at != chain.ext_outputs.end();
+    const int sink = static_cast<int>(at - chain.ext_outputs.begin());
+    if (!stored) chain.ext_outputs.push_back(operand);
+    prog = build_program(g, chain);
+    prog.prefetch.clear();  // ranges come in the reduction's order; large results still stream
+    for (auto it = prog.ops.begin(); it != prog.ops.end(); ++it)
+      if (it->kind == Op::store && it->ext == sink) {
+        sink_slot = it->slot;
+        sink_dtype = it->dtype;
+        if (!stored) prog.ops.erase(it);
+        break;
+      }
+    if (sink_slot < 0) throw InternalError("[fused] the reduced operand is not computed by the group");
+    for (size_t k = 0; k < chain.ext_inputs.size(); ++k) {
+      const TensorType& t = g.type(chain.ext_inputs[k]);
+      if (t.numel() == prog.count) contiguous.push_back({static_cast<int>(k), static_cast<int>(dtype_size(t.dtype))});
+    }
+    reduce_in.push_back(g.type(operand));
+    reduce_out.push_back(g.type(result));
+  }
+  KernelSpec reduce_spec() const { return KernelSpec{reduce_in, reduce_out, reduce->attrs}; }
+};
+
+// The scratch of a fed reduction: the reduction's partials, then the chain's per-thread tiles.
+struct FedScratch {
+  FusedScratch chain;
+  int64_t chain_at = 0, bytes = 0;
+  explicit FedScratch(const FedGroup& f) : chain(f.prog) {
+    ScratchLayout l;
+    l.add(fed_reduce_scratch_bytes(f.reduce->prim, f.reduce_spec()));
+    chain_at = l.add(chain.bytes());
+    bytes = l.bytes;
+  }
+};
+
+// What one run of a fed reduction hands its ReduceFeed.
+struct FeedRun {
+  const FedGroup* fed;
+  const FusedScratch* layout;
+  const void* const* in;
+  void* const* out;  // the chain's results are the group's first ones
+  std::byte* scratch;
+};
+
+void prefetch_chain(const void* run, int64_t off, int64_t n) {
+  const FeedRun& r = *static_cast<const FeedRun*>(run);
+  for (const auto& [index, bytes] : r.fed->contiguous) {
+    const char* at = static_cast<const char*>(r.in[index]) + off * bytes;
+    for (int64_t b = 0; b < n * bytes; b += 64) _mm_prefetch(at + b, _MM_HINT_T0);
+  }
+}
+
+void fill_from_chain(const void* run, int tid, int64_t off, int64_t n, float* dst) {
+  const FeedRun& r = *static_cast<const FeedRun*>(run);
+  const Program& p = r.fed->prog;
+  std::byte* mine = r.scratch + tid * r.layout->per_thread;
+  float* base = reinterpret_cast<float*>(mine);
+  float** ptr = reinterpret_cast<float**>(mine + r.layout->table_at);
+  for (size_t s = 0; s < p.places.size(); ++s)
+    if (p.places[s].kind == SlotPlace::scratch) ptr[s] = base + p.places[s].index * p.tile;
+  for (int64_t done = 0; done < n; done += p.tile) {
+    const int64_t len = std::min(p.tile, n - done);
+    run_ops(p, r.in, r.out, base, ptr, off + done, len, [] {});
+    std::memcpy(dst + done, ptr[r.fed->sink_slot], static_cast<size_t>(len) * sizeof(float));
+    if (r.fed->sink_dtype != DType::f32) quantize(dst + done, len, r.fed->sink_dtype);
+  }
+}
+
+Kernel make_fed_kernel(const Graph& g, const FusedGroup& group) {
+  auto fed = std::make_shared<const FedGroup>(g, group);
+  const FedScratch layout(*fed);
+  Kernel reduce =
+      make_fed_reduce_kernel(fed->reduce->prim, fed->reduce_spec(), layout.chain.threads, fed->prog.stream);
+  const size_t results = group.ext_outputs.size();
+  return [fed, layout, reduce, results](const void* const* in, void* const* out) {
+    std::byte* scratch = scratch_of<std::byte>(out, results);
+    const FeedRun run{fed.get(), &layout.chain, in, out, scratch + layout.chain_at};
+    const ReduceFeed feed{&run, fill_from_chain, prefetch_chain};
+    const void* reduce_in[1] = {&feed};
+    void* reduce_out[2] = {out[results - 1], scratch};
+    reduce(reduce_in, reduce_out);
+  };
+}
+
 }  // namespace
 
 int64_t fused_scratch_bytes(const Graph& g, const FusedGroup& group) {
   if (integer_kernel(g, group)) return 0;  // no i32 kernel asks for scratch
+  if (ends_in_reduction(g, group)) return FedScratch(FedGroup(g, group)).bytes;
   return FusedScratch(build_program(g, group)).bytes();
 }
 
@@ -460,6 +616,7 @@ Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
     out_t.push_back(g.type(first.outputs[0]));
     return (*f)(KernelSpec{in_t, out_t, first.attrs});
   }
+  if (ends_in_reduction(g, group)) return make_fed_kernel(g, group);
   auto prog = std::make_shared<const Program>(build_program(g, group));
   const FusedScratch layout(*prog);
   const int threads = layout.threads, nslots = static_cast<int>(prog->places.size());
@@ -477,9 +634,6 @@ Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
         if (p.places[s].kind == SlotPlace::scratch) ptr[s] = base + p.places[s].index * tile;
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t off = t * tile, len = std::min(tile, p.count - off);
-        for (int s = 0; s < nslots; ++s)
-          if (p.places[s].kind == SlotPlace::ext_in)
-            ptr[s] = const_cast<float*>(static_cast<const float*>(in[p.places[s].index])) + off;
         // Large operands come from memory: the next tile's lines are prefetched a slice after each
         // compute op, so that the memory streams while this tile computes (the hardware prefetchers
         // only run a little ahead of the loads, which all come in the tile's first ops).
@@ -495,37 +649,7 @@ Kernel make_fused_kernel(const Graph& g, const FusedGroup& group) {
           }
           ++slice;
         };
-        for (const Op& op : p.ops) {
-          if (op.kind == Op::compute || op.kind == Op::broadcast) prefetch_slice();
-          switch (op.kind) {
-            case Op::load:
-              load_f32(in[op.ext], op.dtype, off, ptr[op.slot], len);
-              break;
-            case Op::broadcast: {
-              // Read in place where the tile is one contiguous run of the operand, else filled.
-              float* tile_ptr = base + p.places[op.slot].index * tile;
-              const float* view = broadcast_view(p.loads[op.bcast], in[op.ext], op.dtype, off, len);
-              ptr[op.slot] = view ? const_cast<float*>(view) : tile_ptr;
-              if (!view) run_broadcast(p.loads[op.bcast], in[op.ext], op.dtype, off, len, tile_ptr);
-              break;
-            }
-            case Op::compute: {
-              const float* args[kMaxArity];
-              for (int k = 0; k < op.nargs; ++k) args[k] = ptr[op.args[k]];
-              op.fn(args, ptr[op.slot], len, p.params.data() + std::max(op.params, 0));
-              break;
-            }
-            case Op::round: quantize(ptr[op.slot], len, op.dtype); break;
-            case Op::store:
-              if (p.stream && op.dtype == DType::f32)
-                stream_f32(ptr[op.slot], static_cast<float*>(out[op.ext]) + off, len);
-              else if (p.stream && op.dtype == DType::bf16)
-                stream_bf16(ptr[op.slot], static_cast<uint16_t*>(out[op.ext]) + off, len);
-              else
-                store_f32(ptr[op.slot], out[op.ext], op.dtype, off, len);
-              break;
-          }
-        }
+        run_ops(p, in, out, base, ptr, off, len, prefetch_slice);
       }
       if (p.stream) _mm_sfence();  // streaming stores are visible to other threads after this
     };

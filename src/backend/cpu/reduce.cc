@@ -4,6 +4,7 @@
 // row by row). Float sums add blocks of 512 elements in 32 f32 lanes, then blocks in f64, so
 // that long sums stay accurate. Work splits into chunks fixed by the shapes alone, never by the
 // thread count, so results are bitwise reproducible on any machine.
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 
 #include "backend/cpu/kernel.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/reduce_feed.h"
 #include "ops/prims.h"
 
 namespace px::cpu {
@@ -27,15 +29,33 @@ constexpr int64_t kColBlock = 2048;       // output columns per work item: long 
 constexpr int64_t kFlushRows = 64;        // rows summed in f32 before folding into f64
 constexpr int64_t kChunkElems = 1 << 15;  // reduction elements per chunk when outputs are few
 constexpr int64_t kFewUnits = 64;         // below this many work units, split the reduction too
+constexpr int64_t kFedCols = 512;         // columns of a fed reduction computed at a time
 
+// f(tid, b, e) over parts of [0, n), on at most `max_threads` threads (0: the machine's); tid is
+// the part's thread, 0 when one part runs on the calling thread. With `fence`, each thread ends
+// with a store fence (a fed operand's loop may write its results with streaming stores).
 template <class F>
-void parallel_items(int64_t n, int64_t work_total, F&& f) {
-  parallel_ranges(n, work_total, int64_t{1} << 14, f);
+void parallel_items(int64_t n, int64_t work_total, int max_threads, bool fence, F&& f) {
+  if (n <= 0) return;
+  int64_t chunks = std::min<int64_t>({num_threads(), n, std::max<int64_t>(1, work_total >> 14)});
+  if (max_threads > 0) chunks = std::min<int64_t>(chunks, max_threads);
+  if (chunks <= 1) {
+    f(0, int64_t{0}, n);
+    if (fence) _mm_sfence();
+    return;
+  }
+#pragma omp parallel num_threads(static_cast <int>(chunks))
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t b = n * t / nt, e = n * (t + 1) / nt;
+    if (b < e) f(static_cast<int>(t), b, e);
+    if (fence) _mm_sfence();
+  }
 }
 
 // ---- element sources ----------------------------------------------------------------------------
 
-enum class Src { f32, bf16, f16, i32 };
+enum class Src { f32, bf16, f16, i32, fed };  // fed: a ReduceFeed computes the elements
 
 // The element type the operators read: bf16 is widened in registers, f16 through a buffer.
 template <Src S>
@@ -55,12 +75,18 @@ inline float cv(float x) { return x; }
 inline float cv(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 inline int32_t cv(int32_t x) { return x; }
 
-// Returns n elements at `off`; only f16 is converted (into buf).
+// Returns n elements at `off`; only f16 is converted (into buf), and fed elements are computed
+// there by thread tid.
 template <Src S>
-inline const typename SrcType<S>::T* load(const void* base, int64_t off, int64_t n, typename SrcType<S>::T* buf) {
+inline const typename SrcType<S>::T* load(const void* base, int64_t off, int64_t n, typename SrcType<S>::T* buf,
+                                          int tid) {
   using T = typename SrcType<S>::T;
   if constexpr (S == Src::f16) {
     load_f32(base, DType::f16, off, buf, n);
+    return buf;
+  } else if constexpr (S == Src::fed) {
+    const ReduceFeed* feed = static_cast<const ReduceFeed*>(base);
+    feed->fill(feed->ctx, tid, off, n, buf);
     return buf;
   } else {
     return static_cast<const T*>(base) + off;
@@ -243,6 +269,8 @@ struct Plan {
   int64_t ncb = 1;               // column blocks (column case)
   int64_t out_n = 0, in_n = 0;
   bool copy_only = false;  // nothing is reduced (only size-1 dims)
+  int threads = 0;         // at most this many threads (0: the machine's)
+  bool fence = false;      // each thread fences its stores when done (parallel_items)
 };
 
 // Offset of kept-dims index u in the input.
@@ -346,7 +374,7 @@ Plan make_plan(const TensorType& t, const std::vector<int64_t>& axes, int64_t ou
 template <class Op>
 void combine_unit_partials(const Plan& p, const typename Op::Acc* partial, void* y, DType out_t) {
   using Acc = typename Op::Acc;
-  parallel_items(p.units, p.units * p.parts, [&](int64_t b, int64_t e) {
+  parallel_items(p.units, p.units * p.parts, p.threads, p.fence, [&](int, int64_t b, int64_t e) {
     for (int64_t u = b; u < e; ++u) {
       Acc a = Op::id();
       for (int64_t part = 0; part < p.parts; ++part) a = Op::merge(a, partial[u * p.parts + part]);
@@ -359,7 +387,7 @@ void combine_unit_partials(const Plan& p, const typename Op::Acc* partial, void*
 template <class Op>
 void combine_output_partials(const Plan& p, const typename Op::Acc* partial, void* y, DType out_t) {
   using Acc = typename Op::Acc;
-  parallel_items(p.out_n, p.out_n * p.parts, [&](int64_t b, int64_t e) {
+  parallel_items(p.out_n, p.out_n * p.parts, p.threads, p.fence, [&](int, int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       Acc a = Op::id();
       for (int64_t part = 0; part < p.parts; ++part) a = Op::merge(a, partial[part * p.out_n + i]);
@@ -378,7 +406,7 @@ Kernel make_inner_kernel(const Plan& p, DType out_t) {
     void* y = out[0];
     Acc* partial = p.parts > 1 ? scratch_of<Acc>(out, 1) : nullptr;
     // Reduces the flattened range [j, j1) of the m * len elements of the unit at `base`.
-    auto reduce_range = [&](int64_t base, int64_t j, int64_t j1, T* buf) {
+    auto reduce_range = [&](int64_t base, int64_t j, int64_t j1, T* buf, int tid) {
       Walker od = reduced_walker(p, j / p.len);
       int64_t l = j % p.len;
       Acc a = Op::id();
@@ -386,7 +414,7 @@ Kernel make_inner_kernel(const Plan& p, DType out_t) {
         int64_t n = std::min(p.len - l, j1 - j);
         for (int64_t q = 0; q < n; q += kSeg) {
           int64_t k = std::min(kSeg, n - q);
-          a = Op::merge(a, Op::row(load<S>(x, base + od.off + l + q, k, buf), k));
+          a = Op::merge(a, Op::row(load<S>(x, base + od.off + l + q, k, buf, tid), k));
         }
         j += n;
         l = 0;
@@ -396,24 +424,35 @@ Kernel make_inner_kernel(const Plan& p, DType out_t) {
     };
     if (p.parts == 1) {
       // One item per output; the kept index is walked, not divided out, so short rows stay cheap.
-      parallel_items(p.units, p.in_n, [&](int64_t b, int64_t e) {
+      parallel_items(p.units, p.in_n, p.threads, p.fence, [&](int tid, int64_t b, int64_t e) {
         T buf[kSeg];
         Walker kw = kept_walker(p, b);
         bool simple = p.nr == 0 && p.len <= kSeg;
+        if constexpr (S == Src::fed) {
+          // Short rows one after the other in memory: computed kSeg / len rows at a time.
+          if (simple && 2 * p.len <= kSeg && (p.nk == 0 || (p.nk == 1 && p.kstride[0] == p.len))) {
+            for (int64_t u = b; u < e;) {
+              const int64_t rows = std::min(kSeg / p.len, e - u);
+              const T* r = load<S>(x, u * p.len, rows * p.len, buf, tid);
+              for (int64_t i = 0; i < rows; ++i, ++u) store<Op>(Op::merge(Op::id(), Op::row(r + i * p.len, p.len)), y, out_t, u);
+            }
+            return;
+          }
+        }
         for (int64_t u = b; u < e; ++u, kw.next()) {
-          Acc a = simple ? Op::merge(Op::id(), Op::row(load<S>(x, kw.off, p.len, buf), p.len))
-                         : reduce_range(kw.off, 0, p.m * p.len, buf);
+          Acc a = simple ? Op::merge(Op::id(), Op::row(load<S>(x, kw.off, p.len, buf, tid), p.len))
+                         : reduce_range(kw.off, 0, p.m * p.len, buf, tid);
           store<Op>(a, y, out_t, u);
         }
       });
       return;
     }
-    parallel_items(p.units * p.parts, p.in_n, [&](int64_t b, int64_t e) {
+    parallel_items(p.units * p.parts, p.in_n, p.threads, p.fence, [&](int tid, int64_t b, int64_t e) {
       T buf[kSeg];
       for (int64_t it = b; it < e; ++it) {
         int64_t u = it / p.parts, part = it % p.parts;
         int64_t j = part * p.chunk;
-        partial[it] = reduce_range(kept_offset(p, u), j, std::min(p.m * p.len, j + p.chunk), buf);
+        partial[it] = reduce_range(kept_offset(p, u), j, std::min(p.m * p.len, j + p.chunk), buf, tid);
       }
     });
     combine_unit_partials<Op>(p, partial, y, out_t);
@@ -431,63 +470,89 @@ Kernel make_column_kernel(const Plan& p, DType out_t) {
     void* y = out[0];
     Acc* partial = p.parts > 1 ? scratch_of<Acc>(out, 1) : nullptr;
     int64_t items = p.units * p.ncb * p.parts;
-    parallel_items(items, p.in_n, [&](int64_t b, int64_t e) {
-      T buf[4][kColBlock];
+    // Fed narrow rows one after the other in memory are computed many rows at a time.
+    const bool batched = S == Src::fed && p.len < kSeg && p.nr == 1 && p.rstride[0] == p.len;
+    constexpr int64_t kSub = S == Src::fed ? kFedCols : kColBlock;
+    parallel_items(items, p.in_n, p.threads, p.fence, [&](int tid, int64_t b, int64_t e) {
+      T buf[4 * kColBlock];
       Blk blk[kColBlock];
       Acc acc[kColBlock];
       for (int64_t it = b; it < e; ++it) {
         int64_t part = it % p.parts, rest = it / p.parts;
         int64_t cb = rest % p.ncb, u = rest / p.ncb;
-        int64_t c0 = cb * kColBlock, w = std::min(kColBlock, p.len - c0);
+        int64_t c0 = cb * kColBlock, cols = std::min(kColBlock, p.len - c0);
         int64_t m0 = part * p.chunk, m1 = std::min(p.m, m0 + p.chunk);
-        int64_t base = kept_offset(p, u) + c0;
-        int64_t o = u * p.len + c0;
-        Walker od = reduced_walker(p, m0);
-        for (int64_t c = 0; c < w; ++c) blk[c] = Op::blk_id();
-        if (m1 - m0 <= kFlushRows) {
-          // One window: blk holds the whole result, no f64 stage.
-          int64_t m = m0;
-          for (; m + 4 <= m1; m += 4) {
-            const T* xs[4];
-            for (int k = 0; k < 4; ++k) {
-              xs[k] = load<S>(x, base + od.off, w, buf[k]);
-              od.next();
+        // Fed columns go kFedCols at a time: the rows computed for them and the chain's tiles
+        // stay in L1. Each column still sums its rows in the same order.
+        for (int64_t sb = 0; sb < cols; sb += kSub) {
+          const int64_t w = std::min(kSub, cols - sb);
+          int64_t base = kept_offset(p, u) + c0 + sb;
+          int64_t o = u * p.len + c0 + sb;
+          Walker od = reduced_walker(p, m0);
+          // Batched: rows [lo, hi) are in buf; batches are whole groups of 4 rows from m0, as the
+          // loops below read them, so no refill overwrites rows still to be read.
+          int64_t next = m0, lo = m0, hi = m0;
+          // The rows in order (buf + k * kColBlock holds a row read into a buffer).
+          auto row = [&](int k) -> const T* {
+            const T* r;
+            if (batched) {
+              if (next == hi) {
+                lo = next;
+                hi = std::min(m1, next + 4 * kColBlock / w / 4 * 4);  // whole col4 groups of 4 rows
+                load<S>(x, base + od.off, (hi - lo) * w, buf, tid);
+              }
+              r = buf + (next - lo) * w;
+            } else {
+              r = load<S>(x, base + od.off, w, buf + k * kColBlock, tid);
+              // A fed row's operands come in short runs a row apart, which the hardware
+              // prefetchers do not run ahead of: ask for the row 8 ahead (one reduced dim).
+              if constexpr (S == Src::fed)
+                if (p.nr == 1 && next + 8 < m1) {
+                  const ReduceFeed* feed = static_cast<const ReduceFeed*>(x);
+                  feed->prefetch(feed->ctx, base + od.off + 8 * p.rstride[0], w);
+                }
             }
-            Op::col4(blk, xs[0], xs[1], xs[2], xs[3], w);
+            ++next;
+            od.next();
+            return r;
+          };
+          for (int64_t c = 0; c < w; ++c) blk[c] = Op::blk_id();
+          if (m1 - m0 <= kFlushRows) {
+            // One window: blk holds the whole result, no f64 stage.
+            int64_t m = m0;
+            for (; m + 4 <= m1; m += 4) {
+              const T* xs[4];
+              for (int k = 0; k < 4; ++k) xs[k] = row(k);
+              Op::col4(blk, xs[0], xs[1], xs[2], xs[3], w);
+            }
+            for (; m < m1; ++m) Op::col(blk, row(0), w);
+            if (p.parts == 1) {
+              store_n<Op>(blk, y, out_t, o, w);
+            } else {
+              Acc* dst = partial + part * p.out_n + o;
+              for (int64_t c = 0; c < w; ++c) dst[c] = static_cast<Acc>(blk[c]);
+            }
+            continue;
           }
-          for (; m < m1; ++m, od.next()) Op::col(blk, load<S>(x, base + od.off, w, buf[0]), w);
+          for (int64_t c = 0; c < w; ++c) acc[c] = Op::id();
+          for (int64_t m = m0; m < m1;) {
+            // Up to kFlushRows rows into blk, four at a time (fewer passes over blk), then fold into acc.
+            int64_t n = std::min(kFlushRows, m1 - m), r = 0;
+            for (; r + 4 <= n; r += 4) {
+              const T* xs[4];
+              for (int k = 0; k < 4; ++k) xs[k] = row(k);
+              Op::col4(blk, xs[0], xs[1], xs[2], xs[3], w);
+            }
+            for (; r < n; ++r) Op::col(blk, row(0), w);
+            for (int64_t c = 0; c < w; ++c) acc[c] = Op::merge(acc[c], blk[c]), blk[c] = Op::blk_id();
+            m += n;
+          }
           if (p.parts == 1) {
-            store_n<Op>(blk, y, out_t, o, w);
+            store_n<Op>(acc, y, out_t, o, w);
           } else {
             Acc* dst = partial + part * p.out_n + o;
-            for (int64_t c = 0; c < w; ++c) dst[c] = static_cast<Acc>(blk[c]);
+            for (int64_t c = 0; c < w; ++c) dst[c] = acc[c];
           }
-          continue;
-        }
-        for (int64_t c = 0; c < w; ++c) acc[c] = Op::id();
-        for (int64_t m = m0; m < m1;) {
-          // Up to kFlushRows rows into blk, four at a time (fewer passes over blk), then fold into acc.
-          int64_t n = std::min(kFlushRows, m1 - m), r = 0;
-          for (; r + 4 <= n; r += 4) {
-            const T* xs[4];
-            for (int k = 0; k < 4; ++k) {
-              xs[k] = load<S>(x, base + od.off, w, buf[k]);
-              od.next();
-            }
-            Op::col4(blk, xs[0], xs[1], xs[2], xs[3], w);
-          }
-          for (; r < n; ++r) {
-            Op::col(blk, load<S>(x, base + od.off, w, buf[0]), w);
-            od.next();
-          }
-          for (int64_t c = 0; c < w; ++c) acc[c] = Op::merge(acc[c], blk[c]), blk[c] = Op::blk_id();
-          m += n;
-        }
-        if (p.parts == 1) {
-          store_n<Op>(acc, y, out_t, o, w);
-        } else {
-          Acc* dst = partial + part * p.out_n + o;
-          for (int64_t c = 0; c < w; ++c) dst[c] = acc[c];
         }
       }
     });
@@ -555,6 +620,33 @@ int64_t reduce_scratch(const KernelSpec& spec) {
 void register_reduce_kernels() {
   register_kernel(prims::reduce_sum(), make_reduce<SumF, SumI>, reduce_scratch<SumF, SumI>);
   register_kernel(prims::reduce_max(), make_reduce<MaxF, MaxI>, reduce_scratch<MaxF, MaxI>);
+}
+
+}  // namespace px::cpu
+
+namespace px::cpu {
+
+namespace {
+Plan fed_plan(const Primitive* prim, const KernelSpec& spec) {
+  if (prim != prims::reduce_sum() && prim != prims::reduce_max())
+    throw InternalError("[reduce] no fed kernel for '" + prim->name + "'");
+  if (!is_float(spec.in[0].dtype)) throw InternalError("[reduce] a fed reduction of " + type_str(spec.in[0]));
+  Plan p = make_plan(spec.in[0], spec.attrs.ints("axes"), spec.out[0].numel());
+  if (p.copy_only) throw InternalError("[reduce] a fed reduction that reduces nothing");
+  return p;
+}
+}  // namespace
+
+Kernel make_fed_reduce_kernel(const Primitive* prim, const KernelSpec& spec, int threads, bool fence) {
+  Plan p = fed_plan(prim, spec);
+  p.threads = std::max(threads, 1);
+  p.fence = fence;
+  return prim == prims::reduce_sum() ? make_for<SumF, Src::fed>(spec, p) : make_for<MaxF, Src::fed>(spec, p);
+}
+
+int64_t fed_reduce_scratch_bytes(const Primitive* prim, const KernelSpec& spec) {
+  const Plan p = fed_plan(prim, spec);
+  return prim == prims::reduce_sum() ? partial_bytes<SumF>(p) : partial_bytes<MaxF>(p);
 }
 
 }  // namespace px::cpu
