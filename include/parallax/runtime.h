@@ -133,6 +133,10 @@ class Executable {
   void run_into(const std::vector<Array>& inputs, std::vector<Array>& outputs);
 
   int64_t peak_bytes() const;    // working memory: the arena size of the buffer plan
+  // Runs device `device_id`'s program in `arena` (at least peak_bytes() of that device's memory,
+  // allocated and kept alive by the caller) instead of its own arena, which is freed: programs
+  // that never run at the same time share one (a pipeline's device group).
+  void use_arena(int device_id, void* arena);
   MemoryKind input_kind(int i) const;   // where input i must be placed (Array::placement().kind)
   MemoryKind output_kind(int o) const;
   int output_donor(int o) const;  // the input output o is written into (CompileOptions::output_donors), or -1

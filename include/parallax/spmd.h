@@ -164,6 +164,8 @@ class ShardedExecutable {
   int64_t runs_counted() const;  // the runs stats() holds: since compile or the last reset_stats
   // The one program every device runs: its schedule (kernels and collectives) and buffer plan.
   const Executable& executable() const;
+  // Runs device `device_id`'s program in the caller's arena (Executable::use_arena).
+  void use_arena(int device_id, void* arena);
   MemoryReport memory() const;             // per device, known before the first run
   int64_t peak_bytes(int position) const;  // planned bytes of the device at a mesh position
   std::string summary() const;

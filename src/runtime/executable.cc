@@ -103,8 +103,10 @@ struct Executable::Impl {
   struct Device {
     int id = 0;
     std::byte* arena = nullptr;
+    bool own_arena = true;  // false: the caller's (use_arena)
     std::byte* host_arena = nullptr;
     std::vector<Step> steps;
+    std::vector<Ref> arena_slots;  // the steps' pointers into the device arena
     std::vector<std::byte*> spill;  // per home, allocated on the first run that needs it
     std::vector<char> spilled;      // per home, this run
     std::vector<Range> ranges;      // run-time scratch, reserved at compile time
@@ -146,7 +148,7 @@ struct Executable::Impl {
   ~Impl() {
     wait_pending();  // a run that threw may have left copies in flight into the arenas
     for (Device& d : devices) {
-      free_bytes(at(d.id), d.arena, plan.peak_bytes);
+      if (d.own_arena) free_bytes(at(d.id), d.arena, plan.peak_bytes);
       free_bytes(at(d.id, MemoryKind::pinned_host), d.host_arena, host_plan.peak_bytes);
       for (size_t h = 0; h < d.spill.size(); ++h)
         free_bytes(at(d.id, output_kind[homes[h].pos]), d.spill[h], homes[h].nbytes);
@@ -324,8 +326,14 @@ void make_devices(Executable::Impl& impl, const DeviceSetup& setup, const std::v
       auto ptr = [&](int64_t off) -> std::byte* {
         return off >= 0 ? dev.arena + off : off <= -2 ? dev.host_arena + (-2 - off) : nullptr;
       };
-      for (int64_t off : in_off[s]) st.in_ptrs.push_back(ptr(off));
-      for (int64_t off : out_off[s]) st.out_ptrs.push_back(ptr(off));
+      for (int64_t off : in_off[s]) {
+        if (off >= 0) dev.arena_slots.push_back({static_cast<int>(s), static_cast<int>(st.in_ptrs.size()), false});
+        st.in_ptrs.push_back(ptr(off));
+      }
+      for (int64_t off : out_off[s]) {
+        if (off >= 0) dev.arena_slots.push_back({static_cast<int>(s), static_cast<int>(st.out_ptrs.size()), true});
+        st.out_ptrs.push_back(ptr(off));
+      }
       dev.steps.push_back(std::move(st));
     }
   }
@@ -677,6 +685,27 @@ void Executable::run_on_devices(const std::vector<std::vector<Array>>& inputs,
 }
 
 int64_t Executable::peak_bytes() const { return impl_->plan.peak_bytes; }
+
+void Executable::use_arena(int device_id, void* arena) {
+  if (impl_->running.load()) throw Error("[Executable] use_arena while the executable runs");
+  for (Impl::Device& d : impl_->devices) {
+    if (d.id != device_id) continue;
+    std::byte* to = static_cast<std::byte*>(arena);
+    if (to == d.arena || impl_->plan.peak_bytes == 0) return;
+    for (const Ref& r : d.arena_slots) {
+      Step& st = d.steps[r.step];
+      if (r.out)
+        st.out_ptrs[r.k] = to + (static_cast<std::byte*>(st.out_ptrs[r.k]) - d.arena);
+      else
+        st.in_ptrs[r.k] = to + (static_cast<const std::byte*>(st.in_ptrs[r.k]) - d.arena);
+    }
+    if (d.own_arena) free_bytes(impl_->at(d.id), d.arena, impl_->plan.peak_bytes);
+    d.arena = to;
+    d.own_arena = false;
+    return;
+  }
+  throw Error("[Executable] use_arena: device " + std::to_string(device_id) + " is not one of this executable's");
+}
 MemoryKind Executable::input_kind(int i) const { return impl_->input_kind.at(i); }
 MemoryKind Executable::output_kind(int o) const { return impl_->output_kind.at(o); }
 int Executable::output_donor(int o) const { return impl_->output_donor.at(o); }

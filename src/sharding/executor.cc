@@ -231,6 +231,7 @@ void ShardedExecutable::reset_stats() {
 }
 int64_t ShardedExecutable::runs_counted() const { return impl_->runs_counted; }
 const Executable& ShardedExecutable::executable() const { return *impl_->exe; }
+void ShardedExecutable::use_arena(int device_id, void* arena) { impl_->exe->use_arena(device_id, arena); }
 MemoryReport ShardedExecutable::memory() const { return impl_->exe->memory(); }
 int64_t ShardedExecutable::peak_bytes(int position) const {
   if (position < 0 || position >= impl_->prog.mesh.size())

@@ -247,9 +247,10 @@ PipelineReport pipeline_report(const StagedStep& s) {
   rep.planned_held_bytes.assign(D, 0);
   rep.param_bytes.assign(D, 0);
   std::vector<std::set<int>> state_read(D);
+  std::vector<int64_t> shared(D, 0);  // the group's one arena: its largest program's
   for (const StageProgram& p : s.programs) {
     const int d = s.schedule.device_of(p.stage);
-    rep.arena_bytes[d] += p.arena_bytes;
+    shared[d] = std::max(shared[d], p.arena_bytes);
     for (size_t k = 0; k < p.inputs.size(); ++k) {
       const int v = p.inputs[k];
       const int input = g.values()[v].producer < 0 ? g.values()[v].output_index : -1;
@@ -258,6 +259,7 @@ PipelineReport pipeline_report(const StagedStep& s) {
     }
   }
   for (int d = 0; d < D; ++d) {
+    rep.arena_bytes[d] += shared[d];
     for (int v : state_read[d]) {
       const size_t at = static_cast<size_t>(g.values()[v].output_index);
       const int64_t b =
@@ -369,6 +371,35 @@ PipelineRunner::PipelineRunner(StagedStep s, Communicator* comm)
                                           : Sharding::replicated(Mesh()));
   for (StageProgram& p : s_.programs)
     if (p.exe) programs_.push_back(p.exe.get());
+  share_arenas();
+}
+
+// Each device of this process's groups gets one arena, the size of the largest program its group
+// runs there, and every program of the group runs in it (pipeline_report plans the same).
+void PipelineRunner::share_arenas() {
+  for (int d = 0; d < s_.schedule.devices; ++d) {
+    if (s_.process_of_group[d] != process_) continue;
+    const std::vector<int>& ids = s_.groups[d].device_ids();
+    for (int id : ids) {
+      // The programs with an arena on device `id`: the group's sharded ones, and the accumulate
+      // and mean programs, compiled for its first device.
+      std::vector<std::function<void(void*)>> users;
+      int64_t bytes = 0;
+      for (StageProgram& p : s_.programs) {
+        if (s_.schedule.device_of(p.stage) != d) continue;
+        if (p.exe) {
+          bytes = std::max(bytes, p.exe->executable().peak_bytes());
+          users.push_back([&p, id](void* a) { p.exe->use_arena(id, a); });
+        } else if (p.local && id == ids[0]) {
+          bytes = std::max(bytes, p.local->peak_bytes());
+          users.push_back([&p, id](void* a) { p.local->use_arena(id, a); });
+        }
+      }
+      if (users.size() < 2 || bytes == 0) continue;
+      arenas_.push_back(std::make_unique<Arena>(Placement{id, MemoryKind::device, s_.groups[d].platform()}, bytes));
+      for (auto& use : users) use(arenas_.back()->data);
+    }
+  }
 }
 
 // Tags: a message of value v for microbatch m (-1: the step's) to group `to`, one per shard; then

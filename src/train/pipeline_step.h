@@ -49,8 +49,10 @@ struct StageProgram {
   std::vector<int> inputs, outputs;        // value ids of the traced step, in the program's order
   std::vector<MemoryKind> input_kinds;     // per input: where the program reads it (pinned_host: offloaded)
   std::unique_ptr<ShardedExecutable> exe;  // over the stage's device group (null when only planned)
-  std::unique_ptr<Executable> local;       // accumulate and mean: run on each device's copy
-  int64_t arena_bytes = 0;                 // working memory per device, planned
+  std::unique_ptr<Executable> local;       // accumulate and mean: run on each device's copy (in turn)
+  // Working memory per device, planned. The programs of a device group run one at a time, in one
+  // arena per device the size of the largest (PipelineRunner::share_arenas).
+  int64_t arena_bytes = 0;
   double seconds = 0;                      // predicted on the cluster it was planned for (0: none)
 };
 
@@ -186,6 +188,19 @@ class PipelineRunner {
   std::vector<ShardedArray> new_state(const std::vector<ShardedArray>& state,
                                       const std::map<int, ShardedArray>& results) const;
   Array metric(int o, const std::map<int, ShardedArray>& results) const;
+  void share_arenas();
+  // One device arena per device of this process's groups that their programs run in, one program
+  // at a time (declared before s_: freed after the programs).
+  struct Arena {
+    Placement at;
+    void* data = nullptr;
+    int64_t bytes = 0;
+    Arena(Placement p, int64_t n) : at(std::move(p)), data(allocate_bytes(at, n)), bytes(n) {}
+    Arena(const Arena&) = delete;
+    Arena& operator=(const Arena&) = delete;
+    ~Arena() { free_bytes(at, data, bytes); }
+  };
+  std::vector<std::unique_ptr<Arena>> arenas_;
   StagedStep s_;
   PipelineReport report_;
   Readers readers_;              // fixed by the programs: computed once

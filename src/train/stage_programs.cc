@@ -838,8 +838,10 @@ struct StageCompiler {
         sp.part = q;
         sp.stage = s;
         sp.inputs = sp.outputs = vals;
-        if (compile) {
-          sp.local = Executable::compile(*graph, in_place);
+        if (compile) {  // on the group's first device, whose arena the group's programs share
+          DeviceSetup first;
+          first.device_ids = {r.groups[r.schedule.device_of(s)].device_ids().at(0)};
+          sp.local = compile_on_devices(*graph, in_place, first);
           sp.arena_bytes = sp.local->peak_bytes();
         } else {  // planned only (remat auto's candidates): their loops' scratch counts too
           sp.arena_bytes = plan_program(*graph, in_place, {}).report.arena_bytes;

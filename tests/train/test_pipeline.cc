@@ -261,6 +261,33 @@ TEST(Pipeline, MemoryPlannedFromTheScheduleGpipeHoldsMoreThan1F1B) {
   EXPECT_GT(held(pipeline::Kind::gpipe), held(pipeline::Kind::one_f_one_b) * 13 / 10);
 }
 
+// A device group runs one program at a time, so its programs (forward, backward, update, the
+// reduction) run in one arena per device, the size of the largest: what each device allocates
+// once the step is built is the report's arenas, not their sum.
+TEST(Pipeline, AGroupsProgramsShareOneArena) {
+  Fixture f(gpt4(), 8);
+  for (pipeline::Kind k : {pipeline::Kind::one_f_one_b, pipeline::Kind::zero_bubble}) {
+    std::vector<int64_t> before;
+    for (int d = 0; d < 2; ++d) before.push_back(memory_stats({d, MemoryKind::device, "cpu"}).bytes_in_use);
+    TrainStep step(f.model.store(), opt(), f.loss, f.batch_types, pipelined(2, 4, k));
+    const PipelineReport& r = step.pipeline_report();
+    int64_t sum = 0;
+    for (int i = 0; i < step.num_programs(); ++i)
+      if (step.program(i).executable().graph().inputs().size() > 0) sum += step.program(i).executable().peak_bytes();
+    int64_t arenas = 0;
+    for (int d = 0; d < 2; ++d) {
+      const int64_t allocated = memory_stats({d, MemoryKind::device, "cpu"}).bytes_in_use - before[d];
+      EXPECT_EQ(allocated, r.arena_bytes[d]) << pipeline::kind_name(k) << " device " << d;
+      arenas += r.arena_bytes[d];
+    }
+    EXPECT_LT(arenas, sum * 7 / 10) << pipeline::kind_name(k) << ": the programs' own arenas add up to " << sum;
+    TrainState s = step.init(0);
+    step(s, f.batch(0));
+    step(s, f.batch(1));
+    for (int d = 0; d < 2; ++d) EXPECT_EQ(r.planned_peak(d), r.measured_peak(d)) << pipeline::kind_name(k) << " " << d;
+  }
+}
+
 // Planned from shapes alone (px::plan_pipeline: nothing compiled or allocated) as the built step
 // plans it; on a cluster, a predicted step time that the bubble makes longer than its busiest stage.
 TEST(Pipeline, PlannedWithoutCompilingAsTheBuiltStepPlans) {
