@@ -4,23 +4,16 @@
 # faster) with its range, and the new build's measured bubble against theory in each round.
 #   bash bench/paired_pipeline.sh OLD_BUILD_DIR NEW_BUILD_DIR [rounds=3] [pipeline flags...]
 set -euo pipefail
-OLD=${1:?old build dir}
-NEW=${2:?new build dir}
-ROUNDS=${3:-3}
-[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "rounds: a positive integer, not '$ROUNDS'" >&2; exit 2; }
+source "$(dirname "$0")/paired.sh"
+paired_args pipeline "${1:-}" "${2:-}" "${3:-3}"
 shift $(( $# < 3 ? $# : 3 ))
-rows=$(mktemp)
-trap 'rm -f "$rows"' EXIT
-for i in $(seq 1 "$ROUNDS"); do
-  if (( i % 2 )); then order="old new"; else order="new old"; fi
-  for w in $order; do
-    dir=$NEW; [ "$w" = old ] && dir=$OLD
-    "$dir"/bench/pipeline "$@" | sed "s/^{/{\"round\":$i,\"build\":\"$w\",/" >> "$rows"
-  done
-done
+paired_run pipeline "$@"
 python3 - "$rows" <<'PYEOF'
 import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = []
+for line in open(sys.argv[1]):
+    i, w, js = line.split(" ", 2)
+    rows.append(dict(json.loads(js), round=int(i), build=w))
 for sch in dict.fromkeys(r["schedule"] for r in rows):
     ratios, bubbles = [], []
     for i in sorted({r["round"] for r in rows}):

@@ -11,26 +11,10 @@
 # (Flags after the rounds go to both builds' bench/remat, so both must know them. ROWS=FILE keeps
 # every run's JSON lines there, each after its round and build.)
 set -euo pipefail
-OLD=${1:?old build dir}
-NEW=${2:?new build dir}
-ROUNDS=${3:-5}
-for b in "$OLD" "$NEW"; do
-  [ -x "$b/bench/remat" ] || { echo "no $b/bench/remat: build the remat target there first" >&2; exit 2; }
-done
-[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "rounds: a positive whole number, not '$ROUNDS'" >&2; exit 2; }
+source "$(dirname "$0")/paired.sh"
+paired_args remat "${1:-}" "${2:-}" "${3:-5}"
 shift $(( $# < 3 ? $# : 3 ))
-if [ -n "${ROWS:-}" ]; then
-  rows=$ROWS; : > "$rows"
-else
-  rows=$(mktemp); trap 'rm -f "$rows"' EXIT
-fi
-for i in $(seq 1 "$ROUNDS"); do
-  if (( i % 2 )); then order="old new"; else order="new old"; fi
-  for w in $order; do
-    dir=$NEW; [ "$w" = old ] && dir=$OLD
-    "$dir"/bench/remat "$@" | sed "s/^/$i $w /" >> "$rows"
-  done
-done
+paired_run remat "$@"
 python3 - "$rows" <<'PYEOF'
 import json, statistics, sys
 t, last_new, order = {}, {}, []

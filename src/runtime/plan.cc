@@ -8,52 +8,45 @@
 
 namespace px {
 
-BufferPlan plan_buffers(const std::vector<int64_t>& sizes, const std::vector<PlanStep>& steps,
-                        const std::vector<char>& external, const std::vector<int>& live_to_end) {
-  const size_t nb = sizes.size();
-  BufferPlan plan;
-  plan.offset.assign(nb, -1);
-  plan.first_step.assign(nb, -1);
-  plan.last_step.assign(nb, -1);
-  std::vector<int> last_use(nb, -1);
-  for (size_t s = 0; s < steps.size(); ++s)
-    for (int b : steps[s].in) last_use[b] = static_cast<int>(s);
-  for (int b : live_to_end) last_use[b] = static_cast<int>(steps.size());
+namespace {
 
-  std::map<int64_t, int64_t> free_blocks;  // offset -> size, coalesced
-  int64_t top = 0, live_bytes = 0;
-  std::vector<int> live;
-  auto release = [&](int64_t off, int64_t size) {
-    auto it = free_blocks.emplace(off, size).first;
+// Offsets in an arena that grows: best fit over a coalesced free list, else the top.
+struct FreeList {
+  std::map<int64_t, int64_t> blocks;  // offset -> size, coalesced
+  int64_t top = 0;
+
+  void release(int64_t off, int64_t size) {
+    auto it = blocks.emplace(off, size).first;
     auto next = std::next(it);
-    if (next != free_blocks.end() && it->first + it->second == next->first) {
+    if (next != blocks.end() && it->first + it->second == next->first) {
       it->second += next->second;
-      free_blocks.erase(next);
+      blocks.erase(next);
     }
-    if (it != free_blocks.begin()) {
+    if (it != blocks.begin()) {
       auto prev = std::prev(it);
       if (prev->first + prev->second == it->first) {
         prev->second += it->second;
-        free_blocks.erase(it);
+        blocks.erase(it);
       }
     }
-  };
-  auto allocate = [&](int64_t size) {
-    // Best fit among free blocks, else grow the top (merging a free block that ends at top).
-    auto best = free_blocks.end();
-    for (auto it = free_blocks.begin(); it != free_blocks.end(); ++it)
-      if (it->second >= size && (best == free_blocks.end() || it->second < best->second)) best = it;
-    if (best != free_blocks.end()) {
+  }
+
+  // Best fit among the free blocks, else grow the top (merging a free block that ends at it).
+  int64_t allocate(int64_t size) {
+    auto best = blocks.end();
+    for (auto it = blocks.begin(); it != blocks.end(); ++it)
+      if (it->second >= size && (best == blocks.end() || it->second < best->second)) best = it;
+    if (best != blocks.end()) {
       int64_t off = best->first, rest = best->second - size;
-      free_blocks.erase(best);
-      if (rest > 0) free_blocks.emplace(off + size, rest);
+      blocks.erase(best);
+      if (rest > 0) blocks.emplace(off + size, rest);
       return off;
     }
-    if (!free_blocks.empty()) {
-      auto last = std::prev(free_blocks.end());
+    if (!blocks.empty()) {
+      auto last = std::prev(blocks.end());
       if (last->first + last->second == top) {
         int64_t off = last->first;
-        free_blocks.erase(last);
+        blocks.erase(last);
         top = off + size;
         return off;
       }
@@ -61,18 +54,26 @@ BufferPlan plan_buffers(const std::vector<int64_t>& sizes, const std::vector<Pla
     int64_t off = top;
     top += size;
     return off;
-  };
+  }
+};
 
+// The first placement, in step order: each buffer allocated when first written and released
+// after its last reader; records every buffer's lifetime and what is live at the peak.
+void place_in_step_order(const std::vector<int64_t>& sizes, const std::vector<PlanStep>& steps,
+                         const std::vector<char>& external, const std::vector<int>& last_use, BufferPlan& plan) {
+  FreeList arena;
+  int64_t live_bytes = 0;
+  std::vector<int> live;
   for (size_t s = 0; s < steps.size(); ++s) {
     for (int b : steps[s].out) {
       if (external[b] || plan.offset[b] >= 0) continue;
       int64_t size = aligned_size(sizes[b]);
-      plan.offset[b] = allocate(size);
+      plan.offset[b] = arena.allocate(size);
       plan.first_step[b] = static_cast<int>(s);
       live_bytes += size;
       live.push_back(b);
     }
-    plan.peak_bytes = std::max(plan.peak_bytes, top);
+    plan.peak_bytes = std::max(plan.peak_bytes, arena.top);
     if (live_bytes > plan.peak_live_bytes) {
       plan.peak_live_bytes = live_bytes;
       plan.peak_step = static_cast<int>(s);
@@ -84,24 +85,27 @@ BufferPlan plan_buffers(const std::vector<int64_t>& sizes, const std::vector<Pla
       if (last_use[b] <= static_cast<int>(s)) dead.push_back(b);
     for (int b : dead) {
       plan.last_step[b] = static_cast<int>(s);
-      release(plan.offset[b], aligned_size(sizes[b]));
+      arena.release(plan.offset[b], aligned_size(sizes[b]));
       live_bytes -= aligned_size(sizes[b]);
       live.erase(std::find(live.begin(), live.end(), b));
     }
   }
   for (int b : live) plan.last_step[b] = static_cast<int>(steps.size()) - 1;
+}
 
-  // A second placement, with every lifetime known (greedy by size, like XLA's heap simulator):
-  // the largest buffers first, each in the smallest gap that fits between the placed buffers whose
-  // lifetimes overlap its own, else above them. Placing in step order fragments where long-lived
-  // buffers are allocated among short-lived ones (a 16 MiB gradient at the end of the backward
-  // pass finds no hole that large); the arena keeps the smaller of the two plans. The placement
-  // compares every pair of buffers: programs of more than kMaxPlaced arena buffers keep the first.
+// A second placement, with every lifetime known (greedy by size, like XLA's heap simulator): the
+// largest buffers first, each in the smallest gap that fits between the placed buffers whose
+// lifetimes overlap its own, else above them. Placing in step order fragments where long-lived
+// buffers are allocated among short-lived ones (a 16 MiB gradient at the end of the backward
+// pass finds no hole that large); the arena keeps the smaller of the two plans. The placement
+// compares every pair of buffers: programs of more than kMaxPlaced arena buffers keep the first.
+void place_by_lifetime(const std::vector<int64_t>& sizes, BufferPlan& plan) {
   constexpr size_t kMaxPlaced = 20000;
+  const size_t nb = sizes.size();
   std::vector<int> order;
   for (size_t b = 0; b < nb; ++b)
     if (plan.offset[b] >= 0) order.push_back(static_cast<int>(b));
-  if (order.size() > kMaxPlaced) return plan;
+  if (order.size() > kMaxPlaced) return;
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     const int64_t sa = aligned_size(sizes[a]), sb = aligned_size(sizes[b]);
     return sa != sb ? sa > sb : plan.first_step[a] < plan.first_step[b];
@@ -109,7 +113,7 @@ BufferPlan plan_buffers(const std::vector<int64_t>& sizes, const std::vector<Pla
   std::vector<int64_t> offset(nb, -1);
   std::vector<int> placed;
   std::vector<std::pair<int64_t, int64_t>> busy;  // [offset, end) of the placed buffers alive with b
-  int64_t top2 = 0;
+  int64_t top = 0;
   for (int b : order) {
     busy.clear();
     for (int p : placed)
@@ -126,13 +130,30 @@ BufferPlan plan_buffers(const std::vector<int64_t>& sizes, const std::vector<Pla
       end = std::max(end, e);
     }
     offset[b] = at >= 0 ? at : end;
-    top2 = std::max(top2, offset[b] + size);
+    top = std::max(top, offset[b] + size);
     placed.push_back(b);
   }
-  if (top2 < plan.peak_bytes) {
+  if (top < plan.peak_bytes) {
     plan.offset = std::move(offset);
-    plan.peak_bytes = top2;
+    plan.peak_bytes = top;
   }
+}
+
+}  // namespace
+
+BufferPlan plan_buffers(const std::vector<int64_t>& sizes, const std::vector<PlanStep>& steps,
+                        const std::vector<char>& external, const std::vector<int>& live_to_end) {
+  const size_t nb = sizes.size();
+  BufferPlan plan;
+  plan.offset.assign(nb, -1);
+  plan.first_step.assign(nb, -1);
+  plan.last_step.assign(nb, -1);
+  std::vector<int> last_use(nb, -1);
+  for (size_t s = 0; s < steps.size(); ++s)
+    for (int b : steps[s].in) last_use[b] = static_cast<int>(s);
+  for (int b : live_to_end) last_use[b] = static_cast<int>(steps.size());
+  place_in_step_order(sizes, steps, external, last_use, plan);
+  place_by_lifetime(sizes, plan);
   return plan;
 }
 
