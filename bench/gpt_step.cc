@@ -8,6 +8,8 @@
 //   build/bench/gpt_step --size gpt2_small [--batch 2] ...   # GPT-2 small's shape (124M params, seq 1024)
 //   build/bench/gpt_step --remat dots_saveable ...           # a remat policy (default none; include/parallax/remat.h)
 //   build/bench/gpt_step --profile_top 20 ...                # the step's 20 costliest kernels (stderr)
+//   build/bench/gpt_step --matmuls 0 ...                     # no step_vs_matmuls (at GPT-2 small the
+//                                                            # matmuls' own program holds GBs and doubles the time)
 // Each result names its shape (vocab, d, heads, kv_heads, layers, ff, seq, batch), which
 // bench/gpt_vs_torch.sh hands to the PyTorch peer.
 // step_vs_matmuls: the step's time over the time of its matmuls alone. The dot_general nodes of the
@@ -26,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -124,22 +127,37 @@ struct Rounds {
   }
 };
 
+// mm null (--matmuls 0): the steps alone.
 Rounds time_rounds(const px::bench::GptArgs& a, px::TrainStep& step, px::TrainState& state,
-                   const std::vector<px::Array>& batch, Matmuls& mm) {
-  for (int i = 0; i < a.warmup; ++i) step(state, batch), mm.run();
-  if (a.warmup < 1) mm.run();  // the results' pages are mapped before the first timed run
+                   const std::vector<px::Array>& batch, Matmuls* mm) {
+  for (int i = 0; i < a.warmup; ++i) {
+    step(state, batch);
+    if (mm) mm->run();
+  }
+  if (a.warmup < 1 && mm) mm->run();  // the results' pages are mapped before the first timed run
   Rounds r;
   for (int i = 0; i < a.steps; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     r.loss = step(state, batch).loss;
     r.step_s.push_back(seconds_since(t0));
-    r.matmul_s.push_back(mm.run());
+    if (!mm) continue;
+    r.matmul_s.push_back(mm->run());
     r.ratio.push_back(r.step_s.back() / r.matmul_s.back());
   }
   return r;
 }
 
-void run(const px::bench::GptArgs& a, px::RematPolicy remat, int profile_top, px::DType compute, const Limits& lim) {
+// The step's matmuls and step_vs_matmuls as JSON fields (none without them).
+std::string matmul_fields(const Rounds& r, const Matmuls* mm) {
+  if (!mm) return "";
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "\"matmul_ms\": %.2f, \"matmuls\": %d, \"matmul_gflops\": %.1f, ",
+                1e3 * median(r.matmul_s), mm->count, mm->flops / median(r.matmul_s) / 1e9);
+  return buf + r.ratio_json() + ", ";
+}
+
+void run(const px::bench::GptArgs& a, px::RematPolicy remat, int profile_top, bool matmuls, px::DType compute,
+         const Limits& lim) {
   px::nn::LmConfig cfg = a.config();
   cfg.compute_dtype = compute;
   px::nn::TransformerLm model(cfg);
@@ -152,10 +170,11 @@ void run(const px::bench::GptArgs& a, px::RematPolicy remat, int profile_top, px
       model.store(), px::optim::adamw({.lr = 3e-4}),
       [&](const std::vector<px::Tensor>& b) { return px::nn::next_token_loss(model, b[0], b[1]); }, {seq, seq}, opt);
   double compile_s = seconds_since(t0);
-  Matmuls mm(step.executable().graph(), profile_top > 0);
+  std::optional<Matmuls> mm;
+  if (matmuls) mm.emplace(step.executable().graph(), profile_top > 0);
   px::TrainState state = step.init(0);
   std::vector<px::Array> batch = px::bench::gpt_batch(a);
-  const Rounds rounds = time_rounds(a, step, state, batch, mm);
+  const Rounds rounds = time_rounds(a, step, state, batch, mm ? &*mm : nullptr);
   const float loss = rounds.loss;
   const double dt = rounds.step_mean();
   double n = static_cast<double>(model.store().param_count());
@@ -178,8 +197,7 @@ void run(const px::bench::GptArgs& a, px::RematPolicy remat, int profile_top, px
       "\"step_s\": %.4f, "
       "\"tokens_per_s\": %.1f, \"gflops\": %.1f, \"fma_peak_gflops\": %.1f, \"fraction_of_fma_peak\": %.3f, "
       "\"isa\": \"%s\", \"gemm_peak_gflops\": %.1f, \"fraction_of_peak\": %.3f, \"gemm_step_shapes_gflops\": %.1f, "
-      "\"fraction_of_gemm_step_shapes\": %s, \"step_ms\": %.2f, \"matmul_ms\": %.2f, \"matmuls\": %d, "
-      "\"matmul_gflops\": %.1f, %s, \"peak_bytes\": %lld, \"kernels\": %d, \"compile_s\": %.2f, "
+      "\"fraction_of_gemm_step_shapes\": %s, \"step_ms\": %.2f, %s\"peak_bytes\": %lld, \"kernels\": %d, \"compile_s\": %.2f, "
       "\"loss\": %.4f}\n",
       a.flavour.c_str(), a.size.c_str(), static_cast<long long>(a.vocab), static_cast<long long>(a.d),
       static_cast<long long>(a.heads), static_cast<long long>(a.kv_heads), static_cast<long long>(a.layers),
@@ -188,17 +206,18 @@ void run(const px::bench::GptArgs& a, px::RematPolicy remat, int profile_top, px
       tokens / dt, gflops, fma, gflops / fma, lim.fma.isa.c_str(), gemm_peak, gflops / gemm_peak, gemm_step,
       // Without native bf16 matmuls the shapes are timed in f32 only: a bf16 step has no fraction.
       !bf16 || lim.gemm_step_bf16_gflops > 0 ? std::to_string(gflops / gemm_step).c_str() : "null",
-      1e3 * median(rounds.step_s), 1e3 * median(rounds.matmul_s), mm.count, mm.flops / median(rounds.matmul_s) / 1e9,
-      rounds.ratio_json().c_str(), static_cast<long long>(step.peak_bytes()), step.executable().num_steps(), compile_s,
+      1e3 * median(rounds.step_s), matmul_fields(rounds, mm ? &*mm : nullptr).c_str(), static_cast<long long>(step.peak_bytes()), step.executable().num_steps(), compile_s,
       loss);
   std::fflush(stdout);
   if (profile_top > 0 || std::getenv("PX_PROFILE")) {
     std::fprintf(stderr, "gpt_step %s, the step's kernels:\n%s", compute == px::DType::f32 ? "f32" : "bf16",
                  step.executable().profile_report(profile_top > 0 ? profile_top : 25).c_str());
     // Its first line: the matmuls alone, in their kernels (against the step's dot_general row above).
-    const std::string mm_report = mm.exe->profile_report(1);
-    std::fprintf(stderr, "the step's %d matmuls alone, %s", mm.count,
-                 mm_report.substr(0, mm_report.find('\n') + 1).c_str());
+    if (mm) {
+      const std::string mm_report = mm->exe->profile_report(1);
+      std::fprintf(stderr, "the step's %d matmuls alone, %s", mm->count,
+                   mm_report.substr(0, mm_report.find('\n') + 1).c_str());
+    }
     std::fflush(stderr);
   }
 }
@@ -208,6 +227,7 @@ void run(const px::bench::GptArgs& a, px::RematPolicy remat, int profile_top, px
 int main(int argc, char** argv) {
   px::RematPolicy remat = px::RematPolicy::none;
   int profile_top = 0;
+  bool matmuls = true;
   px::bench::GptArgs a =
       px::bench::parse_gpt_args(argc, argv, "gpt_step", {}, true, [&](const std::string& k, const std::string& v) {
         if (k == "--profile_top") {
@@ -216,6 +236,15 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "gpt_step: --profile_top takes a number of kernels >= 1, not '%s'\n", v.c_str());
             std::exit(2);
           }
+          return true;
+        }
+        if (k == "--matmuls") {
+          if (v != "0" && v != "1") {
+            std::fprintf(stderr, "gpt_step: --matmuls takes 1 (time the step's matmuls alone too) or 0, not '%s'\n",
+                         v.c_str());
+            std::exit(2);
+          }
+          matmuls = v == "1";
           return true;
         }
         if (k != "--remat") return false;
@@ -235,8 +264,8 @@ int main(int argc, char** argv) {
   if (a.dtype != "f32")
     lim.gemm_step_bf16_gflops = px::bench::gemm_step_shapes_gflops(a.batch * a.seq, a.linears(), true);
   try {
-    if (a.dtype != "bf16") run(a, remat, profile_top, px::DType::f32, lim);
-    if (a.dtype != "f32") run(a, remat, profile_top, px::DType::bf16, lim);
+    if (a.dtype != "bf16") run(a, remat, profile_top, matmuls, px::DType::f32, lim);
+    if (a.dtype != "f32") run(a, remat, profile_top, matmuls, px::DType::bf16, lim);
   } catch (const px::Error& e) {
     std::fprintf(stderr, "gpt_step: %s\n", e.what());
     return 1;

@@ -44,7 +44,7 @@ ROUNDS=$((10#$ROUNDS))
 # dtype.
 one_round() {
   local ours shape torch_f32 torch_f32_c torch_bf16 torch_bf16_c
-  ours=$("$BUILD"/bench/gpt_step --flavour "$FLAVOUR" --size "$SIZE" --dtype both --steps 5 --warmup 2)
+  ours=$("$BUILD"/bench/gpt_step --flavour "$FLAVOUR" --size "$SIZE" --dtype both --steps 5 --warmup 2 --matmuls 0)
   shape=$(python3 -c '
 import json, sys
 o = json.loads(sys.argv[1].splitlines()[0])
