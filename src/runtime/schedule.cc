@@ -34,12 +34,12 @@ struct Group {
 // different sizes (forward and backward, bias and row statistics) each fuse. A node that reads an
 // open group without joining it closes that group, which then runs before the node; this keeps
 // "order groups by last member" a valid schedule.
-std::vector<Group> form_groups(const Graph& g, const Backend& backend, bool fuse_on, std::vector<int>& group_of) {
+std::vector<Group> form_groups(const Graph& g, const Backend& backend, const FusionLimits& limits, bool fuse_on,
+                               std::vector<int>& group_of) {
   const auto& nodes = g.nodes();
   std::vector<Group> groups;
   std::map<int64_t, int> open_by_count;  // element count -> open fused group
   group_of.assign(nodes.size(), -1);
-  const FusionLimits limits = backend.fusion();
   fuse_on = fuse_on && limits.enabled;
   auto close = [&](int u) {
     for (auto it = open_by_count.begin(); it != open_by_count.end(); ++it)
@@ -352,7 +352,8 @@ std::vector<Unit> make_schedule(const Graph& g, const ScheduleOptions& opt) {
   Scheduler s(g, opt);
   const auto& nodes = g.nodes();
   const bool fuse_on = opt.fuse_elementwise && !env().disable_fusion;
-  s.groups = form_groups(g, opt.backend ? *opt.backend : cpu_backend(), fuse_on, s.group_of);
+  const Backend& backend = opt.backend ? *opt.backend : cpu_backend();
+  s.groups = form_groups(g, backend, opt.fusion ? *opt.fusion : backend.fusion(), fuse_on, s.group_of);
   s.users.resize(g.values().size());
   for (size_t i = 0; i < nodes.size(); ++i)
     for (int v : nodes[i].inputs) s.users[v].push_back(static_cast<int>(i));

@@ -5,6 +5,7 @@
 // their operand is ready and are waited a few units later, so the operand is freed early.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,9 @@ struct ScheduleOptions {
   bool fuse_elementwise = true;
   // Which nodes may fuse and which have kernels of their own: the backend's answer (null: the CPU's).
   const Backend* backend = nullptr;
+  // How far they fuse: the backend's fusion() unless set (a test that schedules for one backend
+  // with another's decisions).
+  std::optional<FusionLimits> fusion;
   // An all-gather starts when the gather `lookahead` places before it (in order of first use) is
   // first used: 0 = just before its own first use; 1 = one gather in flight ahead (FSDP: the next
   // layer's weights arrive while this layer computes).

@@ -229,12 +229,15 @@ TEST(CudaCodegen, CubinsAreCachedOnDisk) {
   std::filesystem::remove_all(dir);
 }
 
-// The units of a real program as the schedule forms them (the CPU backend's fusion decisions):
+// The units of a real program as the schedule forms them (the CPU backend's fusion decisions, with
+// reductions kept out of the loops as the CUDA backend keeps them):
 // every fused group, and every kernel of a primitive the generator has.
 int compile_program(const TracedFn& fn, const std::vector<TensorType>& in) {
   auto g = trace(fn, in);
   ScheduleOptions opt;
   opt.backend = &cpu_backend();
+  opt.fusion = cpu_backend().fusion();  // the CUDA backend's: reductions stay kernels of their own
+  opt.fusion->reductions = false;
   int fused = 0;
   for (const Unit& u : make_schedule(*g, opt)) {
     if (u.kind == Unit::Kind::fused) {

@@ -294,6 +294,8 @@ void program_cases(const TracedFn& fn, const std::vector<TensorType>& in, std::v
   auto g = trace(fn, in);
   ScheduleOptions opt;
   opt.backend = &cpu_backend();
+  opt.fusion = cpu_backend().fusion();  // the CUDA backend's: reductions stay kernels of their own
+  opt.fusion->reductions = false;
   std::shared_ptr<Graph> shared(std::move(g));
   for (const Unit& u : make_schedule(*shared, opt)) {
     const bool gen = u.kind == Unit::Kind::fused ||
