@@ -262,12 +262,15 @@ namespace {
 thread_local int t_budget = 0;
 }  // namespace
 
-ThreadBudget::ThreadBudget(int threads) : prev_budget_(t_budget), prev_omp_(omp_get_max_threads()) {
-  t_budget = std::max(1, threads);
+ThreadBudget::ThreadBudget(int threads)
+    : active_(threads > 0), prev_budget_(t_budget), prev_omp_(omp_get_max_threads()) {
+  if (!active_) return;
+  t_budget = threads;
   omp_set_num_threads(t_budget);  // what oneDNN and nested regions started by this thread take
 }
 
 ThreadBudget::~ThreadBudget() {
+  if (!active_) return;
   t_budget = prev_budget_;
   omp_set_num_threads(prev_omp_);
 }

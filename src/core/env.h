@@ -88,8 +88,8 @@ void apply_thread_settings();
 // OpenMP's count.
 int process_threads();
 
-// While alive, the calling thread's kernels are made for and run on `threads` threads (at least
-// 1), whatever PX_NUM_THREADS says: a pipeline's device groups in one process share the cores,
+// While alive, the calling thread's kernels are made for and run on `threads` threads (none:
+// threads <= 0 changes nothing), whatever PX_NUM_THREADS says: a pipeline's device groups in one process share the cores,
 // each group's thread compiling and running its programs under its share. Nests; restores the
 // thread's OpenMP setting on destruction.
 class ThreadBudget {
@@ -101,6 +101,7 @@ class ThreadBudget {
   static int current();  // the budget holding the calling thread, 0 when none
 
  private:
+  bool active_ = false;
   int prev_budget_ = 0, prev_omp_ = 1;
 };
 

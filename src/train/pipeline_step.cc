@@ -247,10 +247,9 @@ PipelineReport pipeline_report(const StagedStep& s) {
   rep.planned_held_bytes.assign(D, 0);
   rep.param_bytes.assign(D, 0);
   std::vector<std::set<int>> state_read(D);
-  std::vector<int64_t> shared(D, 0);  // the group's one arena: its largest program's
   for (const StageProgram& p : s.programs) {
     const int d = s.schedule.device_of(p.stage);
-    shared[d] = std::max(shared[d], p.arena_bytes);
+    rep.arena_bytes[d] = std::max(rep.arena_bytes[d], p.arena_bytes);  // the group's one arena: the largest
     for (size_t k = 0; k < p.inputs.size(); ++k) {
       const int v = p.inputs[k];
       const int input = g.values()[v].producer < 0 ? g.values()[v].output_index : -1;
@@ -259,7 +258,6 @@ PipelineReport pipeline_report(const StagedStep& s) {
     }
   }
   for (int d = 0; d < D; ++d) {
-    rep.arena_bytes[d] += shared[d];
     for (int v : state_read[d]) {
       const size_t at = static_cast<size_t>(g.values()[v].output_index);
       const int64_t b =
@@ -752,8 +750,7 @@ PipelineRunner::Outputs PipelineRunner::run(const std::vector<ShardedArray>& sta
         if (omp_get_num_threads() != L)
           throw Error(fmt::format("[pipeline] the step needs one thread per device group ({}), OpenMP gave {}", L,
                                   omp_get_num_threads()));
-        std::optional<ThreadBudget> budget;
-        if (s_.threads_per_group > 0) budget.emplace(s_.threads_per_group);
+        const ThreadBudget budget(s_.threads_per_group);
         groups[omp_get_thread_num()].run();
       } catch (...) {
         x.fail(std::current_exception());

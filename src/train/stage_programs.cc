@@ -660,8 +660,7 @@ struct StageCompiler {
 
   void finish(StageProgram& sp, SpmdProgram prog, const Mesh& group) {
     for (int v : prog.local->inputs()) sp.input_kinds.push_back(prog.local->values()[v].kind);
-    std::optional<ThreadBudget> budget;  // the kernels (and their scratch) for the group's threads
-    if (r.threads_per_group > 0) budget.emplace(r.threads_per_group);
+    const ThreadBudget budget(r.threads_per_group);  // the kernels (and their scratch) for the group's threads
     if (compile) {
       if (cluster) sp.seconds = cost_program(prog, *cluster, o).step_s;
       sp.exe = ShardedExecutable::compile(std::move(prog), o, DeviceParallelism::within_kernels);
@@ -831,8 +830,7 @@ struct StageCompiler {
           types);
       CompileOptions in_place = o;
       for (size_t i = 0; i < k; ++i) in_place.output_donors.push_back(static_cast<int>(i));
-      std::optional<ThreadBudget> budget;
-      if (r.threads_per_group > 0) budget.emplace(r.threads_per_group);
+      const ThreadBudget budget(r.threads_per_group);
       for (auto [q, graph] : {std::pair{StagePart::accumulate, sum.get()}, std::pair{StagePart::mean, mean.get()}}) {
         StageProgram sp;
         sp.part = q;
