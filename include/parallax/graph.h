@@ -56,12 +56,28 @@ class Attrs {
   std::map<std::string, AttrValue> m_;
 };
 
+// The part of a training step a node belongs to (src/train/trace_step.cc); none outside one.
+enum class StepPhase : uint8_t { none, forward, backward, update };
+const char* step_phase_name(StepPhase p);
+
+// What the passes decided about a node, carried by every pass that rebuilds the graph (a node
+// emitted in place of another takes its facts: NodeFactsScope) and shown by Graph::to_string
+// when set: the phase of the training step it belongs to and its microbatch (-1: none, as the
+// clipping and update). CSE never merges nodes of two microbatches, so that each microbatch
+// computes its own values and frees them before the next.
+struct NodeFacts {
+  StepPhase phase = StepPhase::none;
+  int microbatch = -1;
+  bool operator==(const NodeFacts&) const = default;
+};
+
 struct Node {
   const Primitive* prim = nullptr;
   Attrs attrs;
   std::vector<int> inputs;   // value ids
   std::vector<int> outputs;  // value ids
   std::string name;          // optional, for tags (remat names) and debugging
+  NodeFacts facts;
 };
 // The name n's primitive is registered under ("add", "dot_general"), for messages: a backend keys
 // its kernels by the primitive itself (n.prim; px::primitive_handle, parallax/backend.h).
@@ -78,6 +94,12 @@ struct ValueInfo {
   MemoryKind kind = MemoryKind::device;
   MemoryCategory category = MemoryCategory::temporaries;
   std::string layer{};
+  // In a training step, the param (its index among the step's inputs) whose gradient this value
+  // is: of the step (`grad_of`: the mean over the microbatches, before clipping) and of its
+  // microbatch's loss (`micro_grad_of`; with one microbatch, the same value). -1: none. Each is
+  // one value's identity: a value derived from this one (a transfer, a constraint) does not take it.
+  int grad_of = -1, micro_grad_of = -1;
+  // A value derived from o holds what o holds, where o lives.
   void copy_facts(const ValueInfo& o) {
     kind = o.kind;
     category = o.category;
@@ -122,6 +144,7 @@ class Graph {
   // Building.
   Tensor input(const TensorType& t, const std::string& name = "");
   // Appends a node after running the primitive's shape rule (which throws on bad input).
+  // The node takes the facts set by the innermost NodeFactsScope on this graph.
   std::vector<Tensor> emit(const Primitive& p, const std::vector<Tensor>& inputs, Attrs attrs = {});
   void set_outputs(const std::vector<Tensor>& outs);
 
@@ -131,7 +154,8 @@ class Graph {
   const std::vector<ValueInfo>& values() const { return values_; }
   const TensorType& type(int value) const { return values_.at(value).type; }
   ValueInfo& mutable_value(int value) { return values_.at(value); }  // for passes that set facts
-  // Copies the facts of every value of `from` onto its new id in this graph (new_id[v] < 0: dropped).
+  // Copies the facts of every value of `from` (a gradient's identity included) onto its new id in
+  // this graph (new_id[v] < 0: dropped).
   void copy_facts(const Graph& from, const std::vector<int>& new_id);
   const std::vector<int>& inputs() const { return inputs_; }
   const std::vector<std::string>& input_names() const { return input_names_; }
@@ -154,9 +178,25 @@ class Graph {
   std::vector<int> inputs_;
   std::vector<std::string> input_names_;
   std::vector<int> outputs_;
+  NodeFacts emitting_;  // what emit() writes on new nodes (NodeFactsScope)
   std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);  // Tensors hold it weakly
 
   friend class Tensor;
+  friend class NodeFactsScope;
+};
+
+// While it lives, the nodes emitted into g take these facts (a tracer marking the phase it traces,
+// a pass emitting the nodes that replace one); nested scopes restore the outer facts.
+class NodeFactsScope {
+ public:
+  NodeFactsScope(Graph& g, NodeFacts facts) : g_(g), prev_(g.emitting_) { g.emitting_ = facts; }
+  ~NodeFactsScope() { g_.emitting_ = prev_; }
+  NodeFactsScope(const NodeFactsScope&) = delete;
+  NodeFactsScope& operator=(const NodeFactsScope&) = delete;
+
+ private:
+  Graph& g_;
+  NodeFacts prev_;
 };
 
 // The graph that ops without tensor inputs (constants, iota, rng) emit into. Set by trace()

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "core/enum_names.h"
 #include "ir/primitive.h"
 #include "parallax/graph.h"
 
@@ -179,6 +180,7 @@ std::vector<Tensor> Graph::emit(const Primitive& p, const std::vector<Tensor>& i
   Node n;
   n.prim = &p;
   n.attrs = std::move(attrs);
+  n.facts = emitting_;
   for (auto& t : inputs) n.inputs.push_back(t.id());
   int node_index = static_cast<int>(nodes_.size());
   std::vector<Tensor> outs;
@@ -218,7 +220,21 @@ void Graph::reset_ids(std::vector<Node> nodes, std::vector<ValueInfo> values, st
 
 void Graph::copy_facts(const Graph& from, const std::vector<int>& new_id) {
   for (size_t v = 0; v < new_id.size() && v < from.values().size(); ++v)
-    if (new_id[v] >= 0) values_.at(new_id[v]).copy_facts(from.values()[v]);
+    if (new_id[v] >= 0) {
+      ValueInfo& to = values_.at(new_id[v]);
+      to.copy_facts(from.values()[v]);
+      to.grad_of = from.values()[v].grad_of;
+      to.micro_grad_of = from.values()[v].micro_grad_of;
+    }
+}
+
+namespace {
+constexpr const char* kStepPhaseNames[] = {"none", "forward", "backward", "update"};
+static_assert(std::size(kStepPhaseNames) == static_cast<size_t>(StepPhase::update) + 1);
+}  // namespace
+
+const char* step_phase_name(StepPhase p) {
+  return enum_name(p, kStepPhaseNames);
 }
 
 namespace {
@@ -229,7 +245,17 @@ std::string facts_str(const ValueInfo& info) {
   if (info.category != MemoryCategory::temporaries) add(memory_category_name(info.category));
   if (info.kind != MemoryKind::device) add(memory_kind_name(info.kind));
   if (!info.layer.empty()) add(info.layer);
+  if (info.grad_of >= 0) add("gradient of input " + std::to_string(info.grad_of));
+  if (info.micro_grad_of >= 0 && info.micro_grad_of != info.grad_of)
+    add("microbatch gradient of input " + std::to_string(info.micro_grad_of));
   return s.empty() ? s : s + "}";
+}
+
+// "  # forward 1": a node's facts (NodeFacts) when set.
+std::string facts_str(const NodeFacts& f) {
+  if (f.phase == StepPhase::none && f.microbatch < 0) return "";
+  std::string s = std::string("  # ") + step_phase_name(f.phase);
+  return f.microbatch >= 0 ? s + " " + std::to_string(f.microbatch) : s;
 }
 }  // namespace
 
@@ -249,7 +275,7 @@ std::string Graph::to_string() const {
     os << " = " << n.prim->name << n.attrs.to_string();
     for (int in : n.inputs) os << " " << v(in);
     if (!n.name.empty()) os << "  # " << n.name;
-    os << "\n";
+    os << facts_str(n.facts) << "\n";
   }
   os << "  return";
   for (size_t i = 0; i < outputs_.size(); ++i) os << (i ? ", " : " ") << v(outputs_[i]);
@@ -415,7 +441,9 @@ std::unique_ptr<Graph> cse(const Graph& g, std::vector<int>* value_map) {
       auto range = seen.equal_range(h);
       for (auto it = range.first; it != range.second && !merged; ++it) {
         const Node& m = g.nodes()[it->second];
-        if (m.prim != n.prim || !(m.attrs == n.attrs) || m.inputs.size() != ins.size()) continue;
+        if (m.prim != n.prim || !(m.attrs == n.attrs) || m.inputs.size() != ins.size() ||
+            m.facts.microbatch != n.facts.microbatch)
+          continue;
         bool same = true;
         for (size_t k = 0; k < ins.size(); ++k) same = same && canon[m.inputs[k]] == ins[k];
         if (!same) continue;

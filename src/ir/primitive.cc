@@ -114,10 +114,10 @@ namespace px {
 
 namespace {
 
-// Attributes the passes put on nodes of any primitive: the microbatch a node belongs to (a step
-// of several microbatches, src/train/trace_step.cc) and a recomputed copy (src/memory/remat.cc).
+// Attributes the passes put on nodes of any primitive: a recomputed copy (src/memory/remat.cc),
+// which CSE must not merge back into its original.
 const std::vector<AttrSpec>& annotations() {
-  static const std::vector<AttrSpec> a = {{"microbatch", AttrKind::integer, false}, {"remat", AttrKind::integer, false}};
+  static const std::vector<AttrSpec> a = {{"remat", AttrKind::integer, false}};
   return a;
 }
 

@@ -11,6 +11,7 @@ std::unique_ptr<Graph> replay(const Graph& g, std::vector<int>* value_map, const
     env[g.inputs()[i]] = out->input(g.type(g.inputs()[i]), g.input_names()[i]);
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
+    NodeFactsScope facts(*out, n.facts);  // what replaces node i is where node i was
     std::vector<Tensor> ins;
     for (int v : n.inputs) ins.push_back(env[v]);
     std::optional<std::vector<Tensor>> res = rewrite(i, ins);

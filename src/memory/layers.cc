@@ -43,13 +43,9 @@ std::vector<char> phases(const StepProgram& p) {
   loss[g.outputs().at(0)] = 1;
   for (size_t v = 0; v < grads.size(); ++v)
     if (g.values()[v].category == MemoryCategory::gradients) grads[v] = 1, any_grad = true;
-  if (!any_grad) {
-    if (p.backward_end() == 0)
-      throw InternalError("[memory] the program marks neither its gradients nor its forward and backward nodes");
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      const int n = static_cast<int>(i);
-      phase[i] = p.is_forward(n) ? 0 : n < p.backward_end() ? 1 : 2;
-    }
+  if (!any_grad) {  // no gradient (a step without params): the nodes' facts
+    for (size_t i = 0; i < nodes.size(); ++i)
+      phase[i] = nodes[i].facts.phase == StepPhase::forward ? 0 : nodes[i].facts.phase == StepPhase::backward ? 1 : 2;
     return phase;
   }
   mark(loss, 0);

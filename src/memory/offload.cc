@@ -23,17 +23,19 @@ namespace px {
 
 namespace memory_pass {
 
-int add_transfer(std::vector<Node>& nodes, std::vector<ValueInfo>& values, int v, MemoryKind to,
+int add_transfer(std::vector<Node>& nodes, std::vector<ValueInfo>& values, int v, MemoryKind to, const NodeFacts& at,
                  const std::string& group) {
   Node t;
   t.prim = prims::transfer();
+  t.facts = at;
   t.attrs.set("to", std::string(memory_kind_name(to)));
   if (!group.empty()) t.attrs.set("group", group);
   t.inputs = {v};
   const int id = static_cast<int>(values.size());
   t.outputs = {id};
-  values.push_back(values[v]);  // the same facts, but where it is sent
+  values.push_back(values[v]);  // the same facts, but where it is sent, and not the gradient itself
   values.back().kind = to;
+  values.back().grad_of = values.back().micro_grad_of = -1;
   nodes.push_back(std::move(t));
   return id;
 }
@@ -61,8 +63,7 @@ Tensor to_memory(const Tensor& x, MemoryKind kind, const std::string& group) {
 
 namespace memory_pass {
 
-std::unique_ptr<Graph> split_host_updates(const Graph& g, const std::vector<char>& offloaded,
-                                          std::vector<int>* new_id, std::vector<int>* start) {
+std::unique_ptr<Graph> split_host_updates(const Graph& g, const std::vector<char>& offloaded) {
   auto which = [&](size_t i) {
     const Node& n = g.nodes()[i];
     return n.prim->decompose &&
@@ -71,19 +72,14 @@ std::unique_ptr<Graph> split_host_updates(const Graph& g, const std::vector<char
   bool any = false;
   for (size_t i = 0; i < g.nodes().size() && !any; ++i) any = which(i);
   if (!any) return nullptr;
-  start->assign(g.nodes().size() + 1, 0);
-  std::unique_ptr<Graph> out =
-      replay(g, new_id, [&](size_t i, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
-        (*start)[i] = static_cast<int>(current_graph()->nodes().size());
-        if (!which(i)) return std::nullopt;
-        const Node& n = g.nodes()[i];
-        return n.prim->decompose(ins, n.attrs);
-      });
-  (*start)[g.nodes().size()] = static_cast<int>(out->nodes().size());
-  return out;
+  return replay(g, nullptr, [&](size_t i, const std::vector<Tensor>& ins) -> std::optional<std::vector<Tensor>> {
+    if (!which(i)) return std::nullopt;
+    const Node& n = g.nodes()[i];
+    return n.prim->decompose(ins, n.attrs);
+  });
 }
 
-std::unique_ptr<Graph> offload_program(const Graph& g, const OffloadRewrite& r, std::vector<int>* start) {
+std::unique_ptr<Graph> offload_program(const Graph& g, const OffloadRewrite& r) {
   const size_t n_in = g.inputs().size();
   const std::vector<Node>& nodes = g.nodes();
   std::vector<ValueInfo> values = g.values();
@@ -94,8 +90,8 @@ std::unique_ptr<Graph> offload_program(const Graph& g, const OffloadRewrite& r, 
   }
   std::vector<Node> out;
   out.reserve(nodes.size() * 2);
-  auto add_transfer = [&](int v, MemoryKind to, const std::string& group) {
-    const int nv = memory_pass::add_transfer(out, values, v, to, group);
+  auto add_transfer = [&](int v, MemoryKind to, const NodeFacts& at, const std::string& group) {
+    const int nv = memory_pass::add_transfer(out, values, v, to, at, group);
     group_of.push_back(group_of[v]);
     MemoryCategory& c = values[nv].category;
     if (c != MemoryCategory::params && c != MemoryCategory::optimizer_state) c = MemoryCategory::temporaries;
@@ -106,10 +102,8 @@ std::unique_ptr<Graph> offload_program(const Graph& g, const OffloadRewrite& r, 
     int value = -1, last_use = -1;
   };
   std::vector<Copy> fetched(values.size()), returned(values.size());
-  start->assign(nodes.size() + 1, 0);
   for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
     Node n = nodes[i];
-    (*start)[i] = static_cast<int>(out.size());
     if (n.prim == prims::transfer()) {  // already placed (remat offload of saved residuals)
       values[n.outputs[0]].kind = parse_memory_kind(n.attrs.s("to"));
       out.push_back(std::move(n));
@@ -125,25 +119,25 @@ std::unique_ptr<Graph> offload_program(const Graph& g, const OffloadRewrite& r, 
       if (values[v].kind == where) continue;
       if (where == MemoryKind::device) {
         Copy& c = fetched[v];
-        if (c.value < 0 || i - c.last_use > kFetchReuseNodes) c.value = add_transfer(v, MemoryKind::device, group_of[v]);
+        if (c.value < 0 || i - c.last_use > kFetchReuseNodes)
+          c.value = add_transfer(v, MemoryKind::device, n.facts, group_of[v]);
         c.last_use = i;
         v = c.value;
       } else {
         Copy& c = returned[v];
-        if (c.value < 0) c.value = add_transfer(v, MemoryKind::pinned_host, "");
+        if (c.value < 0) c.value = add_transfer(v, MemoryKind::pinned_host, n.facts, "");
         v = c.value;
       }
     }
     for (int v : n.outputs) values[v].kind = where;
     out.push_back(std::move(n));
   }
-  (*start)[nodes.size()] = static_cast<int>(out.size());
   // Outputs left where they must be (new params and state where the old ones live).
   std::vector<int> outputs = g.outputs();
   for (size_t k = 0; k < outputs.size(); ++k) {
     if (k >= r.out_kind.size() || !r.out_kind[k]) continue;
     int& v = outputs[k];
-    if (values[v].kind != *r.out_kind[k]) v = add_transfer(v, *r.out_kind[k], "");
+    if (values[v].kind != *r.out_kind[k]) v = add_transfer(v, *r.out_kind[k], {StepPhase::update, -1}, "");
   }
   return rebuilt(std::move(out), std::move(values), g, std::move(outputs));
 }
@@ -163,12 +157,7 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
   if (!o.optimizer_state) {
     std::vector<char> offloaded(p.graph->values().size(), 0);
     for (size_t i = 0; i < p.n_params; ++i) offloaded[p.graph->inputs()[i]] = in_kind[i] == MemoryKind::pinned_host;
-    std::vector<int> new_id, start;
-    if (std::unique_ptr<Graph> split = memory_pass::split_host_updates(*p.graph, offloaded, &new_id, &start)) {
-      p.remap_grads([&](int v) { return new_id[v]; });
-      p.remap_nodes(start);
-      p.graph = std::move(split);
-    }
+    if (std::unique_ptr<Graph> split = memory_pass::split_host_updates(*p.graph, offloaded)) p.graph = std::move(split);
   }
   const Graph& g = *p.graph;
   memory_pass::OffloadRewrite r;
@@ -182,9 +171,7 @@ StepProgram offload_step(StepProgram p, const OffloadOptions& o) {
   r.host_update = o.optimizer_state;
   r.out_kind.assign(g.outputs().size(), std::nullopt);
   for (size_t k = 3; k < g.outputs().size(); ++k) r.out_kind[k] = in_kind[k - 3];
-  std::vector<int> start;
-  p.graph = memory_pass::offload_program(g, r, &start);
-  p.remap_nodes(start);
+  p.graph = memory_pass::offload_program(g, r);
   return p;
 }
 

@@ -1,5 +1,7 @@
 // The remat pass over a traced training step: the backward pass reads only the forward values
 // the policy saves and recomputes the others from them, just before their first use there.
+#include <fmt/format.h>
+
 #include <atomic>
 #include <string>
 #include <vector>
@@ -83,13 +85,12 @@ StepProgram offload_residuals(StepProgram p, const std::vector<int>& host, const
   std::vector<char> offloaded(values.size(), 0);
   for (int v : host) offloaded[v] = 1;
   std::vector<Node> out;
-  std::vector<int> start(nodes.size() + 1);
-  auto transfer = [&](int v, MemoryKind to, const std::string& group) {
-    return memory_pass::add_transfer(out, values, v, to, group);
-  };
   for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
     Node n = nodes[i];
-    start[i] = static_cast<int>(out.size());
+    // Each transfer is where its node is: the send after its producer, the fetch before its reader.
+    auto transfer = [&](int v, MemoryKind to, const std::string& group) {
+      return memory_pass::add_transfer(out, values, v, to, n.facts, group);
+    };
     const bool forward = p.is_forward(i);
     if (!forward)
       for (int& v : n.inputs) {
@@ -104,15 +105,15 @@ StepProgram offload_residuals(StepProgram p, const std::vector<int>& host, const
       for (int v : n.outputs)
         if (offloaded[v]) to_host[v] = transfer(v, MemoryKind::pinned_host, "");
   }
-  start[nodes.size()] = static_cast<int>(out.size());
   p.graph = memory_pass::rebuilt(std::move(out), std::move(values), g, g.outputs());
-  p.remap_nodes(start);
   return p;
 }
 
-int count_layers(const Graph& g, int forward_end) {
+// The layers of one microbatch's forward pass.
+int count_layers(const Graph& g) {
   int n = 0;
-  for (int i = 0; i < forward_end; ++i) n += is_tag(g.nodes()[i], "layer_input");
+  for (const Node& node : g.nodes())
+    n += node.facts == NodeFacts{StepPhase::forward, 0} && is_tag(node, "layer_input");
   return n;
 }
 
@@ -125,28 +126,45 @@ StepProgram StepProgram::clone() const {
   c.n_state = n_state;
   c.n_batch = n_batch;
   c.paths = paths;
-  c.grads = grads;
-  c.micro = micro;
+  c.microbatches = microbatches;
   return c;
 }
 
-int StepProgram::forward_of(int i) const {
-  for (size_t k = 0; k < micro.size(); ++k)
-    if (i < micro[k].backward_end) return i >= begin(k) && i < micro[k].forward_end ? static_cast<int>(k) : -1;
-  return -1;
-}
-
-void StepProgram::remap_nodes(const std::vector<int>& start) {
-  for (Microbatch& m : micro) {
-    m.forward_end = start[m.forward_end];
-    m.backward_end = start[m.backward_end];
+namespace {
+// Per param, the value whose fact `field` names it (of microbatch k's nodes, k >= 0).
+std::vector<int> gradient_values(const StepProgram& p, int ValueInfo::*field, int k) {
+  std::vector<int> out(p.n_params, -1);
+  const std::vector<ValueInfo>& values = p.graph->values();
+  for (size_t v = 0; v < values.size(); ++v) {
+    const int i = values[v].*field;
+    if (i < 0 || (k >= 0 && (values[v].producer < 0 || p.facts(values[v].producer).microbatch != k))) continue;
+    if (static_cast<size_t>(i) >= out.size() || out[i] >= 0)
+      throw InternalError(fmt::format("[step] value %{} is marked as param {}'s gradient, which {}", v, i,
+                                      static_cast<size_t>(i) >= out.size() ? "is not a param" : "another value is"));
+    out[i] = static_cast<int>(v);
   }
+  for (size_t i = 0; i < out.size(); ++i)
+    if (out[i] < 0) throw InternalError(fmt::format("[step] no value is marked as param {}'s gradient", i));
+  return out;
+}
+}  // namespace
+
+std::vector<int> StepProgram::grads() const {
+  return gradient_values(*this, &ValueInfo::grad_of, -1);
 }
 
-void StepProgram::remap_grads(const std::function<int(int)>& new_id) {
-  for (int& v : grads) v = new_id(v);
-  for (Microbatch& m : micro)
-    for (int& v : m.grads) v = new_id(v);
+std::vector<int> StepProgram::micro_grads(int k) const {
+  return gradient_values(*this, &ValueInfo::micro_grad_of, k);
+}
+
+std::pair<int, int> StepProgram::span(StepPhase phase, int k) const {
+  int first = -1, last = -1;
+  for (int i = 0; i < static_cast<int>(graph->nodes().size()); ++i)
+    if (facts(i) == NodeFacts{phase, k}) {
+      if (first < 0) first = i;
+      last = i;
+    }
+  return first < 0 ? std::pair{0, 0} : std::pair{first, last + 1};
 }
 
 StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_flops) {
@@ -162,8 +180,8 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
   // microbatch's forward pass is rematerialized on its own, before its own backward pass.
   const int N = static_cast<int>(nodes.size());
   std::vector<int> micro_of(N, -1);
-  for (size_t k = 0; k < p.micro.size(); ++k)
-    for (int i = p.begin(k); i < p.micro[k].forward_end; ++i) micro_of[i] = static_cast<int>(k);
+  for (int i = 0; i < N; ++i)
+    if (p.is_forward(i)) micro_of[i] = nodes[i].facts.microbatch;
   auto forward = [&](int i) { return i >= 0 && i < N && micro_of[i] >= 0; };
 
   // Functions wrapped by px::remat: their nodes follow their policy, whatever the step's.
@@ -250,9 +268,10 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
   std::vector<ValueInfo> values = g.values();
   std::vector<int> clone(values.size(), -1);  // forward value -> its recomputed copy
   double flops = 0;
-  // The recomputed copy of v, emitting the copies of its producers first (post-order, iterative:
-  // a chain through every layer is thousands of nodes deep).
-  auto recompute = [&](int v) {
+  // The recomputed copy of v for a reader with facts `at` (the copies run where it runs), emitting
+  // the copies of its producers first (post-order, iterative: a chain through every layer is
+  // thousands of nodes deep).
+  auto recompute = [&](int v, const NodeFacts& at) {
     std::vector<std::pair<int, bool>> stack{{v, false}};
     while (!stack.empty()) {
       auto [u, expanded] = stack.back();
@@ -273,6 +292,7 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
       }
       // A distinct attribute keeps CSE from merging the copy back into the original.
       c.attrs.set("remat", int64_t{1});
+      c.facts = at;
       for (int& o : c.outputs) {
         outs.push_back(values[o].type);
         clone[o] = static_cast<int>(values.size());
@@ -291,7 +311,7 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
     start[i] = static_cast<int>(out.size());
     if (!forward(i))
       for (int& in : b.inputs)
-        if (!saved(in)) in = recompute(in);
+        if (!saved(in)) in = recompute(in, b.facts);
     out.push_back(std::move(b));
   }
   start[N] = static_cast<int>(out.size());
@@ -313,7 +333,6 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
       group_of[v] = (micro_of[i] > 0 ? std::to_string(micro_of[i]) + "." : "") + std::to_string(group);
     }
   p.graph = memory_pass::rebuilt(std::move(out), std::move(values), g, g.outputs());
-  p.remap_nodes(start);
   if (recomputed_flops) *recomputed_flops = flops;
   if (!host.empty()) p = offload_residuals(std::move(p), host, group_of);
   return p;
@@ -359,7 +378,7 @@ StepProgram remat_automatic(StepProgram p, int64_t budget, const std::function<i
     throw UserError("[remat] policy 'auto' needs a budget: set RematOptions::budget_bytes or "
                     "CompileOptions::memory_limit_bytes (bytes per device)");
   auto with = [&](RematOptions o) { return remat_step(p.clone(), o); };
-  const int layers = count_layers(*p.graph, p.micro.at(0).forward_end);  // per microbatch
+  const int layers = count_layers(*p.graph);  // per microbatch
   // Full remat of the first k layers: the peak falls as k grows; the least k that fits.
   auto fits_with = [&](int k) { return peak_of(with({RematPolicy::full, {}, k, 0})) <= budget; };
   int64_t none_peak = peak_of(p);

@@ -19,9 +19,9 @@ namespace px::memory_pass {
 // again, so that the copy is freed in between (a layer's params between its forward and backward).
 constexpr int kFetchReuseNodes = 24;
 
-// Appends a `transfer` of value v to `to` (with an optional prefetch group) to `nodes`, adding its
-// result to `values` (v's facts, living in `to`); returns the result's id.
-int add_transfer(std::vector<Node>& nodes, std::vector<ValueInfo>& values, int v, MemoryKind to,
+// Appends a `transfer` of value v to `to` (with an optional prefetch group) to `nodes`, with the
+// node facts `at`, adding its result to `values` (v's facts, living in `to`); returns its id.
+int add_transfer(std::vector<Node>& nodes, std::vector<ValueInfo>& values, int v, MemoryKind to, const NodeFacts& at,
                  const std::string& group = "");
 
 // The graph of `nodes` over `values` (producers renumbered) with the inputs of `like`; verified.
@@ -33,8 +33,8 @@ std::unique_ptr<Graph> rebuilt(std::vector<Node> nodes, std::vector<ValueInfo> v
 std::string layer_of(const std::string& path);
 
 // Per node: 0 forward (computes the loss), 1 backward (computes a gradient), 2 clipping and update.
-// Read from the graph (so that it holds for a partitioned local program too), else from the
-// traced program's node ranges.
+// Read from what the values hold (the loss output, the values in MemoryCategory::gradients: so a
+// node that feeds both is forward, one that feeds neither is update), else from the nodes' facts.
 std::vector<char> phases(const StepProgram& p);
 
 // Sets the layer of every value of p's graph (see layer_of; "" for the batch and what depends on
@@ -52,13 +52,12 @@ struct OffloadRewrite {
 };
 // g with every device use of a pinned_host value reading a fetched copy (one per cluster of nearby
 // uses), update nodes on the host where `host_update` or they read the host, and values crossing
-// to the other memory transferred. start[i]: where old node i's nodes begin (start[size]: new size).
-std::unique_ptr<Graph> offload_program(const Graph& g, const OffloadRewrite& r, std::vector<int>* start);
+// to the other memory transferred (each transfer with the facts of the node it is emitted for).
+std::unique_ptr<Graph> offload_program(const Graph& g, const OffloadRewrite& r);
 
 // g with each node that has a decomposition and reads a value `offloaded` marks replaced by its
 // decomposition (so that the elementwise parts reading it can run where it lives); null when there
-// is none. new_id and start map the old values and nodes to the new.
-std::unique_ptr<Graph> split_host_updates(const Graph& g, const std::vector<char>& offloaded,
-                                          std::vector<int>* new_id, std::vector<int>* start);
+// is none. Values and nodes keep their facts (replay).
+std::unique_ptr<Graph> split_host_updates(const Graph& g, const std::vector<char>& offloaded);
 
 }  // namespace px::memory_pass

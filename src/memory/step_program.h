@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallax/graph.h"
@@ -21,31 +22,22 @@ struct StepProgram {
   std::unique_ptr<Graph> graph;  // inputs: params, optimizer state ("<path>.<slot>"), batch, step (i32)
                                  // outputs: loss, gradient norm, learning rate, new params, new state
   size_t n_params = 0, n_state = 0, n_batch = 0;
-  std::vector<std::string> paths;          // per param
-  std::vector<int> grads;                  // per param: the value of its gradient (before clipping)
-  // The step's microbatches, in node order (one for an unsplit step). Microbatch k's forward nodes
-  // are [begin(k), forward_end): they slice its rows of the batch and compute its loss; its
-  // backward nodes [forward_end, backward_end) compute its gradients and add them to the sum of
-  // the earlier microbatches'. After the last microbatch: the mean loss and gradients, clipping
-  // and the update.
-  struct Microbatch {
-    int forward_end = 0, backward_end = 0;
-    std::vector<int> grads;  // per param: this microbatch's gradient (for one microbatch, = grads)
-  };
-  std::vector<Microbatch> micro;
-  // What each value holds and where it lives are facts on the graph's values (ValueInfo).
-  StepProgram clone() const;               // a deep copy (the passes take programs by value)
+  std::vector<std::string> paths;  // per param
+  // The step's microbatches (1 for an unsplit step). Which node belongs to which microbatch's
+  // forward or backward pass, or to the clipping and update after the last one, is a fact on the
+  // node (NodeFacts); which value is a param's gradient, a fact on the value (ValueInfo::grad_of,
+  // micro_grad_of); what each value holds and where it lives too. Every pass carries them.
+  int microbatches = 1;
+  StepProgram clone() const;  // a deep copy (the passes take programs by value)
 
-  int begin(size_t k) const { return k == 0 ? 0 : micro[k - 1].backward_end; }
-  int backward_end() const { return micro.empty() ? 0 : micro.back().backward_end; }
-  // The microbatch whose forward pass node i belongs to; -1 for the backward nodes and after.
-  int forward_of(int i) const;
-  bool is_forward(int i) const { return forward_of(i) >= 0; }
-  // After a pass that rebuilt the nodes: start[i] is where old node i's nodes begin in the new
-  // program (what the pass added before it included), start[old size] the new size.
-  void remap_nodes(const std::vector<int>& start);
-  // The same after a pass that renumbered the values: value v is now new_id[v].
-  void remap_grads(const std::function<int(int)>& new_id);
+  // Per param, the value of its gradient: the step's (before clipping), or microbatch k's.
+  std::vector<int> grads() const;
+  std::vector<int> micro_grads(int k) const;
+  // The facts of node i, and whether it is in a forward pass.
+  const NodeFacts& facts(int i) const { return graph->nodes()[static_cast<size_t>(i)].facts; }
+  bool is_forward(int i) const { return facts(i).phase == StepPhase::forward; }
+  // [first, last + 1) of the nodes in microbatch k's `phase` ({0, 0} when it has none).
+  std::pair<int, int> span(StepPhase phase, int k) const;
 };
 
 // The remat pass: the same step in which the backward pass reads only the forward values the

@@ -71,8 +71,8 @@ double model_flops_per_step(const ExperimentConfig& c, nn::TransformerLm& model)
   StepProgram p = trace_train_step(model.store(), *make_optimizer(c), loss_fn(model), batch_types(c), 0, "pax");
   const Graph& g = *p.graph;
   double flops = 0;
-  for (int i = 0; i < p.backward_end(); ++i) {
-    const Node& n = g.nodes()[i];
+  for (const Node& n : g.nodes()) {
+    if (n.facts.phase != StepPhase::forward && n.facts.phase != StepPhase::backward) continue;
     std::vector<TensorType> ins, outs;
     for (int v : n.inputs) ins.push_back(g.type(v));
     for (int v : n.outputs) outs.push_back(g.type(v));

@@ -81,6 +81,7 @@ std::unique_ptr<Graph> annotate(const Graph& g, const ShardingDecision& d, std::
   for (int v : g.inputs()) produced(v);
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
+    NodeFactsScope facts(*out, n.facts);  // its constraints and bucket slices too
     std::vector<Tensor> ins;
     for (int v : n.inputs) {
       Tensor t = env[v];

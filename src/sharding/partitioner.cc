@@ -370,7 +370,10 @@ SpmdProgram partition_impl(const Graph& g, const Mesh& mesh, const std::vector<S
       for (int v : n.inputs) live[v] = 1;
   }
   for (size_t i = 0; i < g.nodes().size(); ++i)
-    if (node_live[i]) part.emit_node(static_cast<int>(i));
+    if (node_live[i]) {
+      NodeFactsScope facts(local, g.nodes()[i].facts);  // its local nodes and collectives
+      part.emit_node(static_cast<int>(i));
+    }
   std::vector<Tensor> outs;
   for (size_t o = 0; o < g.outputs().size(); ++o) {
     int v = g.outputs()[o];

@@ -360,7 +360,7 @@ Cut choose_stages(StepProgram& p, int S, const PipelineOptions& options, StagedS
   c.live.assign(n, 0);
   std::vector<char> needed_value(g.values().size(), 0);
   for (int v : g.outputs()) needed_value[v] = 1;
-  for (int v : p.grads) needed_value[v] = 1;
+  for (int v : p.grads()) needed_value[v] = 1;
   for (int i = n - 1; i >= 0; --i) {
     for (int v : g.nodes()[i].outputs) c.live[i] = c.live[i] || needed_value[v];
     if (c.live[i])
@@ -438,7 +438,7 @@ void connect_programs(const StepProgram& p, Cut& c, StagedStep& r) {
   const Graph& g = *p.graph;
   const auto& nodes = g.nodes();
   std::set<int> acc = {g.outputs().at(0)};
-  for (int v : p.grads) acc.insert(v);
+  for (int v : p.grads()) acc.insert(v);
   r.accumulated.assign(acc.begin(), acc.end());
   std::set<int> graph_outputs(g.outputs().begin(), g.outputs().end());
   c.read_by.resize(g.values().size());
@@ -535,8 +535,9 @@ std::map<int, Sharding> output_shardings(const StepProgram& p, const ShardingPla
       if (std::find(used.begin(), used.end(), a) == used.end()) axes.push_back(a);
     return axes;
   };
-  for (size_t i = 0; i < p.grads.size(); ++i)
-    out_sharding[p.grads[i]] = Sharding(Mesh(), plan.params[i].spec, partial_beside(plan.params[i].spec));
+  const std::vector<int> grads = p.grads();
+  for (size_t i = 0; i < grads.size(); ++i)
+    out_sharding[grads[i]] = Sharding(Mesh(), plan.params[i].spec, partial_beside(plan.params[i].spec));
   out_sharding[g.outputs()[0]] = Sharding(Mesh(), PartitionSpec(), plan.batch_axes);
   for (size_t i = 0; i < p.n_params + p.n_state && 3 + i < g.outputs().size(); ++i)
     out_sharding.emplace(g.outputs()[3 + i], Sharding(Mesh(), r.input_specs[i]));
@@ -610,8 +611,8 @@ struct StageCompiler {
     std::vector<TensorType> batch_types;
     for (size_t i = 0; i < p.n_batch; ++i) batch_types.push_back(g.type(g.inputs()[p.n_params + p.n_state + i]));
     whole = decide_train_step(p, plan, state_specs, batch_types, /*bucket_bytes=*/0);
-    grads.insert(p.grads.begin(), p.grads.end());
-    for (const StepProgram::Microbatch& m : p.micro) grads.insert(m.grads.begin(), m.grads.end());
+    for (size_t v = 0; v < g.values().size(); ++v)
+      if (g.values()[v].grad_of >= 0 || g.values()[v].micro_grad_of >= 0) grads.insert(static_cast<int>(v));
     spec_of.resize(g.values().size());
     partial_of.resize(g.values().size());
   }
@@ -644,18 +645,16 @@ struct StageCompiler {
       w.out_kind.push_back(it == new_state_of.end() ? std::nullopt : std::optional<MemoryKind>(state_kind[it->second]));
     }
     if (!any && !(update && host_update)) return;
-    std::vector<int> new_id, start;
     if (update && !host_update) {  // only the elementwise parts reading an offloaded param run on the host
       const Graph& local = *prog.local;
       std::vector<char> offloaded(local.values().size(), 0);
       for (size_t k = 0; k < w.in_kind.size(); ++k)
         offloaded[local.inputs()[k]] = w.in_kind[k] == MemoryKind::pinned_host;
-      if (auto split = memory_pass::split_host_updates(local, offloaded, &new_id, &start))
-        prog.local = std::move(split);
+      if (auto split = memory_pass::split_host_updates(local, offloaded)) prog.local = std::move(split);
     }
     w.update.assign(prog.local->nodes().size(), update);
     w.host_update = host_update;
-    prog.local = memory_pass::offload_program(*prog.local, w, &start);
+    prog.local = memory_pass::offload_program(*prog.local, w);
   }
 
   void finish(StageProgram& sp, SpmdProgram prog, const Mesh& group) {

@@ -30,11 +30,23 @@ Tensor microbatch_rows(const Tensor& x, int k, int m) {
   return reshape(slice(reshape(x, split), starts, limits), rows);
 }
 
+// Marks gk[i] as param i's gradient of its microbatch (field: micro_grad_of) or of the step
+// (grad_of). A value that is already another param's (autodiff gives both operands of an add the
+// same cotangent) is copied first, so that each gradient is a value of its own.
+void mark_gradients(std::vector<Tensor>& gk, int ValueInfo::*field) {
+  Graph& g = *current_graph();
+  for (size_t i = 0; i < gk.size(); ++i) {
+    if (g.values()[gk[i].id()].*field >= 0) gk[i] = tag(gk[i], "gradient_copy");
+    g.mutable_value(gk[i].id()).*field = static_cast<int>(i);
+  }
+}
+
 // Each microbatch's forward pass, then its backward pass, so that its activations are freed before
 // the next one's forward pass; its gradients are added to the earlier ones'. The loss and
 // gradients are the means over the microbatches: with a loss that is a mean over the rows (tokens)
-// of equal microbatches, those of the whole batch. `sums` gets the gradient sums' values.
-std::pair<Tensor, std::vector<Tensor>> mean_loss_and_grads(StepProgram& p, const TrainStep::LossFn& loss_fn,
+// of equal microbatches, those of the whole batch. Each node's phase and microbatch are facts on
+// it (NodeFacts); `sums` gets the gradient sums' values.
+std::pair<Tensor, std::vector<Tensor>> mean_loss_and_grads(const StepProgram& p, const TrainStep::LossFn& loss_fn,
                                                            const std::vector<Tensor>& params,
                                                            const std::vector<Tensor>& batch, int m,
                                                            const std::string& who, std::vector<int>& sums) {
@@ -42,19 +54,21 @@ std::pair<Tensor, std::vector<Tensor>> mean_loss_and_grads(StepProgram& p, const
   Tensor loss;
   std::vector<Tensor> grads;
   for (int k = 0; k < m; ++k) {
-    std::vector<Tensor> rows = batch;
-    if (m > 1)
-      for (Tensor& b : rows) b = microbatch_rows(b, k, m);
-    Tensor lk = loss_fn(rows);
-    if (lk.numel() != 1) throw Error("[" + who + "] the loss must be a scalar, got " + type_str(lk.type()));
-    lk = cast(reshape(lk, {}), DType::f32);
-    StepProgram::Microbatch mb;
-    mb.forward_end = static_cast<int>(g.nodes().size());
-    std::vector<Tensor> gk = gradients(lk, params);
-    for (size_t i = 0; i < gk.size(); ++i) {
-      if (!gk[i].defined()) throw Error("[" + who + "] param '" + p.paths[i] + "' is not a float tensor");
-      mb.grads.push_back(gk[i].id());
+    Tensor lk;
+    {
+      NodeFactsScope forward(g, {StepPhase::forward, k});
+      std::vector<Tensor> rows = batch;
+      if (m > 1)
+        for (Tensor& b : rows) b = microbatch_rows(b, k, m);
+      lk = loss_fn(rows);
+      if (lk.numel() != 1) throw Error("[" + who + "] the loss must be a scalar, got " + type_str(lk.type()));
+      lk = cast(reshape(lk, {}), DType::f32);
     }
+    NodeFactsScope backward(g, {StepPhase::backward, k});
+    std::vector<Tensor> gk = gradients(lk, params);
+    for (size_t i = 0; i < gk.size(); ++i)
+      if (!gk[i].defined()) throw Error("[" + who + "] param '" + p.paths[i] + "' is not a float tensor");
+    mark_gradients(gk, &ValueInfo::micro_grad_of);
     if (k == 0) {
       loss = lk;
       grads = gk;
@@ -72,8 +86,7 @@ std::pair<Tensor, std::vector<Tensor>> mean_loss_and_grads(StepProgram& p, const
         sums.push_back(gr.id());
       }
     }
-    mb.backward_end = static_cast<int>(g.nodes().size());
-    p.micro.push_back(std::move(mb));
+    if (k == m - 1) mark_gradients(grads, &ValueInfo::grad_of);
   }
   return {loss, grads};
 }
@@ -114,12 +127,12 @@ void label_memory(StepProgram& p, const std::vector<int>& sums) {
   for (int i = 0; i < static_cast<int>(g.nodes().size()); ++i)
     if (p.is_forward(i))
       for (int v : g.nodes()[i].outputs) label(v, MemoryCategory::activations);
+  for (size_t v = 0; v < g.values().size(); ++v)
+    if (g.values()[v].micro_grad_of >= 0) label(static_cast<int>(v), MemoryCategory::gradients);
   for (size_t i = 0; i < g.inputs().size(); ++i)
     label(g.inputs()[i], i < n_params             ? MemoryCategory::params
                          : i < n_params + n_state ? MemoryCategory::optimizer_state
                                                   : MemoryCategory::activations);
-  for (const StepProgram::Microbatch& mb : p.micro)
-    for (int v : mb.grads) label(v, MemoryCategory::gradients);
   for (int v : sums) label(v, MemoryCategory::gradients);
   for (size_t o = 3; o < g.outputs().size(); ++o)
     label(g.outputs()[o], o < 3 + n_params ? MemoryCategory::params : MemoryCategory::optimizer_state);
@@ -155,6 +168,7 @@ StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
   p.n_params = param_types.size();
   p.n_state = slots.size();
   p.n_batch = batch_types.size();
+  p.microbatches = microbatches;
   const size_t n_params = p.n_params, n_state = p.n_state;
 
   std::vector<TensorType> types = param_types;
@@ -176,28 +190,14 @@ StepProgram trace_train_step(nn::ParamStore& store, const optim::Optimizer& opt,
         std::vector<Tensor> batch(in.begin() + n_params + n_state, in.end() - 1);
         nn::ParamBinding bound = store.bind(params);
         auto [loss, grads] = mean_loss_and_grads(p, loss_fn, params, batch, microbatches, who, sums);
-        for (const Tensor& gr : grads) p.grads.push_back(gr.id());
+        NodeFactsScope update(*current_graph(), {StepPhase::update, -1});
         return clip_and_update(opt, params, state, in.back(), loss, std::move(grads), clip_norm, skip_nonfinite,
                                p.paths);
       },
       types, names);
 
-  // Each microbatch computes its own values: a value that does not depend on its rows (a bias
-  // broadcast to the microbatch's shape) would otherwise be merged by CSE with the first
-  // microbatch's and kept alive from there to its last use in the last microbatch.
-  for (size_t k = 1; k < p.micro.size(); ++k)
-    for (int i = p.begin(k); i < p.micro[k].backward_end; ++i)
-      p.graph->mutable_nodes()[i].attrs.set("microbatch", static_cast<int64_t>(k));
   label_memory(p, sums);
-  dump_pass("trace_autodiff", [&] {
-    std::string head;
-    for (size_t k = 0; k < p.micro.size(); ++k)
-      head += fmt::format("{}forward: nodes [{}, {}), backward: [{}, {}), ",
-                          p.micro.size() > 1 ? fmt::format("microbatch {}: ", k) : "", p.begin(k),
-                          p.micro[k].forward_end, p.micro[k].forward_end, p.micro[k].backward_end);
-    return fmt::format("# {}clipping and update: [{}, {})\n", head, p.backward_end(), p.graph->nodes().size()) +
-           p.graph->to_string();
-  });
+  dump_pass("trace_autodiff", [&] { return p.graph->to_string(); });
   return p;
 }
 

@@ -65,11 +65,15 @@ TEST(Dump, EveryStepWritesItsPipelineInOrder) {
   EXPECT_NE(read(dir / "train_step.00.trace_autodiff.txt").find("# pass: trace_autodiff"), std::string::npos);
   EXPECT_EQ(read(dir / "train_step.04.partition.txt").find("all_reduce"), std::string::npos);
   // What the passes decide about a value travels on the program and shows in each dump after it:
-  // what it holds (from the trace on) and its layer (from offload on).
+  // what it holds (from the trace on), which param's gradient it is, and its layer (from offload
+  // on); about a node, its phase and microbatch (from the trace on, through partition).
   const std::string traced = read(dir / "train_step.00.trace_autodiff.txt");
-  for (const char* fact : {"{params}", "{optimizer_state}", "{gradients}", "{activations}"})
+  for (const char* fact : {"{params}", "{optimizer_state}", "{gradients, gradient of input 0}", "{activations}",
+                           "# forward 0\n", "# backward 0\n", "# update\n"})
     EXPECT_NE(traced.find(fact), std::string::npos) << fact;
   const std::string local = read(dir / "train_step.05.offload.txt");
+  for (const char* fact : {"# forward 0\n", "# backward 0\n", "# update\n"})
+    EXPECT_NE(local.find(fact), std::string::npos) << fact;
   EXPECT_NE(local.find("{params, blocks.0} \"blocks.0."), std::string::npos);
   EXPECT_NE(local.find("{gradients, blocks.1}"), std::string::npos);
 

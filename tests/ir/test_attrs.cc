@@ -86,11 +86,11 @@ TEST(PrimitiveAttrs, NumbersTakeIntegersAndOptionalAttributesMayBeLeftOut) {
 }
 
 TEST(PrimitiveAttrs, AnnotationsOfPassesGoOnAnyPrimitive) {
-  EXPECT_EQ(emit_error("neg", {{"microbatch", int64_t{1}}, {"remat", int64_t{1}}}), "<no error>");
-  EXPECT_EQ(emit_error("reduce_sum", {{"axes", Ints{1}}, {"microbatch", int64_t{0}}}), "<no error>");
+  EXPECT_EQ(emit_error("neg", {{"remat", int64_t{1}}}), "<no error>");
+  EXPECT_EQ(emit_error("reduce_sum", {{"axes", Ints{1}}, {"remat", int64_t{1}}}), "<no error>");
   // Typed like any other attribute.
-  std::string msg = emit_error("neg", {{"microbatch", std::string("first")}});
-  EXPECT_TRUE(has(msg, "[neg] attribute 'microbatch' must be an integer")) << msg;
+  std::string msg = emit_error("neg", {{"remat", std::string("first")}});
+  EXPECT_TRUE(has(msg, "[neg] attribute 'remat' must be an integer")) << msg;
 }
 
 TEST(PrimitiveAttrs, EveryPrimitiveDeclaresDistinctNames) {
@@ -100,7 +100,6 @@ TEST(PrimitiveAttrs, EveryPrimitiveDeclaresDistinctNames) {
     for (const AttrSpec& a : get_primitive(name).attrs) {
       EXPECT_TRUE(seen.insert(a.name).second) << name << " declares '" << a.name << "' twice";
       // An annotation of passes is declared there, for every primitive.
-      EXPECT_NE(a.name, "microbatch") << name;
       EXPECT_NE(a.name, "remat") << name;
     }
   }

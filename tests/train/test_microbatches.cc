@@ -4,12 +4,17 @@
 // with m, and each device's microbatch is a slice of its own rows (no batch collective).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "../sharding/recipe_check.h"
+#include "memory/step_program.h"
+#include "parallax/ops.h"
 #include "parallax/parallel.h"
 #include "parallax/train.h"
+#include "train/steps.h"
 
 namespace px {
 namespace {
@@ -218,6 +223,75 @@ TEST(Microbatches, FsdpTpEqualsTheWholeBatch) {
   // The recipe gathers the token ids for the data-split embedding's gradient; with microbatches,
   // each microbatch's, and nothing more.
   EXPECT_EQ(batch_collective_bytes(tp), batch_collective_bytes(tp1));
+}
+
+// Which microbatch's forward or backward pass a node belongs to, and which value is which param's
+// gradient, are facts on the program that every pass carries: after remat and offload each node
+// still says where it runs (a recomputed copy and a fetch run in the backward pass of the
+// microbatch that reads them) and each param still has one gradient of the step and one per
+// microbatch; the dump prints them.
+TEST(Microbatches, ThePassesCarryEachNodesPhaseAndEachGradient) {
+  Fixture f(gpt_micro(), 8);
+  const StepProgram traced = trace_train_step(f.model.store(), *opt(), f.loss, f.batch_types, 0, "test", false, 2);
+  ASSERT_EQ(traced.microbatches, 2);
+  auto check = [](const StepProgram& p, const std::string& what) {
+    const auto& nodes = p.graph->nodes();
+    int last_forward[2] = {-1, -1}, first_backward[2] = {1 << 30, 1 << 30}, updates = 0;
+    for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
+      const NodeFacts& at = nodes[i].facts;
+      ASSERT_NE(at.phase, StepPhase::none) << what << ": node " << i << " has no phase";
+      if (at.phase == StepPhase::update) {
+        EXPECT_EQ(at.microbatch, -1) << what;
+        ++updates;
+        continue;
+      }
+      ASSERT_TRUE(at.microbatch == 0 || at.microbatch == 1) << what << ": node " << i;
+      if (at.phase == StepPhase::forward) last_forward[at.microbatch] = i;
+      else first_backward[at.microbatch] = std::min(first_backward[at.microbatch], i);
+      if (nodes[i].attrs.has("remat")) EXPECT_EQ(at.phase, StepPhase::backward) << what << ": a recomputed copy";
+    }
+    EXPECT_GT(updates, 0) << what;
+    // Microbatch 0's forward, its backward, then microbatch 1's forward and backward.
+    EXPECT_LT(last_forward[0], first_backward[0]) << what;
+    EXPECT_LT(first_backward[0], last_forward[1]) << what;
+    EXPECT_LT(last_forward[1], first_backward[1]) << what;
+    std::set<int> seen;
+    for (const std::vector<int>& gs : {p.grads(), p.micro_grads(0), p.micro_grads(1)}) {
+      ASSERT_EQ(gs.size(), p.n_params) << what;
+      for (size_t i = 0; i < gs.size(); ++i) {
+        EXPECT_TRUE(seen.insert(gs[i]).second) << what << ": value %" << gs[i] << " is two gradients";
+        EXPECT_EQ(p.graph->values()[gs[i]].category, MemoryCategory::gradients) << what;
+        EXPECT_EQ(p.graph->type(gs[i]), p.graph->type(p.graph->inputs()[i])) << what;
+      }
+    }
+  };
+  check(traced, "traced");
+  const std::string dump = traced.graph->to_string();
+  EXPECT_TRUE(has(dump, "# forward 0") && has(dump, "# backward 1") && has(dump, "# update")) << "the dump";
+  EXPECT_TRUE(has(dump, "gradient of input 0")) << "the dump";
+  const StepProgram remat = remat_step(traced.clone(), {RematPolicy::nothing_saveable, {}});
+  ASSERT_GT(remat.graph->nodes().size(), traced.graph->nodes().size());
+  check(remat, "remat nothing_saveable");
+  const StepProgram offloaded = offload_step(remat.clone(), {.params = {"*"}});
+  ASSERT_GT(offloaded.graph->nodes().size(), remat.graph->nodes().size());
+  check(offloaded, "remat and the params offloaded");
+}
+
+// A loss that adds two params directly: autodiff gives both the same cotangent, and the trace
+// makes each param's gradient a value of its own.
+TEST(Microbatches, TwoParamsWithOneCotangentGetTwoGradients) {
+  nn::Scope root;
+  nn::Param a = root.param("a", {DType::f32, {4}}, nn::Init::zeros());
+  nn::Param b = root.param("b", {DType::f32, {4}}, nn::Init::zeros());
+  TrainStep::LossFn loss = [&](const std::vector<Tensor>& x) { return sum((Tensor(a) + Tensor(b)) * x[0]); };
+  const StepProgram p = trace_train_step(root.store(), *opt(), loss, {{DType::f32, {2, 4}}}, 0, "test", false, 1);
+  const std::vector<int> g = p.grads();
+  ASSERT_EQ(g.size(), 2u);
+  EXPECT_NE(g[0], g[1]);
+  EXPECT_EQ(p.micro_grads(0), g);
+  int copies = 0;
+  for (const Node& n : p.graph->nodes()) copies += n.attrs.has("name") && n.attrs.s("name") == "gradient_copy";
+  EXPECT_EQ(copies, 1);
 }
 
 TEST(Microbatches, BadCountsAreRefusedWithTheFix) {

@@ -85,9 +85,10 @@ std::vector<std::vector<int>> gradient_buckets(const StepProgram& p, const Shard
   if (bucket_bytes <= 0) return buckets;
   std::map<DType, size_t> open;  // dtype -> index of its open bucket
   std::vector<int64_t> fill;
-  for (size_t i = 0; i < p.grads.size(); ++i) {
+  const std::vector<int> grads = p.grads();
+  for (size_t i = 0; i < grads.size(); ++i) {
     if (!plan.params[i].spec.is_replicated()) continue;
-    const TensorType& t = p.graph->type(p.grads[i]);
+    const TensorType& t = p.graph->type(grads[i]);
     auto it = open.find(t.dtype);
     if (it == open.end() || fill[it->second] + t.nbytes() > bucket_bytes) {
       open[t.dtype] = buckets.size();
@@ -95,7 +96,7 @@ std::vector<std::vector<int>> gradient_buckets(const StepProgram& p, const Shard
       fill.push_back(0);
       it = open.find(t.dtype);
     }
-    buckets[it->second].push_back(p.grads[i]);
+    buckets[it->second].push_back(grads[i]);
     fill[it->second] += t.nbytes();
   }
   return buckets;
@@ -141,7 +142,8 @@ void sequence_parallel_gathers(const StepProgram& p, const ShardingPlan& plan,
   // gradient reads the output gradient gathered over the sequence, so that each device adds into
   // its own rows instead of into a whole table that is then reduce-scattered.
   std::set<int> lookup_indices;
-  for (int n = 0; n < p.backward_end(); ++n) {
+  const int N = static_cast<int>(g.nodes().size());
+  for (int n = 0; n < N; ++n) {
     if (!p.is_forward(n)) continue;
     const Node& node = g.nodes()[n];
     if (node.prim != prims::take() || node.inputs.size() != 2) continue;
@@ -152,16 +154,17 @@ void sequence_parallel_gathers(const StepProgram& p, const ShardingPlan& plan,
     out.push_back({node.outputs[0], *whole, -1, -1, false});
     lookup_indices.insert(node.inputs[1]);
   }
-  for (int n = 0; n < p.backward_end(); ++n) {
-    if (p.is_forward(n)) continue;
+  for (int n = 0; n < N; ++n) {
+    if (p.facts(n).phase != StepPhase::backward) continue;
     const Node& node = g.nodes()[n];
     if (node.prim == prims::scatter_add() && node.inputs.size() == 2 && lookup_indices.count(node.inputs[0]) &&
         g.type(node.inputs[1]).rank() == rank)
       out.push_back({node.inputs[1], *whole, n, n + 1, false});
   }
   std::set<std::pair<int, bool>> done;  // (activation, in the backward pass)
-  for (int n = 0, k = 0; n < p.backward_end(); ++n) {
-    while (n >= p.micro[k].backward_end) ++k;  // the microbatch of node n
+  for (int n = 0; n < N; ++n) {
+    const NodeFacts& at = p.facts(n);
+    if (at.phase != StepPhase::forward && at.phase != StepPhase::backward) continue;
     const Node& node = g.nodes()[n];
     if (node.prim != prims::dot_general() || node.inputs.size() != 2) continue;
     for (int side = 0; side < 2; ++side) {
@@ -184,10 +187,11 @@ void sequence_parallel_gathers(const StepProgram& p, const ShardingPlan& plan,
         dims[static_cast<size_t>(ac[k])] = PartitionSpec::Dim(std::move(axes));
       }
       PartitionSpec read(std::move(dims));
-      for (bool backward : {false, true}) {
+      for (StepPhase phase : {StepPhase::forward, StepPhase::backward}) {
+        const bool backward = phase == StepPhase::backward;
         if (backward < !p.is_forward(n) || !done.insert({act, backward}).second) continue;
-        if (backward) out.push_back({act, read, p.micro[k].forward_end, p.micro[k].backward_end, true});
-        else out.push_back({act, read, p.begin(k), p.micro[k].forward_end, false});
+        auto [lo, hi] = p.span(phase, at.microbatch);
+        out.push_back({act, read, lo, hi, backward});
       }
     }
   }
@@ -210,6 +214,9 @@ ShardingDecision decide_train_step(const StepProgram& p, const ShardingPlan& pla
   for (const auto& pp : plan.params) d.outputs.push_back(Sharding(mesh, pp.spec));
   for (const auto& s : state_specs) d.outputs.push_back(Sharding(mesh, s));
   const Graph& g = *p.graph;
+  const std::vector<int> grads = p.grads();
+  std::vector<std::vector<int>> micro_grads;
+  for (int k = 0; k < p.microbatches; ++k) micro_grads.push_back(p.micro_grads(k));
   for (size_t i = 0; i < plan.params.size(); ++i) {
     // FSDP: a param split over the batch axes is gathered once per cluster of nearby readers in
     // each pass and freed after the cluster (ZeRO-3): a layer's weights for its forward pass and
@@ -220,12 +227,12 @@ ShardingDecision decide_train_step(const StepProgram& p, const ShardingPlan& pla
     if (split) {
       const int v = g.inputs()[i];
       bool first = true;
-      for (size_t k = 0; k < p.micro.size(); ++k) {
-        for (auto [lo, hi] : {std::pair{p.begin(k), p.micro[k].forward_end},
-                              std::pair{p.micro[k].forward_end, p.micro[k].backward_end}}) {
+      for (int k = 0; k < p.microbatches; ++k) {
+        for (StepPhase phase : {StepPhase::forward, StepPhase::backward}) {
           std::vector<int> readers;
-          for (int n = lo; n < hi; ++n)
-            if (std::count(g.nodes()[n].inputs.begin(), g.nodes()[n].inputs.end(), v)) readers.push_back(n);
+          for (int n = 0; n < static_cast<int>(g.nodes().size()); ++n)
+            if (p.facts(n) == NodeFacts{phase, k} && std::count(g.nodes()[n].inputs.begin(), g.nodes()[n].inputs.end(), v))
+              readers.push_back(n);
           for (size_t r = 0; r < readers.size();) {
             size_t e = r + 1;
             while (e < readers.size() && readers[e] - readers[e - 1] <= memory_pass::kFetchReuseNodes) ++e;
@@ -240,15 +247,14 @@ ShardingDecision decide_train_step(const StepProgram& p, const ShardingPlan& pla
     // (FSDP), shared by the norm and the update. With microbatches, a gradient that its reduction
     // splits (FSDP) is reduce-scattered per microbatch and summed in shards; the others are summed
     // whole, as partial sums, and reduced once.
-    if (split && p.micro.size() > 1)
-      for (const StepProgram::Microbatch& m : p.micro)
-        d.constraints.push_back({m.grads[i], plan.params[i].spec, -1, -1, false});
-    d.constraints.push_back({p.grads[i], plan.params[i].spec, -1, -1, false});
+    if (split && p.microbatches > 1)
+      for (int k = 0; k < p.microbatches; ++k) d.constraints.push_back({micro_grads[k][i], plan.params[i].spec, -1, -1, false});
+    d.constraints.push_back({grads[i], plan.params[i].spec, -1, -1, false});
   }
   // Tagged forward values with a required layout (e.g. sequence parallelism between blocks).
   std::vector<std::pair<const PathRule*, int>> matched;  // rule, the tagged value's rank
   if (!plan.activations.empty())
-    for (int n = 0; n < p.backward_end(); ++n) {
+    for (int n = 0; n < static_cast<int>(g.nodes().size()); ++n) {
       const Node& node = g.nodes()[n];
       if (!p.is_forward(n) || node.prim != prims::tag()) continue;
       const std::string& name = node.attrs.s("name");
@@ -314,7 +320,7 @@ LoweredStep lower_train_step(const StepProgram& program, const ShardingPlan& pla
       decide_train_step(program, plan, state_specs, batch_types, bucket_bytes_for(plan, sharding));
   l.local = partition(*program.graph, d);
   l.compile = compile;
-  l.compile.one_forward_pass = program.micro.size() <= 1;
+  l.compile.one_forward_pass = program.microbatches <= 1;
   offload_local(l.local, program, offload, l.compile);
   return l;
 }
