@@ -167,38 +167,80 @@ std::pair<int, int> StepProgram::span(StepPhase phase, int k) const {
   return first < 0 ? std::pair{0, 0} : std::pair{first, last + 1};
 }
 
-StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_flops) {
-  if (recomputed_flops) *recomputed_flops = 0;
-  if (o.policy == RematPolicy::automatic)
-    throw UserError("[remat] policy 'auto' needs a budget: use TrainStep with "
-                    "RematOptions::budget_bytes or CompileOptions::memory_limit_bytes");
-  if (o.policy == RematPolicy::names && o.names.empty())
-    throw UserError("[remat] policy 'names' needs RematOptions::names: the px::tag names of the values to save");
-  const Graph& g = *p.graph;
-  const std::vector<Node>& nodes = g.nodes();
-  // The microbatch whose forward pass each node belongs to (-1: backward, update). Each
-  // microbatch's forward pass is rematerialized on its own, before its own backward pass.
-  const int N = static_cast<int>(nodes.size());
-  std::vector<int> micro_of(N, -1);
-  for (int i = 0; i < N; ++i)
-    if (p.is_forward(i)) micro_of[i] = nodes[i].facts.microbatch;
-  auto forward = [&](int i) { return i >= 0 && i < N && micro_of[i] >= 0; };
+namespace {
+
+// What the remat options save of a step's forward passes: per forward node its microbatch, the
+// px::remat region it is in and its layer, and from them the policy that governs it.
+class Saving {
+ public:
+  Saving(const Graph& g, const RematOptions& o) : g_(g), nodes_(g.nodes()), o_(o), N_(static_cast<int>(nodes_.size())) {
+    micro_of_.assign(N_, -1);
+    for (int i = 0; i < N_; ++i)
+      if (nodes_[i].facts.phase == StepPhase::forward) micro_of_[i] = nodes_[i].facts.microbatch;
+    find_regions();
+    find_layers();
+    is_output_.assign(g.values().size(), 0);
+    for (int v : g.outputs()) is_output_[v] = 1;
+  }
+
+  // Whether anything is recomputed at all.
+  bool any() const { return !(o_.policy == RematPolicy::none || o_.layers == 0) || !regions_.empty(); }
+  bool forward(int i) const { return i >= 0 && i < N_ && micro_of_[i] >= 0; }
+
+  // Whether forward value v is kept for the backward pass (else recomputed there).
+  bool saved(int v) const {
+    const int i = g_.values()[v].producer;
+    if (!forward(i) || is_output_[v]) return true;
+    const Node& n = nodes_[i];
+    if (is_boundary(n)) return true;
+    return policy_saves(policy_of(i), region_of_[i] >= 0 ? regions_[region_of_[i]].names : o_.names, n);
+  }
+
+  // `offload`: the values it saves, and the layer inputs its layers start from, go to the host.
+  bool offloaded(int v) const {
+    const int i = g_.values()[v].producer;
+    if (!forward(i) || is_output_[v]) return false;
+    const Node& n = nodes_[i];
+    if (is_tag(n, "layer_input")) {
+      for (int j = i + 1; forward(j); ++j)
+        if (!is_boundary(nodes_[j])) return policy_of(j) == RematPolicy::offload;
+      return false;
+    }
+    return policy_of(i) == RematPolicy::offload && saved(v) && !is_boundary(n);
+  }
+
+  // The prefetch group of an offloaded value: its layer (or region), and its microbatch.
+  std::string host_group(int v) const {
+    const int i = g_.values()[v].producer;
+    const int group = region_of_[i] >= 0                             ? 100000 + region_of_[i]
+                      : is_boundary(nodes_[i]) && forward(i + 1) ? layer_[i + 1]
+                                                                     : layer_[i];
+    return (micro_of_[i] > 0 ? std::to_string(micro_of_[i]) + "." : "") + std::to_string(group);
+  }
+
+ private:
+  // The policy that governs forward node i (none: everything saved).
+  RematPolicy policy_of(int i) const {
+    if (region_of_[i] >= 0) return regions_[region_of_[i]].policy;
+    if (layer_[i] == -2) return RematPolicy::none;
+    if (layer_[i] < 0) return o_.policy == RematPolicy::nothing_saveable ? o_.policy : RematPolicy::none;
+    return o_.policy;
+  }
 
   // Functions wrapped by px::remat: their nodes follow their policy, whatever the step's.
-  std::vector<Region> regions;
-  std::vector<int> region_of(N, -1);
-  {
+  void find_regions() {
+    region_of_.assign(N_, -1);
     std::vector<int64_t> open_ids;
     std::vector<int> open;
-    for (int i = 0; i < N; ++i) {
+    for (int i = 0; i < N_; ++i) {
       if (!forward(i)) continue;
-      const Node& n = nodes[i];
+      const Node& n = nodes_[i];
       if (is_tag(n, "remat_begin")) {
         const int64_t id = n.attrs.i("region");
         if (open_ids.empty() || open_ids.back() != id) {
           open_ids.push_back(id);
-          open.push_back(static_cast<int>(regions.size()));
-          regions.push_back({parse_remat_policy(n.attrs.s("policy")), split_names(n.attrs.s("names"))});
+          open.push_back(static_cast<int>(regions_.size()));
+          regions_.push_back({parse_remat_policy(n.attrs.s("policy")), split_names(n.attrs.s("names"))});
         }
       } else if (is_tag(n, "remat_end")) {
         if (!open_ids.empty() && open_ids.back() == n.attrs.i("region")) {
@@ -206,92 +248,79 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
           open.pop_back();
         }
       } else if (!open.empty()) {
-        region_of[i] = open.back();
+        region_of_[i] = open.back();
       }
     }
   }
-  if ((o.policy == RematPolicy::none || o.layers == 0) && regions.empty()) return p;
 
-  // The layer of each forward node (-1: outside the layers); the boundary tags belong to none.
-  // Each microbatch counts its layers from 0.
-  std::vector<int> layer(N, -1);
-  bool tagged = false;
-  for (int i = 0, cur = -1, count = 0; i < N; ++i) {
-    if (!forward(i)) continue;
-    if (i == 0 || micro_of[i - 1] != micro_of[i]) cur = -1, count = 0;
-    if (is_tag(nodes[i], "layer_input")) {
-      cur = count++;
-      if (o.layers >= 0 && cur >= o.layers) cur = -2;  // past the layers to rematerialize: saved
-      tagged = true;
-      continue;
+  // The layer of each forward node (-1: outside the layers, -2: past the layers to rematerialize);
+  // the boundary tags belong to none. Each microbatch counts its layers from 0.
+  void find_layers() {
+    layer_.assign(N_, -1);
+    bool tagged = false;
+    for (int i = 0, cur = -1, count = 0; i < N_; ++i) {
+      if (!forward(i)) continue;
+      if (i == 0 || micro_of_[i - 1] != micro_of_[i]) cur = -1, count = 0;
+      if (is_tag(nodes_[i], "layer_input")) {
+        cur = count++;
+        if (o_.layers >= 0 && cur >= o_.layers) cur = -2;  // saved
+        tagged = true;
+        continue;
+      }
+      if (is_tag(nodes_[i], "layers_end")) {
+        cur = -1;
+        continue;
+      }
+      layer_[i] = cur;
     }
-    if (is_tag(nodes[i], "layers_end")) {
-      cur = -1;
-      continue;
-    }
-    layer[i] = cur;
+    if (!tagged)  // one layer: the whole forward pass
+      for (int i = 0; i < N_; ++i) layer_[i] = forward(i) ? 0 : -1;
   }
-  if (!tagged)  // one layer: the whole forward pass
-    for (int i = 0; i < N; ++i) layer[i] = forward(i) ? 0 : -1;
 
-  std::vector<char> is_output(g.values().size(), 0);
-  for (int v : g.outputs()) is_output[v] = 1;
-  // The policy that governs forward node i (none: everything saved).
-  auto policy_of = [&](int i) {
-    if (region_of[i] >= 0) return regions[region_of[i]].policy;
-    if (layer[i] == -2) return RematPolicy::none;
-    if (layer[i] < 0) return o.policy == RematPolicy::nothing_saveable ? o.policy : RematPolicy::none;
-    return o.policy;
-  };
-  auto saved = [&](int v) {
-    const int i = g.values()[v].producer;
-    if (!forward(i) || is_output[v]) return true;
-    const Node& n = nodes[i];
-    if (is_boundary(n)) return true;
-    return policy_saves(policy_of(i), region_of[i] >= 0 ? regions[region_of[i]].names : o.names, n);
-  };
-  // `offload`: the values it saves, and the layer inputs its layers start from, go to the host.
-  auto offloaded = [&](int v) {
-    const int i = g.values()[v].producer;
-    if (!forward(i) || is_output[v]) return false;
-    const Node& n = nodes[i];
-    if (is_tag(n, "layer_input")) {
-      for (int j = i + 1; forward(j); ++j)
-        if (!is_boundary(nodes[j])) return policy_of(j) == RematPolicy::offload;
-      return false;
-    }
-    return policy_of(i) == RematPolicy::offload && saved(v) && !is_boundary(n);
-  };
+  const Graph& g_;
+  const std::vector<Node>& nodes_;
+  const RematOptions& o_;
+  const int N_;
+  std::vector<int> micro_of_;  // per node: the microbatch whose forward pass it is in (-1: none)
+  std::vector<Region> regions_;
+  std::vector<int> region_of_, layer_;
+  std::vector<char> is_output_;
+};
 
+// The step's nodes with each backward reader of a value `saving` does not save reading a copy
+// recomputed just before it (from saved values and inputs); the copies run where their reader
+// runs. Adds the copies' FLOPs to `flops` and lists the saved values read back that `saving`
+// offloads in `host`.
+StepProgram recompute_unsaved(StepProgram p, const Saving& saving, double& flops, std::vector<int>& host) {
+  const Graph& g = *p.graph;
+  const std::vector<Node>& nodes = g.nodes();
+  const int N = static_cast<int>(nodes.size());
   std::vector<Node> out;
   out.reserve(nodes.size());
   std::vector<ValueInfo> values = g.values();
   std::vector<int> clone(values.size(), -1);  // forward value -> its recomputed copy
-  double flops = 0;
-  // The recomputed copy of v for a reader with facts `at` (the copies run where it runs), emitting
-  // the copies of its producers first (post-order, iterative: a chain through every layer is
-  // thousands of nodes deep).
+  // The copy of v for a reader with facts `at`, emitting the copies of its producers first
+  // (post-order, iterative: a chain through every layer is thousands of nodes deep).
   auto recompute = [&](int v, const NodeFacts& at) {
     std::vector<std::pair<int, bool>> stack{{v, false}};
     while (!stack.empty()) {
       auto [u, expanded] = stack.back();
       stack.pop_back();
-      if (saved(u) || clone[u] >= 0) continue;
+      if (saving.saved(u) || clone[u] >= 0) continue;
       const Node& n = nodes[g.values()[u].producer];
       if (!expanded) {
         stack.push_back({u, true});
         for (int in : n.inputs)
-          if (!saved(in) && clone[in] < 0) stack.push_back({in, false});
+          if (!saving.saved(in) && clone[in] < 0) stack.push_back({in, false});
         continue;
       }
       Node c = n;
       std::vector<TensorType> ins, outs;
       for (int& in : c.inputs) {
-        if (!saved(in)) in = clone[in];
+        if (!saving.saved(in)) in = clone[in];
         ins.push_back(values[in].type);
       }
-      // A distinct attribute keeps CSE from merging the copy back into the original.
-      c.attrs.set("remat", int64_t{1});
+      c.attrs.set("remat", int64_t{1});  // a distinct attribute keeps CSE from merging it back
       c.facts = at;
       for (int& o : c.outputs) {
         outs.push_back(values[o].type);
@@ -304,35 +333,42 @@ StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_
     }
     return clone[v];
   };
-  // Forward nodes stay as they are; the others read recomputed copies, emitted just before them.
-  std::vector<int> start(nodes.size() + 1);
+  std::vector<char> read_back(values.size(), 0);  // values of g read outside the forward passes
   for (int i = 0; i < N; ++i) {
     Node b = nodes[i];
-    start[i] = static_cast<int>(out.size());
-    if (!forward(i))
+    const size_t first = out.size();
+    if (!saving.forward(i))
       for (int& in : b.inputs)
-        if (!saved(in)) in = recompute(in, b.facts);
+        if (!saving.saved(in)) in = recompute(in, b.facts);
     out.push_back(std::move(b));
+    if (!saving.forward(i))
+      for (size_t j = first; j < out.size(); ++j)
+        for (int v : out[j].inputs)
+          if (static_cast<size_t>(v) < read_back.size()) read_back[v] = 1;
   }
-  start[N] = static_cast<int>(out.size());
-  std::vector<char> read_back(values.size(), 0);  // read outside the forward passes
-  for (int i = 0; i < N; ++i)
-    if (!forward(i))
-      for (int j = start[i]; j < start[i + 1]; ++j)
-        for (int v : out[j].inputs) read_back[v] = 1;
-  // Saved values the backward pass (or its recomputed copies) reads that `offload` keeps on the
-  // host, grouped by layer (and microbatch) for prefetching.
-  std::vector<int> host;
-  std::vector<std::string> group_of(values.size());
   for (int v = 0; v < static_cast<int>(g.values().size()); ++v)
-    if (read_back[v] && offloaded(v)) {
-      host.push_back(v);
-      const int i = g.values()[v].producer;
-      const int group =
-          region_of[i] >= 0 ? 100000 + region_of[i] : is_boundary(nodes[i]) && forward(i + 1) ? layer[i + 1] : layer[i];
-      group_of[v] = (micro_of[i] > 0 ? std::to_string(micro_of[i]) + "." : "") + std::to_string(group);
-    }
+    if (read_back[v] && saving.offloaded(v)) host.push_back(v);
   p.graph = memory_pass::rebuilt(std::move(out), std::move(values), g, g.outputs());
+  return p;
+}
+
+}  // namespace
+
+StepProgram remat_step(StepProgram p, const RematOptions& o, double* recomputed_flops) {
+  if (recomputed_flops) *recomputed_flops = 0;
+  if (o.policy == RematPolicy::automatic)
+    throw UserError("[remat] policy 'auto' needs a budget: use TrainStep with "
+                    "RematOptions::budget_bytes or CompileOptions::memory_limit_bytes");
+  if (o.policy == RematPolicy::names && o.names.empty())
+    throw UserError("[remat] policy 'names' needs RematOptions::names: the px::tag names of the values to save");
+  const Saving saving(*p.graph, o);
+  if (!saving.any()) return p;
+  double flops = 0;
+  std::vector<int> host;  // saved values the backward pass reads that `offload` keeps on the host
+  std::vector<std::string> group_of(p.graph->values().size());
+  for (int v = 0; v < static_cast<int>(group_of.size()); ++v)
+    if (saving.forward(p.graph->values()[v].producer) && saving.offloaded(v)) group_of[v] = saving.host_group(v);
+  p = recompute_unsaved(std::move(p), saving, flops, host);
   if (recomputed_flops) *recomputed_flops = flops;
   if (!host.empty()) p = offload_residuals(std::move(p), host, group_of);
   return p;
