@@ -62,13 +62,15 @@ const char* step_phase_name(StepPhase p);
 
 // What the passes decided about a node, carried by every pass that rebuilds the graph (a node
 // emitted in place of another takes its facts: NodeFactsScope) and shown by Graph::to_string
-// when set: the phase of the training step it belongs to and its microbatch (-1: none, as the
-// clipping and update). CSE never merges nodes of two microbatches, so that each microbatch
-// computes its own values and frees them before the next.
+// when set: the phase of the training step it belongs to, its microbatch (-1: none, as the
+// clipping and update) and the pipeline stage that runs it (the stage cut; -1: not cut). CSE
+// never merges nodes of two microbatches, so that each microbatch computes its own values and
+// frees them before the next.
 struct NodeFacts {
   StepPhase phase = StepPhase::none;
   int microbatch = -1;
-  bool operator==(const NodeFacts&) const = default;
+  int stage = -1;
+  bool in(StepPhase p, int k) const { return phase == p && microbatch == k; }  // microbatch k's p
 };
 
 struct Node {

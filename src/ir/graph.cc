@@ -251,11 +251,12 @@ std::string facts_str(const ValueInfo& info) {
   return s.empty() ? s : s + "}";
 }
 
-// "  # forward 1": a node's facts (NodeFacts) when set.
+// "  # forward 1", "  # backward 0, stage 1": a node's facts (NodeFacts) when set.
 std::string facts_str(const NodeFacts& f) {
-  if (f.phase == StepPhase::none && f.microbatch < 0) return "";
+  if (f.phase == StepPhase::none && f.microbatch < 0 && f.stage < 0) return "";
   std::string s = std::string("  # ") + step_phase_name(f.phase);
-  return f.microbatch >= 0 ? s + " " + std::to_string(f.microbatch) : s;
+  if (f.microbatch >= 0) s += " " + std::to_string(f.microbatch);
+  return f.stage >= 0 ? s + ", stage " + std::to_string(f.stage) : s;
 }
 }  // namespace
 

@@ -113,7 +113,7 @@ StepProgram offload_residuals(StepProgram p, const std::vector<int>& host, const
 int count_layers(const Graph& g) {
   int n = 0;
   for (const Node& node : g.nodes())
-    n += node.facts == NodeFacts{StepPhase::forward, 0} && is_tag(node, "layer_input");
+    n += node.facts.in(StepPhase::forward, 0) && is_tag(node, "layer_input");
   return n;
 }
 
@@ -160,7 +160,7 @@ std::vector<int> StepProgram::micro_grads(int k) const {
 std::pair<int, int> StepProgram::span(StepPhase phase, int k) const {
   int first = -1, last = -1;
   for (int i = 0; i < static_cast<int>(graph->nodes().size()); ++i)
-    if (facts(i) == NodeFacts{phase, k}) {
+    if (facts(i).in(phase, k)) {
       if (first < 0) first = i;
       last = i;
     }

@@ -178,9 +178,9 @@ Readers readers_of(const StagedStep& s) {
     for (int v : p.inputs)
       if (s.graph->values()[v].producer >= 0) ++counts[v];
   }
-  for (int v : s.accumulated) ++r.micro[s.schedule.device_of(s.stage_of_value[v])][v];
+  for (int v : s.accumulated) ++r.micro[s.schedule.device_of(s.stage_of(v))][v];
   for (size_t v = 0; v < nv; ++v) {
-    const int st = s.stage_of_value[v];
+    const int st = s.stage_of(v);
     if (st < 0) continue;
     const int home = s.schedule.device_of(st);
     for (int d = 0; d < D; ++d) {
@@ -226,7 +226,7 @@ int64_t plan_held(const StagedStep& s, const Readers& r, int d) {
     }
     if (ends_backward(s, a))
       for (int v : s.accumulated)
-        if (s.stage_of_value[v] == a.stage) release(v, a.microbatch);
+        if (s.stage_of(v) == a.stage) release(v, a.microbatch);
   }
   return peak;
 }
@@ -267,15 +267,15 @@ PipelineReport pipeline_report(const StagedStep& s) {
     }
     rep.planned_held_bytes[d] = plan_held(s, r, d);
   }
-  for (int v : s.accumulated) rep.accumulator_bytes[s.schedule.device_of(s.stage_of_value[v])] += s.device_bytes[v];
+  for (int v : s.accumulated) rep.accumulator_bytes[s.schedule.device_of(s.stage_of(v))] += s.device_bytes[v];
   const int G = s.groups[0].size();
   std::vector<int64_t> sent(S, 0);  // per stage: bytes per device its microbatch sends to other devices
   for (size_t v = 0; v < g.values().size(); ++v) {
     const int64_t n = static_cast<int64_t>(M * r.micro_remote[v].size() + r.step_remote[v].size());
     rep.messages += static_cast<int>(n) * G;
     rep.message_bytes += s.device_bytes[v] * G * n;
-    if (s.stage_of_value[v] >= 0)
-      sent[s.stage_of_value[v]] += s.device_bytes[v] * static_cast<int64_t>(r.micro_remote[v].size());
+    if (s.stage_of(v) >= 0)
+      sent[s.stage_of(v)] += s.device_bytes[v] * static_cast<int64_t>(r.micro_remote[v].size());
   }
   // The prediction: each stage's programs timed by the cost model, played in the schedule's order.
   if (s.stage_link) {
@@ -321,10 +321,10 @@ PipelineRunner::PipelineRunner(StagedStep s, Communicator* comm)
   message_index_.assign(g.values().size(), -1);
   int messages = 0;
   for (size_t v = 0; v < g.values().size(); ++v) {
-    if (s_.stage_of_value[v] < 0) continue;
+    if (s_.stage_of(v) < 0) continue;
     bool remote = false;
     for (const auto* readers : {&readers_.micro_remote[v], &readers_.step_remote[v]})
-      for (int d : *readers) remote = remote || s_.process_of_group[d] != process_of(s_.stage_of_value[v]);
+      for (int d : *readers) remote = remote || s_.process_of_group[d] != process_of(s_.stage_of(v));
     if (remote) message_index_[v] = messages++;
   }
   output_tag_ =
@@ -337,7 +337,7 @@ PipelineRunner::PipelineRunner(StagedStep s, Communicator* comm)
   copy_tag_ = gather_tag_ + static_cast<int64_t>(n_state);
   for (size_t j = 0; j < n_state && 3 + j < g.outputs().size(); ++j) {
     const int v = g.outputs()[3 + j];
-    if (g.values()[v].producer >= 0) home_[j] = s_.schedule.device_of(s_.stage_of_value[v]);
+    if (g.values()[v].producer >= 0) home_[j] = s_.schedule.device_of(s_.stage_of(v));
   }
   std::vector<std::vector<int>> readers(n_state);
   for (const StageProgram& p : s_.programs)
@@ -528,7 +528,7 @@ struct PipelineRunner::Exchange {
 
   ShardedArray receive(int v, int m, int at) {
     const StagedStep& s = r.s_;
-    const int from = s.process_of_group[s.schedule.device_of(s.stage_of_value[v])];
+    const int from = s.process_of_group[s.schedule.device_of(s.stage_of(v))];
     if (from != r.process_) {  // from another process: its shards, laid out as its group holds them
       const TensorType& t = s.graph->type(v);
       const Sharding sh(s.groups[at], s.value_spec[v]);
@@ -682,7 +682,7 @@ class PipelineRunner::GroupRun {
     const int M = s_.schedule.microbatches;
     std::vector<int> vals;
     for (int v : s_.accumulated)
-      if (s_.stage_of_value[v] == a.stage) vals.push_back(v);
+      if (s_.stage_of(v) == a.stage) vals.push_back(v);
     if (vals.empty()) return;
     std::vector<ShardedArray> cur;
     for (int v : vals) {
@@ -857,7 +857,7 @@ std::string PipelineRunner::collectives_table() const {
 Array PipelineRunner::metric(int o, const std::map<int, ShardedArray>& results) const {
   const Graph& g = *s_.graph;
   const int v = g.outputs().at(o);
-  const int owner = s_.process_of_group[s_.schedule.device_of(s_.stage_of_value[v])];
+  const int owner = s_.process_of_group[s_.schedule.device_of(s_.stage_of(v))];
   const int64_t tag = output_tag_ + o;
   if (owner != process_) {
     Array a(g.type(v).dtype, g.type(v).shape);

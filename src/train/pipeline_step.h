@@ -56,8 +56,15 @@ struct StageProgram {
   double seconds = 0;                      // predicted on the cluster it was planned for (0: none)
 };
 
+// The stage computing value v of a cut step's graph: its producer's stage (NodeFacts::stage), -1
+// for an input.
+inline int stage_of(const Graph& g, int v) {
+  const int producer = g.values()[static_cast<size_t>(v)].producer;
+  return producer < 0 ? -1 : g.nodes()[static_cast<size_t>(producer)].facts.stage;
+}
+
 struct StagedStep {
-  std::unique_ptr<Graph> graph;  // the traced step of one microbatch (after remat)
+  std::unique_ptr<Graph> graph;  // the traced step of one microbatch (after remat), each node's stage on it
   size_t n_params = 0, n_state = 0, n_batch = 0;
   pipeline::Schedule schedule;
   bool split_backward = false;        // the schedule's actions are I and W: each backward is two programs
@@ -75,11 +82,11 @@ struct StagedStep {
   std::vector<int> forward, backward, backward_input, backward_weight, accumulate, mean, reduce;
   std::vector<int> updates;                // run once a step after the actions: updates by level, then stage
   std::vector<int> accumulated;            // values summed over microbatches: the loss and each gradient
-  std::vector<int> stage_of_value;         // per value of the graph: the stage computing it (-1: input)
   std::vector<int64_t> device_bytes;       // per value crossing programs: bytes on each device of its group
   std::vector<PartitionSpec> value_spec;   // per value crossing programs: its layout on its group
   std::vector<PartitionSpec> input_specs;  // per graph input: params and state by the plan, the batch
   std::optional<Link> stage_link;          // planned for a cluster: the link messages cross
+  int stage_of(int v) const { return px::detail::stage_of(*graph, v); }
 };
 
 // Cuts `p` (traced for one microbatch of each device's rows, after remat) into stage programs for

@@ -408,7 +408,7 @@ void choose_parts(const Graph& g, bool split_backward, Cut& c) {
 }
 
 // Programs: one per (part, stage, level), nodes in program order.
-void cut_programs(const Graph& g, int S, Cut& c, StagedStep& r) {
+void cut_programs(Graph& g, int S, Cut& c, StagedStep& r) {
   const int n = static_cast<int>(g.nodes().size());
   std::map<std::tuple<int, int, int>, int> index;
   c.program_of.assign(n, -1);
@@ -427,9 +427,7 @@ void cut_programs(const Graph& g, int S, Cut& c, StagedStep& r) {
     c.program_of[i] = it->second;
     c.members[it->second].push_back(i);
   }
-  r.stage_of_value.assign(g.values().size(), -1);
-  for (int i = 0; i < n; ++i)
-    for (int v : g.nodes()[i].outputs) r.stage_of_value[v] = c.stage[i];
+  for (int i = 0; i < n; ++i) g.mutable_nodes()[i].facts.stage = c.stage[i];  // written on the program
 }
 
 // Each program's inputs (what it reads from elsewhere) and outputs (what is read elsewhere, the
@@ -772,7 +770,7 @@ struct StageCompiler {
     for (int st = 0; st < S; ++st) {
       std::vector<int> vals;
       for (int v : r.accumulated)
-        if (r.stage_of_value[v] == st && !partial_of[v].empty()) vals.push_back(v);
+        if (stage_of(g, v) == st && !partial_of[v].empty()) vals.push_back(v);
       if (vals.empty()) continue;
       std::vector<TensorType> types;
       for (int v : vals) types.push_back(g.type(v));
@@ -805,7 +803,7 @@ struct StageCompiler {
     for (int s = 0; s < S; ++s) {
       std::vector<int> vals;
       for (int v : r.accumulated)
-        if (r.stage_of_value[v] == s) vals.push_back(v);
+        if (stage_of(g, v) == s) vals.push_back(v);
       if (vals.empty()) continue;
       std::vector<TensorType> types;  // as each device holds them
       for (int v : vals)
@@ -885,7 +883,7 @@ StagedStep stage_programs(StepProgram p, const pipeline::Schedule& schedule, con
   const Graph& g = *p.graph;
   r.split_backward = schedule.splits_backward();
   choose_parts(g, r.split_backward, c);
-  cut_programs(g, schedule.stages(), c, r);
+  cut_programs(*p.graph, schedule.stages(), c, r);
   connect_programs(p, c, r);
   build_device_groups(mesh, schedule, cluster, r);
   set_input_specs(p, plan, state_specs, r);
@@ -914,8 +912,7 @@ StagedStep one_stage(std::unique_ptr<Graph> graph, std::unique_ptr<ShardedExecut
   r.groups = {exe->in_sharding(0).mesh};
   r.process = exe->process();
   r.stage_layers.assign(1, {});
-  r.stage_of_value.assign(nv, 0);
-  for (int v : g.inputs()) r.stage_of_value[v] = -1;
+  for (Node& n : graph->mutable_nodes()) n.facts.stage = 0;
   r.device_bytes.assign(nv, 0);
   r.value_spec.resize(nv);
   for (std::vector<int>* part :

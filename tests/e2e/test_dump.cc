@@ -118,6 +118,16 @@ TEST(Dump, EveryStepWritesItsPipelineInOrder) {
   const std::string placed = read(dir / "train_step_6.05.offload.txt");
   EXPECT_NE(placed.find("{optimizer_state, pinned_host, blocks.0}"), std::string::npos);
   EXPECT_NE(placed.find("{params, blocks.0}"), std::string::npos);
+
+  // A pipelined step: the stage cut writes each node's stage on the program.
+  TrainStepOptions piped;
+  piped.mesh = Mesh({{"stage", 2}});
+  TrainStep pipelined(f.model.store(), recipe_check::opt(), f.loss, f.batch_types, piped);
+  std::string stages;
+  for (const std::string& name : files_in(dir, "train_step_7."))
+    if (name.find("pipeline_stages") != std::string::npos) stages = read(dir / name);
+  EXPECT_NE(stages.find("# forward 0, stage 0\n"), std::string::npos) << stages.substr(0, 2000);
+  EXPECT_NE(stages.find("# backward 0, stage 1\n"), std::string::npos);
   fs::remove_all(base);
 }
 

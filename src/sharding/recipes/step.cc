@@ -231,7 +231,7 @@ ShardingDecision decide_train_step(const StepProgram& p, const ShardingPlan& pla
         for (StepPhase phase : {StepPhase::forward, StepPhase::backward}) {
           std::vector<int> readers;
           for (int n = 0; n < static_cast<int>(g.nodes().size()); ++n)
-            if (p.facts(n) == NodeFacts{phase, k} && std::count(g.nodes()[n].inputs.begin(), g.nodes()[n].inputs.end(), v))
+            if (p.facts(n).in(phase, k) && std::count(g.nodes()[n].inputs.begin(), g.nodes()[n].inputs.end(), v))
               readers.push_back(n);
           for (size_t r = 0; r < readers.size();) {
             size_t e = r + 1;
