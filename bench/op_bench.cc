@@ -33,6 +33,57 @@ Fn with_grad(Fn f, std::vector<int> wrt) {
   };
 }
 
+// Fused attention against the batched matmuls it contains (issue 53): bench-gpt's heads (8 of 64,
+// batch 8, sequence 256; and GPT-2 small's 12 of 64, batch 2, sequence 1024), not causal, so
+// that both do the same products: softmax(q k^T) v against (q k^T) v as two dot_generals, alone
+// and with the gradients of q, k and v (attention's backward recomputes q k^T: five products
+// against the matmuls' four). Interleaved rounds; the median ratio with its range.
+void attention_vs_matmuls(const px::bench::Flags& flags) {
+  using px::DType;
+  struct Size {
+    const char* name;
+    px::Shape shape;
+  };
+  for (const Size& size : {Size{"bench", {8, 8, 256, 64}}, Size{"gpt2_small", {2, 12, 1024, 64}}})
+    for (DType dt : {DType::f32, DType::bf16})
+      for (bool grad : {false, true}) {
+        Fn attention = [](auto& x) {
+          return std::vector<Tensor>{px::dot_product_attention(x[0], x[1], x[2], {.causal = false})};
+        };
+        Fn matmuls = [](auto& x) {
+          const px::DotDims scores{.lhs_contract = {3}, .rhs_contract = {3}, .lhs_batch = {0, 1}, .rhs_batch = {0, 1}};
+          const px::DotDims mix{.lhs_contract = {3}, .rhs_contract = {2}, .lhs_batch = {0, 1}, .rhs_batch = {0, 1}};
+          return std::vector<Tensor>{px::dot_general(px::dot_general(x[0], x[1], scores), x[2], mix)};
+        };
+        if (grad) attention = with_grad(attention, {0, 1, 2}), matmuls = with_grad(matmuls, {0, 1, 2});
+        std::vector<px::Array> in;
+        for (uint32_t k = 0; k < 3; ++k) in.push_back(px::bench::random_array(size.shape, dt, k + 1, -0.5f, 0.5f));
+        auto a = px::bench::compile_fn(attention, in);
+        auto m = px::bench::compile_fn(matmuls, in);
+        std::vector<double> ratio, ta, tm;
+        for (int round = 0; round < 5; ++round) {
+          ta.push_back(px::bench::time_it([&] { a.run(); }, flags.min_time));
+          tm.push_back(px::bench::time_it([&] { m.run(); }, flags.min_time));
+          ratio.push_back(ta.back() / tm.back());
+        }
+        auto median = [](std::vector<double> v) {
+          std::sort(v.begin(), v.end());
+          return v[v.size() / 2];
+        };
+        Json()
+            .s("bench", "attention_vs_matmuls")
+            .s("size", size.name)
+            .s("dtype", px::dtype_name(dt))
+            .s("pass", grad ? "forward+backward" : "forward")
+            .n("attention_ms", median(ta) * 1e3)
+            .n("matmuls_ms", median(tm) * 1e3)
+            .n("ratio", median(ratio))
+            .n("ratio_min", *std::min_element(ratio.begin(), ratio.end()))
+            .n("ratio_max", *std::max_element(ratio.begin(), ratio.end()))
+            .print();
+      }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,6 +173,7 @@ int main(int argc, char** argv) {
   // A bf16 step's cast of an f32 param to bf16 (4M elements: bench-gpt's embedding).
   cases.push_back({"cast_bf16", [](auto& x) { return std::vector<Tensor>{px::cast(x[0], DType::bf16)}; },
                    {rnd({T, 4 * D}, 1)}});
+  if (flags.only == "attention_vs_matmuls") return attention_vs_matmuls(flags), 0;
   if (flags.quick) cases = {cases[0], cases[7], cases[8]};
   if (!flags.only.empty()) {
     std::erase_if(cases, [&](const Case& c) { return c.op != flags.only; });
