@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/cuda/codegen.h"
+#include "backend/cuda/matmul.h"
 #include "backend/cuda/nvrtc.h"
 #include "ir/primitive.h"
 #include "ops/prims.h"
@@ -120,7 +121,7 @@ class CudaBackend final : public Backend {
 
   bool can_fuse(const Graph& g, const Node& n) const override { return can_generate_elementwise(g, n); }
   bool has_kernel(const Primitive* primitive) const override {
-    return primitive == prims::constant() || can_generate(primitive);
+    return primitive == prims::constant() || primitive == prims::dot_general() || can_generate(primitive);
   }
   bool kernels_per_device() const override { return true; }  // a library is loaded per device
 
@@ -128,6 +129,8 @@ class CudaBackend final : public Backend {
     const Device& d = device(where);
     const Node& first = g.nodes()[unit.nodes.at(0)];
     if (unit.kind == Unit::Kind::kernel && first.prim == prims::constant()) return constant(first, d);
+    if (unit.kind == Unit::Kind::kernel && first.prim == prims::dot_general())
+      return matmul_kernel(g, first, d.index, d.compute);
     const KernelSource src = generate(g, unit);
     const Cubin cubin = compile_cubin(src, d.sm);
     if (!cubin.ok)

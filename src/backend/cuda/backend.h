@@ -6,8 +6,8 @@
 // toolkit and its test skips without a device (tests/backend/test_cuda_backend.cc); whether it
 // works is for the first run on a GPU (issue 50's scripts/gpu_check.sh) to show.
 //
-// Not yet: matmuls (cuBLASLt), attention (cuDNN) and collectives (NCCL) have no kernels
-// here, so a program with them fails to compile naming the primitive; allocations synchronize
+// Matmuls run on cuBLASLt (matmul.h). Not yet: attention (cuDNN) and collectives (NCCL) have no
+// kernels here, so a program with them fails to compile naming the primitive; allocations synchronize
 // their stream (no caching allocator of our own over the pool yet); the backend registry does not
 // register this backend by itself: register_cuda_backend() does, where a GPU is visible.
 #pragma once
