@@ -175,5 +175,12 @@ bool has_backend(const std::string& platform);
 // Throws px::UserError naming the registered platforms when `platform` has none.
 Backend& backend_for(const std::string& platform);
 std::vector<std::string> backend_platforms();  // sorted
+// A platform registered on first use: when a program names `platform` (PX_DEVICES, --devices,
+// px::parse_devices, backend_for) and no backend is registered for it yet, `provide` runs to
+// register it (px::register_backend) and returns "", or returns why it cannot ("no CUDA device is
+// visible"), which the error naming the platform then gives. The CUDA backend's
+// px::cuda::provide_cuda_platform() provides `cuda` so, and `pax` calls it: a process that never
+// names `cuda` never starts the CUDA runtime.
+void register_platform_provider(const std::string& platform, std::function<std::string()> provide);
 
 }  // namespace px

@@ -26,6 +26,11 @@ std::map<std::string, std::function<Backend&()>>& registry() {
   return r;
 }
 
+std::map<std::string, std::function<std::string()>>& providers() {
+  static std::map<std::string, std::function<std::string()>> p;
+  return p;
+}
+
 void add(const std::string& platform, std::function<Backend&()> get) {
   if (!registry().emplace(platform, std::move(get)).second)
     throw Error("[backend] platform '" + platform + "' is registered twice");
@@ -85,7 +90,35 @@ std::vector<std::string> backend_platforms() {
   return names;
 }
 
+void register_platform_provider(const std::string& platform, std::function<std::string()> provide) {
+  if (!valid_platform_name(platform))
+    throw Error("[backend] platform name '" + platform + "' is not valid: use lower-case letters, digits and '_'");
+  if (!provide) throw Error("[backend] platform '" + platform + "' provided without a function");
+  std::lock_guard<std::mutex> l(registry_mutex());
+  providers()[platform] = std::move(provide);
+}
+
+namespace {
+
+// Runs the provider of an unregistered platform (outside the lock: it registers the backend);
+// "" when it is registered now, else why not ("" too when it has no provider).
+std::string provide(const std::string& platform) {
+  std::function<std::string()> p;
+  {
+    std::lock_guard<std::mutex> l(registry_mutex());
+    register_builtins();
+    if (registry().count(platform)) return "";
+    auto it = providers().find(platform);
+    if (it == providers().end()) return "";
+    p = it->second;
+  }
+  return p();
+}
+
+}  // namespace
+
 Backend& backend_for(const std::string& platform) {
+  const std::string why = provide(platform);
   std::function<Backend&()> get;
   {
     std::lock_guard<std::mutex> l(registry_mutex());
@@ -95,9 +128,9 @@ Backend& backend_for(const std::string& platform) {
   }
   if (!get)
     throw UserError(
-        fmt::format("[backend] no backend for platform '{}'; the registered platforms are {} (e.g. "
+        fmt::format("[backend] no backend for platform '{}'{}; the registered platforms are {} (e.g. "
                     "PX_DEVICES=cpu:2), and a backend of your own registers with px::register_backend",
-                    platform, fmt::join(backend_platforms(), ", ")));
+                    platform, why.empty() ? "" : ": " + why, fmt::join(backend_platforms(), ", ")));
   return get();
 }
 
@@ -107,11 +140,16 @@ namespace {
 // runs. Throws px::UserError starting with `where` and the quoted `text`, naming the platforms.
 void require_registered_platform(const std::string& platform, const std::string& text, const std::string& where) {
   if (has_backend(platform)) return;
+  std::string why = provide(platform);
+  if (has_backend(platform)) return;
+  if (why.empty() && platform == "gpu") why = "NVIDIA GPUs are platform 'cuda'";
+  if (why.empty() && platform == "cuda")
+    why = "this program has no CUDA backend (built with -DPX_WITH_CUDA=ON, it is provided by "
+          "px::cuda::provide_cuda_platform(), which pax calls)";
   throw UserError(fmt::format(
-      "{}'{}': no backend is registered for platform '{}'; the registered platforms are {} (e.g. cpu:8 for 8 virtual "
-      "CPU devices){}, and a backend of your own registers with px::register_backend before its devices are named",
-      where, text, platform, fmt::join(backend_platforms(), ", "),
-      platform == "cuda" || platform == "gpu" ? "; this build has no CUDA device support yet" : ""));
+      "{}'{}': no backend is registered for platform '{}'{}; the registered platforms are {} (e.g. cpu:8 for 8 virtual "
+      "CPU devices), and a backend of your own registers with px::register_backend before its devices are named",
+      where, text, platform, why.empty() ? "" : " (" + why + ")", fmt::join(backend_platforms(), ", ")));
 }
 
 }  // namespace

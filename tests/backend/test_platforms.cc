@@ -209,13 +209,36 @@ TEST(Platforms, DeviceSetsNameOnlyRegisteredPlatforms) {
     EXPECT_NE(e.find("the registered platforms are "), std::string::npos) << e;
     for (const std::string& p : backend_platforms()) EXPECT_NE(e.find(p), std::string::npos) << p << ": " << e;
   }
-  EXPECT_NE(testing::error_of([] { parse_devices("cuda:2"); }).find("no CUDA device support yet"), std::string::npos);
+  EXPECT_NE(testing::error_of([] { parse_devices("cuda:2"); }).find("this program has no CUDA backend"), std::string::npos);
+  EXPECT_NE(testing::error_of([] { parse_devices("gpu"); }).find("NVIDIA GPUs are platform 'cuda'"), std::string::npos);
   EXPECT_EQ(parse_devices("ref:2"), (DeviceSet{"ref", 2}));
   EXPECT_EQ(parse_devices(" CPU:3 "), (DeviceSet{"cpu", 3}));
   // A platform registered by the program is named from then on.
   EXPECT_NE(testing::error_of([] { parse_devices("mine:2"); }).find("no backend is registered"), std::string::npos);
   register_backend("mine", cpu_backend);
   EXPECT_EQ(parse_devices("mine:2"), (DeviceSet{"mine", 2}));
+}
+
+// A provided platform registers when a program first names it, and not before; a provider that
+// cannot register it says why, in the error that names the platform.
+TEST(Platforms, AProvidedPlatformRegistersWhenFirstNamed) {
+  int calls = 0;
+  register_platform_provider("lazy", [&calls] {
+    ++calls;
+    register_backend("lazy", cpu_backend);
+    return std::string();
+  });
+  EXPECT_FALSE(has_backend("lazy"));
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(parse_devices("lazy:2"), (DeviceSet{"lazy", 2}));
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(&backend_for("lazy"), &cpu_backend());
+  EXPECT_EQ(calls, 1);  // registered: not provided again
+  register_platform_provider("absent", [] { return std::string("no such device is visible"); });
+  const std::string e = testing::error_of([] { parse_devices("absent:1"); });
+  EXPECT_NE(e.find("no backend is registered for platform 'absent' (no such device is visible)"), std::string::npos) << e;
+  EXPECT_NE(testing::error_of([] { backend_for("absent"); }).find("no such device is visible"), std::string::npos);
+  EXPECT_FALSE(has_backend("absent"));
 }
 
 }  // namespace

@@ -436,6 +436,13 @@ TEST(PaxCli, UnknownNamesAndPathsOfTheWrongKindAreRefused) {
   r = pax("plan --exp=copy.TransformerLmTiny --devices=tpu:2 --set sharding.mesh=data:2");
   EXPECT_EQ(r.rc, 2);
   EXPECT_NE(r.out.find("'tpu:2': no backend is registered for platform 'tpu'"), std::string::npos) << r.out;
+  // cuda: provided where the build has the CUDA backend; on a machine without a GPU it says so.
+  r = pax("plan --exp=copy.TransformerLmTiny --devices=cuda --set sharding.mesh=data:1");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_TRUE(r.out.find("(no CUDA device is visible to this process") != std::string::npos ||
+              r.out.find("(this program has no CUDA backend") != std::string::npos ||
+              std::getenv("CUDA_VISIBLE_DEVICES") != nullptr)
+      << r.out;
   const std::string dir = job("a_dir"), file = ::testing::TempDir() + "/pax_e2e_kind_file";
   std::filesystem::create_directories(dir);
   std::ofstream(file) << "x";

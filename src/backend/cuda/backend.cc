@@ -239,6 +239,13 @@ int visible_devices() {
   return n;
 }
 
+void provide_cuda_platform() {
+  register_platform_provider("cuda", [] {
+    if (register_cuda_backend()) return std::string();
+    return std::string("no CUDA device is visible to this process: check nvidia-smi and CUDA_VISIBLE_DEVICES");
+  });
+}
+
 bool register_cuda_backend() {
   static std::mutex m;
   std::lock_guard<std::mutex> l(m);

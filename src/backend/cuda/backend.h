@@ -21,4 +21,9 @@ int visible_devices();
 // registered yet; returns whether it is registered.
 bool register_cuda_backend();
 
+// Provides platform `cuda` (px::register_platform_provider): registered by register_cuda_backend
+// when a program first names it, an error saying no device is visible where none is. Starts
+// nothing until then.
+void provide_cuda_platform();
+
 }  // namespace px::cuda
