@@ -113,6 +113,7 @@ EnvConfig parse_env(const std::function<const char*(const char*)>& get_raw, int 
   }
   if (const char* v = get("PX_DISABLE_FUSION")) c.disable_fusion = parse_bool("PX_DISABLE_FUSION", v);
   if (const char* v = get("PX_REF_DISCRETE")) c.ref_discrete = parse_bool("PX_REF_DISCRETE", v);
+  if (const char* v = get("PX_CUDA_TF32")) c.cuda_tf32 = parse_bool("PX_CUDA_TF32", v);
   if (const char* v = get("PX_PROFILE")) c.profile = parse_bool("PX_PROFILE", v);
   if (const char* v = get("PX_DEVICES")) {
     c.device_text = v;
@@ -233,6 +234,8 @@ const std::vector<EnvVariable>& env_variables() {
        "1 maps the ref backend's device memory inaccessible to the host, as an accelerator's is: a host "
        "read of a device buffer faults, naming it (for testing device-memory paths on a CPU)"},
       {"PX_PROFILE", "1 times every kernel; Executable::profile_report() prints the totals"},
+      {"PX_CUDA_TF32",
+       "1 lets the CUDA backend's f32 matmuls round their inputs to TF32 (faster, ~1e-3 relative); default exact f32"},
       {"PX_DUMP_CANDIDATES",
        "1 also dumps the candidate programs that remat auto and AUTO sharding plan on the way (PX_DUMP/candidates/)"},
       {"PX_RECALIBRATE", "1 measures the platform clusters again instead of reading their cached rates (0 or 1)"},

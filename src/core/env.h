@@ -28,6 +28,9 @@ struct EnvConfig {
   // PX_REF_DISCRETE=1: the `ref` backend's device memory is mapped inaccessible to the host outside
   // its kernels and copies, as an accelerator's is (src/backend/ref/discrete.cc).
   bool ref_discrete = false;
+  // PX_CUDA_TF32=1: the CUDA backend's f32 matmuls may round their inputs to TF32 (cuBLASLt's
+  // fast TF32 compute; faster, ~1e-3 relative); default exact f32.
+  bool cuda_tf32 = false;
   bool profile = false;                 // PX_PROFILE=1: time every kernel (Executable::profile_report)
   bool dump_candidates = false;         // PX_DUMP_CANDIDATES=1: PX_DUMP also writes the plans' candidates
   bool recalibrate = false;             // PX_RECALIBRATE=1: measure the platform clusters again (0 or 1)

@@ -156,6 +156,9 @@ TEST(Env, MalformedValuesNameTheVariable) {
             "[env] PX_LOG_LEVEL='chatty' is not a log level; use debug, info, warn, error or off");
   EXPECT_EQ(parse_error({{"PX_DISABLE_FUSION", "maybe"}}),
             "[env] PX_DISABLE_FUSION='maybe' is not a boolean; use 1 or 0");
+  EXPECT_EQ(parse_error({{"PX_CUDA_TF32", "fast"}}), "[env] PX_CUDA_TF32='fast' is not a boolean; use 1 or 0");
+  EXPECT_TRUE(parse({{"PX_CUDA_TF32", "1"}}).cuda_tf32);
+  EXPECT_FALSE(parse({}).cuda_tf32);
 }
 
 TEST(Env, DevicesAreCpuOrCpuN) {

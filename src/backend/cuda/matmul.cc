@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "backend/cuda/gemm_layout.h"
+#include "core/env.h"
 #include "parallax/core.h"
 
 namespace px::cuda {
@@ -154,7 +155,10 @@ Kernel matmul_kernel(const Graph& g, const Node& n, int device, void* stream) {
     };
   const DeviceLt& dev = device_lt(device);
   auto plan = std::make_shared<Plan>();
-  check(lt().desc_create(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  // f32 exact unless PX_CUDA_TF32=1; 16-bit operands accumulate in f32 either way.
+  const bool tf32 = env().cuda_tf32 && lhs.dtype == DType::f32 && rhs.dtype == DType::f32;
+  check(lt().desc_create(&plan->op, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F),
+        "cublasLtMatmulDescCreate");
   const cublasOperation_t ta = L->a.transpose ? CUBLAS_OP_T : CUBLAS_OP_N, tb = L->b.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
   check(lt().desc_set(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "cublasLtMatmulDescSetAttribute");
   check(lt().desc_set(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "cublasLtMatmulDescSetAttribute");

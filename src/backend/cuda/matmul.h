@@ -1,5 +1,6 @@
 // dot_general on the CUDA backend: one cuBLASLt matmul per node (a strided batched GEMM,
-// gemm_layout.h), f32, bf16 and f16 operands with f32 accumulation (f32 without TF32), queued on
+// gemm_layout.h), f32, bf16 and f16 operands with f32 accumulation (f32 exact; TF32 with
+// PX_CUDA_TF32=1), queued on
 // the device's compute stream. cuBLASLt is loaded when the first such kernel is made (dlopen of
 // the toolkit's libcublasLt), so a build or a process without a GPU never loads it.
 //
