@@ -118,13 +118,17 @@ std::string provide(const std::string& platform) {
 }  // namespace
 
 Backend& backend_for(const std::string& platform) {
-  const std::string why = provide(platform);
-  std::function<Backend&()> get;
-  {
+  auto find = [&] {
     std::lock_guard<std::mutex> l(registry_mutex());
     register_builtins();
     auto it = registry().find(platform);
-    if (it != registry().end()) get = it->second;
+    return it != registry().end() ? it->second : std::function<Backend&()>();
+  };
+  std::function<Backend&()> get = find();
+  std::string why;
+  if (!get) {  // a provided platform registers now
+    why = provide(platform);
+    get = find();
   }
   if (!get)
     throw UserError(

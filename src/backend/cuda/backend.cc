@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/check.h"
 #include "backend/cuda/codegen.h"
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/nvrtc.h"
@@ -24,10 +25,6 @@
 namespace px::cuda {
 
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string("[cuda] ") + what + " failed: " + cudaGetErrorString(e));
-}
 
 struct Device {
   int index = 0;

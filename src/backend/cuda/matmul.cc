@@ -12,6 +12,7 @@
 #include <string>
 #include <type_traits>
 
+#include "backend/cuda/check.h"
 #include "backend/cuda/gemm_layout.h"
 #include "core/env.h"
 #include "parallax/core.h"
@@ -68,9 +69,7 @@ const Lt& lt() {
 void check(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw Error(std::string("[cuda] ") + what + " failed (cuBLAS status " + std::to_string(s) + ")");
 }
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string("[cuda] ") + what + " failed: " + cudaGetErrorString(e));
-}
+using cuda::check;  // and the CUDA runtime's (check.h)
 
 // Each device's handle and the workspace its matmuls share: they are all queued on the device's
 // compute stream, so one runs at a time.

@@ -227,21 +227,22 @@ ShardingDecision decide_train_step(const StepProgram& p, const ShardingPlan& pla
     if (split) {
       const int v = g.inputs()[i];
       bool first = true;
-      for (int k = 0; k < p.microbatches; ++k) {
-        for (StepPhase phase : {StepPhase::forward, StepPhase::backward}) {
-          std::vector<int> readers;
-          for (int n = 0; n < static_cast<int>(g.nodes().size()); ++n)
-            if (p.facts(n).in(phase, k) && std::count(g.nodes()[n].inputs.begin(), g.nodes()[n].inputs.end(), v))
-              readers.push_back(n);
-          for (size_t r = 0; r < readers.size();) {
-            size_t e = r + 1;
-            while (e < readers.size() && readers[e] - readers[e - 1] <= memory_pass::kFetchReuseNodes) ++e;
-            d.constraints.push_back({v, use, readers[r], readers[e - 1] + 1, !first});
-            first = false;
-            r = e;
-          }
-        }
+      // Its readers per (microbatch, pass), in node order: one walk over the nodes.
+      std::map<std::pair<int, bool>, std::vector<int>> readers_of;
+      for (int n = 0; n < static_cast<int>(g.nodes().size()); ++n) {
+        const NodeFacts& at = p.facts(n);
+        if ((at.phase == StepPhase::forward || at.phase == StepPhase::backward) &&
+            std::count(g.nodes()[n].inputs.begin(), g.nodes()[n].inputs.end(), v))
+          readers_of[{at.microbatch, at.phase == StepPhase::backward}].push_back(n);
       }
+      for (const auto& [pass, readers] : readers_of)
+        for (size_t r = 0; r < readers.size();) {
+          size_t e = r + 1;
+          while (e < readers.size() && readers[e] - readers[e - 1] <= memory_pass::kFetchReuseNodes) ++e;
+          d.constraints.push_back({v, use, readers[r], readers[e - 1] + 1, !first});
+          first = false;
+          r = e;
+        }
     }
     // Each gradient pinned to its param's layout: one all-reduce (replicated) or reduce-scatter
     // (FSDP), shared by the norm and the update. With microbatches, a gradient that its reduction
